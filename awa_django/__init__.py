@@ -1,0 +1,52 @@
+"""awa_django: a Postgres-native, transactional background job queue for Django.
+
+Public API (everything else is internal)::
+
+    from awa_django import job, enqueue, enqueue_many
+
+Jobs enqueued inside ``transaction.atomic()`` commit or roll back with the caller's rows.
+Delivery is at-least-once: each attempt is fenced by ``(job_id, run_lease)``.
+"""
+
+from awa_django.exceptions import (
+    AwaError,
+    InvalidArgumentsError,
+    InvalidOptionError,
+    LimitExceededError,
+    TerminalError,
+    UnknownKindError,
+    ValidationError,
+)
+from awa_django.jobs import Job, JobOptions, get_job, job
+from awa_django.operations import cancel, dlq_purge, dlq_retry
+from awa_django.outcomes import Cancel, RetryAfter, Snooze
+from awa_django.producer import aenqueue, aenqueue_many, enqueue, enqueue_many
+from awa_django.types import EnqueuedJob, JobRequest
+
+__all__ = [
+    "AwaError",
+    "Cancel",
+    "EnqueuedJob",
+    "InvalidArgumentsError",
+    "InvalidOptionError",
+    "Job",
+    "JobOptions",
+    "JobRequest",
+    "LimitExceededError",
+    "RetryAfter",
+    "Snooze",
+    "TerminalError",
+    "UnknownKindError",
+    "ValidationError",
+    "aenqueue",
+    "aenqueue_many",
+    "cancel",
+    "dlq_purge",
+    "dlq_retry",
+    "enqueue",
+    "enqueue_many",
+    "get_job",
+    "job",
+]
+
+__version__ = "0.1.0.dev0"

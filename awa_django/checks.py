@@ -1,0 +1,146 @@
+"""System checks for awa_django (``manage.py check``), with stable ids.
+
+========  ======================================================================================
+awa.E001  ``AWA["DATABASE_ALIAS"]`` names an alias missing from ``DATABASES``.
+awa.E002  That alias is not a PostgreSQL database.
+awa.E003  Django's PostgreSQL backend runs on psycopg2; awa_django needs psycopg 3.
+awa.E004  The PostgreSQL server is older than 15 (database check: ``check --database``, migrate).
+awa.E005  Invalid ``AWA`` settings.
+awa.E006  The server could not be reached to read its version (database check).
+========  ======================================================================================
+
+All checks are free of side effects. Only E004 and E006 connect, and only when Django runs
+database checks (``check --database ALIAS``, ``migrate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.apps import AppConfig
+from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections
+from django.db.utils import ConnectionHandler
+
+from awa_django.conf import get_awa_settings
+
+MIN_SERVER_VERSION = 150000
+"""PostgreSQL 15, as ``server_version_num``."""
+
+
+@register()
+def check_settings(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
+    """awa.E005: the ``AWA`` dict is valid."""
+    try:
+        get_awa_settings()
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), hint="Fix settings.AWA; see docs/configuration.md.", id="awa.E005")]
+    return []
+
+
+@register()
+def check_database(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
+    """awa.E001-E003: the configured alias exists, is PostgreSQL and runs on psycopg 3."""
+    alias = _configured_alias()
+    if alias is None:
+        return []  # invalid settings are awa.E005's to report
+    return database_config_errors(alias, connections)
+
+
+@register(Tags.database)
+def check_server_version(
+    app_configs: Sequence[AppConfig] | None,
+    databases: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """awa.E004/E006: the server is PostgreSQL 15 or newer. Runs only with ``--database``."""
+    alias = _configured_alias()
+    if alias is None or databases is None or alias not in databases:
+        return []
+    if database_config_errors(alias, connections):
+        return []  # nothing sensible to connect to
+    return server_version_errors(alias, connections)
+
+
+def database_config_errors(alias: str, handler: ConnectionHandler) -> list[CheckMessage]:
+    """E001-E003 for ``alias`` in ``handler``, without connecting."""
+    if alias not in handler.settings:
+        return [
+            Error(
+                f"AWA['DATABASE_ALIAS'] is {alias!r}, which is not in DATABASES "
+                f"(aliases: {', '.join(handler.settings) or 'none'}).",
+                hint="Add that alias to DATABASES or point AWA['DATABASE_ALIAS'] at one.",
+                id="awa.E001",
+            )
+        ]
+    connection = handler[alias]
+    if connection.vendor != "postgresql":
+        return [
+            Error(
+                f"awa_django needs PostgreSQL, but database {alias!r} uses "
+                f"{handler.settings[alias]['ENGINE']!r}.",
+                hint="Use ENGINE 'django.db.backends.postgresql' for this alias.",
+                id="awa.E002",
+            )
+        ]
+    # The backend binds the DB-API module it imported (psycopg or psycopg2) to its wrapper
+    # class as ``Database``; django-stubs does not declare the attribute.
+    driver: str = connection.Database.__name__  # type: ignore[attr-defined]
+    if driver != "psycopg":
+        return [
+            Error(
+                f"awa_django needs psycopg 3, but database {alias!r} runs on {driver}.",
+                hint="pip install 'psycopg[binary]' (Django prefers psycopg 3 when installed).",
+                id="awa.E003",
+            )
+        ]
+    return []
+
+
+def server_version_errors(alias: str, handler: ConnectionHandler) -> list[CheckMessage]:
+    """E004 (server too old) or E006 (unreachable) for ``alias``; connects."""
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    connection = handler[alias]
+    assert isinstance(connection, DatabaseWrapper)  # guaranteed by database_config_errors()
+    try:
+        connection.ensure_connection()
+        version = connection.pg_version
+    except DatabaseError as exc:
+        return [
+            Error(
+                f"Could not connect to database {alias!r} to check its PostgreSQL version: "
+                f"{str(exc).strip()}",
+                hint="Is the server running, and are the DATABASES credentials right?",
+                id="awa.E006",
+            )
+        ]
+    return version_errors(alias, version)
+
+
+def version_errors(alias: str, version: int) -> list[CheckMessage]:
+    """E004 if ``version`` (``server_version_num``) is older than PostgreSQL 15."""
+    if version >= MIN_SERVER_VERSION:
+        return []
+    return [
+        Error(
+            f"awa_django needs PostgreSQL 15 or newer; database {alias!r} runs "
+            f"{_format_version(version)}.",
+            hint="Upgrade the server.",
+            id="awa.E004",
+        )
+    ]
+
+
+def _format_version(version: int) -> str:
+    major, minor = divmod(version, 10000)
+    return f"PostgreSQL {major}.{minor}" if major >= 10 else f"PostgreSQL {version}"
+
+
+def _configured_alias() -> str | None:
+    try:
+        return get_awa_settings().DATABASE_ALIAS
+    except ImproperlyConfigured:
+        return None

@@ -1,0 +1,304 @@
+"""awa_django's settings: one ``AWA`` dict in Django settings, merged over :data:`DEFAULTS`.
+
+Read them through :data:`awa_settings` (``awa_settings.POLL_INTERVAL``). The merged dict is
+validated on first access and cached; the cache is dropped whenever Django's ``setting_changed``
+signal reports a change of ``AWA`` (``override_settings`` in tests). Every problem raises
+:class:`~django.core.exceptions.ImproperlyConfigured` naming the key: unknown keys (with a
+did-you-mean hint), wrong types and out-of-range values. ``manage.py check`` reports the same
+problems as ``awa.E005``. Every key is documented in docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import reprlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from types import MappingProxyType
+from typing import Final, cast
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+__all__ = ["DEFAULTS", "AwaSettings", "QueueSettings", "awa_settings", "load_settings"]
+
+
+class _Kind(Enum):
+    STR = "a non-empty str"
+    INT = "an int"
+    SECONDS = "a number of seconds (int or float)"
+    BOOL = "a bool (True or False)"
+    MODULES = "a list of dotted module paths (str)"
+    QUEUES = "a dict of queue name to a dict of queue settings"
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    default: object
+    kind: _Kind
+    minimum: int | None = None
+    maximum: int | None = None
+
+
+# One line per key: default, type and bounds. Intervals are in seconds and must be > 0.
+_SPECS: Final[Mapping[str, _Spec]] = {
+    "DATABASE_ALIAS": _Spec("default", _Kind.STR),
+    "JOB_MODULES": _Spec((), _Kind.MODULES),
+    "DEFAULT_QUEUE": _Spec("default", _Kind.STR),
+    "MAX_ATTEMPTS": _Spec(25, _Kind.INT, 1, 1000),
+    "ARGS_MAX_BYTES": _Spec(1_048_576, _Kind.INT, 1),
+    "METADATA_MAX_BYTES": _Spec(65_536, _Kind.INT, 1),
+    "RESULT_MAX_BYTES": _Spec(1_048_576, _Kind.INT, 1),
+    "JSON_MAX_DEPTH": _Spec(32, _Kind.INT, 1, 256),
+    "MAX_TAGS": _Spec(20, _Kind.INT, 0),
+    "TAG_MAX_LENGTH": _Spec(100, _Kind.INT, 1),
+    "ENQUEUE_SHARDS": _Spec(4, _Kind.INT, 1, 64),
+    "PRIORITY_AGING_INTERVAL": _Spec(60.0, _Kind.SECONDS),
+    "CLAIM_BATCH_SIZE": _Spec(512, _Kind.INT, 1),
+    "COMPLETION_BATCH_SIZE": _Spec(512, _Kind.INT, 1),
+    "COMPLETION_FLUSH_INTERVAL": _Spec(0.002, _Kind.SECONDS),
+    "POLL_INTERVAL": _Spec(0.2, _Kind.SECONDS),
+    "HEARTBEAT_INTERVAL": _Spec(30.0, _Kind.SECONDS),
+    "HEARTBEAT_STALENESS": _Spec(90.0, _Kind.SECONDS),
+    "PROMOTE_INTERVAL": _Spec(0.25, _Kind.SECONDS),
+    "RESCUE_INTERVAL": _Spec(5.0, _Kind.SECONDS),
+    "PRUNE_INTERVAL": _Spec(1.0, _Kind.SECONDS),
+    "CLAIM_ROTATE_INTERVAL": _Spec(10.0, _Kind.SECONDS),
+    "LEADER_ELECTION_INTERVAL": _Spec(5.0, _Kind.SECONDS),
+    "RUNTIME_REFRESH_INTERVAL": _Spec(10.0, _Kind.SECONDS),
+    "SHUTDOWN_TIMEOUT": _Spec(30.0, _Kind.SECONDS),
+    "HISTORY_RETENTION": _Spec(86_400.0, _Kind.SECONDS),
+    "DLQ_RETENTION": _Spec(2_592_000.0, _Kind.SECONDS),
+    "RUNTIME_RETENTION": _Spec(3_600.0, _Kind.SECONDS),
+    "CONCURRENCY": _Spec(10, _Kind.INT, 1),
+    "PROCESSES": _Spec(1, _Kind.INT, 1),
+    "QUEUES": _Spec(MappingProxyType({}), _Kind.QUEUES),
+    "NOTIFY": _Spec(True, _Kind.BOOL),
+}
+
+DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
+    {name: spec.default for name, spec in _SPECS.items()}
+)
+"""Every AWA key with its default (read-only)."""
+
+# Keys of one AWA["QUEUES"][name] dict.
+_QUEUE_SPECS: Final[Mapping[str, _Spec]] = {
+    "concurrency": _Spec(None, _Kind.INT, 1),
+    "deadline": _Spec(None, _Kind.SECONDS),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """Overrides for one queue, from ``AWA["QUEUES"][name]``; None means "use the default".
+
+    ``concurrency`` caps the jobs of this queue one worker process runs at once; ``deadline``
+    is the hard limit in seconds on one attempt, after which the attempt is rescued.
+    """
+
+    concurrency: int | None = None
+    deadline: float | None = None
+
+
+class AwaSettings:
+    """The validated, merged ``AWA`` settings. Intervals are floats in seconds."""
+
+    DATABASE_ALIAS: str
+    JOB_MODULES: tuple[str, ...]
+    DEFAULT_QUEUE: str
+    MAX_ATTEMPTS: int
+    ARGS_MAX_BYTES: int
+    METADATA_MAX_BYTES: int
+    RESULT_MAX_BYTES: int
+    JSON_MAX_DEPTH: int
+    MAX_TAGS: int
+    TAG_MAX_LENGTH: int
+    ENQUEUE_SHARDS: int
+    PRIORITY_AGING_INTERVAL: float
+    CLAIM_BATCH_SIZE: int
+    COMPLETION_BATCH_SIZE: int
+    COMPLETION_FLUSH_INTERVAL: float
+    POLL_INTERVAL: float
+    HEARTBEAT_INTERVAL: float
+    HEARTBEAT_STALENESS: float
+    PROMOTE_INTERVAL: float
+    RESCUE_INTERVAL: float
+    PRUNE_INTERVAL: float
+    CLAIM_ROTATE_INTERVAL: float
+    LEADER_ELECTION_INTERVAL: float
+    RUNTIME_REFRESH_INTERVAL: float
+    SHUTDOWN_TIMEOUT: float
+    HISTORY_RETENTION: float
+    DLQ_RETENTION: float
+    RUNTIME_RETENTION: float
+    CONCURRENCY: int
+    PROCESSES: int
+    QUEUES: Mapping[str, QueueSettings]
+    NOTIFY: bool
+
+    def __init__(self, values: Mapping[str, object]) -> None:
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("awa_django settings are read-only; change settings.AWA instead")
+
+    def __repr__(self) -> str:
+        return f"AwaSettings({', '.join(f'{k}={getattr(self, k)!r}' for k in _SPECS)})"
+
+
+def load_settings(raw: object) -> AwaSettings:
+    """Validate a raw ``AWA`` value and merge it over :data:`DEFAULTS`.
+
+    Raises ImproperlyConfigured for the first problem found; does not read Django settings.
+    """
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured(f"AWA must be a dict, got {_describe(raw)}.")
+    _reject_unknown("AWA", raw, _SPECS)
+    values = {
+        name: _validate(f"AWA[{name!r}]", raw.get(name, spec.default), spec)
+        for name, spec in _SPECS.items()
+    }
+    interval = cast(float, values["HEARTBEAT_INTERVAL"])
+    staleness = cast(float, values["HEARTBEAT_STALENESS"])
+    if staleness <= interval:
+        raise ImproperlyConfigured(
+            f"AWA['HEARTBEAT_STALENESS'] ({staleness:g}) must be greater than "
+            f"AWA['HEARTBEAT_INTERVAL'] ({interval:g}): live attempts would be rescued "
+            "between two heartbeats."
+        )
+    return AwaSettings(values)
+
+
+def _reject_unknown(where: str, raw: Mapping[object, object], specs: Mapping[str, _Spec]) -> None:
+    for key in raw:
+        if key in specs:
+            continue
+        message = f"{where} has no setting {key!r}."
+        if isinstance(key, str):
+            folded = {name.casefold(): name for name in specs}
+            close = difflib.get_close_matches(key.casefold(), folded, n=1)
+            if close:
+                message += f" Did you mean {folded[close[0]]!r}?"
+        raise ImproperlyConfigured(
+            f"{message} Known settings: {', '.join(specs)} (see docs/configuration.md)."
+        )
+
+
+def _validate(label: str, value: object, spec: _Spec) -> object:
+    """Check one value against its spec; return it in its stored form."""
+    kind = spec.kind
+    if kind is _Kind.BOOL:
+        if not isinstance(value, bool):
+            raise _wrong_type(label, kind, value)
+        return value
+    if kind is _Kind.STR:
+        if not isinstance(value, str) or not value:
+            raise _wrong_type(label, kind, value)
+        return value
+    if kind is _Kind.INT:
+        if value is None and spec.default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _wrong_type(label, kind, value)
+        _check_range(label, value, spec)
+        return value
+    if kind is _Kind.SECONDS:
+        if value is None and spec.default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _wrong_type(label, kind, value)
+        if not math.isfinite(value) or value <= 0:
+            raise ImproperlyConfigured(
+                f"{label} must be a finite number greater than 0, got {value!r}."
+            )
+        return float(value)
+    if kind is _Kind.MODULES:
+        if not isinstance(value, list | tuple) or not all(isinstance(m, str) and m for m in value):
+            raise _wrong_type(label, kind, value)
+        return tuple(value)
+    return _validate_queues(label, value)
+
+
+def _validate_queues(label: str, value: object) -> Mapping[str, QueueSettings]:
+    if not isinstance(value, Mapping):
+        raise _wrong_type(label, _Kind.QUEUES, value)
+    queues = {}
+    for queue, options in value.items():
+        if not isinstance(queue, str) or not queue:
+            raise ImproperlyConfigured(
+                f"{label} keys must be non-empty queue names, got {queue!r}."
+            )
+        where = f"{label}[{queue!r}]"
+        if not isinstance(options, Mapping):
+            raise ImproperlyConfigured(f"{where} must be a dict, got {_describe(options)}.")
+        _reject_unknown(where, options, _QUEUE_SPECS)
+        queues[queue] = QueueSettings(
+            concurrency=cast(
+                "int | None",
+                _validate(
+                    f"{where}['concurrency']",
+                    options.get("concurrency"),
+                    _QUEUE_SPECS["concurrency"],
+                ),
+            ),
+            deadline=cast(
+                "float | None",
+                _validate(
+                    f"{where}['deadline']", options.get("deadline"), _QUEUE_SPECS["deadline"]
+                ),
+            ),
+        )
+    return MappingProxyType(queues)
+
+
+def _check_range(label: str, value: int, spec: _Spec) -> None:
+    low, high = spec.minimum, spec.maximum
+    if (low is not None and value < low) or (high is not None and value > high):
+        if high is None:
+            bounds = f"at least {low}"
+        elif low is None:
+            bounds = f"at most {high}"
+        else:
+            bounds = f"between {low} and {high}"
+        raise ImproperlyConfigured(f"{label} must be {bounds}, got {value}.")
+
+
+def _wrong_type(label: str, kind: _Kind, value: object) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f"{label} must be {kind.value}, got {_describe(value)}.")
+
+
+def _describe(value: object) -> str:
+    return f"{type(value).__name__} ({reprlib.repr(value)})"
+
+
+@functools.cache
+def get_awa_settings() -> AwaSettings:
+    """The validated settings, cached until ``AWA`` changes."""
+    return load_settings(getattr(settings, "AWA", {}))
+
+
+@receiver(setting_changed)
+def _drop_cached_settings(*, setting: str, **kwargs: object) -> None:
+    if setting == "AWA":
+        get_awa_settings.cache_clear()
+
+
+class _LazyAwaSettings:
+    """Reads through to :func:`get_awa_settings` on every attribute access."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(get_awa_settings(), name)
+
+    def __dir__(self) -> list[str]:
+        return list(_SPECS)
+
+
+# Typed as AwaSettings so that ``awa_settings.POLL_INTERVAL`` is a float to mypy; at run time
+# every attribute read goes through the cache, so overrides are seen without re-importing.
+awa_settings: Final[AwaSettings] = cast(AwaSettings, _LazyAwaSettings())

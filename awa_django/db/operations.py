@@ -1,0 +1,85 @@
+"""The Django migration operation that installs awa_django's versioned SQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import migrations
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import ProjectState
+
+from awa_django.sql import migration_sql, query
+
+__all__ = ["RunAwaSQL"]
+
+
+class RunAwaSQL(migrations.operations.base.Operation):
+    """Run one versioned ``awa_django/sql/migrations/*.sql`` file, once.
+
+    Guarantees:
+
+    * Concurrent ``migrate`` runs are serialised by a transaction-scoped advisory lock; a run
+      that finds the file already applied (recorded in ``awa.schema_migrations``) skips it, so
+      two ``migrate`` processes started at once both succeed.
+    * The file's text comes from the installed package; released files are never edited.
+    * Reversal: the first file (``drop_schema=True``) drops the whole ``awa`` schema; later
+      files only forget their record (their objects go with the schema).
+    """
+
+    reversible = True
+    reduces_to_sql = False
+    atomic = True
+
+    def __init__(self, name: str, *, drop_schema: bool = False) -> None:
+        self.name = name
+        self.drop_schema = drop_schema
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        kwargs: dict[str, Any] = {"drop_schema": True} if self.drop_schema else {}
+        return (self.__class__.__qualname__, [self.name], kwargs)
+
+    def state_forwards(self, app_label: str, state: ProjectState) -> None:
+        """No model state: the SQL objects are not Django models."""
+
+    def database_forwards(
+        self,
+        app_label: str,
+        schema_editor: BaseDatabaseSchemaEditor,
+        from_state: ProjectState,
+        to_state: ProjectState,
+    ) -> None:
+        with schema_editor.connection.cursor() as cursor:
+            cursor.execute(query("migration_lock"))
+            if self._applied(cursor):
+                return
+            cursor.execute(migration_sql(self.name))
+            cursor.execute(query("migration_record"), [self.name])
+
+    def _applied(self, cursor: Any) -> bool:
+        cursor.execute(query("migrations_table_exists"))
+        row = cursor.fetchone()
+        if row is None or not row[0]:
+            return False
+        cursor.execute(query("migration_applied"), [self.name])
+        row = cursor.fetchone()
+        return bool(row is not None and row[0])
+
+    def database_backwards(
+        self,
+        app_label: str,
+        schema_editor: BaseDatabaseSchemaEditor,
+        from_state: ProjectState,
+        to_state: ProjectState,
+    ) -> None:
+        with schema_editor.connection.cursor() as cursor:
+            cursor.execute(query("migration_lock"))
+            if self.drop_schema:
+                cursor.execute(query("schema_drop"))
+                return
+            cursor.execute(query("schema_exists"))
+            row = cursor.fetchone()
+            if row is not None and row[0]:
+                cursor.execute(query("migration_forget"), [self.name])
+
+    def describe(self) -> str:
+        return f"Run awa_django SQL {self.name}"

@@ -1,0 +1,224 @@
+"""Typed wrappers over the storage engine's SQL functions, for worker-side psycopg connections.
+
+Each function is one statement (one short transaction in autocommit mode) per batch. No SQL
+text lives here: statements come from ``awa_django/sql/queries/storage.sql``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from awa_django.sql import query
+
+__all__ = [
+    "ClaimedJob",
+    "Finalization",
+    "QueueCounts",
+    "aclaim",
+    "afinalize",
+    "aheartbeat",
+    "claim",
+    "finalize",
+    "heartbeat",
+    "promote",
+    "queue_counts",
+    "queue_depth",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """One claimed attempt. ``(job_id, run_lease)`` is its identity for every later write.
+
+    ``args_json`` is left undecoded: the executor decodes it once, where it needs it.
+    """
+
+    job_id: int
+    run_lease: int
+    attempt: int
+    max_attempts: int
+    claim_slot: int
+    kind: str
+    args_json: str
+    queue: str
+    priority: int
+    deadline_at: datetime | None
+    timeout_secs: float | None
+    progress: Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finalization:
+    """The outcome of one attempt for ``finalize``.
+
+    ``outcome`` is ``completed``, ``retry``, ``snooze``, ``cancel`` or ``fail``; ``result_json``
+    is the encoded return value (completed); ``error`` is ``{"type", "message", "traceback"}``;
+    ``delay`` (seconds) is the RetryAfter or Snooze delay; ``has_state`` tells that the attempt
+    may own an ``attempt_state`` row (it heartbeated or flushed progress).
+    """
+
+    job_id: int
+    run_lease: int
+    claim_slot: int
+    outcome: str
+    result_json: str | None = None
+    error: dict[str, Any] | None = None
+    delay: float | None = None
+    progress: Any = None
+    has_state: bool = False
+
+    def to_json(self) -> str:
+        parts = [
+            f'{{"id":{self.job_id},"lease":{self.run_lease},"slot":{self.claim_slot},'
+            f'"outcome":"{self.outcome}"'
+        ]
+        if self.result_json is not None:
+            parts.append(f',"result":{self.result_json}')
+        if self.error is not None:
+            parts.append(',"error":' + json.dumps(self.error, ensure_ascii=False))
+        if self.delay is not None:
+            parts.append(f',"delay":{float(self.delay)!r}')
+        if self.progress is not None:
+            parts.append(',"progress":' + json.dumps(self.progress, ensure_ascii=False))
+        if self.has_state:
+            parts.append(',"st":true')
+        parts.append("}")
+        return "".join(parts)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """Exact job counts of one queue, computed on demand."""
+
+    queue: str
+    available: int
+    running: int
+    waiting_external: int
+    scheduled: int
+    retryable: int
+    completed: int
+    failed: int
+    cancelled: int
+    dlq: int
+    paused: bool
+
+
+def _claim_rows(rows: list[tuple[Any, ...]]) -> list[ClaimedJob]:
+    return [ClaimedJob(*row) for row in rows]
+
+
+def _claim_params(
+    queue: str, limit: int, worker_id: uuid.UUID | None, aging: float, deadline: float | None
+) -> list[Any]:
+    return [queue, limit, worker_id, aging, deadline]
+
+
+def _finalize_payload(items: Sequence[Finalization]) -> str:
+    return "[" + ",".join([item.to_json() for item in items]) + "]"
+
+
+def _heartbeat_payload(attempts: Sequence[tuple[int, int, Any]]) -> str:
+    return json.dumps(
+        [
+            {"id": job_id, "lease": lease, **({} if progress is None else {"progress": progress})}
+            for job_id, lease, progress in attempts
+        ]
+    )
+
+
+def _pairs(rows: list[tuple[Any, ...]]) -> list[tuple[int, int]]:
+    return [(row[0], row[1]) for row in rows]
+
+
+def claim(
+    conn: psycopg.Connection[Any],
+    queue: str,
+    limit: int,
+    worker_id: uuid.UUID | None = None,
+    *,
+    aging_interval: float = 60.0,
+    default_deadline: float | None = None,
+) -> list[ClaimedJob]:
+    """Claim up to ``limit`` jobs of ``queue`` in one short transaction (see ``awa.claim_v1``)."""
+    params = _claim_params(queue, limit, worker_id, aging_interval, default_deadline)
+    return _claim_rows(conn.execute(query("claim"), params).fetchall())
+
+
+async def aclaim(
+    conn: psycopg.AsyncConnection[Any],
+    queue: str,
+    limit: int,
+    worker_id: uuid.UUID | None = None,
+    *,
+    aging_interval: float = 60.0,
+    default_deadline: float | None = None,
+) -> list[ClaimedJob]:
+    """Async ``claim``."""
+    params = _claim_params(queue, limit, worker_id, aging_interval, default_deadline)
+    cursor = await conn.execute(query("claim"), params)
+    return _claim_rows(await cursor.fetchall())
+
+
+def finalize(conn: psycopg.Connection[Any], items: Sequence[Finalization]) -> list[tuple[int, int]]:
+    """Write a batch of outcomes in one statement; return the stale ``(job_id, run_lease)``s.
+
+    A stale attempt (already closed by rescue, cancel or another finalizer) changes nothing.
+    """
+    if not items:
+        return []
+    return _pairs(conn.execute(query("finalize"), [_finalize_payload(items)]).fetchall())
+
+
+async def afinalize(
+    conn: psycopg.AsyncConnection[Any], items: Sequence[Finalization]
+) -> list[tuple[int, int]]:
+    """Async ``finalize``."""
+    if not items:
+        return []
+    cursor = await conn.execute(query("finalize"), [_finalize_payload(items)])
+    return _pairs(await cursor.fetchall())
+
+
+def heartbeat(
+    conn: psycopg.Connection[Any], attempts: Sequence[tuple[int, int, Any]]
+) -> list[tuple[int, int]]:
+    """Refresh ``(job_id, run_lease, progress_or_None)`` attempts in one statement.
+
+    Returns the attempts that are no longer open (their handlers should stop).
+    """
+    if not attempts:
+        return []
+    return _pairs(conn.execute(query("heartbeat"), [_heartbeat_payload(attempts)]).fetchall())
+
+
+async def aheartbeat(
+    conn: psycopg.AsyncConnection[Any], attempts: Sequence[tuple[int, int, Any]]
+) -> list[tuple[int, int]]:
+    """Async ``heartbeat``."""
+    if not attempts:
+        return []
+    cursor = await conn.execute(query("heartbeat"), [_heartbeat_payload(attempts)])
+    return _pairs(await cursor.fetchall())
+
+
+def promote(conn: psycopg.Connection[Any], limit: int = 4096) -> int:
+    """Promote up to ``limit`` due deferred jobs into the ready ring; return how many moved."""
+    row = conn.execute(query("promote"), [limit]).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def queue_depth(conn: psycopg.Connection[Any], queue: str | None = None) -> dict[str, int]:
+    """Approximate available jobs per queue from lane cursors (cheap; may over-count briefly)."""
+    return {row[0]: int(row[1]) for row in conn.execute(query("queue_depth"), [queue]).fetchall()}
+
+
+def queue_counts(conn: psycopg.Connection[Any]) -> list[QueueCounts]:
+    """Exact counts per queue and state (scans live planes and retained history)."""
+    return [QueueCounts(*row) for row in conn.execute(query("queue_counts")).fetchall()]

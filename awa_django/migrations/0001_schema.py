@@ -1,0 +1,11 @@
+"""Install the awa schema: ring-partitioned planes, control tables. Never edit once released."""
+
+from django.db import migrations
+
+from awa_django.db.operations import RunAwaSQL
+
+
+class Migration(migrations.Migration):
+    initial = True
+    dependencies = []
+    operations = [RunAwaSQL("0001_schema.sql", drop_schema=True)]

@@ -1,0 +1,331 @@
+"""Transactional enqueue through Django's own database connection.
+
+Every write goes through ``connections[alias]``, so a job enqueued inside
+``transaction.atomic()`` commits or rolls back with the application's rows, and workers are
+woken (NOTIFY) only at commit. There is no ``on_commit`` and no outbox.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connections
+from django.utils import timezone
+
+from awa_django import serialization
+from awa_django.conf import awa_settings, get_awa_settings
+from awa_django.db.bulk import copy_enqueue
+from awa_django.db.identifiers import QUEUE_NAME_RE, validate_queue_name
+from awa_django.exceptions import InvalidOptionError, LimitExceededError
+from awa_django.jobs import JobOptions, get_job
+from awa_django.sql import query
+from awa_django.types import EnqueuedJob, JobRequest
+
+__all__ = [
+    "aenqueue",
+    "aenqueue_many",
+    "build_request",
+    "enqueue",
+    "enqueue_many",
+    "send_requests",
+]
+
+# Requests per statement in enqueue_many: large enough to amortise the round trips, small
+# enough to keep one statement's data modest.
+_CHUNK = 10_000
+
+_known_lanes: set[tuple[str, str, int]] = set()
+_known_lanes_lock = threading.Lock()
+
+
+def enqueue(
+    kind: str,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_after: datetime | timedelta | None = None,
+    max_attempts: int | None = None,
+    deadline: float | timedelta | None = None,
+    tags: Iterable[str] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    using: str | None = None,
+) -> EnqueuedJob:
+    """Enqueue one job of a registered ``kind`` in the caller's transaction.
+
+    Options left as ``None`` take the ``@job`` defaults, then the settings' defaults. Raises a
+    ``ValidationError`` subclass, with nothing written, for an unknown kind or bad input.
+    """
+    handle = get_job(kind)
+    base = handle.options
+    options = JobOptions(
+        queue=queue if queue is not None else base.queue,
+        priority=priority if priority is not None else base.priority,
+        max_attempts=max_attempts if max_attempts is not None else base.max_attempts,
+        run_after=run_after if run_after is not None else base.run_after,
+        deadline=deadline if deadline is not None else base.deadline,
+        tags=tuple(tags) if tags is not None else base.tags,
+        metadata=metadata if metadata is not None else base.metadata,
+        using=using if using is not None else base.using,
+    )
+    request = build_request(kind, tuple(args), dict(kwargs or {}), options)
+    return send_requests([request], request.using)[0]
+
+
+def enqueue_many(requests: Iterable[JobRequest], using: str | None = None) -> list[EnqueuedJob]:
+    """Enqueue prepared requests (``Job.prepare``) in the caller's transaction, in bulk.
+
+    Requests that run at once are written with COPY, 10,000 per statement (a batch with any
+    ``run_after`` goes through ``awa.enqueue_v1`` instead). Order within a lane follows the
+    input. All requests must target ``using`` (default ``AWA["DATABASE_ALIAS"]``). Returns
+    handles in input order.
+    """
+    alias = using or awa_settings.DATABASE_ALIAS
+    batch = list(requests)
+    for request in batch:
+        if request.using != alias:
+            raise InvalidOptionError(
+                "using",
+                f"request for {request.kind!r} targets database {request.using!r}, "
+                f"but enqueue_many was given {alias!r}",
+            )
+    return send_requests(batch, alias)
+
+
+async def aenqueue(kind: str, *args: Any, **options: Any) -> EnqueuedJob:
+    """Async ``enqueue`` (Django's thread-sensitive executor, like the async ORM)."""
+    return await sync_to_async(enqueue, thread_sensitive=True)(kind, *args, **options)
+
+
+async def aenqueue_many(
+    requests: Iterable[JobRequest], using: str | None = None
+) -> list[EnqueuedJob]:
+    """Async ``enqueue_many``."""
+    return await sync_to_async(enqueue_many, thread_sensitive=True)(list(requests), using)
+
+
+def build_request(
+    kind: str, args: Sequence[Any], kwargs: Mapping[str, Any], options: JobOptions
+) -> JobRequest:
+    """Validate one request and encode it; raise a ``ValidationError`` subclass if it is bad."""
+    cfg = get_awa_settings()
+    queue = options.queue if options.queue is not None else cfg.DEFAULT_QUEUE
+    if queue.__class__ is not str or QUEUE_NAME_RE.fullmatch(queue) is None:
+        validate_queue_name(queue)  # raises with the message
+    priority = options.priority
+    if priority.__class__ is not int or not -100 <= priority <= 100:
+        raise InvalidOptionError("priority", f"{priority!r} is not an integer in -100..100")
+    max_attempts = options.max_attempts if options.max_attempts is not None else cfg.MAX_ATTEMPTS
+    if max_attempts.__class__ is not int or not 1 <= max_attempts <= 1000:
+        raise InvalidOptionError("max_attempts", f"{max_attempts!r} is not an integer in 1..1000")
+    using = options.using or cfg.DATABASE_ALIAS
+    if using not in connections.settings:
+        raise InvalidOptionError("using", f"{using!r} is not a database alias in DATABASES")
+    args_json = serialization.dumps(
+        {"args": args, "kwargs": kwargs},
+        "args",
+        max_bytes=cfg.ARGS_MAX_BYTES,
+        max_depth=cfg.JSON_MAX_DEPTH,
+        envelope=2,
+    )
+    run_at, delay = _timing(options.run_after) if options.run_after is not None else (None, None)
+    metadata_json = None
+    if options.metadata is not None:
+        if not isinstance(options.metadata, Mapping):
+            raise InvalidOptionError("metadata", "must be a mapping (a JSON object)")
+        metadata_json = serialization.dumps(
+            dict(options.metadata),
+            "metadata",
+            max_bytes=cfg.METADATA_MAX_BYTES,
+            max_depth=cfg.JSON_MAX_DEPTH,
+        )
+    return JobRequest(
+        kind=kind,
+        queue=queue,
+        priority=priority,
+        using=using,
+        max_attempts=max_attempts,
+        args_json=args_json,
+        run_at=run_at,
+        delay=delay,
+        deadline=None if options.deadline is None else _seconds("deadline", options.deadline),
+        metadata_json=metadata_json,
+        tags=_check_tags(options.tags) if options.tags else None,
+    )
+
+
+def _timing(run_after: datetime | timedelta | None) -> tuple[datetime | None, float | None]:
+    if run_after is None:
+        return None, None
+    if isinstance(run_after, timedelta):
+        return None, run_after.total_seconds()
+    if isinstance(run_after, datetime):
+        if timezone.is_naive(run_after):
+            if settings.USE_TZ:
+                raise InvalidOptionError(
+                    "run_after", "is a naive datetime while USE_TZ is on; pass an aware datetime"
+                )
+            run_after = timezone.make_aware(run_after)
+        return run_after, None
+    raise InvalidOptionError("run_after", "must be an aware datetime, a timedelta or None")
+
+
+def _seconds(field: str, value: float | timedelta | None) -> float | None:
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if type(seconds) not in (int, float) or not 0 < seconds < float("inf"):
+        raise InvalidOptionError(field, f"{value!r} is not a positive number of seconds")
+    return float(seconds)
+
+
+def _check_tags(tags: tuple[str, ...]) -> tuple[str, ...]:
+    cfg = get_awa_settings()
+    if len(tags) > cfg.MAX_TAGS:
+        raise LimitExceededError("tags", f"{len(tags)} tags exceeds the limit of {cfg.MAX_TAGS}")
+    for tag in tags:
+        if type(tag) is not str or not tag or len(tag) > cfg.TAG_MAX_LENGTH or "\x00" in tag:
+            raise InvalidOptionError(
+                "tags",
+                f"{tag!r}: every tag must be a non-empty string of at most "
+                f"{cfg.TAG_MAX_LENGTH} characters",
+            )
+    return tags
+
+
+def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJob]:
+    """Write validated requests on ``using``'s Django connection; return handles in order."""
+    if not requests:
+        return []
+    _ensure_lanes(using, {(r.queue, r.priority) for r in requests})
+    limits = _sql_limits()
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if len(requests) == 1:
+            r = requests[0]
+            cursor.execute(
+                query("enqueue_one"),
+                [
+                    r.kind,
+                    r.queue,
+                    r.priority,
+                    r.args_json,
+                    r.max_attempts,
+                    r.run_at,
+                    r.delay,
+                    r.deadline,
+                    r.metadata_json,
+                    list(r.tags) if r.tags else None,
+                    limits,
+                ],
+            )
+            rows = cursor.fetchall()
+            return [EnqueuedJob(rows[0][0], r.kind, r.queue, r.priority, rows[0][1], using)]
+        results: list[EnqueuedJob] = []
+        for start in range(0, len(requests), _CHUNK):
+            chunk = requests[start : start + _CHUNK]
+            if all(r.run_at is None and r.delay is None for r in chunk):
+                # Everything runs now: reserve lanes and ids, then COPY (about twice as fast).
+                ids = copy_enqueue(cursor.cursor, chunk)
+                results.extend(
+                    EnqueuedJob(job_id, r.kind, r.queue, r.priority, "available", using)
+                    for r, job_id in zip(chunk, ids, strict=True)
+                )
+                continue
+            # Timed requests: the server splits them into ready and deferred on its own clock.
+            payload = "[" + ",".join([r.payload() for r in chunk]) + "]"
+            cursor.execute(query("enqueue"), [payload, limits])
+            rows = cursor.fetchall()
+            results.extend(
+                EnqueuedJob(row[0], r.kind, r.queue, r.priority, row[1], using)
+                for r, row in zip(chunk, rows, strict=True)
+            )
+    return results
+
+
+@functools.lru_cache(maxsize=8)
+def _sql_limits_for(args_max: int, meta_max: int, depth: int, max_tags: int, tag_len: int) -> str:
+    return json.dumps(
+        {
+            "args_max_bytes": args_max * 2 + 4096,
+            "metadata_max_bytes": meta_max * 2 + 4096,
+            "json_max_depth": depth,
+            "max_tags": max_tags,
+            "tag_max_length": tag_len,
+        }
+    )
+
+
+def _sql_limits() -> str:
+    # The SQL functions re-check limits as a second line for raw-SQL producers. They measure
+    # Postgres's binary jsonb size where Python measures JSON text, so Python (which has already
+    # applied the exact limits) passes a margin: a request accepted here is never refused there.
+    cfg = get_awa_settings()
+    return _sql_limits_for(
+        cfg.ARGS_MAX_BYTES,
+        cfg.METADATA_MAX_BYTES,
+        cfg.JSON_MAX_DEPTH,
+        cfg.MAX_TAGS,
+        cfg.TAG_MAX_LENGTH,
+    )
+
+
+def _ensure_lanes(using: str, pairs: set[tuple[str, int]]) -> None:
+    """Make sure the lanes of each (queue, priority) exist before the producer's statement.
+
+    Lanes are created on a separate short connection when the caller is inside an atomic block:
+    created inside the caller's transaction, they would make every other producer of a new queue
+    wait for that transaction to end.
+    """
+    missing = [(q, p) for q, p in pairs if (using, q, p) not in _known_lanes]
+    if not missing:
+        return
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        absent = []
+        for queue, priority in missing:
+            cursor.execute(query("lanes_known"), [queue, priority])
+            row = cursor.fetchone()
+            if row is not None and row[0] > 0:
+                _remember(using, queue, priority)
+            else:
+                absent.append((queue, priority))
+    if not absent:
+        return
+    if connection.in_atomic_block:
+        side = connections.create_connection(using)
+        try:
+            side.set_autocommit(True)
+            with side.cursor() as cursor:
+                _create_lanes(cursor, absent)
+        finally:
+            side.close()
+    else:
+        with connection.cursor() as cursor:
+            _create_lanes(cursor, absent)
+    for queue, priority in absent:
+        _remember(using, queue, priority)
+
+
+def _create_lanes(cursor: Any, pairs: list[tuple[str, int]]) -> None:
+    for queue, priority in sorted(pairs):
+        cursor.execute(query("ensure_lanes"), [queue, priority, awa_settings.ENQUEUE_SHARDS])
+
+
+def _remember(using: str, queue: str, priority: int) -> None:
+    with _known_lanes_lock:
+        _known_lanes.add((using, queue, priority))
+
+
+def forget_known_lanes() -> None:
+    """Clear the per-process cache of lanes known to exist (for tests that drop the schema)."""
+    with _known_lanes_lock:
+        _known_lanes.clear()

@@ -1,0 +1,23 @@
+-- Statements used by awa_django.db.operations.RunAwaSQL.
+
+-- name: migration_lock
+-- Serialises concurrent `migrate` runs for the awa schema until the transaction ends.
+SELECT pg_advisory_xact_lock(4282177, 0)
+
+-- name: migrations_table_exists
+SELECT to_regclass('awa.schema_migrations') IS NOT NULL
+
+-- name: migration_applied
+SELECT EXISTS (SELECT 1 FROM awa.schema_migrations WHERE name = %s)
+
+-- name: migration_record
+INSERT INTO awa.schema_migrations (name) VALUES (%s)
+
+-- name: migration_forget
+DELETE FROM awa.schema_migrations WHERE name = %s
+
+-- name: schema_exists
+SELECT to_regnamespace('awa') IS NOT NULL
+
+-- name: schema_drop
+DROP SCHEMA IF EXISTS awa CASCADE

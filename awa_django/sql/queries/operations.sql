@@ -1,0 +1,10 @@
+-- Statements used by awa_django.operations.
+
+-- name: cancel
+SELECT awa.cancel_v1(%s, %s)
+
+-- name: dlq_retry
+SELECT job_id FROM awa.dlq_retry_v1(%s::bigint[], %s, %s) AS job_id
+
+-- name: dlq_purge
+SELECT job_id FROM awa.dlq_purge_v1(%s::bigint[]) AS job_id

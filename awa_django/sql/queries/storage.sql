@@ -1,0 +1,39 @@
+-- Statements used by the worker and maintenance (awa_django.db.storage), on their own
+-- psycopg connections in autocommit mode: each call is one short transaction.
+
+-- name: claim
+SELECT job_id, run_lease, attempt, max_attempts, claim_slot, kind, args::text, queue, priority,
+       deadline_at, timeout_secs, progress
+FROM awa.claim_v1(%s, %s, %s, %s, %s)
+
+-- name: finalize
+SELECT job_id, run_lease FROM awa.finalize_v1(%s::jsonb)
+
+-- name: heartbeat
+SELECT job_id, run_lease FROM awa.heartbeat_v1(%s::jsonb)
+
+-- name: promote
+SELECT awa.promote_v1(%s)
+
+-- name: queue_depth
+SELECT queue, available FROM awa.queue_depth_v1(%s)
+
+-- name: queue_counts
+SELECT queue, available, running, waiting_external, scheduled, retryable, completed, failed,
+       cancelled, dlq, paused
+FROM awa.queue_counts_v1()
+
+-- name: runtime_upsert
+SELECT awa.runtime_upsert_v1(%s, %s, %s, %s::jsonb, %s, %s)
+
+-- name: runtime_remove
+SELECT awa.runtime_remove_v1(%s)
+
+-- name: queues_idle
+SELECT awa.queues_idle_v1(%s::text[])
+
+-- name: listen_jobs
+LISTEN awa_jobs
+
+-- name: listen_cancel
+LISTEN awa_cancel

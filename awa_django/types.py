@@ -1,0 +1,75 @@
+"""Plain value types shared by the producer API."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime
+
+__all__ = ["EnqueuedJob", "JobRequest"]
+
+
+@dataclasses.dataclass(slots=True)
+class JobRequest:
+    """A validated, encoded job request not yet sent (from ``Job.prepare``). Do not modify it.
+
+    Every field is already checked; ``args_json`` and ``metadata_json`` are the encoded JSON.
+    ``run_at`` (aware) and ``delay`` (seconds, measured on the database clock) are exclusive.
+    """
+
+    kind: str
+    queue: str
+    priority: int
+    using: str
+    max_attempts: int
+    args_json: str
+    run_at: datetime | None = None
+    delay: float | None = None
+    deadline: float | None = None
+    metadata_json: str | None = None
+    tags: tuple[str, ...] | None = None
+
+    def payload(self) -> str:
+        """This request as one JSON object of the array ``awa.enqueue_v1`` takes."""
+        # The queue name is validated ([a-z0-9_.-]), so it needs no escaping.
+        parts = [
+            '{"kind":',
+            json.dumps(self.kind),
+            ',"queue":"',
+            self.queue,
+            '","priority":',
+            str(self.priority),
+            ',"max_attempts":',
+            str(self.max_attempts),
+            ',"args":',
+            self.args_json,
+        ]
+        if self.run_at is not None:
+            parts.append(f',"run_at":"{self.run_at.isoformat()}"')
+        if self.delay is not None:
+            parts.append(f',"delay":{self.delay!r}')
+        if self.deadline is not None:
+            parts.append(f',"deadline":{self.deadline!r}')
+        if self.metadata_json is not None:
+            parts.append(',"metadata":')
+            parts.append(self.metadata_json)
+        if self.tags:
+            parts.append(',"tags":')
+            parts.append(json.dumps(list(self.tags), ensure_ascii=False))
+        parts.append("}")
+        return "".join(parts)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EnqueuedJob:
+    """A job written in the caller's transaction: visible to workers once that commits.
+
+    ``state`` is ``available`` or ``scheduled`` (a future ``run_after``).
+    """
+
+    id: int
+    kind: str
+    queue: str
+    priority: int
+    state: str
+    using: str

@@ -1,0 +1,14 @@
+"""Minimal Django settings for the benchmarks (database from DATABASE_URL)."""
+
+from __future__ import annotations
+
+import os
+
+import environ
+
+SECRET_KEY = "benchmarks-only"
+USE_TZ = True
+DATABASES = {"default": environ.Env().db_url_config(os.environ["DATABASE_URL"])}
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "awa_django"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AWA = {"JOB_MODULES": ["benchmarks.benchjobs"]}

@@ -1,0 +1,108 @@
+"""Enqueue throughput of awa_django on one Postgres (embedded PostgreSQL 18 unless DATABASE_URL).
+
+    .venv/dj52/bin/python benchmarks/enqueue.py [--rounds 5] [--single 3000] [--bulk 100000]
+
+Reports, as the median of interleaved rounds:
+  * single: one ``Job.enqueue`` per committed ``transaction.atomic()`` block, one connection;
+  * bulk:   ``enqueue_many`` in batches of 10,000 requests, one transaction per batch
+            (request preparation, i.e. validation and JSON encoding, is inside the timing).
+Durability is untouched (fsync and synchronous_commit on). Prints JSON to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+SERVER_SETTINGS = {
+    "shared_buffers": "1GB",
+    "max_wal_size": "16GB",
+    "checkpoint_timeout": "30min",
+    "wal_buffers": "64MB",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--single", type=int, default=3000, help="jobs per single-enqueue round")
+    parser.add_argument("--bulk", type=int, default=100_000, help="jobs per bulk round")
+    parser.add_argument("--batch", type=int, default=10_000, help="requests per enqueue_many")
+    args = parser.parse_args()
+
+    import pgserver
+
+    url, stop = pgserver.start(
+        ROOT / ".pgdata" / "bench", database="awa_bench", settings=SERVER_SETTINGS, ephemeral=True
+    )
+    os.environ["DATABASE_URL"] = url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.bench_settings"
+    try:
+        run(args)
+    finally:
+        stop()
+
+
+def run(args: argparse.Namespace) -> None:
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection, transaction
+
+    import awa_django
+    from benchmarks import benchjobs
+
+    call_command("migrate", verbosity=0)
+    benchjobs.noop.enqueue(0)  # create the queue's lanes outside the timings
+
+    def single() -> float:
+        start = time.perf_counter()
+        for i in range(args.single):
+            with transaction.atomic():
+                benchjobs.noop.enqueue(i)
+        return args.single / (time.perf_counter() - start)
+
+    def bulk() -> float:
+        start = time.perf_counter()
+        for offset in range(0, args.bulk, args.batch):
+            requests = [benchjobs.noop.prepare(i) for i in range(offset, offset + args.batch)]
+            with transaction.atomic():
+                awa_django.enqueue_many(requests)
+        return args.bulk / (time.perf_counter() - start)
+
+    def reset() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("TRUNCATE awa.ready_entries, awa.deferred_jobs")
+            cursor.execute("CHECKPOINT")
+
+    results: dict[str, list[float]] = {"single": [], "bulk": []}
+    for _ in range(args.rounds):
+        for name, fn in (("single", single), ("bulk", bulk)):
+            reset()
+            results[name].append(fn())
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        version = cursor.fetchone()
+    report = {
+        "postgres": version[0] if version else None,
+        "rounds": args.rounds,
+        "enqueue_single_jobs_per_s": round(statistics.median(results["single"])),
+        "enqueue_bulk_jobs_per_s": round(statistics.median(results["bulk"])),
+        "raw": {k: [round(v) for v in vs] for k, vs in results.items()},
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

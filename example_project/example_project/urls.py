@@ -1,0 +1,21 @@
+from django.conf import settings
+from django.contrib import admin
+from django.urls import path
+from django.views.generic import RedirectView
+from django.views.static import serve
+
+urlpatterns = [
+    path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    path("admin/", admin.site.urls),
+]
+
+if settings.AWA_DEMO_SERVE_STATIC:
+    # Local demo only (see settings.AWA_DEMO_SERVE_STATIC): works with DEBUG off, unlike
+    # django.conf.urls.static.static(), because the demo runs with production settings.
+    urlpatterns += [
+        path(
+            f"{settings.STATIC_URL.lstrip('/')}<path:path>",
+            serve,
+            {"document_root": settings.STATIC_ROOT},
+        ),
+    ]

@@ -1,0 +1,1 @@
+"""The shop's job kinds (confirmation e-mails, invoices, ...), added with the worker."""

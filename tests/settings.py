@@ -1,0 +1,86 @@
+"""Django settings for awa_django's own test suite.
+
+The database comes from ``DATABASE_URL``. When it is unset, tests/conftest.py starts an embedded
+PostgreSQL and rewrites DATABASES before any connection is made; the placeholder below only lets
+tools such as mypy's Django plugin import this module without a server.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import environ
+
+env = environ.Env()
+
+
+def database_settings(url: str) -> dict[str, Any]:
+    """DATABASES["default"] for a ``postgresql://`` URL."""
+    config: dict[str, Any] = env.db_url_config(url)
+    config["CONN_MAX_AGE"] = 0
+    return config
+
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+ALLOWED_HOSTS = ["testserver", "127.0.0.1", "localhost"]
+
+DATABASES = {
+    "default": database_settings(
+        env.str("DATABASE_URL", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ),
+}
+
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django.contrib.admin",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "awa_django",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+ROOT_URLCONF = "tests.urls"
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Intervals compressed so that worker and maintenance tests run in seconds. A subprocess can be
+# given more overrides as JSON in AWA_TEST_OVERRIDES.
+AWA: dict[str, Any] = {
+    "JOB_MODULES": ["tests.testjobs"],
+    "POLL_INTERVAL": 0.05,
+    "HEARTBEAT_INTERVAL": 0.2,
+    "HEARTBEAT_STALENESS": 2.0,
+    "PROMOTE_INTERVAL": 0.05,
+    "RESCUE_INTERVAL": 0.2,
+    "LEADER_ELECTION_INTERVAL": 0.2,
+    "RUNTIME_REFRESH_INTERVAL": 0.5,
+    "SHUTDOWN_TIMEOUT": 10.0,
+    **json.loads(env.str("AWA_TEST_OVERRIDES", default="{}")),
+}

@@ -1,0 +1,97 @@
+"""System checks: stable ids, no side effects, database checks only on request."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from django.core.checks import CheckMessage, Tags, run_checks
+from django.db import connection
+from django.db.utils import ConnectionHandler
+from django.test import override_settings
+
+from awa_django import checks
+
+
+def awa_ids(messages: list[CheckMessage]) -> list[str]:
+    return [m.id for m in messages if m.id and m.id.startswith("awa.")]
+
+
+def handler(**aliases: dict[str, object]) -> ConnectionHandler:
+    """A private ConnectionHandler: DATABASES for one test, without touching settings."""
+    return ConnectionHandler({"default": dict(connection.settings_dict), **aliases})
+
+
+def test_the_test_settings_pass_every_check() -> None:
+    assert awa_ids(run_checks()) == []
+
+
+def test_e001_alias_missing_from_databases() -> None:
+    with override_settings(AWA={"DATABASE_ALIAS": "queue"}):
+        messages = run_checks()
+    assert awa_ids(messages) == ["awa.E001"]
+    assert "'queue', which is not in DATABASES (aliases: default)" in messages[-1].msg
+
+
+def test_e002_alias_is_not_postgresql() -> None:
+    dbs = handler(other={"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"})
+    messages = checks.database_config_errors("other", dbs)
+    assert awa_ids(messages) == ["awa.E002"]
+    assert "'django.db.backends.sqlite3'" in messages[0].msg
+
+
+def test_e003_backend_runs_on_psycopg2(monkeypatch: pytest.MonkeyPatch) -> None:
+    dbs = handler()
+    monkeypatch.setattr(dbs["default"], "Database", types.ModuleType("psycopg2"))
+    messages = checks.database_config_errors("default", dbs)
+    assert awa_ids(messages) == ["awa.E003"]
+    assert "runs on psycopg2" in messages[0].msg
+
+
+def test_postgresql_on_psycopg3_passes_without_connecting() -> None:
+    dbs = handler()
+    assert checks.database_config_errors("default", dbs) == []
+    assert dbs["default"].connection is None
+
+
+def test_e005_invalid_settings_are_reported_not_raised() -> None:
+    with override_settings(AWA={"POLL_INTERVL": 1}):
+        messages = run_checks()
+    assert awa_ids(messages) == ["awa.E005"]
+    assert "Did you mean 'POLL_INTERVAL'?" in messages[0].msg
+
+
+def test_only_the_version_check_is_a_database_check() -> None:
+    # Django runs database-tagged checks only for `check --database` and migrate. The other
+    # checks run everywhere (this test has no database access: a connection would fail).
+    assert Tags.database in checks.check_server_version.tags  # type: ignore[attr-defined]
+    assert Tags.database not in checks.check_database.tags  # type: ignore[attr-defined]
+    assert Tags.database not in checks.check_settings.tags  # type: ignore[attr-defined]
+
+
+@pytest.mark.django_db
+def test_e004_passes_on_the_live_server() -> None:
+    assert awa_ids(run_checks(databases=["default"])) == []
+    assert connection.pg_version >= checks.MIN_SERVER_VERSION  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("version", "ids"), [(140012, ["awa.E004"]), (150000, []), (180006, [])])
+def test_e004_rejects_servers_older_than_15(version: int, ids: list[str]) -> None:
+    messages = checks.version_errors("default", version)
+    assert awa_ids(messages) == ids
+    if ids:
+        assert "runs PostgreSQL 14.12" in messages[0].msg
+
+
+@pytest.mark.django_db
+def test_e006_unreachable_server_is_a_clean_error() -> None:
+    unreachable = {
+        **connection.settings_dict,
+        "HOST": "127.0.0.1",
+        "PORT": "1",
+        "OPTIONS": {"connect_timeout": 2},
+    }
+    dbs = handler(down=unreachable)
+    messages = checks.server_version_errors("down", dbs)
+    assert awa_ids(messages) == ["awa.E006"]
+    assert "Could not connect to database 'down'" in messages[0].msg

@@ -1,0 +1,134 @@
+"""The AWA settings dict: defaults, loud validation, and cache invalidation."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from awa_django.conf import DEFAULTS, AwaSettings, QueueSettings, awa_settings, load_settings
+
+
+def test_empty_awa_gives_the_documented_defaults() -> None:
+    loaded = load_settings({})
+    for name, default in DEFAULTS.items():
+        assert getattr(loaded, name) == default, name
+    assert loaded.POLL_INTERVAL == 0.2
+    assert loaded.MAX_ATTEMPTS == 25
+    assert loaded.NOTIFY is True
+    assert loaded.JOB_MODULES == ()
+    assert dict(loaded.QUEUES) == {}
+
+
+def test_every_default_has_a_typed_attribute() -> None:
+    assert set(typing.get_type_hints(AwaSettings)) == set(DEFAULTS)
+
+
+def test_every_key_is_documented() -> None:
+    from tests.helpers import REPO
+
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    missing = [name for name in DEFAULTS if f"`{name}`" not in doc]
+    assert not missing, f"undocumented AWA keys: {missing}"
+
+
+def test_values_are_merged_over_defaults() -> None:
+    loaded = load_settings({"POLL_INTERVAL": 1, "JOB_MODULES": ["a.jobs"], "NOTIFY": False})
+    assert loaded.POLL_INTERVAL == 1.0
+    assert isinstance(loaded.POLL_INTERVAL, float)
+    assert loaded.JOB_MODULES == ("a.jobs",)
+    assert loaded.NOTIFY is False
+    assert loaded.CONCURRENCY == 10  # untouched default
+
+
+def test_queue_overrides_are_parsed() -> None:
+    loaded = load_settings({"QUEUES": {"emails": {"concurrency": 2, "deadline": 30}, "bulk": {}}})
+    assert loaded.QUEUES["emails"] == QueueSettings(concurrency=2, deadline=30.0)
+    assert loaded.QUEUES["bulk"] == QueueSettings()
+
+
+def test_settings_are_read_only() -> None:
+    with pytest.raises(AttributeError):
+        load_settings({}).POLL_INTERVAL = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({"POLL_INTERVL": 1}, "AWA has no setting 'POLL_INTERVL'. Did you mean 'POLL_INTERVAL'?"),
+        ({"concurrency": 5}, "AWA has no setting 'concurrency'. Did you mean 'CONCURRENCY'?"),
+        ({"COLOUR": "blue"}, "AWA has no setting 'COLOUR'. Known settings: DATABASE_ALIAS,"),
+        (
+            {"POLL_INTERVAL": "fast"},
+            "AWA['POLL_INTERVAL'] must be a number of seconds (int or float), got str ('fast').",
+        ),
+        ({"NOTIFY": 1}, "AWA['NOTIFY'] must be a bool (True or False), got int (1)."),
+        ({"MAX_ATTEMPTS": True}, "AWA['MAX_ATTEMPTS'] must be an int, got bool (True)."),
+        ({"MAX_ATTEMPTS": 2.5}, "AWA['MAX_ATTEMPTS'] must be an int, got float (2.5)."),
+        (
+            {"POLL_INTERVAL": -1},
+            "AWA['POLL_INTERVAL'] must be a finite number greater than 0, got -1.",
+        ),
+        (
+            {"HISTORY_RETENTION": 0},
+            "AWA['HISTORY_RETENTION'] must be a finite number greater than 0, got 0.",
+        ),
+        ({"PRUNE_INTERVAL": float("inf")}, "must be a finite number greater than 0, got inf."),
+        ({"MAX_ATTEMPTS": 0}, "AWA['MAX_ATTEMPTS'] must be between 1 and 1000, got 0."),
+        ({"JSON_MAX_DEPTH": 257}, "AWA['JSON_MAX_DEPTH'] must be between 1 and 256, got 257."),
+        ({"CONCURRENCY": 0}, "AWA['CONCURRENCY'] must be at least 1, got 0."),
+        ({"DATABASE_ALIAS": ""}, "AWA['DATABASE_ALIAS'] must be a non-empty str, got str ('')."),
+        ({"JOB_MODULES": "a.jobs"}, "AWA['JOB_MODULES'] must be a list of dotted module paths"),
+        ({"QUEUES": []}, "AWA['QUEUES'] must be a dict of queue name to a dict of queue settings"),
+        (
+            {"QUEUES": {"emails": {"concurency": 2}}},
+            "AWA['QUEUES']['emails'] has no setting 'concurency'. Did you mean 'concurrency'?",
+        ),
+        (
+            {"QUEUES": {"emails": {"deadline": "1m"}}},
+            "AWA['QUEUES']['emails']['deadline'] must be a number of seconds (int or float), "
+            "got str ('1m').",
+        ),
+        (
+            {"QUEUES": {"emails": {"concurrency": 0}}},
+            "AWA['QUEUES']['emails']['concurrency'] must be at least 1, got 0.",
+        ),
+        ({"QUEUES": {"emails": 3}}, "AWA['QUEUES']['emails'] must be a dict, got int (3)."),
+        (
+            {"HEARTBEAT_INTERVAL": 10, "HEARTBEAT_STALENESS": 10},
+            "AWA['HEARTBEAT_STALENESS'] (10) must be greater than AWA['HEARTBEAT_INTERVAL'] (10)",
+        ),
+    ],
+)
+def test_invalid_settings_are_rejected_with_a_precise_message(
+    raw: dict[str, object], expected: str
+) -> None:
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        load_settings(raw)
+    assert expected in str(excinfo.value)
+
+
+def test_awa_must_be_a_dict() -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"AWA must be a dict, got list"):
+        load_settings([("POLL_INTERVAL", 1)])
+
+
+def test_accessor_follows_override_settings() -> None:
+    compressed = awa_settings.POLL_INTERVAL  # tests.settings compresses it
+    with override_settings(AWA={"POLL_INTERVAL": 0.01}):
+        assert awa_settings.POLL_INTERVAL == 0.01
+    with override_settings(AWA={}):
+        assert awa_settings.POLL_INTERVAL == 0.2  # the documented default
+    assert compressed == awa_settings.POLL_INTERVAL
+
+
+def test_accessor_raises_for_invalid_settings() -> None:
+    with override_settings(AWA={"POLL_INTERVL": 1}), pytest.raises(ImproperlyConfigured):
+        _ = awa_settings.POLL_INTERVAL
+
+
+def test_accessor_rejects_unknown_attributes() -> None:
+    with pytest.raises(AttributeError):
+        _ = awa_settings.NOT_A_SETTING  # type: ignore[attr-defined]

@@ -1,0 +1,184 @@
+"""Claim invariants of the storage engine, against real Postgres (DESIGN §4 "Claim")."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+from awa_django.db import storage
+from tests.storage_support import WORKER, enqueue_sql, pg
+
+pytestmark = [
+    pytest.mark.storage,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("clean_awa"),
+]
+
+
+def jobs_json(n: int, queue: str = "q", priority: int = 0, **extra: Any) -> str:
+    return json.dumps(
+        [
+            {"kind": "k", "queue": queue, "priority": priority, "args": {"n": i}, **extra}
+            for i in range(n)
+        ]
+    )
+
+
+def claim_ids(
+    conn: psycopg.Connection[Any], queue: str = "q", n: int = 100, **kw: Any
+) -> list[int]:
+    return [j.job_id for j in storage.claim(conn, queue, n, WORKER, **kw)]
+
+
+def test_fifo_within_a_lane() -> None:
+    with pg() as conn:
+        ids = [i for i, _ in enqueue_sql(conn, jobs_json(50))]
+        assert claim_ids(conn, n=20) == ids[:20]
+        assert claim_ids(conn, n=100) == ids[20:]
+        assert claim_ids(conn) == []
+
+
+def test_claim_increments_attempt_and_run_lease() -> None:
+    with pg() as conn:
+        [(job_id, state)] = enqueue_sql(conn, jobs_json(1))
+        assert state == "available"
+        [claimed] = storage.claim(conn, "q", 5, WORKER)
+        assert (claimed.job_id, claimed.attempt, claimed.run_lease) == (job_id, 1, 1)
+        assert json.loads(claimed.args_json) == {"n": 0}
+        row = conn.execute(
+            "SELECT state, attempt, run_lease FROM awa.jobs WHERE id = %s", [job_id]
+        ).fetchone()
+        assert row == ("running", 1, 1)
+
+
+def test_priority_order_across_lanes() -> None:
+    with pg() as conn:
+        low = [i for i, _ in enqueue_sql(conn, jobs_json(3, priority=-10))]
+        mid = [i for i, _ in enqueue_sql(conn, jobs_json(3, priority=0))]
+        high = [i for i, _ in enqueue_sql(conn, jobs_json(3, priority=10))]
+        # No ageing: strict priority, higher first, FIFO within each priority.
+        assert claim_ids(conn, n=9, aging_interval=1e9) == high + mid + low
+
+
+def test_ageing_lets_an_old_low_priority_lane_through() -> None:
+    with pg() as conn:
+        [(old_low, _)] = enqueue_sql(conn, jobs_json(1, priority=0))
+        conn.execute("SELECT pg_sleep(0.05)")
+        [(new_high, _)] = enqueue_sql(conn, jobs_json(1, priority=5))
+        # With a 1 ms ageing step the 50 ms old head gains ~50 levels and goes first.
+        assert claim_ids(conn, n=1, aging_interval=0.001) == [old_low]
+        assert claim_ids(conn, n=1, aging_interval=0.001) == [new_high]
+
+
+def test_paused_queue_is_not_claimed() -> None:
+    with pg() as conn:
+        enqueue_sql(conn, jobs_json(2))
+        conn.execute("UPDATE awa.queue_meta SET paused = true WHERE queue = 'q'")
+        assert claim_ids(conn) == []
+        conn.execute("UPDATE awa.queue_meta SET paused = false WHERE queue = 'q'")
+        assert len(claim_ids(conn)) == 2
+
+
+def test_concurrent_claimers_never_claim_twice_and_miss_none() -> None:
+    total = 20_000
+    producers = 4
+    # Producers on separate connections land in different shards (lanes) of one queue.
+    with pg() as c0, pg() as c1, pg() as c2, pg() as c3:
+        for conn in (c0, c1, c2, c3):
+            enqueue_sql(conn, jobs_json(total // producers))
+        lanes = c0.execute(
+            "SELECT count(DISTINCT lane_id) FROM awa.ready_entries WHERE queue = 'q'"
+        ).fetchone()
+        assert lanes is not None and lanes[0] >= 2
+
+    claimed: list[list[int]] = [[] for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def claimer(index: int) -> None:
+        try:
+            with pg() as conn:
+                empty = 0
+                while empty < 3:
+                    got = claim_ids(conn, n=97)
+                    claimed[index].extend(got)
+                    empty = 0 if got else empty + 1
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    everything = [job for part in claimed for job in part]
+    assert len(everything) == total
+    assert len(set(everything)) == total
+    with pg() as conn:
+        row = conn.execute("SELECT count(*), count(DISTINCT job_id) FROM awa.claims").fetchone()
+        assert row == (total, total)
+
+
+def test_rolled_back_reservation_leaves_a_gap_that_claims_skip() -> None:
+    with pg() as conn, pg(autocommit=False) as producer:
+        conn.execute("SELECT awa.ensure_lanes_v1('gap', 0, 1)")  # one shard: one lane
+        enqueue_sql(producer, jobs_json(3, queue="gap"))
+        producer.rollback()
+        [(after, _)] = enqueue_sql(conn, jobs_json(1, queue="gap"))
+        seqs = conn.execute("SELECT lane_seq FROM awa.ready_entries WHERE queue = 'gap'").fetchall()
+        assert seqs == [(4,)]  # positions 1..3 were reserved and rolled back
+        assert claim_ids(conn, "gap") == [after]
+
+
+def test_claims_never_skip_a_row_still_being_committed() -> None:
+    with pg() as conn, pg(autocommit=False) as producer:
+        conn.execute("SELECT awa.ensure_lanes_v1('inflight', 0, 1)")
+        [(first, _)] = enqueue_sql(conn, jobs_json(1, queue="inflight"))
+        [(pending, _)] = enqueue_sql(producer, jobs_json(1, queue="inflight"))
+        # The in-flight row sits at the end of the lane: it is waited for, not skipped.
+        assert claim_ids(conn, "inflight") == [first]
+        assert claim_ids(conn, "inflight") == []
+        producer.commit()
+        assert claim_ids(conn, "inflight") == [pending]
+
+
+def test_lane_lock_holds_the_next_producer_until_commit() -> None:
+    # With one shard, producer B cannot make position N+1 visible while A may still commit N.
+    with pg() as conn, pg(autocommit=False) as a, pg(autocommit=False) as b:
+        conn.execute("SELECT awa.ensure_lanes_v1('serial', 0, 1)")
+        enqueue_sql(a, jobs_json(1, queue="serial"))
+        b.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            enqueue_sql(b, jobs_json(1, queue="serial"))
+        b.rollback()
+        a.commit()
+        b.execute("SET lock_timeout = '5s'")
+        enqueue_sql(b, jobs_json(1, queue="serial"))
+        b.commit()
+        assert len(claim_ids(conn, "serial")) == 2
+
+
+def test_tombstoned_rows_are_skipped_by_claim() -> None:
+    with pg() as conn:
+        ids = [i for i, _ in enqueue_sql(conn, jobs_json(3))]
+        assert conn.execute("SELECT awa.cancel_v1(%s)", [ids[0]]).fetchone() == ("available",)
+        assert claim_ids(conn) == ids[1:]
+
+
+def test_claim_refuses_repeatable_read() -> None:
+    with pg(autocommit=False) as conn:
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        with pytest.raises(psycopg.errors.InvalidTransactionState):
+            claim_ids(conn)
+
+
+def test_approximate_depth_follows_lane_cursors() -> None:
+    with pg() as conn:
+        enqueue_sql(conn, jobs_json(10, queue="depth"))
+        assert storage.queue_depth(conn, "depth") == {"depth": 10}
+        claim_ids(conn, "depth", n=4)
+        assert storage.queue_depth(conn, "depth") == {"depth": 6}

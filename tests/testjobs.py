@@ -1,0 +1,138 @@
+"""Job kinds used by the test suite (imported by tests and by worker subprocesses)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from awa_django import job
+
+
+@job
+def noop() -> None:
+    """Do nothing."""
+
+
+@job(queue="emails", priority=5, max_attempts=3, tags=["mail"])
+def send_email(address: str, subject: str = "") -> str:
+    return f"sent {subject} to {address}"
+
+
+@job(name="tests.renamed", queue="other")
+def renamed(value: Any) -> Any:
+    return value
+
+
+@job(queue="async")
+async def async_echo(value: Any) -> Any:
+    return value
+
+
+@job
+def with_ctx(ctx: Any, value: int) -> int:
+    return value
+
+
+# Jobs for worker tests: they record every execution in the Ledger table, so tests can prove
+# "exactly once per attempt" from the database. -------------------------------------------------
+
+from awa_django import Cancel, RetryAfter, Snooze, TerminalError  # noqa: E402
+
+
+def _record(ctx: Any, note: str = "") -> None:
+    from tests.testapp.models import Ledger
+
+    Ledger.objects.create(
+        job_id=ctx.id, run_lease=ctx.run_lease, attempt=ctx.attempt, queue=ctx.queue, note=note
+    )
+
+
+@job(queue="work")
+def ledger_sync(ctx: Any, n: int) -> int:
+    _record(ctx)
+    return n
+
+
+@job(queue="work-async")
+async def ledger_async(ctx: Any, n: int) -> int:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(_record)(ctx)
+    return n
+
+
+@job(queue="work", max_attempts=5)
+def flaky(ctx: Any, fail_times: int) -> str:
+    _record(ctx)
+    if ctx.attempt <= fail_times:
+        raise ValueError(f"attempt {ctx.attempt} fails on purpose")
+    return "ok"
+
+
+@job(queue="work", max_attempts=3)
+def retry_later(ctx: Any, seconds: float) -> RetryAfter:
+    _record(ctx)
+    return RetryAfter(seconds)
+
+
+@job(queue="work", max_attempts=1)
+def snoozer(ctx: Any, times: int) -> Any:
+    _record(ctx)
+    if ctx.run_lease <= times:
+        return Snooze(0.01)
+    return "awake"
+
+
+@job(queue="work")
+def give_up(ctx: Any) -> Cancel:
+    _record(ctx)
+    return Cancel("nothing to do")
+
+
+@job(queue="work")
+def terminal(ctx: Any) -> None:
+    _record(ctx)
+    raise TerminalError("cannot ever work")
+
+
+@job(queue="work", max_attempts=3)
+def progress_then_retry(ctx: Any) -> Any:
+    _record(ctx)
+    if ctx.attempt == 1:
+        ctx.set_progress(40, "halfway", step=2)
+        raise RuntimeError("first attempt fails after progress")
+    return ctx.progress
+
+
+def _wait_cancel_sync(ctx: Any, seconds: float) -> str:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ctx.is_cancelled():
+            _record(ctx, "saw-cancel")
+            return "cancelled"
+        time.sleep(0.01)
+    _record(ctx, "finished")
+    return "finished"
+
+
+@job(queue="slow")
+def slow_sync(ctx: Any, seconds: float) -> str:
+    return _wait_cancel_sync(ctx, seconds)
+
+
+@job(queue="slow")
+async def slow_async(ctx: Any, seconds: float) -> str:
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while loop.time() < deadline:
+        if ctx.is_cancelled():
+            await sync_to_async(_record)(ctx, "saw-cancel")
+            return "cancelled"
+        await asyncio.sleep(0.01)
+    await sync_to_async(_record)(ctx, "finished")
+    return "finished"
