@@ -59,6 +59,7 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     "TAG_MAX_LENGTH": _Spec(100, _Kind.INT, 1),
     "ENQUEUE_SHARDS": _Spec(4, _Kind.INT, 1, 64),
     "PRIORITY_AGING_INTERVAL": _Spec(60.0, _Kind.SECONDS),
+    "RETRY_BACKOFF_BASE": _Spec(1.0, _Kind.SECONDS),
     "CLAIM_BATCH_SIZE": _Spec(512, _Kind.INT, 1),
     "COMPLETION_BATCH_SIZE": _Spec(512, _Kind.INT, 1),
     "COMPLETION_FLUSH_INTERVAL": _Spec(0.002, _Kind.SECONDS),
@@ -120,6 +121,7 @@ class AwaSettings:
     TAG_MAX_LENGTH: int
     ENQUEUE_SHARDS: int
     PRIORITY_AGING_INTERVAL: float
+    RETRY_BACKOFF_BASE: float
     CLAIM_BATCH_SIZE: int
     COMPLETION_BATCH_SIZE: int
     COMPLETION_FLUSH_INTERVAL: float

@@ -3,9 +3,13 @@
     .venv/dj52/bin/python benchmarks/enqueue.py [--rounds 5] [--single 3000] [--bulk 100000]
 
 Reports, as the median of interleaved rounds:
-  * single: one ``Job.enqueue`` per committed ``transaction.atomic()`` block, one connection;
-  * bulk:   ``enqueue_many`` in batches of 10,000 requests, one transaction per batch
-            (request preparation, i.e. validation and JSON encoding, is inside the timing).
+  * single:        one ``Job.enqueue`` per committed transaction, one connection, in autocommit
+                   mode (the statement is the transaction: one round trip and one commit);
+  * single_atomic: the same inside ``transaction.atomic()`` (BEGIN, statement, COMMIT);
+  * floor_atomic:  a bare one-row ``INSERT`` per ``transaction.atomic()`` through the same
+                   Django connection: what this client stack and the disk allow at best;
+  * bulk:          ``enqueue_many`` in batches of 10,000 requests, one transaction per batch
+                   (request preparation, i.e. validation and JSON encoding, is inside the timing).
 Durability is untouched (fsync and synchronous_commit on). Prints JSON to stdout.
 """
 
@@ -69,8 +73,23 @@ def run(args: argparse.Namespace) -> None:
     def single() -> float:
         start = time.perf_counter()
         for i in range(args.single):
+            benchjobs.noop.enqueue(i)
+        return args.single / (time.perf_counter() - start)
+
+    def single_atomic() -> float:
+        start = time.perf_counter()
+        for i in range(args.single):
             with transaction.atomic():
                 benchjobs.noop.enqueue(i)
+        return args.single / (time.perf_counter() - start)
+
+    def floor_atomic() -> float:
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE TABLE IF NOT EXISTS bench_floor (id bigserial, n int)")
+            start = time.perf_counter()
+            for i in range(args.single):
+                with transaction.atomic():
+                    cursor.execute("INSERT INTO bench_floor (n) VALUES (%s)", [i])
         return args.single / (time.perf_counter() - start)
 
     def bulk() -> float:
@@ -86,9 +105,15 @@ def run(args: argparse.Namespace) -> None:
             cursor.execute("TRUNCATE awa.ready_entries, awa.deferred_jobs")
             cursor.execute("CHECKPOINT")
 
-    results: dict[str, list[float]] = {"single": [], "bulk": []}
+    scenarios = (
+        ("single", single),
+        ("single_atomic", single_atomic),
+        ("floor_atomic", floor_atomic),
+        ("bulk", bulk),
+    )
+    results: dict[str, list[float]] = {name: [] for name, _ in scenarios}
     for _ in range(args.rounds):
-        for name, fn in (("single", single), ("bulk", bulk)):
+        for name, fn in scenarios:
             reset()
             results[name].append(fn())
     with connection.cursor() as cursor:
@@ -98,6 +123,8 @@ def run(args: argparse.Namespace) -> None:
         "postgres": version[0] if version else None,
         "rounds": args.rounds,
         "enqueue_single_jobs_per_s": round(statistics.median(results["single"])),
+        "enqueue_single_atomic_jobs_per_s": round(statistics.median(results["single_atomic"])),
+        "floor_single_insert_atomic_per_s": round(statistics.median(results["floor_atomic"])),
         "enqueue_bulk_jobs_per_s": round(statistics.median(results["bulk"])),
         "raw": {k: [round(v) for v in vs] for k, vs in results.items()},
     }

@@ -82,5 +82,6 @@ AWA: dict[str, Any] = {
     "LEADER_ELECTION_INTERVAL": 0.2,
     "RUNTIME_REFRESH_INTERVAL": 0.5,
     "SHUTDOWN_TIMEOUT": 10.0,
+    "RETRY_BACKOFF_BASE": 0.01,
     **json.loads(env.str("AWA_TEST_OVERRIDES", default="{}")),
 }

@@ -211,8 +211,7 @@ $$;
 CREATE FUNCTION awa._job_request_error_v1(
     p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer,
     p_deadline double precision, p_metadata jsonb, p_tags text[], p_args_max integer,
-    p_meta_max integer, p_depth integer, p_max_tags integer, p_tag_len integer,
-    p_args_probe jsonpath, p_meta_probe jsonpath)
+    p_meta_max integer, p_depth integer, p_max_tags integer, p_tag_len integer)
 RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
@@ -227,7 +226,8 @@ LANGUAGE sql STABLE AS $$
         WHEN p_args IS NULL THEN 'args: must be JSON'
         WHEN pg_column_size(p_args) > p_args_max THEN
             format('args: %s bytes exceeds the limit of %s bytes', pg_column_size(p_args), p_args_max)
-        WHEN pg_column_size(p_args) > 4 * (p_depth + 2) AND jsonb_path_exists(p_args, p_args_probe) THEN
+        WHEN pg_column_size(p_args) > 4 * (p_depth + 2)
+             AND jsonb_path_exists(p_args, awa._depth_probe_v1(p_depth + 2)) THEN
             format('args: nesting deeper than %s levels', p_depth)
         WHEN p_deadline IS NOT NULL AND NOT (p_deadline > 0 AND p_deadline < 'infinity'::float8) THEN
             'deadline: must be a positive number of seconds'
@@ -235,7 +235,8 @@ LANGUAGE sql STABLE AS $$
             'metadata: must be a JSON object'
         WHEN pg_column_size(p_metadata) > p_meta_max THEN
             format('metadata: %s bytes exceeds the limit of %s bytes', pg_column_size(p_metadata), p_meta_max)
-        WHEN pg_column_size(p_metadata) > 4 * p_depth AND jsonb_path_exists(p_metadata, p_meta_probe) THEN
+        WHEN pg_column_size(p_metadata) > 4 * p_depth
+             AND jsonb_path_exists(p_metadata, awa._depth_probe_v1(p_depth)) THEN
             format('metadata: nesting deeper than %s levels', p_depth)
         WHEN cardinality(p_tags) > p_max_tags THEN
             format('tags: %s tags exceeds the limit of %s', cardinality(p_tags), p_max_tags)
@@ -244,19 +245,13 @@ LANGUAGE sql STABLE AS $$
     END
 $$;
 
--- The limits of p_limits (keys args_max_bytes, metadata_max_bytes, json_max_depth, max_tags,
--- tag_max_length; all optional) with the documented defaults.
-CREATE FUNCTION awa._limits_v1(p_limits jsonb,
-    OUT args_max integer, OUT meta_max integer, OUT depth integer, OUT max_tags integer,
-    OUT tag_len integer, OUT args_probe jsonpath, OUT meta_probe jsonpath)
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT COALESCE((p_limits ->> 'args_max_bytes')::integer, 1048576),
-           COALESCE((p_limits ->> 'metadata_max_bytes')::integer, 65536),
-           COALESCE((p_limits ->> 'json_max_depth')::integer, 32),
-           COALESCE((p_limits ->> 'max_tags')::integer, 20),
-           COALESCE((p_limits ->> 'tag_max_length')::integer, 100),
-           awa._depth_probe_v1(COALESCE((p_limits ->> 'json_max_depth')::integer, 32) + 2),
-           awa._depth_probe_v1(COALESCE((p_limits ->> 'json_max_depth')::integer, 32))
+-- The limits in p_limits (keys args_max_bytes, metadata_max_bytes, json_max_depth, max_tags,
+-- tag_max_length; all optional), with the documented defaults.
+CREATE FUNCTION awa._limit_v1(p_limits jsonb, p_key text) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT COALESCE((p_limits ->> p_key)::integer, CASE p_key
+        WHEN 'args_max_bytes' THEN 1048576 WHEN 'metadata_max_bytes' THEN 65536
+        WHEN 'json_max_depth' THEN 32 WHEN 'max_tags' THEN 20 WHEN 'tag_max_length' THEN 100 END)
 $$;
 
 -- Enqueue one job, in the caller's transaction: the lean path for single enqueues. run_at (an
@@ -272,7 +267,6 @@ CREATE FUNCTION awa.enqueue_one_v1(
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := clock_timestamp();
-    v_lim record;
     v_error text;
     v_run_at timestamptz;
     v_lane integer;
@@ -280,11 +274,11 @@ DECLARE
     v_gen bigint;
     v_slot integer;
 BEGIN
-    v_lim := awa._limits_v1(p_limits);
     v_error := awa._job_request_error_v1(
         p_kind, p_queue, p_priority, p_args, p_max_attempts, p_deadline, p_metadata, p_tags,
-        v_lim.args_max, v_lim.meta_max, v_lim.depth, v_lim.max_tags, v_lim.tag_len,
-        v_lim.args_probe, v_lim.meta_probe);
+        awa._limit_v1(p_limits, 'args_max_bytes'), awa._limit_v1(p_limits, 'metadata_max_bytes'),
+        awa._limit_v1(p_limits, 'json_max_depth'), awa._limit_v1(p_limits, 'max_tags'),
+        awa._limit_v1(p_limits, 'tag_max_length'));
     IF v_error IS NOT NULL THEN
         RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
     END IF;
@@ -325,7 +319,11 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := clock_timestamp();
-    v_lim record;
+    v_args_max integer := awa._limit_v1(p_limits, 'args_max_bytes');
+    v_meta_max integer := awa._limit_v1(p_limits, 'metadata_max_bytes');
+    v_depth integer := awa._limit_v1(p_limits, 'json_max_depth');
+    v_max_tags integer := awa._limit_v1(p_limits, 'max_tags');
+    v_tag_len integer := awa._limit_v1(p_limits, 'tag_max_length');
     v_n integer;
     v_ids bigint[];
     v_error text;
@@ -344,7 +342,6 @@ BEGIN
     IF v_n = 0 THEN
         RETURN;
     END IF;
-    v_lim := awa._limits_v1(p_limits);
     -- One pass validates every job and counts the deferred ones.
     SELECT (array_agg(format('job %s: %s', x.ord - 1, x.err) ORDER BY x.ord)
                 FILTER (WHERE x.err IS NOT NULL))[1],
@@ -355,8 +352,7 @@ BEGIN
                awa._job_request_error_v1(
                    r.kind, COALESCE(r.queue, 'default'), COALESCE(r.priority, 0),
                    COALESCE(r.args, '{}'), COALESCE(r.max_attempts, 25), r.deadline, r.metadata,
-                   r.tags, v_lim.args_max, v_lim.meta_max, v_lim.depth, v_lim.max_tags,
-                   v_lim.tag_len, v_lim.args_probe, v_lim.meta_probe) AS err,
+                   r.tags, v_args_max, v_meta_max, v_depth, v_max_tags, v_tag_len) AS err,
                COALESCE(r.run_at, v_now + make_interval(secs => COALESCE(r.delay, 0))) > v_now
                    AS deferred
         FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS e(value, ord),

@@ -37,3 +37,25 @@ LISTEN awa_jobs
 
 -- name: listen_cancel
 LISTEN awa_cancel
+
+-- name: leader_try
+-- Session-level: held while this connection lives; Postgres frees it if the leader dies.
+SELECT pg_try_advisory_lock(4708303813012965710)  -- 0x4157415f4d41494e, "AWA_MAIN"
+
+-- name: leader_mark
+UPDATE awa.runtime_instances SET is_leader = (instance_id = %s) WHERE is_leader OR instance_id = %s
+
+-- name: rescue
+SELECT job_id, run_lease, reason FROM awa.rescue_v1(%s, %s, %s)
+
+-- name: rotate
+SELECT awa.rotate_v1(%s)
+
+-- name: prune
+SELECT awa.prune_v1(%s, %s)
+
+-- name: dlq_expire
+SELECT awa.dlq_expire_v1(%s, %s)
+
+-- name: cleanup
+SELECT awa.cleanup_v1(%s)

@@ -1,0 +1,1 @@
+"""Cluster-wide maintenance, run by one elected worker (see docs/maintenance.md)."""

@@ -1,0 +1,228 @@
+"""Leader election and the maintenance loop.
+
+Every worker (unless ``--no-maintenance``) and every ``awa_maintenance`` process competes for a
+session-level advisory lock on a dedicated connection. The holder is the leader: it promotes due
+deferred jobs, rescues abandoned attempts, rotates and prunes the rings, and expires old DLQ
+rows, runtime rows and orphaned attempt state. If the leader dies or loses its connection,
+Postgres frees the lock and another process takes over from durable state on its next election
+attempt. Each task is one short, bounded statement; a failing task is logged and retried on its
+next interval, never in a hot loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+
+from awa_django.conf import get_awa_settings
+from awa_django.sql import query
+from awa_django.worker.links import CONNECTION_ERRORS, Link
+
+__all__ = ["Maintenance", "MaintenanceSettings"]
+
+log = logging.getLogger("awa_django.maintenance")
+
+QUEUE_RING_SLOTS = 16
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MaintenanceSettings:
+    """Intervals (seconds) of the leader's tasks, from ``AWA`` settings."""
+
+    alias: str
+    election_interval: float
+    promote_interval: float
+    rescue_interval: float
+    heartbeat_staleness: float
+    queue_rotate_interval: float
+    claim_rotate_interval: float
+    dlq_retention: float
+    runtime_retention: float
+    backoff_base: float = 1.0
+    cleanup_interval: float = 60.0
+    prune_interval: float = 1.0
+    lock_timeout_ms: int = 50
+
+    @classmethod
+    def from_settings(cls) -> MaintenanceSettings:
+        cfg = get_awa_settings()
+        return cls(
+            alias=cfg.DATABASE_ALIAS,
+            election_interval=cfg.LEADER_ELECTION_INTERVAL,
+            promote_interval=cfg.PROMOTE_INTERVAL,
+            rescue_interval=cfg.RESCUE_INTERVAL,
+            heartbeat_staleness=cfg.HEARTBEAT_STALENESS,
+            # Terminal history lives in the 15 sealed slots of the 16-slot queue ring.
+            queue_rotate_interval=cfg.HISTORY_RETENTION / (QUEUE_RING_SLOTS - 1),
+            claim_rotate_interval=cfg.CLAIM_ROTATE_INTERVAL,
+            dlq_retention=cfg.DLQ_RETENTION,
+            runtime_retention=cfg.RUNTIME_RETENTION,
+            prune_interval=cfg.PRUNE_INTERVAL,
+            backoff_base=cfg.RETRY_BACKOFF_BASE,
+        )
+
+
+Task = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
+
+
+class Maintenance:
+    """Competes for leadership and, while leader, runs every task on its interval."""
+
+    def __init__(
+        self,
+        settings: MaintenanceSettings,
+        instance_id: uuid.UUID,
+        *,
+        on_rescued: Callable[[list[tuple[int, int]]], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.instance_id = instance_id
+        self.on_rescued = on_rescued
+        self.link = Link(settings.alias, "leader", str(instance_id))
+        self.leader = False
+        self.counters: dict[str, int] = {}
+        s = settings
+        self.tasks: list[tuple[str, float, Task]] = [
+            ("promote", s.promote_interval, self._promote),
+            ("rescue", s.rescue_interval, self._rescue),
+            ("prune", s.prune_interval, self._prune),
+            ("rotate_claim", s.claim_rotate_interval, self._rotate("claim")),
+            ("rotate_lease", s.claim_rotate_interval, self._rotate("lease")),
+            ("rotate_queue", s.queue_rotate_interval, self._rotate("queue")),
+            ("retention", s.cleanup_interval, self._retention),
+        ]
+        self._due: dict[str, float] = {}
+
+    def is_leader(self) -> bool:
+        """Whether this process holds the maintenance lock (tasks may lose it)."""
+        return self.leader
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    async def run(self) -> None:
+        """Run until cancelled. Leadership is given up when the task is cancelled."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if not self.leader:
+                    await self._elect()
+                    if not self.leader:
+                        await asyncio.sleep(self.settings.election_interval)
+                        continue
+                now = loop.time()
+                for name, interval, task in self.tasks:
+                    if now < self._due.get(name, 0.0):
+                        continue
+                    self._due[name] = now + interval
+                    await self._run_task(name, task)
+                    if not self.is_leader():
+                        break
+                if self.leader:
+                    await asyncio.sleep(max(0.0, min(self._due.values()) - loop.time()))
+        finally:
+            await self.link.close()
+
+    async def run_once(self) -> None:
+        """One pass of every task (``awa_maintenance --once``), if leadership can be had."""
+        await self._elect()
+        if not self.leader:
+            log.info("awa maintenance: another process is the leader; nothing to do")
+            return
+        try:
+            for name, _, task in self.tasks:
+                await self._run_task(name, task)
+        finally:
+            await self.link.close()
+            self.leader = False
+
+    async def _elect(self) -> None:
+        try:
+            conn = await self.link.connection()
+            cursor = await conn.execute(query("leader_try"))
+            row = await cursor.fetchone()
+        except CONNECTION_ERRORS as exc:
+            await self.link.discard()
+            log.warning(
+                "awa maintenance: cannot reach the database for election (%s)", type(exc).__name__
+            )
+            return
+        if row and row[0]:
+            self.leader = True
+            self._due.clear()
+            log.info("awa maintenance: %s is now the leader", self.instance_id)
+            try:
+                await conn.execute(query("leader_mark"), [self.instance_id, self.instance_id])
+            except CONNECTION_ERRORS:
+                self._lose()
+
+    def _lose(self) -> None:
+        if self.leader:
+            log.warning("awa maintenance: %s lost leadership (connection lost)", self.instance_id)
+        self.leader = False
+
+    async def _run_task(self, name: str, task: Task) -> None:
+        try:
+            conn = await self.link.connection()
+            await task(conn)
+        except CONNECTION_ERRORS:
+            await self.link.discard()
+            self._lose()
+        except psycopg.Error as exc:
+            # A task's own failure (lock timeout, serialization, a bug): log, retry next time.
+            log.warning("awa maintenance: %s failed: %s", name, str(exc).strip())
+
+    async def _promote(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        while True:
+            cursor = await conn.execute(query("promote"), [4096])
+            row = await cursor.fetchone()
+            moved = int(row[0]) if row else 0
+            self.count("promoted", moved)
+            if moved < 4096:
+                return
+
+    async def _rescue(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        cursor = await conn.execute(
+            query("rescue"), [self.settings.heartbeat_staleness, 500, self.settings.backoff_base]
+        )
+        rows = await cursor.fetchall()
+        if rows:
+            self.count("rescued", len(rows))
+            for job_id, lease, reason in rows:
+                log.warning(
+                    "awa maintenance: rescued job %s attempt lease %s: %s", job_id, lease, reason
+                )
+            if self.on_rescued is not None:
+                self.on_rescued([(r[0], r[1]) for r in rows])
+
+    def _rotate(self, ring: str) -> Task:
+        async def rotate(conn: psycopg.AsyncConnection[Any]) -> None:
+            cursor = await conn.execute(query("rotate"), [ring])
+            row = await cursor.fetchone()
+            outcome = row[0] if row else "?"
+            self.count(f"rotate_{ring}_{outcome}")
+            log.debug("awa maintenance: rotate %s ring: %s", ring, outcome)
+
+        return rotate
+
+    async def _prune(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        for ring in ("claim", "lease", "queue"):
+            cursor = await conn.execute(query("prune"), [ring, self.settings.lock_timeout_ms])
+            row = await cursor.fetchone()
+            outcome = row[0] if row else "?"
+            self.count(f"prune_{ring}_{outcome.split(':')[0]}")
+            log.debug("awa maintenance: prune %s ring: %s", ring, outcome)
+
+    async def _retention(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        cursor = await conn.execute(query("dlq_expire"), [self.settings.dlq_retention, 1000])
+        row = await cursor.fetchone()
+        self.count("dlq_expired", int(row[0]) if row else 0)
+        cursor = await conn.execute(query("cleanup"), [self.settings.runtime_retention])
+        row = await cursor.fetchone()
+        self.count("cleaned", int(row[0]) if row else 0)

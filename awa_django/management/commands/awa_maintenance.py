@@ -1,0 +1,48 @@
+"""``manage.py awa_maintenance``: a maintenance-only process (thin: parse, call the service)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import uuid
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
+
+
+class Command(BaseCommand):
+    help = (
+        "Compete for maintenance leadership and run promotion, rescue, ring rotation and prune "
+        "and retention. --once runs one pass of every task and exits (for cron)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--once",
+            action="store_true",
+            help="Run one pass of every task (if leadership is free) and exit.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if not logging.getLogger("awa_django").handlers and not logging.getLogger().handlers:
+            logging.basicConfig(
+                level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+            )
+        maintenance = Maintenance(MaintenanceSettings.from_settings(), uuid.uuid4())
+        if options["once"]:
+            asyncio.run(maintenance.run_once())
+            return
+        asyncio.run(_serve(maintenance))
+
+
+async def _serve(maintenance: Maintenance) -> None:
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(maintenance.run())
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -1,0 +1,1 @@
+"""The worker runtime: ``manage.py awa_worker`` (see docs/worker.md)."""

@@ -1,0 +1,107 @@
+"""The context a handler receives as its ``ctx`` first parameter."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+from typing import Any
+
+__all__ = ["JobContext"]
+
+
+class JobContext:
+    """One attempt of one job, as seen by its handler.
+
+    ``is_cancelled()`` turns true when the attempt is cancelled (admin or API), rescued, or past
+    its hard deadline, and when the worker shuts down hard; a handler should then stop. Progress
+    set with ``set_progress`` is written with the next heartbeat (or ``flush_progress``), kept
+    across retries and cleared on success.
+    """
+
+    __slots__ = (
+        "_cancelled",
+        "_progress",
+        "_progress_dirty",
+        "_progress_set",
+        "_runtime",
+        "attempt",
+        "deadline_at",
+        "id",
+        "kind",
+        "max_attempts",
+        "queue",
+        "run_lease",
+    )
+
+    def __init__(
+        self,
+        *,
+        job_id: int,
+        run_lease: int,
+        attempt: int,
+        max_attempts: int,
+        queue: str,
+        kind: str,
+        deadline_at: datetime | None,
+        progress: Any,
+        runtime: Any = None,
+    ) -> None:
+        self.id = job_id
+        self.run_lease = run_lease
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.queue = queue
+        self.kind = kind
+        self.deadline_at = deadline_at
+        self._cancelled = threading.Event()
+        self._progress: Any = progress
+        self._progress_dirty = False
+        self._progress_set = False
+        self._runtime = runtime
+
+    def __repr__(self) -> str:
+        return f"<JobContext id={self.id} attempt={self.attempt} lease={self.run_lease}>"
+
+    def is_cancelled(self) -> bool:
+        """True once this attempt should stop (cancelled, rescued, past its deadline)."""
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """Mark the attempt cancelled (used by the runtime; handlers only read the flag)."""
+        self._cancelled.set()
+
+    @property
+    def progress(self) -> Any:
+        """The latest progress snapshot (``None`` when none was ever set)."""
+        return self._progress
+
+    def set_progress(
+        self, percent: float | None, message: str | None = None, **metadata: Any
+    ) -> None:
+        """Record progress: ``percent`` (0 to 100), an optional ``message`` and JSON ``metadata``.
+
+        Cheap: nothing is written until the next heartbeat or ``flush_progress()``.
+        """
+        snapshot: dict[str, Any] = {"percent": percent}
+        if message is not None:
+            snapshot["message"] = message
+        if metadata:
+            snapshot["metadata"] = metadata
+        self._progress = snapshot
+        self._progress_dirty = True
+        self._progress_set = True
+
+    def flush_progress(self) -> None:
+        """Ask the runtime to write the progress now (with the next heartbeat batch, at once)."""
+        if self._runtime is not None:
+            self._runtime.request_flush()
+
+    @property
+    def progress_set(self) -> bool:
+        """Whether this attempt set progress (else the previous attempts' progress is kept)."""
+        return self._progress_set
+
+    def take_dirty_progress(self) -> tuple[bool, Any]:
+        """(was progress set since the last call, the snapshot); for the heartbeat loop."""
+        dirty, self._progress_dirty = self._progress_dirty, False
+        return dirty, self._progress

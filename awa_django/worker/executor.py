@@ -1,0 +1,169 @@
+"""Run one claimed attempt and turn what its handler did into a ``Finalization``.
+
+Handler outcomes (DESIGN §2):
+
+| handler does                  | outcome                                                      |
+| ----------------------------- | ------------------------------------------------------------ |
+| returns a value               | ``completed``, the value stored as the result (JSON, capped) |
+| raises an exception           | ``retry`` with backoff; failed or DLQ at ``max_attempts``      |
+| raises ``TerminalError``      | ``fail`` (DLQ when the queue has it on)                       |
+| returns ``RetryAfter(s)``     | ``retry`` after ``s`` seconds; counts an attempt              |
+| returns ``Snooze(s)``         | ``snooze``: scheduled again without counting an attempt       |
+| returns ``Cancel(reason)``    | ``cancel``                                                   |
+| unknown kind, bad arguments,  | ``fail`` at once with a clear error; the worker goes on      |
+| a result that is not JSON     |                                                              |
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import traceback
+from typing import Any
+
+from awa_django import serialization
+from awa_django.db.storage import ClaimedJob, Finalization
+from awa_django.exceptions import AwaError, TerminalError, ValidationError
+from awa_django.jobs import Job, registered_kinds
+from awa_django.outcomes import Cancel, RetryAfter, Snooze
+from awa_django.worker.context import JobContext
+
+__all__ = ["PreparedAttempt", "backoff", "error_info", "outcome_of", "prepare"]
+
+_TRACEBACK_TAIL = 4000
+_BACKOFF_CAP = 86_400.0
+_MESSAGE_MAX = 2000
+
+
+class PreparedAttempt:
+    """A claimed attempt with its handler resolved and arguments decoded, ready to run.
+
+    ``failure`` is set instead when the attempt cannot run (unknown kind, bad arguments).
+    """
+
+    __slots__ = ("args", "ctx", "failure", "handle", "job", "kwargs")
+
+    def __init__(self, job: ClaimedJob, ctx: JobContext) -> None:
+        self.job = job
+        self.ctx = ctx
+        self.handle: Job[Any, Any] | None = None
+        self.args: list[Any] = []
+        self.kwargs: dict[str, Any] = {}
+        self.failure: dict[str, Any] | None = None
+
+    def call_args(self) -> tuple[Any, ...]:
+        assert self.handle is not None
+        return (self.ctx, *self.args) if self.handle.takes_context else tuple(self.args)
+
+
+def prepare(
+    job: ClaimedJob, ctx: JobContext, kinds: dict[str, Job[Any, Any]] | None = None
+) -> PreparedAttempt:
+    """Resolve the handler through the registry (never by importing row data) and decode args."""
+    attempt = PreparedAttempt(job, ctx)
+    handle = (kinds if kinds is not None else registered_kinds()).get(job.kind)
+    if handle is None:
+        attempt.failure = {
+            "type": "awa_django.UnknownKind",
+            "message": f"job kind {job.kind!r} is not registered in this worker; it was not run",
+        }
+        return attempt
+    try:
+        document = json.loads(job.args_json)
+        args = document["args"]
+        kwargs = document["kwargs"]
+        if type(args) is not list or type(kwargs) is not dict:
+            raise TypeError("args must be a list and kwargs an object")
+    except (ValueError, TypeError, KeyError) as exc:
+        attempt.failure = {
+            "type": "awa_django.InvalidArguments",
+            "message": f"arguments of job {job.job_id} cannot be decoded "
+            f'(expected {{"args": [...], "kwargs": {{...}}}}): {exc}',
+        }
+        return attempt
+    attempt.handle = handle
+    attempt.args = args
+    attempt.kwargs = kwargs
+    return attempt
+
+
+def error_info(exc: BaseException) -> dict[str, Any]:
+    """The error record of a failed attempt: exception type, message and traceback tail."""
+    kind = type(exc)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    text = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
+    return {
+        "type": name,
+        "message": str(exc)[:_MESSAGE_MAX],
+        "traceback": text[-_TRACEBACK_TAIL:],
+    }
+
+
+def backoff(attempt: int, base: float) -> float:
+    """Seconds before the next attempt: ``base * 2**attempt`` plus up to 25 % jitter, max 24 h."""
+    return min(base * 2.0 ** min(attempt, 40) * (1.0 + random.random() * 0.25), _BACKOFF_CAP)
+
+
+def outcome_of(
+    attempt: PreparedAttempt,
+    *,
+    value: Any = None,
+    exc: BaseException | None = None,
+    result_max_bytes: int,
+    max_depth: int,
+    has_state: bool,
+    progress: Any,
+    backoff_base: float = 1.0,
+) -> Finalization:
+    """Map a handler's return value or exception to the finalization the batcher writes."""
+    job = attempt.job
+
+    def make(outcome: str, **fields: Any) -> Finalization:
+        return Finalization(
+            job.job_id,
+            job.run_lease,
+            job.claim_slot,
+            outcome,
+            has_state=has_state,
+            progress=progress,
+            **fields,
+        )
+
+    if attempt.failure is not None:
+        return make("fail", error=attempt.failure)
+    if exc is not None:
+        if isinstance(exc, TerminalError):
+            return make("fail", error=error_info(exc))
+        return make("retry", error=error_info(exc), delay=backoff(job.attempt, backoff_base))
+    if value is None:
+        return make("completed", result_json="null")
+    if isinstance(value, RetryAfter):
+        return make(
+            "retry",
+            delay=float(value.seconds),
+            error={
+                "type": "awa_django.RetryAfter",
+                "message": f"retry after {value.seconds} s requested by the handler",
+            },
+        )
+    if isinstance(value, Snooze):
+        return make("snooze", delay=float(value.seconds))
+    if isinstance(value, Cancel):
+        return make("cancel", error={"type": "awa_django.Cancel", "message": str(value.reason)})
+    try:
+        result = serialization.dumps(
+            value, "result", max_bytes=result_max_bytes, max_depth=max_depth
+        )
+    except (ValidationError, AwaError) as err:
+        return make(
+            "fail",
+            error={
+                "type": type(err).__qualname__,
+                "message": f"the handler's return value was refused: {err}",
+            },
+        )
+    return make("completed", result_json=result)

@@ -1,0 +1,279 @@
+"""The worker runtime, as real `manage.py awa_worker` subprocesses against real Postgres.
+
+Every test waits on database state with a timeout (tests.helpers.wait_for), never on a bare
+sleep. Job kinds live in tests/testjobs.py; each execution writes a Ledger row.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import awa_django
+from tests import testjobs
+from tests.helpers import ManagedProcess, wait_for
+from tests.storage_support import enqueue_sql, job_state, pg
+from tests.testapp.models import Ledger
+
+pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
+
+Start = Callable[..., ManagedProcess]
+
+
+def states(*ids: int) -> list[str]:
+    with pg() as conn:
+        rows = dict(
+            conn.execute(
+                "SELECT id, state FROM awa.jobs WHERE id = ANY(%s)", [list(ids)]
+            ).fetchall()
+        )
+    return [rows.get(i, "missing") for i in ids]
+
+
+def count(sql: str, *params: Any) -> int:
+    with pg() as conn:
+        row = conn.execute(sql, list(params)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def worker(start: Start, *args: str, overrides: dict[str, Any] | None = None) -> ManagedProcess:
+    env = {"AWA_TEST_OVERRIDES": json.dumps(overrides)} if overrides else None
+    return start("awa_worker", *args, extra_env=env)
+
+
+def exited(proc: ManagedProcess, timeout: float) -> int:
+    wait_for(
+        lambda: proc.proc.poll() is not None,
+        timeout=timeout,
+        message=lambda: f"the worker to exit; output:\n{proc.output()}",
+    )
+    code = proc.proc.returncode
+    assert code is not None
+    return code
+
+
+def test_ten_thousand_mixed_jobs_complete_exactly_once_on_two_processes(manage_py: Start) -> None:
+    requests = []
+    for i in range(10_000):
+        handle = testjobs.ledger_sync if i % 2 else testjobs.ledger_async
+        requests.append(handle.using(priority=(i % 3) * 10 - 10).prepare(i))
+    handles = awa_django.enqueue_many(requests)
+    proc = worker(
+        manage_py, "--burst", "--processes", "2", "--queue", "work=32", "--queue", "work-async=64"
+    )
+    assert exited(proc, timeout=240) == 0, proc.output()
+    assert Ledger.objects.count() == 10_000
+    assert Ledger.objects.values("job_id").distinct().count() == 10_000
+    assert count("SELECT count(*) FROM awa.jobs WHERE state = 'completed'") == 10_000
+    assert count("SELECT count(*) FROM awa.jobs WHERE state <> 'completed'") == 0
+    with pg() as conn:
+        results = dict(
+            conn.execute(
+                "SELECT id, result FROM awa.terminal_jobs WHERE id = ANY(%s)",
+                [[h.id for h in handles[:10]]],
+            ).fetchall()
+        )
+    assert [results[h.id] for h in handles[:10]] == list(range(10))
+    assert "stale finalization" not in proc.output()
+
+
+def test_handler_outcomes(manage_py: Start) -> None:
+    flaky = testjobs.flaky.enqueue(2)
+    later = testjobs.retry_later.enqueue(0.05)
+    snoozer = testjobs.snoozer.enqueue(3)
+    gave_up = testjobs.give_up.enqueue()
+    terminal = testjobs.terminal.enqueue()
+    progress = testjobs.progress_then_retry.enqueue()
+    value = testjobs.ledger_sync.enqueue(41)
+    ids = [flaky.id, later.id, snoozer.id, gave_up.id, terminal.id, progress.id, value.id]
+    proc = worker(manage_py, "--queue", "work")
+    wait_for(
+        lambda: (
+            "available" not in (s := states(*ids))
+            and "running" not in s
+            and "retryable" not in s
+            and "scheduled" not in s
+        ),
+        timeout=30,
+        message=lambda: f"final states, got {states(*ids)}\n{proc.output()}",
+    )
+    with pg() as conn:
+        jobs = {i: job_state(conn, i) for i in ids}
+    assert jobs[flaky.id]["state"] == "completed"  # type: ignore[index]
+    assert jobs[flaky.id]["attempt"] == 3  # type: ignore[index]
+    assert [e["type"] for e in jobs[flaky.id]["errors"]] == ["ValueError", "ValueError"]  # type: ignore[index]
+    assert "fails on purpose" in jobs[flaky.id]["errors"][0]["traceback"]  # type: ignore[index]
+    # RetryAfter counts attempts: max_attempts=3, then the DLQ.
+    assert (jobs[later.id]["state"], jobs[later.id]["in_dlq"]) == ("failed", True)  # type: ignore[index]
+    assert jobs[later.id]["attempt"] == 3  # type: ignore[index]
+    # Snooze does not: max_attempts=1 and three snoozes still complete.
+    assert (jobs[snoozer.id]["state"], jobs[snoozer.id]["attempt"]) == ("completed", 1)  # type: ignore[index]
+    assert jobs[snoozer.id]["result"] == "awake"  # type: ignore[index]
+    assert jobs[gave_up.id]["state"] == "cancelled"  # type: ignore[index]
+    assert (jobs[terminal.id]["state"], jobs[terminal.id]["in_dlq"]) == ("failed", True)  # type: ignore[index]
+    assert jobs[terminal.id]["attempt"] == 1  # type: ignore[index]
+    assert jobs[progress.id]["result"] == {
+        "percent": 40,
+        "message": "halfway",  # type: ignore[index]
+        "metadata": {"step": 2},
+    }
+    assert jobs[value.id]["result"] == 41  # type: ignore[index]
+    assert Ledger.objects.filter(job_id=snoozer.id).count() == 4
+    proc.send_signal(signal.SIGTERM)
+    assert exited(proc, timeout=20) == 0
+
+
+def test_unknown_kind_and_undecodable_arguments_fail_and_the_worker_goes_on(
+    manage_py: Start,
+) -> None:
+    with pg() as conn:
+        [(evil, _)] = enqueue_sql(
+            conn,
+            json.dumps(
+                [{"kind": "os.system", "queue": "work", "args": {"args": ["true"], "kwargs": {}}}]
+            ),
+        )
+        [(garbled, _)] = enqueue_sql(
+            conn,
+            json.dumps(
+                [{"kind": "tests.testjobs.ledger_sync", "queue": "work", "args": {"bogus": 1}}]
+            ),
+        )
+    fine = testjobs.ledger_sync.enqueue(7)
+    proc = worker(manage_py, "--burst", "--queue", "work")
+    assert exited(proc, timeout=30) == 0, proc.output()
+    with pg() as conn:
+        bad = job_state(conn, evil)
+        odd = job_state(conn, garbled)
+    assert bad is not None and odd is not None
+    assert (bad["state"], bad["attempt"]) == ("failed", 1)
+    assert "'os.system' is not registered" in bad["errors"][-1]["message"]
+    assert "cannot be decoded" in odd["errors"][-1]["message"]
+    assert states(fine.id) == ["completed"]
+    assert Ledger.objects.filter(job_id=evil).count() == 0
+
+
+def test_cooperative_cancel_reaches_sync_and_async_handlers(manage_py: Start) -> None:
+    sync_job = testjobs.slow_sync.enqueue(60)
+    async_job = testjobs.slow_async.enqueue(60)
+    proc = worker(manage_py, "--queue", "slow=4")
+    wait_for(
+        lambda: states(sync_job.id, async_job.id) == ["running", "running"],
+        timeout=20,
+        message=lambda: f"both running; output:\n{proc.output()}",
+    )
+    assert awa_django.cancel(sync_job.id) == "running"
+    assert awa_django.cancel(async_job.id) == "running"
+    wait_for(
+        lambda: Ledger.objects.filter(note="saw-cancel").count() == 2,
+        timeout=10,
+        message=lambda: f"both handlers to see the cancel; output:\n{proc.output()}",
+    )
+    assert states(sync_job.id, async_job.id) == ["cancelled", "cancelled"]
+    proc.send_signal(signal.SIGTERM)
+    assert exited(proc, timeout=20) == 0
+    assert "stale finalization" in proc.output()  # their late results lost, as they should
+
+
+def test_sigterm_drains_in_flight_jobs_and_claims_nothing_new(manage_py: Start) -> None:
+    running = [testjobs.slow_sync.enqueue(1.5).id for _ in range(2)]
+    proc = worker(manage_py, "--queue", "slow=2", overrides={"HEARTBEAT_INTERVAL": 0.1})
+    wait_for(
+        lambda: states(*running) == ["running", "running"],
+        timeout=20,
+        message=lambda: f"two running jobs; output:\n{proc.output()}",
+    )
+    waiting = testjobs.slow_sync.enqueue(0.1).id
+    wait_for(
+        lambda: count("SELECT count(*) FROM awa.attempt_state") == 2,
+        timeout=10,
+        message="heartbeats of the running jobs",
+    )
+    with pg() as conn:
+        first = conn.execute("SELECT max(heartbeat_at) FROM awa.attempt_state").fetchone()
+    proc.send_signal(signal.SIGTERM)
+    # Heartbeats go on while the handlers finish.
+    wait_for(
+        lambda: (
+            count(
+                "SELECT count(*) FROM awa.attempt_state WHERE heartbeat_at > %s",
+                first[0] if first else None,
+            )
+            > 0
+            or states(*running)[0] == "completed"
+        ),
+        timeout=10,
+        message="a heartbeat during the drain",
+    )
+    assert exited(proc, timeout=20) == 0, proc.output()
+    assert states(*running) == ["completed", "completed"]
+    assert states(waiting) == ["available"]  # not claimed after the signal
+    assert Ledger.objects.filter(note="finished").count() == 2
+
+
+def test_second_sigterm_exits_at_once(manage_py: Start) -> None:
+    job = testjobs.slow_sync.enqueue(60).id
+    proc = worker(manage_py, "--queue", "slow")
+    wait_for(lambda: states(job) == ["running"], timeout=20, message="a running job")
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "draining" in proc.output(), timeout=10, message="the drain to begin")
+    proc.send_signal(signal.SIGTERM)
+    assert exited(proc, timeout=10) != 0
+    assert states(job) == ["running"]  # left open, to be rescued
+
+
+def test_worker_survives_terminated_connections(manage_py: Start) -> None:
+    proc = worker(manage_py, "--queue", "work=8")
+    first = [testjobs.ledger_sync.enqueue(i).id for i in range(50)]
+    wait_for(
+        lambda: states(*first).count("completed") == 50,
+        timeout=30,
+        message=lambda: f"the first batch; output:\n{proc.output()}",
+    )
+    for round_ in range(2):
+        with pg() as conn:
+            killed = conn.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name LIKE 'awa:worker:%'"
+            ).fetchone()
+        assert killed is not None and killed[0] >= 2, round_
+        more = [testjobs.ledger_sync.enqueue(i).id for i in range(50)]
+        wait_for(
+            lambda more=more: states(*more).count("completed") == 50,
+            timeout=60,
+            message=lambda round_=round_: f"jobs after termination {round_}: {proc.output()}",
+        )
+    assert proc.proc.poll() is None  # no process restart was needed
+    assert "stale finalization" not in proc.output()
+    assert Ledger.objects.count() == Ledger.objects.values("job_id").distinct().count() == 150
+    proc.send_signal(signal.SIGTERM)
+    assert exited(proc, timeout=20) == 0
+
+
+def test_runtime_instance_row_is_registered_and_removed(manage_py: Start) -> None:
+    proc = worker(manage_py, "--queue", "work=3", "--no-maintenance")
+    wait_for(
+        lambda: count("SELECT count(*) FROM awa.runtime_instances") == 1,
+        timeout=20,
+        message="the runtime row",
+    )
+    with pg() as conn:
+        row = conn.execute("SELECT pid, queues, concurrency FROM awa.runtime_instances").fetchone()
+    assert row == (proc.pid, {"work": 3}, 3)
+    with pg() as conn:
+        names = [
+            r[0]
+            for r in conn.execute(
+                "SELECT DISTINCT application_name FROM pg_stat_activity "
+                "WHERE application_name LIKE 'awa:worker:%'"
+            ).fetchall()
+        ]
+    assert len(names) == 1
+    proc.send_signal(signal.SIGTERM)
+    assert exited(proc, timeout=20) == 0
+    assert count("SELECT count(*) FROM awa.runtime_instances") == 0
