@@ -8,3 +8,8 @@ from awa_django import job
 @job(queue="bench")
 def noop(n: int) -> None:
     """A no-op job: the benchmarks measure the queue, not the work."""
+
+
+@job(queue="bench-async")
+async def anoop(n: int) -> None:
+    """An async no-op job."""

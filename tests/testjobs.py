@@ -136,3 +136,12 @@ async def slow_async(ctx: Any, seconds: float) -> str:
         await asyncio.sleep(0.01)
     await sync_to_async(_record)(ctx, "finished")
     return "finished"
+
+
+@job(queue="hang")
+def hang_first(ctx: Any) -> str:
+    """Hangs (until cancelled) on its first attempt only; completes on any later one."""
+    _record(ctx)
+    if ctx.attempt == 1:
+        return _wait_cancel_sync(ctx, 120)
+    return "done"
