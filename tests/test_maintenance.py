@@ -122,6 +122,78 @@ def test_sigkill_worker_jobs_are_rescued_and_completed_by_another(manage_py: Sta
 
 
 @pytest.mark.worker
+def test_sigstopped_worker_loses_to_the_rescue(manage_py: Start) -> None:
+    job = testjobs.slow_first.enqueue().id
+    first = worker(manage_py, "--queue", "stop", "--no-maintenance")
+    wait_for(
+        lambda: scalar("SELECT state FROM awa.jobs WHERE id = %s", job) == "running",
+        timeout=20,
+        message=lambda: f"the job to run; output:\n{first.output()}",
+    )
+    first.proc.send_signal(signal.SIGSTOP)
+    try:
+        second = worker(manage_py, "--queue", "stop")
+        wait_for(
+            lambda: scalar("SELECT state FROM awa.jobs WHERE id = %s", job) == "completed",
+            timeout=30,
+            message=lambda: f"rescue and completion; output:\n{second.output()}",
+        )
+        assert scalar("SELECT result FROM awa.jobs WHERE id = %s", job) == "second"
+    finally:
+        first.proc.send_signal(signal.SIGCONT)
+    wait_for(
+        lambda: "stale finalization" in first.output(),
+        timeout=20,
+        message=lambda: f"the first worker's late completion to be refused:\n{first.output()}",
+    )
+    assert scalar("SELECT result FROM awa.jobs WHERE id = %s", job) == "second"
+    assert scalar("SELECT run_lease FROM awa.jobs WHERE id = %s", job) == 2
+    assert sorted(Ledger.objects.filter(job_id=job).values_list("run_lease", flat=True)) == [1, 2]
+
+
+@pytest.mark.worker
+def test_leader_killed_during_promotion_loses_no_job_and_doubles_none(manage_py: Start) -> None:
+    with pg() as conn:
+        ids = [
+            i
+            for i, _ in enqueue_sql(
+                conn,
+                json.dumps(
+                    [{"kind": "k", "queue": "backlog", "delay": 3600} for _ in range(30_000)]
+                ),
+            )
+        ]
+        conn.execute("UPDATE awa.deferred_jobs SET run_at = now() - interval '1 second'")
+    # Nobody serves "backlog": promoted jobs stay available, so promotion alone is observed.
+    a = worker(manage_py, "--queue", "work")
+    wait_for(
+        lambda: scalar("SELECT count(*) FROM awa.ready_entries WHERE queue = 'backlog'") > 0,
+        timeout=30,
+        interval=0.01,
+        message=lambda: f"promotion to start:\n{a.output()}",
+    )
+    a.proc.send_signal(signal.SIGKILL)
+    a.proc.wait(10)
+    b = worker(manage_py, "--queue", "work")
+    wait_for(
+        lambda: scalar("SELECT count(*) FROM awa.deferred_jobs") == 0,
+        timeout=60,
+        message=lambda: f"the new leader to promote the rest:\n{b.output()}",
+    )
+    with pg() as conn:
+        row = conn.execute(
+            "SELECT count(*), count(DISTINCT job_id) FROM awa.ready_entries WHERE queue = 'backlog'"
+        ).fetchone()
+        states = conn.execute(
+            "SELECT state, count(*) FROM awa.jobs WHERE id = ANY(%s) GROUP BY state", [ids]
+        ).fetchall()
+    assert row == (30_000, 30_000)
+    assert states == [("available", 30_000)]
+    b.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: b.proc.poll() is not None, timeout=20, message="exit")
+
+
+@pytest.mark.worker
 def test_awa_maintenance_once_promotes_and_exits(manage_py: Start) -> None:
     job = testjobs.ledger_sync.using(run_after=__import__("datetime").timedelta(hours=1)).enqueue(1)
     with pg() as conn:
@@ -130,6 +202,21 @@ def test_awa_maintenance_once_promotes_and_exits(manage_py: Start) -> None:
     wait_for(lambda: proc.proc.poll() is not None, timeout=30, message="awa_maintenance --once")
     assert proc.proc.returncode == 0, proc.output()
     assert scalar("SELECT state FROM awa.jobs WHERE id = %s", job.id) == "available"
+    assert scalar("SELECT count(*) FROM awa.runtime_instances") == 0
+
+
+@pytest.mark.worker
+def test_awa_maintenance_process_is_a_visible_leader(manage_py: Start) -> None:
+    proc = manage_py("awa_maintenance")
+    wait_for(
+        lambda: scalar("SELECT pid FROM awa.runtime_instances WHERE is_leader") == proc.pid,
+        timeout=20,
+        message=lambda: f"the maintenance process to lead:\n{proc.output()}",
+    )
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: proc.proc.poll() is not None, timeout=20, message="exit")
+    assert proc.proc.returncode == 0, proc.output()
+    assert scalar("SELECT count(*) FROM awa.runtime_instances") == 0
 
 
 # Rotation and prune (SQL-level, deterministic) ---------------------------------------------------
@@ -221,6 +308,33 @@ def test_claim_prune_carries_long_attempts_forward_and_keeps_the_cursor() -> Non
 
 @pytest.mark.storage
 @pytest.mark.django_db(transaction=True)
+def test_lease_prune_refuses_an_open_lease() -> None:
+    with pg() as conn:
+        enqueue_sql(conn, jobs_json(1, "cb"))
+        [c] = storage.claim(conn, "cb", 1, WORKER)
+
+        def lease(job_id: int, lease_: int, claim_slot: int) -> None:
+            conn.execute(
+                "INSERT INTO awa.leases (lease_slot, lease_generation, job_id, run_lease, "
+                "claim_slot, state) SELECT current_slot, generation, %s, %s, %s, "
+                "'waiting_external' FROM awa.ring_state WHERE ring = 'lease'",
+                [job_id, lease_, claim_slot],
+            )
+
+        lease(c.job_id, c.run_lease, c.claim_slot)  # a waiting attempt in lease slot 0
+        assert job_state(conn, c.job_id)["state"] == "waiting_external"  # type: ignore[index]
+        for _ in range(7):
+            lease(-1, 0, 0)  # a dead lease (no open claim), so the ring has something to seal
+            assert conn.execute("SELECT awa.rotate_v1('lease')").fetchone() == ("rotated",)
+        assert conn.execute("SELECT awa.prune_v1('lease')").fetchone() == (
+            "skipped_busy: open lease",
+        )
+        storage.finalize(conn, [Finalization(c.job_id, c.run_lease, c.claim_slot, "completed")])
+        assert conn.execute("SELECT awa.prune_v1('lease')").fetchone() == ("pruned",)
+
+
+@pytest.mark.storage
+@pytest.mark.django_db(transaction=True)
 def test_prune_gives_up_quickly_when_a_reader_holds_the_slot() -> None:
     with pg() as conn, pg(autocommit=False) as reader:
         rotate_until(conn, "claim", 7)
@@ -295,6 +409,15 @@ def test_retention_of_dlq_and_runtime_rows() -> None:
 # Dead tuples under a pinned MVCC horizon ---------------------------------------------------------
 
 
+def ring_bytes(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'awa' "
+        "AND c.relkind = 'r' AND c.relispartition"
+    ).fetchone()
+    return int(row[0]) if row and row[0] else 0
+
+
 @pytest.mark.storage
 @pytest.mark.django_db(transaction=True)
 def test_dead_tuples_stay_bounded_under_a_pinned_horizon() -> None:
@@ -303,9 +426,9 @@ def test_dead_tuples_stay_bounded_under_a_pinned_horizon() -> None:
         run_through(conn, "pinned")  # lanes exist before the pin
         pin.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         pin.execute("SELECT txid_current()")  # an xid: the horizon is pinned from here on
-        for _ in range(10):
-            enqueue_sql(conn, jobs_json(500, "pinned"))
-            while claimed := storage.claim(conn, "pinned", 128, WORKER):
+        for _ in range(25):
+            enqueue_sql(conn, jobs_json(2000, "pinned"))
+            while claimed := storage.claim(conn, "pinned", 512, WORKER):
                 storage.finalize(
                     conn,
                     [
@@ -315,7 +438,7 @@ def test_dead_tuples_stay_bounded_under_a_pinned_horizon() -> None:
                 )
         assert conn.execute(
             "SELECT count(*) FROM awa.jobs WHERE queue = 'pinned' AND state = 'completed'"
-        ).fetchone() == (5001,)
+        ).fetchone() == (50_001,)
         dead = dict(
             conn.execute(
                 "SELECT c.relname, (pgstattuple(c.oid)).dead_tuple_count FROM pg_class c "
@@ -323,15 +446,24 @@ def test_dead_tuples_stay_bounded_under_a_pinned_horizon() -> None:
                 "WHERE n.nspname = 'awa' AND c.relkind = 'r'"
             ).fetchall()
         )
+        loaded = ring_bytes(conn)
         pin.rollback()
+        # Released: a few rotations and prunes bring the ring back to its steady size.
+        for ring, times in (("claim", 9), ("queue", 17)):
+            for _ in range(times):
+                run_through(conn)
+                conn.execute("SELECT awa.prune_v1(%s)", [ring])
+                conn.execute("SELECT awa.rotate_v1(%s)", [ring])
+        settled = ring_bytes(conn)
     hot = {
         name: n
         for name, n in dead.items()
         if name.split("_")[0] in ("ready", "claims", "claim", "done")
     }
     assert hot and all(n == 0 for n in hot.values()), hot
-    # 5,000 jobs went through; everything else (control rows) stays small and does not scale.
+    # 50,000 jobs went through; everything else (control rows) stays small and does not scale.
     assert sum(dead.values()) <= 20, {k: v for k, v in dead.items() if v}
+    assert settled < loaded / 5, (loaded, settled)
 
 
 @pytest.mark.worker

@@ -277,3 +277,30 @@ def test_runtime_instance_row_is_registered_and_removed(manage_py: Start) -> Non
     proc.send_signal(signal.SIGTERM)
     assert exited(proc, timeout=20) == 0
     assert count("SELECT count(*) FROM awa.runtime_instances") == 0
+
+
+def test_supervisor_restarts_a_crashed_child_and_stops_cleanly(manage_py: Start) -> None:
+    proc = worker(manage_py, "--processes", "2", "--queue", "work", "--no-maintenance")
+
+    def pids() -> set[int]:
+        with pg() as conn:
+            return {r[0] for r in conn.execute("SELECT pid FROM awa.runtime_instances")}
+
+    def two() -> set[int] | None:
+        found = pids()
+        return found if len(found) == 2 else None
+
+    first = wait_for(two, timeout=30, message=lambda: f"two children; output:\n{proc.output()}")
+    victim = min(first)
+    import os
+
+    os.kill(victim, signal.SIGKILL)
+    wait_for(
+        lambda: len(pids() - first) == 1,
+        timeout=30,
+        message=lambda: f"a restarted child; output:\n{proc.output()}",
+    )
+    assert "restarting in" in proc.output()
+    proc.send_signal(signal.SIGTERM)
+    assert exited(proc, timeout=30) == 0, proc.output()
+    assert pids() == {victim}  # the killed child's row stays until retention removes it

@@ -145,3 +145,15 @@ def hang_first(ctx: Any) -> str:
     if ctx.attempt == 1:
         return _wait_cancel_sync(ctx, 120)
     return "done"
+
+
+@job(queue="stop")
+def slow_first(ctx: Any) -> str:
+    """Sleeps through its first attempt without looking at cancellation; later ones are quick."""
+    import time
+
+    _record(ctx)
+    if ctx.attempt == 1:
+        time.sleep(3.0)
+        return "first"
+    return "second"

@@ -12,8 +12,11 @@ next interval, never in a hot loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import os
+import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -46,6 +49,7 @@ class MaintenanceSettings:
     runtime_retention: float
     backoff_base: float = 1.0
     cleanup_interval: float = 60.0
+    runtime_refresh: float = 10.0
     prune_interval: float = 1.0
     lock_timeout_ms: int = 50
 
@@ -65,6 +69,7 @@ class MaintenanceSettings:
             runtime_retention=cfg.RUNTIME_RETENTION,
             prune_interval=cfg.PRUNE_INTERVAL,
             backoff_base=cfg.RETRY_BACKOFF_BASE,
+            runtime_refresh=cfg.RUNTIME_REFRESH_INTERVAL,
         )
 
 
@@ -80,10 +85,12 @@ class Maintenance:
         instance_id: uuid.UUID,
         *,
         on_rescued: Callable[[list[tuple[int, int]]], None] | None = None,
+        register: bool = False,
     ) -> None:
         self.settings = settings
         self.instance_id = instance_id
         self.on_rescued = on_rescued
+        self.register = register
         self.link = Link(settings.alias, "leader", str(instance_id))
         self.leader = False
         self.counters: dict[str, int] = {}
@@ -97,7 +104,18 @@ class Maintenance:
             ("rotate_queue", s.queue_rotate_interval, self._rotate("queue")),
             ("retention", s.cleanup_interval, self._retention),
         ]
+        if register:
+            self.tasks.append(("runtime", s.runtime_refresh, self._upsert_runtime))
         self._due: dict[str, float] = {}
+
+    async def deregister(self) -> None:
+        """Remove this process's runtime row (clean exit of awa_maintenance)."""
+        if not self.register:
+            return
+        with contextlib.suppress(*CONNECTION_ERRORS):
+            conn = await self.link.connection()
+            await conn.execute(query("runtime_remove"), [self.instance_id])
+        await self.link.close()
 
     def is_leader(self) -> bool:
         """Whether this process holds the maintenance lock (tasks may lose it)."""
@@ -139,12 +157,24 @@ class Maintenance:
             for name, _, task in self.tasks:
                 await self._run_task(name, task)
         finally:
+            await self.deregister()
             await self.link.close()
             self.leader = False
+
+    async def _upsert_runtime(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        # A maintenance-only process (awa_maintenance) shows in runtime_instances too.
+        from awa_django import __version__
+
+        await conn.execute(
+            query("runtime_upsert"),
+            [self.instance_id, socket.gethostname(), os.getpid(), "{}", 0, __version__],
+        )
 
     async def _elect(self) -> None:
         try:
             conn = await self.link.connection()
+            if self.register:
+                await self._upsert_runtime(conn)
             cursor = await conn.execute(query("leader_try"))
             row = await cursor.fetchone()
         except CONNECTION_ERRORS as exc:

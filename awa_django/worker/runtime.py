@@ -100,6 +100,7 @@ class WorkerRuntime:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum)
         await self._register()
+        await self._check_connection_budget()
         log.info(
             "awa worker %s started: pid %s, queues %s",
             self.instance_id,
@@ -206,6 +207,33 @@ class WorkerRuntime:
             )
 
         await self.control_link.run(upsert, give_up=lambda: self.stopping)
+
+    async def _check_connection_budget(self) -> None:
+        """Warn when this fleet could exhaust the server's max_connections.
+
+        Each process holds about five connections of its own, plus one Django connection per
+        pool thread that runs a sync handler touching the ORM.
+        """
+        processes = int(os.environ.get("AWA_WORKER_PROCESSES", "1"))
+        needed = processes * (5 + self.config.total_concurrency)
+
+        async def limits(conn: psycopg.AsyncConnection[Any]) -> tuple[int, int]:
+            cursor = await conn.execute(query("connection_budget"))
+            row = await cursor.fetchone()
+            return (int(row[0]), int(row[1])) if row else (0, 0)
+
+        maximum, in_use = await self.control_link.run(limits, give_up=lambda: self.stopping)
+        if needed > maximum - in_use:
+            log.warning(
+                "awa worker: %d process(es) x (%d handler threads + 5) may need %d connections, "
+                "but the server allows %d and %d are in use; lower the concurrency or raise "
+                "max_connections",
+                processes,
+                self.config.total_concurrency,
+                needed,
+                maximum,
+                in_use,
+            )
 
     async def _deregister(self) -> None:
         async def remove(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -79,7 +79,7 @@ class Supervisor:
         return 0 if all(code == 0 for code in self.codes.values()) else 1
 
     def _spawn(self, slot: int) -> None:
-        env = {**os.environ, "AWA_WORKER_SLOT": str(slot)}
+        env = {**os.environ, "AWA_WORKER_SLOT": str(slot), "AWA_WORKER_PROCESSES": str(self.count)}
         proc = subprocess.Popen(self.command, env=env)
         self.children[slot] = proc
         self.started_at[slot] = time.monotonic()

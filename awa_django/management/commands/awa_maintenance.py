@@ -32,7 +32,7 @@ class Command(BaseCommand):
             logging.basicConfig(
                 level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
             )
-        maintenance = Maintenance(MaintenanceSettings.from_settings(), uuid.uuid4())
+        maintenance = Maintenance(MaintenanceSettings.from_settings(), uuid.uuid4(), register=True)
         if options["once"]:
             asyncio.run(maintenance.run_once())
             return
@@ -46,3 +46,4 @@ async def _serve(maintenance: Maintenance) -> None:
         loop.add_signal_handler(signum, task.cancel)
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    await maintenance.deregister()

@@ -59,3 +59,6 @@ SELECT awa.dlq_expire_v1(%s, %s)
 
 -- name: cleanup
 SELECT awa.cleanup_v1(%s)
+
+-- name: connection_budget
+SELECT current_setting('max_connections')::integer, (SELECT count(*) FROM pg_stat_activity)
