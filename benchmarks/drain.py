@@ -13,22 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-
-SERVER_SETTINGS = {
-    "shared_buffers": "1GB",
-    "max_wal_size": "16GB",
-    "checkpoint_timeout": "30min",
-    "wal_buffers": "64MB",
-}
+from common import drain, enqueue, with_server
 
 
 def main() -> None:
@@ -41,79 +28,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sync", action="store_true", help="sync no-op handlers (thread pool)")
     args = parser.parse_args()
-
-    import pgserver
-
-    url, stop = pgserver.start(
-        ROOT / ".pgdata" / "bench", database="awa_bench", settings=SERVER_SETTINGS, ephemeral=True
-    )
-    os.environ["DATABASE_URL"] = url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.bench_settings"
-    try:
-        run(args)
-    finally:
-        stop()
+    with_server("bench", lambda: run(args))
 
 
 def run(args: argparse.Namespace) -> None:
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-    from django.db import connection, transaction
-
-    import awa_django
     from benchmarks import benchjobs
 
-    call_command("migrate", verbosity=0)
     handle = benchjobs.noop if args.sync else benchjobs.anoop
-    queue = handle.options.queue
     rates: list[float] = []
     walls: list[float] = []
     for _ in range(args.rounds):
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT awa.prune_v1('claim'), awa.prune_v1('queue')")
-        for offset in range(0, args.jobs, 10_000):
-            requests = [handle.prepare(i) for i in range(offset, min(offset + 10_000, args.jobs))]
-            with transaction.atomic():
-                awa_django.enqueue_many(requests)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT max(job_id) FROM awa.ready_entries")
-            row = cursor.fetchone()
-            cursor.execute("CHECKPOINT")
-        since = int(row[0]) - args.jobs if row and row[0] else 0
-        command = [
-            sys.executable,
-            "-m",
-            "django",
-            "awa_worker",
-            "--burst",
-            "--no-maintenance",
-            "--processes",
-            str(args.processes),
-            "--queue",
-            f"{queue}={args.concurrency}",
-        ]
-        start = time.perf_counter()
-        subprocess.run(
-            command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        first = enqueue(handle, args.jobs)
+        rate, wall = drain(
+            handle.options.queue,
+            args.jobs,
+            first,
+            processes=args.processes,
+            concurrency=args.concurrency,
         )
-        walls.append(time.perf_counter() - start)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*), count(DISTINCT d.job_id), "
-                "extract(epoch FROM max(d.finalized_at) - min(c.claimed_at)) "
-                "FROM awa.done_entries d JOIN awa.claims c "
-                "ON c.job_id = d.job_id AND c.run_lease = d.run_lease "
-                "WHERE d.job_id > %s AND d.state = 'completed'",
-                [since],
-            )
-            done, distinct, seconds = cursor.fetchone()
-        if done != args.jobs or distinct != args.jobs:
-            raise SystemExit(
-                f"expected {args.jobs} completions, found {done} ({distinct} distinct)"
-            )
-        rates.append(args.jobs / float(seconds))
+        rates.append(rate)
+        walls.append(wall)
     print(
         json.dumps(
             {
