@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from datetime import datetime
+from typing import NamedTuple
 
 __all__ = ["EnqueuedJob", "JobRequest"]
 
@@ -60,11 +61,11 @@ class JobRequest:
         return "".join(parts)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class EnqueuedJob:
+class EnqueuedJob(NamedTuple):
     """A job written in the caller's transaction: visible to workers once that commits.
 
-    ``state`` is ``available`` or ``scheduled`` (a future ``run_after``).
+    ``state`` is ``available`` or ``scheduled`` (a future ``run_after``). Immutable (a named
+    tuple: cheap to create by the thousand in ``enqueue_many``).
     """
 
     id: int
