@@ -113,9 +113,18 @@ async def aenqueue_many(
 
 
 def build_request(
-    kind: str, args: Sequence[Any], kwargs: Mapping[str, Any], options: JobOptions
+    kind: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    options: JobOptions,
+    *,
+    task_backend: str | None = None,
 ) -> JobRequest:
-    """Validate one request and encode it; raise a ``ValidationError`` subclass if it is bad."""
+    """Validate one request and encode it; raise a ``ValidationError`` subclass if it is bad.
+
+    ``task_backend`` marks a django.tasks task (the backend's alias is stored with the
+    arguments, so the worker resolves the kind as a task of that backend).
+    """
     cfg = get_awa_settings()
     queue = options.queue if options.queue is not None else cfg.DEFAULT_QUEUE
     if queue.__class__ is not str or QUEUE_NAME_RE.fullmatch(queue) is None:
@@ -129,8 +138,11 @@ def build_request(
     using = options.using or cfg.DATABASE_ALIAS
     if using not in connections.settings:
         raise InvalidOptionError("using", f"{using!r} is not a database alias in DATABASES")
+    document: dict[str, Any] = {"args": args, "kwargs": kwargs}
+    if task_backend is not None:
+        document["task"] = {"backend": task_backend}
     args_json = serialization.dumps(
-        {"args": args, "kwargs": kwargs},
+        document,
         "args",
         max_bytes=cfg.ARGS_MAX_BYTES,
         max_depth=cfg.JSON_MAX_DEPTH,

@@ -73,7 +73,7 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Intervals compressed so that worker and maintenance tests run in seconds. A subprocess can be
 # given more overrides as JSON in AWA_TEST_OVERRIDES.
 AWA: dict[str, Any] = {
-    "JOB_MODULES": ["tests.testjobs"],
+    "JOB_MODULES": ["tests.testjobs", "tests.tasks_for_tests"],
     "POLL_INTERVAL": 0.05,
     "HEARTBEAT_INTERVAL": 0.2,
     "HEARTBEAT_STALENESS": 2.0,
@@ -85,3 +85,16 @@ AWA: dict[str, Any] = {
     "RETRY_BACKOFF_BASE": 0.01,
     **json.loads(env.str("AWA_TEST_OVERRIDES", default="{}")),
 }
+
+# The django.tasks backend (Django 6's django.tasks, or the django-tasks backport on 5.2).
+TASKS = {
+    "default": {
+        "BACKEND": "awa_django.backends.tasks.AwaTaskBackend",
+        "QUEUES": [],
+        "OPTIONS": {},
+    }
+}
+try:
+    import django.tasks  # noqa: F401
+except ImportError:
+    INSTALLED_APPS.append("django_tasks")

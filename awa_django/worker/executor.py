@@ -62,12 +62,6 @@ def prepare(
     """Resolve the handler through the registry (never by importing row data) and decode args."""
     attempt = PreparedAttempt(job, ctx)
     handle = (kinds if kinds is not None else registered_kinds()).get(job.kind)
-    if handle is None:
-        attempt.failure = {
-            "type": "awa_django.UnknownKind",
-            "message": f"job kind {job.kind!r} is not registered in this worker; it was not run",
-        }
-        return attempt
     try:
         document = json.loads(job.args_json)
         args = document["args"]
@@ -75,16 +69,44 @@ def prepare(
         if type(args) is not list or type(kwargs) is not dict:
             raise TypeError("args must be a list and kwargs an object")
     except (ValueError, TypeError, KeyError) as exc:
-        attempt.failure = {
-            "type": "awa_django.InvalidArguments",
-            "message": f"arguments of job {job.job_id} cannot be decoded "
-            f'(expected {{"args": [...], "kwargs": {{...}}}}): {exc}',
-        }
+        attempt.failure = (
+            _unknown(job.kind)
+            if handle is None
+            else {
+                "type": "awa_django.InvalidArguments",
+                "message": f"arguments of job {job.job_id} cannot be decoded "
+                f'(expected {{"args": [...], "kwargs": {{...}}}}): {exc}',
+            }
+        )
+        return attempt
+    task = document.get("task")
+    if task is not None:
+        # A django.tasks task: resolved by its backend's rules, never by importing row data.
+        from awa_django.backends.runner import task_handle
+
+        backend = str(task.get("backend", "")) if type(task) is dict else ""
+        handle = task_handle(job.kind, backend) if backend else None
+        if handle is None:
+            attempt.failure = {
+                "type": "awa_django.SuspiciousTask",
+                "message": f"{job.kind!r} is not a task of this backend defined in an installed "
+                "app; refused without running it",
+            }
+            return attempt
+    elif handle is None:
+        attempt.failure = _unknown(job.kind)
         return attempt
     attempt.handle = handle
     attempt.args = args
     attempt.kwargs = kwargs
     return attempt
+
+
+def _unknown(kind: str) -> dict[str, Any]:
+    return {
+        "type": "awa_django.UnknownKind",
+        "message": f"job kind {kind!r} is not registered in this worker; it was not run",
+    }
 
 
 def error_info(exc: BaseException) -> dict[str, Any]:

@@ -8,3 +8,10 @@ SELECT job_id FROM awa.dlq_retry_v1(%s::bigint[], %s, %s) AS job_id
 
 -- name: dlq_purge
 SELECT job_id FROM awa.dlq_purge_v1(%s::bigint[]) AS job_id
+
+-- name: task_result
+SELECT kind, state, args, attempt, created_at, attempted_at, finalized_at, errors, result
+FROM awa.jobs WHERE id = %s
+
+-- name: task_workers
+SELECT worker_id FROM awa.claims WHERE job_id = %s ORDER BY run_lease

@@ -1,0 +1,1 @@
+"""Integrations with other Django APIs (the django.tasks backend)."""
