@@ -17,21 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-
-SERVER_SETTINGS = {
-    "shared_buffers": "1GB",
-    "max_wal_size": "16GB",
-    "checkpoint_timeout": "30min",
-    "wal_buffers": "64MB",
-}
+from common import with_server
 
 
 def main() -> None:
@@ -44,30 +33,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10_000, help="requests per enqueue_many")
     args = parser.parse_args()
 
-    import pgserver
-
-    url, stop = pgserver.start(
-        ROOT / ".pgdata" / "bench", database="awa_bench", settings=SERVER_SETTINGS, ephemeral=True
-    )
-    os.environ["DATABASE_URL"] = url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.bench_settings"
-    try:
-        run(args)
-    finally:
-        stop()
+    with_server("bench", lambda: run(args))
 
 
 def run(args: argparse.Namespace) -> None:
-    import django
-
-    django.setup()
-    from django.core.management import call_command
     from django.db import connection, transaction
 
     import awa_django
     from benchmarks import benchjobs
 
-    call_command("migrate", verbosity=0)
     benchjobs.noop.enqueue(0)  # create the queue's lanes outside the timings
 
     def single() -> float:

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+from common import ROOT, with_server
 
 
 def main() -> None:
@@ -30,27 +27,14 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50.0, help="jobs per second offered")
     args = parser.parse_args()
 
-    import pgserver
-
-    url, stop = pgserver.start(ROOT / ".pgdata" / "bench", database="awa_bench", ephemeral=True)
-    os.environ["DATABASE_URL"] = url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.bench_settings"
-    try:
-        run(args)
-    finally:
-        stop()
+    with_server("bench", lambda: run(args))
 
 
 def run(args: argparse.Namespace) -> None:
-    import django
-
-    django.setup()
-    from django.core.management import call_command
     from django.db import connection
 
     from benchmarks import benchjobs
 
-    call_command("migrate", verbosity=0)
     benchjobs.anoop.enqueue(-1)  # lanes exist before the worker starts
     worker = subprocess.Popen(
         [

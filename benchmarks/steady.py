@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+from common import ROOT, with_server
 
 
 def rss_kib(pid: int) -> int:
@@ -37,33 +35,15 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2000.0)
     args = parser.parse_args()
 
-    import pgserver
-
-    url, stop = pgserver.start(
-        ROOT / ".pgdata" / "bench-steady",
-        database="awa_bench",
-        ephemeral=True,
-        settings={"shared_buffers": "1GB"},
-    )
-    os.environ["DATABASE_URL"] = url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.bench_settings"
-    try:
-        run(args)
-    finally:
-        stop()
+    with_server("bench-steady", lambda: run(args), shared_buffers="1GB")
 
 
 def run(args: argparse.Namespace) -> None:
-    import django
-
-    django.setup()
-    from django.core.management import call_command
     from django.db import connection, transaction
 
     import awa_django
     from benchmarks import benchjobs
 
-    call_command("migrate", verbosity=0)
     benchjobs.anoop.enqueue(-1)
     worker = subprocess.Popen(
         [sys.executable, "-m", "django", "awa_worker", "--queue", "bench-async=256"],
