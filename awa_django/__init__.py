@@ -18,8 +18,8 @@ from awa_django.exceptions import (
     ValidationError,
 )
 from awa_django.jobs import Job, JobOptions, get_job, job
-from awa_django.operations import cancel, dlq_purge, dlq_retry
-from awa_django.outcomes import Cancel, RetryAfter, Snooze
+from awa_django.operations import cancel, dlq_purge, dlq_retry, resolve_callback
+from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.producer import aenqueue, aenqueue_many, enqueue, enqueue_many
 from awa_django.types import EnqueuedJob, JobRequest
 
@@ -38,6 +38,7 @@ __all__ = [
     "TerminalError",
     "UnknownKindError",
     "ValidationError",
+    "WaitForCallback",
     "aenqueue",
     "aenqueue_many",
     "cancel",
@@ -47,6 +48,7 @@ __all__ = [
     "enqueue_many",
     "get_job",
     "job",
+    "resolve_callback",
 ]
 
 __version__ = "0.1.0.dev0"

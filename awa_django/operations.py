@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from django.db import connections
 
-from awa_django.conf import awa_settings
+from awa_django import serialization
+from awa_django.conf import awa_settings, get_awa_settings
 from awa_django.db.identifiers import validate_queue_name
 from awa_django.exceptions import InvalidOptionError
 from awa_django.sql import query
 
-__all__ = ["cancel", "dlq_purge", "dlq_retry"]
+__all__ = ["cancel", "dlq_purge", "dlq_retry", "resolve_callback"]
 
 
 def cancel(job_id: int, *, reason: str = "cancelled", using: str | None = None) -> str | None:
@@ -53,3 +57,33 @@ def dlq_purge(job_ids: Sequence[int], *, using: str | None = None) -> list[int]:
     with connections[using or awa_settings.DATABASE_ALIAS].cursor() as cursor:
         cursor.execute(query("dlq_purge"), [list(job_ids)])
         return [row[0] for row in cursor.fetchall()]
+
+
+def resolve_callback(
+    callback_id: uuid.UUID | str,
+    *,
+    result: Any = None,
+    error: str | None = None,
+    terminal: bool = False,
+    using: str | None = None,
+) -> str:
+    """Resolve an attempt parked with ``WaitForCallback``, in the caller's transaction.
+
+    Without ``error`` the job completes with ``result`` (JSON). With ``error`` the attempt fails:
+    retried with backoff like a raised exception, or failed at once when ``terminal``. Returns
+    ``resolved``, ``stale`` (already resolved, timed out and rescued, or cancelled) or
+    ``unknown``. Fenced by ``(job_id, run_lease)`` like every other finalization.
+    """
+    cfg = get_awa_settings()
+    result_json = serialization.dumps(
+        result, "result", max_bytes=cfg.RESULT_MAX_BYTES, max_depth=cfg.JSON_MAX_DEPTH
+    )
+    error_json = None
+    if error is not None:
+        error_json = json.dumps({"type": "awa_django.CallbackError", "message": str(error)})
+    with connections[using or cfg.DATABASE_ALIAS].cursor() as cursor:
+        cursor.execute(
+            query("callback_resolve"), [str(callback_id), result_json, error_json, terminal]
+        )
+        row = cursor.fetchone()
+    return "unknown" if row is None else str(row[0])

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
-__all__ = ["Cancel", "RetryAfter", "Snooze"]
+__all__ = ["Cancel", "RetryAfter", "Snooze", "WaitForCallback"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,3 +28,14 @@ class Cancel:
     """Stop the job for good: it is ``cancelled`` with ``reason`` recorded in its errors."""
 
     reason: str = "cancelled by handler"
+
+
+@dataclass(frozen=True, slots=True)
+class WaitForCallback:
+    """Park the attempt (``waiting_external``) until ``awa_django.resolve_callback(callback_id,
+    ...)`` resolves it, or ``timeout`` seconds pass (then it is rescued as "callback timed out"
+    and retried like a failure). ``callback_id`` must be the handler's ``ctx.callback_id``: hand
+    it to the external system before returning. The execution slot is freed at once."""
+
+    callback_id: uuid.UUID
+    timeout: float = 3600.0

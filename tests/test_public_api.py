@@ -19,6 +19,7 @@ EXPECTED = {
     "TerminalError",
     "UnknownKindError",
     "ValidationError",
+    "WaitForCallback",
     "aenqueue",
     "aenqueue_many",
     "cancel",
@@ -28,6 +29,7 @@ EXPECTED = {
     "enqueue_many",
     "get_job",
     "job",
+    "resolve_callback",
 }
 
 

@@ -304,3 +304,46 @@ def test_supervisor_restarts_a_crashed_child_and_stops_cleanly(manage_py: Start)
     proc.send_signal(signal.SIGTERM)
     assert exited(proc, timeout=30) == 0, proc.output()
     assert pids() == {victim}  # the killed child's row stays until retention removes it
+
+
+def _callback_of(job_id: int) -> str:
+    return str(
+        Ledger.objects.filter(job_id=job_id).order_by("id").values_list("note", flat=True)[0]
+    )
+
+
+def test_wait_for_callback_is_resolved_through_the_fenced_path(manage_py: Start) -> None:
+    job = testjobs.await_callback.enqueue(60).id
+    proc = worker(manage_py, "--queue", "cb")
+    wait_for(
+        lambda: states(job) == ["waiting_external"],
+        timeout=20,
+        message=lambda: f"the job to park; output:\n{proc.output()}",
+    )
+    callback = _callback_of(job)
+    assert awa_django.resolve_callback(callback, result={"paid": True}) == "resolved"
+    with pg() as conn:
+        state = job_state(conn, job)
+    assert state is not None and (state["state"], state["result"]) == ("completed", {"paid": True})
+    assert awa_django.resolve_callback(callback, result=1) == "stale"
+    assert awa_django.resolve_callback("00000000-0000-0000-0000-000000000001") == "unknown"
+    proc.send_signal(signal.SIGTERM)
+    assert exited(proc, timeout=20) == 0
+
+
+def test_callback_timeout_is_rescued_and_retried(manage_py: Start) -> None:
+    job = testjobs.await_callback.enqueue(0.3).id
+    proc = worker(manage_py, "--queue", "cb")
+    wait_for(
+        lambda: states(job) == ["completed"],
+        timeout=30,
+        message=lambda: f"timeout, rescue and a second attempt; output:\n{proc.output()}",
+    )
+    with pg() as conn:
+        state = job_state(conn, job)
+    assert state is not None
+    assert (state["result"], state["attempt"]) == ("second attempt", 2)
+    assert state["errors"][0]["message"] == "callback timed out"
+    assert awa_django.resolve_callback(_callback_of(job), result=1) == "stale"
+    proc.send_signal(signal.SIGTERM)
+    assert exited(proc, timeout=20) == 0

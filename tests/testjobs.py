@@ -157,3 +157,14 @@ def slow_first(ctx: Any) -> str:
         time.sleep(3.0)
         return "first"
     return "second"
+
+
+@job(queue="cb")
+def await_callback(ctx: Any, timeout: float) -> Any:
+    """Parks its first attempt until a callback resolves it (or it times out)."""
+    from awa_django import WaitForCallback
+
+    _record(ctx, str(ctx.callback_id))
+    if ctx.attempt == 1:
+        return WaitForCallback(ctx.callback_id, timeout=timeout)
+    return "second attempt"

@@ -73,6 +73,8 @@ class Finalization:
     delay: float | None = None
     progress: Any = None
     has_state: bool = False
+    callback_id: uuid.UUID | None = None
+    timeout: float | None = None
 
     def to_json(self) -> str:
         parts = [
@@ -89,6 +91,10 @@ class Finalization:
             parts.append(',"progress":' + json.dumps(self.progress, ensure_ascii=False))
         if self.has_state:
             parts.append(',"st":true')
+        if self.callback_id is not None:
+            parts.append(
+                f',"callback_id":"{self.callback_id}","timeout":{float(self.timeout or 3600)!r}'
+            )
         parts.append("}")
         return "".join(parts)
 

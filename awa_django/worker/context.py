@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ class JobContext:
     """
 
     __slots__ = (
+        "_callback_id",
         "_cancelled",
         "_progress",
         "_progress_dirty",
@@ -59,10 +61,18 @@ class JobContext:
         self._progress: Any = progress
         self._progress_dirty = False
         self._progress_set = False
+        self._callback_id: uuid.UUID | None = None
         self._runtime = runtime
 
     def __repr__(self) -> str:
         return f"<JobContext id={self.id} attempt={self.attempt} lease={self.run_lease}>"
+
+    @property
+    def callback_id(self) -> uuid.UUID:
+        """This attempt's callback id (for ``WaitForCallback``), created on first use."""
+        if self._callback_id is None:
+            self._callback_id = uuid.uuid4()
+        return self._callback_id
 
     def is_cancelled(self) -> bool:
         """True once this attempt should stop (cancelled, rescued, past its deadline)."""

@@ -25,7 +25,7 @@ from awa_django import serialization
 from awa_django.db.storage import ClaimedJob, Finalization
 from awa_django.exceptions import AwaError, TerminalError, ValidationError
 from awa_django.jobs import Job, registered_kinds
-from awa_django.outcomes import Cancel, RetryAfter, Snooze
+from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.worker.context import JobContext
 
 __all__ = ["PreparedAttempt", "backoff", "error_info", "outcome_of", "prepare"]
@@ -174,6 +174,16 @@ def outcome_of(
         )
     if isinstance(value, Snooze):
         return make("snooze", delay=float(value.seconds))
+    if isinstance(value, WaitForCallback):
+        if value.callback_id != attempt.ctx.callback_id:
+            return make(
+                "fail",
+                error={
+                    "type": "awa_django.InvalidCallback",
+                    "message": "WaitForCallback needs the attempt's own ctx.callback_id",
+                },
+            )
+        return make("wait", callback_id=value.callback_id, timeout=float(value.timeout))
     if isinstance(value, Cancel):
         return make("cancel", error={"type": "awa_django.Cancel", "message": str(value.reason)})
     try:

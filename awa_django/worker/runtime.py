@@ -378,7 +378,7 @@ class WorkerRuntime:
                 )
             return
         error = outcome.error or {}
-        level = logging.INFO if outcome.outcome in ("retry", "snooze") else logging.WARNING
+        level = logging.INFO if outcome.outcome in ("retry", "snooze", "wait") else logging.WARNING
         log.log(
             level,
             "job %s %s attempt %s %s after %.1f ms: %s: %s",

@@ -721,9 +721,73 @@ BEGIN
 END
 $$;
 
+-- Park open attempts waiting for an external callback: a lease row (lease ring, state
+-- waiting_external) with the callback id and its timeout. The attempt stays open (its claim is
+-- not closed), its execution slot is freed. Returns the attempts that were no longer open.
+CREATE FUNCTION awa._park_v1(p_items jsonb)
+RETURNS TABLE (job_id bigint, run_lease bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_gen bigint;
+    v_slot integer;
+BEGIN
+    SELECT generation, slot INTO v_gen, v_slot
+    FROM awa.ring_rotations WHERE ring = 'lease' ORDER BY generation DESC LIMIT 1;
+    RETURN QUERY
+    WITH items AS (
+        SELECT x.* FROM jsonb_to_recordset(p_items) AS x(
+            id bigint, lease bigint, callback_id uuid, timeout double precision, progress jsonb)
+    ), parked AS (
+        INSERT INTO awa.leases (lease_slot, lease_generation, job_id, run_lease, claim_slot,
+                                state, callback_id, callback_timeout_at)
+        SELECT v_slot, v_gen, c.job_id, c.run_lease, c.claim_slot, 'waiting_external',
+               i.callback_id, now() + make_interval(secs => COALESCE(i.timeout, 3600))
+        FROM items i
+        JOIN awa.claims c ON c.job_id = i.id AND c.run_lease = i.lease
+        WHERE NOT EXISTS (
+            SELECT 1 FROM awa.claim_closures z
+            WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+              AND z.claim_slot = c.claim_slot)
+        RETURNING job_id, run_lease
+    )
+    SELECT i.id, i.lease FROM items i
+    WHERE NOT EXISTS (SELECT 1 FROM parked p WHERE p.job_id = i.id AND p.run_lease = i.lease);
+END
+$$;
+
+-- Resolve a parked attempt by its callback id: complete it with p_result, or fail it (p_error,
+-- retried like any failure unless p_terminal), through the normal fenced finalization. Returns
+-- 'resolved', 'stale' (already resolved, rescued after its timeout, or cancelled) or 'unknown'.
+CREATE FUNCTION awa.callback_resolve_v1(
+    p_callback_id uuid, p_result jsonb DEFAULT NULL, p_error jsonb DEFAULT NULL,
+    p_terminal boolean DEFAULT false)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    l awa.leases%ROWTYPE;
+    v_stale jsonb;
+BEGIN
+    SELECT * INTO l FROM awa.leases ls
+    WHERE ls.callback_id = p_callback_id AND ls.state = 'waiting_external'
+    ORDER BY ls.run_lease DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN 'unknown';
+    END IF;
+    v_stale := awa._finalize_pass_v1(jsonb_build_array(jsonb_build_object(
+        'id', l.job_id, 'lease', l.run_lease, 'slot', l.claim_slot, 'st', true,
+        'outcome', CASE WHEN p_error IS NULL THEN 'completed'
+                        WHEN p_terminal THEN 'fail' ELSE 'retry' END,
+        'result', p_result, 'error', p_error)), false);
+    RETURN CASE WHEN v_stale IS NULL THEN 'resolved' ELSE 'stale' END;
+END
+$$;
+
 -- Finalize a batch of attempts in one transaction. p_items is a JSON array of objects:
 --   id, lease, slot    the attempt identity and the claim slot it was claimed in
---   outcome            completed | retry | snooze | cancel | fail
+--   outcome            completed | retry | snooze | cancel | fail | wait
+--   callback_id,       (wait) the attempt parks, waiting_external, until awa.callback_resolve_v1
+--   timeout            is called with callback_id or `timeout` seconds pass (then it is rescued)
 --   result             (completed) the JSON return value
 --   error              (retry, fail, cancel) {"type", "message", "traceback"}
 --   delay              (retry: explicit RetryAfter delay; snooze) seconds
@@ -743,9 +807,18 @@ BEGIN
     IF EXISTS (
         SELECT 1 FROM jsonb_array_elements(p_items) e
         WHERE e.value ->> 'outcome' IS NULL
-           OR e.value ->> 'outcome' NOT IN ('completed', 'retry', 'snooze', 'cancel', 'fail')) THEN
-        RAISE EXCEPTION 'outcome: expected completed, retry, snooze, cancel or fail'
+           OR e.value ->> 'outcome' NOT IN ('completed', 'retry', 'snooze', 'cancel', 'fail',
+                                            'wait')) THEN
+        RAISE EXCEPTION 'outcome: expected completed, retry, snooze, cancel, fail or wait'
             USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) e WHERE e.value ->> 'outcome' = 'wait')
+    THEN
+        RETURN QUERY SELECT w.job_id, w.run_lease FROM awa._park_v1(
+            (SELECT jsonb_agg(e.value) FROM jsonb_array_elements(p_items) e
+             WHERE e.value ->> 'outcome' = 'wait')) AS w;
+        p_items := (SELECT COALESCE(jsonb_agg(e.value), '[]'::jsonb)
+                    FROM jsonb_array_elements(p_items) e WHERE e.value ->> 'outcome' <> 'wait');
     END IF;
     v_stale := awa._finalize_pass_v1(p_items, true);
     IF v_stale IS NOT NULL THEN

@@ -11,9 +11,9 @@ CREATE INDEX claims_claimed_at_idx ON awa.claims (claimed_at);
 -- claim time) is older than p_staleness seconds, or whose hard deadline has passed, and route
 -- each through the normal retry / fail / DLQ path (backoff p_backoff_base × 2^attempt plus up
 -- to 25 % jitter) with the error "heartbeat stale: worker
--- presumed dead" or "hard deadline exceeded". Attempts waiting for a callback are left to the
--- callback timeout. The old worker is told over NOTIFY awa_cancel; its late finalization then
--- loses. Returns the attempts rescued.
+-- presumed dead" or "hard deadline exceeded". Attempts waiting for a callback are rescued only
+-- once their callback timeout passes ("callback timed out"). The old worker is told over NOTIFY
+-- awa_cancel; its late finalization then loses. Returns the attempts rescued.
 CREATE FUNCTION awa.rescue_v1(p_staleness double precision, p_limit integer DEFAULT 500,
                               p_backoff_base double precision DEFAULT 1.0)
 RETURNS TABLE (job_id bigint, run_lease bigint, reason text)
@@ -24,10 +24,20 @@ DECLARE
     v_items jsonb;
     v_stale jsonb;
 BEGIN
-    WITH candidates AS (
+    WITH timed_out AS (
+        SELECT c.job_id, c.run_lease, c.claim_slot, c.attempt, 'callback timed out' AS reason,
+               c.claimed_at
+        FROM awa.leases ls
+        JOIN awa.claims c ON c.job_id = ls.job_id AND c.run_lease = ls.run_lease
+        WHERE ls.state = 'waiting_external' AND ls.callback_timeout_at < now()
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.claim_closures z
+              WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                AND z.claim_slot = c.claim_slot)
+    ), stale AS (
         SELECT c.job_id, c.run_lease, c.claim_slot, c.attempt,
                CASE WHEN c.deadline_at < now() THEN 'hard deadline exceeded'
-                    ELSE 'heartbeat stale: worker presumed dead' END AS reason
+                    ELSE 'heartbeat stale: worker presumed dead' END AS reason, c.claimed_at
         FROM awa.claims c
         LEFT JOIN awa.attempt_state s ON s.job_id = c.job_id AND s.run_lease = c.run_lease
         WHERE (c.claimed_at < v_cutoff OR c.deadline_at < now())
@@ -40,7 +50,9 @@ BEGIN
               SELECT 1 FROM awa.leases ls
               WHERE ls.job_id = c.job_id AND ls.run_lease = c.run_lease
                 AND ls.state = 'waiting_external')
-        ORDER BY c.claimed_at
+    ), candidates AS (
+        SELECT * FROM timed_out UNION ALL SELECT * FROM stale
+        ORDER BY claimed_at
         LIMIT p_limit
     )
     SELECT jsonb_agg(jsonb_build_object(

@@ -15,3 +15,6 @@ FROM awa.jobs WHERE id = %s
 
 -- name: task_workers
 SELECT worker_id FROM awa.claims WHERE job_id = %s ORDER BY run_lease
+
+-- name: callback_resolve
+SELECT awa.callback_resolve_v1(%s::uuid, %s::jsonb, %s::jsonb, %s)
