@@ -18,3 +18,35 @@ SELECT worker_id FROM awa.claims WHERE job_id = %s ORDER BY run_lease
 
 -- name: callback_resolve
 SELECT awa.callback_resolve_v1(%s::uuid, %s::jsonb, %s::jsonb, %s)
+
+-- name: queue_pause
+SELECT awa.queue_pause_v1(%s, %s)
+
+-- name: queue_drain
+SELECT awa.queue_drain_v1(%s)
+
+-- name: queue_stats
+SELECT queue, available, running, waiting_external, scheduled, retryable, completed, failed,
+       cancelled, dlq, paused, lag_seconds, completed_last_hour
+FROM awa.queue_stats_v1()
+
+-- name: workers
+SELECT instance_id, hostname, pid, queues, concurrency, is_leader, started_at, last_seen_at,
+       extract(epoch FROM now() - last_seen_at)
+FROM awa.runtime_instances ORDER BY started_at
+
+-- name: rings
+SELECT ring, slot_count, current_slot, generation, rotated_at FROM awa.ring_state ORDER BY ring
+
+-- name: job_show
+SELECT id, kind, queue, state, priority, attempt, max_attempts, run_lease, args, run_at,
+       created_at, attempted_at, finalized_at, errors, result, progress, metadata, tags, in_dlq,
+       dlq_reason
+FROM awa.jobs WHERE id = %s
+
+-- name: dlq_list
+SELECT job_id, queue, kind, attempt, dlq_reason, dlq_at
+FROM awa.dlq_entries
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s) AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+ORDER BY dlq_at DESC, job_id DESC
+LIMIT %(limit)s

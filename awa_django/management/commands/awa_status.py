@@ -1,0 +1,58 @@
+"""``manage.py awa_status [--json]``: queues, workers, the leader and the rings (thin)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from awa_django import services
+
+
+class Command(BaseCommand):
+    help = "Show queues (counts, lag, last-hour throughput), workers, the leader and ring state."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        queues = services.queue_stats()
+        workers = services.workers()
+        rings = services.rings()
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "queues": [dataclasses.asdict(q) for q in queues],
+                        "workers": [dataclasses.asdict(w) for w in workers],
+                        "leader": next((w.instance_id for w in workers if w.is_leader), None),
+                        "rings": rings,
+                    },
+                    indent=2,
+                    default=str,
+                )
+            )
+            return
+        self.stdout.write("queues:")
+        for q in queues:
+            lag = "-" if q.lag_seconds is None else f"{q.lag_seconds:.1f}s"
+            self.stdout.write(
+                f"  {q.queue}{' (paused)' if q.paused else ''}: {q.available} available, "
+                f"{q.running} running, {q.scheduled + q.retryable} deferred, {q.completed} "
+                f"completed, {q.failed} failed, {q.dlq} in DLQ; lag {lag}; "
+                f"{q.completed_last_hour} completed in the last hour"
+            )
+        self.stdout.write("workers:")
+        for w in workers:
+            self.stdout.write(
+                f"  {w.instance_id} {w.hostname} pid {w.pid}{' LEADER' if w.is_leader else ''} "
+                f"queues {w.queues} seen {w.seen_seconds_ago:.0f}s ago"
+            )
+        self.stdout.write("rings:")
+        for r in rings:
+            self.stdout.write(
+                f"  {r['ring']}: slot {r['current_slot']} of {r['slot_count']}, "
+                f"generation {r['generation']}"
+            )
