@@ -1,0 +1,192 @@
+"""Read-only, unmanaged models over the engine's read surfaces, for the Django admin.
+
+Nothing is ever written through them: ``save()``, ``delete()`` and the queryset's bulk writes
+raise ``ReadOnlyError``. Every change goes through an SQL function (``awa_django.operations``,
+``awa_django.services``), which the admin actions call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.db import models
+
+__all__ = ["DeadLetter", "Job", "QueueStat", "ReadOnlyError", "TerminalJob", "Worker"]
+
+
+class ReadOnlyError(RuntimeError):
+    """awa_django's admin models are read-only views of the queue."""
+
+
+class ReadOnlyQuerySet(models.QuerySet[Any]):
+    def update(self, **kwargs: Any) -> int:
+        raise ReadOnlyError("awa_django models are read-only; use awa_django.operations")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise ReadOnlyError("awa_django models are read-only; use awa_django.operations")
+
+    def bulk_create(self, *args: Any, **kwargs: Any) -> list[Any]:
+        raise ReadOnlyError("awa_django models are read-only; use awa_django.operations")
+
+    def bulk_update(self, *args: Any, **kwargs: Any) -> int:
+        raise ReadOnlyError("awa_django models are read-only; use awa_django.operations")
+
+
+class ReadOnlyModel(models.Model):
+    objects: ClassVar[Any] = ReadOnlyQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+        managed = False
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        raise ReadOnlyError("awa_django models are read-only; use awa_django.operations")
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise ReadOnlyError("awa_django models are read-only; use awa_django.operations")
+
+
+class _JobFields(ReadOnlyModel):
+    id = models.BigIntegerField(primary_key=True)
+    kind = models.TextField()
+    queue = models.TextField()
+    state = models.TextField()
+    priority = models.SmallIntegerField()
+    attempt = models.SmallIntegerField()
+    max_attempts = models.SmallIntegerField()
+    run_lease = models.BigIntegerField()
+    args = models.JSONField()
+    run_at = models.DateTimeField(null=True)
+    created_at = models.DateTimeField(null=True)
+    attempted_at = models.DateTimeField(null=True)
+    finalized_at = models.DateTimeField(null=True)
+    errors = models.JSONField(null=True)
+    result = models.JSONField(null=True)
+    progress = models.JSONField(null=True)
+    metadata = models.JSONField(null=True)
+    tags = models.JSONField(null=True)
+
+    class Meta:
+        abstract = True
+        managed = False
+
+
+class Job(_JobFields):
+    """Every job, in whichever plane it is (``awa.jobs``); dead-lettered ones have in_dlq."""
+
+    in_dlq = models.BooleanField()
+    dlq_reason = models.TextField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = 'awa"."jobs'
+        ordering = ["-id"]
+        default_permissions = ("view",)
+        permissions = [("cancel_job", "Can cancel jobs")]
+
+    def __str__(self) -> str:
+        return f"job {self.id} ({self.kind})"
+
+
+class TerminalJob(_JobFields):
+    """Finished jobs still in history (``awa.terminal_jobs``)."""
+
+    class Meta:
+        managed = False
+        db_table = 'awa"."terminal_jobs'
+        ordering = ["-finalized_at", "-id"]
+        default_permissions = ("view",)
+        verbose_name = "terminal job"
+
+    def __str__(self) -> str:
+        return f"job {self.id} ({self.state})"
+
+
+class DeadLetter(ReadOnlyModel):
+    """A dead-lettered job (``awa.dlq_entries``)."""
+
+    job_id = models.BigIntegerField(primary_key=True)
+    queue = models.TextField()
+    priority = models.SmallIntegerField()
+    kind = models.TextField()
+    args = models.JSONField()
+    attempt = models.SmallIntegerField()
+    max_attempts = models.SmallIntegerField()
+    run_lease = models.BigIntegerField()
+    original_run_lease = models.BigIntegerField()
+    run_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    attempted_at = models.DateTimeField(null=True)
+    metadata = models.JSONField(null=True)
+    tags = models.JSONField(null=True)
+    errors = models.JSONField(null=True)
+    progress = models.JSONField(null=True)
+    dlq_reason = models.TextField()
+    dlq_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = 'awa"."dlq_entries'
+        ordering = ["-dlq_at", "-job_id"]
+        default_permissions = ("view",)
+        permissions = [
+            ("retry_dlq", "Can retry dead-lettered jobs"),
+            ("purge_dlq", "Can purge dead-lettered jobs"),
+        ]
+        verbose_name = "dead-lettered job"
+        verbose_name_plural = "dead letter queue"
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} ({self.kind})"
+
+
+class QueueStat(ReadOnlyModel):
+    """One queue's counts, lag and throughput (``awa.queue_stats``)."""
+
+    queue = models.TextField(primary_key=True)
+    available = models.BigIntegerField()
+    running = models.BigIntegerField()
+    waiting_external = models.BigIntegerField()
+    scheduled = models.BigIntegerField()
+    retryable = models.BigIntegerField()
+    completed = models.BigIntegerField()
+    failed = models.BigIntegerField()
+    cancelled = models.BigIntegerField()
+    dlq = models.BigIntegerField()
+    paused = models.BooleanField()
+    lag_seconds = models.FloatField(null=True)
+    completed_last_hour = models.BigIntegerField()
+
+    class Meta:
+        managed = False
+        db_table = 'awa"."queue_stats'
+        ordering = ["queue"]
+        default_permissions = ("view",)
+        permissions = [("manage_queue", "Can pause, resume and drain queues")]
+        verbose_name = "queue"
+
+    def __str__(self) -> str:
+        return self.queue
+
+
+class Worker(ReadOnlyModel):
+    """A registered worker or maintenance process (``awa.runtime_instances``)."""
+
+    instance_id = models.UUIDField(primary_key=True)
+    hostname = models.TextField()
+    pid = models.IntegerField()
+    queues = models.JSONField()
+    concurrency = models.IntegerField()
+    version = models.TextField(null=True)
+    is_leader = models.BooleanField()
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = 'awa"."runtime_instances'
+        ordering = ["started_at"]
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return f"{self.hostname}:{self.pid}"
