@@ -38,6 +38,7 @@ INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "awa_django",
     "tests.testapp",
 ]
@@ -65,6 +66,7 @@ TEMPLATES = [
 ]
 
 ROOT_URLCONF = "tests.urls"
+STATIC_URL = "/static/"
 USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -4,8 +4,12 @@ from django.urls import path
 from django.views.generic import RedirectView
 from django.views.static import serve
 
+from shop import views
+
 urlpatterns = [
-    path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    path("", RedirectView.as_view(url="/orders/new/", permanent=False)),
+    path("orders/new/", views.new_order, name="new_order"),
+    path("orders/<int:order_id>/", views.order_detail, name="order"),
     path("admin/", admin.site.urls),
 ]
 
