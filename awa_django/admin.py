@@ -315,16 +315,6 @@ class JobAdmin(JobDetail, ReadOnlyAdmin):
     exclude = ("args", "metadata", "result", "progress", "errors", "tags")
     actions = ("cancel_jobs",)
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        # Live jobs: available, scheduled, retryable, running, waiting.
-        return (
-            super()
-            .get_queryset(request)
-            .filter(
-                state__in=["available", "scheduled", "retryable", "running", "waiting_external"]
-            )
-        )
-
     @admin.action(description="Cancel selected jobs", permissions=["cancel_job"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         self._checked(request, "cancel_job")

@@ -72,14 +72,15 @@ class _JobFields(ReadOnlyModel):
 
 
 class Job(_JobFields):
-    """Every job, in whichever plane it is (``awa.jobs``); dead-lettered ones have in_dlq."""
+    """Jobs not finished yet (``awa.live_jobs``: available, running, waiting, scheduled,
+    retryable), read from the live planes only."""
 
     in_dlq = models.BooleanField()
     dlq_reason = models.TextField(null=True)
 
     class Meta:
         managed = False
-        db_table = 'awa"."jobs'
+        db_table = 'awa"."live_jobs'
         ordering = ["-id"]
         default_permissions = ("view",)
         permissions = [("cancel_job", "Can cancel jobs")]

@@ -74,7 +74,7 @@ class Migration(migrations.Migration):
                 ("dlq_reason", models.TextField(null=True)),
             ],
             options={
-                "db_table": 'awa"."jobs',
+                "db_table": 'awa"."live_jobs',
                 "ordering": ["-id"],
                 "permissions": [("cancel_job", "Can cancel jobs")],
                 "managed": False,

@@ -1104,10 +1104,9 @@ FROM awa.done_entries d
 LEFT JOIN awa.ready_entries r
   ON r.lane_id = d.lane_id AND r.lane_seq = d.lane_seq AND r.ready_slot = d.ready_slot;
 
--- One row per job across every plane. state is one of scheduled, available, running,
--- waiting_external, retryable, completed, failed, cancelled; dead-lettered jobs show as failed
--- with in_dlq = true.
-CREATE VIEW awa.jobs AS
+-- Jobs that are not finished: available, running, waiting_external, scheduled, retryable.
+-- Reads only the live planes (never terminal history).
+CREATE VIEW awa.live_jobs AS
 SELECT r.job_id AS id, r.kind, r.queue, 'available'::text AS state, r.priority, r.attempt,
        r.max_attempts, r.run_lease, r.args, r.run_at, r.created_at,
        NULL::timestamptz AS attempted_at, NULL::timestamptz AS finalized_at,
@@ -1140,7 +1139,13 @@ UNION ALL
 SELECT d.job_id, d.kind, d.queue, d.state, d.priority, d.attempt, d.max_attempts, d.run_lease,
        d.args, d.run_at, d.created_at, d.attempted_at, NULL, NULL, NULL, d.errors, NULL,
        d.progress, d.metadata, d.tags, false, NULL
-FROM awa.deferred_jobs d
+FROM awa.deferred_jobs d;
+
+-- One row per job across every plane. state is one of scheduled, available, running,
+-- waiting_external, retryable, completed, failed, cancelled; dead-lettered jobs show as failed
+-- with in_dlq = true.
+CREATE VIEW awa.jobs AS
+SELECT * FROM awa.live_jobs
 UNION ALL
 SELECT t.id, t.kind, t.queue, t.state, t.priority, t.attempt, t.max_attempts, t.run_lease,
        t.args, t.run_at, t.created_at, t.attempted_at, t.finalized_at, NULL, NULL, t.errors,
@@ -1176,9 +1181,7 @@ RETURNS TABLE (queue text, available bigint, running bigint, waiting_external bi
 LANGUAGE sql STABLE AS $$
     WITH live AS (
         SELECT j.queue, j.state, count(*) AS n
-        FROM awa.jobs j
-        WHERE j.state IN ('available', 'running', 'waiting_external', 'scheduled', 'retryable')
-          AND NOT j.in_dlq
+        FROM awa.live_jobs j
         GROUP BY j.queue, j.state
     ), done AS (
         SELECT d.queue, d.state, count(*) AS n FROM awa.done_entries d GROUP BY d.queue, d.state

@@ -26,9 +26,8 @@ DECLARE
     v_n integer := 0;
 BEGIN
     FOR v_id IN
-        SELECT j.id FROM awa.jobs j
+        SELECT j.id FROM awa.live_jobs j
         WHERE j.queue = p_queue AND j.state IN ('available', 'scheduled', 'retryable')
-          AND NOT j.in_dlq
         ORDER BY j.id LIMIT p_limit
     LOOP
         IF awa.cancel_v1(v_id, 'queue drained') IS NOT NULL THEN
@@ -48,7 +47,7 @@ RETURNS TABLE (queue text, available bigint, running bigint, waiting_external bi
                completed_last_hour bigint)
 LANGUAGE sql STABLE AS $$
     SELECT c.*,
-           (SELECT extract(epoch FROM now() - min(j.run_at)) FROM awa.jobs j
+           (SELECT extract(epoch FROM now() - min(j.run_at)) FROM awa.live_jobs j
             WHERE j.queue = c.queue AND j.state = 'available'),
            (SELECT count(*) FROM awa.done_entries d
             WHERE d.queue = c.queue AND d.state = 'completed'
