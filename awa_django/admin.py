@@ -386,14 +386,10 @@ class QueueStatAdmin(ReadOnlyAdmin):
     def dashboard(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        from django.db import connection
-
-        rows = []
-        for stat in services.queue_stats():
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT completed FROM awa.throughput_v1(%s)", [stat.queue])
-                points = [int(r[0]) for r in cursor.fetchall()]
-            rows.append({"stat": stat, "sparkline": sparkline(points)})
+        rows = [
+            {"stat": stat, "sparkline": sparkline(services.throughput(stat.queue))}
+            for stat in services.queue_stats()
+        ]
         return TemplateResponse(
             request,
             "admin/awa_django/dashboard.html",

@@ -1,6 +1,6 @@
 """The JSON-only codec for job arguments, metadata and results.
 
-Job data is JSON and nothing else: no pickle, no objects, no code. Values are checked before
+Job data is JSON and nothing else: no serialized Python objects, no code. Values are checked before
 anything is written, so a bad value fails the one request with a clear error and never reaches
 the queue. Accepted: ``dict`` (string keys), ``list``, ``tuple`` (stored as a list), ``str``,
 ``int``, ``float`` (finite), ``bool`` and ``None``.

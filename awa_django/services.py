@@ -16,6 +16,7 @@ from django.db import connections
 
 from awa_django.conf import get_awa_settings
 from awa_django.db.identifiers import validate_queue_name
+from awa_django.db.storage import QueueCounts
 from awa_django.sql import query
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "queue_pause",
     "queue_stats",
     "rings",
+    "throughput",
     "workers",
 ]
 
@@ -42,21 +44,10 @@ def _json(value: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class QueueStats:
+class QueueStats(QueueCounts):
     """Exact counts of one queue, its lag (age of the oldest available job, seconds) and the
     jobs it completed in the last hour."""
 
-    queue: str
-    available: int
-    running: int
-    waiting_external: int
-    scheduled: int
-    retryable: int
-    completed: int
-    failed: int
-    cancelled: int
-    dlq: int
-    paused: bool
     lag_seconds: float | None
     completed_last_hour: int
 
@@ -113,6 +104,13 @@ def queue_drain(queue: str, *, using: str | None = None) -> int:
         cursor.execute(query("queue_drain"), [queue])
         row = cursor.fetchone()
     return int(row[0]) if row else 0
+
+
+def throughput(queue: str | None = None, *, using: str | None = None) -> list[int]:
+    """Completions per minute over the last hour (60 values, oldest first)."""
+    with _cursor(using) as cursor:
+        cursor.execute(query("throughput"), [queue])
+        return [int(row[0]) for row in cursor.fetchall()]
 
 
 def workers(using: str | None = None) -> list[Worker]:

@@ -82,3 +82,42 @@ def reset_awa() -> None:
     with pg() as conn:
         conn.execute(RESET_SQL)
     forget_known_lanes()
+
+
+def dead_letter(
+    n: int = 1, queue: str = "default", *, kind: str = "tests.testjobs.noop", text: str = "boom"
+) -> list[int]:
+    """Enqueue n jobs through the SQL producer, claim them and fail them terminally (DLQ).
+
+    ``text`` lands in the arguments and in the error's message and traceback.
+    """
+    import json
+
+    from awa_django.db import storage
+    from awa_django.db.storage import Finalization
+
+    with pg() as conn:
+        ids = [
+            i
+            for i, _ in enqueue_sql(
+                conn,
+                json.dumps(
+                    [{"kind": kind, "queue": queue, "args": {"args": [text], "kwargs": {}}}] * n
+                ),
+            )
+        ]
+        claimed = storage.claim(conn, queue, n, WORKER)
+        storage.finalize(
+            conn,
+            [
+                Finalization(
+                    c.job_id,
+                    c.run_lease,
+                    c.claim_slot,
+                    "fail",
+                    error={"type": "Boom", "message": text, "traceback": text},
+                )
+                for c in claimed
+            ],
+        )
+    return ids

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -14,8 +13,8 @@ from django.urls import reverse
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
 from awa_django.models import DeadLetter, ReadOnlyError
-from tests import testjobs
-from tests.storage_support import WORKER, enqueue_sql, job_state, pg
+from tests import storage_support, testjobs
+from tests.storage_support import WORKER, job_state, pg
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 
@@ -36,38 +35,7 @@ def staff(*perms: str) -> Client:
 
 
 def dead_letter(n: int = 1, queue: str = "default") -> list[int]:
-    with pg() as conn:
-        ids = [
-            i
-            for i, _ in enqueue_sql(
-                conn,
-                json.dumps(
-                    [
-                        {
-                            "kind": f"hostile.{HOSTILE}",
-                            "queue": queue,
-                            "args": {"args": [HOSTILE], "kwargs": {}},
-                        }
-                    ]
-                    * n
-                ),
-            )
-        ]
-        claimed = storage.claim(conn, queue, n, WORKER)
-        storage.finalize(
-            conn,
-            [
-                Finalization(
-                    c.job_id,
-                    c.run_lease,
-                    c.claim_slot,
-                    "fail",
-                    error={"type": "Boom", "message": HOSTILE, "traceback": HOSTILE},
-                )
-                for c in claimed
-            ],
-        )
-    return ids
+    return storage_support.dead_letter(n, queue, kind=f"hostile.{HOSTILE}", text=HOSTILE)
 
 
 def action(client: Client, model: str, name: str, ids: list[Any], **extra: Any) -> Any:

@@ -11,8 +11,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from awa_django.db import storage
-from awa_django.db.storage import Finalization
-from tests import testjobs
+from tests import storage_support, testjobs
 from tests.storage_support import WORKER, job_state, pg
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
@@ -25,24 +24,7 @@ def run(*args: Any) -> str:
 
 
 def dead_letter(queue: str = "default", n: int = 1) -> list[int]:
-    """Put n jobs of ``queue`` in the DLQ (claimed and failed terminally)."""
-    ids = [testjobs.noop.using(queue=queue).enqueue().id for _ in range(n)]
-    with pg() as conn:
-        claimed = storage.claim(conn, queue, n, WORKER)
-        storage.finalize(
-            conn,
-            [
-                Finalization(
-                    c.job_id,
-                    c.run_lease,
-                    c.claim_slot,
-                    "fail",
-                    error={"message": "<script>boom</script>"},
-                )
-                for c in claimed
-            ],
-        )
-    return ids
+    return storage_support.dead_letter(n, queue, text="<script>boom</script>")
 
 
 def test_awa_status_text_and_json() -> None:

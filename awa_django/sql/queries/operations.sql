@@ -50,3 +50,6 @@ FROM awa.dlq_entries
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s) AND (%(kind)s::text IS NULL OR kind = %(kind)s)
 ORDER BY dlq_at DESC, job_id DESC
 LIMIT %(limit)s
+
+-- name: throughput
+SELECT completed FROM awa.throughput_v1(%s)
