@@ -62,3 +62,6 @@ SELECT awa.cleanup_v1(%s)
 
 -- name: connection_budget
 SELECT current_setting('max_connections')::integer, (SELECT count(*) FROM pg_stat_activity)
+
+-- name: queues_known
+SELECT DISTINCT queue FROM awa.queue_lanes ORDER BY queue

@@ -1,0 +1,123 @@
+"""Helpers for your own tests: run enqueued jobs in-process, inside the test's transaction.
+
+``drain()`` works in a plain ``django.test.TestCase`` (or a pytest-django ``db`` test): it claims
+through the same Django connection, so it sees jobs your test enqueued and has not committed,
+runs each handler in the calling thread, and writes the outcome through the engine's normal
+fenced finalization. No worker process, no commit needed::
+
+    from awa_django.testing import drain
+
+    def test_signup_sends_welcome(self):
+        signup(email="a@example.com")   # enqueues send_welcome in its atomic block
+        [run] = drain("emails")
+        assert run.outcome == "completed" and run.result == "sent"
+
+Retries and snoozes land in the deferred plane as they would in production; ``drain()`` does not
+run them again (call your handler's ``.call()`` to unit-test it directly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.db import connections
+
+from awa_django.conf import get_awa_settings
+from awa_django.db.storage import ClaimedJob, Finalization
+from awa_django.sql import query
+from awa_django.worker.context import JobContext
+from awa_django.worker.executor import outcome_of, prepare
+
+__all__ = ["JobRun", "drain"]
+
+_TEST_WORKER = uuid.UUID("00000000-0000-0000-0000-0000000000aa")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobRun:
+    """One job ``drain()`` ran: its id, kind, queue, the outcome written (``completed``,
+    ``retry``, ``snooze``, ``cancel``, ``fail``, ``wait``), the decoded result and the error."""
+
+    id: int
+    kind: str
+    queue: str
+    outcome: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+
+
+def drain(
+    queues: str | Iterable[str] | None = None, *, using: str | None = None, max_jobs: int = 1000
+) -> list[JobRun]:
+    """Run every available job of ``queues`` (default: all) in-process until none is left or
+    ``max_jobs`` ran; return what happened to each, in the order they ran."""
+    cfg = get_awa_settings()
+    connection = connections[using or cfg.DATABASE_ALIAS]
+    names = [queues] if isinstance(queues, str) else list(queues) if queues else None
+    runs: list[JobRun] = []
+    with connection.cursor() as cursor:
+        if names is None:
+            cursor.execute(query("queues_known"))
+            names = [row[0] for row in cursor.fetchall()]
+        progress = True
+        while progress and len(runs) < max_jobs:
+            progress = False
+            for queue in names:
+                cursor.execute(
+                    query("claim"), [queue, 1, _TEST_WORKER, cfg.PRIORITY_AGING_INTERVAL, None]
+                )
+                row = cursor.fetchone()
+                if row is None:
+                    continue
+                progress = True
+                values = list(row)
+                # Django's adapters hand jsonb (progress) back as text.
+                values[11] = json.loads(values[11]) if isinstance(values[11], str) else values[11]
+                runs.append(_run(cursor, ClaimedJob(*values), cfg))
+                if len(runs) >= max_jobs:
+                    break
+    return runs
+
+
+def _run(cursor: Any, job: ClaimedJob, cfg: Any) -> JobRun:
+    ctx = JobContext(
+        job_id=job.job_id,
+        run_lease=job.run_lease,
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        queue=job.queue,
+        kind=job.kind,
+        deadline_at=job.deadline_at,
+        progress=job.progress,
+    )
+    attempt = prepare(job, ctx)
+    value: Any = None
+    exc: BaseException | None = None
+    if attempt.failure is None:
+        assert attempt.handle is not None
+        try:
+            func = attempt.handle.func
+            value = (async_to_sync(func) if attempt.handle.is_async else func)(
+                *attempt.call_args(), **attempt.kwargs
+            )
+        except Exception as error:
+            exc = error
+    outcome: Finalization = outcome_of(
+        attempt,
+        value=value,
+        exc=exc,
+        result_max_bytes=cfg.RESULT_MAX_BYTES,
+        max_depth=cfg.JSON_MAX_DEPTH,
+        has_state=False,
+        progress=ctx.progress if ctx.progress_set else None,
+        backoff_base=cfg.RETRY_BACKOFF_BASE,
+    )
+    cursor.execute(query("finalize"), ["[" + outcome.to_json() + "]"])
+    cursor.fetchall()
+    result = json.loads(outcome.result_json) if outcome.result_json is not None else None
+    return JobRun(job.job_id, job.kind, job.queue, outcome.outcome, result, outcome.error)
