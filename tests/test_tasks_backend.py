@@ -195,3 +195,19 @@ def test_backend_check_reports_misconfiguration() -> None:
     ids = {m.id for m in backend.check()}
     assert ids == {"awa.E102", "awa.E103"}
     assert list(AwaTaskBackend("y", {"OPTIONS": {}}).check()) == []
+
+
+def test_worker_serves_the_queues_of_tasks_backends_by_default() -> None:
+    from django.test import override_settings
+
+    from awa_django.worker.config import build_config
+
+    tasks = {
+        "default": {
+            "BACKEND": "awa_django.backends.tasks.AwaTaskBackend",
+            "QUEUES": ["default", "reports", "Bad Name"],
+        }
+    }
+    with override_settings(TASKS=tasks):
+        names = {q.name for q in build_config().queues}
+    assert {"default", "reports"} <= names and "Bad Name" not in names

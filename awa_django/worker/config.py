@@ -6,7 +6,7 @@ import dataclasses
 import re
 
 from awa_django.conf import get_awa_settings
-from awa_django.db.identifiers import validate_queue_name
+from awa_django.db.identifiers import QUEUE_NAME_RE, validate_queue_name
 from awa_django.jobs import registered_kinds
 
 __all__ = ["QueueConfig", "WorkerConfig", "parse_queue_option"]
@@ -61,6 +61,17 @@ def parse_queue_option(value: str) -> tuple[str, int | None]:
     return name, concurrency
 
 
+def _task_queues() -> set[str]:
+    """Queues listed in ``TASKS`` for awa_django's django.tasks backend."""
+    from django.conf import settings
+
+    names: set[str] = set()
+    for params in getattr(settings, "TASKS", {}).values():
+        if str(params.get("BACKEND", "")).endswith("awa_django.backends.tasks.AwaTaskBackend"):
+            names.update(q for q in params.get("QUEUES", ()) if QUEUE_NAME_RE.fullmatch(q))
+    return names
+
+
 def build_config(
     *,
     queues: list[tuple[str, int | None]] | None = None,
@@ -71,13 +82,14 @@ def build_config(
     """Merge command-line options over ``AWA`` settings.
 
     Without queues, the worker serves every queue named by a registered kind (plus
-    ``AWA["QUEUES"]`` and the default queue). Per-queue concurrency comes from the option, then
+    ``AWA["QUEUES"]``, the default queue and the ``QUEUES`` of awa_django's django.tasks
+    backends in ``TASKS``). Per-queue concurrency comes from the option, then
     ``AWA["QUEUES"][name]["concurrency"]``, then ``concurrency``/``AWA["CONCURRENCY"]``.
     """
     cfg = get_awa_settings()
     default_concurrency = concurrency or cfg.CONCURRENCY
     if not queues:
-        names = {cfg.DEFAULT_QUEUE, *cfg.QUEUES}
+        names = {cfg.DEFAULT_QUEUE, *cfg.QUEUES, *_task_queues()}
         names.update(h.options.queue or cfg.DEFAULT_QUEUE for h in registered_kinds().values())
         queues = [(name, None) for name in sorted(names)]
     built = []
