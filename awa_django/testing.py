@@ -85,16 +85,7 @@ def drain(
 
 
 def _run(cursor: Any, job: ClaimedJob, cfg: Any) -> JobRun:
-    ctx = JobContext(
-        job_id=job.job_id,
-        run_lease=job.run_lease,
-        attempt=job.attempt,
-        max_attempts=job.max_attempts,
-        queue=job.queue,
-        kind=job.kind,
-        deadline_at=job.deadline_at,
-        progress=job.progress,
-    )
+    ctx = JobContext.for_job(job)
     attempt = prepare(job, ctx)
     value: Any = None
     exc: BaseException | None = None

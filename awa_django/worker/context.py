@@ -64,6 +64,21 @@ class JobContext:
         self._callback_id: uuid.UUID | None = None
         self._runtime = runtime
 
+    @classmethod
+    def for_job(cls, job: Any, runtime: Any = None) -> JobContext:
+        """The context of a claimed attempt (an ``awa_django.db.storage.ClaimedJob``)."""
+        return cls(
+            job_id=job.job_id,
+            run_lease=job.run_lease,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            queue=job.queue,
+            kind=job.kind,
+            deadline_at=job.deadline_at,
+            progress=job.progress,
+            runtime=runtime,
+        )
+
     def __repr__(self) -> str:
         return f"<JobContext id={self.id} attempt={self.attempt} lease={self.run_lease}>"
 

@@ -288,17 +288,7 @@ class WorkerRuntime:
     def _start(self, job: ClaimedJob, queue: QueueConfig) -> None:
         loop = self._loop
         assert loop is not None
-        ctx = JobContext(
-            job_id=job.job_id,
-            run_lease=job.run_lease,
-            attempt=job.attempt,
-            max_attempts=job.max_attempts,
-            queue=job.queue,
-            kind=job.kind,
-            deadline_at=job.deadline_at,
-            progress=job.progress,
-            runtime=self,
-        )
+        ctx = JobContext.for_job(job, runtime=self)
         attempt = prepare(job, ctx, self._kinds)
         run = Running(attempt, queue, loop.time())
         self.inflight[(job.job_id, job.run_lease)] = run
