@@ -3,7 +3,6 @@ backport (``django_tasks``, for Django 5.2). Both have the same API; only names 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,7 +35,6 @@ __all__ = [
     "TaskResultDoesNotExist",
     "TaskResultStatus",
     "signals",
-    "task_backends",
 ]
 
 
@@ -55,11 +53,3 @@ def _task_classes() -> tuple[type[Any], ...]:
 
 
 TASK_CLASSES = _task_classes()
-
-
-def task_backends() -> Any:
-    """The ``task_backends`` handler of the framework ``Task`` belongs to."""
-    try:
-        return importlib.import_module("django.tasks").task_backends
-    except ImportError:
-        return importlib.import_module("django_tasks").task_backends

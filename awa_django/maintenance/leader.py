@@ -84,12 +84,10 @@ class Maintenance:
         settings: MaintenanceSettings,
         instance_id: uuid.UUID,
         *,
-        on_rescued: Callable[[list[tuple[int, int]]], None] | None = None,
         register: bool = False,
     ) -> None:
         self.settings = settings
         self.instance_id = instance_id
-        self.on_rescued = on_rescued
         self.register = register
         self.link = Link(settings.alias, "leader", str(instance_id))
         self.leader = False
@@ -228,8 +226,6 @@ class Maintenance:
                 log.warning(
                     "awa maintenance: rescued job %s attempt lease %s: %s", job_id, lease, reason
                 )
-            if self.on_rescued is not None:
-                self.on_rescued([(r[0], r[1]) for r in rows])
 
     def _rotate(self, ring: str) -> Task:
         async def rotate(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 
 from awa_django.db.storage import Finalization, afinalize
 from awa_django.worker.links import Link
@@ -30,12 +29,10 @@ class CompletionBatcher:
         *,
         batch_size: int,
         flush_interval: float,
-        on_written: Callable[[list[Finalization]], None] | None = None,
     ) -> None:
         self.link = link
         self.batch_size = batch_size
         self.flush_interval = flush_interval
-        self.on_written = on_written
         self.pending: list[Finalization] = []
         self.written = 0
         self.stale = 0
@@ -97,8 +94,6 @@ class CompletionBatcher:
                         job_id,
                         lease,
                     )
-        if self.on_written is not None:
-            self.on_written(batch)
 
     async def drain(self) -> None:
         """Wait until everything queued so far is written."""

@@ -53,6 +53,7 @@ class Running:
         self.queue = queue
         self.started = started
         self.has_state = False
+        # A strong reference: the event loop keeps only weak ones to running tasks.
         self.task: asyncio.Future[Any] | None = None
         self.timer: asyncio.TimerHandle | None = None
 
