@@ -474,7 +474,10 @@ def _owner(data_dir: Path) -> int | None:
     except (OSError, ValueError):
         return None
     fields = _stat_fields(pid) if pid is not None else []
-    return owner if fields and int(fields[1]) == owner else None
+    # A SIGKILLed postmaster stays a zombie child of its owner until reaped: not in use.
+    if not fields or fields[0] in ("Z", "X"):
+        return None
+    return owner if int(fields[1]) == owner else None
 
 
 def _reap_orphans(data_dir: Path) -> None:

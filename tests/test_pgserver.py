@@ -31,11 +31,12 @@ def scratch_dir() -> Iterator[Path]:
 
 
 def is_running(pid: int) -> bool:
+    """True while ``pid`` exists and has not exited (a zombie awaiting its reaper has)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    return True
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def test_start_serves_a_second_server_and_stop_leaves_no_process(
@@ -74,16 +75,23 @@ def test_a_stale_postmaster_pid_from_a_killed_run_is_cleared(
     _, stop_first = pgserver.start(data_dir, fsync=False, stop_at_exit=False)
     first = pgserver.postmaster_pid(data_dir)
     assert first is not None
-    os.kill(first, signal.SIGKILL)  # as if the machine's OOM killer struck
-    assert (data_dir / "postmaster.pid").exists()
+    try:
+        os.kill(first, signal.SIGKILL)  # as if the machine's OOM killer struck
+        # SIGKILL is delivered asynchronously; until reaped the postmaster stays a zombie.
+        assert wait_for(lambda: not is_running(first), timeout=10)
+        assert (data_dir / "postmaster.pid").exists()
 
-    url, stop_second = pgserver.start(data_dir, fsync=False, stop_at_exit=False)
-    with psycopg.connect(url) as conn:
-        conn.execute("SELECT 1")
-    assert pgserver.postmaster_pid(data_dir) not in (None, first)
-    stop_first()  # must not touch the second server
-    assert pgserver.postmaster_pid(data_dir) is not None
-    stop_second()
+        url, stop_second = pgserver.start(data_dir, fsync=False, stop_at_exit=False)
+        try:
+            with psycopg.connect(url) as conn:
+                conn.execute("SELECT 1")
+            assert pgserver.postmaster_pid(data_dir) not in (None, first)
+            stop_first()  # must not touch the second server
+            assert pgserver.postmaster_pid(data_dir) is not None
+        finally:
+            stop_second()
+    finally:
+        stop_first()
     assert pgserver.server_processes(data_dir) == set()
 
 
