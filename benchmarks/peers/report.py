@@ -1,0 +1,264 @@
+"""The Markdown report and the PNG chart of a ``benchmarks/run`` result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write"]
+
+US = "awa_django"
+
+# metric: (label, unit, True if higher is better)
+METRICS: dict[str, tuple[str, str, bool]] = {
+    "drain_jobs_per_s": ("Drain", "jobs/s", True),
+    "enqueue_single_jobs_per_s": ("Enqueue, one job per transaction", "jobs/s", True),
+    "enqueue_bulk_jobs_per_s": ("Enqueue, bulk API, 1,000 per call", "jobs/s", True),
+    "pickup_p50_ms": ("Pickup latency p50", "ms", False),
+    "pickup_p95_ms": ("Pickup latency p95", "ms", False),
+    "steady_e2e_p50_ms": ("Steady load, end-to-end p50", "ms", False),
+    "steady_e2e_p95_ms": ("Steady load, end-to-end p95", "ms", False),
+    "dead_tuples_pinned": ("Dead tuples after the pinned run", "tuples", False),
+    "pinned_vs_clean_throughput": ("Pinned / clean completion rate", "ratio", True),
+}
+
+
+def fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if unit == "ratio":
+        return f"{value:.2f}"
+    if isinstance(value, float) and abs(value) < 100:
+        return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
+    return f"{value:,.0f}"
+
+
+def ratio(ours: Any, theirs: Any) -> str:
+    if ours is None or theirs is None:
+        return "n/a"
+    if theirs == 0:
+        return "∞" if ours else "1.00×"
+    value = ours / theirs
+    return f"{value:.2f}×" if value >= 0.01 or value == 0 else f"{value:.1g}×"
+
+
+def best_peer(systems: dict[str, Any], metric: str, higher: bool) -> tuple[str | None, Any]:
+    peers = [
+        (n, s.get(metric)) for n, s in systems.items() if n != US and s.get(metric) is not None
+    ]
+    if not peers:
+        return None, None
+    return (max if higher else min)(peers, key=lambda p: p[1])
+
+
+def targets(systems: dict[str, Any]) -> list[str]:
+    """The issue's targets: met or missed, and by how much."""
+    ours = systems.get(US, {})
+    rows = ["| target | awa_django | best peer | ratio | verdict |", "|---|---:|---|---:|---|"]
+
+    def row(
+        label: str, metric: str, higher: bool, factor: float, row_peers: dict[str, Any]
+    ) -> None:
+        name, theirs = best_peer(row_peers, metric, higher)
+        value = ours.get(metric)
+        if name is None or value is None:
+            rows.append(f"| {label} | {fmt(value)} | n/a | n/a | not measured |")
+            return
+        if higher:
+            got = value / theirs if theirs else float("inf")
+            met = got >= factor
+            verdict = "met" if met else f"missed: {got:.2f}× of the {factor:g}× asked"
+        else:
+            got = value / theirs if theirs else float("inf")
+            met = got <= factor
+            verdict = "met" if met else f"missed: {got:.2f}× the peer's value, {factor:g}× asked"
+        shown = ratio(value, theirs)
+        rows.append(f"| {label} | {fmt(value)} | {name} {fmt(theirs)} | {shown} | {verdict} |")
+
+    row("drain ≥ 4× the fastest peer", "drain_jobs_per_s", True, 4, systems)
+    row("single enqueue ≥ 1.5× the fastest peer", "enqueue_single_jobs_per_s", True, 1.5, systems)
+    row("bulk enqueue ≥ 3× the fastest peer", "enqueue_bulk_jobs_per_s", True, 3, systems)
+    row("pickup p95 ≤ the best peer's", "pickup_p95_ms", False, 1, systems)
+    mutating = {n: s for n, s in systems.items() if (s.get("dead_tuples_pinned") or 0) > 0}
+    if US in systems:
+        mutating[US] = systems[US]
+    row("dead tuples under the pin ≤ 1 % of the best row-mutating peer's",
+        "dead_tuples_pinned", False, 0.01, mutating)  # fmt: skip
+    return rows
+
+
+def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
+    systems: dict[str, Any] = data["systems"]
+    names = list(systems)
+    peers = [n for n in names if n != US]
+    run, machine, pg = data["run"], data["machine"], data["postgres"]
+    lines = [
+        "# Benchmarks: awa_django side by side with its Postgres peers",
+        "",
+        f"Produced by `benchmarks/run{' --quick' if run['quick'] else ''}` on "
+        f"{run['finished_at']} in {run.get('wall_seconds', '?')} s "
+        f"({'quick smoke sizes' if run['quick'] else 'full sizes'}). "
+        "Same machine, same PostgreSQL server, same run; each scenario on a fresh database "
+        "cloned from the system's template; systems interleaved round by round.",
+        "",
+        f"- Machine: {machine['cpus']} CPUs ({machine['cpu_model']}), "
+        f"{machine['memory_gib']} GiB, Linux {machine['kernel']}, Python {machine['python']}. "
+        "Postgres, the producer and the workers share the CPUs.",
+        f"- PostgreSQL {pg['server_version']}: fsync={pg['fsync']}, "
+        f"synchronous_commit={pg['synchronous_commit']}, "
+        f"full_page_writes={pg['full_page_writes']}, shared_buffers={pg['shared_buffers']}, "
+        f"autovacuum={pg['autovacuum']} (naptime {pg['autovacuum_naptime']}).",
+        f"- Workers: {run['processes']} OS processes per system, {run['concurrency']} jobs in "
+        "flight per process where the system has the knob (django-tasks-db runs one task at a "
+        "time per process by design).",
+        f"- Sizes: {run['jobs']:,} single enqueues, {run['bulk_jobs']:,} bulk enqueues, "
+        f"drain {run['drain_jobs']:,} jobs (cap {run['cap']:g} s), pickup "
+        f"{run['pickup_rate']:g}/s for {run['pickup_seconds']:g} s, steady and pinned "
+        f"{run['steady_rate']:g}/s for {run['steady_seconds']:g} s with a 1 ms handler; "
+        f"throughput scenarios: median of {run['rounds']} round(s).",
+        "",
+        f"![throughput and dead tuples]({chart.name})",
+        "",
+        "## Results",
+        "",
+        "| metric | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for metric, (label, unit, higher) in METRICS.items():
+        arrow = "↑" if higher else "↓"
+        cells = []
+        for n in names:
+            cell = fmt(systems[n].get(metric), unit)
+            if metric == "drain_jobs_per_s" and systems[n].get("drain_capped"):
+                cell += " (capped)"
+            cells.append(cell)
+        lines.append(f"| {label} ({unit}, {arrow} better) | " + " | ".join(cells) + " |")
+    if peers:
+        lines += [
+            "",
+            "## Ratios awa_django / peer",
+            "",
+            "Above 1 is better for awa_django on ↑ metrics; below 1 is better on ↓ metrics.",
+            "",
+            "| metric | " + " | ".join(peers) + " |",
+            "|---|" + "---:|" * len(peers),
+        ]
+        ours = systems.get(US, {})
+        for metric, (label, _unit, higher) in METRICS.items():
+            arrow = "↑" if higher else "↓"
+            cells = [ratio(ours.get(metric), systems[p].get(metric)) for p in peers]
+            lines.append(f"| {label} ({arrow}) | " + " | ".join(cells) + " |")
+        lines += ["", "## Targets", "", *targets(systems)]
+    if US in systems and systems[US].get("floor_jobs_per_s"):
+        floor = systems[US]["floor_jobs_per_s"]
+        drain = systems[US].get("drain_jobs_per_s") or 0
+        lines += [
+            "",
+            "## The floor",
+            "",
+            f"awa_django's own `claim_v1` and `finalize_v1`, driven by a bare loop in "
+            f"{run['processes']} processes (claim up to {run['concurrency']}, finalize them at "
+            f"once, no handler): **{fmt(floor)} jobs/s**. The worker drains at {fmt(drain)} "
+            f"jobs/s, {drain / floor:.0%} of what its SQL allows.",
+        ]
+    lines += [
+        "",
+        "## Details",
+        "",
+        "| system | version | steady completion (offered) | pinned completion | pinned e2e p95 "
+        "(ms) | dead tuples clean → pinned | table growth under the pin | drain rounds (jobs/s) |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for n in names:
+        s = systems[n]
+        rounds = ", ".join(fmt(v) for v in s.get("drain_jobs_per_s_rounds", []))
+        lines.append(
+            f"| {n} | {s['version']} | {fmt(s.get('steady_completion_jobs_per_s'))} "
+            f"({fmt(s.get('steady_offered_jobs_per_s'))}) | "
+            f"{fmt(s.get('pinned_completion_jobs_per_s'))} | {fmt(s.get('pinned_e2e_p95_ms'))} | "
+            f"{fmt(s.get('dead_tuples_clean'))} → {fmt(s.get('dead_tuples_pinned'))} | "
+            f"{fmt((s.get('pinned_table_growth_bytes') or 0) / 1024)} KiB | {rounds} |"
+        )
+    lines += [
+        "",
+        "## How each figure is measured",
+        "",
+        "- **Enqueue**: one connection; single = the system's per-job API, each call its own "
+        "committed transaction; bulk = its bulk API in calls of 1,000. The job count in the "
+        "database is checked afterwards.",
+        "- **Drain**: N no-op jobs pre-enqueued with the bulk API (then `VACUUM ANALYZE` and "
+        "`CHECKPOINT`), the workers started; the rate is N over the time from the first job's "
+        "start to the last job's finish, read from the system's own tables on the database "
+        "clock, once the database counts all N finished (or the cap struck: then the finished "
+        "count over that window).",
+        "- **Pickup**: idle workers (warmed up), jobs enqueued one per transaction at a fixed "
+        "rate; latency = handler start minus enqueue commit. Both ends are database-clock "
+        "readings (`clock_timestamp()` in a ledger row written right after the commit and by "
+        "the handler), so their one-way delays cancel.",
+        "- **Steady**: the same at a higher fixed rate (credit on real elapsed time) with a 1 ms "
+        "handler; end-to-end = handler end minus enqueue commit; completion rate = jobs "
+        "finished within the producer's window over its length.",
+        "- **Pinned**: steady again while another connection holds a `REPEATABLE READ` "
+        "transaction with an assigned xid for the whole run; dead tuples are exact "
+        "(`pgstattuple`) over every table the system owns, read at the end while the pin is "
+        "still held; table growth is the change of their total size (indexes and TOAST "
+        "included).",
+        "",
+        "## Configuration of every system",
+        "",
+    ]
+    for n in names:
+        lines += [f"### {n} {systems[n]['version']}", "", "```json",
+                  json.dumps(systems[n]["config"], indent=2), "```", ""]  # fmt: skip
+    if json_path is not None:
+        lines.append(f"Raw figures: `{json_path.name}` (from `benchmarks/run --output`).")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def chart(data: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = data["systems"]
+    names = list(systems)
+    colors = ["#1f6feb" if n == US else "#8c959f" for n in names]
+    panels = [
+        ("drain_jobs_per_s", "Drain (jobs/s)"),
+        ("enqueue_single_jobs_per_s", "Enqueue, one per transaction (jobs/s)"),
+        ("enqueue_bulk_jobs_per_s", "Enqueue, bulk (jobs/s)"),
+        ("dead_tuples_pinned", "Dead tuples after the pinned run"),
+    ]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    for ax, (metric, title) in zip(axes.flat, panels, strict=True):
+        values = [systems[n].get(metric) or 0 for n in names]
+        bars = ax.bar(range(len(names)), values, color=colors)
+        ax.set_title(title)
+        ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=8)
+        if metric == "dead_tuples_pinned":
+            ax.set_yscale("symlog", linthresh=10)
+        else:
+            ax.set_yscale("log")
+        for bar, value in zip(bars, values, strict=True):
+            ax.annotate(f"{value:,.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=7)  # fmt: skip
+    fig.suptitle(
+        f"awa_django and peers, PostgreSQL {data['postgres']['server_version'].split()[0]}, "
+        f"{data['machine']['cpus']} CPUs ({'quick' if data['run']['quick'] else 'full'} run)"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write(
+    data: dict[str, Any], md_path: Path, png_path: Path, json_path: Path | None = None
+) -> list[Path]:
+    """Write the report and its chart; return their paths."""
+    chart(data, png_path)
+    md_path.write_text(markdown(data, png_path, json_path or md_path.with_suffix(".json")))
+    return [md_path, png_path]

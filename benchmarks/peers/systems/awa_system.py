@@ -1,0 +1,84 @@
+"""awa_django: enqueue through ``Job.enqueue``/``enqueue_many`` on Django's connection;
+``manage.py awa_worker`` (maintenance on, as deployed) serves the queue."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from benchmarks.peers.systems.base import Params, dist_version
+
+
+def _setup() -> None:
+    import django
+
+    django.setup()
+
+
+class AwaProducer:
+    def __init__(self) -> None:
+        _setup()
+        from benchmarks.peers.systems import awa_jobs
+
+        self.job = awa_jobs.peer
+
+    async def one(self, key: int) -> None:
+        self.job.enqueue(key)  # autocommit: one committed transaction per job
+
+    async def many(self, keys: list[int]) -> None:
+        from django.db import transaction
+
+        import awa_django
+
+        with transaction.atomic():
+            awa_django.enqueue_many([self.job.prepare(key) for key in keys])
+
+    async def close(self) -> None:
+        from django.db import connection
+
+        connection.close()
+
+
+class AwaSystem:
+    name = "awa_django"
+    sql_prefix = "awa_django"
+
+    def version(self) -> str:
+        return dist_version("awa-django")
+
+    def config(self, params: Params) -> dict[str, Any]:
+        return {
+            "enqueue_single": "Job.enqueue() in autocommit (one transaction per job)",
+            "enqueue_bulk": "awa_django.enqueue_many() in transaction.atomic() (COPY path)",
+            "worker": f"manage.py awa_worker --processes {params.processes} "
+            f"--queue peers={params.concurrency} (maintenance leader on)",
+            "handlers": "async def",
+            "settings": "AWA defaults",
+        }
+
+    async def install(self) -> None:
+        _setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+
+    async def producer(self) -> AwaProducer:
+        return AwaProducer()
+
+    def worker_commands(self, params: Params) -> list[list[str]]:
+        return [
+            [
+                sys.executable,
+                "-m",
+                "django",
+                "awa_worker",
+                "--processes",
+                str(params.processes),
+                "--queue",
+                f"peers={params.concurrency}",
+            ]
+        ]
+
+
+def make(name: str) -> AwaSystem:
+    return AwaSystem()

@@ -1,0 +1,25 @@
+"""One peer worker process: ``python -m benchmarks.peers.worker SYSTEM --concurrency N``.
+
+Runs until SIGTERM. The environment carries ``DATABASE_URL``, ``BENCH_MODE`` and
+``BENCH_LEDGER_URL`` (see ``sql.ahandle``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from benchmarks.peers import systems
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("system", choices=systems.NAMES)
+    parser.add_argument("--concurrency", type=int, required=True)
+    args = parser.parse_args()
+    system = systems.get(args.system)
+    asyncio.run(system.run_worker(args.concurrency))  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    main()
