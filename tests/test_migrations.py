@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from django.apps import apps
 from django.core.management import call_command
 from django.db import connection
 
@@ -119,6 +120,16 @@ def test_two_migrate_processes_started_at_once_both_succeed() -> None:
         # Django's own bookkeeping table is created first: racing its creation is Django's
         # concern; racing awa_django's migrations is ours.
         subprocess.run([*command, "contenttypes"], env=env, cwd=ROOT, check=True, timeout=120)
+        # So is the content-type rows' creation after migrate (post_migrate), which both
+        # processes would attempt at once: the rows are there before the race starts.
+        with psycopg.connect(
+            conninfo().replace(f"dbname={settings['NAME']}", f"dbname={name}"), autocommit=True
+        ) as conn:
+            for model in apps.get_app_config("awa_django").get_models():
+                conn.execute(
+                    "INSERT INTO django_content_type (app_label, model) VALUES (%s, %s)",
+                    ["awa_django", model._meta.model_name],
+                )
         procs = [
             subprocess.Popen(
                 [*command, "awa_django"],

@@ -182,3 +182,29 @@ def test_approximate_depth_follows_lane_cursors() -> None:
         assert storage.queue_depth(conn, "depth") == {"depth": 10}
         claim_ids(conn, "depth", n=4)
         assert storage.queue_depth(conn, "depth") == {"depth": 6}
+
+
+def test_claims_stay_index_probes_when_statistics_say_the_rings_are_empty() -> None:
+    """An ANALYZE of empty ring partitions followed by a backlog: every claim must still read
+    the claim ring by index (the lane cursor), so its cost does not grow with jobs claimed."""
+    with pg() as conn:
+        conn.execute("ANALYZE awa.claims")  # statistics of an empty claim ring
+        ids = [i for i, _ in enqueue_sql(conn, jobs_json(600))]
+        first = claim_ids(conn, n=300)
+        # The cursor lookup of a lane, planned the way claim_v1 runs it.
+        conn.execute("SET enable_seqscan = off")
+        lane = conn.execute("SELECT min(lane_id) FROM awa.queue_lanes WHERE queue = 'q'")
+        lane_id = lane.fetchone()[0]  # type: ignore[index]
+        plan = "\n".join(
+            row[0]
+            for row in conn.execute(
+                "EXPLAIN SELECT max(c.lane_seq) FROM awa.claims c WHERE c.lane_id = %s", [lane_id]
+            )
+        )
+        conn.execute("RESET enable_seqscan")
+        assert "Seq Scan" not in plan, plan
+        config = conn.execute(
+            "SELECT proconfig FROM pg_proc WHERE oid = 'awa.claim_v1'::regproc"
+        ).fetchone()
+        assert config == (["enable_seqscan=off"],)
+        assert first + claim_ids(conn, n=400) == ids  # all of them, in order, none twice

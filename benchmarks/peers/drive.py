@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -33,6 +34,14 @@ ROOT = Path(__file__).resolve().parents[2]
 WARMUP_KEYS = 20
 FIRST_KEY = 1_000  # measured keys start here; warm-up keys are below
 BULK_BATCH = 1_000
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """SIGTERM this process when its parent dies, so no worker outlives an interrupted run."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def scalar(conn: psycopg.Connection[Any], sql: str, params: list[Any] | None = None) -> Any:
@@ -58,6 +67,7 @@ class Workers:
                     stdout=self.log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=die_with_parent,
                 )
             )
 
@@ -327,6 +337,8 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true")
     parser.add_argument("--log", type=Path, default=ROOT / "benchmarks/results/logs/worker.log")
     args = parser.parse_args()
+    die_with_parent()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # runs the finally blocks
 
     os.environ.setdefault(LEDGER_URL_ENV, os.environ["DATABASE_URL"])
     os.environ["BENCH_SYSTEM"] = args.system

@@ -301,6 +301,16 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     }
 
 
+def missing_metrics(data: dict[str, Any]) -> list[str]:
+    """``system.metric`` for every required metric that has no value."""
+    return [
+        f"{name}.{metric}"
+        for name, entry in data["systems"].items()
+        for metric in METRICS
+        if entry.get(metric) is None
+    ]
+
+
 def parse_systems(value: str) -> list[str]:
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in systems.NAMES]
@@ -345,12 +355,16 @@ def main() -> None:
     data["run"]["wall_seconds"] = round(time.perf_counter() - started)
     args.output.write_text(json.dumps(data, indent=2, default=str) + "\n")
     say(f"wrote {args.output}")
+    missing = missing_metrics(data)
     for path in report.write(data, args.output.with_suffix(".md"), args.output.with_suffix(".png")):
         say(f"wrote {path}")
     if args.publish:
         docs = ROOT / "docs"
-        report.write(data, docs / "benchmarks.md", docs / "benchmarks.png", json_path=args.output)
-        say(f"wrote {docs / 'benchmarks.md'} and {docs / 'benchmarks.png'}")
+        report.write(data, docs / "benchmarks.md", docs / "benchmarks.png")
+        (docs / "benchmarks.json").write_text(args.output.read_text())
+        say("wrote docs/benchmarks.md, .png and .json")
+    if missing:
+        raise SystemExit(f"bench: not measured: {', '.join(missing)}")
 
 
 if __name__ == "__main__":
