@@ -2,8 +2,8 @@
 
 Each system gets a template database with its schema (installed by its own path) and the
 benchmark's ledger; every scenario run gets a fresh clone of it. Throughput scenarios (enqueue,
-drain, and awa_django's floor) run ``--rounds`` times with the systems interleaved, and the
-report quotes medians; the latency scenarios (pickup, steady, pinned) run once per system.
+drain, awa_django's floor) and pickup latency run ``--rounds`` times with the systems
+interleaved, and the report quotes medians; steady and pinned run once per system.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 from pathlib import Path
@@ -51,17 +53,19 @@ SIZES = {
         "steady_rate": 200.0,
         "steady_seconds": 6.0,
         "rounds": 1,
+        "sweep": [],
     },
     "full": {
         "jobs": 2_000,
         "bulk_jobs": 20_000,
         "drain_jobs": 20_000,
-        "cap": 30.0,
+        "cap": 20.0,
         "pickup_rate": 50.0,
-        "pickup_seconds": 12.0,
+        "pickup_seconds": 10.0,
         "steady_rate": 200.0,
-        "steady_seconds": 30.0,
+        "steady_seconds": 25.0,
         "rounds": 3,
+        "sweep": [32, 128],
     },
 }
 
@@ -238,13 +242,27 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
                         "--cap", str(size["cap"]), tag=f"floor-{round_no}",
                     )
                 )  # fmt: skip
+            pickup = bench.run_fresh(
+                name, "latency", "--rate", str(size["pickup_rate"]),
+                "--seconds", str(size["pickup_seconds"]), tag=f"pickup-{round_no}",
+            )  # fmt: skip
+            row.update({f"pickup_p{q}_ms": pickup[f"pickup_p{q}_ms"] for q in (50, 95, 99)})
+            row["pickup"] = pickup
             results[name]["rounds"].append(row)
+    # Drain at other concurrencies, one round: each peer's best is what awa_django is held to.
+    for concurrency in size["sweep"]:
+        for name in names:
+            if name == "django_tasks_db":
+                continue  # one task at a time per process, whatever the setting
+            swept = bench.run_fresh(
+                name, "drain", "--jobs", str(size["drain_jobs"]), "--cap", str(size["cap"]),
+                "--concurrency", str(concurrency), tag=f"drain-c{concurrency}",
+            )  # fmt: skip
+            results[name].setdefault("drain_sweep", {})[str(concurrency)] = swept[
+                "drain_jobs_per_s"
+            ]
     for name in names:
         entry = results[name]
-        pickup = bench.run_fresh(
-            name, "latency", "--rate", str(size["pickup_rate"]),
-            "--seconds", str(size["pickup_seconds"]), tag="pickup",
-        )  # fmt: skip
         steady = bench.run_fresh(
             name, "latency", "--rate", str(size["steady_rate"]),
             "--seconds", str(size["steady_seconds"]), "--work-ms", "1", tag="steady",
@@ -253,9 +271,12 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
             name, "latency", "--rate", str(size["steady_rate"]),
             "--seconds", str(size["steady_seconds"]), "--work-ms", "1", "--pin", tag="pinned",
         )  # fmt: skip
-        entry["scenarios"] = {"pickup": pickup, "steady": steady, "pinned": pinned}
+        entry["scenarios"] = {"steady": steady, "pinned": pinned}
         rounds = entry["rounds"]
-        for key in ("drain_jobs_per_s", "enqueue_single_jobs_per_s", "enqueue_bulk_jobs_per_s"):
+        for key in (
+            "drain_jobs_per_s", "enqueue_single_jobs_per_s", "enqueue_bulk_jobs_per_s",
+            "pickup_p50_ms", "pickup_p95_ms", "pickup_p99_ms",
+        ):  # fmt: skip
             entry[key] = median([r[key] for r in rounds])
             entry[f"{key}_rounds"] = [r[key] for r in rounds]
         entry["drain_capped"] = any(r["drain_capped"] for r in rounds)
@@ -264,14 +285,13 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
             entry["floor_jobs_per_s_rounds"] = [r["floor_jobs_per_s"] for r in rounds]
         entry.update(
             {
-                "pickup_p50_ms": pickup["pickup_p50_ms"],
-                "pickup_p95_ms": pickup["pickup_p95_ms"],
-                "pickup_p99_ms": pickup["pickup_p99_ms"],
                 "steady_offered_jobs_per_s": steady["offered_rate"],
                 "steady_completion_jobs_per_s": steady["completion_jobs_per_s"],
                 "steady_e2e_p50_ms": steady["e2e_p50_ms"],
                 "steady_e2e_p95_ms": steady["e2e_p95_ms"],
                 "steady_e2e_p99_ms": steady["e2e_p99_ms"],
+                "steady_unfinished": steady["jobs"] - steady["finished"],
+                "pinned_unfinished": pinned["jobs"] - pinned["finished"],
                 "dead_tuples_clean": steady["dead_tuples"],
                 "dead_tuples_pinned": pinned["dead_tuples"],
                 "pinned_completion_jobs_per_s": pinned["completion_jobs_per_s"],
@@ -333,7 +353,9 @@ def main() -> None:
         help="JSON path; the report (.md) and chart (.png) are written next to it",
     )  # fmt: skip
     parser.add_argument("--processes", type=int, default=2, help="worker processes per system")
-    parser.add_argument("--concurrency", type=int, default=128, help="jobs in flight per process")
+    parser.add_argument(
+        "--concurrency", type=int, default=512, help="jobs in flight per process (all systems)"
+    )
     parser.add_argument("--rounds", type=int, default=0, help="rounds of the throughput scenarios")
     parser.add_argument(
         "--publish", action="store_true", help="also write docs/benchmarks.md and its chart"
@@ -345,13 +367,15 @@ def main() -> None:
     import pgserver
 
     started = time.perf_counter()
-    url, stop = pgserver.start(
-        ROOT / ".pgdata" / "bench-peers", ephemeral=True, settings=SERVER_SETTINGS
-    )
+    # A data dir of its own, so two runs (a developer's and the test suite's) never collide.
+    (ROOT / ".pgdata").mkdir(exist_ok=True)
+    data_dir = Path(tempfile.mkdtemp(prefix="bench-peers-", dir=ROOT / ".pgdata"))
+    url, stop = pgserver.start(data_dir / "data", ephemeral=True, settings=SERVER_SETTINGS)
     try:
         data = run(args, url)
     finally:
         stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
     data["run"]["wall_seconds"] = round(time.perf_counter() - started)
     args.output.write_text(json.dumps(data, indent=2, default=str) + "\n")
     say(f"wrote {args.output}")
