@@ -214,13 +214,7 @@ async def run_paced(
     row = conn.execute(query("latency"), [FIRST_KEY]).fetchone()
     assert row is not None
     count, p50, p95, p99, e50, e95, e99, emax = row
-    window_row = conn.execute(
-        "SELECT extract(epoch FROM max(committed_at) - min(committed_at)),"
-        " (SELECT count(*) FROM bench_done d WHERE d.key >= %s AND d.finished_at <="
-        "  (SELECT max(committed_at) FROM bench_produced))"
-        " FROM bench_produced WHERE key >= %s",
-        [FIRST_KEY, FIRST_KEY],
-    ).fetchone()
+    window_row = conn.execute(query("completed_in_span"), [FIRST_KEY, FIRST_KEY]).fetchone()
     assert window_row is not None
     span, finished_in_span = window_row
     return {

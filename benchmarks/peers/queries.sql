@@ -46,6 +46,13 @@ SELECT count(*),
        max(e2e)
 FROM lat
 
+-- name: completed_in_span
+-- The producer's window (first to last commit, seconds) and the jobs finished within it.
+SELECT extract(epoch FROM max(p.committed_at) - min(p.committed_at)),
+       (SELECT count(*) FROM bench_done d
+        WHERE d.key >= %s AND d.finished_at <= max(p.committed_at))
+FROM bench_produced p WHERE p.key >= %s
+
 -- name: system_tables
 -- Every table a system wrote in its own database: everything but the benchmark's ledger,
 -- Django's framework tables and the catalogs.

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import cast
 
 from benchmarks.peers import systems
+from benchmarks.peers.systems.base import PeerSystem
 
 
 def main() -> None:
@@ -17,8 +19,8 @@ def main() -> None:
     parser.add_argument("system", choices=systems.NAMES)
     parser.add_argument("--concurrency", type=int, required=True)
     args = parser.parse_args()
-    system = systems.get(args.system)
-    asyncio.run(system.run_worker(args.concurrency))  # type: ignore[attr-defined]
+    system = cast(PeerSystem, systems.get(args.system))
+    asyncio.run(system.run_worker(args.concurrency))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any, Protocol
 
-__all__ = ["Params", "Producer", "System", "dist_version", "worker_argv"]
+__all__ = ["Params", "PeerSystem", "Producer", "System", "dist_version", "worker_argv"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +50,15 @@ class System(Protocol):
 
     def worker_commands(self, params: Params) -> list[list[str]]:
         """argv of the worker processes to start (they inherit the environment)."""
+        ...
+
+
+class PeerSystem(System, Protocol):
+    """A peer whose worker process is ``benchmarks.peers.worker`` (awa_django and
+    django-tasks-db use their own management commands instead)."""
+
+    async def run_worker(self, concurrency: int) -> None:
+        """Serve the benchmark's queue with ``concurrency`` jobs in flight until SIGTERM."""
         ...
 
 

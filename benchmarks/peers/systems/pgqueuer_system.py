@@ -26,6 +26,13 @@ async def _driver(kind: str) -> Any:
     return PsycopgDriver(await psycopg.AsyncConnection.connect(database_url(), autocommit=True))
 
 
+async def _close(driver: Any) -> None:
+    """Close the connection under a driver (the drivers expose no close of their own)."""
+    connection = getattr(driver, "_connection", None) or getattr(driver, "connection", None)
+    if connection is not None:
+        await connection.close()
+
+
 class PgqueuerProducer:
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -46,11 +53,7 @@ class PgqueuerProducer:
         )
 
     async def close(self) -> None:
-        connection = getattr(self.driver, "_connection", None) or getattr(
-            self.driver, "connection", None
-        )
-        if connection is not None:
-            await connection.close()
+        await _close(self.driver)
 
 
 class PgqueuerSystem:
@@ -77,10 +80,10 @@ class PgqueuerSystem:
         from pgqueuer import Queries
 
         driver = await _driver(self.kind)
-        await Queries(driver).install()
-        producer = PgqueuerProducer(self.kind)
-        producer.driver = driver
-        await producer.close()
+        try:
+            await Queries(driver).install()
+        finally:
+            await _close(driver)
 
     async def producer(self) -> PgqueuerProducer:
         return await PgqueuerProducer(self.kind).open()
