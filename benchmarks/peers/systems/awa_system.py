@@ -7,17 +7,12 @@ import sys
 from typing import Any
 
 from benchmarks.peers.systems.base import Params, dist_version
+from benchmarks.peers.systems.django_base import DjangoProducer, migrate
 
 
-def _setup() -> None:
-    import django
-
-    django.setup()
-
-
-class AwaProducer:
+class AwaProducer(DjangoProducer):
     def __init__(self) -> None:
-        _setup()
+        super().__init__()
         from benchmarks.peers.systems import awa_jobs
 
         self.job = awa_jobs.peer
@@ -32,11 +27,6 @@ class AwaProducer:
 
         with transaction.atomic():
             awa_django.enqueue_many([self.job.prepare(key) for key in keys])
-
-    async def close(self) -> None:
-        from django.db import connection
-
-        connection.close()
 
 
 class AwaSystem:
@@ -57,10 +47,7 @@ class AwaSystem:
         }
 
     async def install(self) -> None:
-        _setup()
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
+        migrate()
 
     async def producer(self) -> AwaProducer:
         return AwaProducer()

@@ -7,17 +7,12 @@ import sys
 from typing import Any
 
 from benchmarks.peers.systems.base import Params, dist_version
+from benchmarks.peers.systems.django_base import DjangoProducer, migrate
 
 
-def _setup() -> None:
-    import django
-
-    django.setup()
-
-
-class DtdbProducer:
+class DtdbProducer(DjangoProducer):
     def __init__(self) -> None:
-        _setup()
+        super().__init__()
         from benchmarks.peers.systems import dtdb_tasks
 
         self.task = dtdb_tasks.peer
@@ -32,11 +27,6 @@ class DtdbProducer:
         with transaction.atomic():
             for key in keys:
                 self.task.enqueue(key)
-
-    async def close(self) -> None:
-        from django.db import connection
-
-        connection.close()
 
 
 class DtdbSystem:
@@ -58,10 +48,7 @@ class DtdbSystem:
         }
 
     async def install(self) -> None:
-        _setup()
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
+        migrate()
 
     async def producer(self) -> DtdbProducer:
         return DtdbProducer()
