@@ -73,6 +73,7 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     "LEADER_ELECTION_INTERVAL": _Spec(5.0, _Kind.SECONDS),
     "RUNTIME_REFRESH_INTERVAL": _Spec(10.0, _Kind.SECONDS),
     "SHUTDOWN_TIMEOUT": _Spec(30.0, _Kind.SECONDS),
+    "ABANDON_AFTER": _Spec(30.0, _Kind.SECONDS),
     "HISTORY_RETENTION": _Spec(86_400.0, _Kind.SECONDS),
     "DLQ_RETENTION": _Spec(2_592_000.0, _Kind.SECONDS),
     "RUNTIME_RETENTION": _Spec(3_600.0, _Kind.SECONDS),
@@ -135,6 +136,7 @@ class AwaSettings:
     LEADER_ELECTION_INTERVAL: float
     RUNTIME_REFRESH_INTERVAL: float
     SHUTDOWN_TIMEOUT: float
+    ABANDON_AFTER: float
     HISTORY_RETENTION: float
     DLQ_RETENTION: float
     RUNTIME_RETENTION: float

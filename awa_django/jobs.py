@@ -16,6 +16,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
 from awa_django.exceptions import UnknownKindError
+from awa_django.limits import tag_tuple
 from awa_django.types import EnqueuedJob, JobRequest
 
 __all__ = ["Job", "JobOptions", "autodiscover_jobs", "get_job", "job", "registered_kinds"]
@@ -95,7 +96,7 @@ class Job(Generic[P, R]):
             if value is not _UNSET
         }
         if tags is not _UNSET:
-            changes["tags"] = tuple(tags)
+            changes["tags"] = tag_tuple(tags)
         return Job(self.func, self.kind, dataclasses.replace(self.options, **changes))
 
     def prepare(self, *args: P.args, **kwargs: P.kwargs) -> JobRequest:
@@ -198,7 +199,7 @@ def job(
         priority=priority,
         max_attempts=max_attempts,
         deadline=deadline,
-        tags=tuple(tags),
+        tags=tag_tuple(tags),
         metadata=metadata,
         using=using,
     )

@@ -1,4 +1,9 @@
-"""Operator actions on jobs, shared by the public API, the admin and the management commands."""
+"""Operator actions on jobs, shared by the public API, the admin and the management commands.
+
+Each is atomic: in the caller's transaction when there is one (it commits or rolls back with
+it), else in a transaction of its own at READ COMMITTED. Bad input raises a ``ValidationError``
+before anything is sent to the database, so the caller's transaction stays usable.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connections
-
 from awa_django import serialization
 from awa_django.conf import awa_settings, get_awa_settings
 from awa_django.db.identifiers import validate_queue_name
+from awa_django.db.transactions import write_transaction
 from awa_django.exceptions import InvalidOptionError
+from awa_django.limits import MAX_BIGINT, MAX_TEXT, check_ids, check_text, check_uuid
 from awa_django.sql import query
 
 __all__ = ["cancel", "dlq_purge", "dlq_retry", "resolve_callback"]
@@ -24,11 +29,16 @@ def cancel(job_id: int, *, reason: str = "cancelled", using: str | None = None) 
     Returns the state it was cancelled from (``scheduled``, ``retryable``, ``available``,
     ``running``, ``waiting_external``), or ``None`` when there was nothing to cancel (unknown id,
     already terminal, or dead-lettered). A running handler is told through NOTIFY at commit and
-    sees ``ctx.is_cancelled()`` turn true; its late completion is rejected as stale.
+    sees ``ctx.is_cancelled()`` turn true; its late completion is rejected as stale. ``reason``
+    is text of at most 10,000 characters.
     """
-    with connections[using or awa_settings.DATABASE_ALIAS].cursor() as cursor:
-        cursor.execute(query("cancel"), [job_id, reason])
-        row = cursor.fetchone()
+    if type(job_id) is not int or not -MAX_BIGINT <= job_id <= MAX_BIGINT:
+        raise InvalidOptionError("job_id", f"{job_id!r} is not a job id (an int)")
+    check_text("reason", reason, max_length=MAX_TEXT)
+    alias = using or awa_settings.DATABASE_ALIAS
+    with write_transaction(alias, read_committed=True) as connection, connection.cursor() as cur:
+        cur.execute(query("cancel"), [job_id, reason])
+        row = cur.fetchone()
     return None if row is None else row[0]
 
 
@@ -42,20 +52,25 @@ def dlq_retry(
     """Move dead-lettered jobs back to work (attempt 0, error history kept); return their ids.
 
     ``queue`` and ``priority`` optionally send them elsewhere. Ids not in the DLQ are ignored.
+    All of them move, or none.
     """
+    ids = check_ids("job_ids", job_ids)
     if queue is not None:
         validate_queue_name(queue)
     if priority is not None and (type(priority) is not int or not -100 <= priority <= 100):
         raise InvalidOptionError("priority", f"{priority!r} is not an integer in -100..100")
-    with connections[using or awa_settings.DATABASE_ALIAS].cursor() as cursor:
-        cursor.execute(query("dlq_retry"), [list(job_ids), queue, priority])
+    alias = using or awa_settings.DATABASE_ALIAS
+    with write_transaction(alias) as connection, connection.cursor() as cursor:
+        cursor.execute(query("dlq_retry"), [ids, queue, priority])
         return [row[0] for row in cursor.fetchall()]
 
 
 def dlq_purge(job_ids: Sequence[int], *, using: str | None = None) -> list[int]:
     """Delete dead-lettered jobs for good; return the ids purged."""
-    with connections[using or awa_settings.DATABASE_ALIAS].cursor() as cursor:
-        cursor.execute(query("dlq_purge"), [list(job_ids)])
+    ids = check_ids("job_ids", job_ids)
+    alias = using or awa_settings.DATABASE_ALIAS
+    with write_transaction(alias) as connection, connection.cursor() as cursor:
+        cursor.execute(query("dlq_purge"), [ids])
         return [row[0] for row in cursor.fetchall()]
 
 
@@ -67,23 +82,33 @@ def resolve_callback(
     terminal: bool = False,
     using: str | None = None,
 ) -> str:
-    """Resolve an attempt parked with ``WaitForCallback``, in the caller's transaction.
+    """Resolve an attempt that registered ``callback_id`` (``ctx.callback_id``), in the
+    caller's transaction.
 
-    Without ``error`` the job completes with ``result`` (JSON). With ``error`` the attempt fails:
-    retried with backoff like a raised exception, or failed at once when ``terminal``. Returns
-    ``resolved``, ``stale`` (already resolved, timed out and rescued, or cancelled) or
-    ``unknown``. Fenced by ``(job_id, run_lease)`` like every other finalization.
+    Without ``error`` the job completes with ``result`` (JSON). With ``error`` (text) the attempt
+    fails: retried with backoff like a raised exception, or failed at once when ``terminal``.
+    Returns ``resolved``, ``stale`` (already resolved, timed out and rescued, or cancelled) or
+    ``unknown``. Fenced by ``(job_id, run_lease)`` like every other finalization. The attempt
+    may not have parked yet (the external system answered before the handler returned): the
+    resolution is then kept and applied when it parks.
     """
     cfg = get_awa_settings()
+    callback = check_uuid("callback_id", callback_id)
+    if type(terminal) is not bool:
+        raise InvalidOptionError("terminal", f"must be True or False, got {terminal!r}")
     result_json = serialization.dumps(
         result, "result", max_bytes=cfg.RESULT_MAX_BYTES, max_depth=cfg.JSON_MAX_DEPTH
     )
     error_json = None
     if error is not None:
-        error_json = json.dumps({"type": "awa_django.CallbackError", "message": str(error)})
-    with connections[using or cfg.DATABASE_ALIAS].cursor() as cursor:
+        message = check_text("error", error, max_length=MAX_TEXT)
+        error_json = json.dumps({"type": "awa_django.CallbackError", "message": message})
+    with (
+        write_transaction(using or cfg.DATABASE_ALIAS, read_committed=True) as connection,
+        connection.cursor() as cursor,
+    ):
         cursor.execute(
-            query("callback_resolve"), [str(callback_id), result_json, error_json, terminal]
+            query("callback_resolve"), [str(callback), result_json, error_json, terminal]
         )
         row = cursor.fetchone()
     return "unknown" if row is None else str(row[0])

@@ -23,8 +23,10 @@ from awa_django import serialization
 from awa_django.conf import awa_settings, get_awa_settings
 from awa_django.db.bulk import copy_enqueue
 from awa_django.db.identifiers import QUEUE_NAME_RE, validate_queue_name
-from awa_django.exceptions import InvalidOptionError, LimitExceededError
+from awa_django.db.transactions import write_transaction
+from awa_django.exceptions import InvalidArgumentsError, InvalidOptionError, LimitExceededError
 from awa_django.jobs import JobOptions, get_job
+from awa_django.limits import check_seconds, check_text, tag_tuple
 from awa_django.sql import query
 from awa_django.types import EnqueuedJob, JobRequest
 
@@ -61,10 +63,18 @@ def enqueue(
 ) -> EnqueuedJob:
     """Enqueue one job of a registered ``kind`` in the caller's transaction.
 
-    Options left as ``None`` take the ``@job`` defaults, then the settings' defaults. Raises a
-    ``ValidationError`` subclass, with nothing written, for an unknown kind or bad input.
+    ``args`` is a list or tuple and ``kwargs`` a mapping (a string is refused, not split into
+    characters). Options left as ``None`` take the ``@job`` defaults, then the settings'
+    defaults. Raises a ``ValidationError`` subclass, with nothing written and the caller's
+    transaction untouched, for an unknown kind or bad input.
     """
     handle = get_job(kind)
+    if not isinstance(args, list | tuple):
+        raise InvalidArgumentsError("args", f"must be a list or tuple, got {type(args).__name__}")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise InvalidArgumentsError("kwargs", f"must be a mapping, got {type(kwargs).__name__}")
+    if tags is not None:
+        tags = tag_tuple(tags)
     base = handle.options
     options = JobOptions(
         queue=queue if queue is not None else base.queue,
@@ -72,7 +82,7 @@ def enqueue(
         max_attempts=max_attempts if max_attempts is not None else base.max_attempts,
         run_after=run_after if run_after is not None else base.run_after,
         deadline=deadline if deadline is not None else base.deadline,
-        tags=tuple(tags) if tags is not None else base.tags,
+        tags=tags if tags is not None else base.tags,
         metadata=metadata if metadata is not None else base.metadata,
         using=using if using is not None else base.using,
     )
@@ -87,10 +97,21 @@ def enqueue_many(requests: Iterable[JobRequest], using: str | None = None) -> li
     ``run_after`` goes through ``awa.enqueue_v1`` instead). Order within a lane follows the
     input. All requests must target ``using`` (default ``AWA["DATABASE_ALIAS"]``). Returns
     handles in input order.
+
+    All or nothing: outside ``transaction.atomic()`` the whole batch is one transaction of its
+    own; inside, it is part of the caller's. Anything that is not a ``JobRequest`` is refused
+    (``InvalidOptionError``) before anything is written.
     """
     alias = using or awa_settings.DATABASE_ALIAS
+    if isinstance(requests, str | bytes | Mapping) or not isinstance(requests, Iterable):
+        raise InvalidOptionError("requests", "must be an iterable of Job.prepare() requests")
     batch = list(requests)
-    for request in batch:
+    for index, request in enumerate(batch):
+        if type(request) is not JobRequest:
+            raise InvalidOptionError(
+                "requests",
+                f"item {index} is a {type(request).__name__}, not a request from Job.prepare()",
+            )
         if request.using != alias:
             raise InvalidOptionError(
                 "using",
@@ -148,7 +169,7 @@ def build_request(
         max_depth=cfg.JSON_MAX_DEPTH,
         envelope=2,
     )
-    run_at, delay = _timing(options.run_after) if options.run_after is not None else (None, None)
+    run_at, delay = _timing(options.run_after)
     metadata_json = None
     if options.metadata is not None:
         if not isinstance(options.metadata, Mapping):
@@ -168,35 +189,37 @@ def build_request(
         args_json=args_json,
         run_at=run_at,
         delay=delay,
-        deadline=None if options.deadline is None else _seconds("deadline", options.deadline),
+        deadline=None if options.deadline is None else check_seconds("deadline", options.deadline),
         metadata_json=metadata_json,
         tags=_check_tags(options.tags) if options.tags else None,
     )
 
 
 def _timing(run_after: datetime | timedelta | None) -> tuple[datetime | None, float | None]:
+    """(run_at, delay) of a ``run_after``: an aware datetime (any that Python holds, which
+    PostgreSQL stores too) or a delay of at most 100 years (a past one means now)."""
     if run_after is None:
         return None, None
     if isinstance(run_after, timedelta):
-        return None, run_after.total_seconds()
+        if run_after <= timedelta(0):
+            return None, None
+        return None, check_seconds("run_after", run_after)
     if isinstance(run_after, datetime):
         if timezone.is_naive(run_after):
             if settings.USE_TZ:
                 raise InvalidOptionError(
                     "run_after", "is a naive datetime while USE_TZ is on; pass an aware datetime"
                 )
-            run_after = timezone.make_aware(run_after)
+            try:
+                run_after = timezone.make_aware(run_after)
+            except (OverflowError, ValueError) as exc:
+                raise InvalidOptionError("run_after", f"{run_after!r}: {exc}") from None
+        try:
+            run_after.utcoffset()
+        except (OverflowError, ValueError) as exc:  # pragma: no cover - odd tzinfo
+            raise InvalidOptionError("run_after", f"{run_after!r}: {exc}") from None
         return run_after, None
     raise InvalidOptionError("run_after", "must be an aware datetime, a timedelta or None")
-
-
-def _seconds(field: str, value: float | timedelta | None) -> float | None:
-    if value is None:
-        return None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if type(seconds) not in (int, float) or not 0 < seconds < float("inf"):
-        raise InvalidOptionError(field, f"{value!r} is not a positive number of seconds")
-    return float(seconds)
 
 
 def _check_tags(tags: tuple[str, ...]) -> tuple[str, ...]:
@@ -204,12 +227,13 @@ def _check_tags(tags: tuple[str, ...]) -> tuple[str, ...]:
     if len(tags) > cfg.MAX_TAGS:
         raise LimitExceededError("tags", f"{len(tags)} tags exceeds the limit of {cfg.MAX_TAGS}")
     for tag in tags:
-        if type(tag) is not str or not tag or len(tag) > cfg.TAG_MAX_LENGTH or "\x00" in tag:
+        if type(tag) is not str or not tag:
             raise InvalidOptionError(
                 "tags",
                 f"{tag!r}: every tag must be a non-empty string of at most "
                 f"{cfg.TAG_MAX_LENGTH} characters",
             )
+        check_text("tags", tag, max_length=cfg.TAG_MAX_LENGTH)
     return tags
 
 
@@ -219,8 +243,11 @@ def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJo
         return []
     _ensure_lanes(using, {(r.queue, r.priority) for r in requests})
     limits = _sql_limits()
-    connection = connections[using]
-    with connection.cursor() as cursor:
+    statements = 1 if len(requests) == 1 else 2
+    with (
+        write_transaction(using, statements=statements) as connection,
+        connection.cursor() as cursor,
+    ):
         if len(requests) == 1:
             r = requests[0]
             cursor.execute(

@@ -2,8 +2,9 @@
 
 Job data is JSON and nothing else: no serialized Python objects, no code. Values are checked before
 anything is written, so a bad value fails the one request with a clear error and never reaches
-the queue. Accepted: ``dict`` (string keys), ``list``, ``tuple`` (stored as a list), ``str``,
-``int``, ``float`` (finite), ``bool`` and ``None``.
+the queue. Accepted: ``dict`` (string keys), ``list``, ``tuple`` (stored as a list), ``str``
+(valid UTF-8 without NUL), ``int`` (at most 4,300 digits), ``float`` (finite), ``bool`` and
+``None``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,22 @@ from awa_django.exceptions import InvalidArgumentsError, LimitExceededError
 __all__ = ["check_json", "dumps", "loads"]
 
 _SCALARS = (int, bool, type(None))
+
+#: Integers with more digits than this are refused (Python's own limit for int <-> str).
+MAX_INT_DIGITS = 4300
+_INT_LIMIT = 10**MAX_INT_DIGITS
+
+
+def _bad_text(text: str) -> str | None:
+    """Why PostgreSQL cannot store ``text`` (NUL, lone surrogate), or None."""
+    if "\x00" in text:
+        return "contains a NUL character"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "contains a lone surrogate (not valid UTF-8)"
+    return None
 
 
 def check_json(value: Any, field: str, *, max_depth: int, envelope: int = 0) -> None:
@@ -34,8 +51,14 @@ def check_json(value: Any, field: str, *, max_depth: int, envelope: int = 0) -> 
         item, depth, path = stack.pop()
         kind = type(item)
         if kind is str:
-            if "\x00" in item:
-                raise InvalidArgumentsError(field, f"{path} contains a NUL character")
+            problem = _bad_text(item)
+            if problem is not None:
+                raise InvalidArgumentsError(field, f"{path} {problem}")
+        elif kind is int:
+            if not -_INT_LIMIT < item < _INT_LIMIT:
+                raise InvalidArgumentsError(
+                    field, f"{path} is an integer of more than {MAX_INT_DIGITS} digits"
+                )
         elif kind is float:
             if not math.isfinite(item):
                 raise InvalidArgumentsError(
@@ -51,8 +74,9 @@ def check_json(value: Any, field: str, *, max_depth: int, envelope: int = 0) -> 
                             field,
                             f"{path} has a {type(key).__name__} key {key!r}; keys must be str",
                         )
-                    if "\x00" in key:
-                        raise InvalidArgumentsError(field, f"{path} has a key with a NUL character")
+                    problem = _bad_text(key)
+                    if problem is not None:
+                        raise InvalidArgumentsError(field, f"{path} has a key that {problem}")
                     stack.append((child, depth + 1, f"{path}[{key!r}]"))
         elif kind is list or kind is tuple:
             if item:
@@ -141,8 +165,13 @@ def dumps(value: Any, field: str, *, max_bytes: int, max_depth: int, envelope: i
     """
     if not _plain(value, max_depth + envelope):
         check_json(value, field, max_depth=max_depth, envelope=envelope)
-    text = _encode(value)
-    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    try:
+        text = _encode(value)
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    except (ValueError, UnicodeEncodeError):
+        # A lone surrogate or an integer too long to print: the fast check lets both through.
+        check_json(value, field, max_depth=max_depth, envelope=envelope)
+        raise  # pragma: no cover - check_json has raised with the path
     if size > max_bytes:
         raise LimitExceededError(field, f"{size} bytes exceeds the limit of {max_bytes} bytes")
     return text

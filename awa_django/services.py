@@ -17,6 +17,7 @@ from django.db import connections
 from awa_django.conf import get_awa_settings
 from awa_django.db.identifiers import validate_queue_name
 from awa_django.db.storage import QueueCounts
+from awa_django.db.transactions import write_transaction
 from awa_django.sql import query
 
 __all__ = [
@@ -96,14 +97,33 @@ def queue_pause(queue: str, paused: bool = True, *, using: str | None = None) ->
         cursor.execute(query("queue_pause"), [queue, paused])
 
 
+#: Jobs one drain transaction cancels at most (each holds the queue's lanes only that long).
+DRAIN_BATCH = 1000
+
+
 def queue_drain(queue: str, *, using: str | None = None) -> int:
-    """Cancel every waiting job (available, scheduled, retryable) of ``queue``; running jobs
-    finish. Returns how many were cancelled (at most 10,000 per call; call again for more)."""
+    """Cancel every job of ``queue`` that was waiting (available, scheduled, retryable) when
+    the drain began; running jobs finish. Returns how many were cancelled.
+
+    Outside a transaction it works in batches of 1,000 jobs, each one short transaction of its
+    own (claimers skip a lane only while its batch runs); inside ``transaction.atomic()`` every
+    batch is part of the caller's transaction.
+    """
     validate_queue_name(queue)
-    with _cursor(using) as cursor:
-        cursor.execute(query("queue_drain"), [queue])
+    alias = using or get_awa_settings().DATABASE_ALIAS
+    with _cursor(alias) as cursor:
+        cursor.execute(query("job_id_high_water"))
         row = cursor.fetchone()
-    return int(row[0]) if row else 0
+    high_water = int(row[0]) if row else 0
+    total = 0
+    while True:
+        with write_transaction(alias, read_committed=True) as connection, connection.cursor() as c:
+            c.execute(query("queue_drain"), [queue, DRAIN_BATCH, high_water])
+            row = c.fetchone()
+        done = int(row[0]) if row else 0
+        total += done
+        if done < DRAIN_BATCH:
+            return total
 
 
 def throughput(queue: str | None = None, *, using: str | None = None) -> list[int]:

@@ -85,7 +85,14 @@ def drain(
 
 
 def _run(cursor: Any, job: ClaimedJob, cfg: Any) -> JobRun:
-    ctx = JobContext.for_job(job)
+    registered: list[uuid.UUID] = []
+
+    def register(ctx: JobContext, callback_id: uuid.UUID) -> None:
+        cursor.execute(query("callback_register"), [ctx.id, ctx.run_lease, callback_id])
+        cursor.fetchall()
+        registered.append(callback_id)
+
+    ctx = JobContext.for_job(job, registrar=register)
     attempt = prepare(job, ctx)
     value: Any = None
     exc: BaseException | None = None
@@ -96,7 +103,9 @@ def _run(cursor: Any, job: ClaimedJob, cfg: Any) -> JobRun:
             value = (async_to_sync(func) if attempt.handle.is_async else func)(
                 *attempt.call_args(), **attempt.kwargs
             )
-        except Exception as error:
+        except KeyboardInterrupt:
+            raise  # in a test run, most likely the developer's Ctrl-C
+        except BaseException as error:  # SystemExit, CancelledError...: the job fails
             exc = error
     outcome: Finalization = outcome_of(
         attempt,
@@ -104,8 +113,8 @@ def _run(cursor: Any, job: ClaimedJob, cfg: Any) -> JobRun:
         exc=exc,
         result_max_bytes=cfg.RESULT_MAX_BYTES,
         max_depth=cfg.JSON_MAX_DEPTH,
-        has_state=False,
-        progress=ctx.progress if ctx.progress_set else None,
+        has_state=bool(registered),
+        progress_json=ctx.progress_json if ctx.progress_set else None,
         backoff_base=cfg.RETRY_BACKOFF_BASE,
     )
     cursor.execute(query("finalize"), ["[" + outcome.to_json() + "]"])

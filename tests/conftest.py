@@ -20,7 +20,7 @@ import pgserver
 import pytest
 
 from tests.helpers import REPO, ManagedProcess, database_url
-from tests.settings import database_settings
+from tests.settings import database_settings, repeatable_settings
 
 pytest_plugins = ["tests.awa_fixtures"]
 
@@ -53,6 +53,7 @@ def _start_postgres() -> None:
     from django.conf import settings
 
     settings.DATABASES["default"].update(database_settings(url))
+    settings.DATABASES["repeatable"].update(repeatable_settings(url))
 
 
 _start_postgres()

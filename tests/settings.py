@@ -26,11 +26,23 @@ SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 ALLOWED_HOSTS = ["testserver", "127.0.0.1", "localhost"]
 
-DATABASES = {
-    "default": database_settings(
-        env.str("DATABASE_URL", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    ),
-}
+
+def repeatable_settings(url: str) -> dict[str, Any]:
+    """The same database as ``default``, with REPEATABLE READ as its transactions' default
+    isolation (for tests of the isolation awa_django enforces)."""
+    from psycopg import IsolationLevel
+
+    config = database_settings(url)
+    config["OPTIONS"] = {
+        **config.get("OPTIONS", {}),
+        "isolation_level": IsolationLevel.REPEATABLE_READ,
+    }
+    config["TEST"] = {"MIRROR": "default"}
+    return config
+
+
+_URL = env.str("DATABASE_URL", default="postgresql://postgres@127.0.0.1:5432/postgres")
+DATABASES = {"default": database_settings(_URL), "repeatable": repeatable_settings(_URL)}
 
 INSTALLED_APPS = [
     "django.contrib.contenttypes",

@@ -172,7 +172,7 @@ def test_cancel_outcome_and_progress_kept_across_retry_cleared_on_success() -> N
     with pg() as conn:
         job_id = one(conn)
         c = claim_one(conn)
-        assert storage.heartbeat(conn, [(c.job_id, c.run_lease, {"percent": 40})]) == []
+        assert storage.heartbeat(conn, [(c.job_id, c.run_lease, '{"percent": 40}')]) == []
         fin(conn, c, "retry", error={"message": "x"}, has_state=True)
         assert conn.execute("SELECT count(*) FROM awa.attempt_state").fetchone() == (0,)
         assert job_state(conn, job_id)["progress"] == {"percent": 40}  # type: ignore[index]

@@ -35,6 +35,8 @@ def with_ctx(ctx: Any, value: int) -> int:
 # Jobs for worker tests: they record every execution in the Ledger table, so tests can prove
 # "exactly once per attempt" from the database. -------------------------------------------------
 
+import contextlib  # noqa: E402
+
 from awa_django import Cancel, RetryAfter, Snooze, TerminalError  # noqa: E402
 
 
@@ -168,3 +170,116 @@ def await_callback(ctx: Any, timeout: float) -> Any:
     if ctx.attempt == 1:
         return WaitForCallback(ctx.callback_id, timeout=timeout)
     return "second attempt"
+
+
+# Hostile handlers for the fault tests (tests/test_faults_worker.py) -------------------------------
+
+
+class CustomBaseError(BaseException):
+    """A BaseException that is not an Exception, raised by handler code."""
+
+
+@job(queue="hostile", max_attempts=1)
+def hostile(ctx: Any, mode: str) -> Any:
+    """Misbehaves as ``mode`` says: outcomes and values that cannot be stored as given."""
+    import uuid
+
+    from awa_django import WaitForCallback
+
+    _record(ctx, mode)
+    if mode == "nul_message":
+        raise ValueError("bad \x00 text")
+    if mode == "surrogate_message":
+        raise ValueError("bad \ud800 text")
+    if mode == "cancel_nul":
+        return Cancel("why \x00")
+    if mode == "retry_nan":
+        return RetryAfter(float("nan"))
+    if mode == "snooze_huge":
+        return Snooze(1e300)
+    if mode == "wait_inf":
+        return WaitForCallback(ctx.callback_id, timeout=float("inf"))
+    if mode == "wait_foreign":
+        return WaitForCallback(uuid.uuid4(), timeout=60)
+    if mode == "bad_progress":
+        ctx.set_progress(10, "x", bad=object())
+    if mode == "surrogate_result":
+        return "\ud800"
+    if mode == "huge_int_result":
+        return 10**5000
+    if mode == "system_exit":
+        raise SystemExit(3)
+    if mode == "keyboard_interrupt":
+        raise KeyboardInterrupt
+    if mode == "custom_base":
+        raise CustomBaseError("not an Exception")
+    return "fine"
+
+
+@job(queue="hostile-async", max_attempts=1)
+async def hostile_async(ctx: Any, mode: str) -> Any:
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(_record)(ctx, mode)
+    if mode == "cancelled_error":
+        raise asyncio.CancelledError
+    if mode == "custom_base":
+        raise CustomBaseError("not an Exception")
+    if mode == "surrogate_result":
+        return {"k": "\udfff"}
+    return "fine"
+
+
+@job(queue="work")
+def progress_garbage_then_finish(ctx: Any, seconds: float) -> str:
+    """Sets progress that is not JSON (the refusal, when there is one, is caught), flushes it,
+    and runs on for ``seconds`` without touching progress again."""
+    import time
+
+    _record(ctx, "start")
+    with contextlib.suppress(ValueError):
+        ctx.set_progress(5, "x", bad=object())
+    ctx.flush_progress()
+    time.sleep(seconds)
+    return "done"
+
+
+@job(queue="stuck")
+def stuck_sync(ctx: Any, hang: bool = True) -> str:
+    """Ignores cancellation and sleeps far past any deadline on its first attempt (if hang)."""
+    import time
+
+    _record(ctx)
+    if hang and ctx.attempt == 1:
+        time.sleep(60)
+    return "unstuck"
+
+
+@job(queue="stuck")
+async def stuck_async(ctx: Any, hang: bool = True) -> str:
+    """Swallows cancellation and sleeps far past any deadline on its first attempt (if hang)."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(_record)(ctx)
+    if hang and ctx.attempt == 1:
+        for _ in range(600):
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.1)
+    return "unstuck"
+
+
+@job(queue="cb")
+def early_callback(ctx: Any) -> Any:
+    """Resolves its own callback before returning WaitForCallback (an external system that
+    answers before the handler has returned)."""
+    import awa_django
+    from awa_django import WaitForCallback
+
+    _record(ctx)
+    callback_id = ctx.callback_id
+    assert awa_django.resolve_callback(callback_id, result={"early": True}) == "resolved"
+    return WaitForCallback(callback_id, timeout=120)

@@ -12,6 +12,8 @@ from typing import Any
 import psycopg
 from django.db import connections
 
+from awa_django.sql import query
+
 __all__ = ["connect_async", "connection_kwargs"]
 
 # Keys of Django's connection parameters that only make sense for Django's own cursors.
@@ -36,6 +38,15 @@ def connection_kwargs(alias: str, *, application_name: str) -> dict[str, Any]:
 
 
 async def connect_async(alias: str, *, application_name: str) -> psycopg.AsyncConnection[Any]:
-    """Open an autocommit async connection: every statement is its own short transaction."""
+    """Open an autocommit async connection: every statement is its own short transaction, at
+    READ COMMITTED whatever the server's or the alias's default (the engine's functions need
+    it)."""
     kwargs = connection_kwargs(alias, application_name=application_name)
-    return await psycopg.AsyncConnection.connect(autocommit=True, **kwargs)
+    kwargs.pop("isolation_level", None)
+    conn = await psycopg.AsyncConnection.connect(autocommit=True, **kwargs)
+    try:
+        await conn.execute(query("worker_session"))
+    except BaseException:
+        await conn.close()
+        raise
+    return conn

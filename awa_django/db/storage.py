@@ -58,10 +58,13 @@ class ClaimedJob:
 class Finalization:
     """The outcome of one attempt for ``finalize``.
 
-    ``outcome`` is ``completed``, ``retry``, ``snooze``, ``cancel`` or ``fail``; ``result_json``
-    is the encoded return value (completed); ``error`` is ``{"type", "message", "traceback"}``;
-    ``delay`` (seconds) is the RetryAfter or Snooze delay; ``has_state`` tells that the attempt
-    may own an ``attempt_state`` row (it heartbeated or flushed progress).
+    ``outcome`` is ``completed``, ``retry``, ``snooze``, ``cancel``, ``fail`` or ``wait``;
+    ``result_json`` is the encoded return value (completed); ``error`` is ``{"type",
+    "message", "traceback"}`` of storable text; ``delay`` (seconds) is the RetryAfter or Snooze
+    delay; ``progress_json`` the progress the attempt set, as checked JSON text; ``has_state``
+    tells that the attempt may own an ``attempt_state`` row (it heartbeated, flushed progress
+    or registered a callback). Values are checked before one is built; ``awa.finalize_v1``
+    checks them again and refuses a batch holding a bad one.
     """
 
     job_id: int
@@ -71,7 +74,7 @@ class Finalization:
     result_json: str | None = None
     error: dict[str, Any] | None = None
     delay: float | None = None
-    progress: Any = None
+    progress_json: str | None = None
     has_state: bool = False
     callback_id: uuid.UUID | None = None
     timeout: float | None = None
@@ -87,8 +90,8 @@ class Finalization:
             parts.append(',"error":' + json.dumps(self.error, ensure_ascii=False))
         if self.delay is not None:
             parts.append(f',"delay":{float(self.delay)!r}')
-        if self.progress is not None:
-            parts.append(',"progress":' + json.dumps(self.progress, ensure_ascii=False))
+        if self.progress_json is not None:
+            parts.append(',"progress":' + self.progress_json)
         if self.has_state:
             parts.append(',"st":true')
         if self.callback_id is not None:
@@ -130,12 +133,16 @@ def _finalize_payload(items: Sequence[Finalization]) -> str:
     return "[" + ",".join([item.to_json() for item in items]) + "]"
 
 
-def _heartbeat_payload(attempts: Sequence[tuple[int, int, Any]]) -> str:
-    return json.dumps(
-        [
-            {"id": job_id, "lease": lease, **({} if progress is None else {"progress": progress})}
+def _heartbeat_payload(attempts: Sequence[tuple[int, int, str | None]]) -> str:
+    return (
+        "["
+        + ",".join(
+            f'{{"id":{int(job_id)},"lease":{int(lease)}}}'
+            if progress is None
+            else f'{{"id":{int(job_id)},"lease":{int(lease)},"progress":{progress}}}'
             for job_id, lease, progress in attempts
-        ]
+        )
+        + "]"
     )
 
 
@@ -193,9 +200,9 @@ async def afinalize(
 
 
 def heartbeat(
-    conn: psycopg.Connection[Any], attempts: Sequence[tuple[int, int, Any]]
+    conn: psycopg.Connection[Any], attempts: Sequence[tuple[int, int, str | None]]
 ) -> list[tuple[int, int]]:
-    """Refresh ``(job_id, run_lease, progress_or_None)`` attempts in one statement.
+    """Refresh ``(job_id, run_lease, progress JSON text or None)`` attempts in one statement.
 
     Returns the attempts that are no longer open (their handlers should stop).
     """
@@ -205,7 +212,7 @@ def heartbeat(
 
 
 async def aheartbeat(
-    conn: psycopg.AsyncConnection[Any], attempts: Sequence[tuple[int, int, Any]]
+    conn: psycopg.AsyncConnection[Any], attempts: Sequence[tuple[int, int, str | None]]
 ) -> list[tuple[int, int]]:
     """Async ``heartbeat``."""
     if not attempts:

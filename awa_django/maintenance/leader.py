@@ -6,7 +6,13 @@ deferred jobs, rescues abandoned attempts, rotates and prunes the rings, and exp
 rows, runtime rows and orphaned attempt state. If the leader dies or loses its connection,
 Postgres frees the lock and another process takes over from durable state on its next election
 attempt. Each task is one short, bounded statement; a failing task is logged and retried on its
-next interval, never in a hot loop.
+next interval, never in a hot loop. Only a lost connection costs leadership: a deadlock, a lock
+or statement timeout, or any other error of a task (a bug included) is logged and the leader
+carries on, so transient trouble never causes leader churn.
+
+Ring rotation is decided on the database clock (``awa.rotate_v2``): each ring rotates once its
+current slot is its interval old, whoever the leader is, so a new leader or ``awa_maintenance
+--once`` from cron keeps the cadence instead of rotating every ring at once.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import psycopg
 
 from awa_django.conf import get_awa_settings
 from awa_django.sql import query
-from awa_django.worker.links import CONNECTION_ERRORS, Link
+from awa_django.worker.links import Link, first_line, is_connection_lost, is_transient
 
 __all__ = ["Maintenance", "MaintenanceSettings"]
 
@@ -97,9 +103,7 @@ class Maintenance:
             ("promote", s.promote_interval, self._promote),
             ("rescue", s.rescue_interval, self._rescue),
             ("prune", s.prune_interval, self._prune),
-            ("rotate_claim", s.claim_rotate_interval, self._rotate("claim")),
-            ("rotate_lease", s.claim_rotate_interval, self._rotate("lease")),
-            ("rotate_queue", s.queue_rotate_interval, self._rotate("queue")),
+            ("rotate", min(s.prune_interval, s.claim_rotate_interval), self._rotate),
             ("retention", s.cleanup_interval, self._retention),
         ]
         if register:
@@ -110,7 +114,7 @@ class Maintenance:
         """Remove this process's runtime row (clean exit of awa_maintenance)."""
         if not self.register:
             return
-        with contextlib.suppress(*CONNECTION_ERRORS):
+        with contextlib.suppress(Exception):
             conn = await self.link.connection()
             await conn.execute(query("runtime_remove"), [self.instance_id])
         await self.link.close()
@@ -127,23 +131,31 @@ class Maintenance:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                if not self.leader:
-                    await self._elect()
-                    if not self.leader:
-                        await asyncio.sleep(self.settings.election_interval)
-                        continue
-                now = loop.time()
-                for name, interval, task in self.tasks:
-                    if now < self._due.get(name, 0.0):
-                        continue
-                    self._due[name] = now + interval
-                    await self._run_task(name, task)
-                    if not self.is_leader():
-                        break
-                if self.leader:
-                    await asyncio.sleep(max(0.0, min(self._due.values()) - loop.time()))
+                try:
+                    await self._tick(loop)
+                except Exception:
+                    # Never let the loop die (a bug in this module, say): log, pause, go on.
+                    log.exception("awa maintenance: a maintenance pass failed; carrying on")
+                    await asyncio.sleep(self.settings.election_interval)
         finally:
             await self.link.close()
+
+    async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self.leader:
+            await self._elect()
+            if not self.leader:
+                await asyncio.sleep(self.settings.election_interval)
+                return
+        now = loop.time()
+        for name, interval, task in self.tasks:
+            if now < self._due.get(name, 0.0):
+                continue
+            self._due[name] = now + interval
+            await self._run_task(name, task)
+            if not self.is_leader():
+                return
+        if self.leader:
+            await asyncio.sleep(max(0.0, min(self._due.values()) - loop.time()))
 
     async def run_once(self) -> None:
         """One pass of every task (``awa_maintenance --once``), if leadership can be had."""
@@ -175,11 +187,10 @@ class Maintenance:
                 await self._upsert_runtime(conn)
             cursor = await conn.execute(query("leader_try"))
             row = await cursor.fetchone()
-        except CONNECTION_ERRORS as exc:
-            await self.link.discard()
-            log.warning(
-                "awa maintenance: cannot reach the database for election (%s)", type(exc).__name__
-            )
+        except Exception as exc:
+            if is_connection_lost(exc, self.link.conn):
+                await self.link.discard()
+            log.warning("awa maintenance: election failed (%s)", first_line(exc))
             return
         if row and row[0]:
             self.leader = True
@@ -187,8 +198,12 @@ class Maintenance:
             log.info("awa maintenance: %s is now the leader", self.instance_id)
             try:
                 await conn.execute(query("leader_mark"), [self.instance_id, self.instance_id])
-            except CONNECTION_ERRORS:
-                self._lose()
+            except Exception as exc:
+                if is_connection_lost(exc, self.link.conn):
+                    await self.link.discard()
+                    self._lose()
+                else:
+                    log.warning("awa maintenance: could not mark the leader (%s)", first_line(exc))
 
     def _lose(self) -> None:
         if self.leader:
@@ -199,12 +214,24 @@ class Maintenance:
         try:
             conn = await self.link.connection()
             await task(conn)
-        except CONNECTION_ERRORS:
-            await self.link.discard()
-            self._lose()
-        except psycopg.Error as exc:
-            # A task's own failure (lock timeout, serialization, a bug): log, retry next time.
-            log.warning("awa maintenance: %s failed: %s", name, str(exc).strip())
+        except Exception as exc:
+            if is_connection_lost(exc, self.link.conn):
+                # The session lock went with the connection: another process may lead now.
+                await self.link.discard()
+                self._lose()
+            elif is_transient(exc):
+                # Deadlock, lock or statement timeout: the statement failed, not the leader.
+                log.warning(
+                    "awa maintenance: %s failed, retried next time: %s", name, first_line(exc)
+                )
+            else:
+                log.error(
+                    "awa maintenance: %s failed, retried next time: %s: %s",
+                    name,
+                    type(exc).__name__,
+                    first_line(exc),
+                    exc_info=exc,
+                )
 
     async def _promote(self, conn: psycopg.AsyncConnection[Any]) -> None:
         while True:
@@ -227,15 +254,18 @@ class Maintenance:
                     "awa maintenance: rescued job %s attempt lease %s: %s", job_id, lease, reason
                 )
 
-    def _rotate(self, ring: str) -> Task:
-        async def rotate(conn: psycopg.AsyncConnection[Any]) -> None:
-            cursor = await conn.execute(query("rotate"), [ring])
+    async def _rotate(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        s = self.settings
+        for ring, interval in (
+            ("claim", s.claim_rotate_interval),
+            ("lease", s.claim_rotate_interval),
+            ("queue", s.queue_rotate_interval),
+        ):
+            cursor = await conn.execute(query("rotate"), [ring, interval])
             row = await cursor.fetchone()
             outcome = row[0] if row else "?"
             self.count(f"rotate_{ring}_{outcome}")
             log.debug("awa maintenance: rotate %s ring: %s", ring, outcome)
-
-        return rotate
 
     async def _prune(self, conn: psycopg.AsyncConnection[Any]) -> None:
         for ring in ("claim", "lease", "queue"):

@@ -5,15 +5,22 @@ The execution slot is freed as soon as a handler returns; its outcome waits here
 ``awa.finalize_v1`` call. Finalizations found stale (the attempt was rescued, cancelled or
 closed elsewhere) are logged and counted, never raised into handlers. If the process dies with
 outcomes still here, their attempts stay open and are rescued: there is no replay log.
+
+A batch the database refuses for a reason other than a lost connection is split until the
+offending outcome is alone; that one is replaced by a ``fail`` carrying a readable error (and
+logged with its job id), and everything else is written as it was. The loop itself never stops
+on an error: one bad outcome can never keep the others from being written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from awa_django.db.storage import Finalization, afinalize
-from awa_django.worker.links import Link
+from awa_django.limits import clean_text
+from awa_django.worker.links import Link, first_line, is_connection_lost
 
 __all__ = ["CompletionBatcher"]
 
@@ -21,7 +28,11 @@ log = logging.getLogger("awa_django.worker")
 
 
 class CompletionBatcher:
-    """Collects ``Finalization``s and flushes them through one ``Link``."""
+    """Collects ``Finalization``s and flushes them through one ``Link``.
+
+    ``give_up()`` says when to stop retrying a write through a lost connection (at the end of a
+    shutdown); the outcomes of such a batch are dropped and their attempts rescued later.
+    """
 
     def __init__(
         self,
@@ -29,13 +40,16 @@ class CompletionBatcher:
         *,
         batch_size: int,
         flush_interval: float,
+        give_up: Callable[[], bool] = lambda: False,
     ) -> None:
         self.link = link
         self.batch_size = batch_size
         self.flush_interval = flush_interval
+        self.give_up = give_up
         self.pending: list[Finalization] = []
         self.written = 0
         self.stale = 0
+        self.refused = 0
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -63,7 +77,14 @@ class CompletionBatcher:
             while self.pending:
                 batch = self.pending[: self.batch_size]
                 del self.pending[: len(batch)]
-                await self._write(batch)
+                try:
+                    await self._write(batch)
+                except Exception:  # pragma: no cover - _write handles its own errors
+                    log.exception(
+                        "awa worker: %d outcome(s) could not be written; their attempts will "
+                        "be rescued",
+                        len(batch),
+                    )
             self._idle.set()
             if self._closing:
                 return
@@ -76,7 +97,19 @@ class CompletionBatcher:
             tries += 1
             return await afinalize(conn, batch)  # type: ignore[arg-type]
 
-        stale = await self.link.run(write)
+        try:
+            stale = await self.link.run(write, give_up=self.give_up)
+        except Exception as exc:
+            if is_connection_lost(exc, self.link.conn):
+                log.warning(
+                    "awa worker: %d outcome(s) not written before shutdown (%s); their attempts "
+                    "will be rescued",
+                    len(batch),
+                    first_line(exc),
+                )
+                return
+            await self._isolate(batch, exc)
+            return
         self.written += len(batch) - len(stale)
         if stale:
             if tries > 1:
@@ -94,6 +127,39 @@ class CompletionBatcher:
                         job_id,
                         lease,
                     )
+
+    async def _isolate(self, batch: list[Finalization], exc: Exception) -> None:
+        """Write a refused batch in halves until the refused outcome is alone, then fail it."""
+        if len(batch) > 1:
+            middle = len(batch) // 2
+            await self._write(batch[:middle])
+            await self._write(batch[middle:])
+            return
+        [item] = batch
+        self.refused += 1
+        reason = clean_text(f"{type(exc).__name__}: {first_line(exc)}", 1000)
+        log.error(
+            "awa worker: the %s outcome of job %s attempt lease %s could not be written (%s); "
+            "failing the job with that error",
+            item.outcome,
+            item.job_id,
+            item.run_lease,
+            reason,
+        )
+        if item.outcome == "fail" and (item.error or {}).get("type") == "awa_django.OutcomeRefused":
+            return  # the replacement itself was refused: leave the attempt to rescue
+        replacement = Finalization(
+            item.job_id,
+            item.run_lease,
+            item.claim_slot,
+            "fail",
+            error={
+                "type": "awa_django.OutcomeRefused",
+                "message": f"the handler's {item.outcome} outcome could not be written: {reason}",
+            },
+            has_state=True,
+        )
+        await self._write([replacement])
 
     async def drain(self) -> None:
         """Wait until everything queued so far is written."""

@@ -37,6 +37,7 @@ class WorkerConfig:
     poll_interval: float = 0.2
     heartbeat_interval: float = 30.0
     shutdown_timeout: float = 30.0
+    abandon_after: float = 30.0
     runtime_refresh: float = 10.0
     aging_interval: float = 60.0
     notify: bool = True
@@ -115,6 +116,7 @@ def build_config(
         poll_interval=cfg.POLL_INTERVAL,
         heartbeat_interval=cfg.HEARTBEAT_INTERVAL,
         shutdown_timeout=cfg.SHUTDOWN_TIMEOUT,
+        abandon_after=cfg.ABANDON_AFTER,
         runtime_refresh=cfg.RUNTIME_REFRESH_INTERVAL,
         aging_interval=cfg.PRIORITY_AGING_INTERVAL,
         notify=cfg.NOTIFY,

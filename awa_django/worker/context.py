@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import math
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
+from awa_django import serialization
+from awa_django.exceptions import InvalidOptionError
+from awa_django.limits import check_text
+
 __all__ = ["JobContext"]
+
+#: Registers a callback id for an attempt in the database, before the handler can hand it out:
+#: ``(ctx, callback_id) -> None``, blocking (sync handlers).
+Registrar = Callable[["JobContext", uuid.UUID], None]
+#: The same for async handlers: ``(ctx, callback_id) -> awaitable``.
+AsyncRegistrar = Callable[["JobContext", uuid.UUID], Awaitable[None]]
+
+# Progress is stored with the attempt: the same bounds as job metadata.
+_PROGRESS_MAX_BYTES = 65_536
+_PROGRESS_MAX_DEPTH = 32
 
 
 class JobContext:
@@ -14,16 +30,19 @@ class JobContext:
 
     ``is_cancelled()`` turns true when the attempt is cancelled (admin or API), rescued, or past
     its hard deadline, and when the worker shuts down hard; a handler should then stop. Progress
-    set with ``set_progress`` is written with the next heartbeat (or ``flush_progress``), kept
-    across retries and cleared on success.
+    set with ``set_progress`` is checked at once (JSON only, like job arguments), written with
+    the next heartbeat (or ``flush_progress``), kept across retries and cleared on success.
     """
 
     __slots__ = (
+        "_aregistrar",
         "_callback_id",
         "_cancelled",
         "_progress",
         "_progress_dirty",
+        "_progress_json",
         "_progress_set",
+        "_registrar",
         "_runtime",
         "attempt",
         "deadline_at",
@@ -46,6 +65,8 @@ class JobContext:
         deadline_at: datetime | None,
         progress: Any,
         runtime: Any = None,
+        registrar: Registrar | None = None,
+        aregistrar: AsyncRegistrar | None = None,
     ) -> None:
         self.id = job_id
         self.run_lease = run_lease
@@ -59,13 +80,23 @@ class JobContext:
         # job's CPU in the profile (docs/performance.md).
         self._cancelled = False
         self._progress: Any = progress
+        self._progress_json: str | None = None
         self._progress_dirty = False
         self._progress_set = False
         self._callback_id: uuid.UUID | None = None
         self._runtime = runtime
+        self._registrar = registrar
+        self._aregistrar = aregistrar
 
     @classmethod
-    def for_job(cls, job: Any, runtime: Any = None) -> JobContext:
+    def for_job(
+        cls,
+        job: Any,
+        runtime: Any = None,
+        *,
+        registrar: Registrar | None = None,
+        aregistrar: AsyncRegistrar | None = None,
+    ) -> JobContext:
         """The context of a claimed attempt (an ``awa_django.db.storage.ClaimedJob``)."""
         return cls(
             job_id=job.job_id,
@@ -77,17 +108,50 @@ class JobContext:
             deadline_at=job.deadline_at,
             progress=job.progress,
             runtime=runtime,
+            registrar=registrar,
+            aregistrar=aregistrar,
         )
 
     def __repr__(self) -> str:
         return f"<JobContext id={self.id} attempt={self.attempt} lease={self.run_lease}>"
 
+    # -- callbacks ---------------------------------------------------------------------------
+
     @property
     def callback_id(self) -> uuid.UUID:
-        """This attempt's callback id (for ``WaitForCallback``), created on first use."""
+        """This attempt's callback id, for ``WaitForCallback``.
+
+        The first read registers it in the database (one round trip) before returning it, so an
+        external system that answers before the handler returns is not lost. In an async
+        handler, call ``await ctx.aregister_callback()`` first (a read before that raises
+        ``RuntimeError``, since registering would block the event loop).
+        """
         if self._callback_id is None:
-            self._callback_id = uuid.uuid4()
+            callback_id = uuid.uuid4()
+            if self._registrar is not None:
+                self._registrar(self, callback_id)
+            self._callback_id = callback_id
         return self._callback_id
+
+    async def aregister_callback(self) -> uuid.UUID:
+        """Async: register this attempt's callback id (once) and return it (``callback_id``)."""
+        if self._callback_id is None:
+            callback_id = uuid.uuid4()
+            if self._aregistrar is not None:
+                await self._aregistrar(self, callback_id)
+            elif self._registrar is not None:
+                from asgiref.sync import sync_to_async
+
+                await sync_to_async(self._registrar, thread_sensitive=True)(self, callback_id)
+            self._callback_id = callback_id
+        return self._callback_id
+
+    @property
+    def registered_callback_id(self) -> uuid.UUID | None:
+        """The callback id registered so far (None when none was): reads nothing."""
+        return self._callback_id
+
+    # -- cancellation ------------------------------------------------------------------------
 
     def is_cancelled(self) -> bool:
         """True once this attempt should stop (cancelled, rescued, past its deadline)."""
@@ -97,6 +161,8 @@ class JobContext:
         """Mark the attempt cancelled (used by the runtime; handlers only read the flag)."""
         self._cancelled = True
 
+    # -- progress ----------------------------------------------------------------------------
+
     @property
     def progress(self) -> Any:
         """The latest progress snapshot (``None`` when none was ever set)."""
@@ -105,16 +171,28 @@ class JobContext:
     def set_progress(
         self, percent: float | None, message: str | None = None, **metadata: Any
     ) -> None:
-        """Record progress: ``percent`` (0 to 100), an optional ``message`` and JSON ``metadata``.
+        """Record progress: ``percent`` (0 to 100, or None), an optional ``message`` (text) and
+        JSON ``metadata`` (at most 64 KiB, 32 levels).
 
+        Checked at once: a value that cannot be stored raises ``InvalidArgumentsError`` or
+        ``InvalidOptionError`` (both ``ValueError``) here, in the handler, and nothing changes.
         Cheap: nothing is written until the next heartbeat or ``flush_progress()``.
         """
+        if percent is not None and (
+            type(percent) not in (int, float)
+            or not (math.isfinite(percent) and 0 <= percent <= 100)
+        ):
+            raise InvalidOptionError("percent", f"{percent!r} is not a number from 0 to 100")
         snapshot: dict[str, Any] = {"percent": percent}
         if message is not None:
-            snapshot["message"] = message
+            snapshot["message"] = check_text("message", message)
         if metadata:
             snapshot["metadata"] = metadata
+        text = serialization.dumps(
+            snapshot, "progress", max_bytes=_PROGRESS_MAX_BYTES, max_depth=_PROGRESS_MAX_DEPTH
+        )
         self._progress = snapshot
+        self._progress_json = text
         self._progress_dirty = True
         self._progress_set = True
 
@@ -128,7 +206,12 @@ class JobContext:
         """Whether this attempt set progress (else the previous attempts' progress is kept)."""
         return self._progress_set
 
-    def take_dirty_progress(self) -> tuple[bool, Any]:
-        """(was progress set since the last call, the snapshot); for the heartbeat loop."""
+    @property
+    def progress_json(self) -> str | None:
+        """The progress this attempt set, as checked JSON text (None when it set none)."""
+        return self._progress_json
+
+    def take_dirty_progress(self) -> tuple[bool, str | None]:
+        """(was progress set since the last call, its JSON text); for the heartbeat loop."""
         dirty, self._progress_dirty = self._progress_dirty, False
-        return dirty, self._progress
+        return dirty, self._progress_json

@@ -10,8 +10,14 @@ Handler outcomes (DESIGN §2):
 | returns ``RetryAfter(s)``     | ``retry`` after ``s`` seconds; counts an attempt              |
 | returns ``Snooze(s)``         | ``snooze``: scheduled again without counting an attempt       |
 | returns ``Cancel(reason)``    | ``cancel``                                                   |
+| returns ``WaitForCallback``   | ``wait``: parked until its callback is resolved or times out |
 | unknown kind, bad arguments,  | ``fail`` at once with a clear error; the worker goes on      |
 | a result that is not JSON     |                                                              |
+
+Any ``BaseException`` a handler raises (``SystemExit``, ``KeyboardInterrupt``,
+``asyncio.CancelledError``, custom ones) is an exception like the others: the job is retried or
+failed, the worker goes on. ``outcome_of`` never raises: whatever it is given, it returns a
+finalization the database accepts, with storable error texts.
 """
 
 from __future__ import annotations
@@ -19,16 +25,26 @@ from __future__ import annotations
 import json
 import random
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from awa_django import serialization
 from awa_django.db.storage import ClaimedJob, Finalization
 from awa_django.exceptions import AwaError, TerminalError, ValidationError
 from awa_django.jobs import Job, registered_kinds
+from awa_django.limits import MAX_TEXT, check_seconds, check_text, clean_text
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.worker.context import JobContext
 
-__all__ = ["PreparedAttempt", "backoff", "error_info", "outcome_of", "prepare"]
+__all__ = [
+    "PreparedAttempt",
+    "backoff",
+    "error_info",
+    "outcome_of",
+    "prepare",
+    "refused",
+    "safe_str",
+]
 
 _TRACEBACK_TAIL = 4000
 _BACKOFF_CAP = 86_400.0
@@ -110,19 +126,42 @@ def _unknown(kind: str) -> dict[str, Any]:
 
 
 def error_info(exc: BaseException) -> dict[str, Any]:
-    """The error record of a failed attempt: exception type, message and traceback tail."""
+    """The error record of a failed attempt: exception type, message and traceback tail.
+
+    Never raises, and every text is storable: NUL and lone surrogates become visible escapes.
+    """
     kind = type(exc)
     name = (
         kind.__qualname__
         if kind.__module__ == "builtins"
         else f"{kind.__module__}.{kind.__qualname__}"
     )
-    text = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
+    try:
+        message = str(exc)
+    except BaseException as err:  # a __str__ that raises
+        message = f"<message unavailable: {type(err).__name__}>"
+    try:
+        text = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
+    except BaseException:  # pragma: no cover - traceback formatting failed
+        text = ""
     return {
-        "type": name,
-        "message": str(exc)[:_MESSAGE_MAX],
-        "traceback": text[-_TRACEBACK_TAIL:],
+        "type": clean_text(name, 500),
+        "message": clean_text(message[:_MESSAGE_MAX]),
+        "traceback": clean_text(text, _TRACEBACK_TAIL),
     }
+
+
+def refused(kind: str, message: str) -> dict[str, Any]:
+    """The error record of an outcome awa_django refused (storable text)."""
+    return {"type": kind, "message": clean_text(message[:_MESSAGE_MAX])}
+
+
+def safe_str(value: object) -> str:
+    """``str(value)``, or a placeholder when its ``__str__`` raises."""
+    try:
+        return str(value)
+    except BaseException as err:
+        return f"<{type(value).__name__}: str() raised {type(err).__name__}>"
 
 
 def backoff(attempt: int, base: float) -> float:
@@ -138,23 +177,49 @@ def outcome_of(
     result_max_bytes: int,
     max_depth: int,
     has_state: bool,
-    progress: Any,
+    progress_json: str | None,
     backoff_base: float = 1.0,
 ) -> Finalization:
-    """Map a handler's return value or exception to the finalization the batcher writes."""
+    """Map a handler's return value or exception to the finalization the batcher writes.
+
+    Never raises: anything unexpected becomes a ``fail`` with a readable error.
+    """
     job = attempt.job
 
     def make(outcome: str, **fields: Any) -> Finalization:
+        fields.setdefault("has_state", has_state)
         return Finalization(
             job.job_id,
             job.run_lease,
             job.claim_slot,
             outcome,
-            has_state=has_state,
-            progress=progress,
+            progress_json=progress_json,
             **fields,
         )
 
+    try:
+        return _outcome(attempt, value, exc, make, result_max_bytes, max_depth, backoff_base)
+    except BaseException as err:  # a value whose checks or __eq__ misbehave, say
+        return make(
+            "fail",
+            error=refused(
+                "awa_django.InvalidOutcome",
+                f"the handler's outcome could not be recorded: {type(err).__name__}: "
+                f"{safe_str(err)}",
+            ),
+        )
+
+
+def _outcome(
+    attempt: PreparedAttempt,
+    value: Any,
+    exc: BaseException | None,
+    make: Callable[..., Finalization],
+    result_max_bytes: int,
+    max_depth: int,
+    backoff_base: float,
+) -> Finalization:
+    job = attempt.job
     if attempt.failure is not None:
         return make("fail", error=attempt.failure)
     if exc is not None:
@@ -163,29 +228,44 @@ def outcome_of(
         return make("retry", error=error_info(exc), delay=backoff(job.attempt, backoff_base))
     if value is None:
         return make("completed", result_json="null")
-    if isinstance(value, RetryAfter):
-        return make(
-            "retry",
-            delay=float(value.seconds),
-            error={
-                "type": "awa_django.RetryAfter",
-                "message": f"retry after {value.seconds} s requested by the handler",
-            },
-        )
-    if isinstance(value, Snooze):
-        return make("snooze", delay=float(value.seconds))
-    if isinstance(value, WaitForCallback):
-        if value.callback_id != attempt.ctx.callback_id:
+    # The outcome types check their values when built; they are checked again here in case one
+    # was built around those checks (object.__new__, a subclass).
+    try:
+        if isinstance(value, RetryAfter):
+            seconds = check_seconds("seconds", value.seconds, allow_zero=True)
             return make(
-                "fail",
+                "retry",
+                delay=seconds,
                 error={
-                    "type": "awa_django.InvalidCallback",
-                    "message": "WaitForCallback needs the attempt's own ctx.callback_id",
+                    "type": "awa_django.RetryAfter",
+                    "message": f"retry after {seconds:g} s requested by the handler",
                 },
             )
-        return make("wait", callback_id=value.callback_id, timeout=float(value.timeout))
-    if isinstance(value, Cancel):
-        return make("cancel", error={"type": "awa_django.Cancel", "message": str(value.reason)})
+        if isinstance(value, Snooze):
+            seconds = check_seconds("seconds", value.seconds, allow_zero=True)
+            return make("snooze", delay=seconds)
+        if isinstance(value, WaitForCallback):
+            timeout = check_seconds("timeout", value.timeout)
+            own = attempt.ctx.registered_callback_id
+            if own is None or value.callback_id != own:
+                return make(
+                    "fail",
+                    error=refused(
+                        "awa_django.InvalidCallback",
+                        "WaitForCallback needs the attempt's own ctx.callback_id",
+                    ),
+                )
+            return make("wait", callback_id=own, timeout=timeout, has_state=True)
+        if isinstance(value, Cancel):
+            reason = check_text("reason", value.reason, max_length=MAX_TEXT)
+            return make("cancel", error={"type": "awa_django.Cancel", "message": reason})
+    except ValidationError as err:
+        return make(
+            "fail",
+            error=refused(
+                type(err).__qualname__, f"the handler's outcome was refused: {safe_str(err)}"
+            ),
+        )
     try:
         result = serialization.dumps(
             value, "result", max_bytes=result_max_bytes, max_depth=max_depth
@@ -193,9 +273,8 @@ def outcome_of(
     except (ValidationError, AwaError) as err:
         return make(
             "fail",
-            error={
-                "type": type(err).__qualname__,
-                "message": f"the handler's return value was refused: {err}",
-            },
+            error=refused(
+                type(err).__qualname__, f"the handler's return value was refused: {safe_str(err)}"
+            ),
         )
     return make("completed", result_json=result)

@@ -1,9 +1,19 @@
 """Self-healing database connections for the worker's loops.
 
 A ``Link`` owns one autocommit psycopg connection for one role (claim, finalize, heartbeat,
-listen, leader). When Postgres restarts or a backend is terminated, the failing call is retried
-on a fresh connection after a backoff that grows 50 ms → 5 s; one log line per backoff step, so
-an outage never floods the log. The process never needs a restart for it.
+listen, leader). Errors fall in three kinds, told apart by :func:`is_connection_lost` and
+:data:`TRANSIENT_SQLSTATES`:
+
+* a **lost connection** (Postgres restarted, the backend was terminated, the network is gone):
+  the call is retried on a fresh connection after a backoff that grows 50 ms → 5 s, with one
+  log line per backoff step, so an outage never floods the log. The process never needs a
+  restart for it;
+* a **transient** error on a live connection (deadlock, lock timeout, statement timeout,
+  serialization failure): the call is retried on the same connection a few times with backoff,
+  then the error is raised;
+* anything else (a SQL error, a bug): raised at once, for the caller to handle.
+
+Every statement a link runs is idempotent on retry (the engine's functions are written so).
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ import psycopg
 
 from awa_django.db.connection import connect_async
 
-__all__ = ["CONNECTION_ERRORS", "Link"]
+__all__ = ["CONNECTION_ERRORS", "TRANSIENT_SQLSTATES", "Link", "is_connection_lost"]
 
 log = logging.getLogger("awa_django.worker")
 
@@ -26,8 +36,43 @@ T = TypeVar("T")
 
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 
+#: deadlock_detected, serialization_failure, lock_not_available, query_canceled (statement or
+#: lock timeout, pg_cancel_backend): the statement failed, the connection is fine.
+TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03", "57014"})
+
+# admin_shutdown, crash_shutdown, cannot_connect_now: the server is going away or coming back.
+_LOST_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+
 _BACKOFF_FIRST = 0.05
 _BACKOFF_MAX = 5.0
+_TRANSIENT_TRIES = 5
+
+
+def is_connection_lost(exc: BaseException, conn: Any) -> bool:
+    """Whether ``exc`` (raised while using ``conn``, which may be None) means the connection is
+    gone, rather than one statement failing on a live connection."""
+    if isinstance(exc, psycopg.InterfaceError):
+        return True
+    if not isinstance(exc, psycopg.Error):
+        return False
+    if conn is not None and (conn.closed or getattr(conn, "broken", False)):
+        return True
+    state = exc.sqlstate
+    if state is None:
+        # No server error code: the client failed to talk to the server at all.
+        return isinstance(exc, psycopg.OperationalError)
+    return state.startswith("08") or state in _LOST_SQLSTATES
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a statement failure worth retrying as is (see the module docstring)."""
+    return isinstance(exc, psycopg.Error) and exc.sqlstate in TRANSIENT_SQLSTATES
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's text (its type when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class Link:
@@ -63,27 +108,39 @@ class Link:
         *,
         give_up: Callable[[], bool] = lambda: False,
     ) -> T:
-        """Run ``fn`` on this link's connection, reconnecting on connection errors.
+        """Run ``fn`` on this link's connection: reconnect after a lost connection, retry a
+        transient failure a few times, raise anything else at once.
 
-        ``give_up()`` is asked before each retry; when it says yes the last error is raised.
-        Errors that are not about the connection (SQL errors, bugs) propagate at once.
+        ``give_up()`` is asked before each reconnect; when it says yes the last error is raised.
         """
         delay = _BACKOFF_FIRST
+        transient = 0
         while True:
             try:
                 async with self._lock:
                     return await fn(await self.connection())
-            except CONNECTION_ERRORS as exc:
-                await self.discard()
-                if give_up():
+            except Exception as exc:
+                if is_connection_lost(exc, self.conn):
+                    await self.discard()
+                    if give_up():
+                        raise
+                    self.reconnects += 1
+                    log.warning(
+                        "awa worker: %s connection lost (%s); reconnecting in %.2f s",
+                        self.role,
+                        first_line(exc),
+                        delay,
+                    )
+                elif is_transient(exc) and transient < _TRANSIENT_TRIES:
+                    transient += 1
+                    log.info(
+                        "awa worker: %s statement failed (%s); retrying in %.2f s",
+                        self.role,
+                        first_line(exc),
+                        delay,
+                    )
+                else:
                     raise
-                self.reconnects += 1
-                log.warning(
-                    "awa worker: %s connection lost (%s); reconnecting in %.2f s",
-                    self.role,
-                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-                    delay,
-                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _BACKOFF_MAX)
 

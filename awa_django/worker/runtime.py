@@ -1,11 +1,23 @@
 """One worker process: dispatch, execution, heartbeats, wake-ups, graceful drain.
 
 Lifecycle: register in ``awa.runtime_instances`` → one dispatcher per queue claims batches
-sized to its free execution slots → async handlers run as tasks on the event loop, sync ones in
-a thread pool (each wrapped in ``close_old_connections()``) → outcomes go to the completion
+sized to its free execution slots → async handlers run as tasks on the event loop, sync ones on
+daemon threads (each wrapped in ``close_old_connections()``) → outcomes go to the completion
 batcher → SIGTERM/SIGINT stop claiming, let in-flight jobs finish for up to
 ``SHUTDOWN_TIMEOUT`` while heartbeats go on, flush completions and exit 0. A second signal exits
 at once; whatever it leaves open is rescued later, never lost.
+
+Faults (docs/worker.md, "Faults"):
+
+* every background loop survives any error that is not a lost connection: it logs it (with the
+  job id when there is one), fails only the offending item with a readable error and carries
+  on. A loop that ends anyway makes the process exit with status 70 at once, so a supervisor
+  restarts it: it never runs half-alive;
+* a handler ends its job whatever it raises (``BaseException`` included) or returns;
+* a handler told to stop (past its hard deadline, cancelled, or rescued) that is still running
+  ``ABANDON_AFTER`` seconds later is abandoned: its slot is freed for other jobs and its
+  attempt is left to the database (rescue or cancel closes it). When more handlers are stuck
+  than the process has slots, it drains and exits with status 75 to be restarted.
 
 Coordination times (deadlines, heartbeats, staleness) live on the database clock; this module
 measures only local durations with the event loop's monotonic clock.
@@ -21,8 +33,9 @@ import logging
 import os
 import signal
 import socket
+import sys
+import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -35,27 +48,59 @@ from awa_django.sql import query
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.context import JobContext
-from awa_django.worker.executor import PreparedAttempt, outcome_of, prepare
-from awa_django.worker.links import CONNECTION_ERRORS, Link
+from awa_django.worker.executor import (
+    PreparedAttempt,
+    error_info,
+    outcome_of,
+    prepare,
+    refused,
+    safe_str,
+)
+from awa_django.worker.links import Link, first_line, is_connection_lost
+from awa_django.worker.threads import HandlerThreads
 
-__all__ = ["WorkerRuntime"]
+__all__ = ["EXIT_LOOP_FAILED", "EXIT_STUCK_HANDLERS", "WorkerRuntime"]
 
 log = logging.getLogger("awa_django.worker")
+
+#: A background loop ended unexpectedly (EX_SOFTWARE): restart the process.
+EXIT_LOOP_FAILED = 70
+#: Too many handlers ignored being told to stop (EX_TEMPFAIL): restart the process.
+EXIT_STUCK_HANDLERS = 75
+
+_REGISTER_TIMEOUT = 30.0
 
 
 class Running:
     """Book-keeping of one in-flight attempt."""
 
-    __slots__ = ("attempt", "has_state", "queue", "started", "task", "timer")
+    __slots__ = (
+        "abandoned",
+        "attempt",
+        "cancel_sent",
+        "done",
+        "has_state",
+        "queue",
+        "started",
+        "stop_timer",
+        "task",
+        "thread",
+        "timer",
+    )
 
     def __init__(self, attempt: PreparedAttempt, queue: QueueConfig, started: float) -> None:
         self.attempt = attempt
         self.queue = queue
         self.started = started
         self.has_state = False
+        self.done = False
+        self.abandoned = False
+        self.cancel_sent = False
         # A strong reference: the event loop keeps only weak ones to running tasks.
         self.task: asyncio.Future[Any] | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.stop_timer: asyncio.TimerHandle | None = None
+        self.thread: threading.Thread | None = None
 
 
 class WorkerRuntime:
@@ -72,31 +117,35 @@ class WorkerRuntime:
             self.finalize_link,
             batch_size=config.completion_batch,
             flush_interval=config.completion_flush,
+            give_up=self._shutdown_overdue,
         )
         self.inflight: dict[tuple[int, int], Running] = {}
+        self.abandoned: list[Running] = []
         self.running: dict[str, int] = {q.name: 0 for q in config.queues}
         self.low_water = {
             q.name: max(1, min(config.claim_batch, q.concurrency) // 4) for q in config.queues
         }
         self.stopping = False
+        self.exit_code = 0
         self.signals = 0
         self.claimed = 0
         self.finished = 0
         self._kinds = registered_kinds()
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(1, config.total_concurrency), thread_name_prefix="awa-job"
-        )
+        self._pool = HandlerThreads(config.total_concurrency)
         self._wake: dict[str, asyncio.Event] = {}
         self._stop = asyncio.Event()
         self._flush = asyncio.Event()
         self._all_done = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._stop_deadline: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def run(self) -> int:
         """Serve until stopped; return the process exit code (0 after a graceful drain)."""
         loop = self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._wake = {q.name: asyncio.Event() for q in self.config.queues}
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum)
@@ -108,20 +157,22 @@ class WorkerRuntime:
             os.getpid(),
             ", ".join(f"{q.name}={q.concurrency}" for q in self.config.queues),
         )
-        batcher = loop.create_task(self.batcher.run(), name="awa-batcher")
+        batcher = self._watch(loop.create_task(self.batcher.run(), name="awa-batcher"))
         background = [
-            loop.create_task(self._heartbeat_loop(), name="awa-heartbeat"),
-            loop.create_task(self._refresh_loop(), name="awa-refresh"),
+            self._watch(loop.create_task(self._heartbeat_loop(), name="awa-heartbeat")),
+            self._watch(loop.create_task(self._refresh_loop(), name="awa-refresh")),
         ]
         if self.config.notify:
-            background.append(loop.create_task(self._listen_loop(), name="awa-listen"))
+            background.append(self._watch(loop.create_task(self._listen_loop(), name="awa-listen")))
         if self.config.burst:
-            background.append(loop.create_task(self._burst_loop(), name="awa-burst"))
+            background.append(self._watch(loop.create_task(self._burst_loop(), name="awa-burst")))
         if self.config.maintenance:
             maintenance = Maintenance(MaintenanceSettings.from_settings(), self.instance_id)
-            background.append(loop.create_task(maintenance.run(), name="awa-maintenance"))
+            background.append(
+                self._watch(loop.create_task(maintenance.run(), name="awa-maintenance"))
+            )
         dispatchers = [
-            loop.create_task(self._dispatch(q), name=f"awa-dispatch-{q.name}")
+            self._watch(loop.create_task(self._dispatch(q), name=f"awa-dispatch-{q.name}"))
             for q in self.config.queues
         ]
         await self._stop.wait()
@@ -132,6 +183,7 @@ class WorkerRuntime:
             wake.set()
         await asyncio.gather(*dispatchers, return_exceptions=True)
         await self._drain()
+        self._stop_deadline = loop.time() + self.config.shutdown_timeout
         self.batcher.close()
         await batcher
         for task in background:
@@ -142,18 +194,55 @@ class WorkerRuntime:
             await link.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         log.info(
-            "awa worker %s stopped: %d claimed, %d finished, %d stale",
+            "awa worker %s stopped: %d claimed, %d finished, %d stale, %d abandoned",
             self.instance_id,
             self.claimed,
             self.finished,
             self.batcher.stale,
+            len(self.abandoned),
         )
-        return 0
+        if self.inflight or any(not r.done for r in self.abandoned):
+            # Handlers that will not end would keep the interpreter from exiting (asyncio.run
+            # waits for tasks, the interpreter for executor threads): leave now.
+            _hard_exit(self.exit_code)
+        return self.exit_code
 
     def stop(self) -> None:
         """Begin a graceful stop (what SIGTERM does)."""
         self.stopping = True
         self._stop.set()
+
+    def is_stopping(self) -> bool:
+        """Whether a graceful stop has begun."""
+        return self.stopping
+
+    def _shutdown_overdue(self) -> bool:
+        loop = self._loop
+        return (
+            self._stop_deadline is not None
+            and loop is not None
+            and loop.time() > self._stop_deadline
+        )
+
+    def _watch(self, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
+        """Make a background loop fatal if it ends on its own: never run half-alive."""
+        task.add_done_callback(self._loop_ended)
+        return task
+
+    def _loop_ended(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled() or (self.stopping and task.exception() is None):
+            return
+        exc = task.exception()
+        log.critical(
+            "awa worker %s: background loop %s ended unexpectedly (%s); exiting with status "
+            "%d so that the process is restarted; its attempts will be rescued",
+            self.instance_id,
+            task.get_name(),
+            "returned" if exc is None else f"{type(exc).__name__}: {safe_str(exc)}",
+            EXIT_LOOP_FAILED,
+            exc_info=exc,
+        )
+        _hard_exit(EXIT_LOOP_FAILED)
 
     def _on_signal(self, signum: int) -> None:
         self.signals += 1
@@ -164,7 +253,7 @@ class WorkerRuntime:
                 self.instance_id,
                 len(self.inflight),
             )
-            os._exit(128 + signum)
+            _hard_exit(128 + signum)
         log.info(
             "awa worker %s: %s received, draining (up to %.0f s)",
             self.instance_id,
@@ -223,7 +312,11 @@ class WorkerRuntime:
             row = await cursor.fetchone()
             return (int(row[0]), int(row[1])) if row else (0, 0)
 
-        maximum, in_use = await self.control_link.run(limits, give_up=lambda: self.stopping)
+        try:
+            maximum, in_use = await self.control_link.run(limits, give_up=lambda: self.stopping)
+        except Exception as exc:
+            log.warning("awa worker: could not read max_connections (%s)", first_line(exc))
+            return
         if needed > maximum - in_use:
             log.warning(
                 "awa worker: %d process(es) x (%d handler threads + 5) may need %d connections, "
@@ -242,11 +335,11 @@ class WorkerRuntime:
 
         try:
             await self.control_link.run(remove, give_up=lambda: True)
-        except CONNECTION_ERRORS:
+        except Exception as exc:
             log.warning(
-                "awa worker %s: could not remove its runtime row (the database is "
-                "unreachable); it expires on its own",
+                "awa worker %s: could not remove its runtime row (%s); it expires on its own",
                 self.instance_id,
+                first_line(exc),
             )
 
     # -- dispatch and execution --------------------------------------------------------------
@@ -254,6 +347,7 @@ class WorkerRuntime:
     async def _dispatch(self, queue: QueueConfig) -> None:
         wake = self._wake[queue.name]
         cfg = self.config
+        failures = 0
         while not self.stopping:
             free = queue.concurrency - self.running[queue.name]
             if free < self.low_water[queue.name] and self.running[queue.name] > 0:
@@ -277,8 +371,22 @@ class WorkerRuntime:
 
             try:
                 jobs = await self.claim_link.run(claim, give_up=lambda: self.stopping)
-            except CONNECTION_ERRORS:
-                return
+            except Exception as exc:
+                if self.is_stopping():
+                    return
+                # Not a lost connection (the link handles those): log, back off, carry on.
+                failures += 1
+                delay = min(cfg.poll_interval * 2**failures, 5.0)
+                log.error(
+                    "awa worker: claiming from queue %s failed (%s: %s); retrying in %.2f s",
+                    queue.name,
+                    type(exc).__name__,
+                    first_line(exc),
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
             self.claimed += len(jobs)
             for job in jobs:
                 self._start(job, queue)
@@ -287,10 +395,19 @@ class WorkerRuntime:
                     await asyncio.wait_for(wake.wait(), cfg.poll_interval)
 
     def _start(self, job: ClaimedJob, queue: QueueConfig) -> None:
+        """Start one claimed attempt; whatever goes wrong, it ends with an outcome."""
         loop = self._loop
         assert loop is not None
-        ctx = JobContext.for_job(job, runtime=self)
-        attempt = prepare(job, ctx, self._kinds)
+        ctx = JobContext.for_job(
+            job, runtime=self, registrar=self._register_sync, aregistrar=self._register_async
+        )
+        try:
+            attempt = prepare(job, ctx, self._kinds)
+        except Exception as exc:
+            attempt = PreparedAttempt(job, ctx)
+            attempt.failure = refused(
+                "awa_django.InvalidJob", f"job {job.job_id} could not be prepared: {safe_str(exc)}"
+            )
         run = Running(attempt, queue, loop.time())
         self.inflight[(job.job_id, job.run_lease)] = run
         self.running[queue.name] += 1
@@ -299,60 +416,138 @@ class WorkerRuntime:
         if attempt.failure is not None:
             self._finish(run, None, None)
             return
-        if job.timeout_secs is not None:
-            # Past the hard deadline the handler is told to stop; rescue closes the attempt.
-            run.timer = loop.call_later(job.timeout_secs, ctx.cancel)
-        handle = attempt.handle
-        assert handle is not None
-        if handle.is_async:
-            run.task = loop.create_task(self._run_async(run))
-        else:
-            future = loop.run_in_executor(self._pool, _run_sync, attempt)
-            future.add_done_callback(functools.partial(self._sync_done, run))
-            run.task = future
+        try:
+            if job.timeout_secs is not None:
+                # Past the hard deadline the handler is told to stop; rescue closes the attempt.
+                run.timer = loop.call_later(
+                    job.timeout_secs, self._tell_stop, run, "past its hard deadline"
+                )
+            handle = attempt.handle
+            assert handle is not None
+            if handle.is_async:
+                run.task = loop.create_task(self._run_async(run))
+            else:
+                future = loop.run_in_executor(self._pool, _run_sync, run)
+                future.add_done_callback(functools.partial(self._sync_done, run))
+                run.task = future
+        except BaseException as exc:
+            self._finish(run, None, exc)
 
     async def _run_async(self, run: Running) -> None:
         attempt = run.attempt
         assert attempt.handle is not None
         try:
             value = await attempt.handle.func(*attempt.call_args(), **attempt.kwargs)
-        except Exception as exc:
+        except BaseException as exc:  # CancelledError and SystemExit included: the job fails
             self._finish(run, None, exc)
         else:
             self._finish(run, value, None)
 
     def _sync_done(self, run: Running, future: asyncio.Future[Any]) -> None:
         if future.cancelled():
+            self._finish(run, None, asyncio.CancelledError("not started: the worker is stopping"))
             return
-        value, exc = future.result()
+        try:
+            value, exc = future.result()
+        except BaseException as error:
+            value, exc = None, error
         self._finish(run, value, exc)
 
     def _finish(self, run: Running, value: Any, exc: BaseException | None) -> None:
+        """Record a handler's end: never raises, always frees the slot (once)."""
+        if run.done:
+            return
+        run.done = True
+        for timer in (run.timer, run.stop_timer):
+            if timer is not None:
+                timer.cancel()
         attempt = run.attempt
         job = attempt.job
         ctx = attempt.ctx
-        if run.timer is not None:
-            run.timer.cancel()
-        outcome = outcome_of(
-            attempt,
-            value=value,
-            exc=exc,
-            result_max_bytes=self.config.result_max_bytes,
-            max_depth=self.config.json_max_depth,
-            has_state=run.has_state,
-            progress=ctx.progress if ctx.progress_set else None,
-            backoff_base=self.config.backoff_base,
-        )
+        if run.abandoned and run.cancel_sent and isinstance(exc, asyncio.CancelledError):
+            # The cancellation this runtime sent to an abandoned task: the attempt is the
+            # database's to close (rescue or cancel), with the real reason.
+            return
+        try:
+            outcome = outcome_of(
+                attempt,
+                value=value,
+                exc=exc,
+                result_max_bytes=self.config.result_max_bytes,
+                max_depth=self.config.json_max_depth,
+                has_state=run.has_state,
+                progress_json=ctx.progress_json if ctx.progress_set else None,
+                backoff_base=self.config.backoff_base,
+            )
+        except BaseException as error:  # pragma: no cover - outcome_of does not raise
+            outcome = Finalization(
+                job.job_id, job.run_lease, job.claim_slot, "fail", error=error_info(error)
+            )
         self.batcher.add(outcome)
-        del self.inflight[(job.job_id, job.run_lease)]
         self.finished += 1
+        if not run.abandoned:
+            self._release(run)
+        try:
+            self._log_outcome(run, outcome)
+        except Exception:  # pragma: no cover - logging must not break the loop
+            log.exception("awa worker: could not log the outcome of job %s", job.job_id)
+
+    def _release(self, run: Running) -> None:
+        """Free a run's slot and wake its dispatcher."""
+        job = run.attempt.job
+        self.inflight.pop((job.job_id, job.run_lease), None)
         name = run.queue.name
         self.running[name] -= 1
         if run.queue.concurrency - self.running[name] >= self.low_water[name] or self.stopping:
             self._wake[name].set()
         if not self.inflight:
             self._all_done.set()
-        self._log_outcome(run, outcome)
+
+    def _tell_stop(self, run: Running, why: str) -> None:
+        """Tell a handler to stop (``is_cancelled()``); abandon it if it still runs after
+        ``ABANDON_AFTER``."""
+        if run.done or run.abandoned:
+            return
+        run.attempt.ctx.cancel()
+        loop = self._loop
+        if run.stop_timer is None and loop is not None:
+            run.stop_timer = loop.call_later(self.config.abandon_after, self._abandon, run, why)
+
+    def _abandon(self, run: Running, why: str) -> None:
+        if run.done or run.abandoned:
+            return
+        run.abandoned = True
+        self._release(run)
+        self.abandoned.append(run)
+        job = run.attempt.job
+        log.warning(
+            "awa worker: job %s %s attempt %s (lease %s) abandoned: its handler still runs "
+            "%.1f s after it was told to stop (%s); its slot is freed and the attempt is left "
+            "to rescue or cancel",
+            job.job_id,
+            job.kind,
+            job.attempt,
+            job.run_lease,
+            self.config.abandon_after,
+            why,
+        )
+        if run.task is not None and not run.task.done():
+            run.cancel_sent = True
+            run.task.cancel()  # an async handler gets CancelledError; a queued sync one won't start
+        if run.thread is not None:
+            self._pool.retire(run.thread)
+        self.abandoned = [r for r in self.abandoned if not r.done]
+        stuck = len(self.abandoned)
+        if stuck > max(1, self.config.total_concurrency) and not self.stopping:
+            log.error(
+                "awa worker %s: %d handler(s) are stuck after being told to stop; draining and "
+                "exiting with status %d so that the process is restarted",
+                self.instance_id,
+                stuck,
+                EXIT_STUCK_HANDLERS,
+            )
+            self.exit_code = EXIT_STUCK_HANDLERS
+            self.stop()
 
     def _log_outcome(self, run: Running, outcome: Finalization) -> None:
         job = run.attempt.job
@@ -382,6 +577,41 @@ class WorkerRuntime:
             error.get("message", ""),
         )
 
+    # -- callbacks ---------------------------------------------------------------------------
+
+    def _register_sync(self, ctx: JobContext, callback_id: uuid.UUID) -> None:
+        """Register a callback id from a sync handler's thread (blocks on the event loop)."""
+        loop = self._loop
+        assert loop is not None
+        if threading.get_ident() == self._loop_thread:
+            raise RuntimeError(
+                "ctx.callback_id cannot be read before `await ctx.aregister_callback()` in an "
+                "async handler (registering it would block the event loop)"
+            )
+        asyncio.run_coroutine_threadsafe(self._register_async(ctx, callback_id), loop).result()
+
+    async def _register_async(self, ctx: JobContext, callback_id: uuid.UUID) -> None:
+        loop = asyncio.get_running_loop()
+        run = self.inflight.get((ctx.id, ctx.run_lease))
+        if run is not None:
+            run.has_state = True  # its attempt_state row goes when the attempt ends
+        deadline = loop.time() + _REGISTER_TIMEOUT
+
+        async def register(conn: psycopg.AsyncConnection[Any]) -> bool:
+            cursor = await conn.execute(
+                query("callback_register"), [ctx.id, ctx.run_lease, callback_id]
+            )
+            row = await cursor.fetchone()
+            return bool(row and row[0])
+
+        if not await self.control_link.run(register, give_up=lambda: loop.time() > deadline):
+            log.info(
+                "job %s attempt lease %s is no longer open; its callback was not registered",
+                ctx.id,
+                ctx.run_lease,
+            )
+            ctx.cancel()
+
     # -- heartbeats, wake-ups, runtime row ---------------------------------------------------
 
     def request_flush(self) -> None:
@@ -392,43 +622,80 @@ class WorkerRuntime:
 
     async def _heartbeat_loop(self) -> None:
         interval = self.config.heartbeat_interval
-        loop = asyncio.get_running_loop()
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._flush.wait(), interval)
             self._flush.clear()
-            now = loop.time()
-            items: list[tuple[int, int, Any]] = []
-            for (job_id, lease), run in list(self.inflight.items()):
-                dirty, progress = run.attempt.ctx.take_dirty_progress()
-                # Short jobs never write attempt_state: only attempts running for a heartbeat
-                # interval, or with progress to write, are refreshed.
-                if dirty or now - run.started >= interval:
-                    run.has_state = True
-                    items.append((job_id, lease, progress if dirty else None))
-            if not items:
-                continue
+            try:
+                await self._heartbeat_once(interval)
+            except Exception:
+                log.exception("awa worker: a heartbeat pass failed; the next one follows")
 
-            async def beat(
-                conn: psycopg.AsyncConnection[Any], items: list[tuple[int, int, Any]] = items
-            ) -> list[tuple[int, int]]:
-                return await aheartbeat(conn, items)
+    async def _heartbeat_once(self, interval: float) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        items: list[tuple[int, int, str | None]] = []
+        for (job_id, lease), run in list(self.inflight.items()):
+            dirty, progress = run.attempt.ctx.take_dirty_progress()
+            # Short jobs never write attempt_state: only attempts running for a heartbeat
+            # interval, or with progress to write, are refreshed.
+            if dirty or now - run.started >= interval:
+                run.has_state = True
+                items.append((job_id, lease, progress if dirty else None))
+        if not items:
+            return
+        try:
+            gone = await self._beat(items)
+        except Exception as exc:
+            gone = await self._beat_one_by_one(items, exc)
+        for key in gone:
+            closed = self.inflight.get(key)
+            if closed is not None:
+                log.info(
+                    "job %s attempt lease %s is no longer open (rescued or cancelled); "
+                    "its handler is told to stop",
+                    key[0],
+                    key[1],
+                )
+                self._tell_stop(closed, "its attempt is no longer open")
 
-            for key in await self.control_link.run(beat):
-                gone = self.inflight.get(key)
-                if gone is not None:
-                    log.info(
-                        "job %s attempt lease %s is no longer open (rescued or cancelled); "
-                        "its handler is told to stop",
-                        key[0],
-                        key[1],
+    async def _beat(self, items: list[tuple[int, int, str | None]]) -> list[tuple[int, int]]:
+        async def beat(conn: psycopg.AsyncConnection[Any]) -> list[tuple[int, int]]:
+            return await aheartbeat(conn, items)
+
+        return await self.control_link.run(beat)
+
+    async def _beat_one_by_one(
+        self, items: list[tuple[int, int, str | None]], exc: Exception
+    ) -> list[tuple[int, int]]:
+        """A heartbeat batch the database refused: beat each attempt alone, without its
+        progress if need be, so one bad item never stops the others' heartbeats."""
+        log.error(
+            "awa worker: a heartbeat batch was refused (%s); beating one by one", first_line(exc)
+        )
+        gone: list[tuple[int, int]] = []
+        for job_id, lease, progress in items:
+            for attempt in ((job_id, lease, progress), (job_id, lease, None)):
+                try:
+                    gone.extend(await self._beat([attempt]))
+                    break
+                except Exception as error:
+                    log.error(
+                        "awa worker: heartbeat of job %s attempt lease %s refused (%s)%s",
+                        job_id,
+                        lease,
+                        first_line(error),
+                        "; retrying without its progress" if attempt[2] is not None else "",
                     )
-                    gone.attempt.ctx.cancel()
+        return gone
 
     async def _refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.runtime_refresh)
-            await self._register()
+            try:
+                await self._register()
+            except Exception as exc:
+                log.warning("awa worker: could not refresh the runtime row (%s)", first_line(exc))
 
     async def _listen_loop(self) -> None:
         delay = 0.05
@@ -448,18 +715,21 @@ class WorkerRuntime:
                             target.set()
                     elif note.channel == "awa_cancel":
                         self._on_cancel_note(note.payload)
-            except CONNECTION_ERRORS as exc:
+            except asyncio.CancelledError:
+                await listen.close()
+                raise
+            except Exception as exc:
+                lost = is_connection_lost(exc, listen.conn)
                 await listen.discard()
-                log.warning(
-                    "awa worker: listen connection lost (%s); reconnecting in %.2f s",
-                    type(exc).__name__,
+                log.log(
+                    logging.WARNING if lost else logging.ERROR,
+                    "awa worker: listen connection %s (%s); reconnecting in %.2f s",
+                    "lost" if lost else "failed",
+                    first_line(exc),
                     delay,
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-            except asyncio.CancelledError:
-                await listen.close()
-                raise
 
     def _on_cancel_note(self, payload: str) -> None:
         try:
@@ -469,7 +739,7 @@ class WorkerRuntime:
             return
         run = self.inflight.get(key)
         if run is not None:
-            run.attempt.ctx.cancel()
+            self._tell_stop(run, "cancelled or rescued")
 
     async def _burst_loop(self) -> None:
         names = [q.name for q in self.config.queues]
@@ -483,18 +753,44 @@ class WorkerRuntime:
             await asyncio.sleep(self.config.poll_interval)
             if self.inflight or self.batcher.pending:
                 continue
-            if await self.control_link.run(idle):
+            try:
+                done = await self.control_link.run(idle)
+            except Exception as exc:
+                log.warning("awa worker: burst check failed (%s)", first_line(exc))
+                continue
+            if done:
                 log.info("awa worker %s: burst mode, nothing left to do", self.instance_id)
                 self.stop()
 
 
-def _run_sync(attempt: PreparedAttempt) -> tuple[Any, BaseException | None]:
-    """Run a sync handler in a pool thread, with fresh Django connections around it."""
+def _run_sync(run: Running) -> tuple[Any, BaseException | None]:
+    """Run a sync handler on a pool thread, with fresh Django connections around it.
+
+    Whatever the handler raises (``BaseException`` included) is returned, never raised.
+    """
+    run.thread = threading.current_thread()
+    attempt = run.attempt
     assert attempt.handle is not None
-    close_old_connections()
     try:
+        close_old_connections()
         return attempt.handle.func(*attempt.call_args(), **attempt.kwargs), None
-    except Exception as exc:
+    except BaseException as exc:
         return None, exc
     finally:
-        close_old_connections()
+        try:
+            close_old_connections()
+        except Exception:
+            log.exception(
+                "awa worker: closing the ORM connections after job %s failed", attempt.job.job_id
+            )
+
+
+def _hard_exit(code: int) -> None:
+    """Exit the process now, without waiting for threads or tasks (logs are flushed)."""
+    for handler in logging.getLogger().handlers + logging.getLogger("awa_django").handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

@@ -1,8 +1,9 @@
 -- Statements used by awa_django.db.operations.RunAwaSQL.
 
 -- name: migration_lock
--- Serialises concurrent `migrate` runs for the awa schema until the transaction ends.
-SELECT pg_advisory_xact_lock(4282177, 0)
+-- Serialises concurrent `migrate` runs for the awa schema until the transaction ends. Class
+-- 4282180 is the migrations' own key space (0007_faults_v1.sql lists every class).
+SELECT pg_advisory_xact_lock(4282180, 0)
 
 -- name: migrations_table_exists
 SELECT to_regclass('awa.schema_migrations') IS NOT NULL

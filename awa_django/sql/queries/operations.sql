@@ -23,7 +23,11 @@ SELECT awa.callback_resolve_v1(%s::uuid, %s::jsonb, %s::jsonb, %s)
 SELECT awa.queue_pause_v1(%s, %s)
 
 -- name: queue_drain
-SELECT awa.queue_drain_v1(%s)
+-- One batch, in one short transaction; only jobs enqueued before the drain began (job id bound).
+SELECT awa.queue_drain_v2(%s, %s, %s)
+
+-- name: job_id_high_water
+SELECT last_value FROM awa.job_id_seq
 
 -- name: queue_stats
 SELECT queue, available, running, waiting_external, scheduled, retryable, completed, failed,
@@ -53,3 +57,7 @@ LIMIT %(limit)s
 
 -- name: throughput
 SELECT completed FROM awa.throughput_v1(%s)
+
+-- name: read_committed
+-- The first statement of a transaction awa_django opens for a function that needs it.
+SET TRANSACTION ISOLATION LEVEL READ COMMITTED

@@ -1,6 +1,10 @@
 -- Statements used by the worker and maintenance (awa_django.db.storage), on their own
 -- psycopg connections in autocommit mode: each call is one short transaction.
 
+-- name: worker_session
+-- Once per worker connection: the engine's functions need READ COMMITTED.
+SET default_transaction_isolation = 'read committed'
+
 -- name: claim
 SELECT job_id, run_lease, attempt, max_attempts, claim_slot, kind, args::text, queue, priority,
        deadline_at, timeout_secs, progress
@@ -49,7 +53,8 @@ UPDATE awa.runtime_instances SET is_leader = (instance_id = %s) WHERE is_leader 
 SELECT job_id, run_lease, reason FROM awa.rescue_v1(%s, %s, %s)
 
 -- name: rotate
-SELECT awa.rotate_v1(%s)
+-- Rotates only once the current slot is the given seconds old, on the database clock.
+SELECT awa.rotate_v2(%s, %s)
 
 -- name: prune
 SELECT awa.prune_v1(%s, %s)
@@ -62,6 +67,9 @@ SELECT awa.cleanup_v1(%s)
 
 -- name: connection_budget
 SELECT current_setting('max_connections')::integer, (SELECT count(*) FROM pg_stat_activity)
+
+-- name: callback_register
+SELECT awa.callback_register_v1(%s, %s, %s)
 
 -- name: queues_known
 SELECT DISTINCT queue FROM awa.queue_lanes ORDER BY queue

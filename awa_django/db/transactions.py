@@ -1,0 +1,48 @@
+"""Write transactions on Django's connection: the caller's when it has one, else one of ours.
+
+Every public write of awa_django (enqueue, bulk enqueue, cancel, callback resolution, DLQ retry
+and purge, drains) is atomic: inside the caller's ``transaction.atomic()`` block it joins that
+transaction (and commits or rolls back with it); in autocommit it runs in a transaction of its
+own, so a write of several statements never commits half-way, and the wake-up NOTIFY is
+delivered only when every row exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from awa_django.sql import query
+
+__all__ = ["write_transaction"]
+
+
+@contextmanager
+def write_transaction(
+    using: str, *, statements: int = 2, read_committed: bool = False
+) -> Iterator[BaseDatabaseWrapper]:
+    """The connection of ``using``, inside a transaction for a write of ``statements``.
+
+    * In the caller's transaction (an atomic block, or autocommit turned off): nothing is
+      added; the write commits or rolls back with it.
+    * In autocommit, a write of more than one statement runs in a transaction of its own.
+    * ``read_committed``: the engine function needs READ COMMITTED (it takes locks and then
+      reads with fresh snapshots). A transaction of our own is set to it, whatever the
+      alias's default; in the caller's transaction at another level, the function refuses
+      with SQLSTATE 25000.
+    """
+    connection = connections[using]
+    if connection.in_atomic_block or not connection.get_autocommit():
+        yield connection
+        return
+    if statements <= 1 and not read_committed:
+        yield connection
+        return
+    with transaction.atomic(using=using):
+        if read_committed:
+            with connection.cursor() as cursor:
+                cursor.execute(query("read_committed"))
+        yield connection

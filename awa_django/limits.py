@@ -1,0 +1,130 @@
+"""Bounds on the values awa_django stores, checked where they enter (and again in SQL).
+
+Every duration (``run_after`` delays, deadlines, ``RetryAfter``, ``Snooze``, callback timeouts)
+must be a finite number of seconds of at most :data:`MAX_SECONDS`, so that the database can
+always add it to ``now()``; every text awa_django stores must be valid UTF-8 without NUL, which
+PostgreSQL cannot store. The SQL functions apply the same bounds (migration 0007).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from awa_django.exceptions import InvalidOptionError
+
+__all__ = [
+    "MAX_BIGINT",
+    "MAX_SECONDS",
+    "MAX_TEXT",
+    "check_ids",
+    "check_seconds",
+    "check_text",
+    "check_uuid",
+    "clean_text",
+    "tag_tuple",
+]
+
+#: The longest delay, deadline or timeout: 100 years (36,525 days), in seconds.
+MAX_SECONDS = 3_155_760_000.0
+
+#: The longest reason or error text an operator or handler may pass (characters).
+MAX_TEXT = 10_000
+
+#: Job ids are PostgreSQL ``bigint``.
+MAX_BIGINT = 2**63 - 1
+
+
+def check_seconds(field: str, value: Any, *, allow_zero: bool = False) -> float:
+    """``value`` (a number or a ``timedelta``) as float seconds, or ``InvalidOptionError``.
+
+    Accepted: finite, positive (or zero with ``allow_zero``), at most :data:`MAX_SECONDS`.
+    ``bool`` is not a number here.
+    """
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if type(seconds) not in (int, float):
+        raise InvalidOptionError(
+            field, f"{value!r} is not a number of seconds (int, float or timedelta)"
+        )
+    seconds = float(seconds)
+    low_ok = seconds >= 0 if allow_zero else seconds > 0
+    if not (math.isfinite(seconds) and low_ok and seconds <= MAX_SECONDS):
+        bound = "0" if allow_zero else "more than 0"
+        raise InvalidOptionError(
+            field,
+            f"{value!r} is not a number of seconds between {bound} and {MAX_SECONDS:.0f} "
+            "(100 years)",
+        )
+    return seconds
+
+
+def check_text(field: str, value: Any, *, max_length: int = MAX_TEXT) -> str:
+    """``value`` if it is a ``str`` PostgreSQL can store (no NUL, no lone surrogate) of at most
+    ``max_length`` characters; ``InvalidOptionError`` otherwise."""
+    if type(value) is not str:
+        raise InvalidOptionError(field, f"must be a str, got {type(value).__name__}")
+    if "\x00" in value:
+        raise InvalidOptionError(field, "contains a NUL character, which PostgreSQL cannot store")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidOptionError(
+                field, "contains a lone surrogate, which is not valid UTF-8"
+            ) from None
+    if len(value) > max_length:
+        raise InvalidOptionError(
+            field, f"{len(value)} characters exceeds the limit of {max_length}"
+        )
+    return value
+
+
+def clean_text(value: str, max_length: int | None = None) -> str:
+    """``value`` made storable without refusing it: NUL and lone surrogates become visible
+    escapes (``\\x00``, ``\\ud800``), and it is cut to its last ``max_length`` characters
+    when given. For texts awa_django must record whatever they hold (exception messages and
+    tracebacks)."""
+    if "\x00" in value:
+        value = value.replace("\x00", "\\x00")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if max_length is not None and len(value) > max_length:
+        value = value[-max_length:]
+    return value
+
+
+def check_uuid(field: str, value: Any) -> uuid.UUID:
+    """``value`` as a ``uuid.UUID`` (a UUID or its text), or ``InvalidOptionError``."""
+    if isinstance(value, uuid.UUID):
+        return value
+    if type(value) is str:
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            pass
+    raise InvalidOptionError(field, f"{value!r} is not a UUID")
+
+
+def check_ids(field: str, values: Any) -> list[int]:
+    """A list of job ids (``int``, not ``bool``, within ``bigint``), or ``InvalidOptionError``."""
+    if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
+        raise InvalidOptionError(field, "must be a list of job ids")
+    ids = list(values)
+    for value in ids:
+        if type(value) is not int or not -MAX_BIGINT <= value <= MAX_BIGINT:
+            raise InvalidOptionError(field, f"{value!r} is not a job id (an int)")
+    return ids
+
+
+def tag_tuple(tags: Iterable[str]) -> tuple[str, ...]:
+    """``tags`` as a tuple, or ``InvalidOptionError`` for a single string (which is not a list
+    of tags), a mapping or a non-iterable. The tags themselves are checked at enqueue."""
+    if isinstance(tags, str | bytes | Mapping) or not isinstance(tags, Iterable):
+        raise InvalidOptionError("tags", f"must be a list of strings, got {type(tags).__name__}")
+    return tuple(tags)

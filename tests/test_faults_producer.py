@@ -1,0 +1,249 @@
+"""The producer and operator API under faults: one transaction per write, bad input refused with
+nothing written and the caller's transaction intact, isolation enforced.
+
+Each test reproduces a defect found by hostile use (issue 11).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection, connections, transaction
+
+import awa_django
+from awa_django import InvalidArgumentsError, InvalidOptionError, ValidationError, services
+from awa_django.db import storage
+from tests import testjobs
+from tests.storage_support import WORKER, conninfo, job_state, pg
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_awa")]
+
+NOOP = "tests.testjobs.noop"
+
+
+def count_jobs() -> int:
+    with pg() as conn:
+        row = conn.execute("SELECT count(*) FROM awa.jobs").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+# One transaction per write -----------------------------------------------------------------------
+
+
+class _InterleavingCursor:
+    """A psycopg cursor proxy that runs ``before_copy`` when the COPY of enqueue_many starts,
+    i.e. between reserving the lane positions and writing the rows."""
+
+    def __init__(self, cursor: Any, before_copy: Any) -> None:
+        self._cursor = cursor
+        self._before_copy = before_copy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+    def copy(self, *args: Any, **kwargs: Any) -> Any:
+        self._before_copy()
+        return self._cursor.copy(*args, **kwargs)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_many_outside_atomic_loses_no_job_to_a_concurrent_producer_and_claimer(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    settings.AWA = {**settings.AWA, "ENQUEUE_SHARDS": 1}
+    from awa_django import producer
+
+    testjobs.noop.using(queue="lost").enqueue()  # creates the queue's single lane
+    other: dict[str, Any] = {}
+
+    def producer_and_claimer() -> None:
+        # Another producer takes the next lane position and commits; a worker claims it.
+        with psycopg.connect(conninfo(), autocommit=True) as conn:
+            conn.execute("SET lock_timeout = '2s'")
+            try:
+                other["id"] = conn.execute(
+                    "SELECT job_id FROM awa.enqueue_one_v1(%s, 'lost', 0, %s::jsonb, 1)",
+                    [NOOP, '{"args": [], "kwargs": {}}'],
+                ).fetchone()
+            except psycopg.errors.LockNotAvailable:
+                other["blocked"] = True
+
+    def before_copy() -> None:
+        thread = threading.Thread(target=producer_and_claimer)
+        thread.start()
+        thread.join(5)
+
+    real = producer.copy_enqueue
+    monkeypatch.setattr(
+        producer,
+        "copy_enqueue",
+        lambda cur, reqs: real(_InterleavingCursor(cur, before_copy), reqs),
+    )
+    assert connection.get_autocommit()
+    handles = awa_django.enqueue_many([testjobs.noop.using(queue="lost").prepare()] * 3)
+    with pg() as conn:
+        claimed = {c.job_id for c in storage.claim(conn, "lost", 100, WORKER)}
+    # Every job enqueue_many returned is claimable: none was committed behind the cursor.
+    assert {h.id for h in handles} <= claimed
+    assert other == {"blocked": True}
+
+
+def test_enqueue_many_in_autocommit_notifies_only_after_its_rows_exist(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from awa_django import producer
+
+    testjobs.noop.enqueue()
+    seen: list[str] = []
+    with pg() as listener:
+        listener.execute("LISTEN awa_jobs")
+
+        def before_copy() -> None:
+            seen.extend(n.payload for n in listener.notifies(timeout=0.3, stop_after=1))
+
+        real = producer.copy_enqueue
+        monkeypatch.setattr(
+            producer,
+            "copy_enqueue",
+            lambda cur, reqs: real(_InterleavingCursor(cur, before_copy), reqs),
+        )
+        awa_django.enqueue_many([testjobs.noop.prepare()] * 2)
+        assert seen == []  # nothing was announced while the rows did not exist
+        after = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+    assert after == ["default"]
+
+
+def test_a_drain_from_autocommit_cancels_everything_in_short_batches() -> None:
+    awa_django.enqueue_many([testjobs.noop.using(queue="d").prepare()] * 2500)
+    assert services.queue_drain("d") == 2500
+    with pg() as conn:
+        assert storage.queue_depth(conn, "d") == {"d": 0}
+
+
+# Bad input: a ValidationError, nothing written, the caller's transaction still usable ------------
+
+BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[ValidationError]]] = [
+    ("run_after timedelta.max", {"run_after": timedelta.max}, InvalidOptionError),
+    ("deadline timedelta.max", {"deadline": timedelta.max}, InvalidOptionError),
+    ("deadline 1e300", {"deadline": 1e300}, InvalidOptionError),
+    ("deadline nan", {"deadline": float("nan")}, InvalidOptionError),
+    ("deadline bool", {"deadline": True}, InvalidOptionError),
+    ("run_after number", {"run_after": 5}, InvalidOptionError),
+    ("args surrogate", {"args": ["\ud800"]}, InvalidArgumentsError),
+    ("kwargs key surrogate", {"kwargs": {"\udfff": 1}}, InvalidArgumentsError),
+    ("metadata surrogate", {"metadata": {"k": "a\ud800b"}}, InvalidArgumentsError),
+    ("tags surrogate", {"tags": ["\ud800"]}, InvalidOptionError),
+    ("huge int", {"args": [10**5000]}, InvalidArgumentsError),
+    ("args a string", {"args": "abc"}, InvalidArgumentsError),
+    ("args a dict", {"args": {"a": 1}}, InvalidArgumentsError),
+    ("kwargs a list", {"kwargs": [("a", 1)]}, InvalidArgumentsError),
+    ("tags a string", {"tags": "abc"}, InvalidOptionError),
+    ("metadata a list", {"metadata": [1]}, InvalidOptionError),
+]
+
+
+@pytest.mark.parametrize(
+    ("options", "error"), [b[1:] for b in BAD_ENQUEUES], ids=[b[0] for b in BAD_ENQUEUES]
+)
+def test_bad_enqueue_input_is_refused_before_anything_is_written(
+    options: dict[str, Any], error: type[ValidationError]
+) -> None:
+    with transaction.atomic():
+        testjobs.noop.enqueue()
+        with pytest.raises(error):
+            awa_django.enqueue(NOOP, **options)
+        # The transaction is intact: the job before commits with it.
+        testjobs.noop.enqueue()
+    assert count_jobs() == 2
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "junk",
+        None,
+        {"kind": NOOP},
+    ],
+)
+def test_enqueue_many_refuses_anything_but_prepared_requests(bad: Any) -> None:
+    with pytest.raises(InvalidOptionError, match="requests"):
+        awa_django.enqueue_many([testjobs.noop.prepare(), bad])
+    assert count_jobs() == 0
+
+
+def test_prepare_and_using_refuse_bad_options_at_once() -> None:
+    with pytest.raises(InvalidArgumentsError):
+        testjobs.renamed.prepare("\ud800")
+    with pytest.raises(InvalidOptionError):
+        testjobs.noop.using(tags="abc").prepare()
+    with pytest.raises(InvalidOptionError):
+        testjobs.noop.using(run_after=timedelta(days=365 * 200)).prepare()
+    # The far ends of what Python and PostgreSQL both store are fine; a past delay means now.
+    far = datetime.max.replace(tzinfo=UTC)
+    assert testjobs.noop.using(run_after=far).enqueue().state == "scheduled"
+    assert testjobs.noop.using(run_after=datetime.min.replace(tzinfo=UTC)).enqueue().state == (
+        "available"
+    )
+    assert testjobs.noop.using(run_after=timedelta.min).enqueue().state == "available"
+    assert testjobs.noop.using(run_after=timedelta(days=36_500)).enqueue().state == "scheduled"
+
+
+@pytest.mark.parametrize(
+    ("callback_id", "options"),
+    [
+        ("not-a-uuid", {}),
+        (12, {}),
+        (uuid.uuid4(), {"error": "bad \x00 text"}),
+        (uuid.uuid4(), {"error": "bad \ud800 text"}),
+        (uuid.uuid4(), {"error": 5}),
+        (uuid.uuid4(), {"result": {1, 2}}),
+        (uuid.uuid4(), {"result": "\ud800"}),
+        (uuid.uuid4(), {"terminal": "yes"}),
+    ],
+)
+def test_resolve_callback_refuses_bad_input_and_keeps_the_transaction(
+    callback_id: Any, options: dict[str, Any]
+) -> None:
+    with transaction.atomic():
+        testjobs.noop.enqueue()
+        with pytest.raises(ValidationError):
+            awa_django.resolve_callback(callback_id, **options)
+        testjobs.noop.enqueue()
+    assert count_jobs() == 2
+
+
+def test_cancel_and_dlq_refuse_bad_ids_and_reasons() -> None:
+    with transaction.atomic():
+        for call in (
+            lambda: awa_django.cancel("7"),  # type: ignore[arg-type]
+            lambda: awa_django.cancel(1, reason="a\x00b"),
+            lambda: awa_django.cancel(2**70),
+            lambda: awa_django.dlq_retry(["x"]),  # type: ignore[list-item]
+            lambda: awa_django.dlq_purge([2**70]),
+        ):
+            with pytest.raises(ValidationError):
+                call()
+        testjobs.noop.enqueue()
+    assert count_jobs() == 1
+
+
+# Isolation ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "repeatable"])
+def test_writes_in_autocommit_run_at_read_committed_whatever_the_alias_default() -> None:
+    handle = testjobs.noop.using(using="repeatable").enqueue()
+    # cancel needs READ COMMITTED; the alias defaults to REPEATABLE READ.
+    assert awa_django.cancel(handle.id, using="repeatable") == "available"
+    with pg() as conn:
+        assert job_state(conn, handle.id)["state"] == "cancelled"  # type: ignore[index]
+    other = testjobs.noop.using(using="repeatable").enqueue()
+    with pytest.raises(Exception, match="READ COMMITTED"), transaction.atomic(using="repeatable"):
+        awa_django.cancel(other.id, using="repeatable")
+    assert connections["repeatable"].settings_dict["OPTIONS"]["isolation_level"]

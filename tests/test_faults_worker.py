@@ -1,0 +1,322 @@
+"""The worker and the maintenance leader under faults, as real subprocesses (and, for the loops'
+error handling, in-process against the real database).
+
+Every background loop survives any error that is not a lost connection, fails only the
+offending item with a readable error and carries on; a handler ends its job whatever it raises
+or returns; a handler that will not stop loses its slot, not the worker. Each test reproduces a
+defect found by hostile use (issue 11).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import errors
+
+from awa_django.db import storage
+from awa_django.db.storage import Finalization
+from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
+from awa_django.worker.batcher import CompletionBatcher
+from awa_django.worker.links import Link, is_connection_lost
+from tests import testjobs
+from tests.helpers import ManagedProcess, wait_for
+from tests.storage_support import WORKER, enqueue_sql, job_state, pg
+from tests.testapp.models import Ledger
+
+pytestmark = [pytest.mark.usefixtures("clean_awa")]
+
+Start = Callable[..., ManagedProcess]
+
+
+def worker(start: Start, *args: str, overrides: dict[str, Any] | None = None) -> ManagedProcess:
+    env = {"AWA_TEST_OVERRIDES": json.dumps(overrides)} if overrides else None
+    return start("awa_worker", *args, extra_env=env)
+
+
+def jobs(*ids: int) -> dict[int, dict[str, Any]]:
+    with pg() as conn:
+        return {i: job_state(conn, i) or {"state": "missing"} for i in ids}
+
+
+def settled(*ids: int) -> bool:
+    return all(j["state"] in ("completed", "failed", "cancelled") for j in jobs(*ids).values())
+
+
+def last_error(job: dict[str, Any]) -> dict[str, Any]:
+    errors_ = job["errors"] or [{}]
+    return dict(errors_[-1])
+
+
+def alive(proc: ManagedProcess) -> bool:
+    return proc.proc.poll() is None
+
+
+def stop(proc: ManagedProcess, timeout: float = 15) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout)
+
+
+# Outcomes that cannot be stored as given ---------------------------------------------------------
+
+HOSTILE = {
+    # mode: (final state, in the DLQ, text the last error must contain)
+    "nul_message": ("failed", True, "bad \\x00 text"),
+    "surrogate_message": ("failed", True, "bad \\ud800 text"),
+    "cancel_nul": ("failed", True, "NUL"),
+    "retry_nan": ("failed", True, "seconds"),
+    "snooze_huge": ("failed", True, "seconds"),
+    "wait_inf": ("failed", True, "timeout"),
+    "wait_foreign": ("failed", True, "callback"),
+    "bad_progress": ("failed", True, "not JSON"),
+    "surrogate_result": ("failed", True, "surrogate"),
+    "huge_int_result": ("failed", True, "digits"),
+}
+
+
+@pytest.mark.worker
+def test_unstorable_outcomes_fail_only_their_job_and_the_worker_goes_on(manage_py: Start) -> None:
+    handles = {mode: testjobs.hostile.enqueue(mode) for mode in HOSTILE}
+    fine = [testjobs.hostile.enqueue("fine") for _ in range(5)]
+    proc = worker(manage_py, "--queue", "hostile=4")
+    ids = [h.id for h in handles.values()] + [h.id for h in fine]
+    wait_for(
+        lambda: settled(*ids),
+        timeout=30,
+        message=lambda: f"every job to settle: {jobs(*ids)}\n{proc.output()}",
+    )
+    states = jobs(*ids)
+    for mode, (state, in_dlq, text) in HOSTILE.items():
+        job = states[handles[mode].id]
+        assert (mode, job["state"], job["in_dlq"]) == (mode, state, in_dlq)
+        assert text in last_error(job)["message"], (mode, job["errors"])
+    assert {states[h.id]["state"] for h in fine} == {"completed"}
+    # The worker is still whole: a job enqueued now completes too.
+    later = testjobs.hostile.enqueue("fine")
+    wait_for(lambda: settled(later.id), timeout=15, message=lambda: proc.output())
+    assert jobs(later.id)[later.id]["state"] == "completed"
+    assert stop(proc) == 0, proc.output()
+    assert "Traceback" not in proc.output()
+
+
+@pytest.mark.worker
+def test_progress_that_is_not_json_never_stops_heartbeats(manage_py: Start) -> None:
+    handle = testjobs.progress_garbage_then_finish.enqueue(2.5)
+    proc = worker(manage_py, "--queue", "work", overrides={"HEARTBEAT_STALENESS": 1.0})
+    wait_for(lambda: settled(handle.id), timeout=30, message=lambda: proc.output())
+    job = jobs(handle.id)[handle.id]
+    assert (job["state"], job["attempt"], job["errors"]) == ("completed", 1, None)
+    assert Ledger.objects.filter(job_id=handle.id).count() == 1  # never rescued and re-run
+    assert stop(proc) == 0, proc.output()
+
+
+# Handlers that raise what is not an Exception ----------------------------------------------------
+
+
+@pytest.mark.worker
+def test_base_exceptions_from_handlers_fail_their_job_and_the_worker_survives(
+    manage_py: Start,
+) -> None:
+    sync = {
+        m: testjobs.hostile.enqueue(m) for m in ("system_exit", "keyboard_interrupt", "custom_base")
+    }
+    asyn = {
+        m: testjobs.hostile_async.enqueue(m)
+        for m in ("cancelled_error", "custom_base", "surrogate_result")
+    }
+    proc = worker(manage_py, "--queue", "hostile=2", "--queue", "hostile-async=2")
+    ids = [h.id for h in (*sync.values(), *asyn.values())]
+    wait_for(lambda: settled(*ids), timeout=30, message=lambda: f"{jobs(*ids)}\n{proc.output()}")
+    states = jobs(*ids)
+    types = {
+        "system_exit": "SystemExit",
+        "keyboard_interrupt": "KeyboardInterrupt",
+        "custom_base": "tests.testjobs.CustomBaseError",
+    }
+    for mode, handle in sync.items():
+        assert (states[handle.id]["state"], last_error(states[handle.id])["type"]) == (
+            "failed",
+            types[mode],
+        )
+    assert (
+        last_error(states[asyn["cancelled_error"].id])["type"]
+        == "asyncio.exceptions.CancelledError"
+    )
+    assert last_error(states[asyn["custom_base"].id])["type"] == "tests.testjobs.CustomBaseError"
+    assert states[asyn["surrogate_result"].id]["state"] == "failed"
+    assert alive(proc)
+    later = testjobs.hostile.enqueue("fine")
+    wait_for(lambda: settled(later.id), timeout=15, message=lambda: proc.output())
+    assert stop(proc) == 0, proc.output()
+
+
+# Handlers that never stop ------------------------------------------------------------------------
+
+
+@pytest.mark.worker
+@pytest.mark.parametrize("kind", ["stuck_sync", "stuck_async"])
+def test_a_handler_stuck_past_its_deadline_frees_its_slot_and_sigterm_still_exits(
+    manage_py: Start, kind: str
+) -> None:
+    handle = getattr(testjobs, kind)
+    stuck = handle.enqueue()
+    proc = worker(
+        manage_py,
+        "--queue",
+        "stuck=1",
+        overrides={
+            "QUEUES": {"stuck": {"deadline": 1.0}},
+            "ABANDON_AFTER": 0.5,
+            "SHUTDOWN_TIMEOUT": 2.0,
+        },
+    )
+    wait_for(
+        lambda: Ledger.objects.filter(job_id=stuck.id).count() == 1,
+        timeout=15,
+        message=lambda: proc.output(),
+    )
+    # The stuck attempt is rescued; its retry, and a job behind it, run in the freed slot
+    # while the first attempt's handler is still sleeping.
+    behind = handle.enqueue(False)
+    wait_for(
+        lambda: settled(stuck.id, behind.id),
+        timeout=30,
+        message=lambda: f"{jobs(stuck.id, behind.id)}\n{proc.output()}",
+    )
+    states = jobs(stuck.id, behind.id)
+    assert states[stuck.id]["state"] == "completed"
+    assert last_error(states[stuck.id])["type"] == "awa_django.Rescued"
+    assert states[behind.id]["state"] == "completed"
+    assert "abandoned" in proc.output()
+    assert stop(proc, timeout=10) == 0, proc.output()
+
+
+# Callbacks ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.worker
+def test_a_callback_resolved_before_the_handler_returns_is_not_lost(manage_py: Start) -> None:
+    handle = testjobs.early_callback.enqueue()
+    proc = worker(manage_py, "--queue", "cb")
+    wait_for(lambda: settled(handle.id), timeout=20, message=lambda: proc.output())
+    job = jobs(handle.id)[handle.id]
+    assert (job["state"], job["attempt"], job["result"]) == ("completed", 1, {"early": True})
+    assert stop(proc) == 0, proc.output()
+
+
+# Maintenance -------------------------------------------------------------------------------------
+
+
+@pytest.mark.worker
+def test_awa_maintenance_from_cron_keeps_the_rotation_cadence(manage_py: Start) -> None:
+    def generations() -> dict[str, int]:
+        with pg() as conn:
+            return dict(conn.execute("SELECT ring, generation FROM awa.ring_state").fetchall())
+
+    def work() -> None:
+        with pg() as conn:
+            enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "m"}]))
+            storage.claim(conn, "m", 1, WORKER)
+
+    with pg() as conn:
+        conn.execute("UPDATE awa.ring_rotations SET rotated_at = now() - interval '2 days'")
+    work()
+    first = manage_py("awa_maintenance", "--once")
+    assert first.wait(30) == 0, first.output()
+    after_first = generations()
+    assert after_first["queue"] == 1 and after_first["claim"] == 1
+    work()
+    second = manage_py("awa_maintenance", "--once")
+    assert second.wait(30) == 0, second.output()
+    assert generations() == after_first
+
+
+def _maintenance() -> Maintenance:
+    settings = MaintenanceSettings.from_settings()
+    return Maintenance(settings, uuid.uuid4())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_leader_keeps_leadership_through_lock_timeouts_and_bugs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> tuple[bool, bool, bool]:
+        m = _maintenance()
+
+        async def lock_timeout(conn: Any) -> None:
+            await conn.execute("SET lock_timeout = '10ms'")
+            try:
+                raise errors.LockNotAvailable("canceling statement due to lock timeout")
+            finally:
+                await conn.execute("RESET lock_timeout")
+
+        async def bug(conn: Any) -> None:
+            raise TypeError("a bug in a task")
+
+        try:
+            await m._elect()
+            elected = m.leader
+            await m._run_task("promote", lock_timeout)
+            after_timeout = m.leader
+            await m._run_task("rescue", bug)
+            return elected, after_timeout, m.leader
+        finally:
+            await m.link.close()
+
+    with caplog.at_level(logging.WARNING, "awa_django.maintenance"):
+        assert asyncio.run(scenario()) == (True, True, True)
+    assert "a bug in a task" in caplog.text
+
+
+def test_only_lost_connections_count_as_lost_connections() -> None:
+    assert not is_connection_lost(errors.LockNotAvailable("lock timeout"), None)
+    assert not is_connection_lost(errors.DeadlockDetected("deadlock"), None)
+    assert not is_connection_lost(errors.QueryCanceled("statement timeout"), None)
+    assert not is_connection_lost(errors.SerializationFailure("serialization"), None)
+    assert is_connection_lost(errors.AdminShutdown("terminating connection"), None)
+    assert is_connection_lost(psycopg.OperationalError("connection failed"), None)
+    assert is_connection_lost(psycopg.InterfaceError("the connection is closed"), None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_batcher_fails_only_an_item_the_database_refuses_and_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with pg() as conn:
+        ids = [i for i, _ in enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "b"}] * 5))]
+        claimed = storage.claim(conn, "b", 5, WORKER)
+
+    async def scenario() -> None:
+        link = Link("default", "finalize", "test")
+        batcher = CompletionBatcher(link, batch_size=512, flush_interval=0.01)
+        task = asyncio.create_task(batcher.run())
+        for c in claimed:
+            # One item the database refuses (an unbounded delay built past every Python check).
+            delay = 1e300 if c.job_id == ids[2] else None
+            outcome = "retry" if delay else "completed"
+            batcher.add(Finalization(c.job_id, c.run_lease, c.claim_slot, outcome, delay=delay))
+        await batcher.drain()
+        assert not task.done()
+        batcher.close()
+        await task
+        await link.close()
+
+    with caplog.at_level(logging.WARNING, "awa_django.worker"):
+        asyncio.run(scenario())
+    states = jobs(*ids)
+    assert [states[i]["state"] for i in ids] == [
+        "completed",
+        "completed",
+        "failed",
+        "completed",
+        "completed",
+    ]
+    assert "could not be written" in last_error(states[ids[2]])["message"]
+    assert str(ids[2]) in caplog.text
