@@ -17,6 +17,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -25,6 +26,7 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
 from awa_django import operations, services
+from awa_django.conf import awa_settings
 from awa_django.exceptions import ValidationError
 from awa_django.models import DeadLetter, Job, QueueStat, TerminalJob, Worker
 
@@ -147,7 +149,11 @@ def confirm(
     form_class: type[forms.Form] | None,
     perform: Callable[[list[Any], dict[str, Any]], str],
 ) -> HttpResponse | None:
-    """Show a confirmation page (with ``form_class``), then run ``perform`` on confirmation."""
+    """Show a confirmation page (with ``form_class``), then run ``perform`` on confirmation.
+
+    ``perform`` runs in one transaction: the action on every selected job and its ``LogEntry``
+    commit together, or not at all.
+    """
     objects = list(queryset[: BULK_LIMIT + 1])
     if len(objects) > BULK_LIMIT:
         modeladmin.message_user(
@@ -157,7 +163,8 @@ def confirm(
     form = form_class(request.POST if "confirm" in request.POST else None) if form_class else None
     if "confirm" in request.POST and (form is None or form.is_valid()):
         try:
-            text = perform(objects, form.cleaned_data if form else {})
+            with transaction.atomic(using=awa_settings.DATABASE_ALIAS), transaction.atomic():
+                text = perform(objects, form.cleaned_data if form else {})
         except ValidationError as exc:
             modeladmin.message_user(request, str(exc), messages.ERROR)
             return None
@@ -320,7 +327,8 @@ class JobAdmin(JobDetail, ReadOnlyAdmin):
         self._checked(request, "cancel_job")
 
         def perform(objects: list[Any], data: dict[str, Any]) -> str:
-            done = [o.id for o in objects if operations.cancel(o.id, reason="cancelled in admin")]
+            ordered = sorted(objects, key=lambda o: int(o.id))  # one lock order for all
+            done = [o.id for o in ordered if operations.cancel(o.id, reason="cancelled in admin")]
             self._log(request, objects, f"cancelled job ids {done}")
             return f"Cancelled {len(done)} job(s)."
 
