@@ -1,0 +1,86 @@
+"""The chaos driver: ``python -m tests.chaos.run --seed N [--duration S] [--soak] [--runs K]``.
+
+Each run gets a fresh database on the chaos cluster (``.pgdata/chaos/data``, or the server of
+``DATABASE_URL``, where PostgreSQL restarts are skipped), K ``awa_worker`` processes supervised by
+the driver, producer threads, an operator thread, the fault injector, an observer and a callback
+resolver; then every invariant of tests/chaos/check.py is checked (see tests/chaos/driver.py).
+
+Default (CI): 2 runs of 60 s, seeds N and N+1. ``--soak``: one 5-minute run. ``--runs K``: K runs
+with seeds N, N+1, ... The exit status is 1 when any run found a violation, and the command that
+reproduces it is printed. Worker logs are in ``.pgdata/chaos/runs/seed-N/``; the database of a
+run with violations is kept (``chaos_N``), as is every run's with ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_SEED = 1
+CI_DURATION = 60.0
+SOAK_DURATION = 300.0
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.chaos.run", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the first run")
+    parser.add_argument("--duration", type=float, help="seconds of faults per run")
+    parser.add_argument("--soak", action="store_true", help="5-minute runs")
+    parser.add_argument("--runs", type=int, help="runs, with seeds seed, seed+1, ...")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep every run's database (default: failed runs')"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    duration = args.duration or (SOAK_DURATION if args.soak else CI_DURATION)
+    runs = args.runs or (1 if args.soak else 2)
+    sys.path.insert(0, str(REPO))
+    from tests.chaos.cluster import Cluster
+
+    cluster = Cluster(REPO / ".pgdata" / "chaos" / "data")
+    base_url = cluster.start()
+    if not cluster.restartable:
+        print("chaos: DATABASE_URL is set: using that server; PostgreSQL restarts are skipped")
+    # Django reads DATABASE_URL once, at set-up; each run then points it at its own database.
+    os.environ.setdefault("DATABASE_URL", base_url)
+    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.chaos.settings"
+    import django
+
+    django.setup()
+    from tests.chaos.driver import ChaosRun, report
+
+    failed: list[int] = []
+    try:
+        for index in range(runs):
+            seed = args.seed + index
+            started = time.monotonic()
+            print(f"chaos: run {index + 1}/{runs}, seed {seed}, {duration:.0f} s", flush=True)
+            chaos = ChaosRun(cluster, seed, index, duration)
+            violations, data = chaos.execute()
+            report(chaos, violations, data, time.monotonic() - started)
+            if violations:
+                failed.append(seed)
+            elif not args.keep:
+                cluster.drop_database(chaos.db_name)
+    finally:
+        cluster.stop()
+    if failed:
+        print("\nchaos: violations found; reproduce with:")
+        for seed in failed:
+            print(f"  python -m tests.chaos.run --seed {seed} --duration {duration:.0f} --runs 1")
+        return 1
+    print(f"\nchaos: {runs} run(s), no violation")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
