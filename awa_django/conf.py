@@ -77,8 +77,8 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     "HISTORY_RETENTION": _Spec(86_400.0, _Kind.SECONDS),
     "DLQ_RETENTION": _Spec(2_592_000.0, _Kind.SECONDS),
     "RUNTIME_RETENTION": _Spec(3_600.0, _Kind.SECONDS),
-    "CONCURRENCY": _Spec(10, _Kind.INT, 1),
-    "PROCESSES": _Spec(1, _Kind.INT, 1),
+    "CONCURRENCY": _Spec(10, _Kind.INT, 1, 10_000),
+    "PROCESSES": _Spec(1, _Kind.INT, 1, 256),
     "QUEUES": _Spec(MappingProxyType({}), _Kind.QUEUES),
     "NOTIFY": _Spec(True, _Kind.BOOL),
 }
@@ -90,7 +90,7 @@ DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
 
 # Keys of one AWA["QUEUES"][name] dict.
 _QUEUE_SPECS: Final[Mapping[str, _Spec]] = {
-    "concurrency": _Spec(None, _Kind.INT, 1),
+    "concurrency": _Spec(None, _Kind.INT, 1, 10_000),
     "deadline": _Spec(None, _Kind.SECONDS),
 }
 

@@ -6,8 +6,10 @@ __all__ = [
     "AwaError",
     "InvalidArgumentsError",
     "InvalidOptionError",
+    "IsolationLevelError",
     "LimitExceededError",
     "TerminalError",
+    "TransactionLeftOpen",
     "UnknownKindError",
     "ValidationError",
 ]
@@ -58,3 +60,20 @@ class TerminalError(AwaError):
     The job goes to the dead letter queue when its queue has the DLQ on (the default), else to
     terminal history as ``failed``.
     """
+
+
+class TransactionLeftOpen(AwaError):
+    """A sync handler returned with a transaction still open on one of its thread's Django
+    connections (an ``atomic()`` block entered and never exited, autocommit left off).
+
+    The worker rolls it back and reconnects, so the next job on that thread starts clean, and
+    records this error for the job (it is retried like any failure): the handler's uncommitted
+    writes never happened.
+    """
+
+
+class IsolationLevelError(AwaError):
+    """An operation that needs READ COMMITTED was called inside a transaction at another
+    isolation level (REPEATABLE READ, SERIALIZABLE). Nothing was sent: the transaction is
+    untouched and still usable. Call it outside the transaction (awa_django then opens one of
+    its own at READ COMMITTED) or at READ COMMITTED."""

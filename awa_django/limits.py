@@ -25,6 +25,7 @@ __all__ = [
     "check_text",
     "check_uuid",
     "clean_text",
+    "show",
     "tag_tuple",
 ]
 
@@ -47,18 +48,32 @@ def check_seconds(field: str, value: Any, *, allow_zero: bool = False) -> float:
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
     if type(seconds) not in (int, float):
         raise InvalidOptionError(
-            field, f"{value!r} is not a number of seconds (int, float or timedelta)"
+            field, f"{show(value)} is not a number of seconds (int, float or timedelta)"
         )
-    seconds = float(seconds)
+    try:
+        seconds = float(seconds)
+    except OverflowError:
+        seconds = math.inf
     low_ok = seconds >= 0 if allow_zero else seconds > 0
     if not (math.isfinite(seconds) and low_ok and seconds <= MAX_SECONDS):
         bound = "0" if allow_zero else "more than 0"
         raise InvalidOptionError(
             field,
-            f"{value!r} is not a number of seconds between {bound} and {MAX_SECONDS:.0f} "
+            f"{show(value)} is not a number of seconds between {bound} and {MAX_SECONDS:.0f} "
             "(100 years)",
         )
     return seconds
+
+
+def show(value: Any) -> str:
+    """A short ``repr`` of a value for an error message (never raises, never huge)."""
+    if type(value) is int and not -(10**30) < value < 10**30:
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception:
+        return f"a {type(value).__name__}"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def check_text(field: str, value: Any, *, max_length: int = MAX_TEXT) -> str:
@@ -108,7 +123,7 @@ def check_uuid(field: str, value: Any) -> uuid.UUID:
             return uuid.UUID(value)
         except ValueError:
             pass
-    raise InvalidOptionError(field, f"{value!r} is not a UUID")
+    raise InvalidOptionError(field, f"{show(value)} is not a UUID")
 
 
 def check_ids(field: str, values: Any) -> list[int]:
@@ -118,7 +133,7 @@ def check_ids(field: str, values: Any) -> list[int]:
     ids = list(values)
     for value in ids:
         if type(value) is not int or not -MAX_BIGINT <= value <= MAX_BIGINT:
-            raise InvalidOptionError(field, f"{value!r} is not a job id (an int)")
+            raise InvalidOptionError(field, f"{show(value)} is not a job id (an int)")
     return ids
 
 

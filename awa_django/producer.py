@@ -11,7 +11,7 @@ import functools
 import json
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -28,7 +28,7 @@ from awa_django.exceptions import InvalidArgumentsError, InvalidOptionError, Lim
 from awa_django.jobs import JobOptions, get_job
 from awa_django.limits import check_seconds, check_text, tag_tuple
 from awa_django.sql import query
-from awa_django.types import EnqueuedJob, JobRequest
+from awa_django.types import SEAL, EnqueuedJob, JobRequest
 
 __all__ = [
     "aenqueue",
@@ -69,7 +69,7 @@ def enqueue(
     transaction untouched, for an unknown kind or bad input.
     """
     handle = get_job(kind)
-    if not isinstance(args, list | tuple):
+    if type(args) not in (list, tuple):
         raise InvalidArgumentsError("args", f"must be a list or tuple, got {type(args).__name__}")
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise InvalidArgumentsError("kwargs", f"must be a mapping, got {type(kwargs).__name__}")
@@ -107,10 +107,11 @@ def enqueue_many(requests: Iterable[JobRequest], using: str | None = None) -> li
         raise InvalidOptionError("requests", "must be an iterable of Job.prepare() requests")
     batch = list(requests)
     for index, request in enumerate(batch):
-        if type(request) is not JobRequest:
+        if type(request) is not JobRequest or request.sealed is not SEAL:
             raise InvalidOptionError(
                 "requests",
-                f"item {index} is a {type(request).__name__}, not a request from Job.prepare()",
+                f"item {index} is not a request made by Job.prepare() "
+                f"(got {type(request).__name__}; requests cannot be rebuilt or constructed)",
             )
         if request.using != alias:
             raise InvalidOptionError(
@@ -180,7 +181,7 @@ def build_request(
             max_bytes=cfg.METADATA_MAX_BYTES,
             max_depth=cfg.JSON_MAX_DEPTH,
         )
-    return JobRequest(
+    request = JobRequest(
         kind=kind,
         queue=queue,
         priority=priority,
@@ -193,6 +194,8 @@ def build_request(
         metadata_json=metadata_json,
         tags=_check_tags(options.tags) if options.tags else None,
     )
+    object.__setattr__(request, "sealed", SEAL)
+    return request
 
 
 def _timing(run_after: datetime | timedelta | None) -> tuple[datetime | None, float | None]:
@@ -215,10 +218,23 @@ def _timing(run_after: datetime | timedelta | None) -> tuple[datetime | None, fl
             except (OverflowError, ValueError) as exc:
                 raise InvalidOptionError("run_after", f"{run_after!r}: {exc}") from None
         try:
-            run_after.utcoffset()
-        except (OverflowError, ValueError) as exc:  # pragma: no cover - odd tzinfo
-            raise InvalidOptionError("run_after", f"{run_after!r}: {exc}") from None
-        return run_after, None
+            # A plain datetime in UTC: PostgreSQL refuses offsets of 16 h and more, and a
+            # subclass could render itself as anything.
+            utc = run_after.astimezone(UTC)
+            return datetime(
+                utc.year,
+                utc.month,
+                utc.day,
+                utc.hour,
+                utc.minute,
+                utc.second,
+                utc.microsecond,
+                tzinfo=UTC,
+            ), None
+        except (OverflowError, ValueError, TypeError) as exc:
+            raise InvalidOptionError(
+                "run_after", f"{run_after!r} is not a time PostgreSQL can store in UTC ({exc})"
+            ) from None
     raise InvalidOptionError("run_after", "must be an aware datetime, a timedelta or None")
 
 
@@ -273,7 +289,9 @@ def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJo
             chunk = requests[start : start + _CHUNK]
             if all(r.run_at is None and r.delay is None for r in chunk):
                 # Everything runs now: reserve lanes and ids, then COPY (about twice as fast).
-                ids = copy_enqueue(cursor.cursor, chunk)
+                # The raw psycopg cursor's errors become Django's, as for any ORM query.
+                with connection.wrap_database_errors:
+                    ids = copy_enqueue(cursor.cursor, chunk)
                 results.extend(
                     EnqueuedJob(job_id, r.kind, r.queue, r.priority, "available", using)
                     for r, job_id in zip(chunk, ids, strict=True)

@@ -17,7 +17,9 @@ from django.db import connections
 from awa_django.conf import get_awa_settings
 from awa_django.db.identifiers import validate_queue_name
 from awa_django.db.storage import QueueCounts
-from awa_django.db.transactions import write_transaction
+from awa_django.db.transactions import checked_alias, write_transaction
+from awa_django.exceptions import InvalidOptionError
+from awa_django.limits import check_text
 from awa_django.sql import query
 
 __all__ = [
@@ -36,7 +38,7 @@ __all__ = [
 
 
 def _cursor(using: str | None) -> Any:
-    return connections[using or get_awa_settings().DATABASE_ALIAS].cursor()
+    return connections[checked_alias(using or get_awa_settings().DATABASE_ALIAS)].cursor()
 
 
 def _json(value: Any) -> Any:
@@ -93,6 +95,8 @@ def queue_stats(using: str | None = None) -> list[QueueStats]:
 def queue_pause(queue: str, paused: bool = True, *, using: str | None = None) -> None:
     """Pause (or resume) claiming from ``queue``; producers can still enqueue to it."""
     validate_queue_name(queue)
+    if type(paused) is not bool:
+        raise InvalidOptionError("paused", f"must be True or False, got {paused!r}")
     with _cursor(using) as cursor:
         cursor.execute(query("queue_pause"), [queue, paused])
 
@@ -195,7 +199,13 @@ def dlq_list(
     limit: int = 100,
     using: str | None = None,
 ) -> list[DlqEntry]:
-    """Dead-lettered jobs, newest first, optionally filtered by queue and kind."""
+    """Dead-lettered jobs, newest first, optionally filtered by queue and kind (at most
+    ``limit``, 1 to 100,000)."""
+    if type(limit) is not int or not 1 <= limit <= 100_000:
+        raise InvalidOptionError("limit", f"must be an int from 1 to 100000, got {limit!r}")
+    for field, value in (("queue", queue), ("kind", kind)):
+        if value is not None:
+            check_text(field, value, max_length=255)
     with _cursor(using) as cursor:
         cursor.execute(query("dlq_list"), {"queue": queue, "kind": kind, "limit": limit})
         return [DlqEntry(*row) for row in cursor.fetchall()]

@@ -7,15 +7,22 @@ import json
 from datetime import datetime
 from typing import NamedTuple
 
-__all__ = ["EnqueuedJob", "JobRequest"]
+__all__ = ["SEAL", "EnqueuedJob", "JobRequest"]
 
 
-@dataclasses.dataclass(slots=True)
+#: Set on every request ``awa_django.producer.build_request`` makes (and only on those).
+SEAL = object()
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
 class JobRequest:
-    """A validated, encoded job request not yet sent (from ``Job.prepare``). Do not modify it.
+    """A validated, encoded job request not yet sent (from ``Job.prepare``). Immutable.
 
     Every field is already checked; ``args_json`` and ``metadata_json`` are the encoded JSON.
-    ``run_at`` (aware) and ``delay`` (seconds, measured on the database clock) are exclusive.
+    ``run_at`` (aware, UTC) and ``delay`` (seconds, measured on the database clock) are
+    exclusive. Only requests made by ``Job.prepare`` are accepted by ``enqueue_many``: one
+    rebuilt with ``dataclasses.replace`` or constructed by hand is refused, since the bulk path
+    writes rows without checking them again.
     """
 
     kind: str
@@ -29,6 +36,7 @@ class JobRequest:
     deadline: float | None = None
     metadata_json: str | None = None
     tags: tuple[str, ...] | None = None
+    sealed: object = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def payload(self) -> str:
         """This request as one JSON object of the array ``awa.enqueue_v1`` takes."""

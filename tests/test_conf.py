@@ -78,7 +78,7 @@ def test_settings_are_read_only() -> None:
         ({"PRUNE_INTERVAL": float("inf")}, "must be a finite number greater than 0, got inf."),
         ({"MAX_ATTEMPTS": 0}, "AWA['MAX_ATTEMPTS'] must be between 1 and 1000, got 0."),
         ({"JSON_MAX_DEPTH": 257}, "AWA['JSON_MAX_DEPTH'] must be between 1 and 256, got 257."),
-        ({"CONCURRENCY": 0}, "AWA['CONCURRENCY'] must be at least 1, got 0."),
+        ({"CONCURRENCY": 0}, "AWA['CONCURRENCY'] must be between 1 and 10000, got 0."),
         ({"DATABASE_ALIAS": ""}, "AWA['DATABASE_ALIAS'] must be a non-empty str, got str ('')."),
         ({"JOB_MODULES": "a.jobs"}, "AWA['JOB_MODULES'] must be a list of dotted module paths"),
         ({"QUEUES": []}, "AWA['QUEUES'] must be a dict of queue name to a dict of queue settings"),
@@ -93,7 +93,7 @@ def test_settings_are_read_only() -> None:
         ),
         (
             {"QUEUES": {"emails": {"concurrency": 0}}},
-            "AWA['QUEUES']['emails']['concurrency'] must be at least 1, got 0.",
+            "AWA['QUEUES']['emails']['concurrency'] must be between 1 and 10000, got 0.",
         ),
         ({"QUEUES": {"emails": 3}}, "AWA['QUEUES']['emails'] must be a dict, got int (3)."),
         (

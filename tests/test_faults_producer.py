@@ -6,9 +6,10 @@ Each test reproduces a defect found by hostile use (issue 11).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -16,7 +17,14 @@ import pytest
 from django.db import connection, connections, transaction
 
 import awa_django
-from awa_django import InvalidArgumentsError, InvalidOptionError, ValidationError, services
+from awa_django import (
+    InvalidArgumentsError,
+    InvalidOptionError,
+    IsolationLevelError,
+    JobRequest,
+    ValidationError,
+    services,
+)
 from awa_django.db import storage
 from tests import testjobs
 from tests.storage_support import WORKER, conninfo, job_state, pg
@@ -243,7 +251,105 @@ def test_writes_in_autocommit_run_at_read_committed_whatever_the_alias_default()
     assert awa_django.cancel(handle.id, using="repeatable") == "available"
     with pg() as conn:
         assert job_state(conn, handle.id)["state"] == "cancelled"  # type: ignore[index]
-    other = testjobs.noop.using(using="repeatable").enqueue()
-    with pytest.raises(Exception, match="READ COMMITTED"), transaction.atomic(using="repeatable"):
-        awa_django.cancel(other.id, using="repeatable")
     assert connections["repeatable"].settings_dict["OPTIONS"]["isolation_level"]
+
+
+# Found by the attack ------------------------------------------------------------------------------
+
+
+def test_run_after_in_any_offset_is_stored_in_utc_or_refused_cleanly() -> None:
+    sixteen = timezone(timedelta(hours=16))
+    with transaction.atomic():
+        handle = testjobs.noop.using(run_after=datetime(2030, 1, 1, tzinfo=sixteen)).enqueue()
+        with pytest.raises(InvalidOptionError, match="run_after"):
+            testjobs.noop.using(
+                run_after=datetime(9999, 12, 31, 20, tzinfo=timezone(timedelta(hours=-14)))
+            ).enqueue()
+        testjobs.noop.enqueue()
+    with pg() as conn:
+        job = job_state(conn, handle.id)
+    assert job is not None
+    assert job["run_at"] == datetime(2029, 12, 31, 8, tzinfo=UTC)
+    assert count_jobs() == 2
+
+
+def test_a_datetime_subclass_cannot_write_into_the_request() -> None:
+    class Sneaky(datetime):
+        def isoformat(self, *args: Any, **kwargs: Any) -> str:
+            return '2030-01-01T00:00:00+00:00","kind":"os.system'
+
+    when = Sneaky(2030, 1, 1, tzinfo=UTC)
+    [handle] = awa_django.enqueue_many(
+        [testjobs.noop.using(run_after=when).prepare(), testjobs.noop.prepare()][:1]
+    )
+    with pg() as conn:
+        job = job_state(conn, handle.id)
+    assert job is not None and job["kind"] == NOOP
+
+
+def test_requests_cannot_be_changed_or_forged() -> None:
+    request = testjobs.noop.prepare()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.kind = "os.system"  # type: ignore[misc]
+    forged = dataclasses.replace(request, kind="os.system")
+    built = JobRequest(NOOP, "default", 0, "default", 1, '{"args": [], "kwargs": {}}')
+    for bad in (forged, built):
+        with pytest.raises(InvalidOptionError, match=r"Job\.prepare"):
+            awa_django.enqueue_many([request, bad])
+    assert count_jobs() == 0
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: awa_django.enqueue(NOOP, deadline=10**400),
+        lambda: awa_django.RetryAfter(10**400),
+        lambda: awa_django.Snooze(-(10**400)),
+        lambda: awa_django.enqueue(NOOP, args=type("L", (list,), {})([1])),
+        lambda: awa_django.cancel(1, using="nope"),
+        lambda: awa_django.dlq_retry([1], using="nope"),
+        lambda: awa_django.resolve_callback(uuid.uuid4(), using="nope"),
+        lambda: services.queue_pause("q", "no"),  # type: ignore[arg-type]
+        lambda: services.queue_pause("q", 0),  # type: ignore[arg-type]
+        lambda: services.dlq_list(limit=-1),
+        lambda: services.dlq_list(limit=10**20),
+    ],
+)
+def test_odd_arguments_raise_validation_errors_and_keep_the_transaction(call: Any) -> None:
+    with transaction.atomic():
+        with pytest.raises(ValidationError):
+            call()
+        testjobs.noop.enqueue()
+    assert count_jobs() == 1
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "repeatable"])
+def test_an_operation_needing_read_committed_refuses_before_touching_the_transaction() -> None:
+    handle = testjobs.noop.using(using="repeatable").enqueue()
+    with transaction.atomic(using="repeatable"):
+        with pytest.raises(IsolationLevelError, match="REPEATABLE READ"):
+            awa_django.cancel(handle.id, using="repeatable")
+        with pytest.raises(IsolationLevelError):
+            services.queue_drain("default", using="repeatable")
+        testjobs.noop.using(using="repeatable").enqueue()  # still usable
+    assert count_jobs() == 2
+
+
+def test_a_bulk_enqueue_that_loses_its_connection_raises_djangos_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django.db import OperationalError
+
+    from awa_django import producer
+
+    def cut(cursor: Any, requests: Any) -> Any:
+        with psycopg.connect(conninfo(), autocommit=True) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s)", [cursor.connection.info.backend_pid])
+        return real(cursor, requests)
+
+    real = producer.copy_enqueue
+    monkeypatch.setattr(producer, "copy_enqueue", cut)
+    with pytest.raises(OperationalError):
+        awa_django.enqueue_many([testjobs.noop.prepare()] * 3)
+    connection.close()
+    assert count_jobs() == 0

@@ -20,7 +20,7 @@ from awa_django.db import storage
 from awa_django.db.bulk import copy_enqueue
 from awa_django.db.storage import Finalization
 from awa_django.types import JobRequest
-from tests.storage_support import WORKER, enqueue_sql, job_state, pg
+from tests.storage_support import WORKER, conninfo, enqueue_sql, job_state, pg
 
 pytestmark = [
     pytest.mark.storage,
@@ -159,7 +159,10 @@ def test_a_callback_resolved_before_its_attempt_parks_is_applied_by_the_park(
         assert (job["state"], job["in_dlq"]) == (state, in_dlq)
         if error is None:
             assert job["result"] == "early"
-        assert scalar(conn, "SELECT count(*) FROM awa.leases") == 0
+        # Its lease records the callback (closed with the attempt); nothing waits.
+        assert (
+            scalar(conn, "SELECT count(*) FROM awa.live_jobs WHERE state = 'waiting_external'") == 0
+        )
         assert scalar(conn, "SELECT count(*) FROM awa.attempt_state") == 0
 
 
@@ -394,3 +397,67 @@ def test_a_producer_that_waited_for_its_lane_writes_into_the_current_ring_slot(p
             )
         }
     assert generations == {1}
+
+
+# Found by the attack ------------------------------------------------------------------------------
+
+
+def test_a_second_resolution_of_an_early_resolved_callback_is_stale() -> None:
+    with pg() as conn:
+        one(conn)
+        [c] = storage.claim(conn, "f", 1, WORKER)
+        callback = uuid.uuid4()
+        conn.execute(
+            "SELECT awa.callback_register_v1(%s, %s, %s)", [c.job_id, c.run_lease, callback]
+        )
+        assert scalar(conn, "SELECT awa.callback_resolve_v1(%s, '1')", callback) == "resolved"
+        storage.finalize(conn, [wait_item(c, callback)])
+        assert job_state(conn, c.job_id)["state"] == "completed"  # type: ignore[index]
+        assert scalar(conn, "SELECT awa.callback_resolve_v1(%s, '2')", callback) == "stale"
+        assert scalar(conn, "SELECT awa.callback_resolve_v1(%s, '2')", uuid.uuid4()) == "unknown"
+
+
+def test_a_burst_worker_does_not_wait_for_a_paused_queue() -> None:
+    with pg() as conn:
+        one(conn, "held")
+        assert scalar(conn, "SELECT awa.queues_idle_v1(ARRAY['held'])") is False
+        conn.execute("SELECT awa.queue_pause_v1('held', true)")
+        assert scalar(conn, "SELECT awa.queues_idle_v1(ARRAY['held'])") is True
+
+
+@pytest.mark.parametrize(
+    ("app", "seen", "action"),
+    [
+        ("awa:worker:{id}", "now()", "alive"),
+        ("awa:worker:{id}", "now() - interval '1 hour'", "terminated"),
+        ("awa:worker:{id}", None, "terminated"),
+        ("psql", None, "foreign"),
+    ],
+)
+def test_a_leader_whose_process_stopped_running_is_ended_and_no_other_session(
+    app: str, seen: str | None, action: str
+) -> None:
+    instance = uuid.uuid4()
+    with pg() as conn:
+        if seen is not None:
+            conn.execute(
+                f"INSERT INTO awa.runtime_instances (instance_id, hostname, pid, last_seen_at) "
+                f"VALUES (%s, 'h', 1, {seen})",
+                [instance],
+            )
+    holder = psycopg.connect(conninfo(), autocommit=True, application_name=app.format(id=instance))
+    try:
+        assert scalar(holder, "SELECT pg_try_advisory_lock(4708303813012965710)") is True
+        with pg() as conn:
+            rows = conn.execute("SELECT pid, action FROM awa.leader_takeover_v1(60)").fetchall()
+            assert rows == [(holder.info.backend_pid, action)]
+            if action == "terminated":
+                # The lock is free for a live process.
+                def free() -> bool:
+                    return bool(scalar(conn, "SELECT pg_try_advisory_lock(4708303813012965710)"))
+
+                from tests.helpers import wait_for
+
+                wait_for(free, timeout=5)
+    finally:
+        holder.close()

@@ -320,3 +320,173 @@ def test_the_batcher_fails_only_an_item_the_database_refuses_and_goes_on(
     ]
     assert "could not be written" in last_error(states[ids[2]])["message"]
     assert str(ids[2]) in caplog.text
+
+
+# Found by the attack: handlers and processes that defeat the worker -----------------------------
+
+
+@pytest.mark.worker
+def test_a_transaction_left_open_by_a_handler_fails_it_and_the_next_job_starts_clean(
+    manage_py: Start,
+) -> None:
+    leaky = testjobs.leaves_transaction_open.enqueue()
+    innocents = [testjobs.innocent.enqueue() for _ in range(5)]
+    proc = worker(manage_py, "--queue", "leaky=1")
+    ids = [leaky.id, *(h.id for h in innocents)]
+    wait_for(lambda: settled(*ids), timeout=30, message=lambda: f"{jobs(*ids)}\n{proc.output()}")
+    states = jobs(*ids)
+    assert (states[leaky.id]["state"], last_error(states[leaky.id])["type"]) == (
+        "failed",
+        "awa_django.exceptions.TransactionLeftOpen",
+    )
+    # Its uncommitted write was rolled back; every job after it on the same thread succeeded.
+    assert not Ledger.objects.filter(job_id=leaky.id).exists()
+    assert {states[h.id]["state"] for h in innocents} == {"completed"}
+    assert stop(proc) == 0, proc.output()
+
+
+@pytest.mark.worker
+def test_a_frozen_leader_is_replaced_and_maintenance_goes_on(manage_py: Start) -> None:
+    def leader_pid() -> Any:
+        with pg() as conn:
+            row = conn.execute("SELECT pid FROM awa.runtime_instances WHERE is_leader").fetchone()
+        return None if row is None else row[0]
+
+    a = worker(manage_py, "--queue", "work")
+    wait_for(lambda: leader_pid() == a.pid, timeout=20, message=lambda: a.output())
+    b = worker(manage_py, "--queue", "work")
+    wait_for(lambda: len(jobs_running_instances()) == 2, timeout=20, message=lambda: b.output())
+    a.send_signal(signal.SIGSTOP)
+    try:
+        from datetime import timedelta
+
+        due = testjobs.ledger_sync.using(run_after=timedelta(seconds=0.5)).enqueue(7)
+        # Promotion needs a leader: b takes over once a's runtime row is stale.
+        wait_for(lambda: settled(due.id), timeout=30, message=lambda: b.output())
+        assert leader_pid() == b.pid
+        assert "its connection was terminated so that a live process takes over" in b.output()
+    finally:
+        a.send_signal(signal.SIGCONT)
+    wait_for(lambda: "lost leadership" in a.output(), timeout=20, message=lambda: a.output())
+    assert stop(a) == 0 and stop(b) == 0
+
+
+def jobs_running_instances() -> list[int]:
+    with pg() as conn:
+        return [r[0] for r in conn.execute("SELECT pid FROM awa.runtime_instances")]
+
+
+@pytest.mark.worker
+def test_more_stuck_sync_handlers_than_slots_restart_the_worker(manage_py: Start) -> None:
+    stuck = [testjobs.stuck_sync.enqueue() for _ in range(3)]
+    proc = worker(
+        manage_py,
+        "--queue",
+        "stuck=1",
+        overrides={"QUEUES": {"stuck": {"deadline": 0.5}}, "ABANDON_AFTER": 0.3},
+    )
+    assert proc.wait(30) == 75, proc.output()
+    assert "are stuck after being told to stop" in proc.output()
+    assert Ledger.objects.filter(job_id__in=[h.id for h in stuck]).count() >= 2
+
+
+@pytest.mark.worker
+def test_an_abandoned_sync_handler_that_returns_later_still_records_its_outcome(
+    manage_py: Start,
+) -> None:
+    slow = testjobs.slow_first.enqueue()  # sleeps 3 s on attempt 1, ignoring cancellation
+    proc = worker(
+        manage_py,
+        "--queue",
+        "stop=1",
+        "--no-maintenance",  # nobody rescues it: the late result is what settles the job
+        overrides={"QUEUES": {"stop": {"deadline": 0.5}}, "ABANDON_AFTER": 0.3},
+    )
+    wait_for(lambda: settled(slow.id), timeout=20, message=lambda: proc.output())
+    job = jobs(slow.id)[slow.id]
+    assert (job["state"], job["attempt"], job["result"]) == ("completed", 1, "first")
+    assert "abandoned" in proc.output()
+    assert stop(proc) == 0, proc.output()
+
+
+@pytest.mark.worker
+def test_an_async_handler_blocking_the_event_loop_ends_the_process(manage_py: Start) -> None:
+    handle = testjobs.blocks_the_loop.enqueue(60)
+    proc = worker(manage_py, "--queue", "blocker")
+    wait_for(
+        lambda: Ledger.objects.filter(job_id=handle.id).exists(),
+        timeout=15,
+        message=lambda: proc.output(),
+    )
+    # HEARTBEAT_STALENESS is 2 s here: a loop blocked longer exits 70, to be restarted.
+    assert proc.wait(15) == 70, proc.output()
+    assert "the event loop has not run for" in proc.output()
+    assert "blocks_the_loop" in proc.output()  # the log names the blocking code
+
+
+@pytest.mark.worker
+def test_a_second_signal_exits_at_once_even_while_a_handler_blocks_the_loop(
+    manage_py: Start,
+) -> None:
+    handle = testjobs.blocks_the_loop.enqueue(60)
+    proc = worker(manage_py, "--queue", "blocker", overrides={"HEARTBEAT_STALENESS": 120.0})
+    wait_for(
+        lambda: Ledger.objects.filter(job_id=handle.id).exists(),
+        timeout=15,
+        message=lambda: proc.output(),
+    )
+
+    # Signals that arrive together are one signal to Python: keep signalling until it leaves.
+    def signalled_and_gone() -> bool:
+        if proc.proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        return proc.proc.poll() is not None
+
+    wait_for(signalled_and_gone, timeout=5, interval=0.2, message=lambda: proc.output())
+    assert proc.wait(1) == 128 + signal.SIGTERM, proc.output()
+
+
+@pytest.mark.worker
+@pytest.mark.parametrize("how", ["system_exit", "stop"])
+def test_handler_code_that_ends_the_event_loop_exits_70_and_says_so(
+    manage_py: Start, how: str
+) -> None:
+    testjobs.ends_the_loop.enqueue(how)
+    proc = worker(manage_py, "--queue", "blocker")
+    assert proc.wait(20) == 70, proc.output()
+    assert "CRITICAL" in proc.output()
+
+
+@pytest.mark.worker
+def test_the_supervisor_kills_a_child_that_will_not_stop(manage_py: Start) -> None:
+    proc = worker(
+        manage_py, "--queue", "work", "--processes", "2", overrides={"SHUTDOWN_TIMEOUT": 0.5}
+    )
+    wait_for(lambda: len(jobs_running_instances()) == 2, timeout=20, message=proc.output)
+    frozen = jobs_running_instances()[0]
+    import os
+
+    os.kill(frozen, signal.SIGSTOP)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 1, proc.output()
+    assert "did not stop within" in proc.output()
+
+
+@pytest.mark.worker
+def test_workers_do_not_outlive_a_killed_supervisor(manage_py: Start) -> None:
+    import os
+
+    proc = worker(manage_py, "--queue", "work", "--processes", "2")
+    wait_for(lambda: len(jobs_running_instances()) == 2, timeout=20, message=proc.output)
+    children = jobs_running_instances()
+    proc.send_signal(signal.SIGKILL)
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{pid}/stat") as stat:  # a zombie counts as gone
+            return stat.read().split(") ")[-1].startswith("Z")
+
+    wait_for(lambda: all(gone(p) for p in children), timeout=20, message="the children to exit")

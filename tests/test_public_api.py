@@ -10,6 +10,7 @@ EXPECTED = {
     "EnqueuedJob",
     "InvalidArgumentsError",
     "InvalidOptionError",
+    "IsolationLevelError",
     "Job",
     "JobOptions",
     "JobRequest",

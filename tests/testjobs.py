@@ -283,3 +283,53 @@ def early_callback(ctx: Any) -> Any:
     callback_id = ctx.callback_id
     assert awa_django.resolve_callback(callback_id, result={"early": True}) == "resolved"
     return WaitForCallback(callback_id, timeout=120)
+
+
+@job(queue="leaky", max_attempts=1)
+def leaves_transaction_open(ctx: Any) -> str:
+    """Enters an atomic block, writes, and returns without leaving it."""
+    from django.db import transaction
+
+    transaction.atomic().__enter__()
+    _record(ctx, "uncommitted")
+    return "returned"
+
+
+@job(queue="leaky")
+def innocent(ctx: Any) -> int:
+    from tests.testapp.models import Ledger
+
+    _record(ctx, "innocent")
+    return Ledger.objects.count()
+
+
+@job(queue="blocker", max_attempts=1)
+async def blocks_the_loop(ctx: Any, seconds: float) -> str:
+    """Blocks the event loop (a sync sleep in an async handler)."""
+    import time
+
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(_record)(ctx, "blocking")
+    time.sleep(seconds)
+    return "unblocked"
+
+
+@job(queue="blocker", max_attempts=1)
+async def ends_the_loop(ctx: Any, how: str) -> None:
+    """Ends the worker's own event loop from handler code."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(_record)(ctx, how)
+    loop = asyncio.get_running_loop()
+    if how == "system_exit":
+
+        def boom() -> None:
+            raise SystemExit(9)
+
+        loop.call_soon(boom)
+    elif how == "stop":
+        loop.stop()
+    await asyncio.sleep(5)

@@ -15,9 +15,19 @@ from contextlib import contextmanager
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from awa_django.exceptions import InvalidOptionError, IsolationLevelError
 from awa_django.sql import query
 
-__all__ = ["write_transaction"]
+__all__ = ["checked_alias", "write_transaction"]
+
+_READ_COMMITTED = ("read committed", "read uncommitted")  # PostgreSQL runs the latter as RC
+
+
+def checked_alias(using: str) -> str:
+    """``using`` if it is a database alias in ``DATABASES``, else ``InvalidOptionError``."""
+    if type(using) is not str or using not in connections.settings:
+        raise InvalidOptionError("using", f"{using!r} is not a database alias in DATABASES")
+    return using
 
 
 @contextmanager
@@ -31,11 +41,21 @@ def write_transaction(
     * In autocommit, a write of more than one statement runs in a transaction of its own.
     * ``read_committed``: the engine function needs READ COMMITTED (it takes locks and then
       reads with fresh snapshots). A transaction of our own is set to it, whatever the
-      alias's default; in the caller's transaction at another level, the function refuses
-      with SQLSTATE 25000.
+      alias's default; in the caller's transaction at another level, ``IsolationLevelError``
+      is raised before anything is written, and the transaction stays usable.
     """
-    connection = connections[using]
+    connection = connections[checked_alias(using)]
     if connection.in_atomic_block or not connection.get_autocommit():
+        if read_committed:
+            with connection.cursor() as cursor:
+                cursor.execute(query("isolation"))
+                row = cursor.fetchone()
+            level = str(row[0]) if row else ""
+            if level not in _READ_COMMITTED:
+                raise IsolationLevelError(
+                    f"this needs READ COMMITTED, but the caller's transaction on {using!r} runs "
+                    f"at {level.upper()}"
+                )
         yield connection
         return
     if statements <= 1 and not read_committed:

@@ -10,6 +10,13 @@ next interval, never in a hot loop. Only a lost connection costs leadership: a d
 or statement timeout, or any other error of a task (a bug included) is logged and the leader
 carries on, so transient trouble never causes leader churn.
 
+A leader whose process stops running while its connection lives on (SIGSTOP, a blocked event
+loop, a network partition that keeps TCP open) stops refreshing its runtime row: once that row is
+older than ``max(HEARTBEAT_STALENESS, 3 * RUNTIME_REFRESH_INTERVAL)``, the next election attempt
+of another process terminates the stale leader's backend (``awa.leader_takeover_v1``), which
+frees the lock, and takes over. Maintenance statements run with a 5 s lock timeout and a 60 s
+statement timeout, so a lock held elsewhere fails one task, never freezes the leader.
+
 Ring rotation is decided on the database clock (``awa.rotate_v2``): each ring rotates once its
 current slot is its interval old, whoever the leader is, so a new leader or ``awa_maintenance
 --once`` from cron keeps the cadence instead of rotating every ring at once.
@@ -54,6 +61,7 @@ class MaintenanceSettings:
     dlq_retention: float
     runtime_retention: float
     backoff_base: float = 1.0
+    leader_staleness: float = 90.0
     cleanup_interval: float = 60.0
     runtime_refresh: float = 10.0
     prune_interval: float = 1.0
@@ -76,6 +84,9 @@ class MaintenanceSettings:
             prune_interval=cfg.PRUNE_INTERVAL,
             backoff_base=cfg.RETRY_BACKOFF_BASE,
             runtime_refresh=cfg.RUNTIME_REFRESH_INTERVAL,
+            # A leader's runtime row is refreshed every RUNTIME_REFRESH_INTERVAL: one this stale
+            # belongs to a process that is not running (attempts are rescued at the same bound).
+            leader_staleness=max(cfg.HEARTBEAT_STALENESS, 3 * cfg.RUNTIME_REFRESH_INTERVAL),
         )
 
 
@@ -95,7 +106,8 @@ class Maintenance:
         self.settings = settings
         self.instance_id = instance_id
         self.register = register
-        self.link = Link(settings.alias, "leader", str(instance_id))
+        self.link = Link(settings.alias, "leader", str(instance_id), on_connect=_leader_session)
+        self._foreign_warned_at = -1e9
         self.leader = False
         self.counters: dict[str, int] = {}
         s = settings
@@ -158,12 +170,13 @@ class Maintenance:
             await asyncio.sleep(max(0.0, min(self._due.values()) - loop.time()))
 
     async def run_once(self) -> None:
-        """One pass of every task (``awa_maintenance --once``), if leadership can be had."""
-        await self._elect()
-        if not self.leader:
-            log.info("awa maintenance: another process is the leader; nothing to do")
-            return
+        """One pass of every task (``awa_maintenance --once``), if leadership can be had. The
+        process's runtime row is removed at the end either way."""
         try:
+            await self._elect()
+            if not self.leader:
+                log.info("awa maintenance: another process is the leader; nothing to do")
+                return
             for name, _, task in self.tasks:
                 await self._run_task(name, task)
         finally:
@@ -192,18 +205,54 @@ class Maintenance:
                 await self.link.discard()
             log.warning("awa maintenance: election failed (%s)", first_line(exc))
             return
-        if row and row[0]:
-            self.leader = True
-            self._due.clear()
-            log.info("awa maintenance: %s is now the leader", self.instance_id)
-            try:
-                await conn.execute(query("leader_mark"), [self.instance_id, self.instance_id])
-            except Exception as exc:
-                if is_connection_lost(exc, self.link.conn):
-                    await self.link.discard()
-                    self._lose()
-                else:
-                    log.warning("awa maintenance: could not mark the leader (%s)", first_line(exc))
+        if not (row and row[0]):
+            await self._check_holder(conn)
+            return
+        self.leader = True
+        self._due.clear()
+        log.info("awa maintenance: %s is now the leader", self.instance_id)
+        try:
+            await conn.execute(query("leader_mark"), [self.instance_id, self.instance_id])
+        except Exception as exc:
+            if is_connection_lost(exc, self.link.conn):
+                await self.link.discard()
+                self._lose()
+            else:
+                log.warning("awa maintenance: could not mark the leader (%s)", first_line(exc))
+
+    async def _check_holder(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Another process holds the leader lock: end it if it is an awa process that stopped
+        refreshing its runtime row (frozen, wedged, partitioned) while its connection lives on,
+        so that leadership moves instead of maintenance stopping for the whole cluster."""
+        try:
+            cursor = await conn.execute(query("leader_takeover"), [self.settings.leader_staleness])
+            rows = await cursor.fetchall()
+        except Exception as exc:
+            if is_connection_lost(exc, self.link.conn):
+                await self.link.discard()
+            log.warning("awa maintenance: could not check the leader (%s)", first_line(exc))
+            return
+        loop = asyncio.get_running_loop()
+        for pid, instance, seen_ago, action in rows:
+            if action in ("terminated", "not_permitted"):
+                log.warning(
+                    "awa maintenance: the leader %s (backend pid %s) has not been seen for %s; %s",
+                    instance,
+                    pid,
+                    "ever" if seen_ago is None else f"{float(seen_ago):.1f} s",
+                    "its connection was terminated so that a live process takes over"
+                    if action == "terminated"
+                    else "its connection could not be terminated (pg_signal_backend is needed); "
+                    "maintenance waits for it",
+                )
+            elif action == "foreign" and loop.time() - self._foreign_warned_at > 60:
+                self._foreign_warned_at = loop.time()
+                log.warning(
+                    "awa maintenance: the leader lock is held by a session that is not an awa "
+                    "process (backend pid %s, application_name %r); maintenance waits for it",
+                    pid,
+                    instance,
+                )
 
     def _lose(self) -> None:
         if self.leader:
@@ -282,3 +331,9 @@ class Maintenance:
         cursor = await conn.execute(query("cleanup"), [self.settings.runtime_retention])
         row = await cursor.fetchone()
         self.count("cleaned", int(row[0]) if row else 0)
+
+
+async def _leader_session(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Bound every maintenance statement on the leader's connection (lock and statement
+    timeouts): a lock holder elsewhere fails one task, logged, never freezes maintenance."""
+    await conn.execute(query("leader_session"))

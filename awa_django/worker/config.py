@@ -9,7 +9,12 @@ from awa_django.conf import get_awa_settings
 from awa_django.db.identifiers import QUEUE_NAME_RE, validate_queue_name
 from awa_django.jobs import registered_kinds
 
-__all__ = ["QueueConfig", "WorkerConfig", "parse_queue_option"]
+__all__ = ["MAX_PROCESSES", "MAX_SLOTS", "QueueConfig", "WorkerConfig", "parse_queue_option"]
+
+#: Most jobs of one queue one process runs at once (--queue NAME=N, --concurrency).
+MAX_SLOTS = 10_000
+#: Most worker processes under one supervisor (--processes).
+MAX_PROCESSES = 256
 
 _QUEUE_OPTION = re.compile(r"^(?P<name>[^=]+)(?:=(?P<concurrency>\d+))?$")
 
@@ -36,6 +41,7 @@ class WorkerConfig:
     completion_flush: float = 0.002
     poll_interval: float = 0.2
     heartbeat_interval: float = 30.0
+    heartbeat_staleness: float = 90.0
     shutdown_timeout: float = 30.0
     abandon_after: float = 30.0
     runtime_refresh: float = 10.0
@@ -57,8 +63,8 @@ def parse_queue_option(value: str) -> tuple[str, int | None]:
         raise ValueError(f"--queue {value!r}: expected NAME or NAME=CONCURRENCY")
     name = validate_queue_name(match["name"])
     concurrency = int(match["concurrency"]) if match["concurrency"] else None
-    if concurrency is not None and concurrency < 1:
-        raise ValueError(f"--queue {value!r}: concurrency must be at least 1")
+    if concurrency is not None and not 1 <= concurrency <= MAX_SLOTS:
+        raise ValueError(f"--queue {value!r}: concurrency must be between 1 and {MAX_SLOTS}")
     return name, concurrency
 
 
@@ -115,6 +121,7 @@ def build_config(
         completion_flush=cfg.COMPLETION_FLUSH_INTERVAL,
         poll_interval=cfg.POLL_INTERVAL,
         heartbeat_interval=cfg.HEARTBEAT_INTERVAL,
+        heartbeat_staleness=cfg.HEARTBEAT_STALENESS,
         shutdown_timeout=cfg.SHUTDOWN_TIMEOUT,
         abandon_after=cfg.ABANDON_AFTER,
         runtime_refresh=cfg.RUNTIME_REFRESH_INTERVAL,

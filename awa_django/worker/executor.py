@@ -131,11 +131,12 @@ def error_info(exc: BaseException) -> dict[str, Any]:
     Never raises, and every text is storable: NUL and lone surrogates become visible escapes.
     """
     kind = type(exc)
-    name = (
-        kind.__qualname__
-        if kind.__module__ == "builtins"
-        else f"{kind.__module__}.{kind.__qualname__}"
-    )
+    try:
+        qualname = str(getattr(kind, "__qualname__", None) or kind.__name__)
+        module = getattr(kind, "__module__", None)
+        name = qualname if module in (None, "builtins") else f"{module}.{qualname}"
+    except BaseException:  # a metaclass that refuses to answer
+        name = "<unnamed exception>"
     try:
         message = str(exc)
     except BaseException as err:  # a __str__ that raises

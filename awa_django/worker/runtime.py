@@ -27,34 +27,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import uuid
 from typing import Any
 
 import psycopg
-from django.db import close_old_connections
 
-from awa_django.db.storage import ClaimedJob, Finalization, aclaim, aheartbeat
+from awa_django.db.storage import ClaimedJob, aclaim, aheartbeat
 from awa_django.jobs import registered_kinds
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.sql import query
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
-from awa_django.worker.context import JobContext
+from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Execution, Running
 from awa_django.worker.executor import (
-    PreparedAttempt,
-    error_info,
-    outcome_of,
-    prepare,
-    refused,
     safe_str,
+)
+from awa_django.worker.guards import (
+    EXIT_LOOP_FAILED,
+    LoopWatchdog,
+    hard_exit,
 )
 from awa_django.worker.links import Link, first_line, is_connection_lost
 from awa_django.worker.threads import HandlerThreads
@@ -63,47 +60,10 @@ __all__ = ["EXIT_LOOP_FAILED", "EXIT_STUCK_HANDLERS", "WorkerRuntime"]
 
 log = logging.getLogger("awa_django.worker")
 
-#: A background loop ended unexpectedly (EX_SOFTWARE): restart the process.
-EXIT_LOOP_FAILED = 70
-#: Too many handlers ignored being told to stop (EX_TEMPFAIL): restart the process.
-EXIT_STUCK_HANDLERS = 75
-
-_REGISTER_TIMEOUT = 30.0
+_TICK = 0.5
 
 
-class Running:
-    """Book-keeping of one in-flight attempt."""
-
-    __slots__ = (
-        "abandoned",
-        "attempt",
-        "cancel_sent",
-        "done",
-        "has_state",
-        "queue",
-        "started",
-        "stop_timer",
-        "task",
-        "thread",
-        "timer",
-    )
-
-    def __init__(self, attempt: PreparedAttempt, queue: QueueConfig, started: float) -> None:
-        self.attempt = attempt
-        self.queue = queue
-        self.started = started
-        self.has_state = False
-        self.done = False
-        self.abandoned = False
-        self.cancel_sent = False
-        # A strong reference: the event loop keeps only weak ones to running tasks.
-        self.task: asyncio.Future[Any] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.stop_timer: asyncio.TimerHandle | None = None
-        self.thread: threading.Thread | None = None
-
-
-class WorkerRuntime:
+class WorkerRuntime(Execution):
     """Runs one worker process until it is told to stop (or, in burst mode, runs out of work)."""
 
     def __init__(self, config: WorkerConfig, *, instance_id: uuid.UUID | None = None) -> None:
@@ -121,6 +81,7 @@ class WorkerRuntime:
         )
         self.inflight: dict[tuple[int, int], Running] = {}
         self.abandoned: list[Running] = []
+        self.abandoned_total = 0
         self.running: dict[str, int] = {q.name: 0 for q in config.queues}
         self.low_water = {
             q.name: max(1, min(config.claim_batch, q.concurrency) // 4) for q in config.queues
@@ -139,6 +100,8 @@ class WorkerRuntime:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._stop_deadline: float | None = None
+        self._watchdog = LoopWatchdog(limit=config.heartbeat_staleness, interval=_TICK)
+        self._signal_handler = self._on_signal
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -147,8 +110,9 @@ class WorkerRuntime:
         loop = self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._wake = {q.name: asyncio.Event() for q in self.config.queues}
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._on_signal, signum)
+        self._install_signals()
+        self._watchdog.start()
+        self._tick()
         await self._register()
         await self._check_connection_budget()
         log.info(
@@ -199,18 +163,44 @@ class WorkerRuntime:
             self.claimed,
             self.finished,
             self.batcher.stale,
-            len(self.abandoned),
+            self.abandoned_total,
         )
+        self._watchdog.close()
         if self.inflight or any(not r.done for r in self.abandoned):
             # Handlers that will not end would keep the interpreter from exiting (asyncio.run
             # waits for tasks, the interpreter for executor threads): leave now.
-            _hard_exit(self.exit_code)
+            hard_exit(self.exit_code)
         return self.exit_code
 
     def stop(self) -> None:
         """Begin a graceful stop (what SIGTERM does)."""
         self.stopping = True
         self._stop.set()
+        # Past this, the watchdog ends the process (a handler holding the loop, say).
+        self._watchdog.stopping(2 * self.config.shutdown_timeout + 10.0, self.exit_code)
+
+    def _tick(self) -> None:
+        self._watchdog.tick()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_later(_TICK, self._tick)
+
+    def _install_signals(self) -> None:
+        """SIGTERM and SIGINT through ``signal.signal``, not the event loop: the handler then
+        runs even while a handler blocks the loop, so a second signal always exits at once."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._signal_handler)
+
+    def _check_signals(self) -> None:
+        """Put back SIGTERM/SIGINT handling if handler code replaced it."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            if signal.getsignal(signum) is not self._signal_handler:
+                log.warning(
+                    "awa worker %s: %s handling was replaced (by handler code?); restored",
+                    self.instance_id,
+                    signal.Signals(signum).name,
+                )
+                signal.signal(signum, self._signal_handler)
 
     def is_stopping(self) -> bool:
         """Whether a graceful stop has begun."""
@@ -230,21 +220,26 @@ class WorkerRuntime:
         return task
 
     def _loop_ended(self, task: asyncio.Task[Any]) -> None:
-        if task.cancelled() or (self.stopping and task.exception() is None):
+        if self.stopping and (task.cancelled() or task.exception() is None):
             return
-        exc = task.exception()
+        exc = None if task.cancelled() else task.exception()
         log.critical(
             "awa worker %s: background loop %s ended unexpectedly (%s); exiting with status "
             "%d so that the process is restarted; its attempts will be rescued",
             self.instance_id,
             task.get_name(),
-            "returned" if exc is None else f"{type(exc).__name__}: {safe_str(exc)}",
+            "cancelled"
+            if task.cancelled()
+            else "returned"
+            if exc is None
+            else f"{type(exc).__name__}: {safe_str(exc)}",
             EXIT_LOOP_FAILED,
             exc_info=exc,
         )
-        _hard_exit(EXIT_LOOP_FAILED)
+        hard_exit(EXIT_LOOP_FAILED)
 
-    def _on_signal(self, signum: int) -> None:
+    def _on_signal(self, signum: int, frame: object = None) -> None:
+        """The SIGTERM/SIGINT handler (runs in the main thread, between bytecodes)."""
         self.signals += 1
         if self.signals > 1:
             log.warning(
@@ -253,7 +248,13 @@ class WorkerRuntime:
                 self.instance_id,
                 len(self.inflight),
             )
-            _hard_exit(128 + signum)
+            hard_exit(128 + signum)
+        self._watchdog.stopping(2 * self.config.shutdown_timeout + 10.0, self.exit_code)
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._begin_stop, signum)
+
+    def _begin_stop(self, signum: int) -> None:
         log.info(
             "awa worker %s: %s received, draining (up to %.0f s)",
             self.instance_id,
@@ -394,224 +395,6 @@ class WorkerRuntime:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), cfg.poll_interval)
 
-    def _start(self, job: ClaimedJob, queue: QueueConfig) -> None:
-        """Start one claimed attempt; whatever goes wrong, it ends with an outcome."""
-        loop = self._loop
-        assert loop is not None
-        ctx = JobContext.for_job(
-            job, runtime=self, registrar=self._register_sync, aregistrar=self._register_async
-        )
-        try:
-            attempt = prepare(job, ctx, self._kinds)
-        except Exception as exc:
-            attempt = PreparedAttempt(job, ctx)
-            attempt.failure = refused(
-                "awa_django.InvalidJob", f"job {job.job_id} could not be prepared: {safe_str(exc)}"
-            )
-        run = Running(attempt, queue, loop.time())
-        self.inflight[(job.job_id, job.run_lease)] = run
-        self.running[queue.name] += 1
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("job %s %s attempt %s started", job.job_id, job.kind, job.attempt)
-        if attempt.failure is not None:
-            self._finish(run, None, None)
-            return
-        try:
-            if job.timeout_secs is not None:
-                # Past the hard deadline the handler is told to stop; rescue closes the attempt.
-                run.timer = loop.call_later(
-                    job.timeout_secs, self._tell_stop, run, "past its hard deadline"
-                )
-            handle = attempt.handle
-            assert handle is not None
-            if handle.is_async:
-                run.task = loop.create_task(self._run_async(run))
-            else:
-                future = loop.run_in_executor(self._pool, _run_sync, run)
-                future.add_done_callback(functools.partial(self._sync_done, run))
-                run.task = future
-        except BaseException as exc:
-            self._finish(run, None, exc)
-
-    async def _run_async(self, run: Running) -> None:
-        attempt = run.attempt
-        assert attempt.handle is not None
-        try:
-            value = await attempt.handle.func(*attempt.call_args(), **attempt.kwargs)
-        except BaseException as exc:  # CancelledError and SystemExit included: the job fails
-            self._finish(run, None, exc)
-        else:
-            self._finish(run, value, None)
-
-    def _sync_done(self, run: Running, future: asyncio.Future[Any]) -> None:
-        if future.cancelled():
-            self._finish(run, None, asyncio.CancelledError("not started: the worker is stopping"))
-            return
-        try:
-            value, exc = future.result()
-        except BaseException as error:
-            value, exc = None, error
-        self._finish(run, value, exc)
-
-    def _finish(self, run: Running, value: Any, exc: BaseException | None) -> None:
-        """Record a handler's end: never raises, always frees the slot (once)."""
-        if run.done:
-            return
-        run.done = True
-        for timer in (run.timer, run.stop_timer):
-            if timer is not None:
-                timer.cancel()
-        attempt = run.attempt
-        job = attempt.job
-        ctx = attempt.ctx
-        if run.abandoned and run.cancel_sent and isinstance(exc, asyncio.CancelledError):
-            # The cancellation this runtime sent to an abandoned task: the attempt is the
-            # database's to close (rescue or cancel), with the real reason.
-            return
-        try:
-            outcome = outcome_of(
-                attempt,
-                value=value,
-                exc=exc,
-                result_max_bytes=self.config.result_max_bytes,
-                max_depth=self.config.json_max_depth,
-                has_state=run.has_state,
-                progress_json=ctx.progress_json if ctx.progress_set else None,
-                backoff_base=self.config.backoff_base,
-            )
-        except BaseException as error:  # pragma: no cover - outcome_of does not raise
-            outcome = Finalization(
-                job.job_id, job.run_lease, job.claim_slot, "fail", error=error_info(error)
-            )
-        self.batcher.add(outcome)
-        self.finished += 1
-        if not run.abandoned:
-            self._release(run)
-        try:
-            self._log_outcome(run, outcome)
-        except Exception:  # pragma: no cover - logging must not break the loop
-            log.exception("awa worker: could not log the outcome of job %s", job.job_id)
-
-    def _release(self, run: Running) -> None:
-        """Free a run's slot and wake its dispatcher."""
-        job = run.attempt.job
-        self.inflight.pop((job.job_id, job.run_lease), None)
-        name = run.queue.name
-        self.running[name] -= 1
-        if run.queue.concurrency - self.running[name] >= self.low_water[name] or self.stopping:
-            self._wake[name].set()
-        if not self.inflight:
-            self._all_done.set()
-
-    def _tell_stop(self, run: Running, why: str) -> None:
-        """Tell a handler to stop (``is_cancelled()``); abandon it if it still runs after
-        ``ABANDON_AFTER``."""
-        if run.done or run.abandoned:
-            return
-        run.attempt.ctx.cancel()
-        loop = self._loop
-        if run.stop_timer is None and loop is not None:
-            run.stop_timer = loop.call_later(self.config.abandon_after, self._abandon, run, why)
-
-    def _abandon(self, run: Running, why: str) -> None:
-        if run.done or run.abandoned:
-            return
-        run.abandoned = True
-        self._release(run)
-        self.abandoned.append(run)
-        job = run.attempt.job
-        log.warning(
-            "awa worker: job %s %s attempt %s (lease %s) abandoned: its handler still runs "
-            "%.1f s after it was told to stop (%s); its slot is freed and the attempt is left "
-            "to rescue or cancel",
-            job.job_id,
-            job.kind,
-            job.attempt,
-            job.run_lease,
-            self.config.abandon_after,
-            why,
-        )
-        if run.task is not None and not run.task.done():
-            run.cancel_sent = True
-            run.task.cancel()  # an async handler gets CancelledError; a queued sync one won't start
-        if run.thread is not None:
-            self._pool.retire(run.thread)
-        self.abandoned = [r for r in self.abandoned if not r.done]
-        stuck = len(self.abandoned)
-        if stuck > max(1, self.config.total_concurrency) and not self.stopping:
-            log.error(
-                "awa worker %s: %d handler(s) are stuck after being told to stop; draining and "
-                "exiting with status %d so that the process is restarted",
-                self.instance_id,
-                stuck,
-                EXIT_STUCK_HANDLERS,
-            )
-            self.exit_code = EXIT_STUCK_HANDLERS
-            self.stop()
-
-    def _log_outcome(self, run: Running, outcome: Finalization) -> None:
-        job = run.attempt.job
-        assert self._loop is not None
-        elapsed = (self._loop.time() - run.started) * 1000
-        if outcome.outcome == "completed":
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "job %s %s attempt %s completed in %.1f ms",
-                    job.job_id,
-                    job.kind,
-                    job.attempt,
-                    elapsed,
-                )
-            return
-        error = outcome.error or {}
-        level = logging.INFO if outcome.outcome in ("retry", "snooze", "wait") else logging.WARNING
-        log.log(
-            level,
-            "job %s %s attempt %s %s after %.1f ms: %s: %s",
-            job.job_id,
-            job.kind,
-            job.attempt,
-            outcome.outcome,
-            elapsed,
-            error.get("type", "-"),
-            error.get("message", ""),
-        )
-
-    # -- callbacks ---------------------------------------------------------------------------
-
-    def _register_sync(self, ctx: JobContext, callback_id: uuid.UUID) -> None:
-        """Register a callback id from a sync handler's thread (blocks on the event loop)."""
-        loop = self._loop
-        assert loop is not None
-        if threading.get_ident() == self._loop_thread:
-            raise RuntimeError(
-                "ctx.callback_id cannot be read before `await ctx.aregister_callback()` in an "
-                "async handler (registering it would block the event loop)"
-            )
-        asyncio.run_coroutine_threadsafe(self._register_async(ctx, callback_id), loop).result()
-
-    async def _register_async(self, ctx: JobContext, callback_id: uuid.UUID) -> None:
-        loop = asyncio.get_running_loop()
-        run = self.inflight.get((ctx.id, ctx.run_lease))
-        if run is not None:
-            run.has_state = True  # its attempt_state row goes when the attempt ends
-        deadline = loop.time() + _REGISTER_TIMEOUT
-
-        async def register(conn: psycopg.AsyncConnection[Any]) -> bool:
-            cursor = await conn.execute(
-                query("callback_register"), [ctx.id, ctx.run_lease, callback_id]
-            )
-            row = await cursor.fetchone()
-            return bool(row and row[0])
-
-        if not await self.control_link.run(register, give_up=lambda: loop.time() > deadline):
-            log.info(
-                "job %s attempt lease %s is no longer open; its callback was not registered",
-                ctx.id,
-                ctx.run_lease,
-            )
-            ctx.cancel()
-
     # -- heartbeats, wake-ups, runtime row ---------------------------------------------------
 
     def request_flush(self) -> None:
@@ -693,6 +476,7 @@ class WorkerRuntime:
         while True:
             await asyncio.sleep(self.config.runtime_refresh)
             try:
+                self._check_signals()
                 await self._register()
             except Exception as exc:
                 log.warning("awa worker: could not refresh the runtime row (%s)", first_line(exc))
@@ -735,7 +519,7 @@ class WorkerRuntime:
         try:
             data = json.loads(payload)
             key = (int(data["id"]), int(data["lease"]))
-        except (ValueError, KeyError, TypeError):
+        except Exception:  # not ours, or garbled: NOTIFY payloads are anyone's to send
             return
         run = self.inflight.get(key)
         if run is not None:
@@ -761,36 +545,3 @@ class WorkerRuntime:
             if done:
                 log.info("awa worker %s: burst mode, nothing left to do", self.instance_id)
                 self.stop()
-
-
-def _run_sync(run: Running) -> tuple[Any, BaseException | None]:
-    """Run a sync handler on a pool thread, with fresh Django connections around it.
-
-    Whatever the handler raises (``BaseException`` included) is returned, never raised.
-    """
-    run.thread = threading.current_thread()
-    attempt = run.attempt
-    assert attempt.handle is not None
-    try:
-        close_old_connections()
-        return attempt.handle.func(*attempt.call_args(), **attempt.kwargs), None
-    except BaseException as exc:
-        return None, exc
-    finally:
-        try:
-            close_old_connections()
-        except Exception:
-            log.exception(
-                "awa worker: closing the ORM connections after job %s failed", attempt.job.job_id
-            )
-
-
-def _hard_exit(code: int) -> None:
-    """Exit the process now, without waiting for threads or tasks (logs are flushed)."""
-    for handler in logging.getLogger().handlers + logging.getLogger("awa_django").handlers:
-        with contextlib.suppress(Exception):
-            handler.flush()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)

@@ -307,6 +307,11 @@ def rolled_back_invisible(data: Data, facts: EndFacts) -> list[Violation]:
     out = []
     for token, job_id, path in data.rolled_back:
         where = []
+        if job_id is not None and _id_reused(data, job_id, token):
+            # PostgreSQL may hand out a sequence value again after a crash when the transaction
+            # that drew it never committed (its WAL was not flushed): this id now names another
+            # job. Only the token can tell whether the rolled-back job itself ever appeared.
+            job_id = None
         if job_id is not None:
             if job_id in data.committed:
                 where.append("in chaos.committed")
@@ -330,6 +335,14 @@ def rolled_back_invisible(data: Data, facts: EndFacts) -> list[Violation]:
                 )
             )
     return out
+
+
+def _id_reused(data: Data, job_id: int, token: str) -> bool:
+    """Whether ``job_id`` belongs to a job with another token (an id drawn again)."""
+    owner = data.committed[job_id][0] if job_id in data.committed else None
+    if owner is None:
+        owner = next((e.token for e in data.execs.get(job_id, ()) if e.token), None)
+    return owner is not None and owner != token
 
 
 def attempt_once(data: Data, facts: EndFacts) -> list[Violation]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -39,8 +40,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    # SIGTERM unwinds like Ctrl-C, so that every run's workers and the cluster are stopped.
+    signal.signal(signal.SIGTERM, _interrupt)
     duration = args.duration or (SOAK_DURATION if args.soak else CI_DURATION)
     runs = args.runs or (1 if args.soak else 2)
     sys.path.insert(0, str(REPO))

@@ -30,12 +30,15 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
-        if options["limit"] < 1:
-            raise CommandError("--limit must be at least 1")
+        if not 1 <= options["limit"] <= 100_000:
+            raise CommandError("--limit must be between 1 and 100000")
         if action == "list":
-            entries = services.dlq_list(
-                queue=options["queue"], kind=options["kind"], limit=options["limit"]
-            )
+            try:
+                entries = services.dlq_list(
+                    queue=options["queue"], kind=options["kind"], limit=options["limit"]
+                )
+            except ValidationError as exc:
+                raise CommandError(str(exc)) from exc
             if options["json"]:
                 rows = [
                     {

@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from awa_django import operations, services
+from awa_django.limits import MAX_BIGINT
 
 
 class Command(BaseCommand):
@@ -19,6 +20,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         job_id, action = options["job_id"], options["action"]
+        if not 1 <= job_id <= MAX_BIGINT:
+            raise CommandError(f"job {job_id} not found (job ids are from 1 to {MAX_BIGINT})")
         job = services.job_show(job_id)
         if job is None:
             raise CommandError(f"job {job_id} not found (unknown, or aged out of history)")

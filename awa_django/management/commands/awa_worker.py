@@ -11,7 +11,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from awa_django.conf import get_awa_settings
 from awa_django.jobs import autodiscover_jobs
-from awa_django.worker.config import build_config, parse_queue_option
+from awa_django.worker.config import MAX_PROCESSES, MAX_SLOTS, build_config, parse_queue_option
+from awa_django.worker.guards import EXIT_LOOP_FAILED, hard_exit
 from awa_django.worker.runtime import WorkerRuntime
 from awa_django.worker.supervisor import Supervisor, child_command
 
@@ -57,13 +58,18 @@ class Command(BaseCommand):
             queues = [parse_queue_option(value) for value in options["queue"]]
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
-        if options["concurrency"] is not None and options["concurrency"] < 1:
-            raise CommandError("--concurrency must be at least 1")
+        if options["concurrency"] is not None and not 1 <= options["concurrency"] <= MAX_SLOTS:
+            raise CommandError(f"--concurrency must be between 1 and {MAX_SLOTS}")
         processes = options["processes"] if options["processes"] is not None else cfg.PROCESSES
-        if processes < 1:
-            raise CommandError("--processes must be at least 1")
+        if not 1 <= processes <= MAX_PROCESSES:
+            raise CommandError(f"--processes must be between 1 and {MAX_PROCESSES}")
         if processes > 1:
-            code = Supervisor(child_command(sys.orig_argv), processes, burst=options["burst"]).run()
+            code = Supervisor(
+                child_command(sys.orig_argv),
+                processes,
+                burst=options["burst"],
+                stop_timeout=2 * cfg.SHUTDOWN_TIMEOUT + 15.0,
+            ).run()
             if code:
                 sys.exit(code)
             return
@@ -77,6 +83,19 @@ class Command(BaseCommand):
             logging.basicConfig(
                 level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
             )
-        code = asyncio.run(WorkerRuntime(config).run())
+        try:
+            code = asyncio.run(WorkerRuntime(config).run())
+        except BaseException as exc:
+            # Handler code can end the shared event loop (loop.stop(), SystemExit raised from a
+            # loop callback, cancelling the worker's own tasks): never a silent exit.
+            logging.getLogger("awa_django.worker").critical(
+                "awa worker: the event loop ended abnormally (%s: %s); exiting with status %d so "
+                "that the process is restarted; its attempts will be rescued",
+                type(exc).__name__,
+                exc,
+                EXIT_LOOP_FAILED,
+                exc_info=exc,
+            )
+            hard_exit(EXIT_LOOP_FAILED)
         if code:
             sys.exit(code)

@@ -19,12 +19,13 @@
 CREATE FUNCTION awa._max_seconds_v1() RETURNS double precision
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 3155760000::double precision $$;
 
--- Raise SQLSTATE 25000 unless the transaction runs at READ COMMITTED: the engine's functions
--- rely on each statement seeing what committed before it (after a lock is taken).
+-- Raise SQLSTATE 25000 unless the transaction runs at READ COMMITTED (READ UNCOMMITTED, which
+-- PostgreSQL runs as READ COMMITTED, is fine too): the engine's functions rely on each statement
+-- seeing what committed before it (after a lock is taken).
 CREATE FUNCTION awa._require_read_committed_v1(p_what text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
         RAISE EXCEPTION '% needs READ COMMITTED isolation (this transaction is %)',
             p_what, current_setting('transaction_isolation') USING ERRCODE = '25000';
     END IF;
@@ -394,7 +395,7 @@ BEGIN
     IF p_max IS NULL OR p_max <= 0 THEN
         RETURN;
     END IF;
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
         RAISE EXCEPTION 'awa.claim_v1 needs READ COMMITTED isolation' USING ERRCODE = '25000';
     END IF;
     IF EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused) THEN
@@ -653,15 +654,17 @@ BEGIN
                                           parked boolean, result jsonb, progress jsonb)
     WHERE p.open_slot IS NOT NULL AND NOT p.parked AND p.result IS NOT NULL;
 
-    -- Park the others once, keeping their latest progress for the resolution.
+    -- Park the others once, keeping their latest progress for the resolution. The early ones get
+    -- their lease too (closed with the attempt just after), so that a later resolution of the
+    -- same callback finds it and is told 'stale', not 'unknown'.
     INSERT INTO awa.leases (lease_slot, lease_generation, job_id, run_lease, claim_slot, state,
                             callback_id, callback_timeout_at)
     SELECT v_slot, v_gen, p.id, p.lease, p.open_slot, 'waiting_external', p.callback_id,
            now() + make_interval(secs => p.timeout)
     FROM jsonb_to_recordset(v_rows) AS p(id bigint, lease bigint, open_slot integer,
-                                          parked boolean, result jsonb, callback_id uuid,
+                                          parked boolean, callback_id uuid,
                                           timeout double precision)
-    WHERE p.open_slot IS NOT NULL AND NOT p.parked AND p.result IS NULL
+    WHERE p.open_slot IS NOT NULL AND NOT p.parked
     ON CONFLICT DO NOTHING;
     INSERT INTO awa.attempt_state AS s (job_id, run_lease, progress, callback_id)
     SELECT p.id, p.lease, p.progress, p.callback_id
@@ -1195,4 +1198,82 @@ BEGIN
     VALUES (p_ring, v_slot, v_gen - v_count + 1, v_outcome);
     RETURN v_outcome;
 END
+$$;
+
+-- Leadership ----------------------------------------------------------------------------------------
+
+-- The holder of the maintenance leader lock (pg_try_advisory_lock(4708303813012965710), see
+-- queries/storage.sql: leader_try) and whether it is alive. A holder that is an awa process
+-- (application_name 'awa:worker:<instance id>') whose runtime row is older than p_staleness
+-- seconds, or gone, is frozen (SIGSTOP), wedged, or partitioned while its connection lives on:
+-- its backend is terminated so that the lock is freed and a live process takes over. action is
+-- 'alive', 'terminated', 'not_permitted' (pg_terminate_backend refused: another role without
+-- pg_signal_backend) or 'foreign' (not an awa process: left alone).
+CREATE FUNCTION awa.leader_takeover_v1(p_staleness double precision)
+RETURNS TABLE (pid integer, instance text, seen_ago double precision, action text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT l.pid AS holder, a.application_name AS app
+        FROM pg_locks l
+        JOIN pg_stat_activity a ON a.pid = l.pid
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.classid = (4708303813012965710 >> 32)::oid
+          AND l.objid = (4708303813012965710 & 4294967295)::oid
+          AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+    LOOP
+        pid := r.holder;
+        instance := r.app;
+        seen_ago := NULL;
+        IF r.app IS NULL OR r.app !~ '^awa:worker:[0-9a-f-]{36}$' THEN
+            action := 'foreign';
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        SELECT extract(epoch FROM now() - i.last_seen_at) INTO seen_ago
+        FROM awa.runtime_instances i WHERE i.instance_id = substr(r.app, 12)::uuid;
+        IF seen_ago IS NOT NULL AND seen_ago <= p_staleness THEN
+            action := 'alive';
+        ELSE
+            BEGIN
+                action := CASE WHEN pg_terminate_backend(r.holder) THEN 'terminated'
+                               ELSE 'not_permitted' END;
+            EXCEPTION WHEN insufficient_privilege THEN
+                action := 'not_permitted';
+            END;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- Burst mode ----------------------------------------------------------------------------------------
+
+-- Same contract as 0002, except that paused queues do not count: their available jobs cannot be
+-- claimed, so a burst worker would otherwise wait for them forever.
+CREATE OR REPLACE FUNCTION awa.queues_idle_v1(p_queues text[])
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT NOT EXISTS (
+        SELECT 1 FROM awa.queue_lanes l
+        CROSS JOIN LATERAL (SELECT awa.lane_cursor_v1(l.lane_id) AS c) k
+        WHERE l.queue = ANY (p_queues)
+          AND NOT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = l.queue AND m.paused)
+          AND EXISTS (
+              SELECT 1 FROM awa.ready_entries e
+              WHERE e.lane_id = l.lane_id AND e.lane_seq > k.c
+                AND NOT EXISTS (
+                    SELECT 1 FROM awa.ready_tombstones t
+                    WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                      AND t.ready_slot = e.ready_slot)))
+    AND NOT EXISTS (
+        SELECT 1 FROM awa.claims c
+        JOIN awa.queue_lanes l ON l.lane_id = c.lane_id
+        WHERE l.queue = ANY (p_queues)
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.claim_closures z
+              WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                AND z.claim_slot = c.claim_slot))
 $$;

@@ -61,3 +61,6 @@ SELECT completed FROM awa.throughput_v1(%s)
 -- name: read_committed
 -- The first statement of a transaction awa_django opens for a function that needs it.
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED
+
+-- name: isolation
+SELECT current_setting('transaction_isolation')

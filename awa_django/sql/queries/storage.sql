@@ -46,6 +46,14 @@ LISTEN awa_cancel
 -- Session-level: held while this connection lives; Postgres frees it if the leader dies.
 SELECT pg_try_advisory_lock(4708303813012965710)  -- 0x4157415f4d41494e, "AWA_MAIN"
 
+-- name: leader_takeover
+-- A frozen leader whose connection lives on is ended (see awa.leader_takeover_v1).
+SELECT pid, instance, seen_ago, action FROM awa.leader_takeover_v1(%s)
+
+-- name: leader_session
+-- Once per leader connection: no maintenance statement waits on a lock or runs for ever.
+SET lock_timeout = '5s'; SET statement_timeout = '60s'
+
 -- name: leader_mark
 UPDATE awa.runtime_instances SET is_leader = (instance_id = %s) WHERE is_leader OR instance_id = %s
 

@@ -1,0 +1,377 @@
+"""Running handlers: start an attempt, end it with an outcome whatever the handler does, and
+give up on a handler that will not stop.
+
+``Execution`` is the part of ``WorkerRuntime`` (awa_django/worker/runtime.py) that owns the
+in-flight attempts: it starts async handlers as tasks and sync ones on daemon threads, turns
+whatever they return or raise (``BaseException`` included) into exactly one outcome for the
+completion batcher, frees the slot once, and abandons a handler still running
+``ABANDON_AFTER`` seconds after it was told to stop (docs/worker.md, "Faults").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import uuid
+from concurrent.futures import Future
+from typing import Any
+
+import psycopg
+from django.db import close_old_connections
+
+from awa_django.db.storage import ClaimedJob, Finalization
+from awa_django.exceptions import TransactionLeftOpen
+from awa_django.sql import query
+from awa_django.worker.batcher import CompletionBatcher
+from awa_django.worker.config import QueueConfig, WorkerConfig
+from awa_django.worker.context import JobContext
+from awa_django.worker.executor import (
+    PreparedAttempt,
+    error_info,
+    outcome_of,
+    prepare,
+    refused,
+    safe_str,
+)
+from awa_django.worker.guards import release_thread_connections
+from awa_django.worker.links import Link
+from awa_django.worker.threads import HandlerThreads
+
+__all__ = ["EXIT_STUCK_HANDLERS", "Execution", "Running"]
+
+log = logging.getLogger("awa_django.worker")
+
+#: Too many handlers ignored being told to stop (EX_TEMPFAIL): restart the process.
+EXIT_STUCK_HANDLERS = 75
+
+_REGISTER_TIMEOUT = 30.0
+
+
+class Running:
+    """Book-keeping of one in-flight attempt."""
+
+    __slots__ = (
+        "abandoned",
+        "attempt",
+        "cancel_sent",
+        "cfuture",
+        "done",
+        "has_state",
+        "queue",
+        "started",
+        "stop_timer",
+        "task",
+        "thread",
+        "timer",
+    )
+
+    def __init__(self, attempt: PreparedAttempt, queue: QueueConfig, started: float) -> None:
+        self.attempt = attempt
+        self.queue = queue
+        self.started = started
+        self.has_state = False
+        self.done = False
+        self.abandoned = False
+        self.cancel_sent = False
+        # A strong reference: the event loop keeps only weak ones to running tasks.
+        self.task: asyncio.Future[Any] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.stop_timer: asyncio.TimerHandle | None = None
+        self.thread: threading.Thread | None = None
+        self.cfuture: Future[Any] | None = None
+
+
+class Execution:
+    """The in-flight attempts of a worker process (mixed into ``WorkerRuntime``)."""
+
+    config: WorkerConfig
+    batcher: CompletionBatcher
+    control_link: Link
+    inflight: dict[tuple[int, int], Running]
+    abandoned: list[Running]
+    abandoned_total: int
+    running: dict[str, int]
+    low_water: dict[str, int]
+    stopping: bool
+    exit_code: int
+    finished: int
+    instance_id: uuid.UUID
+    _kinds: dict[str, Any]
+    _pool: HandlerThreads
+    _wake: dict[str, asyncio.Event]
+    _all_done: asyncio.Event
+    _loop: asyncio.AbstractEventLoop | None
+    _loop_thread: int | None
+
+    def stop(self) -> None:  # pragma: no cover - provided by WorkerRuntime
+        raise NotImplementedError
+
+    def _start(self, job: ClaimedJob, queue: QueueConfig) -> None:
+        """Start one claimed attempt; whatever goes wrong, it ends with an outcome."""
+        loop = self._loop
+        assert loop is not None
+        ctx = JobContext.for_job(
+            job, runtime=self, registrar=self._register_sync, aregistrar=self._register_async
+        )
+        try:
+            attempt = prepare(job, ctx, self._kinds)
+        except Exception as exc:
+            attempt = PreparedAttempt(job, ctx)
+            attempt.failure = refused(
+                "awa_django.InvalidJob", f"job {job.job_id} could not be prepared: {safe_str(exc)}"
+            )
+        run = Running(attempt, queue, loop.time())
+        self.inflight[(job.job_id, job.run_lease)] = run
+        self.running[queue.name] += 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("job %s %s attempt %s started", job.job_id, job.kind, job.attempt)
+        if attempt.failure is not None:
+            self._finish(run, None, None)
+            return
+        try:
+            if job.timeout_secs is not None:
+                # Past the hard deadline the handler is told to stop; rescue closes the attempt.
+                run.timer = loop.call_later(
+                    job.timeout_secs, self._tell_stop, run, "past its hard deadline"
+                )
+            handle = attempt.handle
+            assert handle is not None
+            if handle.is_async:
+                run.task = loop.create_task(self._run_async(run))
+            else:
+                run.cfuture = self._pool.submit(_run_sync, run)
+                future = asyncio.wrap_future(run.cfuture, loop=loop)
+                future.add_done_callback(functools.partial(self._sync_done, run))
+                run.task = future
+        except BaseException as exc:
+            self._finish(run, None, exc)
+
+    async def _run_async(self, run: Running) -> None:
+        attempt = run.attempt
+        assert attempt.handle is not None
+        try:
+            value = await attempt.handle.func(*attempt.call_args(), **attempt.kwargs)
+        except BaseException as exc:  # CancelledError and SystemExit included: the job fails
+            self._finish(run, None, exc)
+        else:
+            self._finish(run, value, None)
+
+    def _sync_done(self, run: Running, future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
+            self._finish(run, None, asyncio.CancelledError("not started: the worker is stopping"))
+            return
+        try:
+            value, exc = future.result()
+        except BaseException as error:
+            value, exc = None, error
+        self._finish(run, value, exc)
+
+    def _finish(self, run: Running, value: Any, exc: BaseException | None) -> None:
+        """Record a handler's end: never raises, always frees the slot (once)."""
+        if run.done:
+            return
+        run.done = True
+        for timer in (run.timer, run.stop_timer):
+            if timer is not None:
+                timer.cancel()
+        attempt = run.attempt
+        job = attempt.job
+        ctx = attempt.ctx
+        if run.abandoned and run.cancel_sent and isinstance(exc, asyncio.CancelledError):
+            # The cancellation this runtime sent to an abandoned task: the attempt is the
+            # database's to close (rescue or cancel), with the real reason.
+            return
+        try:
+            outcome = outcome_of(
+                attempt,
+                value=value,
+                exc=exc,
+                result_max_bytes=self.config.result_max_bytes,
+                max_depth=self.config.json_max_depth,
+                has_state=run.has_state,
+                progress_json=ctx.progress_json if ctx.progress_set else None,
+                backoff_base=self.config.backoff_base,
+            )
+        except BaseException as error:  # pragma: no cover - outcome_of does not raise
+            outcome = Finalization(
+                job.job_id, job.run_lease, job.claim_slot, "fail", error=error_info(error)
+            )
+        self.batcher.add(outcome)
+        self.finished += 1
+        if not run.abandoned:
+            self._release(run)
+        try:
+            self._log_outcome(run, outcome)
+        except Exception:  # pragma: no cover - logging must not break the loop
+            log.exception("awa worker: could not log the outcome of job %s", job.job_id)
+
+    def _release(self, run: Running) -> None:
+        """Free a run's slot and wake its dispatcher."""
+        job = run.attempt.job
+        self.inflight.pop((job.job_id, job.run_lease), None)
+        name = run.queue.name
+        self.running[name] -= 1
+        if run.queue.concurrency - self.running[name] >= self.low_water[name] or self.stopping:
+            self._wake[name].set()
+        if not self.inflight:
+            self._all_done.set()
+
+    def _tell_stop(self, run: Running, why: str) -> None:
+        """Tell a handler to stop (``is_cancelled()``); abandon it if it still runs after
+        ``ABANDON_AFTER``."""
+        if run.done or run.abandoned:
+            return
+        run.attempt.ctx.cancel()
+        loop = self._loop
+        if run.stop_timer is None and loop is not None:
+            run.stop_timer = loop.call_later(self.config.abandon_after, self._abandon, run, why)
+
+    def _abandon(self, run: Running, why: str) -> None:
+        if run.done or run.abandoned:
+            return
+        run.abandoned = True
+        self._release(run)
+        self.abandoned.append(run)
+        job = run.attempt.job
+        log.warning(
+            "awa worker: job %s %s attempt %s (lease %s) abandoned: its handler still runs "
+            "%.1f s after it was told to stop (%s); its slot is freed and the attempt is left "
+            "to rescue or cancel",
+            job.job_id,
+            job.kind,
+            job.attempt,
+            job.run_lease,
+            self.config.abandon_after,
+            why,
+        )
+        self.abandoned_total += 1
+        handle = run.attempt.handle
+        if handle is not None and handle.is_async:
+            if run.task is not None and not run.task.done():
+                run.cancel_sent = True
+                run.task.cancel()  # the handler gets CancelledError
+        elif run.cfuture is not None and run.cfuture.cancel():
+            run.cancel_sent = True  # it was still queued: it never runs
+        elif run.thread is not None:
+            # Its thread stops counting against the pool; what the handler returns when it
+            # ends is still written through the fenced path.
+            self._pool.retire(run.thread)
+        self.abandoned = [r for r in self.abandoned if not r.done]
+        stuck = len(self.abandoned)
+        if stuck > max(1, self.config.total_concurrency) and not self.stopping:
+            log.error(
+                "awa worker %s: %d handler(s) are stuck after being told to stop; draining and "
+                "exiting with status %d so that the process is restarted",
+                self.instance_id,
+                stuck,
+                EXIT_STUCK_HANDLERS,
+            )
+            self.exit_code = EXIT_STUCK_HANDLERS
+            self.stop()
+
+    def _log_outcome(self, run: Running, outcome: Finalization) -> None:
+        job = run.attempt.job
+        assert self._loop is not None
+        elapsed = (self._loop.time() - run.started) * 1000
+        if outcome.outcome == "completed":
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "job %s %s attempt %s completed in %.1f ms",
+                    job.job_id,
+                    job.kind,
+                    job.attempt,
+                    elapsed,
+                )
+            return
+        error = outcome.error or {}
+        what = outcome.outcome
+        if what == "retry" and job.attempt >= job.max_attempts:
+            what = "failed (max_attempts reached)"
+        level = logging.INFO if what in ("retry", "snooze", "wait") else logging.WARNING
+        log.log(
+            level,
+            "job %s %s attempt %s %s after %.1f ms: %s: %s",
+            job.job_id,
+            job.kind,
+            job.attempt,
+            what,
+            elapsed,
+            error.get("type", "-"),
+            error.get("message", ""),
+        )
+
+    # -- callbacks ---------------------------------------------------------------------------
+
+    def _register_sync(self, ctx: JobContext, callback_id: uuid.UUID) -> None:
+        """Register a callback id from a sync handler's thread (blocks on the event loop)."""
+        loop = self._loop
+        assert loop is not None
+        if threading.get_ident() == self._loop_thread:
+            raise RuntimeError(
+                "ctx.callback_id cannot be read before `await ctx.aregister_callback()` in an "
+                "async handler (registering it would block the event loop)"
+            )
+        asyncio.run_coroutine_threadsafe(self._register_async(ctx, callback_id), loop).result()
+
+    async def _register_async(self, ctx: JobContext, callback_id: uuid.UUID) -> None:
+        loop = asyncio.get_running_loop()
+        run = self.inflight.get((ctx.id, ctx.run_lease))
+        if run is not None:
+            run.has_state = True  # its attempt_state row goes when the attempt ends
+        deadline = loop.time() + _REGISTER_TIMEOUT
+
+        async def register(conn: psycopg.AsyncConnection[Any]) -> bool:
+            cursor = await conn.execute(
+                query("callback_register"), [ctx.id, ctx.run_lease, callback_id]
+            )
+            row = await cursor.fetchone()
+            return bool(row and row[0])
+
+        if not await self.control_link.run(register, give_up=lambda: loop.time() > deadline):
+            log.info(
+                "job %s attempt lease %s is no longer open; its callback was not registered",
+                ctx.id,
+                ctx.run_lease,
+            )
+            ctx.cancel()
+
+
+def _run_sync(run: Running) -> tuple[Any, BaseException | None]:
+    """Run a sync handler on a pool thread, with fresh Django connections around it.
+
+    Whatever the handler raises (``BaseException`` included) is returned, never raised. A
+    transaction it leaves open is rolled back and its connection replaced, and the job fails
+    with ``TransactionLeftOpen`` (its writes never happened).
+    """
+    run.thread = threading.current_thread()
+    attempt = run.attempt
+    assert attempt.handle is not None
+    value: Any = None
+    error: BaseException | None = None
+    try:
+        close_old_connections()
+        value = attempt.handle.func(*attempt.call_args(), **attempt.kwargs)
+    except BaseException as exc:
+        error = exc
+    leaked: list[str] = []
+    try:
+        leaked = release_thread_connections()
+        close_old_connections()
+    except Exception:
+        log.exception(
+            "awa worker: closing the ORM connections after job %s failed", attempt.job.job_id
+        )
+    if leaked:
+        log.warning(
+            "awa worker: job %s left a transaction open on %s; rolled back and reconnected",
+            attempt.job.job_id,
+            ", ".join(leaked),
+        )
+        if error is None:
+            error = TransactionLeftOpen(
+                f"the handler left a transaction open on database(s) {', '.join(leaked)}; it "
+                "was rolled back (exit every transaction.atomic() block it enters)"
+            )
+    return value, error
