@@ -57,6 +57,7 @@ def exited(proc: ManagedProcess, timeout: float) -> int:
     return code
 
 
+@pytest.mark.slow
 def test_ten_thousand_mixed_jobs_complete_exactly_once_on_two_processes(manage_py: Start) -> None:
     requests = []
     for i in range(10_000):

@@ -100,7 +100,7 @@ class WorkerRuntime(Execution):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._stop_deadline: float | None = None
-        self._watchdog = LoopWatchdog(limit=config.heartbeat_staleness, interval=_TICK)
+        self._watchdog = LoopWatchdog(limit=max(config.heartbeat_staleness, 10.0), interval=_TICK)
         self._signal_handler = self._on_signal
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -5,7 +5,7 @@ Each run gets a fresh database on the chaos cluster (``.pgdata/chaos/data``, or 
 the driver, producer threads, an operator thread, the fault injector, an observer and a callback
 resolver; then every invariant of tests/chaos/check.py is checked (see tests/chaos/driver.py).
 
-Default (CI): 2 runs of 60 s, seeds N and N+1. ``--soak``: one 5-minute run. ``--runs K``: K runs
+Default (CI): 2 runs of 45 s, seeds N and N+1. ``--soak``: one 5-minute run. ``--runs K``: K runs
 with seeds N, N+1, ... The exit status is 1 when any run found a violation, and the command that
 reproduces it is printed. Worker logs are in ``.pgdata/chaos/runs/seed-N/``; the database of a
 run with violations is kept (``chaos_N``), as is every run's with ``--keep``.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SEED = 1
-CI_DURATION = 60.0
+CI_DURATION = 45.0
 SOAK_DURATION = 300.0
 
 
