@@ -5,9 +5,9 @@
 * :class:`LoopWatchdog` is a thread that watches the event loop: when the loop has not run for
   longer than the heartbeat staleness (at least 10 s; an async handler blocking it, say), the
   process exits with status 70 (its attempts are being rescued anyway), naming the code that
-  blocks it; when a graceful stop overruns the shutdown timeout, it exits too. A stopped or starved *process*
-  (SIGSTOP, a machine stall) is told apart from a blocked *loop*: the watchdog's own sleep then
-  overruns as well, and it starts counting afresh.
+  blocks it; when a graceful stop overruns the shutdown timeout, it exits too. A stopped or
+  starved *process* (SIGSTOP, a machine stall) is told apart from a blocked *loop*: the
+  watchdog's own sleep then overruns as well, and it starts counting afresh.
 * :func:`release_thread_connections` puts back the Django connections a sync handler left in a
   transaction (an ``atomic()`` block entered and never exited, autocommit turned off), so the
   next job on that thread starts clean.
