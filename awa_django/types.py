@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = ["SEAL", "EnqueuedJob", "JobRequest"]
 
@@ -14,16 +13,8 @@ __all__ = ["SEAL", "EnqueuedJob", "JobRequest"]
 SEAL = object()
 
 
-@dataclasses.dataclass(slots=True, frozen=True)
-class JobRequest:
-    """A validated, encoded job request not yet sent (from ``Job.prepare``). Immutable.
-
-    Every field is already checked; ``args_json`` and ``metadata_json`` are the encoded JSON.
-    ``run_at`` (aware, UTC) and ``delay`` (seconds, measured on the database clock) are
-    exclusive. Only requests made by ``Job.prepare`` are accepted by ``enqueue_many``: one
-    rebuilt with ``dataclasses.replace`` or constructed by hand is refused, since the bulk path
-    writes rows without checking them again.
-    """
+class _JobRequestFields(NamedTuple):
+    """The fields of a ``JobRequest``."""
 
     kind: str
     queue: str
@@ -36,7 +27,30 @@ class JobRequest:
     deadline: float | None = None
     metadata_json: str | None = None
     tags: tuple[str, ...] | None = None
-    sealed: object = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    sealed: object = None
+
+
+class JobRequest(_JobRequestFields):
+    """A validated, encoded job request not yet sent (from ``Job.prepare``). Immutable (a named
+    tuple: cheap to create by the thousand).
+
+    Every field is already checked; ``args_json`` and ``metadata_json`` are the encoded JSON.
+    ``run_at`` (aware, UTC) and ``delay`` (seconds, measured on the database clock) are
+    exclusive. Only requests made by ``Job.prepare`` are accepted by ``enqueue_many``: one
+    rebuilt with ``_replace`` or constructed by hand is refused (it is not ``sealed``), since
+    the bulk path writes rows without checking them again.
+    """
+
+    __slots__ = ()
+
+    def _replace(self, **changes: Any) -> JobRequest:
+        """A copy with ``changes``, no longer sealed: ``enqueue_many`` refuses it."""
+        values = self._asdict()
+        unknown = set(changes) - set(values)
+        if unknown:
+            raise ValueError(f"Got unexpected field names: {sorted(unknown)!r}")
+        values.update(changes, sealed=None)
+        return JobRequest(**values)
 
     def payload(self) -> str:
         """This request as one JSON object of the array ``awa.enqueue_v1`` takes."""

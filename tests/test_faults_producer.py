@@ -6,7 +6,6 @@ Each test reproduces a defect found by hostile use (issue 11).
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -289,9 +288,9 @@ def test_a_datetime_subclass_cannot_write_into_the_request() -> None:
 
 def test_requests_cannot_be_changed_or_forged() -> None:
     request = testjobs.noop.prepare()
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         request.kind = "os.system"  # type: ignore[misc]
-    forged = dataclasses.replace(request, kind="os.system")
+    forged = request._replace(kind="os.system")
     built = JobRequest(NOOP, "default", 0, "default", 1, '{"args": [], "kwargs": {}}')
     for bad in (forged, built):
         with pytest.raises(InvalidOptionError, match=r"Job\.prepare"):

@@ -1063,6 +1063,26 @@ $$;
 
 -- Rings -------------------------------------------------------------------------------------------
 
+-- Take the maintenance lock of one ring (its own key space) for this transaction: the ring's
+-- slot count, or NULL when another rotate or prune of the ring holds it. An unknown ring raises
+-- SQLSTATE 22023.
+CREATE FUNCTION awa._ring_lock_v1(p_ring text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    SELECT slot_count INTO v_count FROM awa.rings WHERE ring = p_ring;
+    IF v_count IS NULL THEN
+        RAISE EXCEPTION 'ring: % is not a ring (queue, claim, lease)', quote_nullable(p_ring)
+            USING ERRCODE = '22023';
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(4282178, awa._ring_key_v1(p_ring)) THEN
+        RETURN NULL;
+    END IF;
+    RETURN v_count;
+END
+$$;
+
 -- Advance a ring to its next slot once its current slot is at least p_interval seconds old on
 -- the database clock ('skipped_recent' before), so that a new leader, or awa_maintenance --once
 -- from cron, keeps the cadence instead of rotating every ring at once. Otherwise as rotate_v1:
@@ -1077,12 +1097,8 @@ DECLARE
     v_at timestamptz;
     v_next integer;
 BEGIN
-    SELECT slot_count INTO v_count FROM awa.rings WHERE ring = p_ring;
+    v_count := awa._ring_lock_v1(p_ring);
     IF v_count IS NULL THEN
-        RAISE EXCEPTION 'ring: % is not a ring (queue, claim, lease)', quote_nullable(p_ring)
-            USING ERRCODE = '22023';
-    END IF;
-    IF NOT pg_try_advisory_xact_lock(4282178, awa._ring_key_v1(p_ring)) THEN
         RETURN 'skipped_locked';
     END IF;
     SELECT generation, slot, rotated_at INTO v_gen, v_slot, v_at
@@ -1128,12 +1144,8 @@ DECLARE
     v_outcome text;
 BEGIN
     PERFORM awa._require_read_committed_v1('awa.prune_v1');
-    SELECT slot_count INTO v_count FROM awa.rings WHERE ring = p_ring;
+    v_count := awa._ring_lock_v1(p_ring);
     IF v_count IS NULL THEN
-        RAISE EXCEPTION 'ring: % is not a ring (queue, claim, lease)', quote_nullable(p_ring)
-            USING ERRCODE = '22023';
-    END IF;
-    IF NOT pg_try_advisory_xact_lock(4282178, awa._ring_key_v1(p_ring)) THEN
         RETURN 'skipped_locked';
     END IF;
     SELECT generation, slot INTO v_gen, v_cur
