@@ -494,6 +494,11 @@ def rescues_explained(data: Data, facts: EndFacts) -> list[Violation]:
                 if e.attempt == err.get("attempt") and e.started_at <= at
             ]
             pid = runs[-1].pid if runs else None
+            if runs and runs[-1].action == "snooze" and runs[-1].finished_at is not None:
+                # A snooze gives its attempt back: the next claim carries the same attempt number
+                # and may be the rescued one, claimed by a worker that died before its handler
+                # wrote a row. Any worker's fault can explain it.
+                pid = None
             if not _stale_cause(data, pid, at - staleness - CAUSE_LEAD, at):
                 where = runs[-1].describe() if runs else "its handler never started"
                 out.append(
