@@ -1,188 +1,55 @@
 """The Django admin: read-only views of the queue, with permission-gated operator actions.
 
-Lists never count whole tables (``show_full_result_count = False`` and a capped paginator);
-every value from job data is escaped. Actions call the same services as the management
-commands, need custom permissions, confirm bulk use on a separate page, act on at most
-``BULK_LIMIT`` jobs, and record an admin ``LogEntry`` naming the job ids.
+The pages are registered here; the parts they share live next door:
+
+* ``admin_readonly``: the read-only base (capped counts, permission before data, search and
+  URL filters that never raise);
+* ``admin_filters``: list filters whose choices never scan job history;
+* ``admin_actions``: confirmation page, selection in one field, atomic execution with
+  ``LogEntry`` audit records;
+* ``admin_display``: escaped JSON, error timelines, sparklines.
+
+Actions call the same services as the management commands, need custom permissions, are
+always confirmed on a separate page, act on at most ``BULK_LIMIT`` rows, and commit together
+with one admin ``LogEntry`` per row they changed.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
-from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path
-from django.utils.functional import cached_property
-from django.utils.html import format_html, format_html_join
 
 from awa_django import operations, services
-from awa_django.conf import awa_settings
-from awa_django.exceptions import ValidationError
+from awa_django.admin_actions import BULK_LIMIT, confirm, log_change
+from awa_django.admin_display import JobDetail, error_timeline, pretty, sparkline
+from awa_django.admin_filters import KindFilter, LiveStateFilter, QueueFilter, TerminalStateFilter
+from awa_django.admin_readonly import CappedPaginator, JobListAdmin, ReadOnlyAdmin
+from awa_django.db.identifiers import validate_queue_name
+from awa_django.limits import check_uuid
 from awa_django.models import DeadLetter, Job, QueueStat, TerminalJob, Worker
 
-BULK_LIMIT = 1000
-
-
-class CappedPaginator(Paginator):  # type: ignore[type-arg]
-    """Counts at most ``CAP + 1`` rows: a queue's history can be millions of rows."""
-
-    CAP = 10_000
-
-    @cached_property
-    def count(self) -> int:
-        return len(self.object_list[: self.CAP + 1].values_list("pk", flat=True))  # type: ignore[attr-defined]
-
-
-def pretty(value: Any) -> str:
-    """JSON as an escaped <pre> block."""
-    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
-    return format_html("<pre style='white-space: pre-wrap'>{}</pre>", text)
-
-
-def error_timeline(errors: Any) -> str:
-    if not errors:
-        return "-"
-    return format_html(
-        "<ol>{}</ol>",
-        format_html_join(
-            "",
-            "<li><b>attempt {}</b> at {}: {}: {}<pre style='white-space: pre-wrap'>{}</pre></li>",
-            (
-                (
-                    e.get("attempt", "?"),
-                    e.get("at", "?"),
-                    e.get("type", "-"),
-                    e.get("message", ""),
-                    e.get("traceback", ""),
-                )
-                for e in errors
-                if isinstance(e, dict)
-            ),
-        ),
-    )
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """No add, change or delete (so no "delete selected" either); view only, plus explicit
-    actions."""
-
-    show_full_result_count = False
-    paginator = CappedPaginator
-    list_per_page = 50
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
-    ) -> tuple[QuerySet[Any], bool]:
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        if term.isdigit():
-            return queryset.filter(pk=int(term)), False
-        return queryset.filter(kind__icontains=term), False
-
-    def _log(self, request: HttpRequest, objects: Sequence[Any], message: str) -> None:
-        user_id = request.user.pk
-        if user_id is None:  # actions need a logged-in staff user
-            raise PermissionDenied
-        LogEntry.objects.log_actions(
-            user_id=user_id,
-            queryset=objects,
-            action_flag=CHANGE,
-            change_message=message,
-        )
-
-    def _checked(self, request: HttpRequest, perm: str) -> None:
-        # The action list already hides actions without permission; a forged POST is refused.
-        if not request.user.has_perm(f"awa_django.{perm}"):
-            raise PermissionDenied
-
-
-class JobDetail:
-    """Pretty-printed read-only fields shared by the job admins."""
-
-    @admin.display(description="arguments")
-    def pretty_args(self, obj: Any) -> str:
-        return pretty(obj.args)
-
-    @admin.display(description="metadata")
-    def pretty_metadata(self, obj: Any) -> str:
-        return pretty(obj.metadata)
-
-    @admin.display(description="result")
-    def pretty_result(self, obj: Any) -> str:
-        return pretty(obj.result)
-
-    @admin.display(description="progress")
-    def pretty_progress(self, obj: Any) -> str:
-        return pretty(obj.progress)
-
-    @admin.display(description="errors, one per failed attempt")
-    def error_timeline(self, obj: Any) -> str:
-        return error_timeline(obj.errors)
-
-
-def confirm(
-    modeladmin: ReadOnlyAdmin,
-    request: HttpRequest,
-    queryset: QuerySet[Any],
-    *,
-    title: str,
-    form_class: type[forms.Form] | None,
-    perform: Callable[[list[Any], dict[str, Any]], str],
-) -> HttpResponse | None:
-    """Show a confirmation page (with ``form_class``), then run ``perform`` on confirmation.
-
-    ``perform`` runs in one transaction: the action on every selected job and its ``LogEntry``
-    commit together, or not at all.
-    """
-    objects = list(queryset[: BULK_LIMIT + 1])
-    if len(objects) > BULK_LIMIT:
-        modeladmin.message_user(
-            request, f"Select at most {BULK_LIMIT} jobs at a time.", messages.ERROR
-        )
-        return None
-    form = form_class(request.POST if "confirm" in request.POST else None) if form_class else None
-    if "confirm" in request.POST and (form is None or form.is_valid()):
-        try:
-            with transaction.atomic(using=awa_settings.DATABASE_ALIAS), transaction.atomic():
-                text = perform(objects, form.cleaned_data if form else {})
-        except ValidationError as exc:
-            modeladmin.message_user(request, str(exc), messages.ERROR)
-            return None
-        modeladmin.message_user(request, text, messages.SUCCESS)
-        return None
-    return TemplateResponse(
-        request,
-        "admin/awa_django/confirm_action.html",
-        {
-            **modeladmin.admin_site.each_context(request),
-            "title": title,
-            "objects": objects,
-            "form": form,
-            "action": request.POST.get("action", ""),
-            "opts": modeladmin.model._meta,
-            "selected": [str(o.pk) for o in objects],
-        },
-    )
+__all__ = [
+    "BULK_LIMIT",
+    "CappedPaginator",
+    "DeadLetterAdmin",
+    "JobAdmin",
+    "QueueStatAdmin",
+    "TerminalJobAdmin",
+    "WorkerAdmin",
+    "confirm",
+    "error_timeline",
+    "pretty",
+    "sparkline",
+]
 
 
 class RetryForm(forms.Form):
@@ -195,11 +62,15 @@ class RetryForm(forms.Form):
     )
 
 
+def _together(n: int) -> str:
+    return "" if n == 1 else f" (one of {n} in one admin action)"
+
+
 @admin.register(DeadLetter)
-class DeadLetterAdmin(JobDetail, ReadOnlyAdmin):
+class DeadLetterAdmin(JobDetail, JobListAdmin):
     list_display = ("job_id", "kind", "queue", "attempt", "dlq_at", "dlq_reason")
-    list_filter = ("queue", "kind")
-    search_fields = ("kind",)
+    list_filter = (QueueFilter, KindFilter)
+    sortable_by = ("job_id", "dlq_at")  # indexed; sorting by another column sorts the whole DLQ
     readonly_fields = (
         "job_id",
         "kind",
@@ -212,6 +83,7 @@ class DeadLetterAdmin(JobDetail, ReadOnlyAdmin):
         "dlq_at",
         "created_at",
         "run_at",
+        "tag_list",
         "pretty_args",
         "pretty_metadata",
         "pretty_progress",
@@ -225,12 +97,18 @@ class DeadLetterAdmin(JobDetail, ReadOnlyAdmin):
         self._checked(request, "retry_dlq")
 
         def perform(objects: list[Any], data: dict[str, Any]) -> str:
-            ids = operations.dlq_retry(
-                [o.job_id for o in objects],
-                queue=data.get("queue") or None,
-                priority=data.get("priority"),
+            queue, priority = data.get("queue") or None, data.get("priority")
+            ids = set(
+                operations.dlq_retry([o.job_id for o in objects], queue=queue, priority=priority)
             )
-            self._log(request, objects, f"retried job ids {ids}")
+            where = f" into queue {queue}" if queue else ""
+            if priority is not None:
+                where += f" with priority {priority}"
+            log_change(
+                request,
+                [o for o in objects if o.job_id in ids],
+                f"retried{where}{_together(len(ids))}",
+            )
             return f"Retried {len(ids)} job(s)."
 
         return confirm(
@@ -238,6 +116,7 @@ class DeadLetterAdmin(JobDetail, ReadOnlyAdmin):
             request,
             queryset,
             title="Retry dead-lettered jobs",
+            note="These jobs go back to work with attempt 0 (their error history is kept).",
             form_class=RetryForm,
             perform=perform,
         )
@@ -247,8 +126,10 @@ class DeadLetterAdmin(JobDetail, ReadOnlyAdmin):
         self._checked(request, "purge_dlq")
 
         def perform(objects: list[Any], data: dict[str, Any]) -> str:
-            self._log(request, objects, f"purged job ids {[o.job_id for o in objects]}")
-            ids = operations.dlq_purge([o.job_id for o in objects])
+            ids = set(operations.dlq_purge([o.job_id for o in objects]))
+            log_change(
+                request, [o for o in objects if o.job_id in ids], f"purged{_together(len(ids))}"
+            )
             return f"Purged {len(ids)} job(s)."
 
         return confirm(
@@ -256,6 +137,7 @@ class DeadLetterAdmin(JobDetail, ReadOnlyAdmin):
             request,
             queryset,
             title="Purge dead-lettered jobs",
+            note="These jobs are deleted for good.",
             form_class=None,
             perform=perform,
         )
@@ -268,10 +150,15 @@ class DeadLetterAdmin(JobDetail, ReadOnlyAdmin):
 
 
 @admin.register(TerminalJob)
-class TerminalJobAdmin(JobDetail, ReadOnlyAdmin):
+class TerminalJobAdmin(JobDetail, JobListAdmin):
     list_display = ("id", "kind", "queue", "state", "attempt", "finalized_at")
-    list_filter = ("state", "queue", "kind", ("finalized_at", admin.DateFieldListFilter))
-    search_fields = ("kind",)
+    sortable_by = ("id", "finalized_at")  # sorting history by another column sorts all of it
+    list_filter = (
+        TerminalStateFilter,
+        QueueFilter,
+        KindFilter,
+        ("finalized_at", admin.DateFieldListFilter),
+    )
     readonly_fields = (
         "id",
         "kind",
@@ -284,6 +171,7 @@ class TerminalJobAdmin(JobDetail, ReadOnlyAdmin):
         "created_at",
         "attempted_at",
         "finalized_at",
+        "tag_list",
         "pretty_args",
         "pretty_metadata",
         "pretty_result",
@@ -294,10 +182,9 @@ class TerminalJobAdmin(JobDetail, ReadOnlyAdmin):
 
 
 @admin.register(Job)
-class JobAdmin(JobDetail, ReadOnlyAdmin):
+class JobAdmin(JobDetail, JobListAdmin):
     list_display = ("id", "kind", "queue", "state", "priority", "attempt", "run_at")
-    list_filter = ("state", "queue")
-    search_fields = ("kind",)
+    list_filter = (LiveStateFilter, QueueFilter, KindFilter)
     readonly_fields = (
         "id",
         "kind",
@@ -313,6 +200,7 @@ class JobAdmin(JobDetail, ReadOnlyAdmin):
         "finalized_at",
         "in_dlq",
         "dlq_reason",
+        "tag_list",
         "pretty_args",
         "pretty_metadata",
         "pretty_result",
@@ -328,35 +216,26 @@ class JobAdmin(JobDetail, ReadOnlyAdmin):
 
         def perform(objects: list[Any], data: dict[str, Any]) -> str:
             ordered = sorted(objects, key=lambda o: int(o.id))  # one lock order for all
-            done = [o.id for o in ordered if operations.cancel(o.id, reason="cancelled in admin")]
-            self._log(request, objects, f"cancelled job ids {done}")
+            done = [o for o in ordered if operations.cancel(o.id, reason="cancelled in admin")]
+            log_change(request, done, f"cancelled{_together(len(done))}")
             return f"Cancelled {len(done)} job(s)."
 
         return confirm(
-            self, request, queryset, title="Cancel jobs", form_class=None, perform=perform
+            self,
+            request,
+            queryset,
+            title="Cancel jobs",
+            note="Waiting jobs are cancelled; running handlers are told to stop.",
+            form_class=None,
+            perform=perform,
         )
 
     def has_cancel_job_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("awa_django.cancel_job"))
 
 
-def sparkline(points: Sequence[int], width: int = 240, height: int = 40) -> str:
-    """An inline SVG polyline of ``points`` (server-rendered, no JavaScript)."""
-    top = max(max(points, default=0), 1)
-    step = width / max(len(points) - 1, 1)
-    coords = " ".join(
-        f"{i * step:.1f},{height - (p / top) * (height - 2) - 1:.1f}" for i, p in enumerate(points)
-    )
-    return format_html(
-        '<svg width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="{}">'
-        '<polyline fill="none" stroke="#417690" stroke-width="1.5" points="{}"/></svg>',
-        width,
-        height,
-        width,
-        height,
-        f"completions per minute, last hour, peak {top}",
-        coords,
-    )
+def _waiting(stat: QueueStat) -> int:
+    return int(stat.available + stat.scheduled + stat.retryable)
 
 
 @admin.register(QueueStat)
@@ -376,6 +255,11 @@ class QueueStatAdmin(ReadOnlyAdmin):
     )
     actions = ("pause_queues", "resume_queues", "drain_queues")
     change_list_template = "admin/awa_django/queuestat/change_list.html"
+    selection_noun = "queues"
+
+    @staticmethod
+    def selection_key(text: str) -> Any:
+        return validate_queue_name(text)
 
     @admin.display(description="lag")
     def lag(self, obj: QueueStat) -> str:
@@ -411,28 +295,93 @@ class QueueStatAdmin(ReadOnlyAdmin):
         )
 
     def _queues(
-        self, request: HttpRequest, queryset: QuerySet[Any], verb: str, act: Callable[[str], Any]
-    ) -> None:
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Any],
+        *,
+        title: str,
+        note: str,
+        act: Callable[[QueueStat], str],
+        describe: Callable[[Any], str] = str,
+        batched: bool = False,
+    ) -> HttpResponse | None:
         self._checked(request, "manage_queue")
-        names = [q.queue for q in queryset[:BULK_LIMIT]]
-        for name in names:
-            act(name)
-        self._log(request, list(queryset[:BULK_LIMIT]), f"{verb} queues {names}")
-        self.message_user(request, f"{verb.capitalize()} {len(names)} queue(s).", messages.SUCCESS)
+
+        def perform(objects: list[Any], data: dict[str, Any]) -> str:
+            done = [act(q) for q in objects]
+            if not batched:  # a batched act logs each of its batches itself
+                for stat, message in zip(objects, done, strict=True):
+                    log_change(request, [stat], message)
+            return f"{title}: " + "; ".join(
+                f"{q.queue} {m}" for q, m in zip(objects, done, strict=True)
+            )
+
+        return confirm(
+            self,
+            request,
+            queryset,
+            title=title,
+            note=note,
+            form_class=None,
+            perform=perform,
+            describe=describe,
+            batched=batched,
+        )
 
     @admin.action(description="Pause selected queues", permissions=["manage_queue"])
-    def pause_queues(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        self._queues(request, queryset, "paused", lambda q: services.queue_pause(q, True))
+    def pause_queues(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        def act(stat: QueueStat) -> str:
+            services.queue_pause(stat.queue, True)
+            return "paused"
+
+        return self._queues(
+            request,
+            queryset,
+            title="Pause queues",
+            note="Workers stop claiming jobs from these queues; producers can still enqueue.",
+            act=act,
+        )
 
     @admin.action(description="Resume selected queues", permissions=["manage_queue"])
-    def resume_queues(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        self._queues(request, queryset, "resumed", lambda q: services.queue_pause(q, False))
+    def resume_queues(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        def act(stat: QueueStat) -> str:
+            services.queue_pause(stat.queue, False)
+            return "resumed"
+
+        return self._queues(
+            request,
+            queryset,
+            title="Resume queues",
+            note="Workers claim jobs from these queues again.",
+            act=act,
+        )
 
     @admin.action(
         description="Drain selected queues (cancel waiting jobs)", permissions=["manage_queue"]
     )
-    def drain_queues(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        self._queues(request, queryset, "drained", services.queue_drain)
+    def drain_queues(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        def act(stat: QueueStat) -> str:
+            def log_batch(cancelled: int) -> None:
+                # Inside the batch's transaction: the entry commits with what it records.
+                with transaction.atomic():
+                    log_change(request, [stat], f"drained: cancelled {cancelled} job(s)")
+
+            cancelled = services.queue_drain(stat.queue, each_batch=log_batch)
+            return f"drained: cancelled {cancelled} waiting job(s)"
+
+        return self._queues(
+            request,
+            queryset,
+            title="Drain queues",
+            note=(
+                "Every job of these queues that is waiting to run (available, scheduled, "
+                "retryable) is cancelled, in batches of 1,000, each its own short transaction "
+                "with its log entry; running jobs finish."
+            ),
+            act=act,
+            batched=True,
+            describe=lambda q: f"{q.queue}: {_waiting(q)} waiting job(s)",
+        )
 
     def has_manage_queue_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("awa_django.manage_queue"))
@@ -449,7 +398,12 @@ class WorkerAdmin(ReadOnlyAdmin):
         "started_at",
         "last_seen_at",
     )
-    list_filter = ("is_leader", "hostname")
+    list_filter = ("is_leader", "hostname")  # runtime_instances: one row per process
+    selection_noun = "workers"
+
+    @staticmethod
+    def selection_key(text: str) -> Any:
+        return check_uuid("worker", text)
 
     @admin.display(description="queues")
     def queue_list(self, obj: Worker) -> str:

@@ -46,6 +46,32 @@ class ReadOnlyModel(models.Model):
         raise ReadOnlyError("awa_django models are read-only; use awa_django.operations")
 
 
+class TagsField(models.Field):  # type: ignore[type-arg]
+    """A job's tags: a PostgreSQL ``text[]`` column, read as a list of str (None when unset).
+
+    Migration 0005 recorded these fields as ``JSONField(null=True)``, which cannot load a
+    ``text[]`` (psycopg hands back a list; ``JSONField`` expects JSON text), so every page
+    showing a tagged job failed. The models are unmanaged: the recorded state never reaches
+    the database, and ``deconstruct`` keeps describing the field as recorded, so no migration
+    is needed. (``ArrayField`` would need ``django.contrib.postgres`` in INSTALLED_APPS.)
+    """
+
+    description = "A list of tags (PostgreSQL text[])"
+
+    def db_type(self, connection: Any) -> str:
+        return "text[]"
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> list[str] | None:
+        return None if value is None else [str(tag) for tag in value]
+
+    def get_prep_value(self, value: Any) -> list[str] | None:
+        return None if value is None else [str(tag) for tag in value]
+
+    def deconstruct(self) -> Any:
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "django.db.models.JSONField", args, kwargs
+
+
 class _JobFields(ReadOnlyModel):
     id = models.BigIntegerField(primary_key=True)
     kind = models.TextField()
@@ -64,7 +90,7 @@ class _JobFields(ReadOnlyModel):
     result = models.JSONField(null=True)
     progress = models.JSONField(null=True)
     metadata = models.JSONField(null=True)
-    tags = models.JSONField(null=True)
+    tags = TagsField(null=True)
 
     class Meta:
         abstract = True
@@ -119,7 +145,7 @@ class DeadLetter(ReadOnlyModel):
     created_at = models.DateTimeField()
     attempted_at = models.DateTimeField(null=True)
     metadata = models.JSONField(null=True)
-    tags = models.JSONField(null=True)
+    tags = TagsField(null=True)
     errors = models.JSONField(null=True)
     progress = models.JSONField(null=True)
     dlq_reason = models.TextField()

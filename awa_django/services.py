@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -105,13 +106,20 @@ def queue_pause(queue: str, paused: bool = True, *, using: str | None = None) ->
 DRAIN_BATCH = 1000
 
 
-def queue_drain(queue: str, *, using: str | None = None) -> int:
+def queue_drain(
+    queue: str,
+    *,
+    using: str | None = None,
+    each_batch: Callable[[int], None] | None = None,
+) -> int:
     """Cancel every job of ``queue`` that was waiting (available, scheduled, retryable) when
     the drain began; running jobs finish. Returns how many were cancelled.
 
     Outside a transaction it works in batches of 1,000 jobs, each one short transaction of its
     own (claimers skip a lane only while its batch runs); inside ``transaction.atomic()`` every
-    batch is part of the caller's transaction.
+    batch is part of the caller's transaction. ``each_batch(cancelled)`` runs inside each
+    batch's transaction after a batch that cancelled something (the admin writes its
+    ``LogEntry`` there, so each entry commits with the cancellations it records).
     """
     validate_queue_name(queue)
     alias = using or get_awa_settings().DATABASE_ALIAS
@@ -124,7 +132,9 @@ def queue_drain(queue: str, *, using: str | None = None) -> int:
         with write_transaction(alias, read_committed=True) as connection, connection.cursor() as c:
             c.execute(query("queue_drain"), [queue, DRAIN_BATCH, high_water])
             row = c.fetchone()
-        done = int(row[0]) if row else 0
+            done = int(row[0]) if row else 0
+            if done and each_batch is not None:
+                each_batch(done)
         total += done
         if done < DRAIN_BATCH:
             return total

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
+from tests.admin_support import dead_letter
 from tests.storage_support import pg
-from tests.test_admin import dead_letter
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 
@@ -48,6 +48,17 @@ def chromium() -> str:
     return path
 
 
+def log_in(browser: Any, url: str) -> Any:
+    """A new page, logged in as the superuser ``admin`` (create it before Playwright starts:
+    its event loop forbids the ORM)."""
+    page = browser.new_page()
+    page.goto(f"{url}/admin/login/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "secret-pass")
+    page.click("input[type=submit]")
+    return page
+
+
 def test_retry_from_the_dlq_in_a_real_browser(live_server: Any) -> None:
     executable = chromium()
     playwright = pytest.importorskip("playwright.sync_api")
@@ -57,11 +68,7 @@ def test_retry_from_the_dlq_in_a_real_browser(live_server: Any) -> None:
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=BROWSER_FLAGS)
         try:
-            page = browser.new_page()
-            page.goto(f"{live_server.url}/admin/login/")
-            page.fill("#id_username", "admin")
-            page.fill("#id_password", "secret-pass")
-            page.click("input[type=submit]")
+            page = log_in(browser, live_server.url)
             page.goto(f"{live_server.url}/admin/awa_django/deadletter/")
             assert page.locator(f"input[name=_selected_action][value='{job}']").count() == 1
             page.screenshot(path=str(ARTIFACTS / "dlq-list.png"), full_page=True)
@@ -81,3 +88,28 @@ def test_retry_from_the_dlq_in_a_real_browser(live_server: Any) -> None:
         row = conn.execute("SELECT state, in_dlq FROM awa.jobs WHERE id = %s", [job]).fetchone()
     assert row == ("available", False)
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 0
+
+
+def test_purge_all_of_a_filtered_list_with_select_all_in_a_real_browser(live_server: Any) -> None:
+    executable = chromium()
+    playwright = pytest.importorskip("playwright.sync_api")
+    User.objects.create_superuser("admin", "admin@example.com", "secret-pass")
+    dead_letter(60, queue="many")
+    [other] = dead_letter(1, queue="other")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=BROWSER_FLAGS)
+        try:
+            page = log_in(browser, live_server.url)
+            page.goto(f"{live_server.url}/admin/awa_django/deadletter/?queue=many")
+            page.check("#action-toggle")  # the 50 rows of this page...
+            page.click(".question a")  # ...then "Select all 60"
+            page.select_option("select[name=action]", "purge_jobs")
+            page.click("button[name=index]")
+            page.wait_for_selector("text=60 jobs selected")
+            page.click('input[type=submit][value="Yes, I\'m sure"]')
+            page.wait_for_selector("text=Purged 60 job(s).")
+        finally:
+            browser.close()
+    with pg() as conn:
+        rows = conn.execute("SELECT job_id FROM awa.dlq_entries").fetchall()
+    assert rows == [(other,)]

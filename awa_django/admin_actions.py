@@ -1,0 +1,196 @@
+"""Operator actions in the admin: confirmation page, selection, atomic execution, audit log.
+
+Every action goes through :func:`confirm`: the first POST (from the list) shows a confirmation
+page naming what was selected; the second POST (from that page) runs the action on the
+confirmed rows, in one transaction with one admin ``LogEntry`` per row it changed.
+
+The confirmation page carries the selection in **one** form field (the primary keys,
+comma-separated, at most :data:`BULK_LIMIT`), plus ``select_across`` so that Django hands
+the action the list's filtered queryset (its filters travel in the page's URL), which is then
+narrowed to those keys. It posts about eight fields whatever the selection, so confirming
+1,000 jobs works under Django's default ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` (1,000), which a
+hidden field per job would exceed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django import forms
+from django.contrib import messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.db import connections, transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+
+from awa_django.conf import awa_settings
+from awa_django.exceptions import AwaError
+from awa_django.limits import MAX_BIGINT
+from awa_django.sql import query
+
+if TYPE_CHECKING:
+    from awa_django.admin_readonly import ReadOnlyAdmin
+
+__all__ = [
+    "BULK_LIMIT",
+    "SELECTION_FIELD",
+    "confirm",
+    "job_id_key",
+    "log_change",
+    "parse_selection",
+    "run_atomically",
+    "valid_key",
+]
+
+#: The most rows one action may change.
+BULK_LIMIT = 1000
+
+#: The confirmation page's single field holding the selected primary keys.
+SELECTION_FIELD = "awa_selected"
+
+#: How many selected rows the confirmation page names (the rest are counted).
+SHOWN = 50
+
+_JOB_ID = re.compile(r"[0-9]{1,19}")
+
+
+def job_id_key(text: str) -> int:
+    """A job id from its decimal text (ASCII digits, within ``bigint``), else ``ValueError``."""
+    if _JOB_ID.fullmatch(text) is None or int(text) > MAX_BIGINT:
+        raise ValueError(f"{text[:40]!r} is not a job id")
+    return int(text)
+
+
+def parse_selection(raw: str, key: Callable[[str], Any]) -> list[Any] | None:
+    """The primary keys in ``raw`` (comma-separated, each checked by ``key``), or None when
+    it is empty, malformed or longer than :data:`BULK_LIMIT`."""
+    parts = raw.split(",") if raw else []
+    if not parts or len(parts) > BULK_LIMIT:
+        return None
+    try:
+        return [key(part) for part in parts]
+    except (ValueError, AwaError):
+        return None
+
+
+def valid_key(text: str, key: Callable[[str], Any]) -> bool:
+    """True when ``key`` accepts ``text`` as a primary key."""
+    try:
+        key(text)
+    except (ValueError, AwaError):
+        return False
+    return True
+
+
+def log_change(request: HttpRequest, objects: Sequence[Any], message: str) -> None:
+    """One admin ``LogEntry`` (a change) per object, by the requesting user."""
+    user_id = request.user.pk
+    if user_id is None:  # actions need a logged-in staff user
+        raise PermissionDenied
+    if objects:
+        LogEntry.objects.log_actions(
+            user_id=user_id, queryset=objects, action_flag=CHANGE, change_message=message
+        )
+
+
+def run_atomically(perform: Callable[[], str]) -> str:
+    """Run ``perform`` in one transaction on awa_django's database alias and on ``default``
+    (where ``LogEntry`` lives): the action and its log entries commit together, or not at all.
+
+    When this opens the transaction, it runs at READ COMMITTED (cancel and drain need it),
+    whatever the alias's default. Inside a transaction the request already holds
+    (``ATOMIC_REQUESTS``), the operations check its level themselves.
+    """
+    alias = awa_settings.DATABASE_ALIAS
+    connection = connections[alias]
+    outermost = not connection.in_atomic_block and connection.get_autocommit()
+    with transaction.atomic(using=alias):
+        if outermost:
+            with connection.cursor() as cursor:
+                cursor.execute(query("read_committed"))
+        with transaction.atomic():
+            return perform()
+
+
+def confirm(
+    modeladmin: ReadOnlyAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[Any],
+    *,
+    title: str,
+    form_class: type[forms.Form] | None,
+    perform: Callable[[list[Any], dict[str, Any]], str],
+    note: str = "",
+    describe: Callable[[Any], str] = str,
+    batched: bool = False,
+) -> HttpResponse | None:
+    """Show a confirmation page (with ``form_class``), then run ``perform`` on confirmation.
+
+    ``perform(objects, cleaned_data)`` runs in :func:`run_atomically` and returns the message
+    shown to the user; it logs what it changed with :func:`log_change`. ``note`` says on the
+    page what the action will do; ``describe`` names each selected row. ``batched``: the action
+    commits in short batches of its own, each with its log entries (a drain of a large queue
+    must not hold its lanes for the whole run), so ``perform`` is not wrapped in one transaction.
+    """
+    confirming = "confirm" in request.POST
+    if confirming:
+        keys = parse_selection(request.POST.get(SELECTION_FIELD, ""), modeladmin.selection_key)
+        if keys is None:
+            modeladmin.message_user(
+                request, "The selection was not understood; nothing was changed.", messages.ERROR
+            )
+            return None
+        queryset = queryset.filter(pk__in=keys)
+    objects = list(queryset[: BULK_LIMIT + 1])
+    noun = modeladmin.selection_noun
+    if len(objects) > BULK_LIMIT:
+        modeladmin.message_user(
+            request,
+            f"Select at most {BULK_LIMIT} {noun} at a time (narrow the list with its filters); "
+            "nothing was changed.",
+            messages.ERROR,
+        )
+        return None
+    if not objects:
+        modeladmin.message_user(
+            request, f"None of the selected {noun} is left; nothing was changed.", messages.WARNING
+        )
+        return None
+    form = form_class(request.POST if confirming else None) if form_class else None
+    if confirming and (form is None or form.is_valid()):
+        data = form.cleaned_data if form else {}
+        try:
+            text = (
+                perform(objects, data)
+                if batched
+                else run_atomically(lambda: perform(objects, data))
+            )
+        except AwaError as exc:
+            modeladmin.message_user(request, f"{exc} Nothing was changed.", messages.ERROR)
+            return None
+        modeladmin.message_user(request, text, messages.SUCCESS)
+        return None
+    keys = [str(o.pk) for o in objects]
+    return TemplateResponse(
+        request,
+        "admin/awa_django/confirm_action.html",
+        {
+            **modeladmin.admin_site.each_context(request),
+            "title": title,
+            "note": note,
+            "noun": noun,
+            "count": len(objects),
+            "lines": [describe(o) for o in objects[:SHOWN]],
+            "more": max(len(objects) - SHOWN, 0),
+            "form": form,
+            "action": request.POST.get("action", ""),
+            "opts": modeladmin.model._meta,
+            "first": keys[0],
+            "selection": ",".join(keys),
+            "selection_field": SELECTION_FIELD,
+        },
+    )

@@ -1,0 +1,138 @@
+"""The base of awa_django's admin pages: read-only, bounded, and robust to any URL.
+
+* Lists never count a whole table: :class:`CappedPaginator` counts at most ``CAP + 1`` rows,
+  ``show_full_result_count`` is off, and filter facets (which count per choice) are never
+  shown.
+* Detail, history and delete pages refuse staff without the view permission (403) before
+  reading the row.
+* Search (:class:`JobListAdmin`) and URL filters never raise on any input: a value no row can
+  hold (out of ``bigint`` range, NUL, lone surrogates, too long) finds nothing, and a field
+  lookup whose value PostgreSQL cannot take is refused (400).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.utils.functional import cached_property
+
+from awa_django.admin_actions import job_id_key, valid_key
+from awa_django.admin_filters import KIND_MAX_LENGTH, storable
+from awa_django.limits import MAX_BIGINT, MAX_TEXT
+
+__all__ = ["CappedPaginator", "JobListAdmin", "ReadOnlyAdmin", "search_jobs"]
+
+_DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() is also true for "²" and "٣"
+
+
+class CappedPaginator(Paginator):  # type: ignore[type-arg]
+    """Counts at most ``CAP + 1`` rows: a queue's history can be millions of rows.
+
+    The count is ``SELECT count(*) FROM (SELECT pk ... LIMIT CAP + 1)``, without the list's
+    ordering (which does not change how many rows there are).
+    """
+
+    CAP = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        rows = self.object_list
+        if isinstance(rows, QuerySet):
+            return rows.order_by().values("pk")[: self.CAP + 1].count()
+        return len(rows[: self.CAP + 1])
+
+
+def search_jobs(queryset: QuerySet[Any], search_term: str) -> QuerySet[Any]:
+    """Jobs matching ``search_term``: an id (ASCII digits) or part of a kind (any case).
+
+    Never raises: an id beyond ``bigint``, or a text no kind can contain (NUL, lone
+    surrogates, longer than a kind), matches nothing.
+    """
+    term = search_term.strip()
+    if not term:
+        return queryset
+    if _DIGITS.fullmatch(term):
+        if len(term) > 19 or int(term) > MAX_BIGINT:
+            return queryset.none()
+        return queryset.filter(pk=int(term))
+    if not storable(term, KIND_MAX_LENGTH):
+        return queryset.none()
+    return queryset.filter(kind__icontains=term)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """No add, change or delete (so no "delete selected" either); view only, plus explicit
+    actions (see ``awa_django.admin_actions``)."""
+
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    paginator = CappedPaginator
+    list_per_page = 50
+    #: What the confirmation page calls the selected rows.
+    selection_noun = "jobs"
+
+    @staticmethod
+    def selection_key(text: str) -> Any:
+        """A primary key from its text in a selection (``ValueError`` when it is not one)."""
+        return job_id_key(text)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Any:
+        # Django checks the permission only after loading the row: check it first, so that
+        # staff without it get 403 whatever the row holds, and the row is never read for them.
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        return super().get_object(request, object_id, from_field)
+
+    def lookup_allowed(self, lookup: str, value: Any, request: HttpRequest | None = None) -> bool:
+        # A field lookup from the URL (?kind=..., ?attempt=...) whose value PostgreSQL cannot
+        # take would fail in the database (500); refusing it here answers 400.
+        values = value if isinstance(value, list | tuple) else [value]
+        if not all(isinstance(v, str) and storable(v, MAX_TEXT) for v in values):
+            return False
+        return bool(super().lookup_allowed(lookup, value, request))  # type: ignore[arg-type]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        if not all(valid_key(text, self.selection_key) for text in selected):
+            self.message_user(
+                request, "The selection was not understood; nothing was changed.", messages.ERROR
+            )
+            return HttpResponseRedirect(request.get_full_path())
+        return super().changelist_view(request, extra_context)
+
+    def _checked(self, request: HttpRequest, perm: str) -> None:
+        # The action list already hides actions without permission; a forged POST is refused.
+        if not request.user.has_perm(f"awa_django.{perm}"):
+            raise PermissionDenied
+
+
+class JobListAdmin(ReadOnlyAdmin):
+    """A list of jobs, searched by job id or kind (see :func:`search_jobs`)."""
+
+    search_fields = ("kind",)
+    search_help_text = "A job id, or part of a job kind."
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        return search_jobs(queryset, search_term), False
