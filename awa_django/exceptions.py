@@ -1,13 +1,31 @@
-"""Exceptions raised by awa_django's public API."""
+"""Exceptions raised by awa_django's public API, and the failure kinds it records.
+
+The classes after ``IsolationLevelError`` name failures that awa_django records in a job's
+errors rather than raises (a rescued attempt, a refused task, an operator's cancel...). They
+exist so that every recorded failure names an importable exception class: the django.tasks
+backend reports them as ``TaskError.exception_class_path`` (docs/tasks.md, "Errors").
+"""
 
 from __future__ import annotations
 
 __all__ = [
+    "AttemptRescued",
     "AwaError",
+    "CallbackError",
+    "CallbackTimedOut",
+    "DeadlineExceeded",
+    "HeartbeatStale",
     "InvalidArgumentsError",
+    "InvalidCallbackError",
+    "InvalidJobError",
     "InvalidOptionError",
+    "InvalidOutcomeError",
+    "InvalidResultError",
     "IsolationLevelError",
+    "JobCancelled",
     "LimitExceededError",
+    "RecordedError",
+    "SuspiciousTask",
     "TerminalError",
     "TransactionLeftOpen",
     "UnknownKindError",
@@ -77,3 +95,70 @@ class IsolationLevelError(AwaError):
     isolation level (REPEATABLE READ, SERIALIZABLE). Nothing was sent: the transaction is
     untouched and still usable. Call it outside the transaction (awa_django then opens one of
     its own at READ COMMITTED) or at READ COMMITTED."""
+
+
+# Failure kinds awa_django records (see the module docstring) --------------------------------------
+
+
+class InvalidResultError(TerminalError):
+    """A django.tasks task returned a value that cannot be stored: not JSON once normalised as
+    Django normalises return values, or larger than ``RESULT_MAX_BYTES`` (or nested deeper
+    than ``JSON_MAX_DEPTH``). Raised by the worker right after the task returns, so it is
+    recorded with a traceback; the task fails at once, without retries."""
+
+
+class SuspiciousTask(AwaError):
+    """A job stored as a django.tasks task whose path is not a ``Task`` the worker may run (not
+    in an installed app or ``AWA["JOB_MODULES"]``, a plain function, or a backend alias that
+    is not an ``AwaTaskBackend``). It was refused without being called. Recorded, never
+    raised; stored as ``awa_django.SuspiciousTask``."""
+
+
+class InvalidJobError(AwaError):
+    """A claimed job could not be prepared to run. Recorded, never raised; stored as
+    ``awa_django.InvalidJob``."""
+
+
+class InvalidOutcomeError(AwaError):
+    """What a handler returned or raised could not be recorded as given (its checks or its
+    ``__str__`` misbehaved). Recorded, never raised; stored as ``awa_django.InvalidOutcome``."""
+
+
+class InvalidCallbackError(AwaError):
+    """A handler returned ``WaitForCallback`` without its attempt's own ``ctx.callback_id``.
+    Recorded, never raised; stored as ``awa_django.InvalidCallback``."""
+
+
+class CallbackError(AwaError):
+    """The external system resolved an attempt's callback with an error
+    (``resolve_callback(callback_id, error=...)``). Recorded, never raised; stored as
+    ``awa_django.CallbackError``."""
+
+
+class AttemptRescued(AwaError):
+    """Maintenance closed an attempt that its worker did not finish, and retried or failed the
+    job (stored as ``awa_django.Rescued``; the subclasses say why). Recorded, never raised."""
+
+
+class HeartbeatStale(AttemptRescued):
+    """The attempt's worker stopped heartbeating (it died, froze or lost its database
+    connection): rescued as ``heartbeat stale: worker presumed dead``."""
+
+
+class DeadlineExceeded(AttemptRescued):
+    """The attempt ran past its hard deadline: rescued as ``hard deadline exceeded``."""
+
+
+class CallbackTimedOut(AttemptRescued):
+    """The attempt waited for its callback longer than its timeout: rescued as ``callback
+    timed out``."""
+
+
+class JobCancelled(AwaError):
+    """An operator cancelled the job (the admin, ``awa_django.cancel``, ``awa_queue drain``).
+    Recorded, never raised; stored as ``Cancelled``."""
+
+
+class RecordedError(AwaError):
+    """A failure recorded under a type name that names no exception class (one written by a
+    raw-SQL finalizer, say). The recorded type and message are kept in the traceback text."""

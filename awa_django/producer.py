@@ -141,11 +141,13 @@ def build_request(
     options: JobOptions,
     *,
     task_backend: str | None = None,
+    task_options: Mapping[str, Any] | None = None,
 ) -> JobRequest:
     """Validate one request and encode it; raise a ``ValidationError`` subclass if it is bad.
 
     ``task_backend`` marks a django.tasks task (the backend's alias is stored with the
-    arguments, so the worker resolves the kind as a task of that backend).
+    arguments, so the worker resolves the kind as a task of that backend); ``task_options``
+    (JSON) are stored beside it (awa_django/backends/stored.py).
     """
     cfg = get_awa_settings()
     queue = options.queue if options.queue is not None else cfg.DEFAULT_QUEUE
@@ -162,7 +164,7 @@ def build_request(
         raise InvalidOptionError("using", f"{using!r} is not a database alias in DATABASES")
     document: dict[str, Any] = {"args": args, "kwargs": kwargs}
     if task_backend is not None:
-        document["task"] = {"backend": task_backend}
+        document["task"] = {**(task_options or {}), "backend": task_backend}
     args_json = serialization.dumps(
         document,
         "args",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from typing import Any
 
+from django.db import models
 from django.dispatch import receiver
 
 from awa_django.backends.compat import signals
@@ -38,7 +41,11 @@ def _started(sender: Any, task_result: Any, **kwargs: Any) -> None:
 
 @receiver(signals.task_finished)
 def _finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
-    _note(task_result, f"finished:{task_result.status}")
+    # The status, and the class of the last error when the task did not succeed.
+    errors = task_result.errors
+    failed = errors and task_result.status != "SUCCESSFUL"
+    cause = f":{errors[-1].exception_class_path.rpartition('.')[2]}" if failed else ""
+    _note(task_result, f"finished:{task_result.status}{cause}")
 
 
 @task
@@ -77,3 +84,83 @@ def ordered(label: str) -> str:
 @task(max_attempts=3)
 def retried() -> None:
     raise RuntimeError("always fails")
+
+
+# -- other backends, failures, signals, options as enqueued, normalisation, worker ids ------------
+
+
+class Bail(BaseException):
+    """A ``BaseException`` of the project's own (not an ``Exception``)."""
+
+
+class Colour(models.TextChoices):
+    RED = "red"
+
+
+class Size(models.IntegerChoices):
+    BIG = 3
+
+
+@task
+def exits(code: int) -> None:
+    raise SystemExit(code)
+
+
+@task
+async def bails() -> None:
+    raise Bail("bailing out")
+
+
+@task(max_attempts=3)
+def returns_set() -> Any:
+    return {1, 2}
+
+
+@task(max_attempts=2, takes_context=True)
+def flaky(context: Any) -> int:
+    if context.attempt == 1:
+        raise RuntimeError("the first attempt fails")
+    return int(context.attempt)
+
+
+@task(max_attempts=3, takes_context=True)
+def steered(context: Any) -> Any:
+    """Chooses outcomes that are not errors: retry after 0 s, then cancel."""
+    from awa_django import Cancel, RetryAfter
+
+    return RetryAfter(0) if context.attempt == 1 else Cancel("enough")
+
+
+@task(takes_context=True)
+def introspect(context: Any) -> dict[str, Any]:
+    """What the task sees of itself through its context."""
+    result = context.task_result
+    return {
+        "priority": result.task.priority,
+        "queue_name": result.task.queue_name,
+        "run_after": result.task.run_after.isoformat() if result.task.run_after else None,
+        "backend": result.task.backend,
+        "enqueued_at": result.enqueued_at.isoformat() if result.enqueued_at else None,
+        "worker_ids": list(result.worker_ids),
+        "attempt": context.attempt,
+    }
+
+
+@task
+def normalised(*args: Any, **kwargs: Any) -> Any:
+    """Reports the types it received, and returns values that Django normalises."""
+    return OrderedDict(
+        [
+            ("args", [type(a).__name__ for a in args]),
+            ("kwargs", {k: type(v).__name__ for k, v in kwargs.items()}),
+            ("echo", (args, kwargs)),
+            ("colour", Colour.RED),
+            ("size", Size.BIG),
+        ]
+    )
+
+
+@task(queue_name="hang")
+def hangs() -> None:
+    """Runs until its worker is killed."""
+    time.sleep(120)

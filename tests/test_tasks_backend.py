@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 import json
+import math
+import signal
+import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from awa_django.backends.compat import InvalidTask, TaskResultDoesNotExist, TaskResultStatus
+from awa_django.backends.compat import (
+    InvalidTask,
+    TaskError,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+)
 from awa_django.backends.tasks import AwaTaskBackend
+from awa_django.db import storage
+from awa_django.db.storage import Finalization
 from tests import tasks_for_tests as t
 from tests.helpers import ManagedProcess, wait_for
-from tests.storage_support import enqueue_sql, pg
+from tests.storage_support import WORKER, enqueue_sql, pg
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
@@ -23,15 +35,49 @@ pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
 Start = Callable[..., ManagedProcess]
 
 
-def run_worker(start: Start, *queues: str) -> None:
+def worker(
+    start: Start,
+    *queues: str,
+    burst: bool = False,
+    settings: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> ManagedProcess:
+    """An ``awa_worker`` of ``queues`` (default: ``default``), with other settings if asked."""
+    env = {"DJANGO_SETTINGS_MODULE": settings} if settings else {}
+    if overrides:
+        env["AWA_TEST_OVERRIDES"] = json.dumps(overrides)
     args = [arg for q in (queues or ("default",)) for arg in ("--queue", q)]
-    proc = start("awa_worker", "--burst", *args)
+    return start("awa_worker", *(["--burst"] if burst else []), *args, extra_env=env or None)
+
+
+def run_worker(start: Start, *queues: str, **options: Any) -> None:
+    proc = worker(start, *queues, burst=True, **options)
     wait_for(
         lambda: proc.proc.poll() is not None,
         timeout=60,
         message=lambda: f"the burst worker to finish:\n{proc.output()}",
     )
     assert proc.proc.returncode == 0, proc.output()
+
+
+def stop(proc: ManagedProcess) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+def result_of(result_id: str) -> Any:
+    """The result of any task of the default backend."""
+    return t.add.get_backend().get_result(result_id)
+
+
+def finished(*ids: str) -> bool:
+    return all(result_of(i).is_finished for i in ids)
+
+
+def notes(job_id: str) -> list[str]:
+    """What the signal receivers of tests/tasks_for_tests.py noted for a task, in order."""
+    rows = Ledger.objects.filter(job_id=int(job_id)).order_by("id")
+    return [f"{r.attempt}:{r.note}" for r in rows]
 
 
 def test_backend_flags() -> None:
@@ -211,3 +257,336 @@ def test_worker_serves_the_queues_of_tasks_backends_by_default() -> None:
     with override_settings(TASKS=tasks):
         names = {q.name for q in build_config().queues}
     assert {"default", "reports"} <= names and "Bad Name" not in names
+
+
+# -- other backends, failures, signals, options as enqueued, normalisation, worker ids ------------
+
+SECONDARY = "tests.settings_tasks"
+
+
+def test_a_task_enqueued_on_a_secondary_backend_runs_there_and_is_found_only_there(
+    manage_py: Start,
+) -> None:
+    from tests.settings_tasks import TASKS
+
+    with override_settings(TASKS=TASKS):
+        on_secondary = t.add.using(backend="secondary")
+        result = on_secondary.enqueue(2, 3)
+        assert result.backend == "secondary" and result.task == on_secondary
+        run_worker(manage_py, settings=SECONDARY)
+        done = on_secondary.get_result(result.id)
+        assert (done.status, done.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
+        assert done.task == on_secondary and done.backend == "secondary"
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        with pytest.raises(TaskResultDoesNotExist):
+            t.add.get_result(result.id)  # the default backend's results are its own
+
+
+def test_a_stored_task_naming_a_backend_that_is_not_awa_is_refused(manage_py: Start) -> None:
+    from tests.settings_tasks import TASKS
+
+    rows = [
+        {
+            "kind": "tests.tasks_for_tests.ordered",
+            "queue": "ordered",
+            "args": {"args": [f"pwned-{alias}"], "kwargs": {}, "task": {"backend": alias}},
+        }
+        for alias in ("immediate", "nope", "")
+    ]
+    with pg() as conn:
+        ids = [job_id for job_id, _ in enqueue_sql(conn, json.dumps(rows))]
+    run_worker(manage_py, "ordered", settings=SECONDARY)
+    assert not Ledger.objects.filter(note__startswith="pwned").exists()
+    with pg() as conn:
+        found = conn.execute(
+            "SELECT state, errors FROM awa.jobs WHERE id = ANY(%s)", [ids]
+        ).fetchall()
+    assert [(state, errors[-1]["type"]) for state, errors in found] == [
+        ("failed", "awa_django.SuspiciousTask")
+    ] * 3
+    with override_settings(TASKS=TASKS):
+        for job_id in ids:
+            with pytest.raises(TaskResultDoesNotExist):
+                t.ordered.get_result(str(job_id))
+
+
+def test_a_task_raising_system_exit_or_another_base_exception_fails_and_the_worker_goes_on(
+    manage_py: Start,
+) -> None:
+    exits = t.exits.enqueue(3)
+    bails = t.bails.enqueue()
+    later = t.add.enqueue(1, 1)
+    run_worker(manage_py)  # exits 0: neither task stopped the worker
+    for task, result, cls in ((t.exits, exits, SystemExit), (t.bails, bails, t.Bail)):
+        failed = task.get_result(result.id)
+        assert failed.status == TaskResultStatus.FAILED and failed.attempts == 1
+        [error] = failed.errors
+        assert error.exception_class is cls
+        assert "Traceback (most recent call last)" in error.traceback
+        assert notes(result.id)[-1] == f"1:finished:FAILED:{cls.__name__}"
+    assert t.add.get_result(later.id).return_value == 2
+
+
+def test_a_return_value_that_is_not_json_fails_at_once_with_an_importable_error(
+    manage_py: Start,
+) -> None:
+    from awa_django.exceptions import InvalidResultError
+
+    result = t.returns_set.enqueue()  # max_attempts=3, but such a value is not retried
+    run_worker(manage_py)
+    failed = t.returns_set.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED and failed.attempts == 1
+    [error] = failed.errors
+    assert error.exception_class_path == "awa_django.exceptions.InvalidResultError"
+    assert error.exception_class is InvalidResultError
+    assert "Traceback (most recent call last)" in error.traceback
+    assert "is a set, which is not JSON" in error.traceback
+
+
+def test_every_recorded_failure_kind_names_an_importable_exception_and_a_traceback() -> None:
+    from awa_django import exceptions as e
+    from awa_django.backends.errors import task_error
+
+    def entry(kind: str, message: str) -> dict[str, Any]:
+        return {"type": kind, "message": message, "attempt": 2, "at": "2030-01-01T00:00:00Z"}
+
+    # What the worker, awa_django's SQL and resolve_callback store for failures of their own.
+    recorded = {
+        "awa_django.SuspiciousTask": ("'x.y' is not a task", e.SuspiciousTask),
+        "awa_django.UnknownKind": ("job kind 'x' is not registered", e.UnknownKindError),
+        "awa_django.InvalidArguments": ("cannot be decoded", e.InvalidArgumentsError),
+        "awa_django.InvalidJob": ("could not be prepared", e.InvalidJobError),
+        "awa_django.InvalidOutcome": ("could not be recorded", e.InvalidOutcomeError),
+        "awa_django.InvalidCallback": ("needs ctx.callback_id", e.InvalidCallbackError),
+        "awa_django.CallbackError": ("the payment was declined", e.CallbackError),
+        "Cancelled": ("queue drained", e.JobCancelled),
+        "InvalidArgumentsError": ("result: is a set", e.InvalidArgumentsError),
+        "LimitExceededError": ("result: too big", e.LimitExceededError),
+        "InvalidOptionError": ("seconds: not finite", e.InvalidOptionError),
+        "awa_django.TerminalError": ("gave up", e.TerminalError),
+        "awa_django.SomethingNew": ("a kind with no class", e.RecordedError),
+        "Boom": ("a raw-SQL finalizer's own type", e.RecordedError),
+        "": ("retry", e.RecordedError),
+    }
+    rescues = {
+        "heartbeat stale: worker presumed dead": e.HeartbeatStale,
+        "hard deadline exceeded": e.DeadlineExceeded,
+        "callback timed out": e.CallbackTimedOut,
+        "something new": e.AttemptRescued,
+    }
+    cases = [(entry(k, m), cls) for k, (m, cls) in recorded.items()]
+    cases += [(entry("awa_django.Rescued", m), cls) for m, cls in rescues.items()]
+    for stored, cls in cases:
+        error = task_error(stored)
+        assert error is not None
+        assert error.exception_class is cls, stored
+        assert error.exception_class_path == f"{cls.__module__}.{cls.__qualname__}"
+        assert error.traceback.startswith("No Python traceback was recorded for this failure")
+        assert "attempt 2" in error.traceback and stored["message"] in error.traceback
+        named = f"{stored['type']}: " if cls is e.RecordedError and stored["type"] else ""
+        assert error.traceback.endswith(
+            f"{error.exception_class_path}: {named}{stored['message']}\n"
+        )
+    # An exception recorded by the worker keeps its class path and traceback.
+    raised = {"type": "ValueError", "message": "bad", "traceback": "Traceback ...\nValueError: bad"}
+    assert task_error(raised) == TaskError(
+        exception_class_path="builtins.ValueError", traceback=raised["traceback"]
+    )
+    # Outcomes a handler chose are no errors, and get no invented class.
+    assert task_error({"type": "awa_django.RetryAfter", "message": "retry after 1 s"}) is None
+    assert task_error({"type": "awa_django.Cancel", "message": "enough"}) is None
+
+
+def test_a_task_the_worker_refused_reads_back_failed_as_suspicious(manage_py: Start) -> None:
+    from awa_django.exceptions import SuspiciousTask
+
+    result = t.add.enqueue(1, 2)
+    # This worker does not load tests.tasks_for_tests (not an installed app's module here).
+    run_worker(manage_py, overrides={"JOB_MODULES": ["tests.testjobs"]})
+    refused = t.add.get_result(result.id)
+    assert refused.status == TaskResultStatus.FAILED
+    [error] = refused.errors
+    assert error.exception_class is SuspiciousTask
+    assert "refused without running it" in error.traceback
+    assert len(refused.worker_ids) == 1
+
+
+def test_a_rescued_attempt_fails_with_an_importable_error_and_keeps_its_worker_id(
+    manage_py: Start,
+) -> None:
+    from awa_django.exceptions import HeartbeatStale
+
+    result = t.hangs.enqueue()
+    first = worker(manage_py, "hang")
+
+    def recorded_progress() -> Any:
+        with pg() as conn:
+            row = conn.execute(
+                "SELECT progress FROM awa.jobs WHERE id = %s AND state = 'running'",
+                [int(result.id)],
+            ).fetchone()
+        return row and row[0]
+
+    progress = wait_for(recorded_progress, timeout=30, message=first.output)
+    with pg() as conn:
+        [(dead,)] = conn.execute(
+            "SELECT worker_id::text FROM awa.claims WHERE job_id = %s", [int(result.id)]
+        ).fetchall()
+    assert progress["metadata"]["worker_ids"] == [dead]
+    first.kill()
+    rescuer = worker(manage_py, "hang")
+    wait_for(lambda: finished(result.id), timeout=30, message=rescuer.output)
+    stop(rescuer)
+    prune_claims(result.id)
+    failed = t.hangs.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED
+    [error] = failed.errors
+    assert error.exception_class is HeartbeatStale
+    assert "heartbeat stale: worker presumed dead" in error.traceback
+    assert failed.worker_ids == [dead]
+
+
+def test_task_finished_reports_the_status_that_is_stored_and_the_error(manage_py: Start) -> None:
+    unstorable = t.returns_set.enqueue()
+    flaky = t.flaky.enqueue()
+    steered = t.steered.enqueue()
+    exploded = t.explode.enqueue()
+    proc = worker(manage_py)
+    ids = (unstorable.id, flaky.id, steered.id, exploded.id)
+    wait_for(lambda: finished(*ids), timeout=30, message=proc.output)
+    stop(proc)
+    assert notes(unstorable.id) == [
+        "0:enqueued",
+        "1:started",
+        "1:finished:FAILED:InvalidResultError",
+    ]
+    assert notes(flaky.id) == [
+        "0:enqueued",
+        "1:started",
+        "1:finished:READY:RuntimeError",  # it is retried: READY, as stored
+        "2:started",
+        "2:finished:SUCCESSFUL",
+    ]
+    assert notes(exploded.id)[-1] == "1:finished:FAILED:ValueError"
+    # RetryAfter and Cancel are outcomes the task chose, not errors.
+    assert notes(steered.id)[1:] == [
+        "1:started",
+        "1:finished:READY",
+        "2:started",
+        "2:finished:FAILED",
+    ]
+    cancelled = t.steered.get_result(steered.id)
+    assert (cancelled.status, cancelled.errors, cancelled.attempts) == (
+        TaskResultStatus.FAILED,
+        [],
+        2,
+    )
+    stored = {i: result_of(i).status for i in ids}
+    assert stored == {
+        unstorable.id: TaskResultStatus.FAILED,
+        flaky.id: TaskResultStatus.SUCCESSFUL,
+        steered.id: TaskResultStatus.FAILED,
+        exploded.id: TaskResultStatus.FAILED,
+    }
+
+
+def test_results_and_the_task_context_carry_the_task_as_enqueued(manage_py: Start) -> None:
+    run_after = timezone.now() - timedelta(seconds=1)  # in the past: runs at once
+    task = t.introspect.using(priority=7, queue_name="introspect", run_after=run_after)
+    result = task.enqueue()
+    assert result.enqueued_at is not None
+    assert t.introspect.get_result(result.id) == result  # one enqueued_at, the database's
+    later_task = t.add.using(run_after=timezone.now() + timedelta(hours=1), priority=-3)
+    later = later_task.enqueue(1, 1)
+    assert t.add.get_result(later.id) == later
+    assert t.add.get_result(later.id).task == later_task
+    run_worker(manage_py, "introspect")
+    done = t.introspect.get_result(result.id)
+    assert done.task == task and done.enqueued_at == result.enqueued_at
+    assert done.return_value == {
+        "priority": 7,
+        "queue_name": "introspect",
+        "run_after": run_after.isoformat(),
+        "backend": "default",
+        "enqueued_at": result.enqueued_at.isoformat(),
+        "worker_ids": done.worker_ids,
+        "attempt": 1,
+    }
+
+
+def test_arguments_and_return_values_are_normalised_as_django_normalises_them(
+    manage_py: Start,
+) -> None:
+    result = t.normalised.enqueue(
+        OrderedDict([("b", 1), ("a", t.Colour.RED)]),
+        ("x", t.Size.BIG),
+        t.Colour.RED,
+        b"bytes",
+        colour=t.Colour.RED,
+        size=t.Size.BIG,
+    )
+    assert result.args == [{"b": 1, "a": "red"}, ["x", 3], "red", "bytes"]
+    assert [type(a) for a in result.args] == [dict, list, str, str]
+    assert result.kwargs == {"colour": "red", "size": 3}
+    assert type(result.kwargs["size"]) is int
+    assert t.normalised.get_result(result.id) == result
+    for refused in ({1, 2}, object(), b"\xff", math.nan):  # Django's refusals, and JSON's
+        with pytest.raises(InvalidTask):
+            t.normalised.enqueue(refused)
+    run_worker(manage_py)
+    assert t.normalised.get_result(result.id).return_value == {
+        "args": ["dict", "list", "str", "str"],
+        "kwargs": {"colour": "str", "size": "int"},
+        "echo": [[{"b": 1, "a": "red"}, ["x", 3], "red", "bytes"], {"colour": "red", "size": 3}],
+        "colour": "red",
+        "size": 3,
+    }
+
+
+def prune_claims(*job_ids: str) -> None:
+    """Rotate the claim ring once around, pruning each slot as it comes up oldest: what
+    maintenance does in time to the claims of finished work (tests/test_maintenance.py)."""
+    with pg() as conn:
+        [(count,)] = conn.execute("SELECT slot_count FROM awa.rings WHERE ring = 'claim'")
+        for _ in range(count):
+            enqueue_sql(conn, json.dumps([{"kind": "filler", "queue": "filler"}]))
+            done = [
+                Finalization(c.job_id, c.run_lease, c.claim_slot, "completed")
+                for c in storage.claim(conn, "filler", 1, WORKER)
+            ]
+            storage.finalize(conn, done)
+            assert conn.execute("SELECT awa.prune_v1('claim')").fetchone() in (
+                ("pruned",),
+                ("empty",),
+            )
+            assert conn.execute("SELECT awa.rotate_v1('claim')").fetchone() == ("rotated",)
+        left = conn.execute(
+            "SELECT count(*) FROM awa.claims WHERE job_id = ANY(%s)", [[int(i) for i in job_ids]]
+        ).fetchone()
+    assert left == (0,)
+
+
+def test_worker_ids_name_the_real_worker_of_every_attempt_after_the_claim_ring_is_pruned(
+    manage_py: Start,
+) -> None:
+    succeeded = t.flaky.enqueue()  # fails once, then succeeds
+    failed = t.retried.enqueue()  # fails all of its 3 attempts
+    proc = worker(manage_py)
+    wait_for(lambda: finished(succeeded.id, failed.id), timeout=30, message=proc.output)
+    stop(proc)
+    with pg() as conn:
+        claimed = {
+            str(job): workers
+            for job, workers in conn.execute(
+                "SELECT job_id, array_agg(worker_id::text ORDER BY attempt) FROM awa.claims "
+                "WHERE job_id = ANY(%s) GROUP BY job_id",
+                [[int(succeeded.id), int(failed.id)]],
+            )
+        }
+    prune_claims(succeeded.id, failed.id)
+    for result, attempts in ((succeeded, 2), (failed, 3)):
+        workers = result_of(result.id).worker_ids
+        assert len(workers) == attempts
+        assert workers == claimed[result.id]
+        assert all(uuid.UUID(w) for w in workers)

@@ -1,30 +1,75 @@
-"""Worker side of the django.tasks backend: resolve a stored task path safely and run it.
+"""Worker side of the django.tasks backend: resolve a stored task safely, run it, report it.
 
-A job written by ``AwaTaskBackend`` stores the task's ``module_path`` as its kind and
-``{"task": {"backend": alias}}`` beside its arguments. The worker runs it only when the path
-names, in a module of an installed app (or of ``AWA["JOB_MODULES"]``), a ``Task`` object whose
-backend is that alias and an ``AwaTaskBackend``. Anything else (``subprocess.check_output``, a
-plain function, another backend's task) is refused without being called.
+A job written by ``AwaTaskBackend`` stores the task's ``module_path`` as its kind and a task
+document beside its arguments: the backend alias and the options it was enqueued with
+(awa_django/backends/stored.py). The worker runs it only when the path names, in a module of an
+installed app (or of ``AWA["JOB_MODULES"]``), a ``Task`` object (of ``django.tasks`` or
+``django_tasks``) whose ``module_path`` is that path, and the stored alias names an
+``AwaTaskBackend``. The task then runs as it was enqueued: the module-level task with the stored
+backend, priority, queue and ``run_after`` applied again, as ``task.using(...)`` had them.
+Anything else (``subprocess.check_output``, a plain function, an alias of another backend or of
+none) is refused without being called; modules outside the installed apps are never imported.
+
+Each attempt sends ``task_started`` and then ``task_finished`` with the status the attempt
+leaves the task in (``SUCCESSFUL``, ``FAILED``, or ``READY`` when it will run again), carrying
+the attempt's error as Django's reference backends do. An attempt that was told to stop
+(cancelled, rescued, past its deadline, or still running when the worker's shutdown timed out)
+sends no ``task_finished``: the database decides its outcome.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
 import inspect
+import json
+import logging
 import sys
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.apps import apps
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from awa_django.backends.compat import TASK_CLASSES, TaskContext, TaskResult, TaskResultStatus
+from awa_django import serialization
+from awa_django.backends.compat import (
+    TASK_CLASSES,
+    TaskContext,
+    TaskResult,
+    TaskResultStatus,
+    signals,
+)
+from awa_django.backends.errors import exception_error, task_errors
+from awa_django.backends.stored import (
+    UNKNOWN_WORKER,
+    StoredTask,
+    attempt_worker_ids,
+    plain_json,
+    read_document,
+    recorded_worker_ids,
+    wrap_result,
+)
 from awa_django.conf import get_awa_settings
+from awa_django.exceptions import (
+    InvalidArgumentsError,
+    InvalidResultError,
+    TerminalError,
+    TransactionLeftOpen,
+    ValidationError,
+)
 from awa_django.jobs import Job, JobOptions
+from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
+from awa_django.sql import query
 
 __all__ = ["resolve_task", "task_handle"]
 
-_handles: dict[tuple[str, str], Job[Any, Any]] = {}
+log = logging.getLogger("awa_django.worker")
+
+_OUTCOMES = (RetryAfter, Snooze, Cancel, WaitForCallback)
+_MAX_HANDLES = 512
+_handles: dict[tuple[str, StoredTask], Job[Any, Any]] = {}
 
 
 def _importable(module: str) -> bool:
@@ -33,13 +78,8 @@ def _importable(module: str) -> bool:
     return any(module == root or module.startswith(root + ".") for root in roots)
 
 
-def resolve_task(path: str, alias: str) -> Any | None:
-    """The ``Task`` at ``path`` if it belongs to backend ``alias`` (an AwaTaskBackend), else None.
-
-    Modules outside the installed apps and ``AWA["JOB_MODULES"]`` are never imported.
-    """
-    from awa_django.backends.tasks import AwaTaskBackend
-
+def _module_task(path: str) -> Any | None:
+    """The ``Task`` object defined at ``path``, importing only installed apps' modules."""
     module_name, _, attr = path.rpartition(".")
     if not module_name or not attr.isidentifier():
         return None
@@ -52,81 +92,255 @@ def resolve_task(path: str, alias: str) -> Any | None:
         except ImportError:
             return None
     task = getattr(module, attr, None)
-    if not isinstance(task, TASK_CLASSES) or task.backend != alias:
-        return None
-    if task.module_path != path or not isinstance(task.get_backend(), AwaTaskBackend):
+    if not isinstance(task, TASK_CLASSES) or task.module_path != path:
         return None
     return task
 
 
-def task_handle(path: str, alias: str) -> Job[Any, Any] | None:
-    """A ``Job`` the worker can run for the task at ``path``, or None to refuse it."""
-    key = (path, alias)
+def _with_options(task: Any, stored: StoredTask) -> Any:
+    """``task`` with the stored options, as ``task.using(...)`` made it at enqueue.
+
+    Built without validating again: a task enqueued before the backend's ``QUEUES`` changed
+    still runs and reads back (the stored values are checked by ``read_document``).
+    """
+    changes: dict[str, Any] = {"backend": stored.backend, "run_after": stored.run_after}
+    if stored.priority is not None:
+        changes["priority"] = stored.priority
+    if stored.queue_name is not None:
+        changes["queue_name"] = stored.queue_name
+    rebuilt = object.__new__(type(task))
+    for field in dataclasses.fields(task):
+        value = changes[field.name] if field.name in changes else getattr(task, field.name)
+        object.__setattr__(rebuilt, field.name, value)
+    return rebuilt
+
+
+def _resolve(path: str, stored: StoredTask) -> Any | None:
+    from awa_django.backends.tasks import AwaTaskBackend
+
+    task = _module_task(path)
+    if task is None:
+        return None
+    rebuilt = _with_options(task, stored)
+    try:
+        backend = rebuilt.get_backend()
+    except Exception:  # an alias that is not in TASKS, or a backend that fails to load
+        return None
+    return rebuilt if isinstance(backend, AwaTaskBackend) else None
+
+
+def resolve_task(path: str, document: Any) -> Any | None:
+    """The task stored as ``path`` with task document ``document``, as it was enqueued; None
+    when it is not a ``Task`` of an installed app whose stored backend is an AwaTaskBackend.
+
+    Modules outside the installed apps and ``AWA["JOB_MODULES"]`` are never imported.
+    """
+    stored = read_document(document)
+    return None if stored is None else _resolve(path, stored)
+
+
+def task_handle(path: str, document: Any) -> Job[Any, Any] | None:
+    """A ``Job`` the worker can run for the task stored as ``path`` with task document
+    ``document``, or None to refuse it (see the module docstring)."""
+    stored = read_document(document)
+    if stored is None:
+        return None
+    key = (path, stored)
     handle = _handles.get(key)
     if handle is None:
-        task = resolve_task(path, alias)
+        task = _resolve(path, stored)
         if task is None:
             return None
+        if len(_handles) >= _MAX_HANDLES:
+            _handles.clear()
         handle = _handles[key] = Job(_runner(task), path, JobOptions())
     return handle
 
 
-def _result(task: Any, ctx: Any, args: tuple[Any, ...], kwargs: dict[str, Any], status: Any) -> Any:
-    now = timezone.now()
-    return TaskResult(
-        task=task,
-        id=str(ctx.id),
-        status=status,
-        enqueued_at=None,
-        started_at=now,
-        finished_at=now if status != TaskResultStatus.RUNNING else None,
-        last_attempted_at=now,
-        args=list(args),
-        kwargs=dict(kwargs),
-        backend=task.backend,
-        errors=[],
-        worker_ids=["awa"] * ctx.attempt,
-    )
+def _json(value: Any) -> Any:
+    # Django's psycopg adapters hand jsonb back as text.
+    return json.loads(value) if isinstance(value, str) else value
+
+
+class _Attempt:
+    """One attempt of a task in the worker: its ``TaskResult``, signals and stored value."""
+
+    __slots__ = ("ctx", "result", "sender", "task")
+
+    ctx: Any
+    result: TaskResult[Any]
+    sender: type[Any]
+    task: Any
+
+    def __init__(self, task: Any, ctx: Any, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        backend = task.get_backend()
+        self.task = task
+        self.ctx = ctx
+        self.sender = type(backend)
+        enqueued_at = claimed_at = errors = claims = None
+        try:
+            # The worker's own database, where it claimed the attempt.
+            with connections[get_awa_settings().DATABASE_ALIAS].cursor() as cursor:
+                cursor.execute(query("task_attempt"), [ctx.id, ctx.run_lease])
+                row = cursor.fetchone()
+            if row is not None:
+                enqueued_at, errors, claimed_at, claims = row
+        except DatabaseError:
+            log.warning(
+                "awa worker: could not read task %s for its TaskResult; running it anyway",
+                ctx.id,
+                exc_info=True,
+            )
+        # Every attempt records the workers of all attempts so far (stored.py).
+        previous = attempt_worker_ids(
+            ctx.attempt - 1, _json(claims), recorded_worker_ids(ctx.progress)
+        )
+        worker_ids = [*previous, ctx.worker_id or UNKNOWN_WORKER]
+        ctx.set_progress(None, worker_ids=worker_ids)
+        self.result = TaskResult(
+            task=task,
+            id=str(ctx.id),
+            status=TaskResultStatus.RUNNING,
+            enqueued_at=enqueued_at,
+            started_at=claimed_at,
+            finished_at=None,
+            last_attempted_at=claimed_at,
+            args=list(args),
+            kwargs=dict(kwargs),
+            backend=task.backend,
+            errors=task_errors(_json(errors)),
+            worker_ids=worker_ids,
+        )
+
+    def start(self) -> None:
+        signals.task_started.send(self.sender, task_result=self.result)
+
+    def call_args(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (TaskContext(task_result=self.result), *args) if self.task.takes_context else args
+
+    def stored(self, value: Any) -> Any:
+        """What the worker stores for ``value``: an outcome as it is, anything else normalised
+        and wrapped with the worker ids. Raises ``InvalidResultError`` when it cannot be."""
+        if isinstance(value, _OUTCOMES):
+            return value
+        cfg = get_awa_settings()
+        limits = {"max_bytes": cfg.RESULT_MAX_BYTES, "max_depth": cfg.JSON_MAX_DEPTH}
+        ids = self.result.worker_ids
+        plain = value
+        try:
+            try:
+                serialization.dumps(wrap_result(value, ids), "result", **limits)
+            except InvalidArgumentsError as refused:
+                try:
+                    plain = plain_json(value)
+                except (TypeError, ValueError) as exc:
+                    raise InvalidResultError(
+                        f"the task's return value cannot be stored: {refused}"
+                    ) from exc
+                serialization.dumps(wrap_result(plain, ids), "result", **limits)
+        except ValidationError as exc:
+            raise InvalidResultError(f"the task's return value cannot be stored: {exc}") from exc
+        object.__setattr__(self.result, "_return_value", plain)
+        return wrap_result(plain, ids)
+
+    def finish(self, value: Any, exc: BaseException | None) -> None:
+        """Send ``task_finished`` with the status this attempt leaves the task in."""
+        ctx = self.ctx
+        if ctx.is_cancelled():
+            return  # told to stop: rescue, cancel or the database's own record decides
+        result = self.result
+        status = _status_after(ctx, value, exc)
+        if exc is not None:
+            result.errors.append(exception_error(exc))
+        object.__setattr__(result, "status", status)
+        if status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED):
+            object.__setattr__(result, "finished_at", timezone.now())
+        # Robust: a receiver that raises must not turn the outcome just announced into another.
+        for receiver, response in signals.task_finished.send_robust(
+            self.sender, task_result=result
+        ):
+            if isinstance(response, Exception):
+                log.error(
+                    "awa worker: task_finished receiver %r failed for task %s",
+                    receiver,
+                    result.id,
+                    exc_info=response,
+                )
+
+
+def _status_after(ctx: Any, value: Any, exc: BaseException | None) -> Any:
+    """The status an attempt leaves its task in (the executor's rules, docs/jobs.md)."""
+    attempts_left = ctx.attempt < ctx.max_attempts
+    if exc is not None:
+        if isinstance(exc, TerminalError) or not attempts_left:
+            return TaskResultStatus.FAILED
+        return TaskResultStatus.READY
+    if isinstance(value, Snooze) or (isinstance(value, RetryAfter) and attempts_left):
+        return TaskResultStatus.READY
+    if isinstance(value, RetryAfter | Cancel | WaitForCallback):
+        # A task cannot wait for a callback (it has no ctx.callback_id): the executor fails it.
+        return TaskResultStatus.FAILED
+    return TaskResultStatus.SUCCESSFUL
+
+
+def _release_connections(job_id: int) -> None:
+    """Roll back a transaction the task left open (as the executor would), before the
+    ``task_finished`` receivers run; raise ``TransactionLeftOpen`` when there was one."""
+    from awa_django.worker.guards import release_thread_connections
+
+    try:
+        leaked = release_thread_connections()
+    except Exception:
+        log.exception("awa worker: closing the ORM connections after task %s failed", job_id)
+        return
+    if leaked:
+        log.warning(
+            "awa worker: job %s left a transaction open on %s; rolled back and reconnected",
+            job_id,
+            ", ".join(leaked),
+        )
+        raise TransactionLeftOpen(
+            f"the handler left a transaction open on database(s) {', '.join(leaked)}; it "
+            "was rolled back (exit every transaction.atomic() block it enters)"
+        )
 
 
 def _runner(task: Any) -> Any:
-    """Wrap the task function: TaskContext when asked for, and the three signals."""
-    from awa_django.backends.compat import signals
-
-    sender = type(task.get_backend())
+    """The handler the worker runs for ``task``: ``(ctx, *args, **kwargs)``."""
     func = task.func
-
-    def before(ctx: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        result = _result(task, ctx, args, kwargs, TaskResultStatus.RUNNING)
-        signals.task_started.send(sender, task_result=result)
-        return (TaskContext(task_result=result), *args) if task.takes_context else args
-
-    def after(ctx: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ok: bool) -> None:
-        status = TaskResultStatus.SUCCESSFUL if ok else TaskResultStatus.FAILED
-        signals.task_finished.send(sender, task_result=_result(task, ctx, args, kwargs, status))
 
     if inspect.iscoroutinefunction(func):
 
         async def run_async(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-            call = await sync_to_async(before)(ctx, args, kwargs)
+            attempt = await sync_to_async(_Attempt)(task, ctx, args, kwargs)
             try:
-                value = await func(*call, **kwargs)
-            except BaseException:
-                await sync_to_async(after)(ctx, args, kwargs, False)
+                await sync_to_async(attempt.start)()
+                value = await func(*attempt.call_args(args), **kwargs)
+                stored = attempt.stored(value)
+            except BaseException as exc:
+                await sync_to_async(attempt.finish)(None, exc)
                 raise
-            await sync_to_async(after)(ctx, args, kwargs, True)
-            return value
+            await sync_to_async(attempt.finish)(value, None)
+            return stored
 
         return run_async
 
     def run_sync(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        call = before(ctx, args, kwargs)
+        attempt = _Attempt(task, ctx, args, kwargs)
         try:
-            value = func(*call, **kwargs)
-        except BaseException:
-            after(ctx, args, kwargs, False)
+            attempt.start()
+            try:
+                value = func(*attempt.call_args(args), **kwargs)
+            except BaseException:
+                with contextlib.suppress(TransactionLeftOpen):  # its own exception is its error
+                    _release_connections(ctx.id)
+                raise
+            _release_connections(ctx.id)
+            stored = attempt.stored(value)
+        except BaseException as exc:
+            attempt.finish(None, exc)
             raise
-        after(ctx, args, kwargs, True)
-        return value
+        attempt.finish(value, None)
+        return stored
 
     return run_sync

@@ -14,8 +14,11 @@ Guarantees: ``enqueue``/``aenqueue`` write through the Django connection of the 
 database alias, so a task enqueued inside ``transaction.atomic()`` commits or rolls back with the
 caller's rows (no ``transaction.on_commit`` needed, and a rolled-back task never runs).
 ``awa_worker`` runs the tasks; a worker runs a stored task path only if it resolves to a ``Task``
-of this backend defined in an installed app (or ``AWA["JOB_MODULES"]``); anything else fails the
-job as suspicious, without running it.
+defined in an installed app (or ``AWA["JOB_MODULES"]``) and the stored backend alias is an
+``AwaTaskBackend`` (``task.using(backend=...)`` works); anything else fails the job as
+suspicious, without running it (awa_django/backends/runner.py). ``get_result`` rebuilds the task
+as it was enqueued, reports every failure with an importable exception class
+(awa_django/backends/errors.py) and the worker of every attempt (awa_django/backends/stored.py).
 """
 
 from __future__ import annotations
@@ -27,23 +30,30 @@ from typing import Any
 
 from django.core import checks
 from django.db import connections
-from django.utils import timezone
 
 from awa_django.backends.compat import (
     BaseTaskBackend,
     InvalidTask,
     Task,
-    TaskError,
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
     signals,
 )
+from awa_django.backends.errors import task_errors
+from awa_django.backends.stored import (
+    attempt_worker_ids,
+    plain_json,
+    recorded_worker_ids,
+    task_document,
+    unwrap_result,
+)
 from awa_django.conf import get_awa_settings
 from awa_django.db.identifiers import QUEUE_NAME_RE
-from awa_django.exceptions import ValidationError
+from awa_django.exceptions import InvalidArgumentsError, ValidationError
 from awa_django.jobs import JobOptions
 from awa_django.sql import query
+from awa_django.types import JobRequest
 
 __all__ = ["STATUS_OF_STATE", "AwaTask", "AwaTaskBackend"]
 
@@ -120,32 +130,61 @@ class AwaTaskBackend(BaseTaskBackend):
             using=self.alias_for_db,
         )
 
+    def _request(
+        self,
+        task: Task,  # type: ignore[type-arg]
+        args: list[Any],
+        kwargs: dict[str, Any],
+    ) -> JobRequest:
+        from awa_django.producer import build_request
+
+        return build_request(
+            task.module_path,
+            args,
+            kwargs,
+            self._options(task),
+            task_backend=self.alias,
+            task_options=task_document(task, self.alias),
+        )
+
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:  # type: ignore[type-arg]
-        """Write the task as a job in the caller's transaction; return its READY result."""
-        from awa_django.producer import build_request, send_requests
+        """Write the task as a job in the caller's transaction; return its READY result.
+
+        Arguments are normalised as Django normalises a ``TaskResult``'s (``OrderedDict``,
+        tuples, ``TextChoices`` members...) and must then be JSON; anything else raises
+        ``InvalidTask`` with nothing written. The result equals what ``get_result`` reads back
+        until a worker picks the task up (``enqueued_at`` is the database's).
+        """
+        from awa_django.producer import send_requests
 
         self.validate_task(task)
+        args, kwargs = list(args), dict(kwargs)
         try:
-            request = build_request(
-                task.module_path,
-                tuple(args),
-                dict(kwargs),
-                self._options(task),
-                task_backend=self.alias,
-            )
+            try:
+                request = self._request(task, args, kwargs)
+            except InvalidArgumentsError as refused:
+                # Not plain JSON: normalised as Django normalises a TaskResult's, then again.
+                try:
+                    args, kwargs = plain_json(args), plain_json(kwargs)
+                except (TypeError, ValueError):
+                    raise refused from None
+                request = self._request(task, args, kwargs)
         except ValidationError as exc:
             raise InvalidTask(str(exc)) from exc
         [handle] = send_requests([request], request.using)
+        with connections[request.using].cursor() as cursor:
+            cursor.execute(query("task_enqueued_at"), [handle.id, handle.id])
+            row = cursor.fetchone()
         result: TaskResult = TaskResult(  # type: ignore[type-arg]
             task=task,
             id=str(handle.id),
             status=TaskResultStatus.READY,
-            enqueued_at=timezone.now(),
+            enqueued_at=row[0] if row is not None else None,
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
-            args=list(args),
-            kwargs=dict(kwargs),
+            args=args,
+            kwargs=kwargs,
             backend=self.alias,
             errors=[],
             worker_ids=[],
@@ -155,7 +194,12 @@ class AwaTaskBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:  # type: ignore[type-arg]
         """The task's current result, read from every plane; ``TaskResultDoesNotExist`` when
-        the id is unknown, not a task of this backend, or aged out of history."""
+        the id is unknown, not a task of this backend, or aged out of history.
+
+        ``task`` is the task as it was enqueued (its backend, priority, queue and
+        ``run_after``); ``errors`` has a ``TaskError`` per failed attempt whose class path
+        imports (docs/tasks.md, "Errors"); ``worker_ids`` the worker of each attempt.
+        """
         from awa_django.backends.runner import resolve_task
 
         try:
@@ -163,22 +207,24 @@ class AwaTaskBackend(BaseTaskBackend):
         except (TypeError, ValueError):
             raise TaskResultDoesNotExist(result_id) from None
         with connections[self.alias_for_db].cursor() as cursor:
-            cursor.execute(query("task_result"), [job_id])
+            cursor.execute(query("task_row"), [job_id])
             row = cursor.fetchone()
-            if row is None:
-                raise TaskResultDoesNotExist(result_id)
-            kind, state, args, attempt, created, attempted, finalized, errors, result = (
-                _json(v) if i in (2, 7, 8) else v for i, v in enumerate(row)
-            )
-            if not isinstance(args, dict) or args.get("task", {}).get("backend") != self.alias:
-                raise TaskResultDoesNotExist(result_id)
-            task = resolve_task(kind, self.alias)
-            if task is None:
-                raise TaskResultDoesNotExist(result_id)
-            cursor.execute(query("task_workers"), [job_id])
-            workers = [str(r[0]) for r in cursor.fetchall() if r[0] is not None]
+        if row is None:
+            raise TaskResultDoesNotExist(result_id)
+        kind, state, args, attempt, created, attempted, finalized = row[:7]
+        errors, stored, progress, claims = (_json(v) for v in row[7:])
+        args = _json(args)
+        document = args.get("task") if isinstance(args, dict) else None
+        if not isinstance(document, dict) or document.get("backend") != self.alias:
+            raise TaskResultDoesNotExist(result_id)
+        task = resolve_task(kind, document)
+        if task is None:
+            raise TaskResultDoesNotExist(result_id)
         status = TaskResultStatus(STATUS_OF_STATE[state])
-        value: TaskResult = TaskResult(  # type: ignore[type-arg]
+        value, recorded = unwrap_result(stored)
+        if status != TaskResultStatus.SUCCESSFUL:
+            recorded = recorded_worker_ids(progress)
+        result: TaskResult = TaskResult(  # type: ignore[type-arg]
             task=task,
             id=str(job_id),
             status=status,
@@ -191,12 +237,12 @@ class AwaTaskBackend(BaseTaskBackend):
             args=list(args.get("args", [])),
             kwargs=dict(args.get("kwargs", {})),
             backend=self.alias,
-            errors=[_task_error(e) for e in errors or []],
-            worker_ids=(workers + ["awa"] * attempt)[: max(attempt, 0)],
+            errors=task_errors(errors),
+            worker_ids=attempt_worker_ids(attempt, claims, recorded),
         )
         if status == TaskResultStatus.SUCCESSFUL:
-            object.__setattr__(value, "_return_value", result)
-        return value
+            object.__setattr__(result, "_return_value", value)
+        return result
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
         """awa.E101: app not installed; awa.E102: alias not PostgreSQL; awa.E103: bad OPTIONS."""
@@ -235,9 +281,3 @@ class AwaTaskBackend(BaseTaskBackend):
 def _json(value: Any) -> Any:
     # Django's psycopg adapters hand jsonb back as text (for JSONField to decode).
     return json.loads(value) if isinstance(value, str) else value
-
-
-def _task_error(entry: Mapping[str, Any]) -> TaskError:
-    kind = str(entry.get("type", "Exception"))
-    path = kind if "." in kind else f"builtins.{kind}"
-    return TaskError(exception_class_path=path, traceback=str(entry.get("traceback", "")))

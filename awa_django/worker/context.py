@@ -115,6 +115,13 @@ class JobContext:
     def __repr__(self) -> str:
         return f"<JobContext id={self.id} attempt={self.attempt} lease={self.run_lease}>"
 
+    @property
+    def worker_id(self) -> str | None:
+        """The id of the worker process running this attempt (as recorded with its claim), or
+        None outside a worker."""
+        instance = getattr(self._runtime, "instance_id", None)
+        return None if instance is None else str(instance)
+
     # -- callbacks ---------------------------------------------------------------------------
 
     @property

@@ -100,8 +100,7 @@ def prepare(
         # A django.tasks task: resolved by its backend's rules, never by importing row data.
         from awa_django.backends.runner import task_handle
 
-        backend = str(task.get("backend", "")) if type(task) is dict else ""
-        handle = task_handle(job.kind, backend) if backend else None
+        handle = task_handle(job.kind, task)
         if handle is None:
             attempt.failure = {
                 "type": "awa_django.SuspiciousTask",

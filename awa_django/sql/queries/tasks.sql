@@ -1,0 +1,28 @@
+-- Statements of the django.tasks backend (awa_django/backends/).
+
+-- name: task_row
+-- A task as get_result shows it, with [attempt, worker_id] of each claim still in the claim ring.
+SELECT j.kind, j.state, j.args, j.attempt, j.created_at, j.attempted_at, j.finalized_at,
+       j.errors, j.result, j.progress,
+       (SELECT jsonb_agg(jsonb_build_array(k.attempt, k.worker_id) ORDER BY k.run_lease)
+        FROM awa.claims k WHERE k.job_id = j.id)
+FROM awa.jobs j WHERE j.id = %s
+
+-- name: task_enqueued_at
+-- When a task that was just enqueued (available or scheduled) was written, on the database clock.
+SELECT created_at FROM awa.ready_entries WHERE job_id = %s
+UNION ALL
+SELECT created_at FROM awa.deferred_jobs WHERE job_id = %s
+LIMIT 1
+
+-- name: task_attempt
+-- A running task attempt (job id, run lease): when the task was enqueued, the errors of its earlier
+-- attempts, when this attempt was claimed, and [attempt, worker_id] of each claim of the job.
+SELECT r.created_at, r.errors, c.claimed_at,
+       (SELECT jsonb_agg(jsonb_build_array(k.attempt, k.worker_id) ORDER BY k.run_lease)
+        FROM awa.claims k WHERE k.job_id = c.job_id)
+FROM awa.claims c
+JOIN awa.ready_entries r
+  ON r.lane_id = c.lane_id AND r.lane_seq = c.lane_seq AND r.ready_slot = c.ready_slot
+WHERE c.job_id = %s AND c.run_lease = %s
+LIMIT 1
