@@ -7,10 +7,15 @@ awa.E003  Django's PostgreSQL backend runs on psycopg2; awa_django needs psycopg
 awa.E004  The PostgreSQL server is older than 15 (database check: ``check --database``, migrate).
 awa.E005  Invalid ``AWA`` settings.
 awa.E006  The server could not be reached to read its version (database check).
+awa.W001  An ``AWA["QUEUES"]`` concurrency above ``AWA["CONCURRENCY"]``: a worker process runs
+          at most ``CONCURRENCY`` jobs at once across its queues, so it can never be reached.
+awa.W002  ``PROCESSES * (CONCURRENCY + 5)`` connections exceed the server's ``max_connections``
+          (database check).
 ========  ======================================================================================
 
-All checks are free of side effects. Only E004 and E006 connect, and only when Django runs
-database checks (``check --database ALIAS``, ``migrate``).
+All checks are free of side effects. Only E004, E006 and W002 connect, and only when Django runs
+database checks (``check --database ALIAS``, ``migrate``); plain ``manage.py check`` does not
+run them.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.apps import AppConfig
-from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.db.utils import ConnectionHandler
 
-from awa_django.conf import get_awa_settings
+from awa_django.conf import AwaSettings, get_awa_settings
+from awa_django.sql import query
 
 MIN_SERVER_VERSION = 150000
 """PostgreSQL 15, as ``server_version_num``."""
@@ -38,6 +44,32 @@ def check_settings(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> li
     except ImproperlyConfigured as exc:
         return [Error(str(exc), hint="Fix settings.AWA; see docs/configuration.md.", id="awa.E005")]
     return []
+
+
+@register()
+def check_concurrency(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
+    """awa.W001: no queue's concurrency is above the per-process ``CONCURRENCY``."""
+    try:
+        cfg = get_awa_settings()
+    except ImproperlyConfigured:
+        return []
+    return concurrency_warnings(cfg)
+
+
+def concurrency_warnings(cfg: AwaSettings) -> list[CheckMessage]:
+    """W001 for each ``AWA["QUEUES"]`` entry whose concurrency exceeds ``CONCURRENCY``."""
+    return [
+        Warning(
+            f"AWA['QUEUES'][{name!r}]['concurrency'] is {queue.concurrency}, but a worker process "
+            f"runs at most AWA['CONCURRENCY'] = {cfg.CONCURRENCY} jobs at once across all its "
+            "queues, so this queue never runs more than that.",
+            hint="Raise AWA['CONCURRENCY'] (or start workers with --concurrency), or lower the "
+            "queue's concurrency; see docs/configuration.md.",
+            id="awa.W001",
+        )
+        for name, queue in cfg.QUEUES.items()
+        if queue.concurrency is not None and queue.concurrency > cfg.CONCURRENCY
+    ]
 
 
 @register()
@@ -55,13 +87,46 @@ def check_server_version(
     databases: Iterable[str] | None = None,
     **kwargs: Any,
 ) -> list[CheckMessage]:
-    """awa.E004/E006: the server is PostgreSQL 15 or newer. Runs only with ``--database``."""
+    """awa.E004/E006: the server is PostgreSQL 15 or newer; awa.W002: it allows enough
+    connections for the workers. Runs only with ``--database`` (and in ``migrate``)."""
     alias = _configured_alias()
     if alias is None or databases is None or alias not in databases:
         return []
     if database_config_errors(alias, connections):
         return []  # nothing sensible to connect to
-    return server_version_errors(alias, connections)
+    errors = server_version_errors(alias, connections)
+    if errors:
+        return errors
+    return connection_budget_warnings(alias, connections, get_awa_settings())
+
+
+def connection_budget_warnings(
+    alias: str, handler: ConnectionHandler, cfg: AwaSettings
+) -> list[CheckMessage]:
+    """W002 when ``PROCESSES`` worker processes of ``CONCURRENCY`` handler threads each (every
+    thread may hold a Django connection, and each process about five of its own) could need
+    more connections than the server's ``max_connections``; connects."""
+    needed = cfg.PROCESSES * (cfg.CONCURRENCY + 5)
+    try:
+        with handler[alias].cursor() as cursor:
+            cursor.execute(query("connection_budget"))
+            row = cursor.fetchone()
+    except DatabaseError:
+        return []  # E006 reports an unreachable server
+    maximum = int(row[0]) if row else 0
+    if needed <= maximum:
+        return []
+    return [
+        Warning(
+            f"AWA['PROCESSES'] = {cfg.PROCESSES} worker processes running AWA['CONCURRENCY'] = "
+            f"{cfg.CONCURRENCY} jobs at once each may need {cfg.PROCESSES} x "
+            f"({cfg.CONCURRENCY} + 5) = {needed} connections to database {alias!r}, whose "
+            f"max_connections is {maximum}.",
+            hint="Lower AWA['CONCURRENCY'] or AWA['PROCESSES'], or raise max_connections; "
+            "remember the web processes and every other worker host.",
+            id="awa.W002",
+        )
+    ]
 
 
 def database_config_errors(alias: str, handler: ConnectionHandler) -> list[CheckMessage]:

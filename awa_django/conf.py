@@ -77,6 +77,7 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     "HISTORY_RETENTION": _Spec(86_400.0, _Kind.SECONDS),
     "DLQ_RETENTION": _Spec(2_592_000.0, _Kind.SECONDS),
     "RUNTIME_RETENTION": _Spec(3_600.0, _Kind.SECONDS),
+    # Jobs one worker process runs at once across all its queues (its handler thread pool).
     "CONCURRENCY": _Spec(10, _Kind.INT, 1, 10_000),
     "PROCESSES": _Spec(1, _Kind.INT, 1, 256),
     "QUEUES": _Spec(MappingProxyType({}), _Kind.QUEUES),
@@ -99,8 +100,10 @@ _QUEUE_SPECS: Final[Mapping[str, _Spec]] = {
 class QueueSettings:
     """Overrides for one queue, from ``AWA["QUEUES"][name]``; None means "use the default".
 
-    ``concurrency`` caps the jobs of this queue one worker process runs at once; ``deadline``
-    is the hard limit in seconds on one attempt, after which the attempt is rescued.
+    ``concurrency`` caps the jobs of this queue one worker process runs at once, within the
+    process's ``CONCURRENCY`` (which counts jobs across all its queues; a higher cap is held to
+    it, and ``manage.py check`` warns: awa.W001). ``deadline`` is the hard limit in seconds on
+    one attempt, after which the attempt is rescued. A queue needs no entry to be served.
     """
 
     concurrency: int | None = None

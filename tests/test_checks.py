@@ -95,3 +95,40 @@ def test_e006_unreachable_server_is_a_clean_error() -> None:
     messages = checks.server_version_errors("down", dbs)
     assert awa_ids(messages) == ["awa.E006"]
     assert "Could not connect to database 'down'" in messages[0].msg
+
+
+def test_w001_a_queue_concurrency_above_the_process_concurrency() -> None:
+    with override_settings(
+        AWA={"CONCURRENCY": 8, "QUEUES": {"bulk": {"concurrency": 20}, "mail": {"concurrency": 8}}}
+    ):
+        messages = run_checks()
+    assert awa_ids(messages) == ["awa.W001"]
+    [warning] = [m for m in messages if m.id == "awa.W001"]
+    assert "AWA['QUEUES']['bulk']['concurrency'] is 20" in warning.msg
+    assert "at most AWA['CONCURRENCY'] = 8 jobs at once across all its queues" in warning.msg
+
+
+def test_only_the_version_and_connection_checks_connect() -> None:
+    assert Tags.database not in checks.check_concurrency.tags  # type: ignore[attr-defined]
+
+
+@pytest.mark.django_db
+def test_w002_more_worker_connections_than_the_server_allows() -> None:
+    from awa_django.conf import load_settings
+
+    fleet = load_settings({"PROCESSES": 256, "CONCURRENCY": 10_000})
+    dbs = handler()
+    try:
+        messages = checks.connection_budget_warnings("default", dbs, fleet)
+        assert checks.connection_budget_warnings("default", dbs, load_settings({})) == []
+    finally:
+        dbs.close_all()
+    assert awa_ids(messages) == ["awa.W002"]
+    assert "256 x (10000 + 5) = 2561280 connections" in messages[0].msg
+
+
+@pytest.mark.django_db
+def test_w002_is_a_database_check() -> None:
+    with override_settings(AWA={"PROCESSES": 256, "CONCURRENCY": 10_000}):
+        assert "awa.W002" not in awa_ids(run_checks())
+        assert awa_ids(run_checks(databases=["default"])) == ["awa.W002"]

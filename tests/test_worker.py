@@ -181,6 +181,33 @@ def test_cooperative_cancel_reaches_sync_and_async_handlers(manage_py: Start) ->
     assert "stale finalization" in proc.output()  # their late results lost, as they should
 
 
+def test_without_notify_cancellation_reaches_the_handler_through_the_heartbeat(
+    manage_py: Start,
+) -> None:
+    job = testjobs.slow_sync.enqueue(60)
+    proc = worker(manage_py, "--queue", "slow", overrides={"NOTIFY": False})
+    wait_for(lambda: states(job.id) == ["running"], timeout=20, message=lambda: proc.output())
+    with pg() as conn:
+        listening = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'awa:worker:%%' "
+            "AND query ILIKE 'LISTEN%%'"
+        ).fetchone()
+    assert listening == (0,)
+    assert awa_django.cancel(job.id) == "running"
+    # No LISTEN connection: the next heartbeat that includes the attempt (it has run for a
+    # HEARTBEAT_INTERVAL, 0.2 s here) reports it closed, and the handler is told.
+    wait_for(
+        lambda: Ledger.objects.filter(job_id=job.id, note="saw-cancel").exists(),
+        timeout=10,
+        message=lambda: f"the handler to see the cancel; output:\n{proc.output()}",
+    )
+    assert "is no longer open (rescued or cancelled); its handler is told to stop" in (
+        proc.output()
+    )
+    proc.send_signal(signal.SIGTERM)
+    assert exited(proc, timeout=20) == 0
+
+
 def test_sigterm_drains_in_flight_jobs_and_claims_nothing_new(manage_py: Start) -> None:
     running = [testjobs.slow_sync.enqueue(1.5).id for _ in range(2)]
     proc = worker(manage_py, "--queue", "slow=2", overrides={"HEARTBEAT_INTERVAL": 0.1})
@@ -348,3 +375,80 @@ def test_callback_timeout_is_rescued_and_retried(manage_py: Start) -> None:
     assert awa_django.resolve_callback(_callback_of(job), result=1) == "stale"
     proc.send_signal(signal.SIGTERM)
     assert exited(proc, timeout=20) == 0
+
+
+# Queues: whatever can be enqueued is run ----------------------------------------------------
+
+
+def served(*names: str) -> bool:
+    with pg() as conn:
+        rows = conn.execute("SELECT queues FROM awa.runtime_instances").fetchall()
+    return any(set(names) <= set(row[0]) for row in rows)
+
+
+@pytest.mark.parametrize("notify", [True, False], ids=["notify", "polling"])
+def test_a_worker_without_queues_runs_jobs_of_queues_nobody_configured(
+    manage_py: Start, notify: bool
+) -> None:
+    from tests import tasks_for_tests
+
+    # Enqueued before the worker starts, to queues no setting, kind or backend names.
+    before = testjobs.ledger_sync.using(queue="emails").enqueue(1).id
+    task = tasks_for_tests.add.using(queue_name="reports").enqueue(2, 3)
+    proc = worker(manage_py, overrides={"NOTIFY": notify})
+    wait_for(
+        lambda: states(before, int(task.id)) == ["completed", "completed"],
+        timeout=30,
+        message=lambda: f"both jobs; output:\n{proc.output()}",
+    )
+    # A queue that appears while the worker runs is served too: at once on its wake-up, or
+    # at the next runtime refresh without NOTIFY.
+    later = testjobs.ledger_sync.using(queue="brand-new").enqueue(2).id
+    wait_for(
+        lambda: states(later) == ["completed"],
+        timeout=30,
+        message=lambda: f"the job of a new queue; output:\n{proc.output()}",
+    )
+    wait_for(lambda: served("emails", "reports", "brand-new"), timeout=10, message="the row")
+    assert "now serving queue brand-new" in proc.output()
+    proc.send_signal(signal.SIGTERM)
+    assert exited(proc, timeout=20) == 0, proc.output()
+
+
+def test_a_worker_given_queues_serves_only_those(manage_py: Start) -> None:
+    elsewhere = testjobs.ledger_sync.using(queue="elsewhere").enqueue(1).id
+    mine = testjobs.ledger_sync.enqueue(2).id
+    proc = worker(manage_py, "--burst", "--queue", "work")
+    assert exited(proc, timeout=30) == 0, proc.output()
+    assert states(mine, elsewhere) == ["completed", "available"]
+
+
+# Concurrency: jobs per process, across its queues -------------------------------------------
+
+
+def test_concurrency_counts_jobs_per_process_across_queues_and_caps_each_queue(
+    manage_py: Start,
+) -> None:
+    ids = [testjobs.slow_sync.enqueue(0.6).id for _ in range(4)]
+    ids += [testjobs.slow_sync.using(queue="slow-b").enqueue(0.6).id for _ in range(4)]
+    proc = worker(manage_py, "--concurrency", "3", "--queue", "slow=1", "--queue", "slow-b")
+    peak = {"all": 0, "slow": 0}
+
+    def finished() -> bool:
+        with pg() as conn:
+            rows = dict(
+                conn.execute(
+                    "SELECT queue, count(*) FROM awa.jobs WHERE state = 'running' GROUP BY queue"
+                ).fetchall()
+            )
+        peak["all"] = max(peak["all"], sum(rows.values()))
+        peak["slow"] = max(peak["slow"], rows.get("slow", 0))
+        return states(*ids).count("completed") == len(ids)
+
+    wait_for(finished, timeout=60, interval=0.02, message=lambda: proc.output())
+    assert peak == {"all": 3, "slow": 1}, proc.output()
+    with pg() as conn:
+        row = conn.execute("SELECT queues, concurrency FROM awa.runtime_instances").fetchone()
+    assert row == ({"slow": 1, "slow-b": 3}, 3)
+    proc.send_signal(signal.SIGTERM)
+    assert exited(proc, timeout=20) == 0, proc.output()

@@ -1,27 +1,50 @@
-"""The configuration of one worker process, from ``AWA`` settings and command-line options."""
+"""The configuration of one worker process, from ``AWA`` settings and command-line options.
+
+Concurrency is counted per process: ``--concurrency`` / ``AWA["CONCURRENCY"]`` is how many jobs
+one worker process runs at once across all the queues it serves (the size of its handler thread
+pool). A queue's own number (``--queue NAME=N``, ``AWA["QUEUES"][name]["concurrency"]``) caps
+that queue within it, so that one busy queue cannot take every slot.
+
+Queues: a worker given ``--queue`` serves exactly those. A worker without ``--queue`` serves
+every queue that exists in the database (anything was ever enqueued to), finding new ones as
+they appear (``WorkerConfig.discover``), plus the queues the configuration names, so that
+whatever can be enqueued is run.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
-from awa_django.conf import get_awa_settings
+from awa_django.conf import QueueSettings, get_awa_settings
 from awa_django.db.identifiers import QUEUE_NAME_RE, validate_queue_name
+from awa_django.exceptions import InvalidOptionError
 from awa_django.jobs import registered_kinds
 
-__all__ = ["MAX_PROCESSES", "MAX_SLOTS", "QueueConfig", "WorkerConfig", "parse_queue_option"]
+__all__ = [
+    "MAX_PROCESSES",
+    "MAX_SLOTS",
+    "QueueConfig",
+    "WorkerConfig",
+    "build_config",
+    "parse_queue_option",
+]
 
-#: Most jobs of one queue one process runs at once (--queue NAME=N, --concurrency).
+#: Most jobs one process runs at once (--concurrency, and each --queue NAME=N).
 MAX_SLOTS = 10_000
 #: Most worker processes under one supervisor (--processes).
 MAX_PROCESSES = 256
 
-_QUEUE_OPTION = re.compile(r"^(?P<name>[^=]+)(?:=(?P<concurrency>\d+))?$")
+_QUEUE_OPTION = re.compile(r"(?P<name>[^=]*)(?:=(?P<concurrency>.*))?", re.DOTALL)
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class QueueConfig:
-    """One queue a worker serves: how many of its jobs run at once, and its default deadline."""
+    """One queue a worker serves: the most of its jobs the process runs at once (never more
+    than the process's own concurrency), and its default hard deadline in seconds."""
 
     name: str
     concurrency: int
@@ -30,10 +53,23 @@ class QueueConfig:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    """Everything one worker process needs; every interval is in seconds."""
+    """Everything one worker process needs; every interval is in seconds.
+
+    ``concurrency`` is the most jobs the process runs at once across all its queues;
+    ``queues`` are the queues it serves from the start; with ``discover`` it also serves every
+    queue found in the database, at start and then every ``runtime_refresh`` (and at once when
+    a wake-up names a queue it does not serve yet). ``processes`` is the size of the fleet this
+    process belongs to (``--processes``), for the connection budget.
+    """
 
     queues: tuple[QueueConfig, ...]
     alias: str
+    concurrency: int = 10
+    discover: bool = False
+    queue_settings: Mapping[str, QueueSettings] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    processes: int = 1
     burst: bool = False
     maintenance: bool = True
     claim_batch: int = 512
@@ -53,18 +89,41 @@ class WorkerConfig:
 
     @property
     def total_concurrency(self) -> int:
-        return sum(q.concurrency for q in self.queues)
+        """The most jobs this process runs at once (the size of its handler thread pool)."""
+        return self.concurrency
+
+    def queue_config(self, name: str) -> QueueConfig:
+        """The configuration of a queue found at run time: its ``AWA["QUEUES"]`` cap and
+        deadline, if any, within the process's concurrency."""
+        return _queue_config(name, None, self.queue_settings.get(name), self.concurrency)
 
 
 def parse_queue_option(value: str) -> tuple[str, int | None]:
-    """Parse ``NAME`` or ``NAME=CONCURRENCY`` (a ``--queue`` value); raise ``ValueError``."""
-    match = _QUEUE_OPTION.match(value.strip())
-    if match is None:
-        raise ValueError(f"--queue {value!r}: expected NAME or NAME=CONCURRENCY")
-    name = validate_queue_name(match["name"])
-    concurrency = int(match["concurrency"]) if match["concurrency"] else None
-    if concurrency is not None and not 1 <= concurrency <= MAX_SLOTS:
-        raise ValueError(f"--queue {value!r}: concurrency must be between 1 and {MAX_SLOTS}")
+    """Parse ``NAME`` or ``NAME=CONCURRENCY`` (a ``--queue`` value); raise ``ValueError`` with
+    a message that names the value and says what is expected."""
+    match = _QUEUE_OPTION.fullmatch(value.strip())
+    assert match is not None  # the pattern matches any text
+    name, number = match["name"].strip(), match["concurrency"]
+    if not name:
+        raise ValueError(f"--queue {value!r}: no queue name; expected NAME or NAME=CONCURRENCY")
+    try:
+        validate_queue_name(name)
+    except InvalidOptionError:
+        raise ValueError(
+            f"--queue {value!r}: {name!r} is not a valid queue name (1-63 characters of "
+            "a-z 0-9 _ . -); expected NAME or NAME=CONCURRENCY"
+        ) from None
+    if number is None:
+        return name, None
+    number = number.strip()
+    if not _DECIMAL.fullmatch(number):
+        raise ValueError(
+            f"--queue {value!r}: the concurrency {number!r} is not a whole number; expected "
+            f"NAME=N with N from 1 to {MAX_SLOTS}"
+        )
+    concurrency = int(number) if len(number) <= 30 else MAX_SLOTS + 1  # no huge int()
+    if not 1 <= concurrency <= MAX_SLOTS:
+        raise ValueError(f"--queue {value!r}: the concurrency must be from 1 to {MAX_SLOTS}")
     return name, concurrency
 
 
@@ -79,41 +138,79 @@ def _task_queues() -> set[str]:
     return names
 
 
+def _queue_config(
+    name: str, explicit: int | None, settings: QueueSettings | None, slots: int
+) -> QueueConfig:
+    cap = explicit or (settings.concurrency if settings else None) or slots
+    return QueueConfig(
+        name=name,
+        concurrency=min(cap, slots),
+        deadline=settings.deadline if settings else None,
+    )
+
+
 def build_config(
     *,
-    queues: list[tuple[str, int | None]] | None = None,
+    queues: Sequence[tuple[str, int | None]] | None = None,
     concurrency: int | None = None,
+    processes: int = 1,
     burst: bool = False,
     maintenance: bool = True,
 ) -> WorkerConfig:
-    """Merge command-line options over ``AWA`` settings.
+    """Merge command-line options over ``AWA`` settings; raise ``ValueError`` for options that
+    contradict each other.
 
-    Without queues, the worker serves every queue named by a registered kind (plus
-    ``AWA["QUEUES"]``, the default queue and the ``QUEUES`` of awa_django's django.tasks
-    backends in ``TASKS``). Per-queue concurrency comes from the option, then
-    ``AWA["QUEUES"][name]["concurrency"]``, then ``concurrency``/``AWA["CONCURRENCY"]``.
+    Without ``queues`` the worker discovers queues (see the module docstring) and starts with
+    ``AWA["DEFAULT_QUEUE"]``, ``AWA["QUEUES"]``, every queue named by a registered kind and the
+    ``QUEUES`` of awa_django's django.tasks backends in ``TASKS``.
+
+    The process runs at most ``concurrency`` jobs at once; without it, ``AWA["CONCURRENCY"]``
+    or, when larger, the sum of the numbers given with ``queues`` (``--queue a=20 --queue b=2``
+    runs 20 of ``a`` and 2 of ``b`` at once). When every queue of a fixed list has a cap, the
+    process never runs more than their sum. Each queue's cap comes from ``queues``, then
+    ``AWA["QUEUES"][name]["concurrency"]``; a queue without one may use every slot.
     """
     cfg = get_awa_settings()
-    default_concurrency = concurrency or cfg.CONCURRENCY
-    if not queues:
+    listed = list(queues or ())
+    discover = not listed
+    seen: set[str] = set()
+    for name, _ in listed:
+        if name in seen:
+            raise ValueError(f"--queue {name!r} is given twice")
+        seen.add(name)
+    if discover:
         names = {cfg.DEFAULT_QUEUE, *cfg.QUEUES, *_task_queues()}
         names.update(h.options.queue or cfg.DEFAULT_QUEUE for h in registered_kinds().values())
-        queues = [(name, None) for name in sorted(names)]
-    built = []
-    for name, explicit in queues:
-        per_queue = cfg.QUEUES.get(name)
-        built.append(
-            QueueConfig(
-                name=name,
-                concurrency=explicit
-                or (per_queue.concurrency if per_queue and per_queue.concurrency else None)
-                or default_concurrency,
-                deadline=per_queue.deadline if per_queue else None,
+        listed = [(name, None) for name in sorted(names)]
+    asked = sum(n for _, n in listed if n is not None)
+    if concurrency is None:
+        if asked > MAX_SLOTS:
+            raise ValueError(
+                f"the --queue numbers add up to {asked}, more than the {MAX_SLOTS} jobs one "
+                "process can run at once; run more processes (--processes) instead"
             )
-        )
+        slots = max(cfg.CONCURRENCY, asked)
+    else:
+        slots = concurrency
+        for name, number in listed:
+            if number is not None and number > concurrency:
+                raise ValueError(
+                    f"--queue {name}={number} asks for more jobs at once than --concurrency "
+                    f"{concurrency} allows the whole process; raise --concurrency or lower it"
+                )
+    built = tuple(_queue_config(name, n, cfg.QUEUES.get(name), slots) for name, n in listed)
+    if not discover and all(
+        n is not None or (cfg.QUEUES.get(name) and cfg.QUEUES[name].concurrency)
+        for name, n in listed
+    ):
+        slots = min(slots, sum(q.concurrency for q in built))
     return WorkerConfig(
-        queues=tuple(built),
+        queues=built,
         alias=cfg.DATABASE_ALIAS,
+        concurrency=slots,
+        discover=discover,
+        queue_settings=cfg.QUEUES,
+        processes=processes,
         burst=burst,
         maintenance=maintenance,
         claim_batch=cfg.CLAIM_BATCH_SIZE,

@@ -37,6 +37,7 @@ from awa_django.worker.executor import (
 )
 from awa_django.worker.guards import release_thread_connections
 from awa_django.worker.links import Link
+from awa_django.worker.slots import Slots
 from awa_django.worker.threads import HandlerThreads
 
 __all__ = ["EXIT_STUCK_HANDLERS", "Execution", "Running"]
@@ -92,15 +93,13 @@ class Execution:
     inflight: dict[tuple[int, int], Running]
     abandoned: list[Running]
     abandoned_total: int
-    running: dict[str, int]
-    low_water: dict[str, int]
+    slots: Slots
     stopping: bool
     exit_code: int
     finished: int
     instance_id: uuid.UUID
     _kinds: dict[str, Any]
     _pool: HandlerThreads
-    _wake: dict[str, asyncio.Event]
     _all_done: asyncio.Event
     _loop: asyncio.AbstractEventLoop | None
     _loop_thread: int | None
@@ -124,7 +123,7 @@ class Execution:
             )
         run = Running(attempt, queue, loop.time())
         self.inflight[(job.job_id, job.run_lease)] = run
-        self.running[queue.name] += 1
+        self.slots.start(queue.name)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("job %s %s attempt %s started", job.job_id, job.kind, job.attempt)
         if attempt.failure is not None:
@@ -211,10 +210,7 @@ class Execution:
         """Free a run's slot and wake its dispatcher."""
         job = run.attempt.job
         self.inflight.pop((job.job_id, job.run_lease), None)
-        name = run.queue.name
-        self.running[name] -= 1
-        if run.queue.concurrency - self.running[name] >= self.low_water[name] or self.stopping:
-            self._wake[name].set()
+        self.slots.release(run.queue.name, stopping=self.stopping)
         if not self.inflight:
             self._all_done.set()
 
@@ -260,7 +256,7 @@ class Execution:
             self._pool.retire(run.thread)
         self.abandoned = [r for r in self.abandoned if not r.done]
         stuck = len(self.abandoned)
-        if stuck > max(1, self.config.total_concurrency) and not self.stopping:
+        if stuck > max(1, self.config.concurrency) and not self.stopping:
             log.error(
                 "awa worker %s: %d handler(s) are stuck after being told to stop; draining and "
                 "exiting with status %d so that the process is restarted",

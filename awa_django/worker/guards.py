@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import NoReturn
 
 from django.db import connections
 
@@ -33,7 +34,7 @@ log = logging.getLogger("awa_django.worker")
 EXIT_LOOP_FAILED = 70
 
 
-def hard_exit(code: int) -> None:
+def hard_exit(code: int) -> NoReturn:
     """Exit the process now, without waiting for threads or tasks (logs are flushed)."""
     for handler in logging.getLogger().handlers + logging.getLogger("awa_django").handlers:
         with contextlib.suppress(Exception):

@@ -1,11 +1,16 @@
 """One worker process: dispatch, execution, heartbeats, wake-ups, graceful drain.
 
 Lifecycle: register in ``awa.runtime_instances`` → one dispatcher per queue claims batches
-sized to its free execution slots → async handlers run as tasks on the event loop, sync ones on
-daemon threads (each wrapped in ``close_old_connections()``) → outcomes go to the completion
-batcher → SIGTERM/SIGINT stop claiming, let in-flight jobs finish for up to
+sized to its free execution slots (``CONCURRENCY`` slots per process, shared by its queues,
+each queue capped: awa_django/worker/slots.py) → async handlers run as tasks on the event
+loop, sync ones on daemon threads (each wrapped in ``close_old_connections()``) → outcomes go
+to the completion batcher → SIGTERM/SIGINT stop claiming, let in-flight jobs finish for up to
 ``SHUTDOWN_TIMEOUT`` while heartbeats go on, flush completions and exit 0. A second signal exits
 at once; whatever it leaves open is rescued later, never lost.
+
+A worker started without ``--queue`` serves every queue that exists in the database, and finds
+new ones every ``RUNTIME_REFRESH_INTERVAL`` (at once when a wake-up names a queue it does not
+serve yet): a job that can be enqueued is run.
 
 Faults (docs/worker.md, "Faults"):
 
@@ -38,6 +43,7 @@ from typing import Any
 
 import psycopg
 
+from awa_django.db.identifiers import QUEUE_NAME_RE
 from awa_django.db.storage import ClaimedJob, aclaim, aheartbeat
 from awa_django.jobs import registered_kinds
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
@@ -54,6 +60,7 @@ from awa_django.worker.guards import (
     hard_exit,
 )
 from awa_django.worker.links import Link, first_line, is_connection_lost
+from awa_django.worker.slots import Slots
 from awa_django.worker.threads import HandlerThreads
 
 __all__ = ["EXIT_LOOP_FAILED", "EXIT_STUCK_HANDLERS", "WorkerRuntime"]
@@ -66,7 +73,16 @@ _TICK = 0.5
 class WorkerRuntime(Execution):
     """Runs one worker process until it is told to stop (or, in burst mode, runs out of work)."""
 
-    def __init__(self, config: WorkerConfig, *, instance_id: uuid.UUID | None = None) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        instance_id: uuid.UUID | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        """``handle_signals=False`` leaves SIGTERM/SIGINT to the caller, which must then call
+        :meth:`signal_received` (a runtime on another thread than the main one, under the
+        autoreloader)."""
         self.config = config
         self.instance_id = instance_id or uuid.uuid4()
         name = str(self.instance_id)
@@ -82,18 +98,18 @@ class WorkerRuntime(Execution):
         self.inflight: dict[tuple[int, int], Running] = {}
         self.abandoned: list[Running] = []
         self.abandoned_total = 0
-        self.running: dict[str, int] = {q.name: 0 for q in config.queues}
-        self.low_water = {
-            q.name: max(1, min(config.claim_batch, q.concurrency) // 4) for q in config.queues
-        }
+        self.queues: dict[str, QueueConfig] = {}
+        self.slots = Slots(config.concurrency, config.claim_batch)
         self.stopping = False
         self.exit_code = 0
         self.signals = 0
         self.claimed = 0
         self.finished = 0
         self._kinds = registered_kinds()
-        self._pool = HandlerThreads(config.total_concurrency)
-        self._wake: dict[str, asyncio.Event] = {}
+        self._pool = HandlerThreads(config.concurrency)
+        self._dispatchers: list[asyncio.Task[None]] = []
+        self._handle_signals = handle_signals
+        self._rediscover = asyncio.Event()
         self._stop = asyncio.Event()
         self._flush = asyncio.Event()
         self._all_done = asyncio.Event()
@@ -109,17 +125,24 @@ class WorkerRuntime(Execution):
         """Serve until stopped; return the process exit code (0 after a graceful drain)."""
         loop = self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._wake = {q.name: asyncio.Event() for q in self.config.queues}
-        self._install_signals()
+        for queue in self.config.queues:
+            self.queues[queue.name] = queue
+            self.slots.add(queue)
+        if self._handle_signals:
+            self._install_signals()
         self._watchdog.start()
         self._tick()
+        if self.config.discover:
+            await self._discover(start=False)
         await self._register()
         await self._check_connection_budget()
         log.info(
-            "awa worker %s started: pid %s, queues %s",
+            "awa worker %s started: pid %s, %d job(s) at once, queues %s%s",
             self.instance_id,
             os.getpid(),
-            ", ".join(f"{q.name}={q.concurrency}" for q in self.config.queues),
+            self.config.concurrency,
+            ", ".join(f"{q.name}={q.concurrency}" for q in self.queues.values()),
+            " and any other queue that appears" if self.config.discover else "",
         )
         batcher = self._watch(loop.create_task(self.batcher.run(), name="awa-batcher"))
         background = [
@@ -135,17 +158,14 @@ class WorkerRuntime(Execution):
             background.append(
                 self._watch(loop.create_task(maintenance.run(), name="awa-maintenance"))
             )
-        dispatchers = [
-            self._watch(loop.create_task(self._dispatch(q), name=f"awa-dispatch-{q.name}"))
-            for q in self.config.queues
-        ]
+        for queue in self.queues.values():
+            self._start_dispatcher(queue)
         await self._stop.wait()
         log.info(
             "awa worker %s stopping: %d job(s) in flight", self.instance_id, len(self.inflight)
         )
-        for wake in self._wake.values():
-            wake.set()
-        await asyncio.gather(*dispatchers, return_exceptions=True)
+        self.slots.wake_all()
+        await asyncio.gather(*self._dispatchers, return_exceptions=True)
         await self._drain()
         self._stop_deadline = loop.time() + self.config.shutdown_timeout
         self.batcher.close()
@@ -179,11 +199,24 @@ class WorkerRuntime(Execution):
         # Past this, the watchdog ends the process (a handler holding the loop, say).
         self._watchdog.stopping(2 * self.config.shutdown_timeout + 10.0, self.exit_code)
 
+    def request_stop(self) -> None:
+        """Begin a graceful stop from any thread (a no-op before the runtime runs or after its
+        loop ended)."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(self.stop)
+
     def _tick(self) -> None:
         self._watchdog.tick()
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_later(_TICK, self._tick)
+
+    def signal_received(self, signum: int) -> None:
+        """SIGTERM or SIGINT reached the process (for callers that handle signals themselves):
+        the first one drains, a second one exits at once. Safe from a signal handler."""
+        self._on_signal(signum)
 
     def _install_signals(self) -> None:
         """SIGTERM and SIGINT through ``signal.signal``, not the event loop: the handler then
@@ -193,6 +226,8 @@ class WorkerRuntime(Execution):
 
     def _check_signals(self) -> None:
         """Put back SIGTERM/SIGINT handling if handler code replaced it."""
+        if not self._handle_signals:
+            return
         for signum in (signal.SIGTERM, signal.SIGINT):
             if signal.getsignal(signum) is not self._signal_handler:
                 log.warning(
@@ -280,7 +315,7 @@ class WorkerRuntime(Execution):
                     run.attempt.ctx.cancel()
 
     async def _register(self) -> None:
-        queues = json.dumps({q.name: q.concurrency for q in self.config.queues})
+        queues = json.dumps({q.name: q.concurrency for q in self.queues.values()})
 
         async def upsert(conn: psycopg.AsyncConnection[Any]) -> None:
             from awa_django import __version__
@@ -292,7 +327,7 @@ class WorkerRuntime(Execution):
                     socket.gethostname(),
                     os.getpid(),
                     queues,
-                    self.config.total_concurrency,
+                    self.config.concurrency,
                     __version__,
                 ],
             )
@@ -303,10 +338,11 @@ class WorkerRuntime(Execution):
         """Warn when this fleet could exhaust the server's max_connections.
 
         Each process holds about five connections of its own, plus one Django connection per
-        pool thread that runs a sync handler touching the ORM.
+        pool thread (``CONCURRENCY`` of them) that runs a sync handler touching the ORM; the
+        fleet is ``--processes`` of them.
         """
-        processes = int(os.environ.get("AWA_WORKER_PROCESSES", "1"))
-        needed = processes * (5 + self.config.total_concurrency)
+        processes = self.config.processes
+        needed = processes * (5 + self.config.concurrency)
 
         async def limits(conn: psycopg.AsyncConnection[Any]) -> tuple[int, int]:
             cursor = await conn.execute(query("connection_budget"))
@@ -324,7 +360,7 @@ class WorkerRuntime(Execution):
                 "but the server allows %d and %d are in use; lower the concurrency or raise "
                 "max_connections",
                 processes,
-                self.config.total_concurrency,
+                self.config.concurrency,
                 needed,
                 maximum,
                 in_use,
@@ -345,18 +381,47 @@ class WorkerRuntime(Execution):
 
     # -- dispatch and execution --------------------------------------------------------------
 
+    def _start_dispatcher(self, queue: QueueConfig) -> None:
+        loop = self._loop
+        assert loop is not None
+        self._dispatchers.append(
+            self._watch(loop.create_task(self._dispatch(queue), name=f"awa-dispatch-{queue.name}"))
+        )
+
+    async def _discover(self, *, start: bool = True) -> bool:
+        """Serve every queue of the database this worker does not serve yet (``start``: with
+        a dispatcher of its own at once); return whether it found any. Only for workers
+        started without ``--queue``."""
+
+        async def known(conn: psycopg.AsyncConnection[Any]) -> list[str]:
+            cursor = await conn.execute(query("queues_known"))
+            return [row[0] for row in await cursor.fetchall()]
+
+        names = await self.control_link.run(known, give_up=lambda: self.stopping)
+        found = [n for n in names if n not in self.queues and QUEUE_NAME_RE.fullmatch(n)]
+        if self.stopping:
+            return False
+        for name in found:
+            queue = self.config.queue_config(name)
+            self.queues[name] = queue
+            self.slots.add(queue)
+            if start:
+                log.info("awa worker %s: now serving queue %s", self.instance_id, name)
+                self._start_dispatcher(queue)
+        return bool(found)
+
     async def _dispatch(self, queue: QueueConfig) -> None:
-        wake = self._wake[queue.name]
+        wake = self.slots.wake[queue.name]
         cfg = self.config
         failures = 0
         while not self.stopping:
-            free = queue.concurrency - self.running[queue.name]
-            if free < self.low_water[queue.name] and self.running[queue.name] > 0:
+            want = self.slots.claimable(queue.name)
+            if want <= 0:
                 wake.clear()
                 await wake.wait()
                 continue
-            want = min(free, cfg.claim_batch)
             wake.clear()  # before claiming, so a NOTIFY during the claim is not lost
+            self.slots.reserve(want)
 
             async def claim(
                 conn: psycopg.AsyncConnection[Any], want: int = want
@@ -373,6 +438,7 @@ class WorkerRuntime(Execution):
             try:
                 jobs = await self.claim_link.run(claim, give_up=lambda: self.stopping)
             except Exception as exc:
+                self.slots.unreserve(want)
                 if self.is_stopping():
                     return
                 # Not a lost connection (the link handles those): log, back off, carry on.
@@ -387,10 +453,14 @@ class WorkerRuntime(Execution):
                 )
                 await asyncio.sleep(delay)
                 continue
+            except BaseException:
+                self.slots.unreserve(want)
+                raise
             failures = 0
             self.claimed += len(jobs)
+            self.slots.unreserve(want, len(jobs))
             for job in jobs:
-                self._start(job, queue)
+                self._start(job, queue)  # counted as running from here on
             if len(jobs) < want and not self.stopping:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), cfg.poll_interval)
@@ -473,13 +543,31 @@ class WorkerRuntime(Execution):
         return gone
 
     async def _refresh_loop(self) -> None:
+        """Every ``RUNTIME_REFRESH_INTERVAL``: find new queues (without ``--queue``), refresh
+        the runtime row, put back signal handling. A wake-up for a queue this worker does not
+        serve yet looks for new queues at once (at most once per ``POLL_INTERVAL``)."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self.config.runtime_refresh
         while True:
-            await asyncio.sleep(self.config.runtime_refresh)
-            try:
-                self._check_signals()
-                await self._register()
-            except Exception as exc:
-                log.warning("awa worker: could not refresh the runtime row (%s)", first_line(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._rediscover.wait(), max(0.0, due - loop.time()))
+            self._rediscover.clear()
+            found = False
+            if self.config.discover:
+                try:
+                    found = await self._discover()
+                except Exception as exc:
+                    log.warning("awa worker: could not look for new queues (%s)", first_line(exc))
+            if found or loop.time() >= due:
+                due = loop.time() + self.config.runtime_refresh
+                try:
+                    self._check_signals()
+                    await self._register()
+                except Exception as exc:
+                    log.warning(
+                        "awa worker: could not refresh the runtime row (%s)", first_line(exc)
+                    )
+            await asyncio.sleep(self.config.poll_interval)
 
     async def _listen_loop(self) -> None:
         delay = 0.05
@@ -490,13 +578,16 @@ class WorkerRuntime(Execution):
                 await conn.execute(query("listen_jobs"))
                 await conn.execute(query("listen_cancel"))
                 delay = 0.05
-                for wake in self._wake.values():
-                    wake.set()  # catch up on anything missed while disconnected
+                self.slots.wake_all()  # catch up on anything missed while disconnected
+                if self.config.discover:
+                    self._rediscover.set()
                 async for note in conn.notifies():
                     if note.channel == "awa_jobs":
-                        target = self._wake.get(note.payload)
+                        target = self.slots.wake.get(note.payload)
                         if target is not None:
                             target.set()
+                        elif self.config.discover and QUEUE_NAME_RE.fullmatch(note.payload):
+                            self._rediscover.set()  # a queue this worker does not serve yet
                     elif note.channel == "awa_cancel":
                         self._on_cancel_note(note.payload)
             except asyncio.CancelledError:
@@ -526,10 +617,8 @@ class WorkerRuntime(Execution):
             self._tell_stop(run, "cancelled or rescued")
 
     async def _burst_loop(self) -> None:
-        names = [q.name for q in self.config.queues]
-
         async def idle(conn: psycopg.AsyncConnection[Any]) -> bool:
-            cursor = await conn.execute(query("queues_idle"), [names])
+            cursor = await conn.execute(query("queues_idle"), [list(self.queues)])
             row = await cursor.fetchone()
             return bool(row and row[0])
 

@@ -1,10 +1,12 @@
 """``awa_worker --processes N``: N worker processes under one supervisor.
 
-The supervisor starts each child as ``<the same command> --processes 1``, forwards SIGTERM and
-SIGINT to every child (a second signal is forwarded too, so children exit at once), restarts a
-child that dies unexpectedly with exponential backoff (1 s doubling to 30 s, reset once a child
-has run for a minute) and exits when every child has exited after a stop: 0 when they all exited
-0. In burst mode a child that exits 0 is not restarted.
+The supervisor starts each child as the same management command with the same options (so
+each child knows the fleet is ``--processes N`` strong), plus ``--supervised``: run one worker
+process. It forwards SIGTERM and SIGINT to every child (a second signal is forwarded too, so
+children exit at once), restarts a child that dies unexpectedly with exponential backoff (1 s
+doubling to 30 s, reset once a child has run for a minute) and exits when every child has
+exited after a stop: 0 when they all exited 0. In burst mode a child that exits 0 is not
+restarted.
 
 A child that does not exit within ``2 * SHUTDOWN_TIMEOUT + 15`` seconds of a stop (a stopped
 or wedged process) is continued and killed (its attempts are rescued), and the supervisor exits
@@ -24,7 +26,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-__all__ = ["Supervisor", "child_command"]
+__all__ = ["Supervisor", "child_command", "die_with_parent", "launcher"]
 
 log = logging.getLogger("awa_django.worker")
 
@@ -33,26 +35,29 @@ _HEALTHY_AFTER = 60.0
 _PR_SET_PDEATHSIG = 1
 
 
-def child_command(argv: Sequence[str]) -> list[str]:
-    """The command line of one child: this command again with ``--processes 1``.
+def launcher(
+    command: str,
+    *,
+    from_command_line: bool,
+    argv: Sequence[str] | None = None,
+    orig_argv: Sequence[str] | None = None,
+) -> list[str]:
+    """How to start ``manage.py <command>`` again: the interpreter's command line up to the
+    command's name when this process was started as ``… <command> …`` (``python manage.py``,
+    ``python -m django``, ``django-admin``, with the same interpreter options), else
+    ``python -m django`` (a command called from code, with ``call_command``)."""
+    argv = list(sys.argv if argv is None else argv)
+    orig = list(sys.orig_argv if orig_argv is None else orig_argv)
+    if from_command_line and argv[1:2] == [command] and len(orig) >= len(argv):
+        return [sys.executable, *orig[1 : len(orig) - (len(argv) - 1)]]
+    return [sys.executable, "-m", "django"]
 
-    ``argv`` is the interpreter's original command line (``sys.orig_argv``), so ``python -m
-    django …`` and ``python manage.py …`` are both repeated faithfully.
-    """
-    args = list(argv[1:])
-    out: list[str] = []
-    skip = False
-    for index, arg in enumerate(args):
-        if skip:
-            skip = False
-            continue
-        if arg == "--processes":
-            skip = index + 1 < len(args)
-            continue
-        if arg.startswith("--processes="):
-            continue
-        out.append(arg)
-    return [sys.executable, *out, "--processes", "1"]
+
+def child_command(launch: Sequence[str], command: str, options: Sequence[str]) -> list[str]:
+    """The command line of one child: ``launch``, ``command`` and ``options`` (the parent's
+    own options, ``--processes N`` included), then ``--supervised`` (run one worker process,
+    one of N)."""
+    return [*launch, command, *options, "--supervised"]
 
 
 class Supervisor:
@@ -65,8 +70,10 @@ class Supervisor:
         *,
         burst: bool = False,
         stop_timeout: float = 75.0,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.command = command
+        self.env = env
         self.count = count
         self.burst = burst
         self.stop_timeout = stop_timeout
@@ -113,8 +120,8 @@ class Supervisor:
             self.codes[slot] = -signal.SIGKILL
 
     def _spawn(self, slot: int) -> None:
-        env = {**os.environ, "AWA_WORKER_SLOT": str(slot), "AWA_WORKER_PROCESSES": str(self.count)}
-        proc = subprocess.Popen(self.command, env=env, preexec_fn=_die_with_parent)
+        env = {**os.environ, **(self.env or {}), "AWA_WORKER_SLOT": str(slot)}
+        proc = subprocess.Popen(self.command, env=env, preexec_fn=die_with_parent)
         self.children[slot] = proc
         self.started_at[slot] = time.monotonic()
         log.info("awa supervisor: started worker %d (pid %d)", slot, proc.pid)
@@ -155,7 +162,8 @@ class Supervisor:
                 proc.send_signal(signum)
 
 
-def _die_with_parent() -> None:
-    """``preexec_fn``: ask Linux to send this child SIGTERM when the supervisor dies."""
+def die_with_parent() -> None:
+    """Ask Linux to send this process SIGTERM when its parent dies (a supervisor's
+    ``preexec_fn``; the worker of ``--reload``)."""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

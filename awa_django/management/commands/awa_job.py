@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from awa_django import operations, services
-from awa_django.limits import MAX_BIGINT
+from awa_django.management.commands._cli import database_errors, job_id
 
 
 class Command(BaseCommand):
@@ -16,12 +16,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=["show", "retry", "cancel"])
-        parser.add_argument("job_id", type=int)
+        parser.add_argument("job_id", type=job_id)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        job_id, action = options["job_id"], options["action"]
-        if not 1 <= job_id <= MAX_BIGINT:
-            raise CommandError(f"job {job_id} not found (job ids are from 1 to {MAX_BIGINT})")
+        with database_errors():
+            self._handle(options["job_id"], options["action"], options["verbosity"])
+
+    def _handle(self, job_id: int, action: str, verbosity: int) -> None:
         job = services.job_show(job_id)
         if job is None:
             raise CommandError(f"job {job_id} not found (unknown, or aged out of history)")
@@ -34,9 +35,11 @@ class Command(BaseCommand):
                     "dead-lettered jobs can be retried"
                 )
             operations.dlq_retry([job_id])
-            self.stdout.write(f"job {job_id} retried")
+            if verbosity >= 1:
+                self.stdout.write(self.style.SUCCESS(f"job {job_id} retried"))
         else:
             previous = operations.cancel(job_id, reason="cancelled with awa_job")
             if previous is None:
                 raise CommandError(f"job {job_id} is {job['state']}: nothing to cancel")
-            self.stdout.write(f"job {job_id} cancelled (was {previous})")
+            if verbosity >= 1:
+                self.stdout.write(self.style.SUCCESS(f"job {job_id} cancelled (was {previous})"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 import uuid
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
+from awa_django.management.commands._cli import configure_logging
 
 
 class Command(BaseCommand):
@@ -28,10 +28,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if not logging.getLogger("awa_django").handlers and not logging.getLogger().handlers:
-            logging.basicConfig(
-                level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-            )
+        configure_logging(options["verbosity"], self.stderr, self.style)
         maintenance = Maintenance(MaintenanceSettings.from_settings(), uuid.uuid4(), register=True)
         if options["once"]:
             asyncio.run(maintenance.run_once())

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from awa_django import services
-from awa_django.exceptions import ValidationError
+from awa_django.management.commands._cli import database_errors, queue_name
 
 
 class Command(BaseCommand):
@@ -15,22 +15,26 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=["pause", "resume", "drain", "stats"])
-        parser.add_argument("queue")
+        parser.add_argument("queue", type=queue_name)
 
     def handle(self, *args: Any, **options: Any) -> None:
         queue, action = options["queue"], options["action"]
-        try:
+        loud = options["verbosity"] >= 1
+        with database_errors():
             if action in ("pause", "resume"):
                 services.queue_pause(queue, action == "pause")
-                self.stdout.write(f"queue {queue} {'paused' if action == 'pause' else 'resumed'}")
+                if loud:
+                    done = "paused" if action == "pause" else "resumed"
+                    self.stdout.write(self.style.SUCCESS(f"queue {queue} {done}"))
             elif action == "drain":
                 count = services.queue_drain(queue)
-                self.stdout.write(f"queue {queue}: cancelled {count} waiting job(s)")
+                if loud:
+                    self.stdout.write(
+                        self.style.SUCCESS(f"queue {queue}: cancelled {count} waiting job(s)")
+                    )
             else:
                 stats = {s.queue: s for s in services.queue_stats()}.get(queue)
                 if stats is None:
-                    raise CommandError(f"unknown queue {queue!r}")
+                    raise CommandError(f"unknown queue {queue!r} (nothing was ever enqueued to it)")
                 for field in stats.__dataclass_fields__:
                     self.stdout.write(f"{field}: {getattr(stats, field)}")
-        except ValidationError as exc:
-            raise CommandError(str(exc)) from exc

@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from awa_django import services
+from awa_django.management.commands._cli import database_errors
 
 
 class Command(BaseCommand):
@@ -18,9 +19,10 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="machine-readable output")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        queues = services.queue_stats()
-        workers = services.workers()
-        rings = services.rings()
+        with database_errors():
+            queues = services.queue_stats()
+            workers = services.workers()
+            rings = services.rings()
         if options["json"]:
             self.stdout.write(
                 json.dumps(
@@ -35,7 +37,7 @@ class Command(BaseCommand):
                 )
             )
             return
-        self.stdout.write("queues:")
+        self.stdout.write(self.style.MIGRATE_HEADING("queues:"))
         for q in queues:
             lag = "-" if q.lag_seconds is None else f"{q.lag_seconds:.1f}s"
             self.stdout.write(
@@ -44,13 +46,13 @@ class Command(BaseCommand):
                 f"completed, {q.failed} failed, {q.dlq} in DLQ; lag {lag}; "
                 f"{q.completed_last_hour} completed in the last hour"
             )
-        self.stdout.write("workers:")
+        self.stdout.write(self.style.MIGRATE_HEADING("workers:"))
         for w in workers:
             self.stdout.write(
                 f"  {w.instance_id} {w.hostname} pid {w.pid}{' LEADER' if w.is_leader else ''} "
                 f"queues {w.queues} seen {w.seen_seconds_ago:.0f}s ago"
             )
-        self.stdout.write("rings:")
+        self.stdout.write(self.style.MIGRATE_HEADING("rings:"))
         for r in rings:
             self.stdout.write(
                 f"  {r['ring']}: slot {r['current_slot']} of {r['slot_count']}, "

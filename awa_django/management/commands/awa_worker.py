@@ -2,42 +2,78 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
+import os
+import signal
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import autoreload
 
 from awa_django.conf import get_awa_settings
 from awa_django.jobs import autodiscover_jobs
-from awa_django.worker.config import MAX_PROCESSES, MAX_SLOTS, build_config, parse_queue_option
+from awa_django.management.commands._cli import configure_logging, integer
+from awa_django.worker.config import (
+    MAX_PROCESSES,
+    MAX_SLOTS,
+    WorkerConfig,
+    build_config,
+    parse_queue_option,
+)
 from awa_django.worker.guards import EXIT_LOOP_FAILED, hard_exit
 from awa_django.worker.runtime import WorkerRuntime
-from awa_django.worker.supervisor import Supervisor, child_command
+from awa_django.worker.supervisor import Supervisor, child_command, die_with_parent, launcher
+
+log = logging.getLogger("awa_django.worker")
+
+#: The autoreloader restarts a child that exits with this status.
+_EXIT_RELOAD = 3
+
+
+def _queue_option(value: str) -> str:
+    try:
+        parse_queue_option(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--queue {value!r}: ")) from None
+    return value
 
 
 class Command(BaseCommand):
-    help = "Run awa_django workers: claim jobs, run them, write their outcomes."
+    help = (
+        "Run awa_django workers: claim jobs, run them, write their outcomes. Without --queue, "
+        "serve every queue that exists, including queues that appear while it runs."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--queue",
             action="append",
             default=[],
-            metavar="NAME[=CONCURRENCY]",
-            help="Serve this queue (repeatable). Default: every queue a registered kind uses.",
+            type=_queue_option,
+            metavar="NAME[=N]",
+            help=(
+                "Serve only this queue (repeatable), running at most N of its jobs at once. "
+                "Default: every queue, found in the database as it appears."
+            ),
         )
         parser.add_argument(
             "--concurrency",
-            type=int,
+            type=integer("the concurrency", 1, MAX_SLOTS),
             default=None,
-            help="Jobs run at once per queue (default AWA['CONCURRENCY']).",
+            metavar="N",
+            help=(
+                "Jobs one process runs at once, across all its queues (default "
+                "AWA['CONCURRENCY'], or the sum of the --queue numbers when that is larger)."
+            ),
         )
         parser.add_argument(
             "--processes",
-            type=int,
+            type=integer("the number of processes", 1, MAX_PROCESSES),
             default=None,
+            metavar="N",
             help="Worker processes under one supervisor (default AWA['PROCESSES']).",
         )
         parser.add_argument(
@@ -50,52 +86,177 @@ class Command(BaseCommand):
             action="store_true",
             help="Do not take part in the maintenance leader election.",
         )
+        parser.add_argument(
+            "--reload",
+            action="store_true",
+            help=(
+                "Development: restart the worker when Python code changes (Django's "
+                "autoreloader, like runserver); one process only."
+            ),
+        )
+        # One process of a --processes N fleet, started by the supervisor.
+        parser.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         cfg = get_awa_settings()
-        autodiscover_jobs()
-        try:
-            queues = [parse_queue_option(value) for value in options["queue"]]
+        processes = options["processes"] if options["processes"] is not None else cfg.PROCESSES
+        queues = [parse_queue_option(value) for value in options["queue"]]
+        if options["reload"] and processes > 1:
+            given = (
+                f"--processes {processes}"
+                if options["processes"] is not None
+                else f"AWA['PROCESSES'] = {processes}"
+            )
+            raise CommandError(
+                f"--reload runs one worker process; it cannot be combined with {given}"
+            )
+        configure_logging(options["verbosity"], self.stderr, self.style)
+        try:  # contradictions between options, before any process starts
+            build_config(queues=queues or None, concurrency=options["concurrency"])
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
-        if options["concurrency"] is not None and not 1 <= options["concurrency"] <= MAX_SLOTS:
-            raise CommandError(f"--concurrency must be between 1 and {MAX_SLOTS}")
-        processes = options["processes"] if options["processes"] is not None else cfg.PROCESSES
-        if not 1 <= processes <= MAX_PROCESSES:
-            raise CommandError(f"--processes must be between 1 and {MAX_PROCESSES}")
-        if processes > 1:
-            code = Supervisor(
-                child_command(sys.orig_argv),
-                processes,
-                burst=options["burst"],
-                stop_timeout=2 * cfg.SHUTDOWN_TIMEOUT + 15.0,
-            ).run()
-            if code:
-                sys.exit(code)
+        if processes > 1 and not options["supervised"]:
+            self._supervise(processes, options)
             return
-        config = build_config(
-            queues=queues or None,
-            concurrency=options["concurrency"],
-            burst=options["burst"],
-            maintenance=not options["no_maintenance"],
-        )
-        if not logging.getLogger("awa_django").handlers and not logging.getLogger().handlers:
-            logging.basicConfig(
-                level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-            )
+        if options["reload"]:
+            self._reloading(processes, queues, options)
+            return
+        autodiscover_jobs()
+        config = self._config(processes, queues, options)
         try:
             code = asyncio.run(WorkerRuntime(config).run())
         except BaseException as exc:
-            # Handler code can end the shared event loop (loop.stop(), SystemExit raised from a
-            # loop callback, cancelling the worker's own tasks): never a silent exit.
-            logging.getLogger("awa_django.worker").critical(
-                "awa worker: the event loop ended abnormally (%s: %s); exiting with status %d so "
-                "that the process is restarted; its attempts will be rescued",
-                type(exc).__name__,
-                exc,
-                EXIT_LOOP_FAILED,
-                exc_info=exc,
-            )
-            hard_exit(EXIT_LOOP_FAILED)
+            _loop_ended(exc)
         if code:
             sys.exit(code)
+
+    @staticmethod
+    def _config(
+        processes: int, queues: list[tuple[str, int | None]], options: dict[str, Any]
+    ) -> WorkerConfig:
+        return build_config(
+            queues=queues or None,
+            concurrency=options["concurrency"],
+            processes=processes,
+            burst=options["burst"],
+            maintenance=not options["no_maintenance"],
+        )
+
+    def _supervise(self, processes: int, options: dict[str, Any]) -> None:
+        """Run ``processes`` children, each this command with the same options."""
+        from_command_line = getattr(self, "_called_from_command_line", False)
+        launch = launcher("awa_worker", from_command_line=from_command_line)
+        env: dict[str, str] = {}
+        if launch[1:] == ["-m", "django"]:
+            if not os.environ.get("DJANGO_SETTINGS_MODULE"):
+                raise CommandError(
+                    "--processes needs DJANGO_SETTINGS_MODULE in the environment to start its "
+                    "children (python -m django awa_worker ...)"
+                )
+            if sys.path and sys.path[0]:
+                env["PYTHONPATH"] = os.pathsep.join(
+                    p for p in (sys.path[0], os.environ.get("PYTHONPATH")) if p
+                )
+        code = Supervisor(
+            child_command(launch, "awa_worker", _forwarded(options, processes)),
+            processes,
+            burst=options["burst"],
+            stop_timeout=2 * get_awa_settings().SHUTDOWN_TIMEOUT + 15.0,
+            env=env,
+        ).run()
+        if code:
+            sys.exit(code)
+
+    def _reloading(
+        self, processes: int, queues: list[tuple[str, int | None]], options: dict[str, Any]
+    ) -> None:
+        """``--reload``: Django's autoreloader runs the worker in a child process and restarts
+        it when code changes. The child drains (as on SIGTERM) before it restarts; Ctrl-C
+        drains it too, and a second Ctrl-C stops it at once."""
+        if os.environ.get(autoreload.DJANGO_AUTORELOAD_ENV) != "true":
+            # The watching parent: Ctrl-C reaches the child too (same process group), which
+            # drains and exits; the parent then exits with the child's status.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            autoreload.run_with_reloader(lambda: None)
+            return
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        die_with_parent()
+        reloading = _Reloading()
+        autoreload.autoreload_started.connect(reloading.take_signals, weak=False)
+        autoreload.file_changed.connect(reloading.file_changed, weak=False)
+
+        def serve() -> None:
+            autodiscover_jobs()
+            runtime = WorkerRuntime(self._config(processes, queues, options), handle_signals=False)
+            reloading.runtime = runtime
+            try:
+                code = asyncio.run(runtime.run())
+            except BaseException as exc:
+                _loop_ended(exc)
+            hard_exit(_EXIT_RELOAD if reloading.reload else code)
+
+        autoreload.run_with_reloader(serve)
+
+
+class _Reloading:
+    """The worker side of ``--reload``: the runtime runs on Django's main thread, the
+    autoreloader on the process's main thread, which forwards signals to the runtime."""
+
+    def __init__(self) -> None:
+        self.runtime: WorkerRuntime | None = None
+        self.reload = False
+
+    def take_signals(self, sender: object, **kwargs: object) -> None:
+        """``autoreload_started`` (on the main thread): drain on SIGTERM/SIGINT instead of the
+        autoreloader's immediate exit."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object = None) -> None:
+        if self.runtime is None:
+            hard_exit(0)  # not serving yet: nothing to drain
+        else:
+            self.runtime.signal_received(signum)
+
+    def file_changed(self, sender: object, file_path: object, **kwargs: object) -> bool:
+        """``file_changed``: drain, then exit with status 3 so that the autoreloader starts a
+        fresh worker. Before the worker runs, the autoreloader restarts at once."""
+        runtime = self.runtime
+        if runtime is None:
+            return False
+        if not self.reload:
+            self.reload = True
+            log.info("awa worker: %s changed; draining, then restarting", file_path)
+            runtime.request_stop()
+        return True
+
+
+def _forwarded(options: dict[str, Any], processes: int) -> list[str]:
+    """The options a supervised child gets: the parent's own (``--processes`` included)."""
+    args: list[str] = []
+    for value in options["queue"]:
+        args += ["--queue", value]
+    if options["concurrency"] is not None:
+        args += ["--concurrency", str(options["concurrency"])]
+    for flag in ("burst", "no_maintenance", "traceback", "no_color", "force_color", "skip_checks"):
+        if options.get(flag):
+            args.append("--" + flag.replace("_", "-"))
+    for name in ("settings", "pythonpath"):
+        if options.get(name):
+            args += [f"--{name}", str(options[name])]
+    args += ["--verbosity", str(options["verbosity"]), "--processes", str(processes)]
+    return args
+
+
+def _loop_ended(exc: BaseException) -> NoReturn:
+    # Handler code can end the shared event loop (loop.stop(), SystemExit raised from a loop
+    # callback, cancelling the worker's own tasks): never a silent exit.
+    log.critical(
+        "awa worker: the event loop ended abnormally (%s: %s); exiting with status %d so that "
+        "the process is restarted; its attempts will be rescued",
+        type(exc).__name__,
+        exc,
+        EXIT_LOOP_FAILED,
+        exc_info=exc,
+    )
+    hard_exit(EXIT_LOOP_FAILED)

@@ -1,0 +1,166 @@
+"""Plumbing shared by the awa_* management commands (a ``_`` module: not a command itself).
+
+* Argument types that turn every bad value into a clear usage error: ``CommandError`` under
+  ``call_command``, a usage message and exit status 2 on the command line; never a traceback.
+* :func:`database_errors`: a database error becomes a ``CommandError`` that says what failed.
+* :func:`configure_logging`: ``--verbosity`` mapped onto the ``awa_django`` logger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import re
+from collections.abc import Callable, Iterator
+
+from django.core.management.base import CommandError, OutputWrapper
+from django.core.management.color import Style
+from django.db import DatabaseError
+
+from awa_django.db.identifiers import validate_queue_name
+from awa_django.exceptions import ValidationError
+from awa_django.limits import MAX_BIGINT, check_text
+
+__all__ = [
+    "LOG_LEVELS",
+    "configure_logging",
+    "database_errors",
+    "integer",
+    "job_id",
+    "queue_name",
+    "text",
+]
+
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+
+def _shown(value: str) -> str:
+    return repr(value) if len(value) <= 40 else repr(value[:37] + "...")
+
+
+def integer(what: str, low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number from ``low`` to ``high`` written in ASCII digits
+    (not NaN, not ``1.5``, not ``1e3``, not ``0x10``), named ``what`` in the error."""
+
+    def parse(value: str) -> int:
+        digits = value.strip()
+        if not _DECIMAL.fullmatch(digits):
+            raise argparse.ArgumentTypeError(
+                f"{_shown(value)} is not {what}: give a whole number from {low} to {high}"
+            )
+        number = int(digits) if len(digits) <= 30 else None  # no int() of huge texts
+        if number is None or not low <= number <= high:
+            raise argparse.ArgumentTypeError(
+                f"{_shown(digits)} is out of range: {what} is a whole number from {low} to {high}"
+            )
+        return number
+
+    parse.__name__ = what
+    return parse
+
+
+#: A job id: ``bigint``, from 1.
+job_id = integer("a job id", 1, MAX_BIGINT)
+
+
+def queue_name(value: str) -> str:
+    """An argparse ``type``: a valid queue name."""
+    try:
+        return validate_queue_name(value)
+    except ValidationError:
+        raise argparse.ArgumentTypeError(
+            f"{_shown(value)} is not a valid queue name (1-63 characters of a-z 0-9 _ . -)"
+        ) from None
+
+
+def text(what: str, max_length: int = 255) -> Callable[[str], str]:
+    """An argparse ``type``: text PostgreSQL can store, of at most ``max_length`` characters."""
+
+    def parse(value: str) -> str:
+        try:
+            return check_text(what, value, max_length=max_length)
+        except ValidationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = what
+    return parse
+
+
+@contextlib.contextmanager
+def database_errors() -> Iterator[None]:
+    """Turn a ``ValidationError`` or a database error into a ``CommandError`` that says what
+    failed (and, when the awa schema is missing, that ``migrate`` has not run)."""
+    try:
+        yield
+    except ValidationError as exc:
+        raise CommandError(str(exc)) from exc
+    except DatabaseError as exc:
+        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        hint = ""
+        if "awa" in message and "does not exist" in message:
+            hint = " (has `manage.py migrate` run on this database?)"
+        raise CommandError(f"database error: {message}{hint}") from exc
+
+
+#: ``--verbosity`` → (level of the ``awa_django`` logger, level of the root logger when the
+#: command configures logging itself).
+LOG_LEVELS = {
+    0: (logging.ERROR, logging.ERROR),
+    1: (logging.INFO, logging.WARNING),
+    2: (logging.DEBUG, logging.WARNING),
+    3: (logging.DEBUG, logging.DEBUG),
+}
+
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _CommandLogHandler(logging.Handler):
+    """Writes log records to a command's ``stderr`` wrapper, styled by level."""
+
+    def __init__(self, out: OutputWrapper, style: Style) -> None:
+        super().__init__()
+        self.out = out
+        self.styles: dict[int, Callable[[str], str]] = {
+            logging.CRITICAL: style.ERROR,
+            logging.ERROR: style.ERROR,
+            logging.WARNING: style.WARNING,
+        }
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = self.format(record)
+            self.out.write(message, style_func=self.styles.get(record.levelno, _plain))
+            self.flush()
+        except Exception:
+            self.handleError(record)
+
+    def flush(self) -> None:
+        with contextlib.suppress(Exception):
+            self.out.flush()
+
+
+def _plain(message: str) -> str:
+    return message
+
+
+def configure_logging(verbosity: int, stderr: OutputWrapper, style: Style) -> None:
+    """Map ``--verbosity`` onto the ``awa_django`` logger: 0 errors only, 1 INFO (the default),
+    2 DEBUG of awa_django (every job's start and end), 3 DEBUG of every logger.
+
+    When the project configured no logging handler (no ``LOGGING`` that reaches the
+    ``awa_django`` or root logger), records go to the command's stderr, styled by level. When
+    it did, its configuration is left alone at the default verbosity 1, and an explicit
+    ``--verbosity 0``, ``2`` or ``3`` sets only the level of the ``awa_django`` logger.
+    """
+    package_level, root_level = LOG_LEVELS[max(0, min(verbosity, 3))]
+    package, root = logging.getLogger("awa_django"), logging.getLogger()
+    if package.handlers or root.handlers:
+        if verbosity != 1:
+            package.setLevel(package_level)
+        return
+    handler = _CommandLogHandler(stderr, style)
+    handler.setFormatter(logging.Formatter(_FORMAT))
+    root.addHandler(handler)
+    root.setLevel(root_level)
+    package.setLevel(package_level)

@@ -1,0 +1,98 @@
+"""The execution slots of one worker process: one total shared by its queues, each queue capped.
+
+``AWA["CONCURRENCY"]`` (``--concurrency``) is the number of jobs a process runs at once across
+all its queues; a queue's own number caps that queue within it. A queue's dispatcher may claim
+at most ``min(its queue's free slots, the process's free slots, CLAIM_BATCH_SIZE)`` jobs, and
+reserves them for the claim's round trip, so that two dispatchers never count the same free
+slots. A dispatcher with no room waits on its wake event. Freeing a slot wakes the queue's own
+dispatcher once a quarter of its slots are free (so claims stay batched under load), and every
+dispatcher that was waiting for room in the process.
+
+A busy queue may take every slot of the process; dispatchers waiting for room are woken
+together and claim in turn. Give a queue a cap to keep room for the others.
+
+Everything here runs on the worker's event loop; nothing is thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from awa_django.worker.config import QueueConfig
+
+__all__ = ["Slots"]
+
+
+class Slots:
+    """Counts running and reserved attempts per queue and for the whole process."""
+
+    def __init__(self, total: int, claim_batch: int) -> None:
+        self.total = max(1, total)
+        self.claim_batch = max(1, claim_batch)
+        self.active = 0
+        self.reserved = 0
+        self.running: dict[str, int] = {}
+        self.caps: dict[str, int] = {}
+        self.low_water: dict[str, int] = {}
+        self.wake: dict[str, asyncio.Event] = {}
+        self._starved: set[str] = set()
+
+    def add(self, queue: QueueConfig) -> None:
+        """Serve ``queue`` (its cap is never more than the process total)."""
+        cap = max(1, min(queue.concurrency, self.total))
+        self.caps[queue.name] = cap
+        self.running.setdefault(queue.name, 0)
+        self.low_water[queue.name] = max(1, min(self.claim_batch, cap) // 4)
+        self.wake.setdefault(queue.name, asyncio.Event())
+
+    def process_free(self) -> int:
+        """Slots of the process neither running an attempt nor reserved by a claim."""
+        return self.total - self.active - self.reserved
+
+    def claimable(self, name: str) -> int:
+        """How many jobs ``name``'s dispatcher may claim now; 0 means it must wait for its wake
+        event (which is then set when there is room)."""
+        running = self.running[name]
+        queue_free = self.caps[name] - running
+        process_free = self.process_free()
+        free = min(queue_free, process_free, self.claim_batch)
+        if free <= 0 or (free < self.low_water[name] and running > 0):
+            if process_free < queue_free:
+                self._starved.add(name)
+            return 0
+        return free
+
+    def reserve(self, count: int) -> None:
+        """Hold ``count`` slots for a claim in flight."""
+        self.reserved += count
+
+    def unreserve(self, count: int, used: int = 0) -> None:
+        """A claim of ``count`` returned ``used`` jobs, for which ``start`` is called next (with
+        no ``await`` in between); the other slots are free again."""
+        self.reserved -= count
+        if used < count:
+            self._wake_starved()
+
+    def start(self, name: str) -> None:
+        """An attempt of ``name`` began."""
+        self.running[name] += 1
+        self.active += 1
+
+    def release(self, name: str, *, stopping: bool = False) -> None:
+        """An attempt of ``name`` ended (or was abandoned): free its slot, wake who can use it."""
+        self.running[name] -= 1
+        self.active -= 1
+        if stopping or self.caps[name] - self.running[name] >= self.low_water[name]:
+            self.wake[name].set()
+        self._wake_starved()
+
+    def wake_all(self) -> None:
+        """Wake every dispatcher (to stop, or after a reconnect)."""
+        for event in self.wake.values():
+            event.set()
+
+    def _wake_starved(self) -> None:
+        if self._starved and self.process_free() > 0:
+            for name in self._starved:
+                self.wake[name].set()
+            self._starved.clear()
