@@ -164,3 +164,15 @@ def normalised(*args: Any, **kwargs: Any) -> Any:
 def hangs() -> None:
     """Runs until its worker is killed."""
     time.sleep(120)
+
+
+def _local_error() -> type[Exception]:
+    class LocalError(ValueError):
+        pass
+
+    return LocalError
+
+
+@task
+def raises_a_local_class() -> None:
+    raise _local_error()("defined in a function")

@@ -173,9 +173,7 @@ def test_drain_cancels_every_waiting_job_beyond_ten_thousand_in_logged_batches()
     assert waiting("big") == 0
     # Batches of 1,000, each committed with its own log entry: a drain never holds the
     # queue's lanes for the whole run.
-    logged = [
-        int(m.split()[2]) for m in LogEntry.objects.values_list("change_message", flat=True)
-    ]
+    logged = [int(m.split()[2]) for m in LogEntry.objects.values_list("change_message", flat=True)]
     assert sorted(logged) == [50] + [1000] * 10 and sum(logged) == n
 
 

@@ -328,6 +328,23 @@ def test_a_task_raising_system_exit_or_another_base_exception_fails_and_the_work
     assert t.add.get_result(later.id).return_value == 2
 
 
+def test_an_exception_class_defined_in_a_function_is_recorded_under_an_importable_path(
+    manage_py: Start,
+) -> None:
+    from awa_django.exceptions import RecordedError
+
+    result = t.raises_a_local_class.enqueue()
+    run_worker(manage_py)
+    failed = t.raises_a_local_class.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED
+    [error] = failed.errors
+    # import_string cannot find "tests.tasks_for_tests._local_error.<locals>.LocalError".
+    assert error.exception_class is RecordedError
+    assert "LocalError: defined in a function" in error.traceback
+    # task_finished named the same class as the stored result reads back.
+    assert notes(result.id)[-1] == "1:finished:FAILED:RecordedError"
+
+
 def test_a_return_value_that_is_not_json_fails_at_once_with_an_importable_error(
     manage_py: Start,
 ) -> None:
@@ -531,7 +548,13 @@ def test_arguments_and_return_values_are_normalised_as_django_normalises_them(
     assert result.kwargs == {"colour": "red", "size": 3}
     assert type(result.kwargs["size"]) is int
     assert t.normalised.get_result(result.id) == result
-    for refused in ({1, 2}, object(), b"\xff", math.nan):  # Django's refusals, and JSON's
+    for refused in (
+        {1, 2},
+        object(),
+        b"\xff",
+        math.nan,
+        {1: "a", "1": "b"},
+    ):  # Django's refusals, and JSON's
         with pytest.raises(InvalidTask):
             t.normalised.enqueue(refused)
     run_worker(manage_py)

@@ -73,6 +73,33 @@ def test_verbosity_sets_the_level_of_the_package_logger(
         assert text not in output, f"{text!r} present at --verbosity {verbosity}:\n{output}"
 
 
+@pytest.mark.parametrize(("verbosity", "most"), [("0", 0), ("1", 1)])
+def test_djangos_own_log_lines_follow_verbosity_and_never_print_twice(
+    manage_py: Start, verbosity: str, most: int
+) -> None:
+    # With DEBUG on, Django's default logging writes the "django" loggers (django.tasks logs
+    # every task's state at INFO on Django 6) through a console handler of its own; the
+    # worker's handler must not write them again, and -v 0 silences them.
+    from tests import tasks_for_tests
+
+    result = tasks_for_tests.add.enqueue(2, 3)
+    proc = manage_py(
+        "awa_worker",
+        "--burst",
+        "--verbosity",
+        verbosity,
+        extra_env={"DJANGO_SETTINGS_MODULE": "tests.settings_debug"},
+    )
+    assert proc.wait(60) == 0, proc.output()
+    assert tasks_for_tests.add.get_result(result.id).return_value == 5
+    output = proc.output()
+    for state in ("RUNNING", "SUCCESSFUL"):
+        lines = [
+            line for line in output.splitlines() if f"id={result.id} " in line and state in line
+        ]
+        assert len(lines) <= most, f"{state} logged {len(lines)} times:\n{output}"
+
+
 @clean_awa
 def test_an_explicit_verbosity_sets_the_package_level_under_a_projects_logging() -> None:
     # pytest's own handlers count as configured logging: the project's setup is kept, and only
@@ -156,6 +183,47 @@ def test_reload_restarts_the_worker_with_the_new_code_when_a_module_changes(
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(30) == 0, proc.output()
     assert rows() == []  # deregistered: a graceful stop
+
+
+@clean_awa
+@pytest.mark.worker
+def test_reload_waits_out_a_syntax_error_and_restarts_once_the_file_is_fixed(
+    manage_py: Start, tmp_path: Path
+) -> None:
+    module = tmp_path / "reload_jobs.py"
+    module.write_text(textwrap.dedent(RELOAD_JOBS.format(version="v1")))
+    modules = [*AWA["JOB_MODULES"], "reload_jobs"]
+    proc = manage_py(
+        "awa_worker",
+        "--reload",
+        "--queue",
+        "reload",
+        extra_env={
+            "PYTHONPATH": str(tmp_path),
+            "AWA_TEST_OVERRIDES": json.dumps({"JOB_MODULES": modules}),
+        },
+    )
+    first = _reload_job()
+    wait_for(lambda: _result(first) == "v1", timeout=30, message=lambda: proc.output())
+    module.write_text("def broken(:\n")
+    touched = [module.stat().st_mtime]
+
+    def failed() -> bool:
+        if "restarts when a Python file changes" not in proc.output():
+            touched[0] += 2  # until the reloader has seen the file once, and then its change
+            os.utime(module, (touched[0], touched[0]))
+            return False
+        return True
+
+    wait_for(failed, timeout=40, interval=1.0, message=lambda: proc.output())
+    assert proc.proc.poll() is None, proc.output()  # the watch goes on
+    module.write_text(textwrap.dedent(RELOAD_JOBS.format(version="v3")))
+    touched[0] += 2
+    os.utime(module, (touched[0], touched[0]))
+    second = _reload_job()
+    wait_for(lambda: _result(second) == "v3", timeout=40, message=lambda: proc.output())
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(30) == 0, proc.output()
 
 
 # --processes -------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ so and ends like one (``module.Class: message``). Outcomes a handler chose, that
 from __future__ import annotations
 
 import builtins
+import importlib
+import sys
 import traceback
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -20,7 +22,13 @@ from typing import Any
 from awa_django import exceptions
 from awa_django.backends.compat import TaskError
 
-__all__ = ["NOT_ERRORS", "exception_error", "path_of", "task_error", "task_errors"]
+__all__ = [
+    "NOT_ERRORS",
+    "exception_error",
+    "path_of",
+    "task_error",
+    "task_errors",
+]
 
 #: Stored types of outcomes a handler chose (not failures): no TaskError is made of them.
 NOT_ERRORS = frozenset({"awa_django.RetryAfter", "awa_django.Cancel"})
@@ -60,10 +68,42 @@ def path_of(cls: type[BaseException]) -> str:
 _RECORDED = path_of(exceptions.RecordedError)
 
 
+def _names(cls: type[BaseException]) -> bool:
+    """True when ``import_string(path_of(cls))`` gives ``cls`` back: a class defined at the top
+    level of its module (not in a function, not nested, not renamed)."""
+    module = sys.modules.get(cls.__module__)
+    name = cls.__qualname__
+    return module is not None and name.isidentifier() and getattr(module, name, None) is cls
+
+
+def _recorded_class_imports(kind: str) -> bool:
+    """True when ``kind`` (``module.Class`` as the worker recorded it) names an exception class
+    that ``import_string`` finds. Only modules already imported, or of an installed app or
+    ``AWA["JOB_MODULES"]``, are imported."""
+    from awa_django.backends.runner import importable_module
+
+    module_name, _, name = kind.rpartition(".")
+    if not module_name or not name.isidentifier():
+        return False  # "f.<locals>.Error" and the like
+    module = sys.modules.get(module_name)
+    if module is None:
+        if not importable_module(module_name):
+            return False
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:
+            return False
+    found = getattr(module, name, None)
+    return isinstance(found, type) and issubclass(found, BaseException)
+
+
 def exception_error(exc: BaseException) -> TaskError:
-    """The ``TaskError`` of an exception, as Django's reference backends build it."""
+    """The ``TaskError`` of an exception, as Django's reference backends build it; an exception
+    whose class does not import (one defined in a function, say) is named ``RecordedError``,
+    as its stored entry reads back, and the traceback names the class."""
+    cls = type(exc)
     return TaskError(
-        exception_class_path=path_of(type(exc)),
+        exception_class_path=path_of(cls) if _names(cls) else _RECORDED,
         traceback="".join(traceback.format_exception(exc)),
     )
 
@@ -79,7 +119,9 @@ def _class_path(kind: str, message: str) -> str:
     if module == "awa_django":
         return _RECORDED  # a kind of awa_django's that names no class of its own
     if module:
-        return kind  # an exception's module.qualname, as the worker recorded it
+        # An exception's module.qualname, as the worker recorded it, if it imports (a class
+        # defined in a function does not: RecordedError, the traceback names it).
+        return kind if _recorded_class_imports(kind) else _RECORDED
     builtin = getattr(builtins, kind, None) if kind else None
     if isinstance(builtin, type) and issubclass(builtin, BaseException):
         return f"builtins.{kind}"

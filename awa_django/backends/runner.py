@@ -63,7 +63,7 @@ from awa_django.jobs import Job, JobOptions
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.sql import query
 
-__all__ = ["resolve_task", "task_handle"]
+__all__ = ["importable_module", "resolve_task", "task_handle"]
 
 log = logging.getLogger("awa_django.worker")
 
@@ -72,7 +72,9 @@ _MAX_HANDLES = 512
 _handles: dict[tuple[str, StoredTask], Job[Any, Any]] = {}
 
 
-def _importable(module: str) -> bool:
+def importable_module(module: str) -> bool:
+    """True when ``module`` is (in) an installed app or ``AWA["JOB_MODULES"]``: the only
+    modules a stored path may make the worker or ``get_result`` import."""
     roots = [config.name for config in apps.get_app_configs()]
     roots.extend(get_awa_settings().JOB_MODULES)
     return any(module == root or module.startswith(root + ".") for root in roots)
@@ -85,7 +87,7 @@ def _module_task(path: str) -> Any | None:
         return None
     module = sys.modules.get(module_name)
     if module is None:
-        if not _importable(module_name):
+        if not importable_module(module_name):
             return None
         try:
             module = importlib.import_module(module_name)

@@ -94,13 +94,25 @@ def plain_json(value: Any) -> Any:
     """``value`` normalised as Django normalises task arguments and results, then as JSON
     stores it (plain dicts, lists, str, int, float, bool and None; keys strings).
 
-    Raises ``TypeError`` or ``ValueError`` for what Django or JSON refuses.
+    Raises ``TypeError`` or ``ValueError`` for what Django or JSON refuses, and for keys that
+    JSON would merge (``{1: "a", "1": "b"}``).
     """
     try:
         normal = normalize_json(value)
-        return json.loads(json.dumps(normal, ensure_ascii=False, allow_nan=False))
+        text = json.dumps(normal, ensure_ascii=False, allow_nan=False)
+        return json.loads(text, object_pairs_hook=_distinct_keys)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+
+
+def _distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Keys that JSON turns into the same string ({1: "a", "1": "b"}) would lose a value.
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise ValueError(f"two keys of one mapping are both {twice!r} in JSON")
+    return found
 
 
 def wrap_result(value: Any, worker_ids: Sequence[str]) -> dict[str, Any]:

@@ -161,6 +161,37 @@ def configure_logging(verbosity: int, stderr: OutputWrapper, style: Style) -> No
         return
     handler = _CommandLogHandler(stderr, style)
     handler.setFormatter(logging.Formatter(_FORMAT))
+    handler.addFilter(_LevelsFilter(package_level, root_level))
     root.addHandler(handler)
     root.setLevel(root_level)
     package.setLevel(package_level)
+    if verbosity == 0:
+        # Django's default logging sets the "django" logger to INFO with a console handler of
+        # its own (DEBUG=True): at -v 0 it too reports errors only (django.tasks logs every
+        # task's state at INFO).
+        logging.getLogger("django").setLevel(logging.ERROR)
+
+
+class _LevelsFilter(logging.Filter):
+    """Lets through what the verbosity asks for: ``awa_django`` records from ``package``,
+    others from ``other`` (records that reach the root logger by propagation skip the root's
+    level), and never a record a handler on its way up already wrote (Django's own console
+    handler on the ``django`` logger, with DEBUG=True): no line twice."""
+
+    def __init__(self, package: int, other: int) -> None:
+        super().__init__()
+        self.package, self.other = package, other
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        own = record.name == "awa_django" or record.name.startswith("awa_django.")
+        if record.levelno < (self.package if own else self.other):
+            return False
+        logger: logging.Logger | None = logging.getLogger(record.name)
+        root = logging.getLogger()
+        while logger is not None and logger is not root:
+            if logger.handlers:
+                return False
+            if not logger.propagate:
+                break
+            logger = logger.parent
+        return True

@@ -8,6 +8,8 @@ import logging
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -177,8 +179,7 @@ class Command(BaseCommand):
             # The watching parent: Ctrl-C reaches the child too (same process group), which
             # drains and exits; the parent then exits with the child's status.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-            autoreload.run_with_reloader(lambda: None)
-            return
+            sys.exit(_watch_and_restart())
         signal.signal(signal.SIGINT, signal.default_int_handler)
         die_with_parent()
         reloading = _Reloading()
@@ -196,6 +197,67 @@ class Command(BaseCommand):
             hard_exit(_EXIT_RELOAD if reloading.reload else code)
 
         autoreload.run_with_reloader(serve)
+
+
+def _watch_and_restart() -> int:
+    """The watching parent of ``--reload``: runs the worker child under Django's autoreloader
+    (which restarts it at once when it exits with status 3). A child that fails (a syntax
+    error in a module it imports, say; Django only guards ``runserver``'s start-up that way) is
+    started again once a Python file this process loaded changes, instead of ending the
+    watch. Returns the status of a child that stopped (0 after a drain, 128+n after a second
+    signal)."""
+    # The job modules are imported here too, so that their files are watched; one that fails
+    # to import now is watched by the path its error names.
+    extra: set[Path] = set()
+    try:
+        autodiscover_jobs()
+    except Exception as exc:
+        extra.update(_error_files(exc))
+    while True:
+        code = autoreload.restart_with_reloader()
+        if code == 0 or code < 0 or code >= 128:
+            return code
+        log.error(
+            "awa worker: the worker exited with status %s; fix the code, it restarts when a "
+            "Python file changes",
+            code,
+        )
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            _wait_for_a_change(extra)
+        except KeyboardInterrupt:
+            return 130
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _error_files(exc: BaseException) -> set[Path]:
+    """The source files an import error points at (a SyntaxError's file, the traceback's)."""
+    files = {Path(exc.filename)} if isinstance(exc, SyntaxError) and exc.filename else set()
+    tb = exc.__traceback__
+    while tb is not None:
+        files.add(Path(tb.tb_frame.f_code.co_filename))
+        tb = tb.tb_next
+    return {f for f in files if f.suffix == ".py"}
+
+
+def _wait_for_a_change(extra: set[Path], interval: float = 1.0) -> None:
+    """Returns once a Python module file this process loaded, or one of ``extra``, changes
+    (or goes)."""
+
+    def stamps() -> dict[str, float | None]:
+        found: dict[str, float | None] = {}
+        for path in {*autoreload.iter_all_python_module_files(), *extra}:
+            try:
+                found[str(path)] = path.stat().st_mtime
+            except OSError:
+                found[str(path)] = None
+        return found
+
+    before = stamps()
+    while True:
+        time.sleep(interval)
+        if stamps() != before:
+            return
 
 
 class _Reloading:
