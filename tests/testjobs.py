@@ -124,6 +124,17 @@ def slow_sync(ctx: Any, seconds: float) -> str:
 
 
 @job(queue="slow")
+def overlap_sync(ctx: Any, seconds: float) -> None:
+    """Records when the handler starts and ends (ledger notes "start"/"end"): how many
+    handlers ran at once is read from these, not from job states, which finish in batches."""
+    import time
+
+    _record(ctx, "start")
+    time.sleep(seconds)
+    _record(ctx, "end")
+
+
+@job(queue="slow")
 async def slow_async(ctx: Any, seconds: float) -> str:
     import asyncio
 
