@@ -144,12 +144,9 @@ def _result(job_id: int) -> Any:
     return state["result"] if state and state["state"] == "completed" else None
 
 
-@clean_awa
-@pytest.mark.worker
-def test_reload_restarts_the_worker_with_the_new_code_when_a_module_changes(
-    manage_py: Start, tmp_path: Path
-) -> None:
-    module = tmp_path / "reload_jobs.py"
+def _reloading_worker(manage_py: Start, module: Path) -> ManagedProcess:
+    """``awa_worker --reload`` serving the job module ``module`` (version "v1"), once it ran a
+    job of it."""
     module.write_text(textwrap.dedent(RELOAD_JOBS.format(version="v1")))
     modules = [*AWA["JOB_MODULES"], "reload_jobs"]
     proc = manage_py(
@@ -158,12 +155,22 @@ def test_reload_restarts_the_worker_with_the_new_code_when_a_module_changes(
         "--queue",
         "reload",
         extra_env={
-            "PYTHONPATH": str(tmp_path),
+            "PYTHONPATH": str(module.parent),
             "AWA_TEST_OVERRIDES": json.dumps({"JOB_MODULES": modules}),
         },
     )
     first = _reload_job()
     wait_for(lambda: _result(first) == "v1", timeout=30, message=lambda: proc.output())
+    return proc
+
+
+@clean_awa
+@pytest.mark.worker
+def test_reload_restarts_the_worker_with_the_new_code_when_a_module_changes(
+    manage_py: Start, tmp_path: Path
+) -> None:
+    module = tmp_path / "reload_jobs.py"
+    proc = _reloading_worker(manage_py, module)
     [(before, child, _)] = rows()
     assert child != proc.pid  # the worker runs in the autoreloader's child process
     module.write_text(textwrap.dedent(RELOAD_JOBS.format(version="v2")))
@@ -191,20 +198,7 @@ def test_reload_waits_out_a_syntax_error_and_restarts_once_the_file_is_fixed(
     manage_py: Start, tmp_path: Path
 ) -> None:
     module = tmp_path / "reload_jobs.py"
-    module.write_text(textwrap.dedent(RELOAD_JOBS.format(version="v1")))
-    modules = [*AWA["JOB_MODULES"], "reload_jobs"]
-    proc = manage_py(
-        "awa_worker",
-        "--reload",
-        "--queue",
-        "reload",
-        extra_env={
-            "PYTHONPATH": str(tmp_path),
-            "AWA_TEST_OVERRIDES": json.dumps({"JOB_MODULES": modules}),
-        },
-    )
-    first = _reload_job()
-    wait_for(lambda: _result(first) == "v1", timeout=30, message=lambda: proc.output())
+    proc = _reloading_worker(manage_py, module)
     module.write_text("def broken(:\n")
     touched = [module.stat().st_mtime]
 

@@ -13,7 +13,6 @@ so and ends like one (``module.Class: message``). Outcomes a handler chose, that
 from __future__ import annotations
 
 import builtins
-import importlib
 import sys
 import traceback
 from collections.abc import Iterable, Mapping
@@ -80,20 +79,9 @@ def _recorded_class_imports(kind: str) -> bool:
     """True when ``kind`` (``module.Class`` as the worker recorded it) names an exception class
     that ``import_string`` finds. Only modules already imported, or of an installed app or
     ``AWA["JOB_MODULES"]``, are imported."""
-    from awa_django.backends.runner import importable_module
+    from awa_django.backends.runner import attribute_at
 
-    module_name, _, name = kind.rpartition(".")
-    if not module_name or not name.isidentifier():
-        return False  # "f.<locals>.Error" and the like
-    module = sys.modules.get(module_name)
-    if module is None:
-        if not importable_module(module_name):
-            return False
-        try:
-            module = importlib.import_module(module_name)
-        except Exception:
-            return False
-    found = getattr(module, name, None)
+    found = attribute_at(kind)
     return isinstance(found, type) and issubclass(found, BaseException)
 
 

@@ -63,7 +63,7 @@ from awa_django.jobs import Job, JobOptions
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.sql import query
 
-__all__ = ["importable_module", "resolve_task", "task_handle"]
+__all__ = ["attribute_at", "importable_module", "resolve_task", "task_handle"]
 
 log = logging.getLogger("awa_django.worker")
 
@@ -80,20 +80,27 @@ def importable_module(module: str) -> bool:
     return any(module == root or module.startswith(root + ".") for root in roots)
 
 
-def _module_task(path: str) -> Any | None:
-    """The ``Task`` object defined at ``path``, importing only installed apps' modules."""
+def attribute_at(path: str) -> Any | None:
+    """The top-level attribute ``module.name`` names, or None. Only modules already imported,
+    or of an installed app or ``AWA["JOB_MODULES"]``, are imported; one that fails to import
+    is None."""
     module_name, _, attr = path.rpartition(".")
     if not module_name or not attr.isidentifier():
-        return None
+        return None  # "f.<locals>.Error" and the like
     module = sys.modules.get(module_name)
     if module is None:
         if not importable_module(module_name):
             return None
         try:
             module = importlib.import_module(module_name)
-        except ImportError:
+        except Exception:
             return None
-    task = getattr(module, attr, None)
+    return getattr(module, attr, None)
+
+
+def _module_task(path: str) -> Any | None:
+    """The ``Task`` object defined at ``path``, importing only installed apps' modules."""
+    task = attribute_at(path)
     if not isinstance(task, TASK_CLASSES) or task.module_path != path:
         return None
     return task
