@@ -34,6 +34,7 @@ from awa_django.admin_display import JobDetail, error_timeline, pretty, sparklin
 from awa_django.admin_filters import KindFilter, LiveStateFilter, QueueFilter, TerminalStateFilter
 from awa_django.admin_readonly import CappedPaginator, JobListAdmin, ReadOnlyAdmin
 from awa_django.db.identifiers import validate_queue_name
+from awa_django.db.storage import HISTORY_EXACT_UP_TO
 from awa_django.limits import check_uuid
 from awa_django.models import DeadLetter, Job, QueueStat, TerminalJob, Worker
 
@@ -60,6 +61,11 @@ class RetryForm(forms.Form):
         max_value=100,
         help_text="Retry with another priority (optional).",
     )
+
+
+def _history_count(n: int) -> str:
+    # Counts of terminal history above HISTORY_EXACT_UP_TO are estimates (docs/storage.md).
+    return f"~{n:,}" if n > HISTORY_EXACT_UP_TO else str(n)
 
 
 def _together(n: int) -> str:
@@ -153,6 +159,9 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
 class TerminalJobAdmin(JobDetail, JobListAdmin):
     list_display = ("id", "kind", "queue", "state", "attempt", "finalized_at")
     sortable_by = ("id", "finalized_at")  # sorting history by another column sorts all of it
+    # Part of a kind would read every retained row; a whole kind is an index range.
+    search_whole_kind = True
+    search_help_text = "A job id, or a whole job kind (exactly, as in the kind column)."
     list_filter = (
         TerminalStateFilter,
         QueueFilter,
@@ -247,8 +256,8 @@ class QueueStatAdmin(ReadOnlyAdmin):
         "running",
         "scheduled",
         "retryable",
-        "completed",
-        "failed",
+        "completed_count",
+        "failed_count",
         "dlq",
         "lag",
         "completed_last_hour",
@@ -260,6 +269,14 @@ class QueueStatAdmin(ReadOnlyAdmin):
     @staticmethod
     def selection_key(text: str) -> Any:
         return validate_queue_name(text)
+
+    @admin.display(description="completed")
+    def completed_count(self, obj: QueueStat) -> str:
+        return _history_count(obj.completed)
+
+    @admin.display(description="failed")
+    def failed_count(self, obj: QueueStat) -> str:
+        return _history_count(obj.failed)
 
     @admin.display(description="lag")
     def lag(self, obj: QueueStat) -> str:
@@ -279,7 +296,12 @@ class QueueStatAdmin(ReadOnlyAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         rows = [
-            {"stat": stat, "sparkline": sparkline(services.throughput(stat.queue))}
+            {
+                "stat": stat,
+                "completed": stat.shown("completed"),
+                "failed": stat.shown("failed"),
+                "sparkline": sparkline(services.throughput(stat.queue)),
+            }
             for stat in services.queue_stats()
         ]
         return TemplateResponse(

@@ -301,6 +301,10 @@ def test_claim_prune_carries_long_attempts_forward_and_keeps_the_cursor() -> Non
             == []
         )
         assert job_state(conn, held.job_id)["state"] == "completed"  # type: ignore[index]
+        # The carried claim kept the job's kind, and the terminal row names it (history by kind).
+        assert conn.execute(
+            "SELECT kind FROM awa.done_entries WHERE job_id = %s", [held.job_id]
+        ).fetchone() == ("k",)
         # Consumed rows are never handed out again, and no control row was updated for it.
         assert storage.claim(conn, "long", 10, WORKER) == []
         assert conn.execute("SELECT count(*) FROM awa.lane_floors").fetchone() == (0,)

@@ -104,7 +104,12 @@ class Finalization:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class QueueCounts:
-    """Exact job counts of one queue, computed on demand."""
+    """Job counts of one queue, computed on demand (``awa.queue_counts_v1()``).
+
+    The live counts are exact. ``completed``, ``failed`` and ``cancelled`` (terminal history)
+    are exact up to :data:`HISTORY_EXACT_UP_TO` and estimated above it (``estimated`` names
+    them); an estimate is never below ``HISTORY_EXACT_UP_TO + 1``.
+    """
 
     queue: str
     available: int
@@ -117,6 +122,25 @@ class QueueCounts:
     cancelled: int
     dlq: int
     paused: bool
+
+    @property
+    def estimated(self) -> list[str]:
+        """The history counts of this queue that are estimates (above the exact range)."""
+        return [
+            name
+            for name in ("completed", "failed", "cancelled")
+            if getattr(self, name) > HISTORY_EXACT_UP_TO
+        ]
+
+    def shown(self, name: str) -> str:
+        """A count as text for people: ``~12,345`` when it is an estimate."""
+        value = int(getattr(self, name))
+        return f"~{value:,}" if name in self.estimated else str(value)
+
+
+#: Terminal-history counts per queue and outcome are exact up to this many rows
+#: (``awa._history_counts_v1``), estimated from a sample above.
+HISTORY_EXACT_UP_TO = 10_000
 
 
 def _claim_rows(rows: list[tuple[Any, ...]]) -> list[ClaimedJob]:

@@ -37,4 +37,7 @@ class Command(BaseCommand):
                 if stats is None:
                     raise CommandError(f"unknown queue {queue!r} (nothing was ever enqueued to it)")
                 for field in stats.__dataclass_fields__:
-                    self.stdout.write(f"{field}: {getattr(stats, field)}")
+                    shown = (
+                        stats.shown(field) if field in stats.estimated else getattr(stats, field)
+                    )
+                    self.stdout.write(f"{field}: {shown}")

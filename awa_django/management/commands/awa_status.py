@@ -27,7 +27,9 @@ class Command(BaseCommand):
             self.stdout.write(
                 json.dumps(
                     {
-                        "queues": [dataclasses.asdict(q) for q in queues],
+                        "queues": [
+                            {**dataclasses.asdict(q), "estimated": q.estimated} for q in queues
+                        ],
                         "workers": [dataclasses.asdict(w) for w in workers],
                         "leader": next((w.instance_id for w in workers if w.is_leader), None),
                         "rings": rings,
@@ -42,8 +44,9 @@ class Command(BaseCommand):
             lag = "-" if q.lag_seconds is None else f"{q.lag_seconds:.1f}s"
             self.stdout.write(
                 f"  {q.queue}{' (paused)' if q.paused else ''}: {q.available} available, "
-                f"{q.running} running, {q.scheduled + q.retryable} deferred, {q.completed} "
-                f"completed, {q.failed} failed, {q.dlq} in DLQ; lag {lag}; "
+                f"{q.running} running, {q.scheduled + q.retryable} deferred, "
+                f"{q.shown('completed')} completed, {q.shown('failed')} failed, {q.dlq} in DLQ; "
+                f"lag {lag}; "
                 f"{q.completed_last_hour} completed in the last hour"
             )
         self.stdout.write(self.style.MIGRATE_HEADING("workers:"))

@@ -1,0 +1,164 @@
+"""What a migration costs the write path: server CPU per job, before and after, interleaved.
+
+    .venv/dj52/bin/python benchmarks/write_cost.py [--before 0007_faults_v1] [--jobs 20000]
+        [--rounds 7] [--warmup 100000]
+
+One PostgreSQL 18 (fsync off), two databases: one migrated to ``--before``, one to the latest
+migration. After ``--warmup`` jobs through each (so both have history and indexes of the same
+depth), every round runs the same work on both, in alternating order (ABBA...): enqueue
+``--jobs`` jobs (``awa.enqueue_v1``, 500 per call), then claim (``awa.claim_v1``, 256 per call)
+and finalize them all as completed (``awa.finalize_v1``), as a worker does. It reports the
+median server CPU per job of each phase (the backend's user+system time from ``/proc``, so the
+client and other processes do not count) and the ratio after/before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if __name__ == "__main__":
+    sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+
+def setup_django(before_url: str, after_url: str) -> None:
+    import django
+    import environ
+    from django.conf import settings
+
+    env = environ.Env()
+    settings.configure(
+        SECRET_KEY="benchmarks-only",
+        USE_TZ=True,
+        DATABASES={"default": env.db_url_config(before_url), "after": env.db_url_config(after_url)},
+        INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "awa_django"],
+        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+        AWA={},
+    )
+    django.setup()
+
+
+def conninfo(alias: str) -> str:
+    import psycopg
+    from django.db import connections
+
+    s = connections[alias].settings_dict
+    return psycopg.conninfo.make_conninfo(
+        dbname=s["NAME"],
+        user=s["USER"] or None,
+        password=s["PASSWORD"] or None,
+        host=s["HOST"] or None,
+        port=str(s["PORT"]) if s["PORT"] else None,
+    )
+
+
+class Side:
+    """One database and one autocommit connection, with its backend's CPU clock."""
+
+    def __init__(self, label: str, alias: str) -> None:
+        import psycopg
+
+        self.label = label
+        self.conn = psycopg.connect(conninfo(alias), autocommit=True)
+        self.conn.execute("SET default_transaction_isolation = 'read committed'")
+        self.pid = self.conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        self.enqueue_us: list[float] = []
+        self.claim_finalize_us: list[float] = []
+        self.claim_us: list[float] = []
+
+    def cpu(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().split()
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+    def cycle(self, jobs: int) -> tuple[float, float]:
+        from awa_django.db import storage
+        from awa_django.db.storage import Finalization
+
+        batch = json.dumps([{"kind": "bench.write", "queue": "writecost"}] * 500)
+        t0 = self.cpu()
+        for _ in range(max(jobs // 500, 1)):
+            self.conn.execute("SELECT count(*) FROM awa.enqueue_v1(%s::jsonb)", [batch])
+        t1 = self.cpu()
+        claiming = 0.0
+        while True:
+            c0 = self.cpu()
+            claimed = storage.claim(self.conn, "writecost", 256)
+            claiming += self.cpu() - c0
+            if not claimed:
+                break
+            done = [Finalization(c.job_id, c.run_lease, c.claim_slot, "completed") for c in claimed]
+            if storage.finalize(self.conn, done):
+                raise SystemExit(f"{self.label}: a finalization was refused as stale")
+        t2 = self.cpu()
+        n = max(jobs // 500, 1) * 500
+        self.claim_us.append(claiming / n * 1e6)
+        return (t1 - t0) / n * 1e6, (t2 - t1) / n * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--before", default="0007_faults_v1", help="the migration to compare with")
+    parser.add_argument("--jobs", type=int, default=20_000, help="jobs per round and side")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=100_000, help="jobs through each side first")
+    args = parser.parse_args()
+
+    import pgserver  # type: ignore[import-not-found,unused-ignore]
+
+    url, stop = pgserver.start(
+        ROOT / ".pgdata" / "bench-write-cost", database="awa_before", ephemeral=True, fsync=False
+    )
+    try:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute("DROP DATABASE IF EXISTS awa_after")
+            admin.execute("CREATE DATABASE awa_after")
+        setup_django(url, url.rsplit("/", 1)[0] + "/awa_after")
+        from django.core.management import call_command
+
+        call_command("migrate", "awa_django", args.before, verbosity=0, database="default")
+        call_command("migrate", "awa_django", verbosity=0, database="after")
+        sides = [Side(f"before ({args.before})", "default"), Side("after (latest)", "after")]
+        for side in sides:
+            side.cycle(args.warmup)
+            side.conn.execute("VACUUM ANALYZE")
+        started = time.perf_counter()
+        for r in range(args.rounds):
+            for side in sides if r % 2 == 0 else sides[::-1]:
+                enqueue_us, claim_finalize_us = side.cycle(args.jobs)
+                side.enqueue_us.append(enqueue_us)
+                side.claim_finalize_us.append(claim_finalize_us)
+        print(
+            f"{args.rounds} rounds of {args.jobs} jobs per side in "
+            f"{time.perf_counter() - started:.0f} s; server CPU per job, median (all rounds):"
+        )
+        medians = {}
+        for side in sides:
+            medians[side.label] = (
+                statistics.median(side.enqueue_us),
+                statistics.median(side.claim_finalize_us),
+            )
+            print(
+                f"  {side.label:28} enqueue {medians[side.label][0]:6.2f} us  "
+                f"claim+finalize {medians[side.label][1]:6.2f} us "
+                f"(claim {statistics.median(side.claim_us):5.2f} us)  "
+                f"({', '.join(f'{x:.1f}' for x in side.claim_finalize_us)})"
+            )
+            side.conn.close()
+        (b_enq, b_cf), (a_enq, a_cf) = medians.values()
+        print(f"  after/before: enqueue {a_enq / b_enq:.3f}, claim+finalize {a_cf / b_cf:.3f}")
+    finally:
+        stop()
+
+
+if __name__ == "__main__":
+    main()
