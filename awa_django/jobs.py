@@ -15,9 +15,10 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
+from awa_django.db.enqueue import build_request, send_requests
 from awa_django.exceptions import UnknownKindError
 from awa_django.limits import tag_tuple
-from awa_django.types import EnqueuedJob, JobRequest
+from awa_django.types import EnqueuedJob, JobOptions, JobRequest
 
 __all__ = ["Job", "JobOptions", "autodiscover_jobs", "get_job", "job", "registered_kinds"]
 
@@ -25,24 +26,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _UNSET: Any = object()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class JobOptions:
-    """Options of one enqueue. ``None`` means "the setting's default" where one applies.
-
-    ``run_after`` is an aware ``datetime`` or a ``timedelta`` measured on the database clock at
-    enqueue; ``deadline`` is the hard time limit of one attempt (seconds or ``timedelta``).
-    """
-
-    queue: str | None = None
-    priority: int = 0
-    max_attempts: int | None = None
-    run_after: datetime | timedelta | None = None
-    deadline: float | timedelta | None = None
-    tags: tuple[str, ...] = ()
-    metadata: Mapping[str, Any] | None = None
-    using: str | None = None
 
 
 _registry: dict[str, Job[Any, Any]] = {}
@@ -104,15 +87,12 @@ class Job(Generic[P, R]):
 
         Raises ``ValidationError`` at once for bad arguments or options.
         """
-        request: JobRequest = _producer().build_request(self.kind, args, kwargs, self.options)
-        return request
+        return build_request(self.kind, args, kwargs, self.options)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> EnqueuedJob:
         """Enqueue one job in the caller's transaction and return its handle (with ``.id``)."""
-        producer = _producer()
-        request = producer.build_request(self.kind, args, kwargs, self.options)
-        handle: EnqueuedJob = producer.send_requests([request], request.using)[0]
-        return handle
+        request = build_request(self.kind, args, kwargs, self.options)
+        return send_requests([request], request.using)[0]
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> EnqueuedJob:
         """Async ``enqueue``: runs in Django's thread-sensitive executor, like the async ORM."""
@@ -134,19 +114,6 @@ class Job(Generic[P, R]):
         if self.is_async:
             return await self.func(*call_args, **kwargs)  # type: ignore[misc]
         return await sync_to_async(self.func)(*call_args, **kwargs)
-
-
-def _producer() -> Any:
-    # awa_django.producer imports this module; bind it lazily, once.
-    global _producer_module
-    if _producer_module is None:
-        from awa_django import producer
-
-        _producer_module = producer
-    return _producer_module
-
-
-_producer_module: Any = None
 
 
 def _takes_context(func: Callable[..., Any]) -> bool:

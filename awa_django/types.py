@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from datetime import datetime
+from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-__all__ = ["SEAL", "EnqueuedJob", "JobRequest"]
+__all__ = ["SEAL", "EnqueuedJob", "JobOptions", "JobRequest"]
 
 
-#: Set on every request ``awa_django.producer.build_request`` makes (and only on those).
+#: Set on every request ``awa_django.db.enqueue.build_request`` makes (and only on those).
 SEAL = object()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobOptions:
+    """Options of one enqueue. ``None`` means "the setting's default" where one applies.
+
+    ``run_after`` is an aware ``datetime`` or a ``timedelta`` measured on the database clock at
+    enqueue; ``deadline`` is the hard time limit of one attempt (seconds or ``timedelta``).
+    """
+
+    queue: str | None = None
+    priority: int = 0
+    max_attempts: int | None = None
+    run_after: datetime | timedelta | None = None
+    deadline: float | timedelta | None = None
+    tags: tuple[str, ...] = ()
+    metadata: Mapping[str, Any] | None = None
+    using: str | None = None
 
 
 class _JobRequestFields(NamedTuple):

@@ -77,7 +77,7 @@ END $$;
 
 def reset_awa() -> None:
     """Empty every awa table (TransactionTestCase flushes only Django models' tables)."""
-    from awa_django.producer import forget_known_lanes
+    from awa_django.db.enqueue import forget_known_lanes
 
     with pg() as conn:
         conn.execute(RESET_SQL)

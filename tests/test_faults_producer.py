@@ -64,7 +64,7 @@ def test_enqueue_many_outside_atomic_loses_no_job_to_a_concurrent_producer_and_c
     monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
     settings.AWA = {**settings.AWA, "ENQUEUE_SHARDS": 1}
-    from awa_django import producer
+    from awa_django.db import enqueue as producer
 
     testjobs.noop.using(queue="lost").enqueue()  # creates the queue's single lane
     other: dict[str, Any] = {}
@@ -104,7 +104,7 @@ def test_enqueue_many_outside_atomic_loses_no_job_to_a_concurrent_producer_and_c
 def test_enqueue_many_in_autocommit_notifies_only_after_its_rows_exist(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from awa_django import producer
+    from awa_django.db import enqueue as producer
 
     testjobs.noop.enqueue()
     seen: list[str] = []
@@ -339,7 +339,7 @@ def test_a_bulk_enqueue_that_loses_its_connection_raises_djangos_error(
 ) -> None:
     from django.db import OperationalError
 
-    from awa_django import producer
+    from awa_django.db import enqueue as producer
 
     def cut(cursor: Any, requests: Any) -> Any:
         with psycopg.connect(conninfo(), autocommit=True) as killer:

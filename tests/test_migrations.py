@@ -97,7 +97,7 @@ def test_migrate_installs_the_substrate_and_zero_removes_it() -> None:
             assert cursor.fetchone() == (None,)
     finally:
         call_command("migrate", "awa_django", verbosity=0)
-        from awa_django.producer import forget_known_lanes
+        from awa_django.db.enqueue import forget_known_lanes
 
         forget_known_lanes()
     assert relation_count() > 100

@@ -20,6 +20,7 @@ from typing import Any
 
 from awa_django import exceptions
 from awa_django.backends.compat import TaskError
+from awa_django.backends.loading import attribute_at
 
 __all__ = [
     "NOT_ERRORS",
@@ -79,7 +80,6 @@ def _recorded_class_imports(kind: str) -> bool:
     """True when ``kind`` (``module.Class`` as the worker recorded it) names an exception class
     that ``import_string`` finds. Only modules already imported, or of an installed app or
     ``AWA["JOB_MODULES"]``, are imported."""
-    from awa_django.backends.runner import attribute_at
 
     found = attribute_at(kind)
     return isinstance(found, type) and issubclass(found, BaseException)

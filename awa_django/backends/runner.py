@@ -20,22 +20,17 @@ sends no ``task_finished``: the database decides its outcome.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import importlib
 import inspect
 import json
 import logging
-import sys
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.apps import apps
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
 from awa_django import serialization
 from awa_django.backends.compat import (
-    TASK_CLASSES,
     TaskContext,
     TaskResult,
     TaskResultStatus,
@@ -51,6 +46,7 @@ from awa_django.backends.stored import (
     recorded_worker_ids,
     wrap_result,
 )
+from awa_django.backends.tasks import resolve_stored
 from awa_django.conf import get_awa_settings
 from awa_django.exceptions import (
     InvalidArgumentsError,
@@ -63,89 +59,13 @@ from awa_django.jobs import Job, JobOptions
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.sql import query
 
-__all__ = ["attribute_at", "importable_module", "resolve_task", "task_handle"]
+__all__ = ["task_handle"]
 
 log = logging.getLogger("awa_django.worker")
 
 _OUTCOMES = (RetryAfter, Snooze, Cancel, WaitForCallback)
 _MAX_HANDLES = 512
 _handles: dict[tuple[str, StoredTask], Job[Any, Any]] = {}
-
-
-def importable_module(module: str) -> bool:
-    """True when ``module`` is (in) an installed app or ``AWA["JOB_MODULES"]``: the only
-    modules a stored path may make the worker or ``get_result`` import."""
-    roots = [config.name for config in apps.get_app_configs()]
-    roots.extend(get_awa_settings().JOB_MODULES)
-    return any(module == root or module.startswith(root + ".") for root in roots)
-
-
-def attribute_at(path: str) -> Any | None:
-    """The top-level attribute ``module.name`` names, or None. Only modules already imported,
-    or of an installed app or ``AWA["JOB_MODULES"]``, are imported; one that fails to import
-    is None."""
-    module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr.isidentifier():
-        return None  # "f.<locals>.Error" and the like
-    module = sys.modules.get(module_name)
-    if module is None:
-        if not importable_module(module_name):
-            return None
-        try:
-            module = importlib.import_module(module_name)
-        except Exception:
-            return None
-    return getattr(module, attr, None)
-
-
-def _module_task(path: str) -> Any | None:
-    """The ``Task`` object defined at ``path``, importing only installed apps' modules."""
-    task = attribute_at(path)
-    if not isinstance(task, TASK_CLASSES) or task.module_path != path:
-        return None
-    return task
-
-
-def _with_options(task: Any, stored: StoredTask) -> Any:
-    """``task`` with the stored options, as ``task.using(...)`` made it at enqueue.
-
-    Built without validating again: a task enqueued before the backend's ``QUEUES`` changed
-    still runs and reads back (the stored values are checked by ``read_document``).
-    """
-    changes: dict[str, Any] = {"backend": stored.backend, "run_after": stored.run_after}
-    if stored.priority is not None:
-        changes["priority"] = stored.priority
-    if stored.queue_name is not None:
-        changes["queue_name"] = stored.queue_name
-    rebuilt = object.__new__(type(task))
-    for field in dataclasses.fields(task):
-        value = changes[field.name] if field.name in changes else getattr(task, field.name)
-        object.__setattr__(rebuilt, field.name, value)
-    return rebuilt
-
-
-def _resolve(path: str, stored: StoredTask) -> Any | None:
-    from awa_django.backends.tasks import AwaTaskBackend
-
-    task = _module_task(path)
-    if task is None:
-        return None
-    rebuilt = _with_options(task, stored)
-    try:
-        backend = rebuilt.get_backend()
-    except Exception:  # an alias that is not in TASKS, or a backend that fails to load
-        return None
-    return rebuilt if isinstance(backend, AwaTaskBackend) else None
-
-
-def resolve_task(path: str, document: Any) -> Any | None:
-    """The task stored as ``path`` with task document ``document``, as it was enqueued; None
-    when it is not a ``Task`` of an installed app whose stored backend is an AwaTaskBackend.
-
-    Modules outside the installed apps and ``AWA["JOB_MODULES"]`` are never imported.
-    """
-    stored = read_document(document)
-    return None if stored is None else _resolve(path, stored)
 
 
 def task_handle(path: str, document: Any) -> Job[Any, Any] | None:
@@ -157,7 +77,7 @@ def task_handle(path: str, document: Any) -> Job[Any, Any] | None:
     key = (path, stored)
     handle = _handles.get(key)
     if handle is None:
-        task = _resolve(path, stored)
+        task = resolve_stored(path, stored)
         if task is None:
             return None
         if len(_handles) >= _MAX_HANDLES:

@@ -32,6 +32,7 @@ from django.core import checks
 from django.db import connections
 
 from awa_django.backends.compat import (
+    TASK_CLASSES,
     BaseTaskBackend,
     InvalidTask,
     Task,
@@ -41,21 +42,24 @@ from awa_django.backends.compat import (
     signals,
 )
 from awa_django.backends.errors import task_errors
+from awa_django.backends.loading import attribute_at
 from awa_django.backends.stored import (
+    StoredTask,
     attempt_worker_ids,
     plain_json,
+    read_document,
     recorded_worker_ids,
     task_document,
     unwrap_result,
 )
 from awa_django.conf import get_awa_settings
+from awa_django.db.enqueue import build_request, send_requests
 from awa_django.db.identifiers import QUEUE_NAME_RE
 from awa_django.exceptions import InvalidArgumentsError, ValidationError
-from awa_django.jobs import JobOptions
 from awa_django.sql import query
-from awa_django.types import JobRequest
+from awa_django.types import JobOptions, JobRequest
 
-__all__ = ["STATUS_OF_STATE", "AwaTask", "AwaTaskBackend"]
+__all__ = ["STATUS_OF_STATE", "AwaTask", "AwaTaskBackend", "resolve_stored", "resolve_task"]
 
 #: How awa_django's eight states (and the DLQ) compress into django.tasks' four statuses.
 STATUS_OF_STATE: Mapping[str, str] = {
@@ -136,7 +140,6 @@ class AwaTaskBackend(BaseTaskBackend):
         args: list[Any],
         kwargs: dict[str, Any],
     ) -> JobRequest:
-        from awa_django.producer import build_request
 
         return build_request(
             task.module_path,
@@ -155,7 +158,6 @@ class AwaTaskBackend(BaseTaskBackend):
         ``InvalidTask`` with nothing written. The result equals what ``get_result`` reads back
         until a worker picks the task up (``enqueued_at`` is the database's).
         """
-        from awa_django.producer import send_requests
 
         self.validate_task(task)
         args, kwargs = list(args), dict(kwargs)
@@ -200,7 +202,6 @@ class AwaTaskBackend(BaseTaskBackend):
         ``run_after``); ``errors`` has a ``TaskError`` per failed attempt whose class path
         imports (docs/tasks.md, "Errors"); ``worker_ids`` the worker of each attempt.
         """
-        from awa_django.backends.runner import resolve_task
 
         try:
             job_id = int(result_id)
@@ -281,3 +282,56 @@ class AwaTaskBackend(BaseTaskBackend):
 def _json(value: Any) -> Any:
     # Django's psycopg adapters hand jsonb back as text (for JSONField to decode).
     return json.loads(value) if isinstance(value, str) else value
+
+
+# Stored tasks back to Task objects ---------------------------------------------------------------
+
+
+def _module_task(path: str) -> Any | None:
+    """The ``Task`` object defined at ``path``, importing only installed apps' modules."""
+    task = attribute_at(path)
+    if not isinstance(task, TASK_CLASSES) or task.module_path != path:
+        return None
+    return task
+
+
+def _with_options(task: Any, stored: StoredTask) -> Any:
+    """``task`` with the stored options, as ``task.using(...)`` made it at enqueue.
+
+    Built without validating again: a task enqueued before the backend's ``QUEUES`` changed
+    still runs and reads back (the stored values are checked by ``read_document``).
+    """
+    changes: dict[str, Any] = {"backend": stored.backend, "run_after": stored.run_after}
+    if stored.priority is not None:
+        changes["priority"] = stored.priority
+    if stored.queue_name is not None:
+        changes["queue_name"] = stored.queue_name
+    rebuilt = object.__new__(type(task))
+    for field in dataclasses.fields(task):
+        value = changes[field.name] if field.name in changes else getattr(task, field.name)
+        object.__setattr__(rebuilt, field.name, value)
+    return rebuilt
+
+
+def resolve_stored(path: str, stored: StoredTask) -> Any | None:
+    """The task at ``path`` with the ``stored`` options; None unless it is a ``Task`` of an
+    installed app (or ``AWA["JOB_MODULES"]``) whose stored backend is an AwaTaskBackend."""
+    task = _module_task(path)
+    if task is None:
+        return None
+    rebuilt = _with_options(task, stored)
+    try:
+        backend = rebuilt.get_backend()
+    except Exception:  # an alias that is not in TASKS, or a backend that fails to load
+        return None
+    return rebuilt if isinstance(backend, AwaTaskBackend) else None
+
+
+def resolve_task(path: str, document: Any) -> Any | None:
+    """The task stored as ``path`` with task document ``document``, as it was enqueued; None
+    when it is not a ``Task`` of an installed app whose stored backend is an AwaTaskBackend.
+
+    Modules outside the installed apps and ``AWA["JOB_MODULES"]`` are never imported.
+    """
+    stored = read_document(document)
+    return None if stored is None else resolve_stored(path, stored)

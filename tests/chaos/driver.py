@@ -25,7 +25,7 @@ import psycopg
 from django.db import connections
 
 from awa_django.conf import get_awa_settings
-from awa_django.producer import forget_known_lanes
+from awa_django.db.enqueue import forget_known_lanes
 from tests.chaos import jobs
 from tests.chaos.check import (
     CHECKS,

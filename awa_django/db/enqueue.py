@@ -1,0 +1,296 @@
+"""Encoding and sending enqueue requests: validation of one request, the lane cache, the
+bulk paths (COPY, ``awa.enqueue_v1``). ``awa_django.jobs`` and ``awa_django.producer`` build on
+it; it imports neither.
+
+Every write goes through ``connections[alias]``, so a job enqueued inside
+``transaction.atomic()`` commits or rolls back with the application's rows, and workers are
+woken (NOTIFY) only at commit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connections
+from django.utils import timezone
+
+from awa_django import serialization
+from awa_django.conf import awa_settings, get_awa_settings
+from awa_django.db.bulk import copy_enqueue
+from awa_django.db.identifiers import QUEUE_NAME_RE, validate_queue_name
+from awa_django.db.transactions import write_transaction
+from awa_django.exceptions import InvalidOptionError, LimitExceededError
+from awa_django.limits import check_seconds, check_text
+from awa_django.sql import query
+from awa_django.types import SEAL, EnqueuedJob, JobOptions, JobRequest
+
+__all__ = ["build_request", "forget_known_lanes", "send_requests"]
+
+# Requests per statement in enqueue_many: large enough to amortise the round trips, small
+# enough to keep one statement's data modest.
+_CHUNK = 10_000
+
+_known_lanes: set[tuple[str, str, int]] = set()
+_known_lanes_lock = threading.Lock()
+
+
+def build_request(
+    kind: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    options: JobOptions,
+    *,
+    task_backend: str | None = None,
+    task_options: Mapping[str, Any] | None = None,
+) -> JobRequest:
+    """Validate one request and encode it; raise a ``ValidationError`` subclass if it is bad.
+
+    ``task_backend`` marks a django.tasks task (the backend's alias is stored with the
+    arguments, so the worker resolves the kind as a task of that backend); ``task_options``
+    (JSON) are stored beside it (awa_django/backends/stored.py).
+    """
+    cfg = get_awa_settings()
+    queue = options.queue if options.queue is not None else cfg.DEFAULT_QUEUE
+    if queue.__class__ is not str or QUEUE_NAME_RE.fullmatch(queue) is None:
+        validate_queue_name(queue)  # raises with the message
+    priority = options.priority
+    if priority.__class__ is not int or not -100 <= priority <= 100:
+        raise InvalidOptionError("priority", f"{priority!r} is not an integer in -100..100")
+    max_attempts = options.max_attempts if options.max_attempts is not None else cfg.MAX_ATTEMPTS
+    if max_attempts.__class__ is not int or not 1 <= max_attempts <= 1000:
+        raise InvalidOptionError("max_attempts", f"{max_attempts!r} is not an integer in 1..1000")
+    using = options.using or cfg.DATABASE_ALIAS
+    if using not in connections.settings:
+        raise InvalidOptionError("using", f"{using!r} is not a database alias in DATABASES")
+    document: dict[str, Any] = {"args": args, "kwargs": kwargs}
+    if task_backend is not None:
+        document["task"] = {**(task_options or {}), "backend": task_backend}
+    args_json = serialization.dumps(
+        document,
+        "args",
+        max_bytes=cfg.ARGS_MAX_BYTES,
+        max_depth=cfg.JSON_MAX_DEPTH,
+        envelope=2,
+    )
+    run_at, delay = _timing(options.run_after)
+    metadata_json = None
+    if options.metadata is not None:
+        if not isinstance(options.metadata, Mapping):
+            raise InvalidOptionError("metadata", "must be a mapping (a JSON object)")
+        metadata_json = serialization.dumps(
+            dict(options.metadata),
+            "metadata",
+            max_bytes=cfg.METADATA_MAX_BYTES,
+            max_depth=cfg.JSON_MAX_DEPTH,
+        )
+    # Positional: a named tuple is built fastest so (enqueue_many prepares thousands).
+    return JobRequest(
+        kind,
+        queue,
+        priority,
+        using,
+        max_attempts,
+        args_json,
+        run_at,
+        delay,
+        None if options.deadline is None else check_seconds("deadline", options.deadline),
+        metadata_json,
+        _check_tags(options.tags) if options.tags else None,
+        SEAL,
+    )
+
+
+def _timing(run_after: datetime | timedelta | None) -> tuple[datetime | None, float | None]:
+    """(run_at, delay) of a ``run_after``: an aware datetime (any that Python holds, which
+    PostgreSQL stores too) or a delay of at most 100 years (a past one means now)."""
+    if run_after is None:
+        return None, None
+    if isinstance(run_after, timedelta):
+        if run_after <= timedelta(0):
+            return None, None
+        return None, check_seconds("run_after", run_after)
+    if isinstance(run_after, datetime):
+        if timezone.is_naive(run_after):
+            if settings.USE_TZ:
+                raise InvalidOptionError(
+                    "run_after", "is a naive datetime while USE_TZ is on; pass an aware datetime"
+                )
+            try:
+                run_after = timezone.make_aware(run_after)
+            except (OverflowError, ValueError) as exc:
+                raise InvalidOptionError("run_after", f"{run_after!r}: {exc}") from None
+        try:
+            # A plain datetime in UTC: PostgreSQL refuses offsets of 16 h and more, and a
+            # subclass could render itself as anything.
+            utc = run_after.astimezone(UTC)
+            return datetime(
+                utc.year,
+                utc.month,
+                utc.day,
+                utc.hour,
+                utc.minute,
+                utc.second,
+                utc.microsecond,
+                tzinfo=UTC,
+            ), None
+        except (OverflowError, ValueError, TypeError) as exc:
+            raise InvalidOptionError(
+                "run_after", f"{run_after!r} is not a time PostgreSQL can store in UTC ({exc})"
+            ) from None
+    raise InvalidOptionError("run_after", "must be an aware datetime, a timedelta or None")
+
+
+def _check_tags(tags: tuple[str, ...]) -> tuple[str, ...]:
+    cfg = get_awa_settings()
+    if len(tags) > cfg.MAX_TAGS:
+        raise LimitExceededError("tags", f"{len(tags)} tags exceeds the limit of {cfg.MAX_TAGS}")
+    for tag in tags:
+        if type(tag) is not str or not tag:
+            raise InvalidOptionError(
+                "tags",
+                f"{tag!r}: every tag must be a non-empty string of at most "
+                f"{cfg.TAG_MAX_LENGTH} characters",
+            )
+        check_text("tags", tag, max_length=cfg.TAG_MAX_LENGTH)
+    return tags
+
+
+def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJob]:
+    """Write validated requests on ``using``'s Django connection; return handles in order."""
+    if not requests:
+        return []
+    _ensure_lanes(using, {(r.queue, r.priority) for r in requests})
+    limits = _sql_limits()
+    statements = 1 if len(requests) == 1 else 2
+    with (
+        write_transaction(using, statements=statements) as connection,
+        connection.cursor() as cursor,
+    ):
+        if len(requests) == 1:
+            r = requests[0]
+            cursor.execute(
+                query("enqueue_one"),
+                [
+                    r.kind,
+                    r.queue,
+                    r.priority,
+                    r.args_json,
+                    r.max_attempts,
+                    r.run_at,
+                    r.delay,
+                    r.deadline,
+                    r.metadata_json,
+                    list(r.tags) if r.tags else None,
+                    limits,
+                ],
+            )
+            rows = cursor.fetchall()
+            return [EnqueuedJob(rows[0][0], r.kind, r.queue, r.priority, rows[0][1], using)]
+        results: list[EnqueuedJob] = []
+        for start in range(0, len(requests), _CHUNK):
+            chunk = requests[start : start + _CHUNK]
+            if all(r.run_at is None and r.delay is None for r in chunk):
+                # Everything runs now: reserve lanes and ids, then COPY (about twice as fast).
+                # The raw psycopg cursor's errors become Django's, as for any ORM query.
+                with connection.wrap_database_errors:
+                    ids = copy_enqueue(cursor.cursor, chunk)
+                results.extend(
+                    EnqueuedJob(job_id, r.kind, r.queue, r.priority, "available", using)
+                    for r, job_id in zip(chunk, ids, strict=True)
+                )
+                continue
+            # Timed requests: the server splits them into ready and deferred on its own clock.
+            payload = "[" + ",".join([r.payload() for r in chunk]) + "]"
+            cursor.execute(query("enqueue"), [payload, limits])
+            rows = cursor.fetchall()
+            results.extend(
+                EnqueuedJob(row[0], r.kind, r.queue, r.priority, row[1], using)
+                for r, row in zip(chunk, rows, strict=True)
+            )
+    return results
+
+
+@functools.lru_cache(maxsize=8)
+def _sql_limits_for(args_max: int, meta_max: int, depth: int, max_tags: int, tag_len: int) -> str:
+    return json.dumps(
+        {
+            "args_max_bytes": args_max * 2 + 4096,
+            "metadata_max_bytes": meta_max * 2 + 4096,
+            "json_max_depth": depth,
+            "max_tags": max_tags,
+            "tag_max_length": tag_len,
+        }
+    )
+
+
+def _sql_limits() -> str:
+    # The SQL functions re-check limits as a second line for raw-SQL producers. They measure
+    # Postgres's binary jsonb size where Python measures JSON text, so Python (which has already
+    # applied the exact limits) passes a margin: a request accepted here is never refused there.
+    cfg = get_awa_settings()
+    return _sql_limits_for(
+        cfg.ARGS_MAX_BYTES,
+        cfg.METADATA_MAX_BYTES,
+        cfg.JSON_MAX_DEPTH,
+        cfg.MAX_TAGS,
+        cfg.TAG_MAX_LENGTH,
+    )
+
+
+def _ensure_lanes(using: str, pairs: set[tuple[str, int]]) -> None:
+    """Make sure the lanes of each (queue, priority) exist before the producer's statement.
+
+    Lanes are created on a separate short connection when the caller is inside an atomic block:
+    created inside the caller's transaction, they would make every other producer of a new queue
+    wait for that transaction to end.
+    """
+    missing = [(q, p) for q, p in pairs if (using, q, p) not in _known_lanes]
+    if not missing:
+        return
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        absent = []
+        for queue, priority in missing:
+            cursor.execute(query("lanes_known"), [queue, priority])
+            row = cursor.fetchone()
+            if row is not None and row[0] > 0:
+                _remember(using, queue, priority)
+            else:
+                absent.append((queue, priority))
+    if not absent:
+        return
+    if connection.in_atomic_block:
+        side = connections.create_connection(using)
+        try:
+            side.set_autocommit(True)
+            with side.cursor() as cursor:
+                _create_lanes(cursor, absent)
+        finally:
+            side.close()
+    else:
+        with connection.cursor() as cursor:
+            _create_lanes(cursor, absent)
+    for queue, priority in absent:
+        _remember(using, queue, priority)
+
+
+def _create_lanes(cursor: Any, pairs: list[tuple[str, int]]) -> None:
+    for queue, priority in sorted(pairs):
+        cursor.execute(query("ensure_lanes"), [queue, priority, awa_settings.ENQUEUE_SHARDS])
+
+
+def _remember(using: str, queue: str, priority: int) -> None:
+    with _known_lanes_lock:
+        _known_lanes.add((using, queue, priority))
+
+
+def forget_known_lanes() -> None:
+    """Clear the per-process cache of lanes known to exist (for tests that drop the schema)."""
+    with _known_lanes_lock:
+        _known_lanes.clear()
