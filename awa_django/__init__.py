@@ -23,6 +23,7 @@ from awa_django.operations import cancel, dlq_purge, dlq_retry, resolve_callback
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.producer import aenqueue, aenqueue_many, enqueue, enqueue_many
 from awa_django.types import EnqueuedJob, JobRequest
+from awa_django.worker.context import JobContext
 
 __all__ = [
     "AwaError",
@@ -32,6 +33,7 @@ __all__ = [
     "InvalidOptionError",
     "IsolationLevelError",
     "Job",
+    "JobContext",
     "JobOptions",
     "JobRequest",
     "LimitExceededError",

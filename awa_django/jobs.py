@@ -10,7 +10,7 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
@@ -19,6 +19,7 @@ from awa_django.db.enqueue import build_request, send_requests
 from awa_django.exceptions import UnknownKindError
 from awa_django.limits import tag_tuple
 from awa_django.types import EnqueuedJob, JobOptions, JobRequest
+from awa_django.worker.context import JobContext
 
 __all__ = ["Job", "JobOptions", "autodiscover_jobs", "get_job", "job", "registered_kinds"]
 
@@ -39,12 +40,20 @@ class Job(Generic[P, R]):
     ``transaction.atomic()`` block. ``using(...)`` returns a copy with other options.
     """
 
-    def __init__(self, func: Callable[P, R], kind: str, options: JobOptions) -> None:
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        kind: str,
+        options: JobOptions,
+        *,
+        takes_context: bool = False,
+    ) -> None:
         self.func = func
         self.kind = kind
         self.options = options
         self.is_async = inspect.iscoroutinefunction(func)
-        self.takes_context = _takes_context(func)
+        #: The function's first parameter is the attempt's ``JobContext``.
+        self.takes_context = takes_context
         self.__doc__ = func.__doc__
         self.__name__ = getattr(func, "__name__", kind)
         self.__module__ = func.__module__
@@ -80,7 +89,12 @@ class Job(Generic[P, R]):
         }
         if tags is not _UNSET:
             changes["tags"] = tag_tuple(tags)
-        return Job(self.func, self.kind, dataclasses.replace(self.options, **changes))
+        return Job(
+            self.func,
+            self.kind,
+            dataclasses.replace(self.options, **changes),
+            takes_context=self.takes_context,
+        )
 
     def prepare(self, *args: P.args, **kwargs: P.kwargs) -> JobRequest:
         """Validate and encode one request without sending it (for ``enqueue_many``).
@@ -101,27 +115,37 @@ class Job(Generic[P, R]):
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Any:
         """Run the function inline in this process, bypassing the queue (async ones to completion).
 
-        A handler that takes a ``ctx`` first parameter gets ``None`` here.
+        A handler that takes the context (``takes_context=True``) gets ``None`` for it here.
         """
         call_args: tuple[Any, ...] = (None, *args) if self.takes_context else args
         if self.is_async:
-            return async_to_sync(self.func)(*call_args, **kwargs)  # type: ignore[arg-type]
+            return async_to_sync(self.func)(*call_args, **kwargs)
         return self.func(*call_args, **kwargs)
 
     async def acall(self, *args: P.args, **kwargs: P.kwargs) -> Any:
         """Async ``call``: awaits async functions, runs sync ones in a thread."""
         call_args: tuple[Any, ...] = (None, *args) if self.takes_context else args
         if self.is_async:
-            return await self.func(*call_args, **kwargs)  # type: ignore[misc]
+            return await self.func(*call_args, **kwargs)
         return await sync_to_async(self.func)(*call_args, **kwargs)
 
 
-def _takes_context(func: Callable[..., Any]) -> bool:
+def _check_takes_context(func: Callable[..., Any], kind: str) -> None:
+    """A function registered with ``takes_context=True`` must take a first positional
+    parameter (the context); refused at registration otherwise."""
     try:
         params = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError):
-        return False
-    return bool(params) and params[0].name == "ctx"
+        return  # a builtin or C callable: the call will tell
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if params and (
+        params[0].kind in positional or params[0].kind is inspect.Parameter.VAR_POSITIONAL
+    ):
+        return
+    raise ImproperlyConfigured(
+        f"job kind {kind!r} is registered with takes_context=True but its function takes no "
+        "first positional parameter for the context"
+    )
 
 
 @overload
@@ -131,6 +155,22 @@ def job(func: Callable[P, R], /) -> Job[P, R]: ...
 @overload
 def job(
     *,
+    takes_context: Literal[True],
+    name: str | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    deadline: float | timedelta | None = None,
+    tags: Iterable[str] = (),
+    metadata: Mapping[str, Any] | None = None,
+    using: str | None = None,
+) -> Callable[[Callable[Concatenate[JobContext, P], R]], Job[P, R]]: ...
+
+
+@overload
+def job(
+    *,
+    takes_context: Literal[False] = False,
     name: str | None = None,
     queue: str | None = None,
     priority: int = 0,
@@ -146,6 +186,7 @@ def job(
     func: Callable[P, R] | None = None,
     /,
     *,
+    takes_context: bool = False,
     name: str | None = None,
     queue: str | None = None,
     priority: int = 0,
@@ -154,12 +195,16 @@ def job(
     tags: Iterable[str] = (),
     metadata: Mapping[str, Any] | None = None,
     using: str | None = None,
-) -> Job[P, R] | Callable[[Callable[P, R]], Job[P, R]]:
+) -> Any:
     """Register a function (sync or async) as a job kind; usable bare or with options.
 
-    The kind is the function's dotted path (``module.qualname``) unless ``name=`` is given.
-    Options are validated when a job is enqueued. Registering two different functions under one
-    kind raises ``ImproperlyConfigured``; re-importing the same module is fine.
+    With ``takes_context=True`` the function's first parameter is the attempt's
+    :class:`~awa_django.JobContext` (id, attempt, metadata, tags, previous errors, progress,
+    cancellation, callbacks), as with django.tasks' ``@task(takes_context=True)``; callers
+    enqueue without it. The kind is the function's dotted path (``module.qualname``) unless
+    ``name=`` is given. Options are validated when a job is enqueued. Registering two different
+    functions under one kind raises ``ImproperlyConfigured``; re-importing the same module is
+    fine.
     """
     options = JobOptions(
         queue=queue,
@@ -171,7 +216,7 @@ def job(
         using=using,
     )
 
-    def register(f: Callable[P, R]) -> Job[P, R]:
+    def register(f: Callable[..., Any]) -> Job[Any, Any]:
         qualname = getattr(f, "__qualname__", "")
         if name is None and "<locals>" in qualname:
             raise ImproperlyConfigured(
@@ -184,7 +229,9 @@ def job(
             raise ImproperlyConfigured(
                 f"job kind {kind!r} is already registered for {_origin(existing.func)}"
             )
-        handle: Job[P, R] = Job(f, kind, options)
+        if takes_context:
+            _check_takes_context(f, kind)
+        handle: Job[Any, Any] = Job(f, kind, options, takes_context=takes_context)
         _registry[kind] = handle
         return handle
 

@@ -76,8 +76,9 @@ def drain(
                     continue
                 progress = True
                 values = list(row)
-                # Django's adapters hand jsonb (progress) back as text.
-                values[11] = json.loads(values[11]) if isinstance(values[11], str) else values[11]
+                # Django's adapters hand jsonb (progress, metadata, errors) back as text.
+                for i in (11, 12, 14):
+                    values[i] = json.loads(values[i]) if isinstance(values[i], str) else values[i]
                 runs.append(_run(cursor, ClaimedJob(*values), cfg))
                 if len(runs) >= max_jobs:
                     break

@@ -12,6 +12,7 @@ EXPECTED = {
     "InvalidOptionError",
     "IsolationLevelError",
     "Job",
+    "JobContext",
     "JobOptions",
     "JobRequest",
     "LimitExceededError",

@@ -27,7 +27,7 @@ async def async_echo(value: Any) -> Any:
     return value
 
 
-@job
+@job(takes_context=True)
 def with_ctx(ctx: Any, value: int) -> int:
     return value
 
@@ -48,13 +48,13 @@ def _record(ctx: Any, note: str = "") -> None:
     )
 
 
-@job(queue="work")
+@job(takes_context=True, queue="work")
 def ledger_sync(ctx: Any, n: int) -> int:
     _record(ctx)
     return n
 
 
-@job(queue="work-async")
+@job(takes_context=True, queue="work-async")
 async def ledger_async(ctx: Any, n: int) -> int:
     from asgiref.sync import sync_to_async
 
@@ -62,7 +62,7 @@ async def ledger_async(ctx: Any, n: int) -> int:
     return n
 
 
-@job(queue="work", max_attempts=5)
+@job(takes_context=True, queue="work", max_attempts=5)
 def flaky(ctx: Any, fail_times: int) -> str:
     _record(ctx)
     if ctx.attempt <= fail_times:
@@ -70,13 +70,13 @@ def flaky(ctx: Any, fail_times: int) -> str:
     return "ok"
 
 
-@job(queue="work", max_attempts=3)
+@job(takes_context=True, queue="work", max_attempts=3)
 def retry_later(ctx: Any, seconds: float) -> RetryAfter:
     _record(ctx)
     return RetryAfter(seconds)
 
 
-@job(queue="work", max_attempts=1)
+@job(takes_context=True, queue="work", max_attempts=1)
 def snoozer(ctx: Any, times: int) -> Any:
     _record(ctx)
     if ctx.run_lease <= times:
@@ -84,19 +84,19 @@ def snoozer(ctx: Any, times: int) -> Any:
     return "awake"
 
 
-@job(queue="work")
+@job(takes_context=True, queue="work")
 def give_up(ctx: Any) -> Cancel:
     _record(ctx)
     return Cancel("nothing to do")
 
 
-@job(queue="work")
+@job(takes_context=True, queue="work")
 def terminal(ctx: Any) -> None:
     _record(ctx)
     raise TerminalError("cannot ever work")
 
 
-@job(queue="work", max_attempts=3)
+@job(takes_context=True, queue="work", max_attempts=3)
 def progress_then_retry(ctx: Any) -> Any:
     _record(ctx)
     if ctx.attempt == 1:
@@ -118,12 +118,12 @@ def _wait_cancel_sync(ctx: Any, seconds: float) -> str:
     return "finished"
 
 
-@job(queue="slow")
+@job(takes_context=True, queue="slow")
 def slow_sync(ctx: Any, seconds: float) -> str:
     return _wait_cancel_sync(ctx, seconds)
 
 
-@job(queue="slow")
+@job(takes_context=True, queue="slow")
 def overlap_sync(ctx: Any, seconds: float) -> None:
     """Records when the handler starts and ends (ledger notes "start"/"end"): how many
     handlers ran at once is read from these, not from job states, which finish in batches."""
@@ -134,7 +134,7 @@ def overlap_sync(ctx: Any, seconds: float) -> None:
     _record(ctx, "end")
 
 
-@job(queue="slow")
+@job(takes_context=True, queue="slow")
 async def slow_async(ctx: Any, seconds: float) -> str:
     import asyncio
 
@@ -151,7 +151,7 @@ async def slow_async(ctx: Any, seconds: float) -> str:
     return "finished"
 
 
-@job(queue="hang")
+@job(takes_context=True, queue="hang")
 def hang_first(ctx: Any) -> str:
     """Hangs (until cancelled) on its first attempt only; completes on any later one."""
     _record(ctx)
@@ -160,7 +160,7 @@ def hang_first(ctx: Any) -> str:
     return "done"
 
 
-@job(queue="stop")
+@job(takes_context=True, queue="stop")
 def slow_first(ctx: Any) -> str:
     """Sleeps through its first attempt without looking at cancellation; later ones are quick."""
     import time
@@ -172,7 +172,7 @@ def slow_first(ctx: Any) -> str:
     return "second"
 
 
-@job(queue="cb")
+@job(takes_context=True, queue="cb")
 def await_callback(ctx: Any, timeout: float) -> Any:
     """Parks its first attempt until a callback resolves it (or it times out)."""
     from awa_django import WaitForCallback
@@ -190,7 +190,7 @@ class CustomBaseError(BaseException):
     """A BaseException that is not an Exception, raised by handler code."""
 
 
-@job(queue="hostile", max_attempts=1)
+@job(takes_context=True, queue="hostile", max_attempts=1)
 def hostile(ctx: Any, mode: str) -> Any:
     """Misbehaves as ``mode`` says: outcomes and values that cannot be stored as given."""
     import uuid
@@ -227,7 +227,7 @@ def hostile(ctx: Any, mode: str) -> Any:
     return "fine"
 
 
-@job(queue="hostile-async", max_attempts=1)
+@job(takes_context=True, queue="hostile-async", max_attempts=1)
 async def hostile_async(ctx: Any, mode: str) -> Any:
     import asyncio
 
@@ -243,7 +243,7 @@ async def hostile_async(ctx: Any, mode: str) -> Any:
     return "fine"
 
 
-@job(queue="work")
+@job(takes_context=True, queue="work")
 def progress_garbage_then_finish(ctx: Any, seconds: float) -> str:
     """Sets progress that is not JSON (the refusal, when there is one, is caught), flushes it,
     and runs on for ``seconds`` without touching progress again."""
@@ -257,7 +257,7 @@ def progress_garbage_then_finish(ctx: Any, seconds: float) -> str:
     return "done"
 
 
-@job(queue="stuck")
+@job(takes_context=True, queue="stuck")
 def stuck_sync(ctx: Any, hang: bool = True) -> str:
     """Ignores cancellation and sleeps far past any deadline on its first attempt (if hang)."""
     import time
@@ -268,7 +268,7 @@ def stuck_sync(ctx: Any, hang: bool = True) -> str:
     return "unstuck"
 
 
-@job(queue="stuck")
+@job(takes_context=True, queue="stuck")
 async def stuck_async(ctx: Any, hang: bool = True) -> str:
     """Swallows cancellation and sleeps far past any deadline on its first attempt (if hang)."""
     import asyncio
@@ -283,7 +283,7 @@ async def stuck_async(ctx: Any, hang: bool = True) -> str:
     return "unstuck"
 
 
-@job(queue="cb")
+@job(takes_context=True, queue="cb")
 def early_callback(ctx: Any) -> Any:
     """Resolves its own callback before returning WaitForCallback (an external system that
     answers before the handler has returned)."""
@@ -296,7 +296,7 @@ def early_callback(ctx: Any) -> Any:
     return WaitForCallback(callback_id, timeout=120)
 
 
-@job(queue="leaky", max_attempts=1)
+@job(takes_context=True, queue="leaky", max_attempts=1)
 def leaves_transaction_open(ctx: Any) -> str:
     """Enters an atomic block, writes, and returns without leaving it."""
     from django.db import transaction
@@ -306,7 +306,7 @@ def leaves_transaction_open(ctx: Any) -> str:
     return "returned"
 
 
-@job(queue="leaky")
+@job(takes_context=True, queue="leaky")
 def innocent(ctx: Any) -> int:
     from tests.testapp.models import Ledger
 
@@ -314,7 +314,7 @@ def innocent(ctx: Any) -> int:
     return Ledger.objects.count()
 
 
-@job(queue="blocker", max_attempts=1)
+@job(takes_context=True, queue="blocker", max_attempts=1)
 async def blocks_the_loop(ctx: Any, seconds: float) -> str:
     """Blocks the event loop (a sync sleep in an async handler)."""
     import time
@@ -326,7 +326,7 @@ async def blocks_the_loop(ctx: Any, seconds: float) -> str:
     return "unblocked"
 
 
-@job(queue="blocker", max_attempts=1)
+@job(takes_context=True, queue="blocker", max_attempts=1)
 async def ends_the_loop(ctx: Any, how: str) -> None:
     """Ends the worker's own event loop from handler code."""
     import asyncio
@@ -344,3 +344,33 @@ async def ends_the_loop(ctx: Any, how: str) -> None:
     elif how == "stop":
         loop.stop()
     await asyncio.sleep(5)
+
+
+#: What context_probe saw, one entry per attempt (tests read it in-process).
+CONTEXT_SEEN: list[dict[str, Any]] = []
+
+
+@job(takes_context=True, queue="context", metadata={"tenant": "acme"}, tags=["probe"])
+def context_probe(context: Any, fail: bool) -> str:
+    """Record what the context shows (the first parameter need not be called ctx); fail the
+    first attempt when asked."""
+    CONTEXT_SEEN.append(
+        {
+            "type": type(context).__name__,
+            "attempt": context.attempt,
+            "metadata": context.metadata,
+            "tags": context.tags,
+            "errors": [e.get("message") for e in context.errors],
+        }
+    )
+    if fail and context.attempt == 1:
+        raise RuntimeError("first attempt fails")
+    context.set_progress(10, "step 1", a=1, b=1)
+    context.set_progress(50, "step 2", b=2)
+    return "ok"
+
+
+@job(queue="context")
+def ctx_is_just_a_name(ctx: int) -> int:
+    """A first parameter named ctx, without takes_context: an ordinary argument."""
+    return ctx * 2

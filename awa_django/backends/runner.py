@@ -82,7 +82,7 @@ def task_handle(path: str, document: Any) -> Job[Any, Any] | None:
             return None
         if len(_handles) >= _MAX_HANDLES:
             _handles.clear()
-        handle = _handles[key] = Job(_runner(task), path, JobOptions())
+        handle = _handles[key] = Job(_runner(task), path, JobOptions(), takes_context=True)
     return handle
 
 

@@ -38,6 +38,8 @@ class ClaimedJob:
     """One claimed attempt. ``(job_id, run_lease)`` is its identity for every later write.
 
     ``args_json`` is left undecoded: the executor decodes it once, where it needs it.
+    ``metadata``, ``tags`` and ``errors`` (of the previous attempts) are the job's, for its
+    context.
     """
 
     job_id: int
@@ -52,6 +54,9 @@ class ClaimedJob:
     deadline_at: datetime | None
     timeout_secs: float | None
     progress: Any
+    metadata: Any = None
+    tags: list[str] | None = None
+    errors: Any = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

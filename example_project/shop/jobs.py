@@ -10,7 +10,7 @@ from awa_django import TerminalError, job
 from shop.models import Order
 
 
-@job(queue="orders", max_attempts=5, deadline=60)
+@job(takes_context=True, queue="orders", max_attempts=5, deadline=60)
 def fulfil_order(ctx: Any, order_id: int) -> dict[str, Any]:
     """Pack and ship an order, reporting progress; "flaky" orders fail their first two tries."""
     order = Order.objects.get(pk=order_id)

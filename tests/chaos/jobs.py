@@ -110,7 +110,7 @@ def _action(value: Any) -> str:
 # -- sync handlers --------------------------------------------------------------------------------
 
 
-@job(name="chaos.sync", queue="chaos", max_attempts=4)
+@job(takes_context=True, name="chaos.sync", queue="chaos", max_attempts=4)
 def sync_job(ctx: Any, token: str, behaviour: str, plan: dict[str, Any]) -> Any:
     """A sync handler doing ``behaviour`` (see SYNC_BEHAVIOURS)."""
     key = _start(ctx.id, ctx.run_lease, ctx.attempt, behaviour, token)
@@ -198,7 +198,7 @@ def _steer(behaviour: str) -> Any:
     return None
 
 
-@job(name="chaos.deadline", queue="chaos-deadline", max_attempts=3)
+@job(takes_context=True, name="chaos.deadline", queue="chaos-deadline", max_attempts=3)
 def deadline_job(ctx: Any, token: str, behaviour: str, plan: dict[str, Any]) -> Any:
     """Sync, in the 2 s deadline queue: ``hang`` sleeps past the deadline on attempt 1,
     ignoring ``ctx.is_cancelled()``."""
@@ -219,7 +219,7 @@ def deadline_job(ctx: Any, token: str, behaviour: str, plan: dict[str, Any]) -> 
 # -- async handlers -------------------------------------------------------------------------------
 
 
-@job(name="chaos.async", queue="chaos-async", max_attempts=4)
+@job(takes_context=True, name="chaos.async", queue="chaos-async", max_attempts=4)
 async def async_job(ctx: Any, token: str, behaviour: str, plan: dict[str, Any]) -> Any:
     """An async handler doing ``behaviour`` (see ASYNC_BEHAVIOURS)."""
     key = await sync_to_async(_start)(ctx.id, ctx.run_lease, ctx.attempt, behaviour, token)

@@ -456,12 +456,17 @@ $$;
 -- ready row it already reads and a carry-forward copies: a primary-key probe of the ready row
 -- per completion cost about 3 us of server CPU per job (benchmarks/write_cost.py).
 
-CREATE OR REPLACE FUNCTION awa.claim_v1(
+-- claim_v1 also returns the job's metadata, tags and the errors of its previous attempts (for
+-- the handler's context; mostly NULL, so nearly free): a new result type, so dropped and made
+-- again (a caller naming the columns it reads is unaffected).
+DROP FUNCTION awa.claim_v1(text, integer, uuid, double precision, double precision);
+CREATE FUNCTION awa.claim_v1(
     p_queue text, p_max integer, p_worker uuid DEFAULT NULL,
     p_aging_secs double precision DEFAULT 60, p_default_deadline double precision DEFAULT NULL)
 RETURNS TABLE (job_id bigint, run_lease bigint, attempt smallint, max_attempts smallint,
                claim_slot integer, kind text, args jsonb, queue text, priority smallint,
-               deadline_at timestamptz, timeout_secs double precision, progress jsonb)
+               deadline_at timestamptz, timeout_secs double precision, progress jsonb,
+               metadata jsonb, tags text[], errors jsonb)
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
@@ -534,7 +539,8 @@ BEGIN
             RETURNING lane_seq, deadline_at
         )
         SELECT p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint, p.max_attempts, v_cslot,
-               p.kind, p.args, p.queue, p.priority, i.deadline_at, p.timeout, p.progress
+               p.kind, p.args, p.queue, p.priority, i.deadline_at, p.timeout, p.progress,
+               p.metadata, p.tags, p.errors
         FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq
         ORDER BY p.lane_seq;
         GET DIAGNOSTICS v_got = ROW_COUNT;

@@ -7,7 +7,7 @@ SET default_transaction_isolation = 'read committed'
 
 -- name: claim
 SELECT job_id, run_lease, attempt, max_attempts, claim_slot, kind, args::text, queue, priority,
-       deadline_at, timeout_secs, progress
+       deadline_at, timeout_secs, progress, metadata, tags, errors
 FROM awa.claim_v1(%s, %s, %s, %s, %s)
 
 -- name: finalize
