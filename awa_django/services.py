@@ -1,7 +1,7 @@
 """Operator services: queue control, statistics, workers, rings, job inspection, the DLQ.
 
 The management commands (``awa_status``, ``awa_queue``, ``awa_dlq``, ``awa_job``) are thin
-wrappers over these, and the admin will use the same functions. Every write goes through the
+wrappers over these, and the admin uses the same functions. Every write goes through the
 engine's SQL functions on the Django connection of ``using`` (default ``AWA["DATABASE_ALIAS"]``).
 """
 

@@ -1,4 +1,4 @@
-"""Claim invariants of the storage engine, against real Postgres (DESIGN §4 "Claim")."""
+"""Claim invariants of the storage engine, against real Postgres (docs/storage.md, "Lanes, enqueue and claim")."""
 
 from __future__ import annotations
 

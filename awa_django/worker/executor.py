@@ -1,6 +1,6 @@
 """Run one claimed attempt and turn what its handler did into a ``Finalization``.
 
-Handler outcomes (DESIGN §2):
+Handler outcomes (docs/worker.md, "Outcomes"):
 
 | handler does                  | outcome                                                      |
 | ----------------------------- | ------------------------------------------------------------ |
