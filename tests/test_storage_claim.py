@@ -1,4 +1,5 @@
-"""Claim invariants of the storage engine, against real Postgres (docs/storage.md, "Lanes, enqueue and claim")."""
+"""Claim invariants of the storage engine, against real Postgres
+(docs/storage.md, "Lanes, enqueue and claim")."""
 
 from __future__ import annotations
 
