@@ -36,7 +36,7 @@ from typing import Any
 
 import psycopg
 
-from awa_django.conf import get_awa_settings
+from awa_django.conf import AwaSettings, get_awa_settings
 from awa_django.sql import query
 from awa_django.worker.links import Link, first_line, is_connection_lost, is_transient
 
@@ -49,44 +49,30 @@ QUEUE_RING_SLOTS = 16
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MaintenanceSettings:
-    """Intervals (seconds) of the leader's tasks, from ``AWA`` settings."""
+    """The leader's schedule: the validated ``AWA`` settings (intervals in seconds), what is
+    derived from them, and two constants that are not settings."""
 
-    alias: str
-    election_interval: float
-    promote_interval: float
-    rescue_interval: float
-    heartbeat_staleness: float
-    queue_rotate_interval: float
-    claim_rotate_interval: float
-    dlq_retention: float
-    runtime_retention: float
-    backoff_base: float = 1.0
-    leader_staleness: float = 90.0
+    awa: AwaSettings
+    #: How often runtime rows of processes gone for good are deleted.
     cleanup_interval: float = 60.0
-    runtime_refresh: float = 10.0
-    prune_interval: float = 1.0
+    #: How long a prune waits for the lock on a slot before it tries again later.
     lock_timeout_ms: int = 50
 
     @classmethod
     def from_settings(cls) -> MaintenanceSettings:
-        cfg = get_awa_settings()
-        return cls(
-            alias=cfg.DATABASE_ALIAS,
-            election_interval=cfg.LEADER_ELECTION_INTERVAL,
-            promote_interval=cfg.PROMOTE_INTERVAL,
-            rescue_interval=cfg.RESCUE_INTERVAL,
-            heartbeat_staleness=cfg.HEARTBEAT_STALENESS,
-            # Terminal history lives in the 15 sealed slots of the 16-slot queue ring.
-            queue_rotate_interval=cfg.HISTORY_RETENTION / (QUEUE_RING_SLOTS - 1),
-            claim_rotate_interval=cfg.CLAIM_ROTATE_INTERVAL,
-            dlq_retention=cfg.DLQ_RETENTION,
-            runtime_retention=cfg.RUNTIME_RETENTION,
-            prune_interval=cfg.PRUNE_INTERVAL,
-            backoff_base=cfg.RETRY_BACKOFF_BASE,
-            runtime_refresh=cfg.RUNTIME_REFRESH_INTERVAL,
-            # A leader's runtime row is refreshed every RUNTIME_REFRESH_INTERVAL: one this stale
-            # belongs to a process that is not running (attempts are rescued at the same bound).
-            leader_staleness=max(cfg.HEARTBEAT_STALENESS, 3 * cfg.RUNTIME_REFRESH_INTERVAL),
+        return cls(get_awa_settings())
+
+    @property
+    def queue_rotate_interval(self) -> float:
+        # Terminal history lives in the 15 sealed slots of the 16-slot queue ring.
+        return float(self.awa.HISTORY_RETENTION) / (QUEUE_RING_SLOTS - 1)
+
+    @property
+    def leader_staleness(self) -> float:
+        # A leader's runtime row is refreshed every RUNTIME_REFRESH_INTERVAL: one this stale
+        # belongs to a process that is not running (attempts are rescued at the same bound).
+        return max(
+            float(self.awa.HEARTBEAT_STALENESS), 3 * float(self.awa.RUNTIME_REFRESH_INTERVAL)
         )
 
 
@@ -106,20 +92,22 @@ class Maintenance:
         self.settings = settings
         self.instance_id = instance_id
         self.register = register
-        self.link = Link(settings.alias, "leader", str(instance_id), on_connect=_leader_session)
+        self.link = Link(
+            settings.awa.DATABASE_ALIAS, "leader", str(instance_id), on_connect=_leader_session
+        )
         self._foreign_warned_at = -1e9
         self.leader = False
         self.counters: dict[str, int] = {}
         s = settings
         self.tasks: list[tuple[str, float, Task]] = [
-            ("promote", s.promote_interval, self._promote),
-            ("rescue", s.rescue_interval, self._rescue),
-            ("prune", s.prune_interval, self._prune),
-            ("rotate", min(s.prune_interval, s.claim_rotate_interval), self._rotate),
+            ("promote", s.awa.PROMOTE_INTERVAL, self._promote),
+            ("rescue", s.awa.RESCUE_INTERVAL, self._rescue),
+            ("prune", s.awa.PRUNE_INTERVAL, self._prune),
+            ("rotate", min(s.awa.PRUNE_INTERVAL, s.awa.CLAIM_ROTATE_INTERVAL), self._rotate),
             ("retention", s.cleanup_interval, self._retention),
         ]
         if register:
-            self.tasks.append(("runtime", s.runtime_refresh, self._upsert_runtime))
+            self.tasks.append(("runtime", s.awa.RUNTIME_REFRESH_INTERVAL, self._upsert_runtime))
         self._due: dict[str, float] = {}
 
     async def deregister(self) -> None:
@@ -148,7 +136,7 @@ class Maintenance:
                 except Exception:
                     # Never let the loop die (a bug in this module, say): log, pause, go on.
                     log.exception("awa maintenance: a maintenance pass failed; carrying on")
-                    await asyncio.sleep(self.settings.election_interval)
+                    await asyncio.sleep(self.settings.awa.LEADER_ELECTION_INTERVAL)
         finally:
             await self.link.close()
 
@@ -156,7 +144,7 @@ class Maintenance:
         if not self.leader:
             await self._elect()
             if not self.leader:
-                await asyncio.sleep(self.settings.election_interval)
+                await asyncio.sleep(self.settings.awa.LEADER_ELECTION_INTERVAL)
                 return
         now = loop.time()
         for name, interval, task in self.tasks:
@@ -293,7 +281,8 @@ class Maintenance:
 
     async def _rescue(self, conn: psycopg.AsyncConnection[Any]) -> None:
         cursor = await conn.execute(
-            query("rescue"), [self.settings.heartbeat_staleness, 500, self.settings.backoff_base]
+            query("rescue"),
+            [self.settings.awa.HEARTBEAT_STALENESS, 500, self.settings.awa.RETRY_BACKOFF_BASE],
         )
         rows = await cursor.fetchall()
         if rows:
@@ -306,8 +295,8 @@ class Maintenance:
     async def _rotate(self, conn: psycopg.AsyncConnection[Any]) -> None:
         s = self.settings
         for ring, interval in (
-            ("claim", s.claim_rotate_interval),
-            ("lease", s.claim_rotate_interval),
+            ("claim", s.awa.CLAIM_ROTATE_INTERVAL),
+            ("lease", s.awa.CLAIM_ROTATE_INTERVAL),
             ("queue", s.queue_rotate_interval),
         ):
             cursor = await conn.execute(query("rotate"), [ring, interval])
@@ -325,10 +314,10 @@ class Maintenance:
             log.debug("awa maintenance: prune %s ring: %s", ring, outcome)
 
     async def _retention(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        cursor = await conn.execute(query("dlq_expire"), [self.settings.dlq_retention, 1000])
+        cursor = await conn.execute(query("dlq_expire"), [self.settings.awa.DLQ_RETENTION, 1000])
         row = await cursor.fetchone()
         self.count("dlq_expired", int(row[0]) if row else 0)
-        cursor = await conn.execute(query("cleanup"), [self.settings.runtime_retention])
+        cursor = await conn.execute(query("cleanup"), [self.settings.awa.RUNTIME_RETENTION])
         row = await cursor.fetchone()
         self.count("cleaned", int(row[0]) if row else 0)
 

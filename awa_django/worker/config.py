@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from awa_django.conf import QueueSettings, get_awa_settings
+from awa_django.conf import AwaSettings, QueueSettings, get_awa_settings
 from awa_django.db.identifiers import QUEUE_NAME_RE, validate_queue_name
 from awa_django.exceptions import InvalidOptionError
 from awa_django.jobs import registered_kinds
@@ -53,18 +53,20 @@ class QueueConfig:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    """Everything one worker process needs; every interval is in seconds.
+    """Everything one worker process needs: what the command line decided, and the validated
+    ``AWA`` settings (``settings.POLL_INTERVAL`` and so on; intervals in seconds) for the rest.
 
     ``concurrency`` is the most jobs the process runs at once across all its queues;
     ``queues`` are the queues it serves from the start; with ``discover`` it also serves every
-    queue found in the database, at start and then every ``runtime_refresh`` (and at once when
-    a wake-up names a queue it does not serve yet). ``processes`` is the size of the fleet this
-    process belongs to (``--processes``), for the connection budget.
+    queue found in the database, at start and then every ``RUNTIME_REFRESH_INTERVAL`` (and at
+    once when a wake-up names a queue it does not serve yet). ``processes`` is the size of the
+    fleet this process belongs to (``--processes``), for the connection budget.
     """
 
     queues: tuple[QueueConfig, ...]
-    alias: str
-    concurrency: int = 10
+    #: The validated ``AWA`` settings every interval, batch size and bound is read from.
+    settings: AwaSettings
+    concurrency: int
     discover: bool = False
     queue_settings: Mapping[str, QueueSettings] = dataclasses.field(
         default_factory=lambda: MappingProxyType({})
@@ -72,20 +74,6 @@ class WorkerConfig:
     processes: int = 1
     burst: bool = False
     maintenance: bool = True
-    claim_batch: int = 512
-    completion_batch: int = 512
-    completion_flush: float = 0.002
-    poll_interval: float = 0.2
-    heartbeat_interval: float = 30.0
-    heartbeat_staleness: float = 90.0
-    shutdown_timeout: float = 30.0
-    abandon_after: float = 30.0
-    runtime_refresh: float = 10.0
-    aging_interval: float = 60.0
-    notify: bool = True
-    result_max_bytes: int = 1_048_576
-    json_max_depth: int = 32
-    backoff_base: float = 1.0
 
     @property
     def total_concurrency(self) -> int:
@@ -206,25 +194,11 @@ def build_config(
         slots = min(slots, sum(q.concurrency for q in built))
     return WorkerConfig(
         queues=built,
-        alias=cfg.DATABASE_ALIAS,
+        settings=cfg,
         concurrency=slots,
         discover=discover,
         queue_settings=cfg.QUEUES,
         processes=processes,
         burst=burst,
         maintenance=maintenance,
-        claim_batch=cfg.CLAIM_BATCH_SIZE,
-        completion_batch=cfg.COMPLETION_BATCH_SIZE,
-        completion_flush=cfg.COMPLETION_FLUSH_INTERVAL,
-        poll_interval=cfg.POLL_INTERVAL,
-        heartbeat_interval=cfg.HEARTBEAT_INTERVAL,
-        heartbeat_staleness=cfg.HEARTBEAT_STALENESS,
-        shutdown_timeout=cfg.SHUTDOWN_TIMEOUT,
-        abandon_after=cfg.ABANDON_AFTER,
-        runtime_refresh=cfg.RUNTIME_REFRESH_INTERVAL,
-        aging_interval=cfg.PRIORITY_AGING_INTERVAL,
-        notify=cfg.NOTIFY,
-        result_max_bytes=cfg.RESULT_MAX_BYTES,
-        json_max_depth=cfg.JSON_MAX_DEPTH,
-        backoff_base=cfg.RETRY_BACKOFF_BASE,
     )

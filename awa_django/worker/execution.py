@@ -187,11 +187,11 @@ class Execution:
                 attempt,
                 value=value,
                 exc=exc,
-                result_max_bytes=self.config.result_max_bytes,
-                max_depth=self.config.json_max_depth,
+                result_max_bytes=self.config.settings.RESULT_MAX_BYTES,
+                max_depth=self.config.settings.JSON_MAX_DEPTH,
                 has_state=run.has_state,
                 progress_json=ctx.progress_json if ctx.progress_set else None,
-                backoff_base=self.config.backoff_base,
+                backoff_base=self.config.settings.RETRY_BACKOFF_BASE,
             )
         except BaseException as error:  # pragma: no cover - outcome_of does not raise
             outcome = Finalization(
@@ -222,7 +222,9 @@ class Execution:
         run.attempt.ctx.cancel()
         loop = self._loop
         if run.stop_timer is None and loop is not None:
-            run.stop_timer = loop.call_later(self.config.abandon_after, self._abandon, run, why)
+            run.stop_timer = loop.call_later(
+                self.config.settings.ABANDON_AFTER, self._abandon, run, why
+            )
 
     def _abandon(self, run: Running, why: str) -> None:
         if run.done or run.abandoned:
@@ -239,7 +241,7 @@ class Execution:
             job.kind,
             job.attempt,
             job.run_lease,
-            self.config.abandon_after,
+            self.config.settings.ABANDON_AFTER,
             why,
         )
         self.abandoned_total += 1

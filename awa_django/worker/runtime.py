@@ -86,20 +86,20 @@ class WorkerRuntime(Execution):
         self.config = config
         self.instance_id = instance_id or uuid.uuid4()
         name = str(self.instance_id)
-        self.claim_link = Link(config.alias, "claim", name)
-        self.finalize_link = Link(config.alias, "finalize", name)
-        self.control_link = Link(config.alias, "heartbeat", name)
+        self.claim_link = Link(config.settings.DATABASE_ALIAS, "claim", name)
+        self.finalize_link = Link(config.settings.DATABASE_ALIAS, "finalize", name)
+        self.control_link = Link(config.settings.DATABASE_ALIAS, "heartbeat", name)
         self.batcher = CompletionBatcher(
             self.finalize_link,
-            batch_size=config.completion_batch,
-            flush_interval=config.completion_flush,
+            batch_size=config.settings.COMPLETION_BATCH_SIZE,
+            flush_interval=config.settings.COMPLETION_FLUSH_INTERVAL,
             give_up=self._shutdown_overdue,
         )
         self.inflight: dict[tuple[int, int], Running] = {}
         self.abandoned: list[Running] = []
         self.abandoned_total = 0
         self.queues: dict[str, QueueConfig] = {}
-        self.slots = Slots(config.concurrency, config.claim_batch)
+        self.slots = Slots(config.concurrency, config.settings.CLAIM_BATCH_SIZE)
         self.stopping = False
         self.exit_code = 0
         self.signals = 0
@@ -116,7 +116,9 @@ class WorkerRuntime(Execution):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._stop_deadline: float | None = None
-        self._watchdog = LoopWatchdog(limit=max(config.heartbeat_staleness, 10.0), interval=_TICK)
+        self._watchdog = LoopWatchdog(
+            limit=max(config.settings.HEARTBEAT_STALENESS, 10.0), interval=_TICK
+        )
         self._signal_handler = self._on_signal
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -149,7 +151,7 @@ class WorkerRuntime(Execution):
             self._watch(loop.create_task(self._heartbeat_loop(), name="awa-heartbeat")),
             self._watch(loop.create_task(self._refresh_loop(), name="awa-refresh")),
         ]
-        if self.config.notify:
+        if self.config.settings.NOTIFY:
             background.append(self._watch(loop.create_task(self._listen_loop(), name="awa-listen")))
         if self.config.burst:
             background.append(self._watch(loop.create_task(self._burst_loop(), name="awa-burst")))
@@ -167,7 +169,7 @@ class WorkerRuntime(Execution):
         self.slots.wake_all()
         await asyncio.gather(*self._dispatchers, return_exceptions=True)
         await self._drain()
-        self._stop_deadline = loop.time() + self.config.shutdown_timeout
+        self._stop_deadline = loop.time() + self.config.settings.SHUTDOWN_TIMEOUT
         self.batcher.close()
         await batcher
         for task in background:
@@ -197,7 +199,7 @@ class WorkerRuntime(Execution):
         self.stopping = True
         self._stop.set()
         # Past this, the watchdog ends the process (a handler holding the loop, say).
-        self._watchdog.stopping(2 * self.config.shutdown_timeout + 10.0, self.exit_code)
+        self._watchdog.stopping(2 * self.config.settings.SHUTDOWN_TIMEOUT + 10.0, self.exit_code)
 
     def request_stop(self) -> None:
         """Begin a graceful stop from any thread (a no-op before the runtime runs or after its
@@ -284,7 +286,7 @@ class WorkerRuntime(Execution):
                 len(self.inflight),
             )
             hard_exit(128 + signum)
-        self._watchdog.stopping(2 * self.config.shutdown_timeout + 10.0, self.exit_code)
+        self._watchdog.stopping(2 * self.config.settings.SHUTDOWN_TIMEOUT + 10.0, self.exit_code)
         loop = self._loop
         if loop is not None:
             loop.call_soon_threadsafe(self._begin_stop, signum)
@@ -294,7 +296,7 @@ class WorkerRuntime(Execution):
             "awa worker %s: %s received, draining (up to %.0f s)",
             self.instance_id,
             signal.Signals(signum).name,
-            self.config.shutdown_timeout,
+            self.config.settings.SHUTDOWN_TIMEOUT,
         )
         self.stop()
 
@@ -302,14 +304,14 @@ class WorkerRuntime(Execution):
         if self.inflight:
             self._all_done.clear()
             try:
-                await asyncio.wait_for(self._all_done.wait(), self.config.shutdown_timeout)
+                await asyncio.wait_for(self._all_done.wait(), self.config.settings.SHUTDOWN_TIMEOUT)
             except TimeoutError:
                 log.warning(
                     "awa worker %s: %d job(s) still running after %.0f s; leaving them "
                     "to be rescued",
                     self.instance_id,
                     len(self.inflight),
-                    self.config.shutdown_timeout,
+                    self.config.settings.SHUTDOWN_TIMEOUT,
                 )
                 for run in self.inflight.values():
                     run.attempt.ctx.cancel()
@@ -431,7 +433,7 @@ class WorkerRuntime(Execution):
                     queue.name,
                     want,
                     self.instance_id,
-                    aging_interval=cfg.aging_interval,
+                    aging_interval=cfg.settings.PRIORITY_AGING_INTERVAL,
                     default_deadline=queue.deadline,
                 )
 
@@ -443,7 +445,7 @@ class WorkerRuntime(Execution):
                     return
                 # Not a lost connection (the link handles those): log, back off, carry on.
                 failures += 1
-                delay = min(cfg.poll_interval * 2**failures, 5.0)
+                delay = min(cfg.settings.POLL_INTERVAL * 2**failures, 5.0)
                 log.error(
                     "awa worker: claiming from queue %s failed (%s: %s); retrying in %.2f s",
                     queue.name,
@@ -463,7 +465,7 @@ class WorkerRuntime(Execution):
                 self._start(job, queue)  # counted as running from here on
             if len(jobs) < want and not self.stopping:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), cfg.poll_interval)
+                    await asyncio.wait_for(wake.wait(), cfg.settings.POLL_INTERVAL)
 
     # -- heartbeats, wake-ups, runtime row ---------------------------------------------------
 
@@ -474,7 +476,7 @@ class WorkerRuntime(Execution):
             loop.call_soon_threadsafe(self._flush.set)
 
     async def _heartbeat_loop(self) -> None:
-        interval = self.config.heartbeat_interval
+        interval = self.config.settings.HEARTBEAT_INTERVAL
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._flush.wait(), interval)
@@ -547,7 +549,7 @@ class WorkerRuntime(Execution):
         the runtime row, put back signal handling. A wake-up for a queue this worker does not
         serve yet looks for new queues at once (at most once per ``POLL_INTERVAL``)."""
         loop = asyncio.get_running_loop()
-        due = loop.time() + self.config.runtime_refresh
+        due = loop.time() + self.config.settings.RUNTIME_REFRESH_INTERVAL
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._rediscover.wait(), max(0.0, due - loop.time()))
@@ -559,7 +561,7 @@ class WorkerRuntime(Execution):
                 except Exception as exc:
                     log.warning("awa worker: could not look for new queues (%s)", first_line(exc))
             if found or loop.time() >= due:
-                due = loop.time() + self.config.runtime_refresh
+                due = loop.time() + self.config.settings.RUNTIME_REFRESH_INTERVAL
                 try:
                     self._check_signals()
                     await self._register()
@@ -567,11 +569,11 @@ class WorkerRuntime(Execution):
                     log.warning(
                         "awa worker: could not refresh the runtime row (%s)", first_line(exc)
                     )
-            await asyncio.sleep(self.config.poll_interval)
+            await asyncio.sleep(self.config.settings.POLL_INTERVAL)
 
     async def _listen_loop(self) -> None:
         delay = 0.05
-        listen = Link(self.config.alias, "listen", str(self.instance_id))
+        listen = Link(self.config.settings.DATABASE_ALIAS, "listen", str(self.instance_id))
         while True:
             try:
                 conn = await listen.connection()
@@ -623,7 +625,7 @@ class WorkerRuntime(Execution):
             return bool(row and row[0])
 
         while not self.stopping:
-            await asyncio.sleep(self.config.poll_interval)
+            await asyncio.sleep(self.config.settings.POLL_INTERVAL)
             if self.inflight or self.batcher.pending:
                 continue
             try:
