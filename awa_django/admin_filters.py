@@ -27,6 +27,7 @@ from awa_django.exceptions import InvalidOptionError
 from awa_django.jobs import registered_kinds
 from awa_django.limits import check_text
 from awa_django.sql import query
+from awa_django.states import LIVE_STATES, TERMINAL_STATES, JobState
 
 __all__ = [
     "KIND_MAX_LENGTH",
@@ -64,10 +65,10 @@ class _ChoiceFilter(admin.SimpleListFilter):
 class _StateFilter(_ChoiceFilter):
     title = "state"
     parameter_name = "state"
-    states: ClassVar[tuple[str, ...]] = ()
+    states: ClassVar[tuple[JobState, ...]] = ()
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(state, state.replace("_", " ")) for state in self.states]
+        return [(state.value, str(state.label)) for state in self.states]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
@@ -81,13 +82,13 @@ class _StateFilter(_ChoiceFilter):
 class TerminalStateFilter(_StateFilter):
     """Outcome of a finished job."""
 
-    states = ("completed", "failed", "cancelled")
+    states = TERMINAL_STATES
 
 
 class LiveStateFilter(_StateFilter):
     """State of a job not finished yet."""
 
-    states = ("available", "running", "waiting_external", "scheduled", "retryable")
+    states = LIVE_STATES
 
 
 class QueueFilter(_ChoiceFilter):

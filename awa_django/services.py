@@ -26,7 +26,7 @@ from awa_django.sql import query
 __all__ = [
     "DlqEntry",
     "QueueStats",
-    "Worker",
+    "WorkerStatus",
     "dlq_list",
     "job_show",
     "queue_drain",
@@ -57,7 +57,7 @@ class QueueStats(QueueCounts):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Worker:
+class WorkerStatus:
     """One registered worker (or maintenance) process."""
 
     instance_id: str
@@ -147,12 +147,12 @@ def throughput(queue: str | None = None, *, using: str | None = None) -> list[in
         return [int(row[0]) for row in cursor.fetchall()]
 
 
-def workers(using: str | None = None) -> list[Worker]:
+def workers(using: str | None = None) -> list[WorkerStatus]:
     """Registered processes, oldest first, with their leader flag."""
     with _cursor(using) as cursor:
         cursor.execute(query("workers"))
         return [
-            Worker(str(r[0]), r[1], r[2], _json(r[3]), r[4], r[5], r[6], r[7], float(r[8]))
+            WorkerStatus(str(r[0]), r[1], r[2], _json(r[3]), r[4], r[5], r[6], r[7], float(r[8]))
             for r in cursor.fetchall()
         ]
 

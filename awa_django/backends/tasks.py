@@ -57,20 +57,21 @@ from awa_django.db.enqueue import build_request, send_requests
 from awa_django.db.identifiers import QUEUE_NAME_RE
 from awa_django.exceptions import InvalidArgumentsError, ValidationError
 from awa_django.sql import query
+from awa_django.states import JobState
 from awa_django.types import JobOptions, JobRequest
 
 __all__ = ["STATUS_OF_STATE", "AwaTask", "AwaTaskBackend", "resolve_stored", "resolve_task"]
 
 #: How awa_django's eight states (and the DLQ) compress into django.tasks' four statuses.
 STATUS_OF_STATE: Mapping[str, str] = {
-    "scheduled": "READY",
-    "available": "READY",
-    "retryable": "READY",
-    "running": "RUNNING",
-    "waiting_external": "RUNNING",
-    "completed": "SUCCESSFUL",
-    "failed": "FAILED",  # dead-lettered jobs too
-    "cancelled": "FAILED",
+    JobState.SCHEDULED: "READY",
+    JobState.AVAILABLE: "READY",
+    JobState.RETRYABLE: "READY",
+    JobState.RUNNING: "RUNNING",
+    JobState.WAITING_EXTERNAL: "RUNNING",
+    JobState.COMPLETED: "SUCCESSFUL",
+    JobState.FAILED: "FAILED",  # dead-lettered jobs too
+    JobState.CANCELLED: "FAILED",
 }
 
 _OPTIONS = {"database", "max_attempts", "deadline", "tags"}

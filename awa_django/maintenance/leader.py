@@ -76,7 +76,7 @@ class MaintenanceSettings:
         )
 
 
-Task = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
+MaintenanceTask = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
 
 
 class Maintenance:
@@ -99,7 +99,7 @@ class Maintenance:
         self.leader = False
         self.counters: dict[str, int] = {}
         s = settings
-        self.tasks: list[tuple[str, float, Task]] = [
+        self.tasks: list[tuple[str, float, MaintenanceTask]] = [
             ("promote", s.awa.PROMOTE_INTERVAL, self._promote),
             ("rescue", s.awa.RESCUE_INTERVAL, self._rescue),
             ("prune", s.awa.PRUNE_INTERVAL, self._prune),
@@ -247,7 +247,7 @@ class Maintenance:
             log.warning("awa maintenance: %s lost leadership (connection lost)", self.instance_id)
         self.leader = False
 
-    async def _run_task(self, name: str, task: Task) -> None:
+    async def _run_task(self, name: str, task: MaintenanceTask) -> None:
         try:
             conn = await self.link.connection()
             await task(conn)
