@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from typing import Any
 
 from awa_django.exceptions import InvalidArgumentsError, LimitExceededError
 
-__all__ = ["check_json", "dumps", "loads"]
+__all__ = ["check_json", "dumps", "encode", "fragment", "loads"]
 
 _SCALARS = (int, bool, type(None))
 
@@ -134,26 +133,27 @@ def _plain(value: Any, limit: int) -> bool:
     return True
 
 
-def _make_encode() -> Callable[[Any], str]:
-    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
-    c_encode_basestring = getattr(json.encoder, "c_encode_basestring", None)
-    if c_make_encoder is None or c_encode_basestring is None:  # pragma: no cover - PyPy etc.
-        return encoder.encode
-    # The C encoder without the pure-Python wrappers around it (about 1 µs per call). No
-    # circular-reference markers: values reach it only after _plain/check_json, whose depth
-    # limit already refuses cycles.
-    one_shot = c_make_encoder(
-        None, encoder.default, c_encode_basestring, None, ":", ",", False, False, False
-    )
-
-    def encode(value: Any) -> str:
-        return "".join(one_shot(value, 0))
-
-    return encode
+#: The stdlib encoder: compact, UTF-8 text (non-ASCII characters as they are), NaN and infinity
+#: refused. No circular-reference markers: values reach it only after ``_plain``/``check_json``,
+#: whose depth limit already refuses cycles, or are built by awa_django itself.
+_ENCODER = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False
+)
+_encode = _ENCODER.encode
 
 
-_encode = _make_encode()
+def encode(value: Any) -> str:
+    """Compact JSON text of a document awa_django builds itself from checked parts (a request
+    of ``awa.enqueue_v1``, a batch of finalizations or heartbeats). No validation: every part
+    was checked when it was made. Raises ``ValueError`` for NaN or infinity."""
+    return _encode(value)
+
+
+def fragment(text: str) -> Any:
+    """The value of JSON text made by ``dumps`` (an argument, a result, progress), to nest it
+    in a document for ``encode``: the text decodes to exactly the value it was encoded from,
+    and encodes back to the same text."""
+    return None if text == "null" else json.loads(text)
 
 
 def dumps(value: Any, field: str, *, max_bytes: int, max_depth: int, envelope: int = 0) -> str:

@@ -118,7 +118,7 @@ def _run(cursor: Any, job: ClaimedJob, cfg: Any) -> JobRun:
         progress_json=ctx.progress_json if ctx.progress_set else None,
         backoff_base=cfg.RETRY_BACKOFF_BASE,
     )
-    cursor.execute(query("finalize"), ["[" + outcome.to_json() + "]"])
+    cursor.execute(query("finalize"), [Finalization.batch_json([outcome])])
     cursor.fetchall()
     result = json.loads(outcome.result_json) if outcome.result_json is not None else None
     return JobRun(job.job_id, job.kind, job.queue, outcome.outcome, result, outcome.error)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
+
+from awa_django import serialization
 
 __all__ = ["SEAL", "EnqueuedJob", "JobOptions", "JobRequest"]
 
@@ -74,33 +75,28 @@ class JobRequest(_JobRequestFields):
 
     def payload(self) -> str:
         """This request as one JSON object of the array ``awa.enqueue_v1`` takes."""
-        # The queue name is validated ([a-z0-9_.-]), so it needs no escaping.
-        parts = [
-            '{"kind":',
-            json.dumps(self.kind),
-            ',"queue":"',
-            self.queue,
-            '","priority":',
-            str(self.priority),
-            ',"max_attempts":',
-            str(self.max_attempts),
-            ',"args":',
-            self.args_json,
-        ]
+        return serialization.encode(self.payload_value())
+
+    def payload_value(self) -> dict[str, Any]:
+        """The object ``payload`` encodes (``send_requests`` encodes a batch of them at once)."""
+        value: dict[str, Any] = {
+            "kind": self.kind,
+            "queue": self.queue,
+            "priority": self.priority,
+            "max_attempts": self.max_attempts,
+            "args": serialization.fragment(self.args_json),
+        }
         if self.run_at is not None:
-            parts.append(f',"run_at":"{self.run_at.isoformat()}"')
+            value["run_at"] = self.run_at.isoformat()
         if self.delay is not None:
-            parts.append(f',"delay":{self.delay!r}')
+            value["delay"] = self.delay
         if self.deadline is not None:
-            parts.append(f',"deadline":{self.deadline!r}')
+            value["deadline"] = self.deadline
         if self.metadata_json is not None:
-            parts.append(',"metadata":')
-            parts.append(self.metadata_json)
+            value["metadata"] = serialization.fragment(self.metadata_json)
         if self.tags:
-            parts.append(',"tags":')
-            parts.append(json.dumps(list(self.tags), ensure_ascii=False))
-        parts.append("}")
-        return "".join(parts)
+            value["tags"] = list(self.tags)
+        return value
 
 
 class EnqueuedJob(NamedTuple):

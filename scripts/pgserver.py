@@ -20,6 +20,17 @@ Guarantees:
   (created on first use), which owns the data dir.
 - When ``DATABASE_URL`` is set, ``start()`` starts nothing and returns that URL.
 
+Why not pytest-postgresql's ``postgresql_proc``/``postgresql_noproc`` fixtures and its janitor:
+they would replace only the test session's start and stop (about 20 lines of tests/conftest.py),
+while this module must stay for the demo, the PostgreSQL 15, chaos, demo-smoke and benchmark
+lanes, which are not pytest. They also cannot do what this module is for: its executor starts
+the server with ``pg_ctl start``, which daemonizes the postmaster (not our child, so no
+parent-death signal: a killed pytest leaves it running), as the current user (PostgreSQL refuses
+root; nothing switches to a service user or fixes directory permissions), and it neither reaps a
+dead run's orphaned backends nor tells a stale ``postmaster.pid`` from a data dir in use. Its
+janitor creates and drops databases, which pytest-django already does. Adopting it would add
+dependencies (mirakuru, port-for) and remove no code here.
+
 The module uses only the standard library. It is importable (the tests put ``scripts/`` on
 ``sys.path``) and runnable: ``python scripts/pgserver.py run|stop|url --help``.
 """

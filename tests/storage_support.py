@@ -1,49 +1,20 @@
-"""Helpers for storage tests: worker-style psycopg connections to the test database."""
+"""Helpers for storage tests: reading and emptying the awa schema of the test database.
+
+Jobs are built by tests/factories.py and connections come from tests/helpers.py; the names
+below that moved there are re-exported so that existing imports keep working.
+"""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from django.db import connections
 
-
-def conninfo(alias: str = "default") -> str:
-    """psycopg conninfo for the (test) database behind ``alias``."""
-    s = connections[alias].settings_dict
-    return psycopg.conninfo.make_conninfo(
-        dbname=s["NAME"],
-        user=s.get("USER") or None,
-        password=s.get("PASSWORD") or None,
-        host=s.get("HOST") or None,
-        port=str(s["PORT"]) if s.get("PORT") else None,
-    )
-
-
-@contextmanager
-def pg(autocommit: bool = True) -> Iterator[psycopg.Connection[Any]]:
-    """A fresh psycopg connection, closed on exit."""
-    conn = psycopg.connect(conninfo(), autocommit=autocommit)
-    try:
-        yield conn
-    finally:
-        conn.close()
-
-
-WORKER = uuid.UUID("00000000-0000-0000-0000-00000000a0a0")
-
-
-def enqueue_sql(conn: psycopg.Connection[Any], jobs: str) -> list[tuple[int, str]]:
-    """Call awa.enqueue_v1 directly (raw-SQL producer path)."""
-    return [
-        (r[0], r[1])
-        for r in conn.execute(
-            "SELECT job_id, state FROM awa.enqueue_v1(%s::jsonb)", [jobs]
-        ).fetchall()
-    ]
+from tests.factories import WORKER as WORKER
+from tests.factories import dead_letter as dead_letter
+from tests.factories import enqueue_sql as enqueue_sql
+from tests.helpers import conninfo as conninfo
+from tests.helpers import pg
 
 
 def job_state(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any] | None:
@@ -82,42 +53,3 @@ def reset_awa() -> None:
     with pg() as conn:
         conn.execute(RESET_SQL)
     forget_known_lanes()
-
-
-def dead_letter(
-    n: int = 1, queue: str = "default", *, kind: str = "tests.testjobs.noop", text: str = "boom"
-) -> list[int]:
-    """Enqueue n jobs through the SQL producer, claim them and fail them terminally (DLQ).
-
-    ``text`` lands in the arguments and in the error's message and traceback.
-    """
-    import json
-
-    from awa_django.db import storage
-    from awa_django.db.storage import Finalization
-
-    with pg() as conn:
-        ids = [
-            i
-            for i, _ in enqueue_sql(
-                conn,
-                json.dumps(
-                    [{"kind": kind, "queue": queue, "args": {"args": [text], "kwargs": {}}}] * n
-                ),
-            )
-        ]
-        claimed = storage.claim(conn, queue, n, WORKER)
-        storage.finalize(
-            conn,
-            [
-                Finalization(
-                    c.job_id,
-                    c.run_lease,
-                    c.claim_slot,
-                    "fail",
-                    error={"type": "Boom", "message": text, "traceback": text},
-                )
-                for c in claimed
-            ],
-        )
-    return ids

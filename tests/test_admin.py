@@ -17,17 +17,11 @@ from awa_django.db import storage
 from awa_django.db.storage import Finalization
 from awa_django.models import DeadLetter, Job, ReadOnlyError, TerminalJob
 from tests import testjobs
-from tests.admin_support import (
-    HOSTILE,
-    TAGS,
-    changelist,
-    confirmed,
-    dead_letter,
-    post_action,
-    staff,
-    tagged_jobs,
-)
-from tests.storage_support import WORKER, job_state, pg
+from tests.admin_support import changelist, confirmed, post_action
+from tests.factories import HOSTILE, TAGS, WORKER, staff, tagged_jobs
+from tests.factories import hostile_dead_letter as dead_letter
+from tests.helpers import pg
+from tests.storage_support import job_state
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 

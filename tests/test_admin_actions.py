@@ -14,16 +14,11 @@ from django.test import override_settings
 from awa_django.admin_actions import BULK_LIMIT, SELECTION_FIELD
 from awa_django.models import DeadLetter
 from tests import testjobs
-from tests.admin_support import (
-    changelist,
-    confirmed,
-    dead_letter,
-    form_fields,
-    messages_of,
-    post_action,
-    staff,
-)
-from tests.storage_support import enqueue_sql, job_state, pg
+from tests.admin_support import changelist, confirmed, form_fields, messages_of, post_action
+from tests.factories import enqueue_sql, staff
+from tests.factories import hostile_dead_letter as dead_letter
+from tests.helpers import pg
+from tests.storage_support import job_state
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 

@@ -13,7 +13,9 @@ from django.core.management.base import CommandError
 
 from awa_django.db import storage
 from tests import storage_support, testjobs
-from tests.storage_support import WORKER, job_state, pg
+from tests.factories import WORKER
+from tests.helpers import pg
+from tests.storage_support import job_state
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 

@@ -26,7 +26,9 @@ from awa_django import (
 )
 from awa_django.db import storage
 from tests import testjobs
-from tests.storage_support import WORKER, conninfo, job_state, pg
+from tests.factories import WORKER
+from tests.helpers import conninfo, pg
+from tests.storage_support import job_state
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_awa")]
 

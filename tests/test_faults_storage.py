@@ -20,7 +20,9 @@ from awa_django.db import storage
 from awa_django.db.bulk import copy_enqueue
 from awa_django.db.storage import Finalization
 from awa_django.types import JobRequest
-from tests.storage_support import WORKER, conninfo, enqueue_sql, job_state, pg
+from tests.factories import WORKER, enqueue_sql
+from tests.helpers import conninfo, pg
+from tests.storage_support import job_state
 
 pytestmark = [
     pytest.mark.storage,

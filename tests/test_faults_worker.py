@@ -27,8 +27,9 @@ from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.links import Link, is_connection_lost
 from tests import testjobs
-from tests.helpers import ManagedProcess, wait_for
-from tests.storage_support import WORKER, enqueue_sql, job_state, pg
+from tests.factories import WORKER, enqueue_sql
+from tests.helpers import ManagedProcess, pg, wait_for
+from tests.storage_support import job_state
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]

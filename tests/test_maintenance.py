@@ -15,8 +15,9 @@ import pytest
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
 from tests import testjobs
-from tests.helpers import ManagedProcess, wait_for
-from tests.storage_support import WORKER, enqueue_sql, job_state, pg
+from tests.factories import WORKER, enqueue_sql
+from tests.helpers import ManagedProcess, pg, wait_for
+from tests.storage_support import job_state
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]

@@ -21,7 +21,8 @@ from awa_django import (
 )
 from awa_django.jobs import get_job, job
 from tests import testjobs
-from tests.storage_support import job_state, pg
+from tests.helpers import pg
+from tests.storage_support import job_state
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_awa")]
 

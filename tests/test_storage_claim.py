@@ -11,7 +11,8 @@ import psycopg
 import pytest
 
 from awa_django.db import storage
-from tests.storage_support import WORKER, enqueue_sql, pg
+from tests.factories import WORKER, enqueue_sql
+from tests.helpers import pg
 
 pytestmark = [
     pytest.mark.storage,

@@ -11,7 +11,9 @@ import pytest
 
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
-from tests.storage_support import WORKER, enqueue_sql, job_state, pg
+from tests.factories import WORKER, enqueue_sql
+from tests.helpers import pg
+from tests.storage_support import job_state
 
 pytestmark = [
     pytest.mark.storage,

@@ -26,8 +26,8 @@ from awa_django.backends.tasks import AwaTaskBackend
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
 from tests import tasks_for_tests as t
-from tests.helpers import ManagedProcess, wait_for
-from tests.storage_support import WORKER, enqueue_sql, pg
+from tests.factories import WORKER, enqueue_sql
+from tests.helpers import ManagedProcess, pg, wait_for
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]

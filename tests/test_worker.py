@@ -15,8 +15,9 @@ import pytest
 
 import awa_django
 from tests import testjobs
-from tests.helpers import ManagedProcess, wait_for
-from tests.storage_support import enqueue_sql, job_state, pg
+from tests.factories import enqueue_sql
+from tests.helpers import ManagedProcess, pg, wait_for
+from tests.storage_support import job_state
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]

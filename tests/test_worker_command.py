@@ -22,9 +22,10 @@ from django.core.management import call_command
 
 from awa_django.worker.supervisor import child_command, launcher
 from tests import testjobs
-from tests.helpers import ManagedProcess, wait_for
+from tests.factories import enqueue_sql
+from tests.helpers import ManagedProcess, pg, wait_for
 from tests.settings import AWA
-from tests.storage_support import enqueue_sql, job_state, pg
+from tests.storage_support import job_state
 
 clean_awa = pytest.mark.usefixtures("clean_awa")
 

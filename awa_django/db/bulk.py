@@ -3,7 +3,8 @@
 Only the Python producer uses this path, for batches of validated requests that run at once.
 ``awa.reserve_v1`` takes the lane locks (held until the caller's transaction ends), reserves
 consecutive lane positions and job ids, and queues the NOTIFYs; the rows are then streamed with
-one ``COPY`` into the ready ring. Everything happens in the caller's transaction.
+one binary ``COPY`` into the ready ring (psycopg's ``write_row``: no text escaping of ours).
+Everything happens in the caller's transaction.
 """
 
 from __future__ import annotations
@@ -11,31 +12,47 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from psycopg import postgres
+from psycopg.adapt import Buffer, Dumper
+from psycopg.pq import Format
+
 from awa_django.sql import query
 from awa_django.types import JobRequest
 
 __all__ = ["copy_enqueue"]
 
-# COPY text format: backslash is the escape character; tab, newline and carriage return separate
-# fields and rows.
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-_NULL = "\\N"
+# The columns of the ``copy_ready`` statement, in order: binary COPY applies no casts, so each
+# value is sent as exactly its column's type.
+_READY_TYPES = (
+    "int4",  # ready_slot
+    "int8",  # ready_generation
+    "int4",  # lane_id
+    "int8",  # lane_seq
+    "int8",  # job_id
+    "int2",  # priority
+    "int2",  # attempt
+    "int2",  # max_attempts
+    "int8",  # run_lease
+    "text",  # queue
+    "text",  # kind
+    "jsonb",  # args
+    "timestamptz",  # run_at
+    "timestamptz",  # created_at
+    "float8",  # deadline_secs
+    "jsonb",  # metadata
+    "text[]",  # tags
+)
 
 
-def _copy_text(value: str) -> str:
-    return value.translate(_COPY_ESCAPES)
+class _JsonTextBinaryDumper(Dumper):
+    """jsonb in binary COPY from JSON text: requests hold their JSON already checked and encoded
+    (``serialization.dumps``); jsonb's binary form is a version byte and that text."""
 
+    format = Format.BINARY
+    oid = postgres.types["jsonb"].oid
 
-def _copy_json(text: str) -> str:
-    # Our JSON text never holds raw control characters (JSON escapes them), only backslashes.
-    return text.replace("\\", "\\\\") if "\\" in text else text
-
-
-def _copy_tags(tags: tuple[str, ...] | None) -> str:
-    if not tags:
-        return _NULL
-    elements = ",".join('"' + t.replace("\\", "\\\\").replace('"', '\\"') + '"' for t in tags)
-    return _copy_text("{" + elements + "}")
+    def dump(self, obj: str) -> Buffer:
+        return b"\x01" + obj.encode()
 
 
 def copy_enqueue(cursor: Any, requests: Sequence[JobRequest]) -> list[int]:
@@ -54,24 +71,34 @@ def copy_enqueue(cursor: Any, requests: Sequence[JobRequest]) -> list[int]:
     )
     lane_ids, first_seqs, slot, generation, job_ids, db_now = cursor.fetchone()
     next_seq = {k: (lane_ids[i], first_seqs[i]) for i, k in enumerate(keys)}
-    now = db_now.isoformat()
-    head = f"{slot}\t{generation}\t"
-    kinds: dict[str, str] = {}
-    lines = []
-    for r, job_id in zip(requests, job_ids, strict=True):
-        key = (r.queue, r.priority)
-        lane, seq = next_seq[key]
-        next_seq[key] = (lane, seq + 1)
-        kind = kinds.get(r.kind)
-        if kind is None:
-            kind = kinds[r.kind] = _copy_text(r.kind)
-        lines.append(
-            f"{head}{lane}\t{seq}\t{job_id}\t{r.priority}\t0\t{r.max_attempts}\t0\t{r.queue}\t"
-            f"{kind}\t{_copy_json(r.args_json)}\t{now}\t{now}\t"
-            f"{_NULL if r.deadline is None else repr(r.deadline)}\t"
-            f"{_NULL if r.metadata_json is None else _copy_json(r.metadata_json)}\t"
-            f"{_copy_tags(r.tags)}\n"
-        )
-    with cursor.copy(query("copy_ready")) as copy:
-        copy.write("".join(lines))
+    # By oid only: used for the jsonb columns of set_types, never for the caller's parameters.
+    cursor.adapters.register_dumper(None, _JsonTextBinaryDumper)
+    with cursor.copy(query("copy_ready") + " (FORMAT BINARY)") as copy:
+        copy.set_types(_READY_TYPES)
+        write_row = copy.write_row
+        for r, job_id in zip(requests, job_ids, strict=True):
+            key = (r.queue, r.priority)
+            lane, seq = next_seq[key]
+            next_seq[key] = (lane, seq + 1)
+            write_row(
+                (
+                    slot,
+                    generation,
+                    lane,
+                    seq,
+                    job_id,
+                    r.priority,
+                    0,
+                    r.max_attempts,
+                    0,
+                    r.queue,
+                    r.kind,
+                    r.args_json,
+                    db_now,
+                    db_now,
+                    r.deadline,
+                    r.metadata_json,
+                    list(r.tags) if r.tags else None,
+                )
+            )
     return list(job_ids)

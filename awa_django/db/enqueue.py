@@ -206,7 +206,7 @@ def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJo
                 )
                 continue
             # Timed requests: the server splits them into ready and deferred on its own clock.
-            payload = "[" + ",".join([r.payload() for r in chunk]) + "]"
+            payload = serialization.encode([r.payload_value() for r in chunk])
             cursor.execute(query("enqueue"), [payload, limits])
             rows = cursor.fetchall()
             results.extend(

@@ -7,7 +7,6 @@ text lives here: statements come from ``awa_django/sql/queries/storage.sql``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -15,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from awa_django import serialization
 from awa_django.sql import query
 
 __all__ = [
@@ -85,26 +85,36 @@ class Finalization:
     timeout: float | None = None
 
     def to_json(self) -> str:
-        parts = [
-            f'{{"id":{self.job_id},"lease":{self.run_lease},"slot":{self.claim_slot},'
-            f'"outcome":"{self.outcome}"'
-        ]
+        """This outcome as one JSON object of the array ``awa.finalize_v1`` takes."""
+        return serialization.encode(self.to_value())
+
+    def to_value(self) -> dict[str, Any]:
+        """The object ``to_json`` encodes."""
+        value: dict[str, Any] = {
+            "id": self.job_id,
+            "lease": self.run_lease,
+            "slot": self.claim_slot,
+            "outcome": self.outcome,
+        }
         if self.result_json is not None:
-            parts.append(f',"result":{self.result_json}')
+            value["result"] = serialization.fragment(self.result_json)
         if self.error is not None:
-            parts.append(',"error":' + json.dumps(self.error, ensure_ascii=False))
+            value["error"] = self.error
         if self.delay is not None:
-            parts.append(f',"delay":{float(self.delay)!r}')
+            value["delay"] = float(self.delay)
         if self.progress_json is not None:
-            parts.append(',"progress":' + self.progress_json)
+            value["progress"] = serialization.fragment(self.progress_json)
         if self.has_state:
-            parts.append(',"st":true')
+            value["st"] = True
         if self.callback_id is not None:
-            parts.append(
-                f',"callback_id":"{self.callback_id}","timeout":{float(self.timeout or 3600)!r}'
-            )
-        parts.append("}")
-        return "".join(parts)
+            value["callback_id"] = str(self.callback_id)
+            value["timeout"] = float(self.timeout or 3600)
+        return value
+
+    @staticmethod
+    def batch_json(items: Sequence[Finalization]) -> str:
+        """The JSON array of ``items`` that ``awa.finalize_v1`` takes."""
+        return serialization.encode([item.to_value() for item in items])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -159,19 +169,21 @@ def _claim_params(
 
 
 def _finalize_payload(items: Sequence[Finalization]) -> str:
-    return "[" + ",".join([item.to_json() for item in items]) + "]"
+    return Finalization.batch_json(items)
 
 
 def _heartbeat_payload(attempts: Sequence[tuple[int, int, str | None]]) -> str:
-    return (
-        "["
-        + ",".join(
-            f'{{"id":{int(job_id)},"lease":{int(lease)}}}'
+    return serialization.encode(
+        [
+            {"id": int(job_id), "lease": int(lease)}
             if progress is None
-            else f'{{"id":{int(job_id)},"lease":{int(lease)},"progress":{progress}}}'
+            else {
+                "id": int(job_id),
+                "lease": int(lease),
+                "progress": serialization.fragment(progress),
+            }
             for job_id, lease, progress in attempts
-        )
-        + "]"
+        ]
     )
 
 
