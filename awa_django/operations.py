@@ -108,7 +108,8 @@ def resolve_callback(
         connection.cursor() as cursor,
     ):
         cursor.execute(
-            query("callback_resolve"), [str(callback), result_json, error_json, terminal]
+            query("callback_resolve"),
+            [str(callback), result_json, error_json, terminal, cfg.RETRY_BACKOFF_BASE],
         )
         row = cursor.fetchone()
     return "unknown" if row is None else str(row[0])

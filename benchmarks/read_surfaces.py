@@ -1,7 +1,7 @@
 """Every read surface over a large history: admin pages, commands, SQL surfaces, get_result.
 
     .venv/dj52/bin/python benchmarks/read_surfaces.py [--scale 1.0] [--rounds 5]
-        [--compare 0007_faults_v1] [--migrate-to NAME] [--reuse] [--stale-stats]
+        [--reuse] [--stale-stats]
         [--timeout 60] [--output PATH] [--plans PATH] [--write-cost N [--only-write-cost]]
 
 Seeds the engine's tables directly with set-based SQL (``read_surfaces.sql``): at scale 1,
@@ -16,10 +16,11 @@ statement over ``--timeout`` seconds counts as a timeout). Prints a table and wr
 (``--output``) and the EXPLAIN (ANALYZE, BUFFERS) plan of every SQL surface and of the slowest
 statement of every page (``--plans``).
 
-``--compare NAME`` measures twice on one seeded database: with the SQL migrated only to
-``NAME`` (the "before"), then migrated to the latest (the "after"); it prints how long that
-migration took. ``--write-cost N`` also measures the write path in each phase: the server CPU
-per job of enqueueing N jobs, then claiming and finalizing them, with the history in place.
+To compare two versions of the SQL, run it in a checkout of each (``git worktree add
+../awa-before REF``) with the same arguments and compare the JSON (``--output``).
+``benchmarks/write_cost.py --before REF`` compares the write path of a git ref with the working
+tree's. ``--write-cost N`` also measures the write path here: the server CPU per job of
+enqueueing N jobs, then claiming and finalizing them, with the history in place.
 Without DATABASE_URL it runs its own PostgreSQL 18 (fsync off: this measures reads); with it,
 it uses that database (which should be empty, or seeded by an earlier ``--reuse`` run).
 """
@@ -681,8 +682,6 @@ def main() -> None:
     )
     parser.add_argument("--scale", type=float, default=1.0, help="1.0: 10M history, 100k live")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--compare", metavar="NAME", help="measure at migration NAME, then latest")
-    parser.add_argument("--migrate-to", metavar="NAME", help="awa_django migration to measure")
     parser.add_argument("--reuse", action="store_true", help="keep an existing seed")
     parser.add_argument("--stale-stats", action="store_true", help="statistics of empty tables")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per statement")
@@ -713,21 +712,13 @@ def main() -> None:
     try:
         setup_django(url)
         runs: dict[str, list[Result]] = {}
-        first = args.compare or args.migrate_to
-        migrate(first)
+        migrate(None)
         if not (args.reuse and seeded(sizes)):
             print(f"seeding {sizes}", flush=True)
             seed(sizes, scale=args.scale, stale_stats=args.stale_stats)
         analyze(args.stale_stats)
         costs: dict[str, dict[str, float]] = {}
-        phases = [f"before ({applied()})" if args.compare else applied()]
-        for phase in [phases[0], "after"] if args.compare else phases:
-            if phase == "after":
-                t0 = time.perf_counter()
-                migrate(None)
-                print(f"migrated to {applied()} in {time.perf_counter() - t0:.1f} s", flush=True)
-                analyze(args.stale_stats)
-                phase = f"after ({applied()})"
+        for phase in [applied()]:
             if args.write_cost:
                 costs[phase] = write_cost(args.write_cost, 3)
                 print(f"write path, server CPU per job: {costs[phase]}", flush=True)

@@ -1,11 +1,14 @@
 """What a migration costs the write path: server CPU per job, before and after, interleaved.
 
-    .venv/dj52/bin/python benchmarks/write_cost.py [--before 0007_faults_v1] [--jobs 20000]
+    .venv/dj52/bin/python benchmarks/write_cost.py [--before HEAD] [--jobs 20000]
         [--rounds 7] [--warmup 100000]
 
-One PostgreSQL 18 (fsync off), two databases: one migrated to ``--before``, one to the latest
-migration. After ``--warmup`` jobs through each (so both have history and indexes of the same
-depth), every round runs the same work on both, in alternating order (ABBA...): enqueue
+One PostgreSQL 18 (fsync off), two databases: one with the SQL migrations of the git ref
+``--before`` (default ``HEAD``, so: the working tree's change against the last commit; any
+commit, branch or tag works), installed file by file from ``git show``, one migrated with the
+working tree's. Both are driven by the working tree's Python, so the ref's SQL must keep the
+signatures it calls. After ``--warmup`` jobs through each (so both have history and indexes
+of the same depth), every round runs the same work on both, in alternating order (ABBA...): enqueue
 ``--jobs`` jobs (``awa.enqueue_v1``, 500 per call), then claim (``awa.claim_v1``, 256 per call)
 and finalize them all as completed (``awa.finalize_v1``), as a worker does. It reports the
 median server CPU per job of each phase (the backend's user+system time from ``/proc``, so the
@@ -25,6 +28,44 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":
     sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+
+def sql_at(ref: str) -> list[tuple[str, str]]:
+    """(name, text) of every awa_django/sql/migrations/*.sql file at git ``ref``, in order."""
+    import subprocess
+
+    folder = "awa_django/sql/migrations"
+    names = subprocess.run(
+        ["git", "ls-tree", "--name-only", f"{ref}:{folder}"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return [
+        (
+            name,
+            subprocess.run(
+                ["git", "show", f"{ref}:{folder}/{name}"],
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout,
+        )
+        for name in sorted(names)
+        if name.endswith(".sql")
+    ]
+
+
+def install_sql(url: str, files: list[tuple[str, str]]) -> None:
+    """Run each file in one transaction, recorded in awa.schema_migrations as migrate does."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        for name, text in files:
+            conn.execute(text.encode())
+            conn.execute("INSERT INTO awa.schema_migrations (name) VALUES (%s)", [name])
 
 
 def setup_django(before_url: str, after_url: str) -> None:
@@ -105,7 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--before", default="0007_faults_v1", help="the migration to compare with")
+    parser.add_argument("--before", default="HEAD", help="the git ref whose SQL to compare with")
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per round and side")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=100_000, help="jobs through each side first")
@@ -125,7 +166,7 @@ def main() -> None:
         setup_django(url, url.rsplit("/", 1)[0] + "/awa_after")
         from django.core.management import call_command
 
-        call_command("migrate", "awa_django", args.before, verbosity=0, database="default")
+        install_sql(url, sql_at(args.before))
         call_command("migrate", "awa_django", verbosity=0, database="after")
         sides = [Side(f"before ({args.before})", "default"), Side("after (latest)", "after")]
         for side in sides:

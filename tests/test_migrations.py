@@ -6,6 +6,7 @@ import hashlib
 import os
 import subprocess
 import sys
+from io import StringIO
 from pathlib import Path
 
 import psycopg
@@ -14,7 +15,7 @@ from django.apps import apps
 from django.core.management import call_command
 from django.db import connection
 
-from tests.storage_support import conninfo
+from tests.helpers import conninfo
 
 pytestmark = pytest.mark.storage
 
@@ -51,6 +52,19 @@ def test_every_sql_migration_has_a_django_migration() -> None:
     django = sorted(p.stem for p in (PACKAGE / "migrations").glob("0*.py"))
     assert sql == django
     assert set(RELEASED) >= {f"awa_django/sql/migrations/{n}.sql" for n in sql}
+
+
+@pytest.mark.django_db
+def test_sqlmigrate_prints_the_sql_file_with_its_lock_and_record() -> None:
+    out = StringIO()
+    call_command("sqlmigrate", "awa_django", "0002", stdout=out)
+    text = out.getvalue()
+    assert "pg_advisory_xact_lock(4282180, 0)" in text
+    assert "CREATE FUNCTION awa.claim_v1(" in text
+    assert "INSERT INTO awa.schema_migrations (name) VALUES ('0002_functions.sql')" in text
+    backwards = StringIO()
+    call_command("sqlmigrate", "awa_django", "0001", "--backwards", stdout=backwards)
+    assert "DROP SCHEMA IF EXISTS awa CASCADE" in backwards.getvalue()
 
 
 @pytest.mark.django_db

@@ -1,8 +1,8 @@
-"""Read surfaces (migration 0008): same answers as the released definitions, bounded cost.
+"""Read surfaces: same answers as the definitions they replaced, bounded cost.
 
 * Every job in every plane, built through the engine's own functions, reads the same through
-  the rewritten views and functions as through the definitions released in 0002 and 0004
-  (re-created here as temporary objects from the released files).
+  the rewritten views and functions as through the definitions they replaced (re-created here
+  as temporary objects from tests/reference_sql/read_surfaces_0007.sql).
 * Counts of terminal history above the cap are estimates: checked against the truth.
 * The cost of every surface the admin, the commands and get_result use does not grow with
   terminal history: tripling history changes the pages a surface reads by a few index pages,
@@ -17,6 +17,7 @@ import json
 import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,8 +25,8 @@ import pytest
 
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
-from awa_django.sql import migration_sql
-from tests.storage_support import WORKER, enqueue_sql, pg
+from tests.factories import WORKER, enqueue_sql
+from tests.helpers import pg
 
 pytestmark = [
     pytest.mark.storage,
@@ -36,12 +37,14 @@ pytestmark = [
 Conn = psycopg.Connection[Any]
 
 
-# The released definitions, as temporary objects ------------------------------------------------
+# The replaced definitions, as temporary objects ------------------------------------------------
+
+REFERENCE = Path(__file__).resolve().parent / "reference_sql" / "read_surfaces_0007.sql"
 
 
-def _statement(file: str, head: str) -> str:
-    """The statement of a released migration file that starts with ``head``."""
-    text = migration_sql(file)
+def _statement(head: str) -> str:
+    """The statement of the reference file that starts with ``head``."""
+    text = REFERENCE.read_text(encoding="utf-8")
     start = text.index(head)
     if "$$" in text[start : text.index(";", start)]:
         end = text.index("$$;", text.index("$$", start) + 2) + 3
@@ -52,7 +55,7 @@ def _statement(file: str, head: str) -> str:
 
 def install_reference(conn: Conn) -> None:
     """ref_live_jobs, ref_terminal_jobs, ref_jobs, pg_temp.ref_queue_counts_v1(),
-    pg_temp.ref_queue_stats_v1() and pg_temp.ref_throughput_v1(): the 0002/0004 text."""
+    pg_temp.ref_queue_stats_v1() and pg_temp.ref_throughput_v1(): the reference text."""
     names = {
         "awa.live_jobs": "ref_live_jobs",
         "awa.terminal_jobs": "ref_terminal_jobs",
@@ -65,23 +68,23 @@ def install_reference(conn: Conn) -> None:
         return sql
 
     conn.execute(
-        renamed(_statement("0002_functions_v1.sql", "CREATE VIEW awa.terminal_jobs")).replace(
+        renamed(_statement("CREATE VIEW awa.terminal_jobs")).replace(
             "CREATE VIEW ref_terminal_jobs", "CREATE TEMP VIEW ref_terminal_jobs"
         )
     )
     conn.execute(
-        renamed(_statement("0002_functions_v1.sql", "CREATE VIEW awa.live_jobs")).replace(
+        renamed(_statement("CREATE VIEW awa.live_jobs")).replace(
             "CREATE VIEW ref_live_jobs", "CREATE TEMP VIEW ref_live_jobs"
         )
     )
-    jobs = _statement("0002_functions_v1.sql", "CREATE VIEW awa.jobs")
+    jobs = _statement("CREATE VIEW awa.jobs")
     conn.execute(renamed(jobs).replace("CREATE VIEW awa.jobs", "CREATE TEMP VIEW ref_jobs"))
-    for file, head, name in (
-        ("0002_functions_v1.sql", "CREATE FUNCTION awa.queue_counts_v1()", "ref_queue_counts_v1"),
-        ("0004_operator_v1.sql", "CREATE FUNCTION awa.queue_stats_v1()", "ref_queue_stats_v1"),
-        ("0004_operator_v1.sql", "CREATE FUNCTION awa.throughput_v1(", "ref_throughput_v1"),
+    for head, name in (
+        ("CREATE FUNCTION awa.queue_counts_v1()", "ref_queue_counts_v1"),
+        ("CREATE FUNCTION awa.queue_stats_v1()", "ref_queue_stats_v1"),
+        ("CREATE FUNCTION awa.throughput_v1(", "ref_throughput_v1"),
     ):
-        sql = _statement(file, head)
+        sql = _statement(head)
         sql = re.sub(r"CREATE FUNCTION awa\.\w+", f"CREATE FUNCTION pg_temp.{name}", sql, count=1)
         conn.execute(renamed(sql))
 
@@ -477,9 +480,9 @@ def test_running_jobs_are_never_a_nested_scan_of_closures(conn: Conn) -> None:
     ).fetchone() == (100,)
 
 
-def test_attempts_claimed_before_0008_finish_with_their_kind(conn: Conn) -> None:
-    """Claims written before migration 0008 do not name their job's kind (the column was added
-    by it): their completions read the kind from the ready row, so history by kind stays whole."""
+def test_claims_without_a_kind_finish_with_their_kind(conn: Conn) -> None:
+    """A claim that does not name its job's kind (claims.kind is nullable, e.g. one written by
+    raw SQL): its completion reads the kind from the ready row, so history by kind stays whole."""
     enqueue(conn, "old", 6)
     claimed = storage.claim(conn, "old", 6, WORKER)
     conn.execute(

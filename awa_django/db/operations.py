@@ -13,26 +13,34 @@ from awa_django.sql import migration_sql, query
 __all__ = ["RunAwaSQL"]
 
 
-class RunAwaSQL(migrations.operations.base.Operation):
+class RunAwaSQL(migrations.RunSQL):
     """Run one versioned ``awa_django/sql/migrations/*.sql`` file, once.
+
+    A ``RunSQL`` whose SQL is the file's text, so ``manage.py sqlmigrate awa_django NNNN`` prints
+    the script a DBA can run by hand: the migration lock, the file, and its row in
+    ``awa.schema_migrations``.
 
     Guarantees:
 
-    * Concurrent ``migrate`` runs are serialised by a transaction-scoped advisory lock; a run
-      that finds the file already applied (recorded in ``awa.schema_migrations``) skips it, so
-      two ``migrate`` processes started at once both succeed.
-    * The file's text comes from the installed package; released files are never edited.
+    * Concurrent ``migrate`` runs are serialised by a transaction-scoped advisory lock (class
+      4282180); a run that finds the file already applied (recorded in
+      ``awa.schema_migrations``) skips it, so two ``migrate`` processes started at once both
+      succeed. (A script printed by ``sqlmigrate`` has no such check: run by hand on a database
+      that has the file already, it fails on its first ``CREATE`` and changes nothing.)
+    * The file's text comes from the installed package.
     * Reversal: the first file (``drop_schema=True``) drops the whole ``awa`` schema; later
       files only forget their record (their objects go with the schema).
     """
 
-    reversible = True
-    reduces_to_sql = False
+    reduces_to_sql = True
     atomic = True
 
     def __init__(self, name: str, *, drop_schema: bool = False) -> None:
         self.name = name
         self.drop_schema = drop_schema
+        self.script = migration_sql(name)
+        reverse = query("schema_drop") if drop_schema else query("migration_forget")
+        super().__init__(sql=self.script, reverse_sql=reverse)
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         kwargs: dict[str, Any] = {"drop_schema": True} if self.drop_schema else {}
@@ -48,11 +56,17 @@ class RunAwaSQL(migrations.operations.base.Operation):
         from_state: ProjectState,
         to_state: ProjectState,
     ) -> None:
+        if schema_editor.collect_sql:
+            # sqlmigrate: the script as a DBA would run it, in one transaction.
+            schema_editor.execute(query("migration_lock"), params=None)
+            schema_editor.execute(self.script, params=None)
+            schema_editor.execute(query("migration_record"), params=[self.name])
+            return
         with schema_editor.connection.cursor() as cursor:
             cursor.execute(query("migration_lock"))
             if self._applied(cursor):
                 return
-            cursor.execute(migration_sql(self.name))
+            cursor.execute(self.script)
             cursor.execute(query("migration_record"), [self.name])
 
     def _applied(self, cursor: Any) -> bool:
@@ -71,6 +85,13 @@ class RunAwaSQL(migrations.operations.base.Operation):
         from_state: ProjectState,
         to_state: ProjectState,
     ) -> None:
+        if schema_editor.collect_sql:
+            schema_editor.execute(query("migration_lock"), params=None)
+            if self.drop_schema:
+                schema_editor.execute(query("schema_drop"), params=None)
+            else:
+                schema_editor.execute(query("migration_forget"), params=[self.name])
+            return
         with schema_editor.connection.cursor() as cursor:
             cursor.execute(query("migration_lock"))
             if self.drop_schema:

@@ -1,4 +1,4 @@
-"""Install the awa schema: ring-partitioned planes, control tables. Never edit once released."""
+"""Install the awa schema: ring-partitioned planes, control tables, their indexes."""
 
 from django.db import migrations
 

@@ -1,4 +1,5 @@
--- awa_django schema v1: the ring-partitioned queue substrate.
+-- awa_django schema v1: the ring-partitioned queue substrate (tables, sequences, partitions,
+-- indexes). The functions and views that read and write it are in 0002_functions.sql.
 --
 -- Planes (see docs/storage.md):
 --   queue ring (ready_slot):  ready_entries, ready_tombstones, done_entries
@@ -163,7 +164,9 @@ CREATE TABLE awa.ready_tombstones (
 ) PARTITION BY LIST (ready_slot);
 
 -- Terminal facts. A ready-backed row (lane_id/lane_seq set) lives in the slot of its ready row
--- and takes its body from it; a wide row (lane_id NULL) carries its own body columns.
+-- and takes its body from it; a wide row (lane_id NULL) carries its own body columns. Every row
+-- names its kind (the writers copy it from the row they finish), so that history by kind is an
+-- index range instead of a read of every body.
 CREATE TABLE awa.done_entries (
     ready_slot integer NOT NULL,
     ready_generation bigint NOT NULL,
@@ -179,7 +182,7 @@ CREATE TABLE awa.done_entries (
     errors jsonb,
     progress jsonb,
     queue text NOT NULL,
-    kind text,
+    kind text NOT NULL,
     priority smallint,
     args jsonb,
     max_attempts smallint,
@@ -192,6 +195,8 @@ CREATE TABLE awa.done_entries (
 -- Claim ring ----------------------------------------------------------------------------------
 
 -- One receipt per claimed attempt. "Open" = no matching closure (an anti-join over live slots).
+-- kind is the claimed job's (copied into its terminal row by finalize); NULL is tolerated for
+-- receipts written by raw SQL (see awa._finalize_pass_v1).
 CREATE TABLE awa.claims (
     claim_slot integer NOT NULL,
     claim_generation bigint NOT NULL,
@@ -205,6 +210,7 @@ CREATE TABLE awa.claims (
     claimed_at timestamptz NOT NULL DEFAULT now(),
     deadline_at timestamptz,
     worker_id uuid,
+    kind text,
     PRIMARY KEY (job_id, run_lease, claim_slot)
 ) PARTITION BY LIST (claim_slot);
 
@@ -265,15 +271,34 @@ $$;
 CREATE INDEX ready_entries_job_idx ON awa.ready_entries (job_id);
 CREATE INDEX ready_tombstones_job_idx ON awa.ready_tombstones (job_id);
 CREATE INDEX done_entries_job_idx ON awa.done_entries (job_id);
-CREATE INDEX done_entries_finalized_idx ON awa.done_entries USING brin (finalized_at);
 CREATE INDEX claims_lane_idx ON awa.claims (lane_id, lane_seq);
 CREATE INDEX claims_deadline_idx ON awa.claims (deadline_at) WHERE deadline_at IS NOT NULL;
+-- Rescue scans read old claims by claim time; the ring keeps this index small (pruned slots).
+CREATE INDEX claims_claimed_at_idx ON awa.claims (claimed_at);
 CREATE INDEX leases_callback_idx ON awa.leases (callback_id) WHERE callback_id IS NOT NULL;
+
+-- History indexes. done_entries is written once per finished job: these B-trees (and the kind in
+-- claims and done rows) cost claim + finalize about 3 us of server CPU per job
+-- (benchmarks/write_cost.py, docs/performance.md). Nothing more is indexed on ready_entries or
+-- claim_closures. The outcome and DLQ indexes are written only for failures and cancellations.
+--
+-- Terminal history newest first (the admin list, time filters, last-hour windows). In each
+-- partition keys arrive in increasing order, so an insert takes the right-most leaf.
+CREATE INDEX done_entries_finalized_btree_idx ON awa.done_entries (finalized_at, job_id);
+-- Per queue and outcome: queue filters, capped exact counts, last-hour counts, throughput.
+CREATE INDEX done_entries_queue_state_idx ON awa.done_entries (queue, state, finalized_at);
+-- The failed and cancelled part of history only (completions never touch it): outcome filters.
+CREATE INDEX done_entries_outcome_idx
+    ON awa.done_entries (state, finalized_at, job_id) WHERE state <> 'completed';
+-- History of one kind, newest first (the admin's kind filter and exact kind search).
+CREATE INDEX done_entries_kind_idx ON awa.done_entries (kind, finalized_at, job_id);
 
 -- Plain tables ----------------------------------------------------------------------------------
 
 -- Optional mutable state of one live attempt: heartbeat and progress. Created on the first
 -- heartbeat or progress flush, deleted when the attempt ends. Short jobs never touch it.
+-- callback_id: the attempt's registered callback, written before the handler can hand it out;
+-- callback_result: a resolution that arrived before the attempt parked.
 CREATE TABLE awa.attempt_state (
     job_id bigint NOT NULL,
     run_lease bigint NOT NULL,
@@ -281,8 +306,11 @@ CREATE TABLE awa.attempt_state (
     progress jsonb,
     callback_result jsonb,
     updated_at timestamptz NOT NULL DEFAULT now(),
+    callback_id uuid,
     PRIMARY KEY (job_id, run_lease)
 ) WITH (fillfactor = 80);
+CREATE INDEX attempt_state_callback_idx ON awa.attempt_state (callback_id)
+    WHERE callback_id IS NOT NULL;
 
 -- Scheduled (future run_at, snoozed) and retryable (backoff) work, outside the claim path.
 CREATE TABLE awa.deferred_jobs (
@@ -331,3 +359,5 @@ CREATE TABLE awa.dlq_entries (
 );
 CREATE INDEX dlq_entries_queue_idx ON awa.dlq_entries (queue, dlq_at DESC);
 CREATE INDEX dlq_entries_at_idx ON awa.dlq_entries (dlq_at);
+-- Dead letters by kind (written on failure only).
+CREATE INDEX dlq_entries_kind_idx ON awa.dlq_entries (kind, dlq_at);

@@ -2,7 +2,7 @@
 
 -- name: migration_lock
 -- Serialises concurrent `migrate` runs for the awa schema until the transaction ends. Class
--- 4282180 is the migrations' own key space (0007_faults_v1.sql lists every class).
+-- 4282180 is the migrations' own key space (0002_functions.sql lists every class).
 SELECT pg_advisory_xact_lock(4282180, 0)
 
 -- name: migrations_table_exists

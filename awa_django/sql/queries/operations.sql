@@ -17,7 +17,7 @@ FROM awa.jobs WHERE id = %s
 SELECT worker_id FROM awa.claims WHERE job_id = %s ORDER BY run_lease
 
 -- name: callback_resolve
-SELECT awa.callback_resolve_v1(%s::uuid, %s::jsonb, %s::jsonb, %s)
+SELECT awa.callback_resolve_v1(%s::uuid, %s::jsonb, %s::jsonb, %s, %s)
 
 -- name: queue_pause
 SELECT awa.queue_pause_v1(%s, %s)

@@ -1,0 +1,122 @@
+"""awa_django/sql/schema.sql is the schema the migrations produce (PostgreSQL 15 and 18 alike)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from django.db import connection
+
+pytestmark = pytest.mark.storage
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def schema_dump() -> ModuleType:
+    """scripts/schema_dump, imported as a module."""
+    path = ROOT / "scripts" / "schema_dump"
+    loader = importlib.machinery.SourceFileLoader("awa_schema_dump", str(path))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@pytest.mark.django_db(transaction=True)
+def test_schema_sql_matches_a_freshly_migrated_database() -> None:
+    dump = schema_dump()
+    s = connection.settings_dict
+    params = {
+        "user": s.get("USER"),
+        "password": s.get("PASSWORD"),
+        "host": s.get("HOST"),
+        "port": s.get("PORT"),
+    }
+    actual = dump.migrated_schema(dump._url(params, s["NAME"]))
+    expected = dump.SCHEMA_SQL.read_text(encoding="utf-8")
+    stale = dump.diff(expected, actual)
+    assert not stale, (
+        "the migrations produce a schema other than awa_django/sql/schema.sql; if the change "
+        f"is intended, regenerate it with `DATABASE_URL=... {dump.REGENERATE}` and commit "
+        f"it:\n{stale}"
+    )
+
+
+def test_schema_sql_names_every_migrated_function_once() -> None:
+    text = (ROOT / "awa_django" / "sql" / "schema.sql").read_text(encoding="utf-8")
+    names = [
+        line.split("(")[0].removeprefix("CREATE OR REPLACE FUNCTION ")
+        for line in text.splitlines()
+        if line.startswith("CREATE OR REPLACE FUNCTION ")
+    ]
+    assert names and len(names) == len(set(names))
+    migrations = ROOT / "awa_django" / "sql" / "migrations"
+    sources = "".join(p.read_text(encoding="utf-8") for p in sorted(migrations.glob("*.sql")))
+    # Settled SQL: each function and view is created exactly once across the migration files.
+    for name in names:
+        assert sources.count(f"FUNCTION {name}(") == 1, name
+    assert "CREATE OR REPLACE" not in sources
+
+
+# One backoff for every SQL retry path ------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("clean_awa")
+def test_backoff_is_one_function_and_callbacks_honour_the_base() -> None:
+    import json
+    import uuid
+
+    from awa_django.db import storage
+    from awa_django.db.storage import Finalization
+    from tests.storage_support import WORKER, enqueue_sql, pg
+
+    with pg() as conn:
+
+        def scalar(sql: str, *params: object) -> float:
+            row = conn.execute(sql, params).fetchone()
+            assert row is not None
+            return float(row[0])
+
+        assert 80 <= scalar("SELECT awa._backoff_v1(3, 10)") <= 100
+        assert 2 <= scalar("SELECT awa._backoff_v1(1, NULL)") <= 2.5
+        assert scalar("SELECT awa._backoff_v1(1000, 5)") == 86400
+        sources = (ROOT / "awa_django" / "sql" / "migrations").glob("*.sql")
+        assert sum(p.read_text(encoding="utf-8").count("random() * 0.25") for p in sources) == 1
+
+        # A failed callback resolution is retried after base x 2^attempt, parked or early.
+        enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "cb"}, {"kind": "k", "queue": "cb"}]))
+        first, second = storage.claim(conn, "cb", 2, WORKER)
+        parked, early = uuid.uuid4(), uuid.uuid4()
+        conn.execute(
+            "SELECT awa.callback_register_v1(%s, %s, %s)", [second.job_id, second.run_lease, early]
+        )
+        error = '{"message": "no"}'
+        assert conn.execute(
+            "SELECT awa.callback_resolve_v1(%s, NULL, %s::jsonb, false, 1000)", [early, error]
+        ).fetchone() == ("resolved",)
+        storage.finalize(
+            conn,
+            [
+                Finalization(
+                    c.job_id, c.run_lease, c.claim_slot, "wait", callback_id=cb, timeout=60.0
+                )
+                for c, cb in ((first, parked), (second, early))
+            ],
+        )
+        assert conn.execute(
+            "SELECT awa.callback_resolve_v1(%s, NULL, %s::jsonb, false, 1000)", [parked, error]
+        ).fetchone() == ("resolved",)
+        delays = [
+            scalar(
+                "SELECT extract(epoch FROM run_at - now()) FROM awa.deferred_jobs "
+                "WHERE job_id = %s",
+                c.job_id,
+            )
+            for c in (first, second)
+        ]
+        assert all(1900 <= d <= 2500 for d in delays), delays
