@@ -13,10 +13,10 @@ from awa_django.exceptions import (
     InvalidArgumentsError,
     InvalidOptionError,
     IsolationLevelError,
+    JobValidationError,
     LimitExceededError,
     TerminalError,
     UnknownKindError,
-    ValidationError,
 )
 from awa_django.jobs import Job, JobOptions, get_job, job
 from awa_django.operations import cancel, dlq_purge, dlq_retry, resolve_callback
@@ -36,12 +36,12 @@ __all__ = [
     "JobContext",
     "JobOptions",
     "JobRequest",
+    "JobValidationError",
     "LimitExceededError",
     "RetryAfter",
     "Snooze",
     "TerminalError",
     "UnknownKindError",
-    "ValidationError",
     "WaitForCallback",
     "aenqueue",
     "aenqueue_many",

@@ -33,10 +33,9 @@ from awa_django.admin_actions import BULK_LIMIT, confirm, log_change
 from awa_django.admin_display import JobDetail, error_timeline, pretty, sparkline
 from awa_django.admin_filters import KindFilter, LiveStateFilter, QueueFilter, TerminalStateFilter
 from awa_django.admin_readonly import CappedPaginator, JobListAdmin, ReadOnlyAdmin
-from awa_django.db.identifiers import validate_queue_name
 from awa_django.db.storage import HISTORY_EXACT_UP_TO
-from awa_django.limits import check_uuid
-from awa_django.models import DeadLetter, Job, QueueStat, TerminalJob, Worker
+from awa_django.limits import check_queue_name, check_uuid
+from awa_django.models import DeadLetter, LiveJob, QueueStat, TerminalJob, Worker
 
 __all__ = [
     "BULK_LIMIT",
@@ -190,7 +189,7 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
     exclude = ("args", "metadata", "result", "progress", "errors", "tags", "run_at")
 
 
-@admin.register(Job)
+@admin.register(LiveJob)
 class JobAdmin(JobDetail, JobListAdmin):
     list_display = ("id", "kind", "queue", "state", "priority", "attempt", "run_at")
     list_filter = (LiveStateFilter, QueueFilter, KindFilter)
@@ -268,7 +267,7 @@ class QueueStatAdmin(ReadOnlyAdmin):
 
     @staticmethod
     def selection_key(text: str) -> Any:
-        return validate_queue_name(text)
+        return check_queue_name(text)
 
     @admin.display(description="completed")
     def completed_count(self, obj: QueueStat) -> str:

@@ -22,10 +22,9 @@ from django.db import connections, router
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from awa_django.db.identifiers import QUEUE_NAME_RE
 from awa_django.exceptions import InvalidOptionError
 from awa_django.jobs import registered_kinds
-from awa_django.limits import check_text
+from awa_django.limits import QUEUE_NAME_RE, check_text
 from awa_django.sql import query
 from awa_django.states import LIVE_STATES, TERMINAL_STATES, JobState
 

@@ -25,6 +25,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from awa_django.limits import ATTEMPTS_RANGE
+
 __all__ = ["DEFAULTS", "AwaSettings", "QueueSettings", "awa_settings", "load_settings"]
 
 
@@ -50,7 +52,7 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     "DATABASE_ALIAS": _Spec("default", _Kind.STR),
     "JOB_MODULES": _Spec((), _Kind.MODULES),
     "DEFAULT_QUEUE": _Spec("default", _Kind.STR),
-    "MAX_ATTEMPTS": _Spec(25, _Kind.INT, 1, 1000),
+    "MAX_ATTEMPTS": _Spec(25, _Kind.INT, *ATTEMPTS_RANGE),
     "ARGS_MAX_BYTES": _Spec(1_048_576, _Kind.INT, 1),
     "METADATA_MAX_BYTES": _Spec(65_536, _Kind.INT, 1),
     "RESULT_MAX_BYTES": _Spec(1_048_576, _Kind.INT, 1),

@@ -23,13 +23,13 @@ __all__ = [
     "InvalidResultError",
     "IsolationLevelError",
     "JobCancelled",
+    "JobValidationError",
     "LimitExceededError",
     "RecordedError",
     "SuspiciousTask",
     "TerminalError",
     "TransactionLeftOpen",
     "UnknownKindError",
-    "ValidationError",
 ]
 
 
@@ -37,7 +37,7 @@ class AwaError(Exception):
     """Base class of every awa_django error."""
 
 
-class ValidationError(AwaError, ValueError):
+class JobValidationError(AwaError, ValueError):
     """A job request was rejected before anything was written.
 
     ``field`` names the offending field (``args``, ``queue``, ``priority`` …) and the message
@@ -49,7 +49,7 @@ class ValidationError(AwaError, ValueError):
         super().__init__(f"{field}: {message}")
 
 
-class UnknownKindError(ValidationError):
+class UnknownKindError(JobValidationError):
     """The job kind is not registered with ``@job`` in this process."""
 
     def __init__(self, kind: str) -> None:
@@ -60,15 +60,15 @@ class UnknownKindError(ValidationError):
         )
 
 
-class InvalidArgumentsError(ValidationError):
+class InvalidArgumentsError(JobValidationError):
     """Arguments, metadata or a result are not plain JSON (sets, bytes, objects, NaN, NUL …)."""
 
 
-class LimitExceededError(ValidationError):
+class LimitExceededError(JobValidationError):
     """A size, depth or count limit was exceeded (see docs/configuration.md for the limits)."""
 
 
-class InvalidOptionError(ValidationError):
+class InvalidOptionError(JobValidationError):
     """A job option is out of range: queue name, priority, max_attempts, run_after, deadline."""
 
 

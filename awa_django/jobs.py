@@ -99,7 +99,7 @@ class Job(Generic[P, R]):
     def prepare(self, *args: P.args, **kwargs: P.kwargs) -> JobRequest:
         """Validate and encode one request without sending it (for ``enqueue_many``).
 
-        Raises ``ValidationError`` at once for bad arguments or options.
+        Raises ``JobValidationError`` at once for bad arguments or options.
         """
         return build_request(self.kind, args, kwargs, self.options)
 

@@ -3,12 +3,15 @@
 Every duration (``run_after`` delays, deadlines, ``RetryAfter``, ``Snooze``, callback timeouts)
 must be a finite number of seconds of at most :data:`MAX_SECONDS`, so that the database can
 always add it to ``now()``; every text awa_django stores must be valid UTF-8 without NUL, which
-PostgreSQL cannot store. The SQL functions apply the same bounds (migration 0007).
+PostgreSQL cannot store. Queue names, priorities and attempt counts have one definition each
+here; the SQL functions apply the same bounds, defined once in SQL too (``awa.valid_queue_name``,
+``awa.valid_priority``, ``awa.valid_max_attempts`` in migration 0001).
 """
 
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
@@ -17,10 +20,16 @@ from typing import Any
 from awa_django.exceptions import InvalidOptionError
 
 __all__ = [
+    "ATTEMPTS_RANGE",
     "MAX_BIGINT",
     "MAX_SECONDS",
     "MAX_TEXT",
+    "PRIORITY_RANGE",
+    "QUEUE_NAME_RE",
     "check_ids",
+    "check_max_attempts",
+    "check_priority",
+    "check_queue_name",
     "check_seconds",
     "check_text",
     "check_uuid",
@@ -37,6 +46,41 @@ MAX_TEXT = 10_000
 
 #: Job ids are PostgreSQL ``bigint``.
 MAX_BIGINT = 2**63 - 1
+
+#: The lowest and highest job priority (lower runs first).
+PRIORITY_RANGE = (-100, 100)
+
+#: The fewest and most attempts a job may be given (``max_attempts``).
+ATTEMPTS_RANGE = (1, 1000)
+
+#: A queue name: 1-63 characters of ``a-z 0-9 _ . -``. Queues are values, never identifiers,
+#: everywhere in the schema; the rule keeps them short, printable and safe in JSON and URLs.
+QUEUE_NAME_RE = re.compile(r"[a-z0-9_.-]{1,63}")
+
+
+def check_queue_name(queue: object, field: str = "queue") -> str:
+    """``queue`` if it matches :data:`QUEUE_NAME_RE`, else ``InvalidOptionError``."""
+    if type(queue) is not str or QUEUE_NAME_RE.fullmatch(queue) is None:
+        raise InvalidOptionError(
+            field, f"{show(queue)} is not a valid queue name (1-63 characters of a-z 0-9 _ . -)"
+        )
+    return queue
+
+
+def check_priority(value: object, field: str = "priority") -> int:
+    """``value`` if it is an ``int`` (not ``bool``) in :data:`PRIORITY_RANGE`."""
+    low, high = PRIORITY_RANGE
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidOptionError(field, f"{show(value)} is not an integer in {low}..{high}")
+    return value
+
+
+def check_max_attempts(value: object, field: str = "max_attempts") -> int:
+    """``value`` if it is an ``int`` (not ``bool``) in :data:`ATTEMPTS_RANGE`."""
+    low, high = ATTEMPTS_RANGE
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidOptionError(field, f"{show(value)} is not an integer in {low}..{high}")
+    return value
 
 
 def check_seconds(field: str, value: Any, *, allow_zero: bool = False) -> float:

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from django.db import models
 
-__all__ = ["DeadLetter", "Job", "QueueStat", "ReadOnlyError", "TerminalJob", "Worker"]
+__all__ = ["DeadLetter", "LiveJob", "QueueStat", "ReadOnlyError", "TerminalJob", "Worker"]
 
 
 class ReadOnlyError(RuntimeError):
@@ -97,7 +97,7 @@ class _JobFields(ReadOnlyModel):
         managed = False
 
 
-class Job(_JobFields):
+class LiveJob(_JobFields):
     """Jobs not finished yet (``awa.live_jobs``: available, running, waiting, scheduled,
     retryable), read from the live planes only."""
 
@@ -108,6 +108,7 @@ class Job(_JobFields):
         managed = False
         db_table = 'awa"."live_jobs'
         ordering = ["-id"]
+        verbose_name = "job"
         default_permissions = ("view",)
         permissions = [("cancel_job", "Can cancel jobs")]
 

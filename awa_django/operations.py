@@ -1,7 +1,7 @@
 """Operator actions on jobs, shared by the public API, the admin and the management commands.
 
 Each is atomic: in the caller's transaction when there is one (it commits or rolls back with
-it), else in a transaction of its own at READ COMMITTED. Bad input raises a ``ValidationError``
+it), else in a transaction of its own at READ COMMITTED. Bad input raises a ``JobValidationError``
 before anything is sent to the database, so the caller's transaction stays usable.
 """
 
@@ -14,10 +14,17 @@ from typing import Any
 
 from awa_django import serialization
 from awa_django.conf import awa_settings, get_awa_settings
-from awa_django.db.identifiers import validate_queue_name
 from awa_django.db.transactions import write_transaction
 from awa_django.exceptions import InvalidOptionError
-from awa_django.limits import MAX_BIGINT, MAX_TEXT, check_ids, check_text, check_uuid
+from awa_django.limits import (
+    MAX_BIGINT,
+    MAX_TEXT,
+    check_ids,
+    check_priority,
+    check_queue_name,
+    check_text,
+    check_uuid,
+)
 from awa_django.sql import query
 
 __all__ = ["cancel", "dlq_purge", "dlq_retry", "resolve_callback"]
@@ -56,9 +63,9 @@ def dlq_retry(
     """
     ids = check_ids("job_ids", job_ids)
     if queue is not None:
-        validate_queue_name(queue)
-    if priority is not None and (type(priority) is not int or not -100 <= priority <= 100):
-        raise InvalidOptionError("priority", f"{priority!r} is not an integer in -100..100")
+        check_queue_name(queue)
+    if priority is not None:
+        check_priority(priority)
     alias = using or awa_settings.DATABASE_ALIAS
     with write_transaction(alias) as connection, connection.cursor() as cursor:
         cursor.execute(query("dlq_retry"), [ids, queue, priority])

@@ -41,7 +41,7 @@ def enqueue(
 
     ``args`` is a list or tuple and ``kwargs`` a mapping (a string is refused, not split into
     characters). Options left as ``None`` take the ``@job`` defaults, then the settings'
-    defaults. Raises a ``ValidationError`` subclass, with nothing written and the caller's
+    defaults. Raises a ``JobValidationError`` subclass, with nothing written and the caller's
     transaction untouched, for an unknown kind or bad input.
     """
     handle = get_job(kind)

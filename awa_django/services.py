@@ -16,11 +16,10 @@ from typing import Any
 from django.db import connections
 
 from awa_django.conf import get_awa_settings
-from awa_django.db.identifiers import validate_queue_name
 from awa_django.db.storage import QueueCounts
 from awa_django.db.transactions import checked_alias, write_transaction
 from awa_django.exceptions import InvalidOptionError
-from awa_django.limits import check_text
+from awa_django.limits import check_queue_name, check_text
 from awa_django.sql import query
 
 __all__ = [
@@ -95,7 +94,7 @@ def queue_stats(using: str | None = None) -> list[QueueStats]:
 
 def queue_pause(queue: str, paused: bool = True, *, using: str | None = None) -> None:
     """Pause (or resume) claiming from ``queue``; producers can still enqueue to it."""
-    validate_queue_name(queue)
+    check_queue_name(queue)
     if type(paused) is not bool:
         raise InvalidOptionError("paused", f"must be True or False, got {paused!r}")
     with _cursor(using) as cursor:
@@ -121,7 +120,7 @@ def queue_drain(
     batch's transaction after a batch that cancelled something (the admin writes its
     ``LogEntry`` there, so each entry commits with the cancellations it records).
     """
-    validate_queue_name(queue)
+    check_queue_name(queue)
     alias = using or get_awa_settings().DATABASE_ALIAS
     with _cursor(alias) as cursor:
         cursor.execute(query("job_id_high_water"))

@@ -15,7 +15,7 @@ from django.urls import reverse
 from awa_django.admin_readonly import CappedPaginator, search_jobs
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
-from awa_django.models import DeadLetter, Job, ReadOnlyError, TerminalJob
+from awa_django.models import DeadLetter, LiveJob, ReadOnlyError, TerminalJob
 from tests import testjobs
 from tests.admin_support import changelist, confirmed, post_action
 from tests.factories import HOSTILE, TAGS, WORKER, staff, tagged_jobs
@@ -25,8 +25,8 @@ from tests.storage_support import job_state
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 
-MODELS = ("deadletter", "terminaljob", "job", "queuestat", "worker")
-JOB_MODELS = ("deadletter", "terminaljob", "job")
+MODELS = ("deadletter", "terminaljob", "livejob", "queuestat", "worker")
+JOB_MODELS = ("deadletter", "terminaljob", "livejob")
 
 
 def detail_urls(ids: dict[str, int]) -> list[str]:
@@ -39,7 +39,7 @@ def detail_urls(ids: dict[str, int]) -> list[str]:
     objects = [
         ("deadletter", ids["dead"]),
         ("terminaljob", ids["completed"]),
-        *[("job", ids[p]) for p in ("available", "scheduled", "running")],
+        *[("livejob", ids[p]) for p in ("available", "scheduled", "running")],
         ("queuestat", "default"),
         ("worker", str(WORKER)),
     ]
@@ -59,22 +59,22 @@ def test_every_page_shows_tagged_jobs() -> None:
         response = client.get(url)
         assert response.status_code == 200, url
         assert HOSTILE not in response.content.decode(), url
-    for model, pk in (("deadletter", ids["dead"]), ("job", ids["available"])):
+    for model, pk in (("deadletter", ids["dead"]), ("livejob", ids["available"])):
         body = client.get(reverse(f"admin:awa_django_{model}_change", args=[pk])).content.decode()
         assert "<code>billing</code>" in body and "&lt;script&gt;" in body
 
 
 def test_tags_load_as_lists_of_text() -> None:
     ids = tagged_jobs()
-    assert Job.objects.get(pk=ids["scheduled"]).tags == TAGS
+    assert LiveJob.objects.get(pk=ids["scheduled"]).tags == TAGS
     assert TerminalJob.objects.get(pk=ids["completed"]).tags == TAGS
     assert DeadLetter.objects.get(pk=ids["dead"]).tags == TAGS
-    assert set(Job.objects.filter(tags=TAGS).values_list("pk", flat=True)) == {
+    assert set(LiveJob.objects.filter(tags=TAGS).values_list("pk", flat=True)) == {
         ids["available"],
         ids["scheduled"],
         ids["running"],
     }
-    assert Job.objects.filter(tags__isnull=True).count() == 0
+    assert LiveJob.objects.filter(tags__isnull=True).count() == 0
 
 
 def test_staff_without_view_permission_get_403_on_every_page() -> None:
@@ -83,12 +83,12 @@ def test_staff_without_view_permission_get_403_on_every_page() -> None:
     urls = [changelist(m) for m in MODELS] + detail_urls(ids)
     urls += [
         reverse("admin:awa_django_dashboard"),
-        reverse("admin:awa_django_job_delete", args=[ids["available"]]),
+        reverse("admin:awa_django_livejob_delete", args=[ids["available"]]),
         reverse("admin:awa_django_deadletter_add"),
     ]
     for url in urls:
         assert client.get(url).status_code == 403, url
-    detail = reverse("admin:awa_django_job_change", args=[ids["available"]])
+    detail = reverse("admin:awa_django_livejob_change", args=[ids["available"]])
     assert client.post(detail, {}).status_code == 403
 
 
@@ -107,7 +107,7 @@ def test_view_only_staff_sees_lists_but_no_actions() -> None:
         post_action(client, "deadletter", name, [job], awa_selected=str(job), **forged)
     assert DeadLetter.objects.filter(job_id=job).exists()
     live = testjobs.noop.enqueue().id
-    post_action(client, "job", "cancel_jobs", [live], awa_selected=str(live), **forged)
+    post_action(client, "livejob", "cancel_jobs", [live], awa_selected=str(live), **forged)
     post_action(client, "queuestat", "pause_queues", ["default"], awa_selected="default", **forged)
     with pg() as conn:
         assert job_state(conn, live)["state"] == "available"  # type: ignore[index]
@@ -144,7 +144,7 @@ def test_purge_and_cancel_with_permissions() -> None:
     confirmed(client, "deadletter", "purge_jobs", [dead])
     assert not DeadLetter.objects.exists()
     live = testjobs.noop.enqueue().id
-    confirmed(client, "job", "cancel_jobs", [live])
+    confirmed(client, "livejob", "cancel_jobs", [live])
     with pg() as conn:
         assert job_state(conn, live)["state"] == "cancelled"  # type: ignore[index]
     assert {(e.object_id, e.change_message) for e in LogEntry.objects.all()} == {
@@ -200,7 +200,7 @@ def test_search_never_fails_whatever_the_term(model: str) -> None:
     for raw in ("%ED%A0%80", "%FF", "%00", "%C2%B2"):
         assert client.get(f"{changelist(model)}?q={raw}").status_code == 200, raw
     # The terms that name a row still find it.
-    place = {"deadletter": "dead", "terminaljob": "completed", "job": "available"}[model]
+    place = {"deadletter": "dead", "terminaljob": "completed", "livejob": "available"}[model]
     found = client.get(changelist(model), {"q": str(ids[place])})
     assert [row.pk for row in found.context["cl"].result_list] == [ids[place]]
     if model == "terminaljob":
@@ -215,7 +215,7 @@ def test_search_never_fails_whatever_the_term(model: str) -> None:
 @pytest.mark.parametrize("term", ["²", "9" * 19, "\ud800", "a\x00b", "x" * 300])
 def test_search_of_an_impossible_term_finds_nothing(term: str) -> None:
     tagged_jobs()
-    assert list(search_jobs(Job.objects.all(), term)) == []
+    assert list(search_jobs(LiveJob.objects.all(), term)) == []
 
 
 def test_url_filters_with_impossible_values_never_fail() -> None:
@@ -267,15 +267,19 @@ def test_detail_pages_of_impossible_keys_never_fail() -> None:
 def test_queue_filter_offers_registered_queues_and_filters_by_any_name() -> None:
     ids = tagged_jobs()
     client = staff()
-    page = client.get(changelist("job")).content.decode()
+    page = client.get(changelist("livejob")).content.decode()
     for queue in ("default", "run", "done", "dead"):
         assert f'href="?queue={queue}"' in page, queue
-    listed = client.get(changelist("job"), {"queue": "run"}).context["cl"].result_list
+    listed = client.get(changelist("livejob"), {"queue": "run"}).context["cl"].result_list
     assert [j.id for j in listed] == [ids["running"]]
-    assert client.get(changelist("job"), {"queue": "never-seen"}).context["cl"].result_count == 0
+    assert (
+        client.get(changelist("livejob"), {"queue": "never-seen"}).context["cl"].result_count == 0
+    )
     listed = client.get(changelist("terminaljob"), {"state": "completed", "queue": "done"})
     assert [j.id for j in listed.context["cl"].result_list] == [ids["completed"]]
-    listed = client.get(changelist("job"), {"kind": "tests.testjobs.noop", "state": "scheduled"})
+    listed = client.get(
+        changelist("livejob"), {"kind": "tests.testjobs.noop", "state": "scheduled"}
+    )
     assert [j.id for j in listed.context["cl"].result_list] == [ids["scheduled"]]
 
 
@@ -293,7 +297,7 @@ def test_lists_never_scan_history_for_choices_nor_count_whole_tables() -> None:
             changelist("terminaljob"),
             {"finalized_at__gte": "2000-01-01 00:00:00+00:00", "_facets": "1"},
         ),
-        (changelist("job"), {"state": "available", "kind": "tests.testjobs.noop", "q": "1"}),
+        (changelist("livejob"), {"state": "available", "kind": "tests.testjobs.noop", "q": "1"}),
         (changelist("deadletter"), {"queue": "dead", "_facets": "1"}),
     ]
     captured: list[str] = []
@@ -302,7 +306,7 @@ def test_lists_never_scan_history_for_choices_nor_count_whole_tables() -> None:
             assert client.get(url, params).status_code == 200
         captured += awa_queries(queries.captured_queries)
     with CaptureQueriesContext(connection) as queries:  # an action on "all" of a filtered list
-        page = post_action(client, "job", "cancel_jobs", [1], "?queue=run", select_across="1")
+        page = post_action(client, "livejob", "cancel_jobs", [1], "?queue=run", select_across="1")
         assert page.status_code == 200
     captured += awa_queries(queries.captured_queries)
     assert any("COUNT(" in sql.upper() for sql in captured)
@@ -359,7 +363,7 @@ def test_models_are_read_only() -> None:
 def test_unknown_and_malformed_detail_ids_redirect_to_the_list() -> None:
     client: Client = staff()
     for pk in ("99999999999999999999999", "abc", "%C2%B2", "1"):
-        response = client.get(f"{changelist('job')}{pk}/change/")
+        response = client.get(f"{changelist('livejob')}{pk}/change/")
         assert response.status_code == 302, pk
 
 

@@ -204,7 +204,7 @@ def test_cancel_and_drain_work_when_the_queue_database_defaults_to_repeatable_re
         live = testjobs.noop.enqueue().id
         testjobs.noop.enqueue()
         client = staff("cancel_job", "manage_queue")
-        _, done = confirmed(client, "job", "cancel_jobs", [live])
+        _, done = confirmed(client, "livejob", "cancel_jobs", [live])
         assert messages_of(done) == ["Cancelled 1 job(s)."]
         _, done = confirmed(client, "queuestat", "drain_queues", ["default"])
         assert messages_of(done) == ["Drain queues: default drained: cancelled 1 waiting job(s)"]

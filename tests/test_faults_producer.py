@@ -21,7 +21,7 @@ from awa_django import (
     InvalidOptionError,
     IsolationLevelError,
     JobRequest,
-    ValidationError,
+    JobValidationError,
     services,
 )
 from awa_django.db import storage
@@ -135,9 +135,9 @@ def test_a_drain_from_autocommit_cancels_everything_in_short_batches() -> None:
         assert storage.queue_depth(conn, "d") == {"d": 0}
 
 
-# Bad input: a ValidationError, nothing written, the caller's transaction still usable ------------
+# Bad input: a JobValidationError, nothing written, the caller's transaction still usable --------
 
-BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[ValidationError]]] = [
+BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[JobValidationError]]] = [
     ("run_after timedelta.max", {"run_after": timedelta.max}, InvalidOptionError),
     ("deadline timedelta.max", {"deadline": timedelta.max}, InvalidOptionError),
     ("deadline 1e300", {"deadline": 1e300}, InvalidOptionError),
@@ -161,7 +161,7 @@ BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[ValidationError]]] = [
     ("options", "error"), [b[1:] for b in BAD_ENQUEUES], ids=[b[0] for b in BAD_ENQUEUES]
 )
 def test_bad_enqueue_input_is_refused_before_anything_is_written(
-    options: dict[str, Any], error: type[ValidationError]
+    options: dict[str, Any], error: type[JobValidationError]
 ) -> None:
     with transaction.atomic():
         testjobs.noop.enqueue()
@@ -221,7 +221,7 @@ def test_resolve_callback_refuses_bad_input_and_keeps_the_transaction(
 ) -> None:
     with transaction.atomic():
         testjobs.noop.enqueue()
-        with pytest.raises(ValidationError):
+        with pytest.raises(JobValidationError):
             awa_django.resolve_callback(callback_id, **options)
         testjobs.noop.enqueue()
     assert count_jobs() == 2
@@ -236,7 +236,7 @@ def test_cancel_and_dlq_refuse_bad_ids_and_reasons() -> None:
             lambda: awa_django.dlq_retry(["x"]),  # type: ignore[list-item]
             lambda: awa_django.dlq_purge([2**70]),
         ):
-            with pytest.raises(ValidationError):
+            with pytest.raises(JobValidationError):
                 call()
         testjobs.noop.enqueue()
     assert count_jobs() == 1
@@ -318,7 +318,7 @@ def test_requests_cannot_be_changed_or_forged() -> None:
 )
 def test_odd_arguments_raise_validation_errors_and_keep_the_transaction(call: Any) -> None:
     with transaction.atomic():
-        with pytest.raises(ValidationError):
+        with pytest.raises(JobValidationError):
             call()
         testjobs.noop.enqueue()
     assert count_jobs() == 1

@@ -295,7 +295,7 @@ def test_bad_queue_names_are_refused(queue: Any) -> None:
     ],
 )
 def test_bad_options_are_refused(options: dict[str, Any], field: str) -> None:
-    with pytest.raises(awa_django.ValidationError, match=f"^{field}: ") as info:
+    with pytest.raises(awa_django.JobValidationError, match=f"^{field}: ") as info:
         testjobs.noop.using(**options).enqueue()
     assert info.value.field == field  # type: ignore[attr-defined]
     assert count_jobs() == 0

@@ -20,7 +20,7 @@ EXPECTED = {
     "Snooze",
     "TerminalError",
     "UnknownKindError",
-    "ValidationError",
+    "JobValidationError",
     "WaitForCallback",
     "aenqueue",
     "aenqueue_many",
@@ -53,6 +53,6 @@ def test_validation_errors_share_a_base() -> None:
         "InvalidOptionError",
         "LimitExceededError",
     ):
-        assert issubclass(getattr(awa_django, name), awa_django.ValidationError)
-    assert issubclass(awa_django.ValidationError, awa_django.AwaError)
-    assert issubclass(awa_django.ValidationError, ValueError)
+        assert issubclass(getattr(awa_django, name), awa_django.JobValidationError)
+    assert issubclass(awa_django.JobValidationError, awa_django.AwaError)
+    assert issubclass(awa_django.JobValidationError, ValueError)

@@ -120,3 +120,43 @@ def test_backoff_is_one_function_and_callbacks_honour_the_base() -> None:
             for c in (first, second)
         ]
         assert all(1900 <= d <= 2500 for d in delays), delays
+
+
+# The bounds on job options: one definition per language, and the two agree -------------------
+
+
+@pytest.mark.django_db
+def test_python_and_sql_bounds_on_job_options_agree() -> None:
+    from awa_django.exceptions import InvalidOptionError
+    from awa_django.limits import (
+        ATTEMPTS_RANGE,
+        PRIORITY_RANGE,
+        check_max_attempts,
+        check_priority,
+        check_queue_name,
+    )
+
+    def python_accepts(check: object, value: object) -> bool:
+        try:
+            check(value)  # type: ignore[operator]
+        except InvalidOptionError:
+            return False
+        return True
+
+    cases = [
+        ("valid_priority", "integer", check_priority, v)
+        for v in (PRIORITY_RANGE[0] - 1, *PRIORITY_RANGE, PRIORITY_RANGE[1] + 1, 0)
+    ]
+    cases += [
+        ("valid_max_attempts", "integer", check_max_attempts, v)
+        for v in (ATTEMPTS_RANGE[0] - 1, *ATTEMPTS_RANGE, ATTEMPTS_RANGE[1] + 1)
+    ]
+    cases += [
+        ("valid_queue_name", "text", check_queue_name, v)
+        for v in ("default", "a" * 63, "a" * 64, "", "Upper", "x y", "q.1-_")
+    ]
+    with connection.cursor() as cursor:
+        for function, sql_type, check, value in cases:
+            cursor.execute(f"SELECT awa.{function}(%s::{sql_type})", [value])
+            (sql_accepts,) = cursor.fetchone()
+            assert sql_accepts == python_accepts(check, value), (function, value)

@@ -51,9 +51,9 @@ from awa_django.conf import get_awa_settings
 from awa_django.exceptions import (
     InvalidArgumentsError,
     InvalidResultError,
+    JobValidationError,
     TerminalError,
     TransactionLeftOpen,
-    ValidationError,
 )
 from awa_django.jobs import Job, JobOptions
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
@@ -167,7 +167,7 @@ class _Attempt:
                         f"the task's return value cannot be stored: {refused}"
                     ) from exc
                 serialization.dumps(wrap_result(plain, ids), "result", **limits)
-        except ValidationError as exc:
+        except JobValidationError as exc:
             raise InvalidResultError(f"the task's return value cannot be stored: {exc}") from exc
         object.__setattr__(self.result, "_return_value", plain)
         return wrap_result(plain, ids)

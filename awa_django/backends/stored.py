@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from awa_django.backends.compat import normalize_json
+from awa_django.limits import PRIORITY_RANGE
 
 __all__ = [
     "UNKNOWN_WORKER",
@@ -84,7 +85,9 @@ def read_document(document: Any) -> StoredTask | None:
             run_after = None
     return StoredTask(
         backend=backend,
-        priority=priority if type(priority) is int and -100 <= priority <= 100 else None,
+        priority=priority
+        if type(priority) is int and PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]
+        else None,
         queue_name=queue_name if type(queue_name) is str and queue_name else None,
         run_after=run_after,
     )

@@ -54,8 +54,8 @@ from awa_django.backends.stored import (
 )
 from awa_django.conf import get_awa_settings
 from awa_django.db.enqueue import build_request, send_requests
-from awa_django.db.identifiers import QUEUE_NAME_RE
-from awa_django.exceptions import InvalidArgumentsError, ValidationError
+from awa_django.exceptions import InvalidArgumentsError, JobValidationError
+from awa_django.limits import ATTEMPTS_RANGE, QUEUE_NAME_RE
 from awa_django.sql import query
 from awa_django.states import JobState
 from awa_django.types import JobOptions, JobRequest
@@ -172,7 +172,7 @@ class AwaTaskBackend(BaseTaskBackend):
                 except (TypeError, ValueError):
                     raise refused from None
                 request = self._request(task, args, kwargs)
-        except ValidationError as exc:
+        except JobValidationError as exc:
             raise InvalidTask(str(exc)) from exc
         [handle] = send_requests([request], request.using)
         with connections[request.using].cursor() as cursor:
@@ -276,8 +276,11 @@ class AwaTaskBackend(BaseTaskBackend):
                 id="awa.E103",
             )
         max_attempts = self.options.get("max_attempts", 1)
-        if type(max_attempts) is not int or not 1 <= max_attempts <= 1000:
-            yield checks.Error("OPTIONS['max_attempts'] must be an int in 1..1000.", id="awa.E103")
+        low, high = ATTEMPTS_RANGE
+        if type(max_attempts) is not int or not low <= max_attempts <= high:
+            yield checks.Error(
+                f"OPTIONS['max_attempts'] must be an int in {low}..{high}.", id="awa.E103"
+            )
 
 
 def _json(value: Any) -> Any:

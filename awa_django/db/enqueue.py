@@ -23,10 +23,15 @@ from django.utils import timezone
 from awa_django import serialization
 from awa_django.conf import awa_settings, get_awa_settings
 from awa_django.db.bulk import copy_enqueue
-from awa_django.db.identifiers import QUEUE_NAME_RE, validate_queue_name
 from awa_django.db.transactions import write_transaction
 from awa_django.exceptions import InvalidOptionError, LimitExceededError
-from awa_django.limits import check_seconds, check_text
+from awa_django.limits import (
+    check_max_attempts,
+    check_priority,
+    check_queue_name,
+    check_seconds,
+    check_text,
+)
 from awa_django.sql import query
 from awa_django.types import SEAL, EnqueuedJob, JobOptions, JobRequest
 
@@ -49,7 +54,7 @@ def build_request(
     task_backend: str | None = None,
     task_options: Mapping[str, Any] | None = None,
 ) -> JobRequest:
-    """Validate one request and encode it; raise a ``ValidationError`` subclass if it is bad.
+    """Validate one request and encode it; raise a ``JobValidationError`` subclass if it is bad.
 
     ``task_backend`` marks a django.tasks task (the backend's alias is stored with the
     arguments, so the worker resolves the kind as a task of that backend); ``task_options``
@@ -57,14 +62,11 @@ def build_request(
     """
     cfg = get_awa_settings()
     queue = options.queue if options.queue is not None else cfg.DEFAULT_QUEUE
-    if queue.__class__ is not str or QUEUE_NAME_RE.fullmatch(queue) is None:
-        validate_queue_name(queue)  # raises with the message
-    priority = options.priority
-    if priority.__class__ is not int or not -100 <= priority <= 100:
-        raise InvalidOptionError("priority", f"{priority!r} is not an integer in -100..100")
-    max_attempts = options.max_attempts if options.max_attempts is not None else cfg.MAX_ATTEMPTS
-    if max_attempts.__class__ is not int or not 1 <= max_attempts <= 1000:
-        raise InvalidOptionError("max_attempts", f"{max_attempts!r} is not an integer in 1..1000")
+    check_queue_name(queue)
+    priority = check_priority(options.priority)
+    max_attempts = check_max_attempts(
+        options.max_attempts if options.max_attempts is not None else cfg.MAX_ATTEMPTS
+    )
     using = options.using or cfg.DATABASE_ALIAS
     if using not in connections.settings:
         raise InvalidOptionError("using", f"{using!r} is not a database alias in DATABASES")

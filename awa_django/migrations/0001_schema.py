@@ -2,7 +2,7 @@
 
 from django.db import migrations
 
-from awa_django.db.operations import RunAwaSQL
+from awa_django.db.migration import RunAwaSQL
 
 
 class Migration(migrations.Migration):

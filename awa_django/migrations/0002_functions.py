@@ -2,7 +2,7 @@
 
 from django.db import migrations, models
 
-from awa_django.db.operations import RunAwaSQL
+from awa_django.db.migration import RunAwaSQL
 
 
 class Migration(migrations.Migration):
@@ -46,7 +46,7 @@ class Migration(migrations.Migration):
             },
         ),
         migrations.CreateModel(
-            name="Job",
+            name="LiveJob",
             fields=[
                 ("id", models.BigIntegerField(primary_key=True, serialize=False)),
                 ("kind", models.TextField()),
@@ -70,6 +70,7 @@ class Migration(migrations.Migration):
                 ("dlq_reason", models.TextField(null=True)),
             ],
             options={
+                "verbose_name": "job",
                 "db_table": 'awa"."live_jobs',
                 "ordering": ["-id"],
                 "permissions": [("cancel_job", "Can cancel jobs")],

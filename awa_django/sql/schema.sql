@@ -371,7 +371,7 @@ lane_floors lane_floors_pkey PRIMARY KEY (lane_id)
 leases leases_pkey PRIMARY KEY (job_id, run_lease, lease_slot)
 leases leases_state_check CHECK ((state = ANY (ARRAY['running'::text, 'waiting_external'::text])))
 queue_lanes queue_lanes_pkey PRIMARY KEY (lane_id)
-queue_lanes queue_lanes_priority_check CHECK (((priority >= '-100'::integer) AND (priority <= 100)))
+queue_lanes queue_lanes_priority_check CHECK (awa.valid_priority((priority)::integer))
 queue_lanes queue_lanes_queue_check CHECK (awa.valid_queue_name(queue))
 queue_lanes queue_lanes_queue_priority_shard_key UNIQUE (queue, priority, shard)
 queue_lanes queue_lanes_shard_check CHECK (((shard >= 0) AND (shard <= 63)))
@@ -497,7 +497,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (60)
+-- function (62)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -870,9 +870,9 @@ AS $function$
             'kind: must be a non-empty string of at most 255 characters'
         WHEN NOT awa.valid_queue_name(p_queue) THEN
             format('queue: %s is not a valid queue name ([a-z0-9_.-]{1,63})', quote_nullable(p_queue))
-        WHEN p_priority IS NULL OR p_priority NOT BETWEEN -100 AND 100 THEN
+        WHEN NOT awa.valid_priority(p_priority) THEN
             format('priority: %s is outside -100..100', p_priority)
-        WHEN p_max_attempts IS NULL OR p_max_attempts NOT BETWEEN 1 AND 1000 THEN
+        WHEN NOT awa.valid_max_attempts(p_max_attempts) THEN
             format('max_attempts: %s is outside 1..1000', p_max_attempts)
         WHEN p_args IS NULL THEN 'args: must be JSON'
         WHEN pg_column_size(p_args) > p_args_max THEN
@@ -1620,7 +1620,7 @@ BEGIN
         RAISE EXCEPTION 'queue: % is not a valid queue name ([a-z0-9_.-]{1,63})', quote_nullable(p_queue)
             USING ERRCODE = '22023';
     END IF;
-    IF p_priority IS NOT NULL AND p_priority NOT BETWEEN -100 AND 100 THEN
+    IF p_priority IS NOT NULL AND NOT awa.valid_priority(p_priority) THEN
         RAISE EXCEPTION 'priority: % is outside -100..100', p_priority USING ERRCODE = '22023';
     END IF;
     WITH moved AS (
@@ -1823,7 +1823,7 @@ BEGIN
         RAISE EXCEPTION 'queue: % is not a valid queue name ([a-z0-9_.-]{1,63})', quote_nullable(p_queue)
             USING ERRCODE = '22023';
     END IF;
-    IF p_priority IS NULL OR p_priority NOT BETWEEN -100 AND 100 THEN
+    IF NOT awa.valid_priority(p_priority) THEN
         RAISE EXCEPTION 'priority: % is outside -100..100', p_priority USING ERRCODE = '22023';
     END IF;
     INSERT INTO awa.queue_meta (queue, enqueue_shards)
@@ -2385,7 +2385,7 @@ BEGIN
     lane_ids := '{}';
     first_seqs := '{}';
     FOR i IN 1..COALESCE(cardinality(p_queues), 0) LOOP
-        IF NOT awa.valid_queue_name(p_queues[i]) OR p_priorities[i] NOT BETWEEN -100 AND 100
+        IF NOT awa.valid_queue_name(p_queues[i]) OR NOT awa.valid_priority(p_priorities[i])
            OR p_counts[i] < 1 THEN
             RAISE EXCEPTION 'reserve: group % (queue %, priority %, count %) is invalid',
                 i, quote_nullable(p_queues[i]), p_priorities[i], p_counts[i]
@@ -2552,6 +2552,22 @@ BEGIN
         ORDER BY g.minute;
     END IF;
 END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.valid_max_attempts(p_max_attempts integer)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT p_max_attempts IS NOT NULL AND p_max_attempts BETWEEN 1 AND 1000
+$function$
+
+CREATE OR REPLACE FUNCTION awa.valid_priority(p_priority integer)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT p_priority IS NOT NULL AND p_priority BETWEEN -100 AND 100
 $function$
 
 CREATE OR REPLACE FUNCTION awa.valid_queue_name(p_queue text)

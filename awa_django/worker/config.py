@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 from awa_django.conf import AwaSettings, QueueSettings, get_awa_settings
-from awa_django.db.identifiers import QUEUE_NAME_RE, validate_queue_name
 from awa_django.exceptions import InvalidOptionError
 from awa_django.jobs import registered_kinds
+from awa_django.limits import QUEUE_NAME_RE, check_queue_name
 
 __all__ = [
     "MAX_PROCESSES",
@@ -95,7 +95,7 @@ def parse_queue_option(value: str) -> tuple[str, int | None]:
     if not name:
         raise ValueError(f"--queue {value!r}: no queue name; expected NAME or NAME=CONCURRENCY")
     try:
-        validate_queue_name(name)
+        check_queue_name(name)
     except InvalidOptionError:
         raise ValueError(
             f"--queue {value!r}: {name!r} is not a valid queue name (1-63 characters of "

@@ -30,7 +30,7 @@ from typing import Any
 
 from awa_django import serialization
 from awa_django.db.storage import ClaimedJob, Finalization
-from awa_django.exceptions import AwaError, TerminalError, ValidationError
+from awa_django.exceptions import AwaError, JobValidationError, TerminalError
 from awa_django.jobs import Job, registered_kinds
 from awa_django.limits import MAX_TEXT, check_seconds, check_text, clean_text
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
@@ -259,7 +259,7 @@ def _outcome(
         if isinstance(value, Cancel):
             reason = check_text("reason", value.reason, max_length=MAX_TEXT)
             return make("cancel", error={"type": "awa_django.Cancel", "message": reason})
-    except ValidationError as err:
+    except JobValidationError as err:
         return make(
             "fail",
             error=refused(
@@ -270,7 +270,7 @@ def _outcome(
         result = serialization.dumps(
             value, "result", max_bytes=result_max_bytes, max_depth=max_depth
         )
-    except (ValidationError, AwaError) as err:
+    except (JobValidationError, AwaError) as err:
         return make(
             "fail",
             error=refused(

@@ -43,9 +43,9 @@ from typing import Any
 
 import psycopg
 
-from awa_django.db.identifiers import QUEUE_NAME_RE
 from awa_django.db.storage import ClaimedJob, aclaim, aheartbeat
 from awa_django.jobs import registered_kinds
+from awa_django.limits import QUEUE_NAME_RE
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.sql import query
 from awa_django.worker.batcher import CompletionBatcher

@@ -184,7 +184,7 @@ def _misbehave(ctx: Any, behaviour: str) -> None:
     if behaviour == "bad_progress":
         # Refusing the metadata at once is fine; what matters is that the worker (its heartbeat
         # and completion loops) survives it and the handler carries on.
-        with contextlib.suppress(awa_django.ValidationError):
+        with contextlib.suppress(awa_django.JobValidationError):
             ctx.set_progress(10, "x", bad=object())
         ctx.flush_progress()
 

@@ -18,9 +18,8 @@ from django.core.management.base import CommandError, OutputWrapper
 from django.core.management.color import Style
 from django.db import DatabaseError
 
-from awa_django.db.identifiers import validate_queue_name
-from awa_django.exceptions import ValidationError
-from awa_django.limits import MAX_BIGINT, check_text
+from awa_django.exceptions import JobValidationError
+from awa_django.limits import MAX_BIGINT, check_queue_name, check_text
 
 __all__ = [
     "LOG_LEVELS",
@@ -67,8 +66,8 @@ job_id = integer("a job id", 1, MAX_BIGINT)
 def queue_name(value: str) -> str:
     """An argparse ``type``: a valid queue name."""
     try:
-        return validate_queue_name(value)
-    except ValidationError:
+        return check_queue_name(value)
+    except JobValidationError:
         raise argparse.ArgumentTypeError(
             f"{_shown(value)} is not a valid queue name (1-63 characters of a-z 0-9 _ . -)"
         ) from None
@@ -80,7 +79,7 @@ def text(what: str, max_length: int = 255) -> Callable[[str], str]:
     def parse(value: str) -> str:
         try:
             return check_text(what, value, max_length=max_length)
-        except ValidationError as exc:
+        except JobValidationError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     parse.__name__ = what
@@ -89,11 +88,11 @@ def text(what: str, max_length: int = 255) -> Callable[[str], str]:
 
 @contextlib.contextmanager
 def database_errors() -> Iterator[None]:
-    """Turn a ``ValidationError`` or a database error into a ``CommandError`` that says what
+    """Turn a ``JobValidationError`` or a database error into a ``CommandError`` that says what
     failed (and, when the awa schema is missing, that ``migrate`` has not run)."""
     try:
         yield
-    except ValidationError as exc:
+    except JobValidationError as exc:
         raise CommandError(str(exc)) from exc
     except DatabaseError as exc:
         message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

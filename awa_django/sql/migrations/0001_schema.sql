@@ -25,6 +25,17 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT p_queue IS NOT NULL AND p_queue ~ '^[a-z0-9_.-]{1,63}$'
 $$;
 
+-- The bounds on job options, defined once for SQL (awa_django/limits.py holds Python's).
+CREATE FUNCTION awa.valid_priority(p_priority integer) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_priority IS NOT NULL AND p_priority BETWEEN -100 AND 100
+$$;
+
+CREATE FUNCTION awa.valid_max_attempts(p_max_attempts integer) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_max_attempts IS NOT NULL AND p_max_attempts BETWEEN 1 AND 1000
+$$;
+
 -- Job ids and the composite body carried between planes --------------------------------------
 
 CREATE SEQUENCE awa.job_id_seq AS bigint;
@@ -70,7 +81,7 @@ CREATE TABLE awa.queue_meta (
 CREATE TABLE awa.queue_lanes (
     lane_id integer PRIMARY KEY,
     queue text NOT NULL CHECK (awa.valid_queue_name(queue)),
-    priority smallint NOT NULL CHECK (priority BETWEEN -100 AND 100),
+    priority smallint NOT NULL CHECK (awa.valid_priority(priority)),
     shard smallint NOT NULL CHECK (shard BETWEEN 0 AND 63),
     enqueue_seq regclass NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now(),

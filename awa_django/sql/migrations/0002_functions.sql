@@ -96,7 +96,7 @@ BEGIN
         RAISE EXCEPTION 'queue: % is not a valid queue name ([a-z0-9_.-]{1,63})', quote_nullable(p_queue)
             USING ERRCODE = '22023';
     END IF;
-    IF p_priority IS NULL OR p_priority NOT BETWEEN -100 AND 100 THEN
+    IF NOT awa.valid_priority(p_priority) THEN
         RAISE EXCEPTION 'priority: % is outside -100..100', p_priority USING ERRCODE = '22023';
     END IF;
     INSERT INTO awa.queue_meta (queue, enqueue_shards)
@@ -272,9 +272,9 @@ LANGUAGE sql STABLE AS $$
             'kind: must be a non-empty string of at most 255 characters'
         WHEN NOT awa.valid_queue_name(p_queue) THEN
             format('queue: %s is not a valid queue name ([a-z0-9_.-]{1,63})', quote_nullable(p_queue))
-        WHEN p_priority IS NULL OR p_priority NOT BETWEEN -100 AND 100 THEN
+        WHEN NOT awa.valid_priority(p_priority) THEN
             format('priority: %s is outside -100..100', p_priority)
-        WHEN p_max_attempts IS NULL OR p_max_attempts NOT BETWEEN 1 AND 1000 THEN
+        WHEN NOT awa.valid_max_attempts(p_max_attempts) THEN
             format('max_attempts: %s is outside 1..1000', p_max_attempts)
         WHEN p_args IS NULL THEN 'args: must be JSON'
         WHEN pg_column_size(p_args) > p_args_max THEN
@@ -501,7 +501,7 @@ BEGIN
     lane_ids := '{}';
     first_seqs := '{}';
     FOR i IN 1..COALESCE(cardinality(p_queues), 0) LOOP
-        IF NOT awa.valid_queue_name(p_queues[i]) OR p_priorities[i] NOT BETWEEN -100 AND 100
+        IF NOT awa.valid_queue_name(p_queues[i]) OR NOT awa.valid_priority(p_priorities[i])
            OR p_counts[i] < 1 THEN
             RAISE EXCEPTION 'reserve: group % (queue %, priority %, count %) is invalid',
                 i, quote_nullable(p_queues[i]), p_priorities[i], p_counts[i]
@@ -1129,7 +1129,7 @@ BEGIN
         RAISE EXCEPTION 'queue: % is not a valid queue name ([a-z0-9_.-]{1,63})', quote_nullable(p_queue)
             USING ERRCODE = '22023';
     END IF;
-    IF p_priority IS NOT NULL AND p_priority NOT BETWEEN -100 AND 100 THEN
+    IF p_priority IS NOT NULL AND NOT awa.valid_priority(p_priority) THEN
         RAISE EXCEPTION 'priority: % is outside -100..100', p_priority USING ERRCODE = '22023';
     END IF;
     WITH moved AS (

@@ -1,4 +1,4 @@
--- Statements used by awa_django.db.operations.RunAwaSQL.
+-- Statements used by awa_django.db.migration.RunAwaSQL.
 
 -- name: migration_lock
 -- Serialises concurrent `migrate` runs for the awa schema until the transaction ends. Class
