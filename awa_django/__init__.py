@@ -19,7 +19,7 @@ from awa_django.exceptions import (
     UnknownKindError,
 )
 from awa_django.jobs import Job, JobOptions, get_job, job
-from awa_django.operations import cancel, dlq_purge, dlq_retry, resolve_callback
+from awa_django.operator.actions import cancel, dlq_purge, dlq_retry, resolve_callback
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.producer import aenqueue, aenqueue_many, enqueue, enqueue_many
 from awa_django.types import EnqueuedJob, JobRequest

@@ -9,9 +9,9 @@ The pages are registered here; the parts they share live next door:
   ``LogEntry`` audit records;
 * ``admin_display``: escaped JSON, error timelines, sparklines.
 
-Actions call the same services as the management commands, need custom permissions, are
-always confirmed on a separate page, act on at most ``BULK_LIMIT`` rows, and commit together
-with one admin ``LogEntry`` per row they changed.
+Actions call the same operator API (``awa_django.operator``) as the management commands, need
+custom permissions, are always confirmed on a separate page, act on at most ``BULK_LIMIT`` rows,
+and commit together with one admin ``LogEntry`` per row they changed.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path
 
-from awa_django import operations, services
 from awa_django.admin_actions import BULK_LIMIT, confirm, log_change
 from awa_django.admin_display import JobDetail, error_timeline, pretty, sparkline
 from awa_django.admin_filters import KindFilter, LiveStateFilter, QueueFilter, TerminalStateFilter
@@ -36,6 +35,16 @@ from awa_django.admin_readonly import CappedPaginator, JobListAdmin, ReadOnlyAdm
 from awa_django.db.storage import HISTORY_EXACT_UP_TO
 from awa_django.limits import check_queue_name, check_uuid
 from awa_django.models import DeadLetter, LiveJob, QueueStat, TerminalJob, Worker
+from awa_django.operator import (
+    cancel,
+    dlq_purge,
+    dlq_retry,
+    queue_drain,
+    queue_pause,
+    queue_stats,
+    throughput,
+    workers,
+)
 
 __all__ = [
     "BULK_LIMIT",
@@ -103,9 +112,7 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
 
         def perform(objects: list[Any], data: dict[str, Any]) -> str:
             queue, priority = data.get("queue") or None, data.get("priority")
-            ids = set(
-                operations.dlq_retry([o.job_id for o in objects], queue=queue, priority=priority)
-            )
+            ids = set(dlq_retry([o.job_id for o in objects], queue=queue, priority=priority))
             where = f" into queue {queue}" if queue else ""
             if priority is not None:
                 where += f" with priority {priority}"
@@ -131,7 +138,7 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
         self._checked(request, "purge_dlq")
 
         def perform(objects: list[Any], data: dict[str, Any]) -> str:
-            ids = set(operations.dlq_purge([o.job_id for o in objects]))
+            ids = set(dlq_purge([o.job_id for o in objects]))
             log_change(
                 request, [o for o in objects if o.job_id in ids], f"purged{_together(len(ids))}"
             )
@@ -224,7 +231,7 @@ class JobAdmin(JobDetail, JobListAdmin):
 
         def perform(objects: list[Any], data: dict[str, Any]) -> str:
             ordered = sorted(objects, key=lambda o: int(o.id))  # one lock order for all
-            done = [o for o in ordered if operations.cancel(o.id, reason="cancelled in admin")]
+            done = [o for o in ordered if cancel(o.id, reason="cancelled in admin")]
             log_change(request, done, f"cancelled{_together(len(done))}")
             return f"Cancelled {len(done)} job(s)."
 
@@ -299,9 +306,9 @@ class QueueStatAdmin(ReadOnlyAdmin):
                 "stat": stat,
                 "completed": stat.shown("completed"),
                 "failed": stat.shown("failed"),
-                "sparkline": sparkline(services.throughput(stat.queue)),
+                "sparkline": sparkline(throughput(stat.queue)),
             }
-            for stat in services.queue_stats()
+            for stat in queue_stats()
         ]
         return TemplateResponse(
             request,
@@ -310,7 +317,7 @@ class QueueStatAdmin(ReadOnlyAdmin):
                 **self.admin_site.each_context(request),
                 "title": "Queue dashboard",
                 "rows": rows,
-                "workers": services.workers(),
+                "workers": workers(),
                 "opts": self.model._meta,
             },
         )
@@ -352,7 +359,7 @@ class QueueStatAdmin(ReadOnlyAdmin):
     @admin.action(description="Pause selected queues", permissions=["manage_queue"])
     def pause_queues(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         def act(stat: QueueStat) -> str:
-            services.queue_pause(stat.queue, True)
+            queue_pause(stat.queue, True)
             return "paused"
 
         return self._queues(
@@ -366,7 +373,7 @@ class QueueStatAdmin(ReadOnlyAdmin):
     @admin.action(description="Resume selected queues", permissions=["manage_queue"])
     def resume_queues(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         def act(stat: QueueStat) -> str:
-            services.queue_pause(stat.queue, False)
+            queue_pause(stat.queue, False)
             return "resumed"
 
         return self._queues(
@@ -387,7 +394,7 @@ class QueueStatAdmin(ReadOnlyAdmin):
                 with transaction.atomic():
                     log_change(request, [stat], f"drained: cancelled {cancelled} job(s)")
 
-            cancelled = services.queue_drain(stat.queue, each_batch=log_batch)
+            cancelled = queue_drain(stat.queue, each_batch=log_batch)
             return f"drained: cancelled {cancelled} waiting job(s)"
 
         return self._queues(

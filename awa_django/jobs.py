@@ -70,7 +70,7 @@ class Job(Generic[P, R]):
         max_attempts: int | None = _UNSET,
         deadline: float | timedelta | None = _UNSET,
         tags: Iterable[str] = _UNSET,
-        metadata: Mapping[str, Any] | None = _UNSET,
+        metadata: Mapping[str, object] | None = _UNSET,
         using: str | None = _UNSET,
     ) -> Job[P, R]:
         """Return a copy of this handle with the given options replaced (validated at enqueue)."""
@@ -162,7 +162,7 @@ def job(
     max_attempts: int | None = None,
     deadline: float | timedelta | None = None,
     tags: Iterable[str] = (),
-    metadata: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, object] | None = None,
     using: str | None = None,
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Job[P, R]]: ...
 
@@ -177,7 +177,7 @@ def job(
     max_attempts: int | None = None,
     deadline: float | timedelta | None = None,
     tags: Iterable[str] = (),
-    metadata: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, object] | None = None,
     using: str | None = None,
 ) -> Callable[[Callable[P, R]], Job[P, R]]: ...
 
@@ -193,7 +193,7 @@ def job(
     max_attempts: int | None = None,
     deadline: float | timedelta | None = None,
     tags: Iterable[str] = (),
-    metadata: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, object] | None = None,
     using: str | None = None,
 ) -> Any:
     """Register a function (sync or async) as a job kind; usable bare or with options.

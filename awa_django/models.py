@@ -1,15 +1,20 @@
 """Read-only, unmanaged models over the engine's read surfaces, for the Django admin.
 
 Nothing is ever written through them: ``save()``, ``delete()`` and the queryset's bulk writes
-raise ``ReadOnlyError``. Every change goes through an SQL function (``awa_django.operations``,
-``awa_django.services``), which the admin actions call.
+raise ``ReadOnlyError``. Every change goes through an SQL function of the engine, by way of
+``awa_django.operator.actions``, which the admin actions call. A job's ``state`` is one of
+:class:`~awa_django.states.JobState` (its ``choices``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from django.db import models
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from awa_django.states import JobState
 
 __all__ = ["DeadLetter", "LiveJob", "QueueStat", "ReadOnlyError", "TerminalJob", "Worker"]
 
@@ -19,17 +24,17 @@ class ReadOnlyError(RuntimeError):
 
 
 class ReadOnlyQuerySet(models.QuerySet[Any]):
-    def update(self, **kwargs: Any) -> int:
-        raise ReadOnlyError("awa_django models are read-only; use awa_django.operations")
+    def update(self, **kwargs: object) -> int:
+        raise ReadOnlyError("awa_django models are read-only; use awa_django.operator.actions")
 
     def delete(self) -> tuple[int, dict[str, int]]:
-        raise ReadOnlyError("awa_django models are read-only; use awa_django.operations")
+        raise ReadOnlyError("awa_django models are read-only; use awa_django.operator.actions")
 
-    def bulk_create(self, *args: Any, **kwargs: Any) -> list[Any]:
-        raise ReadOnlyError("awa_django models are read-only; use awa_django.operations")
+    def bulk_create(self, *args: object, **kwargs: object) -> list[Any]:
+        raise ReadOnlyError("awa_django models are read-only; use awa_django.operator.actions")
 
-    def bulk_update(self, *args: Any, **kwargs: Any) -> int:
-        raise ReadOnlyError("awa_django models are read-only; use awa_django.operations")
+    def bulk_update(self, *args: object, **kwargs: object) -> int:
+        raise ReadOnlyError("awa_django models are read-only; use awa_django.operator.actions")
 
 
 class ReadOnlyModel(models.Model):
@@ -39,17 +44,17 @@ class ReadOnlyModel(models.Model):
         abstract = True
         managed = False
 
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        raise ReadOnlyError("awa_django models are read-only; use awa_django.operations")
+    def save(self, *args: object, **kwargs: object) -> None:
+        raise ReadOnlyError("awa_django models are read-only; use awa_django.operator.actions")
 
-    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
-        raise ReadOnlyError("awa_django models are read-only; use awa_django.operations")
+    def delete(self, *args: object, **kwargs: object) -> tuple[int, dict[str, int]]:
+        raise ReadOnlyError("awa_django models are read-only; use awa_django.operator.actions")
 
 
 class TagsField(models.Field):  # type: ignore[type-arg]
     """A job's tags: a PostgreSQL ``text[]`` column, read as a list of str (None when unset).
 
-    Migration 0005 recorded these fields as ``JSONField(null=True)``, which cannot load a
+    Migration 0002 recorded these fields as ``JSONField(null=True)``, which cannot load a
     ``text[]`` (psycopg hands back a list; ``JSONField`` expects JSON text), so every page
     showing a tagged job failed. The models are unmanaged: the recorded state never reaches
     the database, and ``deconstruct`` keeps describing the field as recorded, so no migration
@@ -58,10 +63,12 @@ class TagsField(models.Field):  # type: ignore[type-arg]
 
     description = "A list of tags (PostgreSQL text[])"
 
-    def db_type(self, connection: Any) -> str:
+    def db_type(self, connection: BaseDatabaseWrapper) -> str:
         return "text[]"
 
-    def from_db_value(self, value: Any, expression: Any, connection: Any) -> list[str] | None:
+    def from_db_value(
+        self, value: Iterable[object] | None, expression: object, connection: object
+    ) -> list[str] | None:
         return None if value is None else [str(tag) for tag in value]
 
     def get_prep_value(self, value: Any) -> list[str] | None:
@@ -76,7 +83,7 @@ class _JobFields(ReadOnlyModel):
     id = models.BigIntegerField(primary_key=True)
     kind = models.TextField()
     queue = models.TextField()
-    state = models.TextField()
+    state = models.TextField(choices=JobState.choices)
     priority = models.SmallIntegerField()
     attempt = models.SmallIntegerField()
     max_attempts = models.SmallIntegerField()

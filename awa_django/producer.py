@@ -34,7 +34,7 @@ def enqueue(
     max_attempts: int | None = None,
     deadline: float | timedelta | None = None,
     tags: Iterable[str] | None = None,
-    metadata: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, object] | None = None,
     using: str | None = None,
 ) -> EnqueuedJob:
     """Enqueue one job of a registered ``kind`` in the caller's transaction.

@@ -5,11 +5,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 from awa_django import serialization
 
-__all__ = ["SEAL", "EnqueuedJob", "JobOptions", "JobRequest"]
+__all__ = ["JSON", "SEAL", "EnqueuedJob", "JobOptions", "JobRequest"]
+
+#: A JSON value as ``json.loads`` returns it: what awa_django's jsonb columns hold (arguments,
+#: results, metadata, progress, errors).
+JSON: TypeAlias = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | None
 
 
 #: Set on every request ``awa_django.db.enqueue.build_request`` makes (and only on those).
@@ -30,7 +34,7 @@ class JobOptions:
     run_after: datetime | timedelta | None = None
     deadline: float | timedelta | None = None
     tags: tuple[str, ...] = ()
-    metadata: Mapping[str, Any] | None = None
+    metadata: Mapping[str, object] | None = None
     using: str | None = None
 
 

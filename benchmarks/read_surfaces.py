@@ -347,7 +347,7 @@ def surfaces(ids: dict[str, int]) -> list[Surface]:
 
         out.append(Surface(name, "command", run))
 
-    # SQL surfaces, as services, the worker and SQL users call them.
+    # SQL surfaces, as the operator API, the worker and SQL users call them.
     sql("queue_counts_v1()", query("queue_counts"))
     sql("queue_stats_v1()", query("queue_stats"))
     sql("queue_stats view", "SELECT * FROM awa.queue_stats ORDER BY queue")

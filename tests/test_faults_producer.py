@@ -22,9 +22,9 @@ from awa_django import (
     IsolationLevelError,
     JobRequest,
     JobValidationError,
-    services,
 )
 from awa_django.db import storage
+from awa_django.operator import dlq_list, queue_drain, queue_pause
 from tests import testjobs
 from tests.factories import WORKER
 from tests.helpers import conninfo, pg
@@ -130,7 +130,7 @@ def test_enqueue_many_in_autocommit_notifies_only_after_its_rows_exist(
 
 def test_a_drain_from_autocommit_cancels_everything_in_short_batches() -> None:
     awa_django.enqueue_many([testjobs.noop.using(queue="d").prepare()] * 2500)
-    assert services.queue_drain("d") == 2500
+    assert queue_drain("d") == 2500
     with pg() as conn:
         assert storage.queue_depth(conn, "d") == {"d": 0}
 
@@ -310,10 +310,10 @@ def test_requests_cannot_be_changed_or_forged() -> None:
         lambda: awa_django.cancel(1, using="nope"),
         lambda: awa_django.dlq_retry([1], using="nope"),
         lambda: awa_django.resolve_callback(uuid.uuid4(), using="nope"),
-        lambda: services.queue_pause("q", "no"),  # type: ignore[arg-type]
-        lambda: services.queue_pause("q", 0),  # type: ignore[arg-type]
-        lambda: services.dlq_list(limit=-1),
-        lambda: services.dlq_list(limit=10**20),
+        lambda: queue_pause("q", "no"),  # type: ignore[arg-type]
+        lambda: queue_pause("q", 0),  # type: ignore[arg-type]
+        lambda: dlq_list(limit=-1),
+        lambda: dlq_list(limit=10**20),
     ],
 )
 def test_odd_arguments_raise_validation_errors_and_keep_the_transaction(call: Any) -> None:
@@ -331,7 +331,7 @@ def test_an_operation_needing_read_committed_refuses_before_touching_the_transac
         with pytest.raises(IsolationLevelError, match="REPEATABLE READ"):
             awa_django.cancel(handle.id, using="repeatable")
         with pytest.raises(IsolationLevelError):
-            services.queue_drain("default", using="repeatable")
+            queue_drain("default", using="repeatable")
         testjobs.noop.using(using="repeatable").enqueue()  # still usable
     assert count_jobs() == 2
 

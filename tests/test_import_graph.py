@@ -104,3 +104,17 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert "awa_django.types" in edges["awa_django.producer"]
     edges["awa_django.types"].add("awa_django.producer")  # and back: a cycle
     assert any({"awa_django.producer", "awa_django.types"} <= set(c) for c in cycles(edges))
+
+
+def test_operator_reads_never_reach_a_write() -> None:
+    """The operator API's split: ``operator.reads`` imports neither ``write_transaction`` nor
+    ``operator.actions``; every write lives in ``operator.actions``."""
+    tree = ast.parse((PACKAGE / "operator" / "reads.py").read_text())
+    names = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert "write_transaction" not in names
+    assert "awa_django.operator.actions" not in graph()["awa_django.operator.reads"]

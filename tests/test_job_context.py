@@ -91,3 +91,31 @@ def test_takes_context_needs_a_first_positional_parameter() -> None:
         def keyword_only(*, context: object) -> None: ...
 
         job(takes_context=True, name="tests.keyword_only")(keyword_only)
+
+
+def test_progress_metadata_nests_as_deep_as_job_metadata() -> None:
+    from awa_django.exceptions import LimitExceededError
+
+    def deep(levels: int) -> object:
+        value: object = 1
+        for _ in range(levels):
+            value = [value]
+        return value
+
+    context = JobContext(
+        job_id=1,
+        run_lease=1,
+        attempt=1,
+        max_attempts=1,
+        queue="q",
+        kind="k",
+        deadline_at=None,
+        progress=None,
+    )
+    # Job metadata {"v": deep(31)} is 32 levels, the limit; progress metadata the same.
+    testjobs.noop.using(metadata={"v": deep(31)}).prepare()
+    context.set_progress(None, v=deep(31))
+    with pytest.raises(LimitExceededError, match="nesting deeper than 32"):
+        testjobs.noop.using(metadata={"v": deep(32)}).prepare()
+    with pytest.raises(LimitExceededError, match="nesting deeper than 32"):
+        context.set_progress(None, v=deep(32))

@@ -313,6 +313,50 @@ def test_args_limit_follows_settings() -> None:
         testjobs.renamed.enqueue("y" * 200)
 
 
+# The shapes whose binary jsonb is largest next to their JSON text (awa_django.db.enqueue).
+_DENSE_SHAPES = {
+    "digits": lambda n: [0] * n,
+    "negatives": lambda n: [-1] * n,
+    "halves": lambda n: [0.5] * n,
+    "empty lists": lambda n: [[]] * n,
+    "empty objects": lambda n: [{}] * n,
+    "wrapped digits": lambda n: [[0]] * n,
+    "keyed digits": lambda n: [{"": 0}] * n,
+}
+
+
+def _largest_accepted(shape: Any, limit: int, wrap: Any) -> Any:
+    """The biggest value of ``shape`` whose compact JSON (as wrapped) is within ``limit``."""
+    n = limit
+    while len(json.dumps(wrap(shape(n)), separators=(",", ":"))) > limit:
+        n = n * 9 // 10
+    while len(json.dumps(wrap(shape(n + 1)), separators=(",", ":"))) <= limit:
+        n += 1
+    return shape(n)
+
+
+@pytest.mark.parametrize("shape", _DENSE_SHAPES.values(), ids=_DENSE_SHAPES.keys())
+@override_settings(AWA={"ARGS_MAX_BYTES": 30_000, "METADATA_MAX_BYTES": 30_000})
+def test_arguments_python_accepts_are_never_refused_by_the_sql_size_check(shape: Any) -> None:
+    args = _largest_accepted(shape, 30_000, lambda v: {"args": [v], "kwargs": {}})
+    metadata = {"m": _largest_accepted(shape, 30_000 - 10, lambda v: {"m": v})}
+    with transaction.atomic():
+        awa_django.enqueue("tests.testjobs.noop", args=[args], metadata=metadata)
+        # The caller's transaction is intact: the SQL second line refused nothing.
+        assert count_jobs() == 1
+    assert count_jobs() == 1
+
+
+def test_the_sql_size_margin_covers_the_densest_jsonb() -> None:
+    from awa_django.db.enqueue import JSONB_GROWTH
+
+    with pg() as conn:
+        for shape in _DENSE_SHAPES.values():
+            text = json.dumps(shape(10_000), separators=(",", ":"))
+            row = conn.execute("SELECT pg_column_size(%s::jsonb)", [text]).fetchone()
+            assert row is not None and row[0] <= JSONB_GROWTH * len(text) + 4096, text[:20]
+
+
 def test_sql_second_line_refuses_raw_bad_input_and_writes_nothing() -> None:
     import psycopg
 

@@ -56,3 +56,15 @@ def test_validation_errors_share_a_base() -> None:
         assert issubclass(getattr(awa_django, name), awa_django.JobValidationError)
     assert issubclass(awa_django.JobValidationError, awa_django.AwaError)
     assert issubclass(awa_django.JobValidationError, ValueError)
+
+
+def test_the_operator_api_is_its_reads_and_its_actions() -> None:
+    from awa_django import operator
+    from awa_django.operator import actions, reads
+
+    assert set(operator.__all__) == set(reads.__all__) | set(actions.__all__)
+    assert not set(reads.__all__) & set(actions.__all__)
+    for name in operator.__all__:
+        assert getattr(operator, name) is getattr(reads if name in reads.__all__ else actions, name)
+    for name in ("cancel", "dlq_retry", "dlq_purge", "resolve_callback"):
+        assert getattr(awa_django, name) is getattr(actions, name)

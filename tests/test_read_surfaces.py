@@ -94,7 +94,8 @@ def install_reference(conn: Conn) -> None:
 
 def enqueue(conn: Conn, queue: str, n: int, **extra: Any) -> list[int]:
     jobs = [
-        {"kind": f"k.{queue}.{i % 3}", "queue": queue, "args": {"i": i}, **extra} for i in range(n)
+        {"kind": f"k.{queue}.{i % 3}", "queue": queue, "args": {"args": [i], "kwargs": {}}, **extra}
+        for i in range(n)
     ]
     return [job_id for job_id, _ in enqueue_sql(conn, json.dumps(jobs))]
 

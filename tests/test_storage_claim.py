@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from typing import Any
@@ -11,6 +12,7 @@ import psycopg
 import pytest
 
 from awa_django.db import storage
+from awa_django.sql import query
 from tests.factories import WORKER, enqueue_sql
 from tests.helpers import pg
 
@@ -24,7 +26,13 @@ pytestmark = [
 def jobs_json(n: int, queue: str = "q", priority: int = 0, **extra: Any) -> str:
     return json.dumps(
         [
-            {"kind": "k", "queue": queue, "priority": priority, "args": {"n": i}, **extra}
+            {
+                "kind": "k",
+                "queue": queue,
+                "priority": priority,
+                "args": {"args": [i], "kwargs": {}},
+                **extra,
+            }
             for i in range(n)
         ]
     )
@@ -50,7 +58,7 @@ def test_claim_increments_attempt_and_run_lease() -> None:
         assert state == "available"
         [claimed] = storage.claim(conn, "q", 5, WORKER)
         assert (claimed.job_id, claimed.attempt, claimed.run_lease) == (job_id, 1, 1)
-        assert json.loads(claimed.args_json) == {"n": 0}
+        assert json.loads(claimed.args_json) == {"args": [0], "kwargs": {}}
         row = conn.execute(
             "SELECT state, attempt, run_lease FROM awa.jobs WHERE id = %s", [job_id]
         ).fetchone()
@@ -210,3 +218,32 @@ def test_claims_stay_index_probes_when_statistics_say_the_rings_are_empty() -> N
         ).fetchone()
         assert config == (["enable_seqscan=off"],)
         assert first + claim_ids(conn, n=400) == ids  # all of them, in order, none twice
+
+
+def test_claimed_jobs_are_built_by_column_name() -> None:
+    """The claim query names every column after a ClaimedJob field; the row factory matches
+    them by name (any order) and refuses a result whose columns do not match."""
+    fields = [f.name for f in dataclasses.fields(storage.ClaimedJob)]
+    with pg() as conn:
+        args = {"args": [1], "kwargs": {"n": 0}}
+        body = {"kind": "k", "queue": "q", "args": args, "metadata": {"m": 1}, "tags": ["t"]}
+        enqueue_sql(conn, json.dumps([body]))
+        cursor = conn.execute(query("claim"), ["q", 0, WORKER, 60.0, None])
+        assert [column.name for column in cursor.description or ()] == fields
+        [job] = storage.claim(conn, "q", 1, WORKER)
+        assert (job.kind, json.loads(job.args_json), job.metadata, job.tags) == (
+            "k",
+            args,
+            {"m": 1},
+            ["t"],
+        )
+        values = {name: None for name in fields} | {"job_id": 7, "run_lease": 3, "kind": "x"}
+        select = ", ".join(f"%({name})s AS {name}" for name in reversed(fields))
+        with conn.cursor(row_factory=storage._claimed_job) as reordered:
+            [row] = reordered.execute(f"SELECT {select}", values).fetchall()
+        assert (row.job_id, row.run_lease, row.kind) == (7, 3, "x")
+        with (
+            pytest.raises(TypeError, match="do not match ClaimedJob"),
+            conn.cursor(row_factory=storage._claimed_job) as short,
+        ):
+            short.execute("SELECT 1 AS job_id, 2 AS run_lease")

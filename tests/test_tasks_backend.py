@@ -613,3 +613,47 @@ def test_worker_ids_name_the_real_worker_of_every_attempt_after_the_claim_ring_i
         assert len(workers) == attempts
         assert workers == claimed[result.id]
         assert all(uuid.UUID(w) for w in workers)
+
+
+def test_backend_check_reports_invalid_options_and_queues() -> None:
+    backend = AwaTaskBackend(
+        "x",
+        {"QUEUES": ["default", "A", ""], "OPTIONS": {"deadline": math.nan, "tags": "abc"}},
+    )
+    messages = [m.msg for m in backend.check() if m.id == "awa.E103"]
+    assert any("OPTIONS['deadline']" in m for m in messages)
+    assert any("OPTIONS['tags']" in m for m in messages)
+    assert any("'A' is not a valid queue name" in m for m in messages)
+    assert any("'' is not a valid queue name" in m for m in messages)
+    assert len(messages) == 4
+    zero = AwaTaskBackend("z", {"OPTIONS": {"deadline": 0}})
+    assert [m.id for m in zero.check()] == ["awa.E103"]
+    fine = AwaTaskBackend("y", {"QUEUES": [], "OPTIONS": {"deadline": 30, "tags": ["a"]}})
+    assert list(fine.check()) == []
+
+
+def test_tags_given_as_one_string_are_refused_never_split_into_characters() -> None:
+    import dataclasses
+
+    from awa_django.backends.compat import InvalidTask
+
+    with pytest.raises(InvalidTask, match="tags: must be a list of strings"):
+        dataclasses.replace(t.add, tags="xyz").enqueue(1, 2)
+    tasks = {
+        "default": {
+            "BACKEND": "awa_django.backends.tasks.AwaTaskBackend",
+            "OPTIONS": {"tags": "abc"},
+        }
+    }
+    with override_settings(TASKS=tasks), pytest.raises(InvalidTask, match="tags:"):
+        t.add.enqueue(1, 2)
+    with pg() as conn:
+        assert conn.execute("SELECT count(*) FROM awa.jobs").fetchone() == (0,)
+
+
+def test_a_priority_that_is_not_an_int_is_an_invalid_task_not_a_type_error() -> None:
+    from awa_django.backends.compat import InvalidTask
+
+    for priority in ("5", 5.0, True):
+        with pytest.raises(InvalidTask, match="Priority must be an int"):
+            t.add.using(priority=priority).enqueue(1, 2)  # type: ignore[arg-type]

@@ -307,3 +307,20 @@ def test_processes_work_when_the_command_is_called_from_code(manage_py: Start) -
             "SELECT count(*) FROM awa.jobs WHERE id = ANY(%s) AND state = 'completed'", [jobs]
         ).fetchone()
     assert done == (20,)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--queue", "a=5", "--concurrency", "3"),
+        ("--reload", "--processes", "2"),
+        ("--queue", "a", "--queue", "a=2"),
+    ],
+    ids=["concurrency-below-queue", "reload-with-processes", "queue-twice"],
+)
+def test_contradicting_options_are_a_usage_error_with_exit_status_2(
+    manage_py: Start, argv: tuple[str, ...]
+) -> None:
+    proc = manage_py("awa_worker", *argv)
+    assert proc.wait(timeout=60) == 2, proc.output()
+    assert "CommandError" in proc.output()

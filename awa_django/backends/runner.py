@@ -58,6 +58,7 @@ from awa_django.exceptions import (
 from awa_django.jobs import Job, JobOptions
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.sql import query
+from awa_django.worker.context import JobContext
 
 __all__ = ["task_handle"]
 
@@ -68,7 +69,7 @@ _MAX_HANDLES = 512
 _handles: dict[tuple[str, StoredTask], Job[Any, Any]] = {}
 
 
-def task_handle(path: str, document: Any) -> Job[Any, Any] | None:
+def task_handle(path: str, document: object) -> Job[Any, Any] | None:
     """A ``Job`` the worker can run for the task stored as ``path`` with task document
     ``document``, or None to refuse it (see the module docstring)."""
     stored = read_document(document)
@@ -96,12 +97,14 @@ class _Attempt:
 
     __slots__ = ("ctx", "result", "sender", "task")
 
-    ctx: Any
+    ctx: JobContext
     result: TaskResult[Any]
     sender: type[Any]
     task: Any
 
-    def __init__(self, task: Any, ctx: Any, args: tuple[Any, ...], kwargs: dict[str, Any]):
+    def __init__(
+        self, task: Any, ctx: JobContext, args: tuple[object, ...], kwargs: dict[str, object]
+    ):
         backend = task.get_backend()
         self.task = task
         self.ctx = ctx
@@ -144,10 +147,10 @@ class _Attempt:
     def start(self) -> None:
         signals.task_started.send(self.sender, task_result=self.result)
 
-    def call_args(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    def call_args(self, args: tuple[object, ...]) -> tuple[object, ...]:
         return (TaskContext(task_result=self.result), *args) if self.task.takes_context else args
 
-    def stored(self, value: Any) -> Any:
+    def stored(self, value: object) -> object:
         """What the worker stores for ``value``: an outcome as it is, anything else normalised
         and wrapped with the worker ids. Raises ``InvalidResultError`` when it cannot be."""
         if isinstance(value, _OUTCOMES):
@@ -172,7 +175,7 @@ class _Attempt:
         object.__setattr__(self.result, "_return_value", plain)
         return wrap_result(plain, ids)
 
-    def finish(self, value: Any, exc: BaseException | None) -> None:
+    def finish(self, value: object, exc: BaseException | None) -> None:
         """Send ``task_finished`` with the status this attempt leaves the task in."""
         ctx = self.ctx
         if ctx.is_cancelled():
@@ -197,7 +200,7 @@ class _Attempt:
                 )
 
 
-def _status_after(ctx: Any, value: Any, exc: BaseException | None) -> Any:
+def _status_after(ctx: JobContext, value: object, exc: BaseException | None) -> TaskResultStatus:
     """The status an attempt leaves its task in (the executor's rules, docs/jobs.md)."""
     attempts_left = ctx.attempt < ctx.max_attempts
     if exc is not None:
@@ -240,7 +243,7 @@ def _runner(task: Any) -> Any:
 
     if inspect.iscoroutinefunction(func):
 
-        async def run_async(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        async def run_async(ctx: JobContext, *args: object, **kwargs: object) -> object:
             attempt = await sync_to_async(_Attempt)(task, ctx, args, kwargs)
             try:
                 await sync_to_async(attempt.start)()
@@ -254,7 +257,7 @@ def _runner(task: Any) -> Any:
 
         return run_async
 
-    def run_sync(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+    def run_sync(ctx: JobContext, *args: object, **kwargs: object) -> object:
         attempt = _Attempt(task, ctx, args, kwargs)
         try:
             attempt.start()

@@ -55,7 +55,14 @@ from awa_django.backends.stored import (
 from awa_django.conf import get_awa_settings
 from awa_django.db.enqueue import build_request, send_requests
 from awa_django.exceptions import InvalidArgumentsError, JobValidationError
-from awa_django.limits import ATTEMPTS_RANGE, QUEUE_NAME_RE
+from awa_django.limits import (
+    ATTEMPTS_RANGE,
+    QUEUE_NAME_RE,
+    check_queue_name,
+    check_seconds,
+    check_text,
+    tag_tuple,
+)
 from awa_django.sql import query
 from awa_django.states import JobState
 from awa_django.types import JobOptions, JobRequest
@@ -107,13 +114,18 @@ class AwaTaskBackend(BaseTaskBackend):
         self.database: str | None = self.options.get("database")
         self.max_attempts: int = self.options.get("max_attempts", 1)
         self.deadline: float | None = self.options.get("deadline")
-        self.tags: tuple[str, ...] = tuple(self.options.get("tags", ()))
+        # Kept as given: a str is not a list of tags (tag_tuple refuses it at enqueue, E103
+        # reports it at check time) and must never be split into characters.
+        self.tags: Any = self.options.get("tags", ())
 
     @property
     def alias_for_db(self) -> str:
         return self.database or get_awa_settings().DATABASE_ALIAS
 
     def validate_task(self, task: Task) -> None:  # type: ignore[type-arg]
+        # Django compares the priority with its bounds first: a str would be a bare TypeError.
+        if type(task.priority) is not int:
+            raise InvalidTask(f"Priority must be an int, got {type(task.priority).__name__}.")
         super().validate_task(task)
         if QUEUE_NAME_RE.fullmatch(task.queue_name) is None:
             raise InvalidTask(
@@ -131,7 +143,7 @@ class AwaTaskBackend(BaseTaskBackend):
             max_attempts=max_attempts,
             run_after=task.run_after,
             deadline=deadline,
-            tags=tuple(tags) if tags is not None else self.tags,
+            tags=tag_tuple(tags if tags is not None else self.tags),
             using=self.alias_for_db,
         )
 
@@ -275,12 +287,30 @@ class AwaTaskBackend(BaseTaskBackend):
                 f"known: {sorted(_OPTIONS)}.",
                 id="awa.E103",
             )
+        for problem in self._option_problems():
+            yield checks.Error(problem, id="awa.E103")
+
+    def _option_problems(self) -> Iterable[str]:
+        """What is wrong with OPTIONS and QUEUES, one sentence each (reported as awa.E103)."""
         max_attempts = self.options.get("max_attempts", 1)
         low, high = ATTEMPTS_RANGE
         if type(max_attempts) is not int or not low <= max_attempts <= high:
-            yield checks.Error(
-                f"OPTIONS['max_attempts'] must be an int in {low}..{high}.", id="awa.E103"
-            )
+            yield f"OPTIONS['max_attempts'] must be an int in {low}..{high}."
+        checks_of_options: list[tuple[str, Any]] = [
+            ("deadline", lambda v: v is None or check_seconds("deadline", v)),
+            ("tags", lambda v: [check_text("tags", t) for t in tag_tuple(v)]),
+        ]
+        for name, check in checks_of_options:
+            if name in self.options:
+                try:
+                    check(self.options[name])
+                except JobValidationError as exc:
+                    yield f"OPTIONS[{name!r}] is invalid: {exc}."
+        for queue in sorted(self.queues, key=repr):
+            try:
+                check_queue_name(queue, "QUEUES")
+            except JobValidationError as exc:
+                yield f"{exc}."
 
 
 def _json(value: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.db import migrations
@@ -11,6 +12,18 @@ from django.db.migrations.state import ProjectState
 from awa_django.sql import migration_sql, query
 
 __all__ = ["RunAwaSQL"]
+
+_VIEWS = re.compile(r"^CREATE VIEW awa\.(\w+)", re.MULTILINE)
+_FUNCTIONS = re.compile(r"^CREATE FUNCTION awa\.(\w+)\(", re.MULTILINE)
+_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def _text_array(names: list[str]) -> str:
+    """``ARRAY['a', 'b']`` of names checked to be plain lower-case identifiers."""
+    for name in names:
+        if _NAME.fullmatch(name) is None:  # pragma: no cover - the packaged files are checked
+            raise ValueError(f"unexpected object name {name!r} in an awa_django SQL file")
+    return "ARRAY[" + ", ".join(f"'{name}'" for name in names) + "]"
 
 
 class RunAwaSQL(migrations.RunSQL):
@@ -28,8 +41,9 @@ class RunAwaSQL(migrations.RunSQL):
       succeed. (A script printed by ``sqlmigrate`` has no such check: run by hand on a database
       that has the file already, it fails on its first ``CREATE`` and changes nothing.)
     * The file's text comes from the installed package.
-    * Reversal: the first file (``drop_schema=True``) drops the whole ``awa`` schema; later
-      files only forget their record (their objects go with the schema).
+    * Reversal: the first file (``drop_schema=True``) drops the whole ``awa`` schema; a later
+      file drops the views and functions it created and forgets its record, so that migrating
+      forward again re-creates them. Tables and their rows stay.
     """
 
     reduces_to_sql = True
@@ -40,7 +54,16 @@ class RunAwaSQL(migrations.RunSQL):
         self.drop_schema = drop_schema
         self.script = migration_sql(name)
         reverse = query("schema_drop") if drop_schema else query("migration_forget")
+        if not drop_schema:
+            reverse = f"{self._drop_created()};\n{reverse}"
         super().__init__(sql=self.script, reverse_sql=reverse)
+
+    def _drop_created(self) -> str:
+        """The statement that drops the views and functions this file creates."""
+        return query("migration_drop_created").format(
+            views=_text_array(_VIEWS.findall(self.script)),
+            functions=_text_array(_FUNCTIONS.findall(self.script)),
+        )
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         kwargs: dict[str, Any] = {"drop_schema": True} if self.drop_schema else {}
@@ -90,6 +113,7 @@ class RunAwaSQL(migrations.RunSQL):
             if self.drop_schema:
                 schema_editor.execute(query("schema_drop"), params=None)
             else:
+                schema_editor.execute(self._drop_created(), params=None)
                 schema_editor.execute(query("migration_forget"), params=[self.name])
             return
         with schema_editor.connection.cursor() as cursor:
@@ -100,6 +124,7 @@ class RunAwaSQL(migrations.RunSQL):
             cursor.execute(query("schema_exists"))
             row = cursor.fetchone()
             if row is not None and row[0]:
+                cursor.execute(self._drop_created())
                 cursor.execute(query("migration_forget"), [self.name])
 
     def describe(self) -> str:

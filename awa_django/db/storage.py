@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.rows import RowMaker, no_result
 
 from awa_django import serialization
 from awa_django.sql import query
@@ -37,9 +38,10 @@ __all__ = [
 class ClaimedJob:
     """One claimed attempt. ``(job_id, run_lease)`` is its identity for every later write.
 
-    ``args_json`` is left undecoded: the executor decodes it once, where it needs it.
-    ``metadata``, ``tags`` and ``errors`` (of the previous attempts) are the job's, for its
-    context.
+    Built from a row of ``awa.claim_v1`` by column name (the ``claim`` query names each column
+    after a field). ``args_json`` is left undecoded: the executor decodes it once, where it
+    needs it. ``metadata``, ``tags`` and ``errors`` (of the previous attempts) are the job's,
+    for its context.
     """
 
     job_id: int
@@ -158,8 +160,32 @@ class QueueCounts:
 HISTORY_EXACT_UP_TO = 10_000
 
 
-def _claim_rows(rows: list[tuple[Any, ...]]) -> list[ClaimedJob]:
-    return [ClaimedJob(*row) for row in rows]
+_CLAIMED_JOB_FIELDS = tuple(field.name for field in dataclasses.fields(ClaimedJob))
+
+
+def _new_claimed_job(values: Sequence[Any]) -> ClaimedJob:
+    return ClaimedJob(*values)
+
+
+def _claimed_job(
+    cursor: psycopg.Cursor[object] | psycopg.AsyncCursor[object],
+) -> RowMaker[ClaimedJob]:
+    """The row factory of the ``claim`` query: each row as a ``ClaimedJob``, by column name.
+
+    The result's column names are matched to the fields once per result (a missing, extra or
+    misspelt column raises ``TypeError``); rows are then built in the fields' order without a
+    dict per row, as fast as ``ClaimedJob(*row)`` (``psycopg.rows.class_row`` is about three
+    times slower on this path).
+    """
+    if cursor.description is None:
+        return no_result
+    names = [column.name for column in cursor.description]
+    if sorted(names) != sorted(_CLAIMED_JOB_FIELDS):
+        raise TypeError(f"claim columns {names} do not match ClaimedJob {_CLAIMED_JOB_FIELDS}")
+    order = [names.index(field) for field in _CLAIMED_JOB_FIELDS]
+    if order == list(range(len(order))):
+        return _new_claimed_job
+    return lambda values: ClaimedJob(*[values[i] for i in order])
 
 
 def _claim_params(
@@ -202,7 +228,8 @@ def claim(
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` jobs of ``queue`` in one short transaction (see ``awa.claim_v1``)."""
     params = _claim_params(queue, limit, worker_id, aging_interval, default_deadline)
-    return _claim_rows(conn.execute(query("claim"), params).fetchall())
+    with conn.cursor(row_factory=_claimed_job) as cursor:
+        return cursor.execute(query("claim"), params).fetchall()
 
 
 async def aclaim(
@@ -216,8 +243,9 @@ async def aclaim(
 ) -> list[ClaimedJob]:
     """Async ``claim``."""
     params = _claim_params(queue, limit, worker_id, aging_interval, default_deadline)
-    cursor = await conn.execute(query("claim"), params)
-    return _claim_rows(await cursor.fetchall())
+    async with conn.cursor(row_factory=_claimed_job) as cursor:
+        await cursor.execute(query("claim"), params)
+        return await cursor.fetchall()
 
 
 def finalize(conn: psycopg.Connection[Any], items: Sequence[Finalization]) -> list[tuple[int, int]]:

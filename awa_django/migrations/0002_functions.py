@@ -4,6 +4,19 @@ from django.db import migrations, models
 
 from awa_django.db.migration import RunAwaSQL
 
+#: ``awa_django.states.JobState.choices`` when this migration was written (the ``state`` of
+#: LiveJob and TerminalJob).
+JOB_STATES = [
+    ("available", "Available"),
+    ("running", "Running"),
+    ("waiting_external", "waiting external"),
+    ("scheduled", "Scheduled"),
+    ("retryable", "Retryable"),
+    ("completed", "Completed"),
+    ("failed", "Failed"),
+    ("cancelled", "Cancelled"),
+]
+
 
 class Migration(migrations.Migration):
     dependencies = [("awa_django", "0001_schema")]
@@ -51,7 +64,7 @@ class Migration(migrations.Migration):
                 ("id", models.BigIntegerField(primary_key=True, serialize=False)),
                 ("kind", models.TextField()),
                 ("queue", models.TextField()),
-                ("state", models.TextField()),
+                ("state", models.TextField(choices=JOB_STATES)),
                 ("priority", models.SmallIntegerField()),
                 ("attempt", models.SmallIntegerField()),
                 ("max_attempts", models.SmallIntegerField()),
@@ -110,7 +123,7 @@ class Migration(migrations.Migration):
                 ("id", models.BigIntegerField(primary_key=True, serialize=False)),
                 ("kind", models.TextField()),
                 ("queue", models.TextField()),
-                ("state", models.TextField()),
+                ("state", models.TextField(choices=JOB_STATES)),
                 ("priority", models.SmallIntegerField()),
                 ("attempt", models.SmallIntegerField()),
                 ("max_attempts", models.SmallIntegerField()),

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, cast
 
 from awa_django import serialization
 from awa_django.exceptions import InvalidOptionError
 from awa_django.limits import check_text
+from awa_django.types import JSON
+
+if TYPE_CHECKING:
+    from awa_django.db.storage import ClaimedJob
 
 __all__ = ["JobContext"]
 
@@ -20,6 +24,16 @@ __all__ = ["JobContext"]
 Registrar = Callable[["JobContext", uuid.UUID], None]
 #: The same for async handlers: ``(ctx, callback_id) -> awaitable``.
 AsyncRegistrar = Callable[["JobContext", uuid.UUID], Awaitable[None]]
+
+
+class Runtime(Protocol):
+    """What a context needs of the worker running it."""
+
+    instance_id: uuid.UUID
+
+    def request_flush(self) -> None:
+        """Write pending progress with the next heartbeat batch, at once."""
+
 
 # Progress is stored with the attempt: the same bounds as job metadata.
 _PROGRESS_MAX_BYTES = 65_536
@@ -72,13 +86,13 @@ class JobContext:
         queue: str,
         kind: str,
         deadline_at: datetime | None,
-        progress: Any,
-        runtime: Any = None,
+        progress: JSON,
+        runtime: Runtime | None = None,
         registrar: Registrar | None = None,
         aregistrar: AsyncRegistrar | None = None,
-        metadata: Any = None,
-        tags: Any = None,
-        errors: Any = None,
+        metadata: object = None,
+        tags: Iterable[str] | None = None,
+        errors: object = None,
     ) -> None:
         self.id = job_id
         self.run_lease = run_lease
@@ -87,14 +101,14 @@ class JobContext:
         self.queue = queue
         self.kind = kind
         self.deadline_at = deadline_at
-        self.metadata: dict[str, Any] = dict(metadata) if isinstance(metadata, dict) else {}
+        self.metadata: dict[str, JSON] = dict(metadata) if isinstance(metadata, dict) else {}
         self.tags: tuple[str, ...] = tuple(tags or ())
-        self.errors: list[Any] = list(errors) if isinstance(errors, list) else []
+        self.errors: list[JSON] = list(errors) if isinstance(errors, list) else []
         # A plain flag, not a threading.Event: set from the event loop, read from any thread
         # (attribute reads and writes are atomic), and an Event per job cost ~15 % of a no-op
         # job's CPU in the profile (docs/performance.md).
         self._cancelled = False
-        self._progress: Any = progress
+        self._progress: JSON = progress
         self._progress_json: str | None = None
         self._progress_dirty = False
         self._progress_set = False
@@ -106,8 +120,8 @@ class JobContext:
     @classmethod
     def for_job(
         cls,
-        job: Any,
-        runtime: Any = None,
+        job: ClaimedJob,
+        runtime: Runtime | None = None,
         *,
         registrar: Registrar | None = None,
         aregistrar: AsyncRegistrar | None = None,
@@ -189,12 +203,12 @@ class JobContext:
     # -- progress ----------------------------------------------------------------------------
 
     @property
-    def progress(self) -> Any:
+    def progress(self) -> JSON:
         """The latest progress snapshot (``None`` when none was ever set)."""
         return self._progress
 
     def set_progress(
-        self, percent: float | None, message: str | None = None, **metadata: Any
+        self, percent: float | None, message: str | None = None, **metadata: object
     ) -> None:
         """Record progress: ``percent`` (0 to 100, or None), an optional ``message`` (text) and
         JSON ``metadata`` (at most 64 KiB, 32 levels), merged into the metadata recorded so far
@@ -210,17 +224,23 @@ class JobContext:
             or not (math.isfinite(percent) and 0 <= percent <= 100)
         ):
             raise InvalidOptionError("percent", f"{percent!r} is not a number from 0 to 100")
-        snapshot: dict[str, Any] = {"percent": percent}
+        snapshot: dict[str, object] = {"percent": percent}
         if message is not None:
             snapshot["message"] = check_text("message", message)
         previous = self._progress.get("metadata") if isinstance(self._progress, dict) else None
         merged = {**previous, **metadata} if isinstance(previous, dict) else metadata
         if merged:
             snapshot["metadata"] = merged
+        # envelope=1: the snapshot around the metadata is not the handler's nesting, so the
+        # metadata has the same 32 levels as a job's metadata.
         text = serialization.dumps(
-            snapshot, "progress", max_bytes=_PROGRESS_MAX_BYTES, max_depth=_PROGRESS_MAX_DEPTH
+            snapshot,
+            "progress",
+            max_bytes=_PROGRESS_MAX_BYTES,
+            max_depth=_PROGRESS_MAX_DEPTH,
+            envelope=1,
         )
-        self._progress = snapshot
+        self._progress = cast(JSON, snapshot)  # dumps has checked that it is JSON
         self._progress_json = text
         self._progress_dirty = True
         self._progress_set = True

@@ -107,6 +107,9 @@ class Execution:
     def stop(self) -> None:  # pragma: no cover - provided by WorkerRuntime
         raise NotImplementedError
 
+    def request_flush(self) -> None:  # pragma: no cover - provided by WorkerRuntime
+        raise NotImplementedError
+
     def _start(self, job: ClaimedJob, queue: QueueConfig) -> None:
         """Start one claimed attempt; whatever goes wrong, it ends with an outcome."""
         loop = self._loop

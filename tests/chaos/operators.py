@@ -13,7 +13,7 @@ import time
 from django.db import connection, transaction
 
 import awa_django
-from awa_django import services
+from awa_django.operator import queue_drain, queue_pause
 from tests.chaos.common import DJANGO_CONNECTION_ERRORS, Run, child_rng
 from tests.chaos.db import LedgerConn, statement
 
@@ -63,10 +63,10 @@ class Operator:
             if ids:
                 awa_django.cancel(ids[int(pick * len(ids))], reason="chaos operator")
         elif action == "pause":
-            services.queue_pause(queue, True)
+            queue_pause(queue, True)
             self.resumes.append((time.monotonic() + pause_for, queue))
         elif action == "drain":
-            services.queue_drain(queue)
+            queue_drain(queue)
         else:
             self._dlq_retry(pick, count)
 
@@ -95,7 +95,7 @@ class Operator:
         for due, queue in list(self.resumes):
             if due <= now:
                 try:
-                    services.queue_pause(queue, False)
+                    queue_pause(queue, False)
                     self.resumes.remove((due, queue))
                 except DJANGO_CONNECTION_ERRORS:
                     connection.close()
@@ -107,7 +107,7 @@ def resume_all(patience: float = 60.0) -> None:
     for queue in QUEUES:
         while True:
             try:
-                services.queue_pause(queue, False)
+                queue_pause(queue, False)
                 break
             except DJANGO_CONNECTION_ERRORS:
                 connection.close()

@@ -7,9 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from awa_django import operations, services
 from awa_django.management.commands._cli import database_errors, integer, job_id, queue_name, text
-from awa_django.services import DlqEntry
+from awa_django.operator import DlqEntry, dlq_list, dlq_purge, dlq_retry
 
 #: Jobs one retry or purge transaction moves at most (a filter is worked through in batches).
 BATCH = 1000
@@ -80,7 +79,7 @@ class Command(BaseCommand):
 
     def _list(self, options: dict[str, Any]) -> None:
         limit = options["limit"] or 100
-        entries = services.dlq_list(queue=options["queue"], kind=options["kind"], limit=limit)
+        entries = dlq_list(queue=options["queue"], kind=options["kind"], limit=limit)
         if options["json"]:
             rows = [
                 {
@@ -137,7 +136,7 @@ class Command(BaseCommand):
 
         def batch() -> tuple[list[int], int]:
             nonlocal newest
-            entries = services.dlq_list(queue=options["queue"], kind=options["kind"], limit=BATCH)
+            entries = dlq_list(queue=options["queue"], kind=options["kind"], limit=BATCH)
             if newest is None and entries:
                 newest = entries[0]  # newest first: the last entry there when we began
             bound = newest
@@ -161,10 +160,8 @@ class Command(BaseCommand):
 
     def _apply(self, action: str, ids: list[int], options: dict[str, Any]) -> list[int]:
         if action == "retry":
-            return operations.dlq_retry(
-                ids, queue=options["to_queue"], priority=options["priority"]
-            )
-        return operations.dlq_purge(ids)
+            return dlq_retry(ids, queue=options["to_queue"], priority=options["priority"])
+        return dlq_purge(ids)
 
     def _say(self, options: dict[str, Any], message: str) -> None:
         if options["verbosity"] >= 1:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from awa_django import operations, services
 from awa_django.management.commands._cli import database_errors, job_id
+from awa_django.operator import cancel, dlq_retry, job_show
 
 
 class Command(BaseCommand):
@@ -23,23 +24,23 @@ class Command(BaseCommand):
             self._handle(options["job_id"], options["action"], options["verbosity"])
 
     def _handle(self, job_id: int, action: str, verbosity: int) -> None:
-        job = services.job_show(job_id)
+        job = job_show(job_id)
         if job is None:
             raise CommandError(f"job {job_id} not found (unknown, or aged out of history)")
         if action == "show":
-            self.stdout.write(json.dumps(job, indent=2, default=str))
+            self.stdout.write(json.dumps(dataclasses.asdict(job), indent=2, default=str))
         elif action == "retry":
-            if not job["in_dlq"]:
+            if not job.in_dlq:
                 raise CommandError(
-                    f"job {job_id} is {job['state']}, not in the dead letter queue; only "
+                    f"job {job_id} is {job.state}, not in the dead letter queue; only "
                     "dead-lettered jobs can be retried"
                 )
-            operations.dlq_retry([job_id])
+            dlq_retry([job_id])
             if verbosity >= 1:
                 self.stdout.write(self.style.SUCCESS(f"job {job_id} retried"))
         else:
-            previous = operations.cancel(job_id, reason="cancelled with awa_job")
+            previous = cancel(job_id, reason="cancelled with awa_job")
             if previous is None:
-                raise CommandError(f"job {job_id} is {job['state']}: nothing to cancel")
+                raise CommandError(f"job {job_id} is {job.state}: nothing to cancel")
             if verbosity >= 1:
                 self.stdout.write(self.style.SUCCESS(f"job {job_id} cancelled (was {previous})"))

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from awa_django import services
 from awa_django.management.commands._cli import database_errors, queue_name
+from awa_django.operator import queue_drain, queue_pause, queue_stats
 
 
 class Command(BaseCommand):
@@ -22,18 +22,18 @@ class Command(BaseCommand):
         loud = options["verbosity"] >= 1
         with database_errors():
             if action in ("pause", "resume"):
-                services.queue_pause(queue, action == "pause")
+                queue_pause(queue, action == "pause")
                 if loud:
                     done = "paused" if action == "pause" else "resumed"
                     self.stdout.write(self.style.SUCCESS(f"queue {queue} {done}"))
             elif action == "drain":
-                count = services.queue_drain(queue)
+                count = queue_drain(queue)
                 if loud:
                     self.stdout.write(
                         self.style.SUCCESS(f"queue {queue}: cancelled {count} waiting job(s)")
                     )
             else:
-                stats = {s.queue: s for s in services.queue_stats()}.get(queue)
+                stats = {s.queue: s for s in queue_stats()}.get(queue)
                 if stats is None:
                     raise CommandError(f"unknown queue {queue!r} (nothing was ever enqueued to it)")
                 for field in stats.__dataclass_fields__:

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from awa_django import services
 from awa_django.management.commands._cli import database_errors
+from awa_django.operator import queue_stats, rings, workers
 
 
 class Command(BaseCommand):
@@ -20,9 +20,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         with database_errors():
-            queues = services.queue_stats()
-            workers = services.workers()
-            rings = services.rings()
+            queues = queue_stats()
+            processes = workers()
+            ring_states = rings()
         if options["json"]:
             self.stdout.write(
                 json.dumps(
@@ -30,9 +30,9 @@ class Command(BaseCommand):
                         "queues": [
                             {**dataclasses.asdict(q), "estimated": q.estimated} for q in queues
                         ],
-                        "workers": [dataclasses.asdict(w) for w in workers],
-                        "leader": next((w.instance_id for w in workers if w.is_leader), None),
-                        "rings": rings,
+                        "workers": [dataclasses.asdict(w) for w in processes],
+                        "leader": next((w.instance_id for w in processes if w.is_leader), None),
+                        "rings": [dataclasses.asdict(r) for r in ring_states],
                     },
                     indent=2,
                     default=str,
@@ -50,14 +50,13 @@ class Command(BaseCommand):
                 f"{q.completed_last_hour} completed in the last hour"
             )
         self.stdout.write(self.style.MIGRATE_HEADING("workers:"))
-        for w in workers:
+        for w in processes:
             self.stdout.write(
                 f"  {w.instance_id} {w.hostname} pid {w.pid}{' LEADER' if w.is_leader else ''} "
                 f"queues {w.queues} seen {w.seen_seconds_ago:.0f}s ago"
             )
         self.stdout.write(self.style.MIGRATE_HEADING("rings:"))
-        for r in rings:
+        for r in ring_states:
             self.stdout.write(
-                f"  {r['ring']}: slot {r['current_slot']} of {r['slot_count']}, "
-                f"generation {r['generation']}"
+                f"  {r.ring}: slot {r.current_slot} of {r.slot_count}, generation {r.generation}"
             )

@@ -110,13 +110,14 @@ class Command(BaseCommand):
                 else f"AWA['PROCESSES'] = {processes}"
             )
             raise CommandError(
-                f"--reload runs one worker process; it cannot be combined with {given}"
+                f"--reload runs one worker process; it cannot be combined with {given}",
+                returncode=2,  # a usage error, like argparse's
             )
         configure_logging(options["verbosity"], self.stderr, self.style)
         try:  # contradictions between options, before any process starts
             build_config(queues=queues or None, concurrency=options["concurrency"])
         except ValueError as exc:
-            raise CommandError(str(exc)) from exc
+            raise CommandError(str(exc), returncode=2) from exc
         if processes > 1 and not options["supervised"]:
             self._supervise(processes, options)
             return

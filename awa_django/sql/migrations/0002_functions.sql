@@ -261,6 +261,9 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
     SELECT EXISTS (SELECT 1 FROM unnest(p_tags) t WHERE t IS NULL OR t = '' OR length(t) > p_max_length)
 $$;
 
+-- What is wrong with one job request (NULL when nothing), the rules Python checks first
+-- (docs/jobs.md, "What is refused"). Arguments are {"args": [...], "kwargs": {...}} (other keys,
+-- such as the django.tasks backend's "task", are allowed): the shape the worker decodes.
 CREATE FUNCTION awa._job_request_error_v1(
     p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer,
     p_deadline double precision, p_metadata jsonb, p_tags text[], p_args_max integer,
@@ -276,12 +279,16 @@ LANGUAGE sql STABLE AS $$
             format('priority: %s is outside -100..100', p_priority)
         WHEN NOT awa.valid_max_attempts(p_max_attempts) THEN
             format('max_attempts: %s is outside 1..1000', p_max_attempts)
-        WHEN p_args IS NULL THEN 'args: must be JSON'
+        WHEN p_args IS NULL THEN 'args: must be {"args": [...], "kwargs": {...}}'
         WHEN pg_column_size(p_args) > p_args_max THEN
             format('args: %s bytes exceeds the limit of %s bytes', pg_column_size(p_args), p_args_max)
         WHEN pg_column_size(p_args) > 4 * (p_depth + 2)
              AND jsonb_path_exists(p_args, awa._depth_probe_v1(p_depth + 2)) THEN
             format('args: nesting deeper than %s levels', p_depth)
+        WHEN jsonb_typeof(p_args) <> 'object'
+             OR jsonb_typeof(p_args -> 'args') IS DISTINCT FROM 'array'
+             OR jsonb_typeof(p_args -> 'kwargs') IS DISTINCT FROM 'object' THEN
+            'args: must be {"args": [...], "kwargs": {...}}'
         WHEN p_deadline IS NOT NULL AND NOT (p_deadline > 0 AND p_deadline <= 3155760000) THEN
             'deadline: must be a positive number of seconds, at most 3155760000 (100 years)'
         WHEN p_metadata IS NOT NULL AND jsonb_typeof(p_metadata) <> 'object' THEN
@@ -296,6 +303,92 @@ LANGUAGE sql STABLE AS $$
         WHEN awa._bad_tags_v1(p_tags, p_tag_len) THEN
             format('tags: every tag must be a non-empty string of at most %s characters', p_tag_len)
     END
+$$;
+
+-- The keys a job object of awa.enqueue_v1 may have.
+CREATE FUNCTION awa._job_keys_v1() RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT '{kind,queue,priority,args,max_attempts,run_at,delay,deadline,metadata,tags}'::text[]
+$$;
+
+-- A JSON value for an error message: its text, cut to 40 characters.
+CREATE FUNCTION awa._json_show_v1(p_value jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN length(p_value::text) <= 40 THEN p_value::text
+                ELSE left(p_value::text, 37) || '...' END
+$$;
+
+-- What is wrong with an integer field of a job object (NULL when nothing): not given (SQL NULL),
+-- or a JSON number written without a fraction (5 or 5e0, not 5.0, "5" or true) within
+-- p_low..p_high. Compared as numeric, so 2^63 is out of range, never a cast error.
+CREATE FUNCTION awa._json_integer_error_v1(p_value jsonb, p_field text, p_low integer,
+                                           p_high integer)
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN p_value IS NULL THEN NULL
+        WHEN jsonb_typeof(p_value) <> 'number' THEN  -- the cast below needs a number
+            format('%s: must be an integer, not %s', p_field, awa._json_show_v1(p_value))
+        WHEN scale(p_value::numeric) > 0 THEN
+            format('%s: must be an integer, not %s', p_field, awa._json_show_v1(p_value))
+        WHEN p_value::numeric < p_low OR p_value::numeric > p_high THEN
+            format('%s: %s is outside %s..%s', p_field, awa._json_show_v1(p_value), p_low, p_high)
+    END
+$$;
+
+-- The first key of a job object that awa.enqueue_v1 does not know (NULL when none).
+CREATE FUNCTION awa._unknown_key_v1(p_job jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT left(k, 100) FROM jsonb_object_keys(p_job - awa._job_keys_v1()) AS k LIMIT 1
+$$;
+
+-- What is wrong with the JSON types of one job object of awa.enqueue_v1 (NULL when nothing),
+-- checked before any value is converted: only the known keys; kind, queue and run_at strings;
+-- priority and max_attempts integers within their bounds; delay and deadline numbers within
+-- 100 years; metadata an object; tags an array of strings. The fields come as jsonb from
+-- jsonb_to_record (so each is looked up once), SQL NULL when absent or JSON null ("not given":
+-- the default). args is checked after conversion by _job_request_error_v1. Never raises.
+CREATE FUNCTION awa._job_fields_error_v1(
+    p_job jsonb, p_kind jsonb, p_queue jsonb, p_priority jsonb, p_max_attempts jsonb,
+    p_run_at jsonb, p_delay jsonb, p_deadline jsonb, p_metadata jsonb, p_tags jsonb)
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN p_job - awa._job_keys_v1() <> '{}'::jsonb THEN
+            format('%s: unknown key (the keys are %s)', awa._unknown_key_v1(p_job),
+                   array_to_string(awa._job_keys_v1(), ', '))
+        WHEN jsonb_typeof(p_kind) <> 'string' THEN
+            format('kind: must be a string, not %s', awa._json_show_v1(p_kind))
+        WHEN jsonb_typeof(p_queue) <> 'string' THEN
+            format('queue: must be a string, not %s', awa._json_show_v1(p_queue))
+        WHEN jsonb_typeof(p_run_at) <> 'string' THEN
+            format('run_at: must be a string (a timestamp), not %s', awa._json_show_v1(p_run_at))
+        WHEN jsonb_typeof(p_delay) <> 'number' THEN
+            format('delay: must be a number of seconds, not %s', awa._json_show_v1(p_delay))
+        WHEN abs(p_delay::numeric) > 3155760000 THEN
+            'delay: must be a number of seconds within 100 years (3155760000)'
+        WHEN jsonb_typeof(p_deadline) <> 'number' THEN
+            format('deadline: must be a number of seconds, not %s', awa._json_show_v1(p_deadline))
+        WHEN NOT (p_deadline::numeric > 0 AND p_deadline::numeric <= 3155760000) THEN
+            'deadline: must be a positive number of seconds, at most 3155760000 (100 years)'
+        WHEN jsonb_typeof(p_metadata) <> 'object' THEN
+            format('metadata: must be a JSON object, not %s', awa._json_show_v1(p_metadata))
+        WHEN jsonb_typeof(p_tags) <> 'array' THEN
+            format('tags: must be an array of strings, not %s', awa._json_show_v1(p_tags))
+        WHEN jsonb_path_exists(p_tags, 'strict $[*] ? (@.type() != "string")') THEN
+            'tags: must be an array of strings'
+        ELSE COALESCE(awa._json_integer_error_v1(p_priority, 'priority', -100, 100),
+                      awa._json_integer_error_v1(p_max_attempts, 'max_attempts', 1, 1000))
+    END
+$$;
+
+-- _job_fields_error_v1 of one job object (the error path of awa.enqueue_v1).
+CREATE FUNCTION awa._job_shape_error_v1(p_job jsonb) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT awa._job_fields_error_v1(p_job, s.kind, s.queue, s.priority, s.max_attempts,
+                                    s.run_at, s.delay, s.deadline, s.metadata, s.tags)
+    FROM jsonb_to_record(p_job) AS s(kind jsonb, queue jsonb, priority jsonb,
+        max_attempts jsonb, run_at jsonb, delay jsonb, deadline jsonb, metadata jsonb, tags jsonb)
 $$;
 
 -- The limits in p_limits (keys args_max_bytes, metadata_max_bytes, json_max_depth, max_tags,
@@ -357,6 +450,131 @@ BEGIN
 END
 $$;
 
+-- Validate the job objects of an awa.enqueue_v1 call (numbered from p_first): the first error,
+-- in job order ('job N: field: ...'), and how many jobs are deferred. Each job's shape comes first
+-- (_job_fields_error_v1: a value of the wrong JSON type is named as such, not judged by a rule
+-- after conversion), then its timing (so that a bad delay never reaches make_interval), then the
+-- request rules. A value that cannot be converted (a run_at that is
+-- not a timestamp, a number beyond double precision, or one of the wrong JSON type) raises a
+-- data exception: awa.enqueue_v1 catches it and _enqueue_conversion_error_v1 names it.
+CREATE FUNCTION awa._enqueue_check_v1(
+    p_jobs jsonb, p_now timestamptz, p_first integer, p_args_max integer, p_meta_max integer,
+    p_depth integer, p_max_tags integer, p_tag_len integer, OUT first_error text, OUT deferred_count bigint)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT (array_agg(format('job %s: %s', x.ord - 1 + p_first, x.err) ORDER BY x.ord)
+                FILTER (WHERE x.err IS NOT NULL))[1],
+           count(*) FILTER (WHERE x.err IS NULL AND x.deferred)
+    INTO first_error, deferred_count
+    FROM (
+        SELECT t.ord, COALESCE(t.shape, t.timing, awa._job_request_error_v1(
+                   t.kind, COALESCE(t.queue, 'default'), COALESCE(t.priority, 0),
+                   COALESCE(t.args, '{"args": [], "kwargs": {}}'), COALESCE(t.max_attempts, 25),
+                   t.deadline, t.metadata, t.tags, p_args_max, p_meta_max, p_depth, p_max_tags,
+                   p_tag_len)) AS err,
+               CASE WHEN t.timing IS NULL THEN
+                   COALESCE(t.run_at, p_now + make_interval(secs => COALESCE(t.delay, 0))) > p_now
+               END AS deferred
+        FROM (
+            SELECT e.ord, r.*,
+                   awa._job_fields_error_v1(e.value, s.kind, s.queue, s.priority,
+                       s.max_attempts, s.run_at, s.delay, s.deadline, s.metadata, s.tags) AS shape,
+                   awa._timing_error_v1(r.run_at, r.delay) AS timing
+            FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS e(value, ord),
+                 -- The fields as given (args left out: it is not copied), then converted.
+                 jsonb_to_record(e.value) AS s(kind jsonb, queue jsonb, priority jsonb,
+                     max_attempts jsonb, run_at jsonb, delay jsonb, deadline jsonb,
+                     metadata jsonb, tags jsonb),
+                 jsonb_to_record(e.value) AS r(kind text, queue text, priority integer, args jsonb,
+                     max_attempts integer, run_at timestamptz, delay double precision,
+                     deadline double precision, metadata jsonb, tags text[])
+        ) t
+        OFFSET 0  -- each job's error is computed once, not once per aggregate that reads it
+    ) x;
+END
+$$;
+
+-- An error message with every quoted value over 40 characters cut (PostgreSQL quotes the whole
+-- input of a failed conversion, which can be a 400-digit number).
+CREATE FUNCTION awa._short_message_v1(p_message text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT left(regexp_replace(p_message, '"([^"]{37})[^"]{4,}"', '"\1..."', 'g'), 500)
+$$;
+
+-- The field of one job object whose value cannot be converted to its column type, and why
+-- (NULL when every field converts). The error path of awa.enqueue_v1 only: one subtransaction
+-- per field.
+CREATE FUNCTION awa._job_conversion_error_v1(p_job jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_field text;
+BEGIN
+    FOREACH v_field IN ARRAY awa._job_keys_v1() LOOP
+        BEGIN
+            PERFORM FROM jsonb_to_record(jsonb_build_object(v_field, p_job -> v_field))
+                AS r(kind text, queue text, priority integer, args jsonb, max_attempts integer,
+                     run_at timestamptz, delay double precision, deadline double precision,
+                     metadata jsonb, tags text[]);
+        EXCEPTION WHEN data_exception THEN
+            RETURN format('%s: %s', v_field, awa._short_message_v1(SQLERRM));
+        END;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+-- The error path of awa.enqueue_v1 when its validation raised a data exception: the first error
+-- of the batch, in job order, as 'job N: field: ...'. A bisection: the jobs before v_good are
+-- fine and the first job that raises is below v_bad; the first half of that window is validated
+-- alone (a window raises when one of its jobs does). If it does not raise but has an error, that
+-- error is the first of the batch. The job that raises is named by its shape or conversion
+-- error. About log2(jobs) validations, one subtransaction each, of windows that halve.
+CREATE FUNCTION awa._enqueue_conversion_error_v1(
+    p_jobs jsonb, p_now timestamptz, p_args_max integer, p_meta_max integer, p_depth integer,
+    p_max_tags integer, p_tag_len integer)
+RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_good integer := 0;
+    v_bad integer := jsonb_array_length(p_jobs);
+    v_mid integer;
+    v_error text;
+    v_job jsonb;
+BEGIN
+    WHILE v_bad - v_good > 1 LOOP
+        v_mid := (v_good + v_bad) / 2;
+        BEGIN
+            SELECT c.first_error INTO v_error
+            FROM awa._enqueue_check_v1(
+                jsonb_path_query_array(p_jobs,
+                                       format('strict $[%s to %s]', v_good, v_mid - 1)::jsonpath),
+                p_now, v_good, p_args_max, p_meta_max, p_depth, p_max_tags, p_tag_len) c;
+            IF v_error IS NOT NULL THEN
+                RETURN v_error;
+            END IF;
+            v_good := v_mid;
+        EXCEPTION WHEN data_exception THEN
+            v_bad := v_mid;
+        END;
+    END LOOP;
+    v_job := p_jobs -> v_good;  -- the first job that raises; every job before it is fine
+    v_error := COALESCE(awa._job_shape_error_v1(v_job), awa._job_conversion_error_v1(v_job));
+    IF v_error IS NULL THEN
+        BEGIN
+            PERFORM awa._enqueue_check_v1(jsonb_build_array(v_job), p_now, v_good, p_args_max,
+                                          p_meta_max, p_depth, p_max_tags, p_tag_len);
+        EXCEPTION WHEN data_exception THEN
+            v_error := awa._short_message_v1(SQLERRM);
+        END;
+    END IF;
+    RETURN format('job %s: %s', v_good, v_error);
+END
+$$;
+
+-- Enqueue a batch of job objects (docs/jobs.md, "Raw SQL producers"): each {"kind": ...} with
+-- optional queue ('default'), priority (0), args ({"args": [], "kwargs": {}}), max_attempts
+-- (25), run_at or delay, deadline, metadata, tags. Refused batches write nothing: SQLSTATE
+-- 22023, 'job N: field: ...' naming the first bad job (from 0) and field.
 CREATE FUNCTION awa.enqueue_v1(p_jobs jsonb, p_limits jsonb DEFAULT '{}')
 RETURNS TABLE (job_id bigint, state text)
 LANGUAGE plpgsql AS $$
@@ -390,28 +608,20 @@ BEGIN
     THEN
         RAISE EXCEPTION 'jobs: every element must be a JSON object' USING ERRCODE = '22023';
     END IF;
-    -- One pass validates every job (timing first, so that a bad delay never reaches
-    -- make_interval) and counts the deferred ones.
-    SELECT (array_agg(format('job %s: %s', x.ord - 1, x.err) ORDER BY x.ord)
-                FILTER (WHERE x.err IS NOT NULL))[1],
-           count(*) FILTER (WHERE x.err IS NULL AND x.deferred)
-    INTO v_error, v_deferred
-    FROM (
-        SELECT t.ord, COALESCE(t.timing, awa._job_request_error_v1(
-                   t.kind, COALESCE(t.queue, 'default'), COALESCE(t.priority, 0),
-                   COALESCE(t.args, '{}'), COALESCE(t.max_attempts, 25), t.deadline, t.metadata,
-                   t.tags, v_args_max, v_meta_max, v_depth, v_max_tags, v_tag_len)) AS err,
-               CASE WHEN t.timing IS NULL THEN
-                   COALESCE(t.run_at, v_now + make_interval(secs => COALESCE(t.delay, 0))) > v_now
-               END AS deferred
-        FROM (
-            SELECT e.ord, r.*, awa._timing_error_v1(r.run_at, r.delay) AS timing
-            FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS e(value, ord),
-                 jsonb_to_record(e.value) AS r(kind text, queue text, priority integer, args jsonb,
-                     max_attempts integer, run_at timestamptz, delay double precision,
-                     deadline double precision, metadata jsonb, tags text[])
-        ) t
-    ) x;
+    -- One pass validates every job and counts the deferred ones. Its block is one read-only
+    -- subtransaction per call (no transaction id, no per-job cost); only a value that cannot be
+    -- converted takes the handler, which finds and names it.
+    BEGIN
+        SELECT c.first_error, c.deferred_count INTO v_error, v_deferred
+        FROM awa._enqueue_check_v1(p_jobs, v_now, 0, v_args_max, v_meta_max, v_depth,
+                                   v_max_tags, v_tag_len) c;
+    EXCEPTION WHEN data_exception THEN
+        v_error := awa._enqueue_conversion_error_v1(p_jobs, v_now, v_args_max, v_meta_max,
+                                                     v_depth, v_max_tags, v_tag_len);
+        IF v_error IS NULL THEN
+            RAISE;
+        END IF;
+    END;
     IF v_error IS NOT NULL THEN
         RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
     END IF;
@@ -423,7 +633,8 @@ BEGIN
             job_id, state, queue, priority, kind, args, attempt, max_attempts, run_lease, run_at,
             created_at, deadline_secs, metadata, tags)
         SELECT v_ids[e.ord], 'scheduled', COALESCE(r.queue, 'default'), COALESCE(r.priority, 0),
-               r.kind, COALESCE(r.args, '{}'), 0, COALESCE(r.max_attempts, 25), 0,
+               r.kind, COALESCE(r.args, '{"args": [], "kwargs": {}}'), 0,
+               COALESCE(r.max_attempts, 25), 0,
                COALESCE(r.run_at, v_now + make_interval(secs => COALESCE(r.delay, 0))), v_now,
                r.deadline, r.metadata, r.tags
         FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS e(value, ord),
@@ -462,7 +673,8 @@ BEGIN
             metadata, tags)
         SELECT v_slot, v_gen, v_lane, v_first + row_number() OVER (ORDER BY e.ord) - 1,
                v_ids[e.ord], g.priority, 0, COALESCE(r.max_attempts, 25), 0, g.queue, r.kind,
-               COALESCE(r.args, '{}'), v_now, v_now, r.deadline, r.metadata, r.tags
+               COALESCE(r.args, '{"args": [], "kwargs": {}}'), v_now, v_now, r.deadline,
+               r.metadata, r.tags
         FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS e(value, ord),
              jsonb_to_record(e.value) AS r(kind text, queue text, priority integer, args jsonb,
                  max_attempts integer, run_at timestamptz, delay double precision,
@@ -953,8 +1165,16 @@ DECLARE
     d awa.deferred_jobs%ROWTYPE;
     c awa.claims%ROWTYPE;
     r awa.ready_entries%ROWTYPE;
-    v_error jsonb := jsonb_build_object('type', 'Cancelled', 'message', COALESCE(p_reason, 'cancelled'));
+    v_error jsonb;
 BEGIN
+    -- The bounds of awa_django.cancel (limits.MAX_TEXT), for callers that skip Python.
+    IF p_reason IS NULL THEN
+        RAISE EXCEPTION 'reason: must be text, not NULL' USING ERRCODE = '22023';
+    ELSIF length(p_reason) > 10000 THEN
+        RAISE EXCEPTION 'reason: % characters exceeds the limit of 10000', length(p_reason)
+            USING ERRCODE = '22023';
+    END IF;
+    v_error := jsonb_build_object('type', 'Cancelled', 'message', p_reason);
     PERFORM awa._require_read_committed_v1('awa.cancel_v1');
     WHILE v_try < 5 LOOP
         v_try := v_try + 1;
@@ -1683,9 +1903,9 @@ RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
         WHEN p_run_at IS NOT NULL AND NOT isfinite(p_run_at) THEN
-            'run_after: must be a finite point in time'
+            'run_at: must be a finite point in time'
         WHEN p_delay IS NOT NULL AND NOT (p_delay >= -3155760000 AND p_delay <= 3155760000) THEN
-            'run_after: a delay must be a number of seconds within 100 years'
+            'delay: must be a number of seconds within 100 years (3155760000)'
     END
 $$;
 

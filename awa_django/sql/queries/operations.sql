@@ -1,4 +1,6 @@
--- Statements used by awa_django.operations.
+-- Statements of the operator API (awa_django.operator: reads.py and actions.py) and the
+-- isolation statements of awa_django.db.transactions. The operator reads build typed rows by
+-- column name: every column they select is named.
 
 -- name: cancel
 SELECT awa.cancel_v1(%s, %s)
@@ -8,13 +10,6 @@ SELECT job_id FROM awa.dlq_retry_v1(%s::bigint[], %s, %s) AS job_id
 
 -- name: dlq_purge
 SELECT job_id FROM awa.dlq_purge_v1(%s::bigint[]) AS job_id
-
--- name: task_result
-SELECT kind, state, args, attempt, created_at, attempted_at, finalized_at, errors, result
-FROM awa.jobs WHERE id = %s
-
--- name: task_workers
-SELECT worker_id FROM awa.claims WHERE job_id = %s ORDER BY run_lease
 
 -- name: callback_resolve
 SELECT awa.callback_resolve_v1(%s::uuid, %s::jsonb, %s::jsonb, %s, %s)
@@ -36,7 +31,7 @@ FROM awa.queue_stats_v1()
 
 -- name: workers
 SELECT instance_id, hostname, pid, queues, concurrency, is_leader, started_at, last_seen_at,
-       extract(epoch FROM now() - last_seen_at)
+       extract(epoch FROM now() - last_seen_at) AS seen_seconds_ago
 FROM awa.runtime_instances ORDER BY started_at
 
 -- name: rings
@@ -49,7 +44,7 @@ SELECT id, kind, queue, state, priority, attempt, max_attempts, run_lease, args,
 FROM awa.jobs WHERE id = %s
 
 -- name: dlq_list
-SELECT job_id, queue, kind, attempt, dlq_reason, dlq_at
+SELECT job_id, queue, kind, attempt, dlq_reason AS reason, dlq_at
 FROM awa.dlq_entries
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s) AND (%(kind)s::text IS NULL OR kind = %(kind)s)
 ORDER BY dlq_at DESC, job_id DESC

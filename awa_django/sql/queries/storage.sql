@@ -6,8 +6,9 @@
 SET default_transaction_isolation = 'read committed'
 
 -- name: claim
-SELECT job_id, run_lease, attempt, max_attempts, claim_slot, kind, args::text, queue, priority,
-       deadline_at, timeout_secs, progress, metadata, tags, errors
+-- Each column is named after a field of ClaimedJob, which is built by column name.
+SELECT job_id, run_lease, attempt, max_attempts, claim_slot, kind, args::text AS args_json,
+       queue, priority, deadline_at, timeout_secs, progress, metadata, tags, errors
 FROM awa.claim_v1(%s, %s, %s, %s, %s)
 
 -- name: finalize

@@ -1,0 +1,193 @@
+"""Operator actions: every change an operator, the admin or a command makes to jobs and queues.
+
+Guarantees:
+
+* **Atomic.** Each action runs through ``write_transaction``: in the caller's transaction when
+  there is one (an atomic block, or autocommit off), it joins it and commits or rolls back with
+  it; in autocommit it is one transaction of its own. ``queue_drain`` outside a transaction is
+  the one exception by design: one short transaction per batch of ``DRAIN_BATCH`` jobs.
+* **READ COMMITTED where the engine needs it.** ``cancel``, ``resolve_callback`` and each
+  ``queue_drain`` batch call engine functions that lock and then re-read: a transaction of
+  their own is set to READ COMMITTED whatever the alias's default, and a caller's transaction
+  at another level gets ``IsolationLevelError`` before anything is written (it stays usable).
+  ``queue_pause``, ``dlq_retry`` and ``dlq_purge`` are single statements that run at any level.
+* **Checked first.** Bad input raises a ``JobValidationError`` before anything is sent to the
+  database, so the caller's transaction stays usable.
+* Every write is an engine SQL function (``awa_django/sql/queries/operations.sql``) on the
+  Django connection of ``using`` (default ``AWA["DATABASE_ALIAS"]``); reads live in
+  :mod:`awa_django.operator.reads`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Sequence
+
+from awa_django import serialization
+from awa_django.conf import get_awa_settings
+from awa_django.db.transactions import write_transaction
+from awa_django.exceptions import InvalidOptionError
+from awa_django.limits import (
+    MAX_BIGINT,
+    MAX_TEXT,
+    check_ids,
+    check_priority,
+    check_queue_name,
+    check_text,
+    check_uuid,
+)
+from awa_django.operator.rows import alias, cursor
+from awa_django.sql import query
+from awa_django.states import JobState
+
+__all__ = [
+    "DRAIN_BATCH",
+    "cancel",
+    "dlq_purge",
+    "dlq_retry",
+    "queue_drain",
+    "queue_pause",
+    "resolve_callback",
+]
+
+#: Jobs one drain transaction cancels at most (each holds the queue's lanes only that long).
+DRAIN_BATCH = 1000
+
+
+def cancel(job_id: int, *, reason: str = "cancelled", using: str | None = None) -> JobState | None:
+    """Cancel one job wherever it is, in the caller's transaction.
+
+    Returns the state it was cancelled from (``scheduled``, ``retryable``, ``available``,
+    ``running``, ``waiting_external``), or ``None`` when there was nothing to cancel (unknown id,
+    already terminal, or dead-lettered). A running handler is told through NOTIFY at commit and
+    sees ``ctx.is_cancelled()`` turn true; its late completion is rejected as stale. ``reason``
+    is text of at most 10,000 characters.
+    """
+    if type(job_id) is not int or not -MAX_BIGINT <= job_id <= MAX_BIGINT:
+        raise InvalidOptionError("job_id", f"{job_id!r} is not a job id (an int)")
+    check_text("reason", reason, max_length=MAX_TEXT)
+    with (
+        write_transaction(alias(using), read_committed=True) as connection,
+        connection.cursor() as c,
+    ):
+        c.execute(query("cancel"), [job_id, reason])
+        row = c.fetchone()
+    previous = None if row is None else row[0]  # one column: the state, or NULL
+    return None if previous is None else JobState(previous)
+
+
+def dlq_retry(
+    job_ids: Sequence[int],
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    using: str | None = None,
+) -> list[int]:
+    """Move dead-lettered jobs back to work (attempt 0, error history kept); return their ids.
+
+    ``queue`` and ``priority`` optionally send them elsewhere. Ids not in the DLQ are ignored.
+    All of them move, or none.
+    """
+    ids = check_ids("job_ids", job_ids)
+    if queue is not None:
+        check_queue_name(queue)
+    if priority is not None:
+        check_priority(priority)
+    with write_transaction(alias(using)) as connection, connection.cursor() as c:
+        c.execute(query("dlq_retry"), [ids, queue, priority])
+        return [int(row[0]) for row in c.fetchall()]  # one column: the job id
+
+
+def dlq_purge(job_ids: Sequence[int], *, using: str | None = None) -> list[int]:
+    """Delete dead-lettered jobs for good; return the ids purged. All of them go, or none."""
+    ids = check_ids("job_ids", job_ids)
+    with write_transaction(alias(using)) as connection, connection.cursor() as c:
+        c.execute(query("dlq_purge"), [ids])
+        return [int(row[0]) for row in c.fetchall()]  # one column: the job id
+
+
+def resolve_callback(
+    callback_id: uuid.UUID | str,
+    *,
+    result: object = None,
+    error: str | None = None,
+    terminal: bool = False,
+    using: str | None = None,
+) -> str:
+    """Resolve an attempt that registered ``callback_id`` (``ctx.callback_id``), in the
+    caller's transaction.
+
+    Without ``error`` the job completes with ``result`` (JSON). With ``error`` (text) the attempt
+    fails: retried with backoff like a raised exception, or failed at once when ``terminal``.
+    Returns ``resolved``, ``stale`` (already resolved, timed out and rescued, or cancelled) or
+    ``unknown``. Fenced by ``(job_id, run_lease)`` like every other finalization. The attempt
+    may not have parked yet (the external system answered before the handler returned): the
+    resolution is then kept and applied when it parks.
+    """
+    cfg = get_awa_settings()
+    callback = check_uuid("callback_id", callback_id)
+    if type(terminal) is not bool:
+        raise InvalidOptionError("terminal", f"must be True or False, got {terminal!r}")
+    result_json = serialization.dumps(
+        result, "result", max_bytes=cfg.RESULT_MAX_BYTES, max_depth=cfg.JSON_MAX_DEPTH
+    )
+    error_json = None
+    if error is not None:
+        message = check_text("error", error, max_length=MAX_TEXT)
+        error_json = json.dumps({"type": "awa_django.CallbackError", "message": message})
+    with (
+        write_transaction(alias(using), read_committed=True) as connection,
+        connection.cursor() as c,
+    ):
+        c.execute(
+            query("callback_resolve"),
+            [str(callback), result_json, error_json, terminal, cfg.RETRY_BACKOFF_BASE],
+        )
+        row = c.fetchone()
+    return "unknown" if row is None else str(row[0])  # one column: the resolution
+
+
+def queue_pause(queue: str, paused: bool = True, *, using: str | None = None) -> None:
+    """Pause (or resume) claiming from ``queue``; producers can still enqueue to it. Workers
+    see the change at their next claim once it commits."""
+    check_queue_name(queue)
+    if type(paused) is not bool:
+        raise InvalidOptionError("paused", f"must be True or False, got {paused!r}")
+    with write_transaction(alias(using), statements=1) as connection, connection.cursor() as c:
+        c.execute(query("queue_pause"), [queue, paused])
+
+
+def queue_drain(
+    queue: str,
+    *,
+    using: str | None = None,
+    each_batch: Callable[[int], None] | None = None,
+) -> int:
+    """Cancel every job of ``queue`` that was waiting (available, scheduled, retryable) when
+    the drain began; running jobs finish. Returns how many were cancelled.
+
+    Outside a transaction it works in batches of 1,000 jobs, each one short transaction of its
+    own (claimers skip a lane only while its batch runs); inside ``transaction.atomic()`` every
+    batch is part of the caller's transaction. ``each_batch(cancelled)`` runs inside each
+    batch's transaction after a batch that cancelled something (the admin writes its
+    ``LogEntry`` there, so each entry commits with the cancellations it records).
+    """
+    check_queue_name(queue)
+    database = alias(using)
+    with cursor(database) as c:
+        c.execute(query("job_id_high_water"))
+        row = c.fetchone()
+    high_water = int(row[0]) if row else 0  # one column: the last job id handed out
+    total = 0
+    while True:
+        with write_transaction(database, read_committed=True) as connection:
+            with connection.cursor() as c:
+                c.execute(query("queue_drain"), [queue, DRAIN_BATCH, high_water])
+                row = c.fetchone()
+            done = int(row[0]) if row else 0  # one column: how many it cancelled
+            if done and each_batch is not None:
+                each_batch(done)
+        total += done
+        if done < DRAIN_BATCH:
+            return total

@@ -1,0 +1,181 @@
+"""Operator reads: queue statistics, workers, rings, throughput, one job, the DLQ.
+
+Guarantees:
+
+* **Nothing here writes.** Each function runs one read-only statement on the Django connection
+  of ``using`` (default ``AWA["DATABASE_ALIAS"]``), in the caller's transaction when there is
+  one; every change lives in :mod:`awa_django.operator.actions`.
+* **Typed rows.** Each returns frozen dataclasses built by column name
+  (:func:`awa_django.operator.rows.fetch`), never tuples indexed by position; states are
+  :class:`~awa_django.states.JobState` members and JSON columns are decoded.
+* Bad arguments raise a ``JobValidationError`` before anything is sent to the database.
+* These scan (the statistics, the DLQ list): they are for operators and pages, not for the hot
+  path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+
+from awa_django.db.storage import QueueCounts
+from awa_django.exceptions import InvalidOptionError
+from awa_django.limits import check_text
+from awa_django.operator.rows import Json, Param, cursor, fetch, fetch_one, json_value
+from awa_django.sql import query
+from awa_django.states import JobState
+
+__all__ = [
+    "DlqEntry",
+    "JobDetail",
+    "QueueStats",
+    "RingState",
+    "WorkerStatus",
+    "dlq_list",
+    "job_show",
+    "queue_stats",
+    "rings",
+    "throughput",
+    "workers",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueStats(QueueCounts):
+    """Exact counts of one queue, its lag (age of the oldest available job, seconds) and the
+    jobs it completed in the last hour."""
+
+    lag_seconds: float | None
+    completed_last_hour: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """One registered worker (or maintenance) process."""
+
+    instance_id: str
+    hostname: str
+    pid: int
+    queues: dict[str, int]
+    concurrency: int
+    is_leader: bool
+    started_at: datetime
+    last_seen_at: datetime
+    seen_seconds_ago: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RingState:
+    """One ring (``queue``, ``claim``, ``lease``): its slot count, current slot, generation and
+    last rotation."""
+
+    ring: str
+    slot_count: int
+    current_slot: int
+    generation: int
+    rotated_at: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobDetail:
+    """One job as ``awa.jobs`` shows it, from whichever plane holds it (live, history, DLQ).
+
+    ``args``, ``errors`` (one object per failed attempt), ``result``, ``progress`` and
+    ``metadata`` are decoded JSON.
+    """
+
+    id: int
+    kind: str
+    queue: str
+    state: JobState
+    priority: int
+    attempt: int
+    max_attempts: int
+    run_lease: int
+    args: Json
+    run_at: datetime | None
+    created_at: datetime | None
+    attempted_at: datetime | None
+    finalized_at: datetime | None
+    errors: Json
+    result: Json
+    progress: Json
+    metadata: Json
+    tags: list[str] | None
+    in_dlq: bool
+    dlq_reason: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DlqEntry:
+    """One dead-lettered job, as listed."""
+
+    job_id: int
+    queue: str
+    kind: str
+    attempt: int
+    reason: str
+    dlq_at: datetime
+
+
+def queue_stats(using: str | None = None) -> list[QueueStats]:
+    """Statistics of every known queue, by name (``awa.queue_stats_v1()``: the live counts are
+    exact; the history counts are estimated above ``HISTORY_EXACT_UP_TO``, see
+    ``QueueCounts.estimated``)."""
+    return fetch(QueueStats, "queue_stats", using=using)
+
+
+def throughput(queue: str | None = None, *, using: str | None = None) -> list[int]:
+    """Completions per minute over the last hour (60 values, oldest first) of ``queue``, or of
+    every queue when it is None."""
+    with cursor(using) as c:
+        c.execute(query("throughput"), [queue])
+        return [int(row[0]) for row in c.fetchall()]  # one column
+
+
+def workers(using: str | None = None) -> list[WorkerStatus]:
+    """Registered processes, oldest first, with their leader flag and how long ago (by the
+    database's clock) each was last seen."""
+    return fetch(
+        WorkerStatus,
+        "workers",
+        using=using,
+        convert={"instance_id": str, "queues": json_value, "seen_seconds_ago": float},
+    )
+
+
+def rings(using: str | None = None) -> list[RingState]:
+    """Each ring's state, by ring name."""
+    return fetch(RingState, "rings", using=using)
+
+
+_JSON_COLUMNS = ("args", "errors", "result", "progress", "metadata")
+
+
+def job_show(job_id: int, *, using: str | None = None) -> JobDetail | None:
+    """One job from every plane (``awa.jobs``), or None when unknown or aged out of history."""
+    return fetch_one(
+        JobDetail,
+        "job_show",
+        [job_id],
+        using=using,
+        convert={"state": JobState, **dict.fromkeys(_JSON_COLUMNS, json_value)},
+    )
+
+
+def dlq_list(
+    *,
+    queue: str | None = None,
+    kind: str | None = None,
+    limit: int = 100,
+    using: str | None = None,
+) -> list[DlqEntry]:
+    """Dead-lettered jobs, newest first, optionally filtered by queue and kind (at most
+    ``limit``, 1 to 100,000)."""
+    if type(limit) is not int or not 1 <= limit <= 100_000:
+        raise InvalidOptionError("limit", f"must be an int from 1 to 100000, got {limit!r}")
+    for field, value in (("queue", queue), ("kind", kind)):
+        if value is not None:
+            check_text(field, value, max_length=255)
+    params: dict[str, Param] = {"queue": queue, "kind": kind, "limit": limit}
+    return fetch(DlqEntry, "dlq_list", params, using=using)
