@@ -17,6 +17,18 @@ from tests.helpers import conninfo as conninfo
 from tests.helpers import pg
 
 
+def count_jobs() -> int:
+    """How many jobs ``awa.jobs`` holds, read on Django's connection (so inside the test's
+    transaction)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM awa.jobs")
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def job_state(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any] | None:
     """The awa.jobs row of one job as a dict (None when absent)."""
     cur = conn.execute("SELECT * FROM awa.jobs WHERE id = %s", [job_id])

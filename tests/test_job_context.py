@@ -11,6 +11,7 @@ from django.db import connection
 
 from awa_django import JobContext, job
 from awa_django.testing import drain
+from awa_django.types import JSON
 from tests import testjobs
 
 pytestmark = pytest.mark.django_db  # a TestCase-style transaction, never committed
@@ -20,6 +21,20 @@ def promote_now() -> None:
     with connection.cursor() as cursor:
         cursor.execute("UPDATE awa.deferred_jobs SET run_at = now() - interval '1 second'")
         cursor.execute("SELECT awa.promote_v1(100)")
+
+
+def bare_context(progress: JSON) -> JobContext:
+    """The context of attempt 2 of 3 of job 1, outside any worker."""
+    return JobContext(
+        job_id=1,
+        run_lease=1,
+        attempt=2,
+        max_attempts=3,
+        queue="q",
+        kind="k",
+        deadline_at=None,
+        progress=progress,
+    )
 
 
 def test_a_context_handler_sees_metadata_tags_and_previous_errors() -> None:
@@ -49,16 +64,8 @@ def test_a_context_handler_sees_metadata_tags_and_previous_errors() -> None:
 
 
 def test_progress_metadata_merges_instead_of_replacing() -> None:
-    context = JobContext(
-        job_id=1,
-        run_lease=1,
-        attempt=2,
-        max_attempts=3,
-        queue="q",
-        kind="k",
-        deadline_at=None,
-        progress={"percent": 30, "metadata": {"cursor": 7, "kept": True}},  # an earlier attempt's
-    )
+    # An earlier attempt's progress:
+    context = bare_context(progress={"percent": 30, "metadata": {"cursor": 7, "kept": True}})
     context.set_progress(40, "more", cursor=9)
     assert context.progress == {
         "percent": 40,
@@ -102,16 +109,7 @@ def test_progress_metadata_nests_as_deep_as_job_metadata() -> None:
             value = [value]
         return value
 
-    context = JobContext(
-        job_id=1,
-        run_lease=1,
-        attempt=1,
-        max_attempts=1,
-        queue="q",
-        kind="k",
-        deadline_at=None,
-        progress=None,
-    )
+    context = bare_context(progress=None)
     # Job metadata {"v": deep(31)} is 32 levels, the limit; progress metadata the same.
     testjobs.noop.using(metadata={"v": deep(31)}).prepare()
     context.set_progress(None, v=deep(31))

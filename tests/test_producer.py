@@ -22,17 +22,9 @@ from awa_django import (
 from awa_django.jobs import get_job, job
 from tests import testjobs
 from tests.helpers import pg
-from tests.storage_support import job_state
+from tests.storage_support import count_jobs, job_state
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_awa")]
-
-
-def count_jobs() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM awa.jobs")
-        row = cursor.fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def test_committed_enqueue_is_available() -> None:

@@ -19,6 +19,7 @@ from django.db import DataError, connection, transaction
 import awa_django
 from awa_django.testing import drain
 from tests import testjobs
+from tests.storage_support import count_jobs
 
 pytestmark = pytest.mark.django_db  # a TestCase-style transaction, never committed
 
@@ -55,14 +56,6 @@ def stored(job_id: int) -> dict[str, Any]:
         "metadata": None if metadata is None else json.loads(metadata),
         "tags": tags,
     }
-
-
-def count_jobs() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM awa.jobs")
-        row = cursor.fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def refused(sql: str, params: list[Any]) -> psycopg.Error:
