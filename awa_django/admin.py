@@ -435,4 +435,5 @@ class WorkerAdmin(ReadOnlyAdmin):
 
     @admin.display(description="queues")
     def queue_list(self, obj: Worker) -> str:
-        return ", ".join(f"{q}={n}" for q, n in sorted((obj.queues or {}).items()))
+        queues = obj.queues if isinstance(obj.queues, dict) else {}  # a row of another shape
+        return ", ".join(f"{q}={n}" for q, n in sorted(queues.items()))

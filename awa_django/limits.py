@@ -26,6 +26,7 @@ __all__ = [
     "MAX_TEXT",
     "PRIORITY_RANGE",
     "QUEUE_NAME_RE",
+    "check_id",
     "check_ids",
     "check_max_attempts",
     "check_priority",
@@ -170,15 +171,19 @@ def check_uuid(field: str, value: Any) -> uuid.UUID:
     raise InvalidOptionError(field, f"{show(value)} is not a UUID")
 
 
+def check_id(field: str, value: object) -> int:
+    """A job id (``int``, not ``bool``, within ``bigint``), or ``InvalidOptionError``."""
+    if type(value) is not int or not -MAX_BIGINT <= value <= MAX_BIGINT:
+        raise InvalidOptionError(field, f"{show(value)} is not a job id (an int)")
+    return value
+
+
 def check_ids(field: str, values: Any) -> list[int]:
-    """A list of job ids (``int``, not ``bool``, within ``bigint``), or ``InvalidOptionError``."""
-    if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
+    """Job ids (see :func:`check_id`) from a list or another iterable, or
+    ``InvalidOptionError``; a str, bytes or a mapping is not a list of ids."""
+    if isinstance(values, str | bytes | Mapping) or not hasattr(values, "__iter__"):
         raise InvalidOptionError(field, "must be a list of job ids")
-    ids = list(values)
-    for value in ids:
-        if type(value) is not int or not -MAX_BIGINT <= value <= MAX_BIGINT:
-            raise InvalidOptionError(field, f"{show(value)} is not a job id (an int)")
-    return ids
+    return [check_id(field, value) for value in values]
 
 
 def tag_tuple(tags: Iterable[str]) -> tuple[str, ...]:

@@ -78,7 +78,7 @@ def enqueue_many(requests: Iterable[JobRequest], using: str | None = None) -> li
     own; inside, it is part of the caller's. Anything that is not a ``JobRequest`` is refused
     (``InvalidOptionError``) before anything is written.
     """
-    alias = using or awa_settings.DATABASE_ALIAS
+    alias = awa_settings.DATABASE_ALIAS if using is None else using
     if isinstance(requests, str | bytes | Mapping) or not isinstance(requests, Iterable):
         raise InvalidOptionError("requests", "must be an iterable of Job.prepare() requests")
     batch = list(requests)

@@ -75,11 +75,12 @@ def drain(
                 if row is None:
                     continue
                 progress = True
-                values = list(row)
-                # Django's adapters hand jsonb (progress, metadata, errors) back as text.
-                for i in (11, 12, 14):
-                    values[i] = json.loads(values[i]) if isinstance(values[i], str) else values[i]
-                runs.append(_run(cursor, ClaimedJob(*values), cfg))
+                fields = dict(zip([c.name for c in cursor.description], row, strict=True))
+                # Django's adapters hand jsonb back as text.
+                for name in ("progress", "metadata", "errors"):
+                    if isinstance(fields[name], str):
+                        fields[name] = json.loads(fields[name])
+                runs.append(_run(cursor, ClaimedJob(**fields), cfg))
                 if len(runs) >= max_jobs:
                     break
     return runs
@@ -121,4 +122,7 @@ def _run(cursor: Any, job: ClaimedJob, cfg: Any) -> JobRun:
     cursor.execute(query("finalize"), [Finalization.batch_json([outcome])])
     cursor.fetchall()
     result = json.loads(outcome.result_json) if outcome.result_json is not None else None
-    return JobRun(job.job_id, job.kind, job.queue, outcome.outcome, result, outcome.error)
+    reported = outcome.outcome
+    if reported == "retry" and job.attempt >= job.max_attempts:
+        reported = "fail"  # no attempt left: the database fails it (or dead-letters it)
+    return JobRun(job.job_id, job.kind, job.queue, reported, result, outcome.error)

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> None:
                 for _ in range(17):
                     cursor.execute(
                         "SELECT awa.prune_v1('claim'), awa.prune_v1('queue'), "
-                        "awa.rotate_v1('claim'), awa.rotate_v1('queue')"
+                        "awa.rotate_v2('claim'), awa.rotate_v2('queue')"
                     )
             pin = None
             if mode == "pinned":

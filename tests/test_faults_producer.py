@@ -22,6 +22,7 @@ from awa_django import (
     IsolationLevelError,
     JobRequest,
     JobValidationError,
+    operator,
 )
 from awa_django.db import storage
 from awa_django.operator import dlq_list, queue_drain, queue_pause
@@ -354,3 +355,76 @@ def test_a_bulk_enqueue_that_loses_its_connection_raises_djangos_error(
         awa_django.enqueue_many([testjobs.noop.prepare()] * 3)
     connection.close()
     assert count_jobs() == 0
+
+
+# What the second attack on issue 13 found ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: operator.job_show(True),  # type: ignore[arg-type]
+        lambda: operator.job_show("1"),  # type: ignore[arg-type]
+        lambda: operator.job_show(1.0),  # type: ignore[arg-type]
+        lambda: operator.job_show(2**64),
+        lambda: operator.job_show([1]),  # type: ignore[arg-type]
+        lambda: operator.throughput(5),  # type: ignore[arg-type]
+        lambda: operator.throughput("A"),
+        lambda: operator.throughput("a\x00"),
+        lambda: operator.throughput("\ud800"),
+        lambda: operator.dlq_retry({1: "x"}),
+        lambda: operator.dlq_purge({1: "x"}),
+        lambda: operator.queue_drain("q", each_batch=5),  # type: ignore[arg-type]
+        lambda: operator.queue_stats(using=""),
+        lambda: awa_django.enqueue(NOOP, using=""),
+    ],
+)
+def test_every_operator_read_checks_its_arguments_and_keeps_the_transaction(call: Any) -> None:
+    with transaction.atomic():
+        with pytest.raises(InvalidOptionError):
+            call()
+        operator.queue_stats()  # the transaction is still usable
+    assert count_jobs() == 0
+
+
+def test_a_database_that_is_not_postgresql_is_refused_by_name() -> None:
+    connections.settings["lite"] = {
+        **connections.settings["default"],
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": ":memory:",
+    }
+    try:
+        for call in (
+            lambda: operator.job_show(1, using="lite"),
+            lambda: operator.cancel(1, using="lite"),
+            lambda: awa_django.enqueue(NOOP, using="lite"),
+        ):
+            with pytest.raises(InvalidOptionError, match="'lite' is a sqlite database"):
+                call()
+    finally:
+        del connections.settings["lite"]
+
+
+def test_a_worker_row_of_another_shape_reads_as_no_queues() -> None:
+    from tests.factories import staff
+
+    with pg() as conn:
+        for queues in ('["x"]', '"default"', '{"a": 2, "b": "x"}'):
+            conn.execute(
+                "INSERT INTO awa.runtime_instances (instance_id, hostname, pid, queues, "
+                "concurrency) VALUES (gen_random_uuid(), 'old', 1, %s::jsonb, 0)",
+                [queues],
+            )
+    assert sorted(str(w.queues) for w in operator.workers()) == ["{'a': 2}", "{}", "{}"]
+    assert staff().get("/admin/awa_django/worker/").status_code == 200
+
+
+def test_drain_reports_fail_for_a_job_with_no_attempt_left() -> None:
+    from awa_django.testing import drain
+
+    testjobs.flaky.using(max_attempts=1).enqueue(5)
+    [run] = drain("work")
+    assert run.outcome == "fail"
+    testjobs.flaky.using(max_attempts=2).enqueue(5)
+    [run] = drain("work")
+    assert run.outcome == "retry"

@@ -255,8 +255,8 @@ def test_open_producer_transactions_on_the_first_lanes_do_not_block_ring_mainten
         # What open producer transactions on lanes 1, 2 and 3 hold (ATOMIC_REQUESTS traffic).
         producers.execute("SELECT pg_advisory_xact_lock(4282177, k) FROM generate_series(1, 3) k")
         with pg() as conn:
-            assert scalar(conn, "SELECT awa.rotate_v1('claim')") == "rotated"
-            assert scalar(conn, "SELECT awa.rotate_v1('queue')") == "rotated"
+            assert scalar(conn, "SELECT awa.rotate_v2('claim')") == "rotated"
+            assert scalar(conn, "SELECT awa.rotate_v2('queue')") == "rotated"
             for ring in ("queue", "claim", "lease"):
                 assert scalar(conn, "SELECT awa.prune_v1(%s)", ring) != "skipped_locked"
         producers.rollback()
@@ -349,7 +349,7 @@ def test_pruning_a_claim_slot_keeps_lane_cursors_without_updating_rows() -> None
             one(conn, "b")
             [c] = storage.claim(conn, "b", 1, WORKER)
             storage.finalize(conn, [Finalization(c.job_id, c.run_lease, c.claim_slot, "completed")])
-            conn.execute("SELECT awa.rotate_v1('claim')")
+            conn.execute("SELECT awa.rotate_v2('claim')")
             if scalar(conn, "SELECT awa.prune_v1('claim')") == "pruned":
                 pruned = True
                 break
@@ -388,7 +388,7 @@ def test_a_producer_that_waited_for_its_lane_writes_into_the_current_ring_slot(p
         thread.start()
         assert not done.wait(0.3)  # it waits for the lane lock
         with pg() as conn:
-            assert scalar(conn, "SELECT awa.rotate_v1('queue')") == "rotated"
+            assert scalar(conn, "SELECT awa.rotate_v2('queue')") == "rotated"
         holder.commit()
     thread.join(10)
     with pg() as conn:

@@ -245,7 +245,7 @@ def rotate_until(conn: psycopg.Connection[Any], ring: str, slot: int) -> None:
             return
         run_through(conn)
         conn.execute("SELECT awa.prune_v1(%s)", [ring])
-        assert conn.execute("SELECT awa.rotate_v1(%s)", [ring]).fetchone() == ("rotated",)
+        assert conn.execute("SELECT awa.rotate_v2(%s)", [ring]).fetchone() == ("rotated",)
     raise AssertionError(f"{ring} ring never reached slot {slot}")
 
 
@@ -262,7 +262,7 @@ def test_queue_prune_never_truncates_live_work() -> None:
         assert conn.execute("SELECT awa.prune_v1('queue')").fetchone() == (
             "skipped_busy: open attempt of a job in this slot",
         )
-        assert conn.execute("SELECT awa.rotate_v1('queue')").fetchone() == ("skipped_busy",)
+        assert conn.execute("SELECT awa.rotate_v2('queue')").fetchone() == ("skipped_busy",)
         assert job_state(conn, job)["state"] == "running"  # type: ignore[index]
         storage.finalize(
             conn, [Finalization(job, claimed.run_lease, claimed.claim_slot, "completed")]
@@ -270,9 +270,9 @@ def test_queue_prune_never_truncates_live_work() -> None:
         assert conn.execute("SELECT awa.prune_v1('queue')").fetchone() == ("pruned",)
         assert job_state(conn, job) is None  # its history aged out with the slot
         assert conn.execute("SELECT count(*) FROM awa.ready_entries_0").fetchone() == (0,)
-        assert conn.execute("SELECT awa.rotate_v1('queue')").fetchone() == ("skipped_idle",)
+        assert conn.execute("SELECT awa.rotate_v2('queue')").fetchone() == ("skipped_idle",)
         run_through(conn)
-        assert conn.execute("SELECT awa.rotate_v1('queue')").fetchone() == ("rotated",)
+        assert conn.execute("SELECT awa.rotate_v2('queue')").fetchone() == ("rotated",)
         outcomes = [
             r[0]
             for r in conn.execute(
@@ -330,7 +330,7 @@ def test_lease_prune_refuses_an_open_lease() -> None:
         assert job_state(conn, c.job_id)["state"] == "waiting_external"  # type: ignore[index]
         for _ in range(7):
             lease(-1, 0, 0)  # a dead lease (no open claim), so the ring has something to seal
-            assert conn.execute("SELECT awa.rotate_v1('lease')").fetchone() == ("rotated",)
+            assert conn.execute("SELECT awa.rotate_v2('lease')").fetchone() == ("rotated",)
         assert conn.execute("SELECT awa.prune_v1('lease')").fetchone() == (
             "skipped_busy: open lease",
         )
@@ -355,10 +355,10 @@ def test_prune_gives_up_quickly_when_a_reader_holds_the_slot() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_idle_ring_stops_rotating() -> None:
     with pg() as conn:
-        assert conn.execute("SELECT awa.rotate_v1('claim')").fetchone() == ("skipped_idle",)
+        assert conn.execute("SELECT awa.rotate_v2('claim')").fetchone() == ("skipped_idle",)
         run_through(conn)
-        assert conn.execute("SELECT awa.rotate_v1('claim')").fetchone() == ("rotated",)
-        assert conn.execute("SELECT awa.rotate_v1('claim')").fetchone() == ("skipped_idle",)
+        assert conn.execute("SELECT awa.rotate_v2('claim')").fetchone() == ("rotated",)
+        assert conn.execute("SELECT awa.rotate_v2('claim')").fetchone() == ("skipped_idle",)
 
 
 @pytest.mark.storage
@@ -458,7 +458,7 @@ def test_dead_tuples_stay_bounded_under_a_pinned_horizon() -> None:
             for _ in range(times):
                 run_through(conn)
                 conn.execute("SELECT awa.prune_v1(%s)", [ring])
-                conn.execute("SELECT awa.rotate_v1(%s)", [ring])
+                conn.execute("SELECT awa.rotate_v2(%s)", [ring])
         settled = ring_bytes(conn)
     hot = {
         name: n

@@ -151,6 +151,31 @@ def test_unapplying_the_functions_and_applying_them_again_keeps_the_tables_and_j
 
 
 @pytest.mark.django_db(transaction=True)
+def test_unapplying_the_functions_never_drops_a_users_view_on_them() -> None:
+    from django.db import DatabaseError
+
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE SCHEMA userapp")
+        cursor.execute("CREATE VIEW userapp.my_jobs AS SELECT id, state FROM awa.jobs")
+        # The order PostgreSQL returns catalog rows in must not matter.
+        cursor.execute("SET enable_indexscan = off")
+    try:
+        with pytest.raises(DatabaseError, match="other objects depend on it"):
+            call_command("migrate", "awa_django", "0001", verbosity=0)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT (SELECT count(*) FROM userapp.my_jobs) = count(*) FROM awa.jobs")
+            assert cursor.fetchone() == (True,)
+            cursor.execute("SELECT count(*) FROM awa.schema_migrations")
+            assert cursor.fetchone() == (2,)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET enable_indexscan")
+            cursor.execute("DROP SCHEMA userapp CASCADE")
+    call_command("migrate", "awa_django", "0001", verbosity=0)
+    call_command("migrate", "awa_django", verbosity=0)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_two_migrate_processes_started_at_once_both_succeed() -> None:
     name = "awa_migrate_race"
     admin = psycopg.connect(conninfo(), autocommit=True)

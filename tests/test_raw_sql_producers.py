@@ -405,3 +405,64 @@ def test_floats_with_an_exponent_come_back_as_int_and_negative_zero_as_zero() ->
     assert [type(v) for v in run.result] == [int, int, int] + [float] * 6
     assert [float(v) for v in run.result] == values  # float() gives back the original value
     assert math.copysign(1.0, run.result[5]) == 1.0  # -0.0 is stored as 0.0
+
+
+# What the second attack found ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "run_at", ["9999-12-31T23:59:59-01:00", "10000-01-01T00:00:00Z", "294276-12-31"]
+)
+def test_a_run_at_after_year_9999_in_utc_is_refused_by_both_producers(run_at: str) -> None:
+    error = refused_batch(json.dumps({"kind": NOOP, "run_at": run_at}))
+    assert error.sqlstate == "22023"
+    assert error.diag.message_primary == "job 1: run_at: must be before the year 10000 (UTC)"
+    error = refused(
+        "SELECT * FROM awa.enqueue_one_v1(%s, 'default', 0, %s::jsonb, 1, %s::timestamptz)",
+        [NOOP, '{"args": [], "kwargs": {}}', run_at],
+    )
+    assert error.diag.message_primary == "run_at: must be before the year 10000 (UTC)"
+
+
+def test_enqueue_one_v1_refuses_nested_tags_and_names_a_missing_priority() -> None:
+    one = "SELECT * FROM awa.enqueue_one_v1(%s, 'default', %s, '{\"args\": [], \"kwargs\": {}}', %s"
+    error = refused(one + ", NULL, NULL, NULL, NULL, ARRAY[['a','b'],['c','d']])", [NOOP, 0, 1])
+    assert error.diag.message_primary.startswith("tags: every tag must be")
+    error = refused(one + ")", [NOOP, None, 1])
+    assert error.diag.message_primary == "priority: NULL is outside -100..100"
+    error = refused(one + ")", [NOOP, 0, None])
+    assert error.diag.message_primary == "max_attempts: NULL is outside 1..1000"
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ("[]", "limits: must be a JSON object"),
+        ('{"bogus": 1}', "limits: unknown key 'bogus' (known: args_max_bytes, "),
+        ('{"json_max_depth": -5}', "limits: json_max_depth: -5 is not an integer from 1 to 256"),
+        ('{"json_max_depth": 2147483647}', "limits: json_max_depth: 2147483647 is not an"),
+        ('{"args_max_bytes": 1.5}', "limits: args_max_bytes: 1.5 is not an integer from 1 to"),
+        ('{"args_max_bytes": true}', "limits: args_max_bytes: true is not an integer"),
+        ('{"args_max_bytes": "10"}', 'limits: args_max_bytes: "10" is not an integer'),
+        ('{"args_max_bytes": 1e20}', "limits: args_max_bytes: 100000000000000000000 is not"),
+        ('{"max_tags": -1}', "limits: max_tags: -1 is not an integer from 0 to 2147483647"),
+    ],
+)
+def test_producer_limits_are_checked_like_job_fields(limits: str, message: str) -> None:
+    for sql, params in (
+        ("SELECT * FROM awa.enqueue_v1(%s::jsonb, %s::jsonb)", [f'[{{"kind": "{NOOP}"}}]']),
+        (
+            "SELECT * FROM awa.enqueue_one_v1(%s, 'default', 0, '{\"args\": [], \"kwargs\": {}}',"
+            " 1, NULL, NULL, NULL, NULL, NULL, %s::jsonb)",
+            [NOOP],
+        ),
+    ):
+        error = refused(sql, [*params, limits])
+        assert error.sqlstate == "22023"
+        assert error.diag.message_primary.startswith(message), error.diag.message_primary
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM awa.enqueue_v1(%s::jsonb, %s::jsonb)",
+            [f'[{{"kind": "{NOOP}"}}]', '{"max_tags": 0, "json_max_depth": 256}'],
+        )
+        assert cursor.fetchone() == (1,)

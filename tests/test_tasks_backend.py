@@ -583,7 +583,7 @@ def prune_claims(*job_ids: str) -> None:
                 ("pruned",),
                 ("empty",),
             )
-            assert conn.execute("SELECT awa.rotate_v1('claim')").fetchone() == ("rotated",)
+            assert conn.execute("SELECT awa.rotate_v2('claim')").fetchone() == ("rotated",)
         left = conn.execute(
             "SELECT count(*) FROM awa.claims WHERE job_id = ANY(%s)", [[int(i) for i in job_ids]]
         ).fetchone()

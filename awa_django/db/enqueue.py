@@ -23,7 +23,7 @@ from django.utils import timezone
 from awa_django import serialization
 from awa_django.conf import awa_settings, get_awa_settings
 from awa_django.db.bulk import copy_enqueue
-from awa_django.db.transactions import write_transaction
+from awa_django.db.transactions import checked_alias, write_transaction
 from awa_django.exceptions import InvalidOptionError, LimitExceededError
 from awa_django.limits import (
     check_max_attempts,
@@ -67,9 +67,7 @@ def build_request(
     max_attempts = check_max_attempts(
         options.max_attempts if options.max_attempts is not None else cfg.MAX_ATTEMPTS
     )
-    using = options.using or cfg.DATABASE_ALIAS
-    if using not in connections.settings:
-        raise InvalidOptionError("using", f"{using!r} is not a database alias in DATABASES")
+    using = checked_alias(cfg.DATABASE_ALIAS if options.using is None else options.using)
     document: dict[str, Any] = {"args": args, "kwargs": kwargs}
     if task_backend is not None:
         document["task"] = {**(task_options or {}), "backend": task_backend}

@@ -43,7 +43,9 @@ class RunAwaSQL(migrations.RunSQL):
     * The file's text comes from the installed package.
     * Reversal: the first file (``drop_schema=True``) drops the whole ``awa`` schema; a later
       file drops the views and functions it created and forgets its record, so that migrating
-      forward again re-creates them. Tables and their rows stay.
+      forward again re-creates them. Tables and their rows stay. Nothing cascades: a view or
+      function of the user's that depends on one of them stops the reversal (SQLSTATE 2BP01)
+      with nothing dropped.
     """
 
     reduces_to_sql = True
@@ -61,7 +63,7 @@ class RunAwaSQL(migrations.RunSQL):
     def _drop_created(self) -> str:
         """The statement that drops the views and functions this file creates."""
         return query("migration_drop_created").format(
-            views=_text_array(_VIEWS.findall(self.script)),
+            views=_text_array(_VIEWS.findall(self.script)[::-1]),
             functions=_text_array(_FUNCTIONS.findall(self.script)),
         )
 

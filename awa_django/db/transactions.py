@@ -24,10 +24,23 @@ _READ_COMMITTED = ("read committed", "read uncommitted")  # PostgreSQL runs the 
 
 
 def checked_alias(using: str) -> str:
-    """``using`` if it is a database alias in ``DATABASES``, else ``InvalidOptionError``."""
+    """``using`` if it is the alias of a PostgreSQL database in ``DATABASES``, else
+    ``InvalidOptionError``."""
     if type(using) is not str or using not in connections.settings:
         raise InvalidOptionError("using", f"{using!r} is not a database alias in DATABASES")
+    if connections.settings[using].get("ENGINE") not in _POSTGRESQL_ENGINES:
+        vendor = connections[using].vendor
+        if vendor != "postgresql":
+            raise InvalidOptionError(
+                "using", f"{using!r} is a {vendor} database; awa_django needs PostgreSQL"
+            )
     return using
+
+
+#: The engine names that are PostgreSQL without asking the backend (the common case, cheap).
+_POSTGRESQL_ENGINES = frozenset(
+    {"django.db.backends.postgresql", "django.db.backends.postgresql_psycopg2"}
+)
 
 
 @contextmanager

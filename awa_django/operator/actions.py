@@ -29,13 +29,14 @@ from awa_django.conf import get_awa_settings
 from awa_django.db.transactions import write_transaction
 from awa_django.exceptions import InvalidOptionError
 from awa_django.limits import (
-    MAX_BIGINT,
     MAX_TEXT,
+    check_id,
     check_ids,
     check_priority,
     check_queue_name,
     check_text,
     check_uuid,
+    show,
 )
 from awa_django.operator.rows import alias, cursor
 from awa_django.sql import query
@@ -64,8 +65,7 @@ def cancel(job_id: int, *, reason: str = "cancelled", using: str | None = None) 
     sees ``ctx.is_cancelled()`` turn true; its late completion is rejected as stale. ``reason``
     is text of at most 10,000 characters.
     """
-    if type(job_id) is not int or not -MAX_BIGINT <= job_id <= MAX_BIGINT:
-        raise InvalidOptionError("job_id", f"{job_id!r} is not a job id (an int)")
+    check_id("job_id", job_id)
     check_text("reason", reason, max_length=MAX_TEXT)
     with (
         write_transaction(alias(using), read_committed=True) as connection,
@@ -174,6 +174,8 @@ def queue_drain(
     ``LogEntry`` there, so each entry commits with the cancellations it records).
     """
     check_queue_name(queue)
+    if each_batch is not None and not callable(each_batch):
+        raise InvalidOptionError("each_batch", f"{show(each_batch)} is not callable")
     database = alias(using)
     with cursor(database) as c:
         c.execute(query("job_id_high_water"))

@@ -20,7 +20,7 @@ from datetime import datetime
 
 from awa_django.db.storage import QueueCounts
 from awa_django.exceptions import InvalidOptionError
-from awa_django.limits import check_text
+from awa_django.limits import check_id, check_queue_name, check_text
 from awa_django.operator.rows import Json, Param, cursor, fetch, fetch_one, json_value
 from awa_django.sql import query
 from awa_django.states import JobState
@@ -128,9 +128,20 @@ def queue_stats(using: str | None = None) -> list[QueueStats]:
 def throughput(queue: str | None = None, *, using: str | None = None) -> list[int]:
     """Completions per minute over the last hour (60 values, oldest first) of ``queue``, or of
     every queue when it is None."""
+    if queue is not None:
+        check_queue_name(queue)
     with cursor(using) as c:
         c.execute(query("throughput"), [queue])
         return [int(row[0]) for row in c.fetchall()]  # one column
+
+
+def _queue_slots(value: object) -> dict[str, int]:
+    """A worker row's ``queues`` ({name: concurrency}); a row of another shape (written by
+    another version, or by hand) reads as no queues rather than failing every reader."""
+    decoded = json_value(value)
+    if not isinstance(decoded, dict):
+        return {}
+    return {str(name): slots for name, slots in decoded.items() if type(slots) is int}
 
 
 def workers(using: str | None = None) -> list[WorkerStatus]:
@@ -140,7 +151,7 @@ def workers(using: str | None = None) -> list[WorkerStatus]:
         WorkerStatus,
         "workers",
         using=using,
-        convert={"instance_id": str, "queues": json_value, "seen_seconds_ago": float},
+        convert={"instance_id": str, "queues": _queue_slots, "seen_seconds_ago": float},
     )
 
 
@@ -157,7 +168,7 @@ def job_show(job_id: int, *, using: str | None = None) -> JobDetail | None:
     return fetch_one(
         JobDetail,
         "job_show",
-        [job_id],
+        [check_id("job_id", job_id)],
         using=using,
         convert={"state": JobState, **dict.fromkeys(_JSON_COLUMNS, json_value)},
     )

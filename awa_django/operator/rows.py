@@ -39,7 +39,7 @@ Row = TypeVar("Row")
 def alias(using: str | None) -> str:
     """``using``, or ``AWA["DATABASE_ALIAS"]`` when it is None; ``InvalidOptionError`` unless it
     names a database in ``DATABASES``."""
-    return checked_alias(using or get_awa_settings().DATABASE_ALIAS)
+    return checked_alias(get_awa_settings().DATABASE_ALIAS if using is None else using)
 
 
 def cursor(using: str | None) -> CursorWrapper:

@@ -258,7 +258,8 @@ $$;
 -- True when a tag is NULL, empty or longer than p_max_length (STRICT: NULL tags are fine).
 CREATE FUNCTION awa._bad_tags_v1(p_tags text[], p_max_length integer) RETURNS boolean
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    SELECT EXISTS (SELECT 1 FROM unnest(p_tags) t WHERE t IS NULL OR t = '' OR length(t) > p_max_length)
+    SELECT array_ndims(p_tags) > 1
+        OR EXISTS (SELECT 1 FROM unnest(p_tags) t WHERE t IS NULL OR t = '' OR length(t) > p_max_length)
 $$;
 
 -- What is wrong with one job request (NULL when nothing), the rules Python checks first
@@ -276,9 +277,9 @@ LANGUAGE sql STABLE AS $$
         WHEN NOT awa.valid_queue_name(p_queue) THEN
             format('queue: %s is not a valid queue name ([a-z0-9_.-]{1,63})', quote_nullable(p_queue))
         WHEN NOT awa.valid_priority(p_priority) THEN
-            format('priority: %s is outside -100..100', p_priority)
+            format('priority: %s is outside -100..100', COALESCE(p_priority::text, 'NULL'))
         WHEN NOT awa.valid_max_attempts(p_max_attempts) THEN
-            format('max_attempts: %s is outside 1..1000', p_max_attempts)
+            format('max_attempts: %s is outside 1..1000', COALESCE(p_max_attempts::text, 'NULL'))
         WHEN p_args IS NULL THEN 'args: must be {"args": [...], "kwargs": {...}}'
         WHEN pg_column_size(p_args) > p_args_max THEN
             format('args: %s bytes exceeds the limit of %s bytes', pg_column_size(p_args), p_args_max)
@@ -400,6 +401,36 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         WHEN 'json_max_depth' THEN 32 WHEN 'max_tags' THEN 20 WHEN 'tag_max_length' THEN 100 END)
 $$;
 
+-- What is wrong with the limits of awa.enqueue_v1 / enqueue_one_v1 (NULL when nothing): a JSON
+-- object of _limit_v1's keys, each a JSON integer in its range (json_max_depth 1..256, max_tags
+-- from 0, the others from 1; at most 2147483647).
+CREATE FUNCTION awa._limits_error_v1(p_limits jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN p_limits IS NULL THEN NULL
+        WHEN jsonb_typeof(p_limits) <> 'object' THEN 'limits: must be a JSON object'
+        ELSE (
+            SELECT CASE
+                WHEN b.low IS NULL THEN format(
+                    'limits: unknown key %s (known: args_max_bytes, metadata_max_bytes, '
+                    'json_max_depth, max_tags, tag_max_length)', quote_literal(e.key))
+                ELSE format('limits: %s: %s is not an integer from %s to %s',
+                            e.key, awa._json_show_v1(e.value), b.low, b.high)
+            END
+            FROM jsonb_each(p_limits) e
+            LEFT JOIN (VALUES ('args_max_bytes', 1, 2147483647), ('metadata_max_bytes', 1, 2147483647),
+                              ('json_max_depth', 1, 256), ('max_tags', 0, 2147483647),
+                              ('tag_max_length', 1, 2147483647)) AS b(key, low, high)
+                   ON b.key = e.key
+            WHERE b.low IS NULL
+               OR NOT CASE WHEN jsonb_typeof(e.value) = 'number' AND e.value::text ~ '^[0-9]{1,10}$'
+                           THEN e.value::text::numeric BETWEEN b.low AND b.high
+                           ELSE false END
+            ORDER BY e.key
+            LIMIT 1)
+    END
+$$;
+
 CREATE FUNCTION awa.enqueue_one_v1(
     p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer,
     p_run_at timestamptz DEFAULT NULL, p_delay double precision DEFAULT NULL,
@@ -416,6 +447,10 @@ DECLARE
     v_gen bigint;
     v_slot integer;
 BEGIN
+    v_error := awa._limits_error_v1(p_limits);
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+    END IF;
     v_error := COALESCE(awa._job_request_error_v1(
         p_kind, p_queue, p_priority, p_args, p_max_attempts, p_deadline, p_metadata, p_tags,
         awa._limit_v1(p_limits, 'args_max_bytes'), awa._limit_v1(p_limits, 'metadata_max_bytes'),
@@ -581,11 +616,11 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := clock_timestamp();
-    v_args_max integer := awa._limit_v1(p_limits, 'args_max_bytes');
-    v_meta_max integer := awa._limit_v1(p_limits, 'metadata_max_bytes');
-    v_depth integer := awa._limit_v1(p_limits, 'json_max_depth');
-    v_max_tags integer := awa._limit_v1(p_limits, 'max_tags');
-    v_tag_len integer := awa._limit_v1(p_limits, 'tag_max_length');
+    v_args_max integer;
+    v_meta_max integer;
+    v_depth integer;
+    v_max_tags integer;
+    v_tag_len integer;
     v_n integer;
     v_ids bigint[];
     v_error text;
@@ -600,6 +635,15 @@ BEGIN
     IF p_jobs IS NULL OR jsonb_typeof(p_jobs) <> 'array' THEN
         RAISE EXCEPTION 'jobs: expected a JSON array of job objects' USING ERRCODE = '22023';
     END IF;
+    v_error := awa._limits_error_v1(p_limits);
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+    END IF;
+    v_args_max := awa._limit_v1(p_limits, 'args_max_bytes');
+    v_meta_max := awa._limit_v1(p_limits, 'metadata_max_bytes');
+    v_depth := awa._limit_v1(p_limits, 'json_max_depth');
+    v_max_tags := awa._limit_v1(p_limits, 'max_tags');
+    v_tag_len := awa._limit_v1(p_limits, 'tag_max_length');
     v_n := jsonb_array_length(p_jobs);
     IF v_n = 0 THEN
         RETURN;
@@ -993,41 +1037,6 @@ BEGIN
     FROM items i
     WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
     RETURN v_stale;
-END
-$$;
-
--- Park open attempts waiting for an external callback: a lease row (lease ring, state
--- waiting_external) with the callback id and its timeout. The attempt stays open (its claim is
--- not closed), its execution slot is freed. Returns the attempts that were no longer open.
-CREATE FUNCTION awa._park_v1(p_items jsonb)
-RETURNS TABLE (job_id bigint, run_lease bigint)
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    v_gen bigint;
-    v_slot integer;
-BEGIN
-    SELECT generation, slot INTO v_gen, v_slot
-    FROM awa.ring_rotations WHERE ring = 'lease' ORDER BY generation DESC LIMIT 1;
-    RETURN QUERY
-    WITH items AS (
-        SELECT x.* FROM jsonb_to_recordset(p_items) AS x(
-            id bigint, lease bigint, callback_id uuid, timeout double precision, progress jsonb)
-    ), parked AS (
-        INSERT INTO awa.leases (lease_slot, lease_generation, job_id, run_lease, claim_slot,
-                                state, callback_id, callback_timeout_at)
-        SELECT v_slot, v_gen, c.job_id, c.run_lease, c.claim_slot, 'waiting_external',
-               i.callback_id, now() + make_interval(secs => COALESCE(i.timeout, 3600))
-        FROM items i
-        JOIN awa.claims c ON c.job_id = i.id AND c.run_lease = i.lease
-        WHERE NOT EXISTS (
-            SELECT 1 FROM awa.claim_closures z
-            WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
-              AND z.claim_slot = c.claim_slot)
-        RETURNING job_id, run_lease
-    )
-    SELECT i.id, i.lease FROM items i
-    WHERE NOT EXISTS (SELECT 1 FROM parked p WHERE p.job_id = i.id AND p.run_lease = i.lease);
 END
 $$;
 
@@ -1904,6 +1913,8 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
         WHEN p_run_at IS NOT NULL AND NOT isfinite(p_run_at) THEN
             'run_at: must be a finite point in time'
+        WHEN p_run_at >= '10000-01-01 00:00:00+00'::timestamptz THEN
+            'run_at: must be before the year 10000 (UTC)'
         WHEN p_delay IS NOT NULL AND NOT (p_delay >= -3155760000 AND p_delay <= 3155760000) THEN
             'delay: must be a number of seconds within 100 years (3155760000)'
     END
@@ -2201,14 +2212,6 @@ BEGIN
 END
 $$;
 
--- Cancel every job of a queue that is waiting to run (available, scheduled, retryable), up to
--- p_limit per call; running jobs finish. Returns the number cancelled.
---
--- One set-based batch of queue_drain_v2.
-CREATE FUNCTION awa.queue_drain_v1(p_queue text, p_limit integer DEFAULT 10000)
-RETURNS integer
-LANGUAGE sql AS $$ SELECT awa.queue_drain_v2(p_queue, p_limit, NULL) $$;
-
 -- Rings -------------------------------------------------------------------------------------------
 
 -- Take the maintenance lock of one ring (its own key space) for this transaction: the ring's
@@ -2232,9 +2235,13 @@ END
 $$;
 
 -- Advance a ring to its next slot once its current slot is at least p_interval seconds old on
--- the database clock ('skipped_recent' before), so that a new leader, or awa_maintenance --once
--- from cron, keeps the cadence instead of rotating every ring at once. Otherwise as rotate_v1:
--- 'rotated', 'skipped_busy', 'skipped_idle' or 'skipped_locked'.
+-- the database clock ('skipped_recent' before; 0: whatever its age), so that a new leader, or
+-- awa_maintenance --once from cron, keeps the cadence instead of rotating every ring at once.
+-- Rotates only when the incoming slot is empty (else 'skipped_busy': it still waits for prune)
+-- and the current slot holds something (else 'skipped_idle': an idle ring stops rotating). The
+-- append to the rotation ledger is a compare-and-swap on its primary key. Returns 'rotated',
+-- 'skipped_busy', 'skipped_idle', 'skipped_recent' or 'skipped_locked' (another rotate or prune
+-- of this ring is running).
 CREATE FUNCTION awa.rotate_v2(p_ring text, p_interval double precision DEFAULT 0)
 RETURNS text
 LANGUAGE plpgsql AS $$
@@ -2268,17 +2275,6 @@ BEGIN
     RETURN CASE WHEN FOUND THEN 'rotated' ELSE 'skipped_locked' END;
 END
 $$;
-
--- Advance a ring to its next slot. Rotates only when the incoming slot is empty (else
--- 'skipped_busy': it still waits for prune) and the current slot holds something (else
--- 'skipped_idle': an idle ring stops rotating). The append to the rotation ledger is a
--- compare-and-swap on its primary key. Returns 'rotated', 'skipped_busy', 'skipped_idle' or
--- 'skipped_locked' (another rotate or prune of this ring is running).
---
--- Rotate now, whatever the age of the current slot.
-CREATE FUNCTION awa.rotate_v1(p_ring text)
-RETURNS text
-LANGUAGE sql AS $$ SELECT awa.rotate_v2(p_ring, 0) $$;
 
 -- Leadership ----------------------------------------------------------------------------------------
 

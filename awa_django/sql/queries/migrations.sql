@@ -24,22 +24,23 @@ SELECT to_regnamespace('awa') IS NOT NULL
 DROP SCHEMA IF EXISTS awa CASCADE
 
 -- name: migration_drop_created
--- Unapplies a functions file: drops the views, then the functions, that it created (named in
--- {views} and {functions}, ARRAY literals of names RunAwaSQL read from the file and
--- validated). Whatever depends on them goes too (CASCADE); tables and data stay.
+-- Unapplies a functions file: drops the views it created (named in {views}, latest first, so
+-- that a view goes before those it reads), then its functions (named in {functions}): ARRAY
+-- literals of names RunAwaSQL read from the file and validated. Nothing CASCADEs: an object of
+-- the user's that depends on one of them stops the migration (SQLSTATE 2BP01, nothing dropped)
+-- instead of vanishing with it. Tables and their rows stay.
 DO $awa$
 DECLARE
-    r record;
+    v_name text;
 BEGIN
-    FOR r IN SELECT c.oid::regclass AS obj FROM pg_class c
-             WHERE c.relnamespace = to_regnamespace('awa') AND c.relkind = 'v'
-               AND c.relname = ANY ({views}::text[]) LOOP
-        EXECUTE format('DROP VIEW IF EXISTS %s CASCADE', r.obj);
+    FOREACH v_name IN ARRAY {views}::text[] LOOP
+        EXECUTE format('DROP VIEW IF EXISTS awa.%I', v_name);
     END LOOP;
-    FOR r IN SELECT p.oid::regprocedure AS obj FROM pg_proc p
-             WHERE p.pronamespace = to_regnamespace('awa')
-               AND p.proname = ANY ({functions}::text[]) LOOP
-        EXECUTE format('DROP FUNCTION IF EXISTS %s CASCADE', r.obj);
+    FOREACH v_name IN ARRAY ARRAY(
+        SELECT p.oid::regprocedure::text FROM pg_proc p
+        WHERE p.pronamespace = to_regnamespace('awa') AND p.proname = ANY ({functions}::text[])
+    ) LOOP
+        EXECUTE 'DROP FUNCTION IF EXISTS ' || v_name;
     END LOOP;
 END
 $awa$
