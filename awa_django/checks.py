@@ -11,11 +11,13 @@ awa.W001  An ``AWA["QUEUES"]`` concurrency above ``AWA["CONCURRENCY"]``: a worke
           at most ``CONCURRENCY`` jobs at once across its queues, so it can never be reached.
 awa.W002  ``PROCESSES * (CONCURRENCY + 5)`` connections exceed the server's ``max_connections``
           (database check).
+awa.W003  The alias's connections JIT-compile expensive statements: every read of awa's views
+          (admin, ``get_result``, ``awa_status``) pays 100-300 ms of compilation (database check).
 ========  ======================================================================================
 
-All checks are free of side effects. Only E004, E006 and W002 connect, and only when Django runs
-database checks (``check --database ALIAS``, ``migrate``); plain ``manage.py check`` does not
-run them.
+All checks are free of side effects. Only E004, E006, W002 and W003 connect, and only when
+Django runs database checks (``check --database ALIAS``, ``migrate``); plain ``manage.py check``
+does not run them.
 """
 
 from __future__ import annotations
@@ -97,7 +99,34 @@ def check_server_version(
     errors = server_version_errors(alias, connections)
     if errors:
         return errors
-    return connection_budget_warnings(alias, connections, get_awa_settings())
+    return [
+        *connection_budget_warnings(alias, connections, get_awa_settings()),
+        *jit_warnings(alias, connections),
+    ]
+
+
+def jit_warnings(alias: str, handler: ConnectionHandler) -> list[CheckMessage]:
+    """W003 when ``alias``'s connections would JIT-compile statements (a server built with
+    LLVM and ``jit`` on, the default of most packages and managed services); connects."""
+    try:
+        with handler[alias].cursor() as cursor:
+            cursor.execute(query("jit_in_use"))
+            row = cursor.fetchone()
+    except DatabaseError:
+        return []  # E006 reports an unreachable server
+    if not (row and row[0]):
+        return []
+    return [
+        Warning(
+            f"Database {alias!r} JIT-compiles expensive statements: awa_django's views span "
+            "dozens of partitions, so each read of them in the admin, get_result or awa_status "
+            "pays 100-300 ms of compilation for a few rows. awa_django's workers turn JIT off "
+            "on their own connections.",
+            hint=f"Add 'options': '-c jit=off' to DATABASES[{alias!r}]['OPTIONS'], or run "
+            "ALTER ROLE <role> SET jit = off (docs/configuration.md, 'PostgreSQL settings').",
+            id="awa.W003",
+        )
+    ]
 
 
 def connection_budget_warnings(

@@ -114,6 +114,7 @@ def conninfo(alias: str = "default") -> str:
         password=s.get("PASSWORD") or None,
         host=s.get("HOST") or None,
         port=str(s["PORT"]) if s.get("PORT") else None,
+        options=(s.get("OPTIONS") or {}).get("options"),  # -c jit=off, as in tests/settings.py
     )
 
 

@@ -132,3 +132,39 @@ def test_w002_is_a_database_check() -> None:
     with override_settings(AWA={"PROCESSES": 256, "CONCURRENCY": 10_000}):
         assert "awa.W002" not in awa_ids(run_checks())
         assert awa_ids(run_checks(databases=["default"])) == ["awa.W002"]
+
+
+@pytest.mark.storage  # the pg15 lane's Debian server has JIT; the embedded one has not
+@pytest.mark.django_db
+def test_w003_warns_while_the_connection_would_jit_compile() -> None:
+    with_jit = dict(connection.settings_dict)
+    with_jit["OPTIONS"] = {**with_jit.get("OPTIONS", {}), "options": "-c jit=on"}
+    dbs = handler(default=with_jit, quiet=dict(connection.settings_dict))
+    try:
+        with dbs["default"].cursor() as cursor:
+            cursor.execute("SELECT pg_jit_available()")
+            available = cursor.fetchone() == (True,)
+        messages = checks.jit_warnings("default", dbs)
+        assert checks.jit_warnings("quiet", dbs) == []  # the test settings turn it off
+    finally:
+        dbs.close_all()
+    assert awa_ids(messages) == (["awa.W003"] if available else [])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_connections_never_jit_compile() -> None:
+    import asyncio
+
+    from awa_django.db.connection import connect_async
+
+    async def settings() -> tuple[object, ...] | None:
+        conn = await connect_async("default", application_name="awa:test")
+        try:
+            cursor = await conn.execute(
+                "SELECT current_setting('jit'), current_setting('default_transaction_isolation')"
+            )
+            return await cursor.fetchone()
+        finally:
+            await conn.close()
+
+    assert asyncio.run(settings()) == ("off", "read committed")

@@ -24,6 +24,8 @@ CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 DATABASES = {"default": env.db_url("DATABASE_URL")}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# No JIT compilation of awa's views (docs/configuration.md, "PostgreSQL settings"; awa.W003).
+DATABASES["default"].setdefault("OPTIONS", {})["options"] = "-c jit=off"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
