@@ -105,15 +105,22 @@ def check_server_version(
     ]
 
 
+def _server_row(alias: str, handler: ConnectionHandler, name: str) -> tuple[Any, ...] | None:
+    """The one row of the named query on ``alias``'s connection; None when there is none or
+    the server cannot be reached (E006 reports that)."""
+    try:
+        with handler[alias].cursor() as cursor:
+            cursor.execute(query(name))
+            row = cursor.fetchone()
+    except DatabaseError:
+        return None
+    return None if row is None else tuple(row)
+
+
 def jit_warnings(alias: str, handler: ConnectionHandler) -> list[CheckMessage]:
     """W003 when ``alias``'s connections would JIT-compile statements (a server built with
     LLVM and ``jit`` on, the default of most packages and managed services); connects."""
-    try:
-        with handler[alias].cursor() as cursor:
-            cursor.execute(query("jit_in_use"))
-            row = cursor.fetchone()
-    except DatabaseError:
-        return []  # E006 reports an unreachable server
+    row = _server_row(alias, handler, "jit_in_use")
     if not (row and row[0]):
         return []
     return [
@@ -136,13 +143,10 @@ def connection_budget_warnings(
     thread may hold a Django connection, and each process about five of its own) could need
     more connections than the server's ``max_connections``; connects."""
     needed = cfg.PROCESSES * (cfg.CONCURRENCY + 5)
-    try:
-        with handler[alias].cursor() as cursor:
-            cursor.execute(query("connection_budget"))
-            row = cursor.fetchone()
-    except DatabaseError:
+    row = _server_row(alias, handler, "connection_budget")
+    if row is None:
         return []  # E006 reports an unreachable server
-    maximum = int(row[0]) if row else 0
+    maximum = int(row[0])
     if needed <= maximum:
         return []
     return [
