@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -46,6 +47,15 @@ def test_schema_sql_matches_a_freshly_migrated_database() -> None:
     )
 
 
+#: Functions a later migration redefines in place, and why (the file says more).
+REDEFINED = {
+    # 0004_claim.sql: read the claim slot under the lane lock; carried claims keep their
+    # generation (what claim_v2's one-probe lane cursor relies on).
+    "awa.claim_v1": "0004_claim.sql",
+    "awa._carry_claims_v1": "0004_claim.sql",
+}
+
+
 def test_schema_sql_names_every_migrated_function_once() -> None:
     text = (ROOT / "awa_django" / "sql" / "schema.sql").read_text(encoding="utf-8")
     names = [
@@ -56,10 +66,13 @@ def test_schema_sql_names_every_migrated_function_once() -> None:
     assert names and len(names) == len(set(names))
     migrations = ROOT / "awa_django" / "sql" / "migrations"
     sources = "".join(p.read_text(encoding="utf-8") for p in sorted(migrations.glob("*.sql")))
-    # Settled SQL: each function and view is created exactly once across the migration files.
+    # Settled SQL: each function and view is created exactly once across the migration files,
+    # apart from the few a later file redefines in place (same signature and results).
     for name in names:
-        assert sources.count(f"FUNCTION {name}(") == 1, name
-    assert "CREATE OR REPLACE" not in sources
+        assert sources.count(f"FUNCTION {name}(") == 1 + (name in REDEFINED), name
+    redefined = re.findall(r"CREATE OR REPLACE FUNCTION (awa\.\w+)\(", sources)
+    assert sorted(redefined) == sorted(REDEFINED)
+    assert sources.count("CREATE OR REPLACE") == len(REDEFINED)
 
 
 # One backoff for every SQL retry path ------------------------------------------------------------

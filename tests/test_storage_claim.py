@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from awa_django.db import storage
+from awa_django.db.storage import Finalization
 from awa_django.sql import query
 from tests.factories import WORKER, enqueue_sql
 from tests.helpers import pg
@@ -201,7 +202,7 @@ def test_claims_stay_index_probes_when_statistics_say_the_rings_are_empty() -> N
         conn.execute("ANALYZE awa.claims")  # statistics of an empty claim ring
         ids = [i for i, _ in enqueue_sql(conn, jobs_json(600))]
         first = claim_ids(conn, n=300)
-        # The cursor lookup of a lane, planned the way claim_v1 runs it.
+        # The cursor lookup of a lane, planned the way the claim runs it.
         conn.execute("SET enable_seqscan = off")
         lane = conn.execute("SELECT min(lane_id) FROM awa.queue_lanes WHERE queue = 'q'")
         lane_id = lane.fetchone()[0]  # type: ignore[index]
@@ -213,10 +214,16 @@ def test_claims_stay_index_probes_when_statistics_say_the_rings_are_empty() -> N
         )
         conn.execute("RESET enable_seqscan")
         assert "Seq Scan" not in plan, plan
-        config = conn.execute(
-            "SELECT proconfig FROM pg_proc WHERE oid = 'awa.claim_v1'::regproc"
-        ).fetchone()
-        assert config == (["enable_seqscan=off"],)
+        configs = dict(
+            conn.execute(
+                "SELECT proname, proconfig FROM pg_proc"
+                " WHERE oid IN ('awa.claim_v1'::regproc, 'awa.claim_v2'::regproc)"
+            ).fetchall()
+        )
+        assert configs == {
+            "claim_v1": ["enable_seqscan=off"],
+            "claim_v2": ["enable_seqscan=off", "plan_cache_mode=force_generic_plan"],
+        }
         assert first + claim_ids(conn, n=400) == ids  # all of them, in order, none twice
 
 
@@ -247,3 +254,123 @@ def test_claimed_jobs_are_built_by_column_name() -> None:
             conn.cursor(row_factory=storage._claimed_job) as short,
         ):
             short.execute("SELECT 1 AS job_id, 2 AS run_lease")
+
+
+def _rotate_and_prune(conn: psycopg.Connection[Any], ring: str) -> None:
+    """One maintenance step of a ring: prune its oldest slot (carrying open claims forward),
+    then rotate when the incoming slot is free."""
+    conn.execute("SELECT awa.prune_v1(%s)", [ring])
+    conn.execute("SELECT awa.rotate_v2(%s)", [ring])
+
+
+def test_the_lane_cursor_never_goes_backwards_through_rotation_and_carry_forward() -> None:
+    """The one-probe lane cursor of claim_v2 (the lane's highest claim in the current claim slot,
+    when made in the slot's generation) against everything that writes claims: attempts held
+    open across many rotations (carried forward, keeping their old positions), lanes idle for
+    whole generations, prune markers, two shards, and the claim ring wrapping several times.
+    No job is ever claimed twice while its attempt is open, and each lane hands out its rows in
+    order."""
+    import random
+
+    rnd = random.Random(14)
+    held: list[storage.ClaimedJob] = []
+    seen: set[int] = set()
+    order: dict[int, list[int]] = {}
+    enqueued: list[int] = []
+    with pg() as a, pg() as b:
+        for step in range(160):
+            producer = a if rnd.random() < 0.6 else b
+            if rnd.random() < 0.5:
+                enqueued += [i for i, _ in enqueue_sql(producer, jobs_json(rnd.randint(1, 6)))]
+            claimed = storage.claim(a, "q", rnd.randint(1, 5), WORKER)
+            for job in claimed:
+                assert job.job_id not in seen, f"step {step}: job {job.job_id} claimed twice"
+                seen.add(job.job_id)
+            lanes = dict(
+                a.execute(
+                    "SELECT job_id, lane_id FROM awa.ready_entries WHERE job_id = ANY(%s)",
+                    [[j.job_id for j in claimed]],
+                ).fetchall()
+            )
+            for job in claimed:
+                order.setdefault(lanes[job.job_id], []).append(job.job_id)
+            # Keep about one attempt in five open for a long time: prune carries it forward.
+            done = [j for j in claimed if rnd.random() < 0.8]
+            held += [j for j in claimed if j not in done]
+            if held and rnd.random() < 0.1:
+                done.append(held.pop(0))
+            if done:
+                stale = storage.finalize(
+                    a,
+                    [Finalization(j.job_id, j.run_lease, j.claim_slot, "completed") for j in done],
+                )
+                assert stale == []
+            if rnd.random() < 0.4:
+                _rotate_and_prune(a, "claim")
+        storage.finalize(
+            a, [Finalization(j.job_id, j.run_lease, j.claim_slot, "completed") for j in held]
+        )
+        while rest := storage.claim(a, "q", 50, WORKER):
+            for job in rest:
+                assert job.job_id not in seen
+                seen.add(job.job_id)
+        generations = a.execute(
+            "SELECT max(generation) FROM awa.ring_rotations WHERE ring = 'claim'"
+        ).fetchone()
+    assert generations is not None and generations[0] >= 16  # the claim ring wrapped twice
+    assert seen == set(enqueued)
+    for lane_jobs in order.values():
+        assert lane_jobs == sorted(lane_jobs)  # job ids grow with lane positions here
+
+
+def _filler_step(conn: psycopg.Connection[Any]) -> None:
+    """Run one job of another queue through (so the current claim slot is not idle), then
+    prune and rotate the claim ring."""
+    enqueue_sql(conn, jobs_json(1, queue="filler"))
+    storage.finalize(
+        conn,
+        [
+            Finalization(j.job_id, j.run_lease, j.claim_slot, "completed")
+            for j in storage.claim(conn, "filler", 5, WORKER)
+        ],
+    )
+    _rotate_and_prune(conn, "claim")
+
+
+def test_a_claim_carried_into_the_current_slot_never_pulls_the_cursor_back() -> None:
+    """An attempt held open while later rows of its lane were claimed and completed in a newer
+    slot, then carried into the current slot at its old position: the lane's next claim takes
+    the rows after the newer claims, never those again."""
+    with pg() as conn:
+        ids = [i for i, _ in enqueue_sql(conn, jobs_json(4))]
+        [held] = storage.claim(conn, "q", 1, WORKER)  # claim slot 0, held open
+        assert (held.job_id, held.claim_slot) == (ids[0], 0)
+        _filler_step(conn)
+        later = storage.claim(conn, "q", 2, WORKER)  # claim slot 1, completed
+        assert [(j.job_id, j.claim_slot) for j in later] == [(ids[1], 1), (ids[2], 1)]
+        storage.finalize(
+            conn, [Finalization(j.job_id, j.run_lease, j.claim_slot, "completed") for j in later]
+        )
+        for _ in range(6):  # through slots 2..7
+            _filler_step(conn)
+        # Slot 0 is the oldest: prune carries the held attempt into slot 7 and truncates 0.
+        assert conn.execute("SELECT awa.prune_v1('claim')").fetchone() == ("pruned",)
+        current = conn.execute(
+            "SELECT current_slot FROM awa.ring_state WHERE ring = 'claim'"
+        ).fetchone()
+        assert current == (7,)
+        in_slot = conn.execute(
+            "SELECT job_id FROM awa.claims WHERE claim_slot = 7 AND job_id = ANY(%s)",
+            [ids],
+        ).fetchall()
+        assert in_slot == [(ids[0],)]  # only the carried claim of the lane is in this slot
+        newer = conn.execute("SELECT count(*) FROM awa.claims_1 WHERE job_id = ANY(%s)", [ids])
+        assert newer.fetchone() == (2,)  # the newer claims of the lane are still in slot 1
+        assert claim_ids(conn, n=10) == [ids[3]]
+        assert claim_ids(conn, n=10) == []
+        assert (
+            storage.finalize(
+                conn, [Finalization(held.job_id, held.run_lease, held.claim_slot, "completed")]
+            )
+            == []
+        )

@@ -497,7 +497,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (70)
+-- function (72)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -588,11 +588,10 @@ CREATE OR REPLACE FUNCTION awa._carry_claims_v1(p_slot integer)
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    v_gen bigint;
     v_cur integer;
     v_n integer;
 BEGIN
-    SELECT generation, slot INTO v_gen, v_cur
+    SELECT slot INTO v_cur
     FROM awa.ring_rotations WHERE ring = 'claim' ORDER BY generation DESC LIMIT 1;
     IF v_cur = p_slot THEN
         RETURN 0;
@@ -613,8 +612,8 @@ BEGIN
         INSERT INTO awa.claims (
             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
             lane_id, lane_seq, attempt, claimed_at, deadline_at, worker_id, kind)
-        SELECT v_cur, v_gen, o.job_id, o.run_lease, o.ready_slot, o.ready_generation, o.lane_id,
-               o.lane_seq, o.attempt, o.claimed_at, o.deadline_at, o.worker_id, o.kind
+        SELECT v_cur, o.claim_generation, o.job_id, o.run_lease, o.ready_slot,
+               o.ready_generation, o.lane_id, o.lane_seq, o.attempt, o.claimed_at, o.deadline_at, o.worker_id, o.kind
         FROM open o JOIN closed k ON k.job_id = o.job_id AND k.run_lease = o.run_lease
         RETURNING 1
     )
@@ -1710,8 +1709,6 @@ BEGIN
     IF EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused) THEN
         RETURN;
     END IF;
-    SELECT r2.generation, r2.slot INTO v_cgen, v_cslot
-    FROM awa.ring_rotations r2 WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1;
 
     FOR r IN
         WITH k AS MATERIALIZED (
@@ -1735,6 +1732,9 @@ BEGIN
     LOOP
         PERFORM 1 FROM awa.queue_lanes l WHERE l.lane_id = r.lane_id FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
+        -- After the lane lock: claims of a lane go to the claim slot current when they are made.
+        SELECT r2.generation, r2.slot INTO v_cgen, v_cslot
+        FROM awa.ring_rotations r2 WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1;
         v_cursor := awa.lane_cursor_v1(r.lane_id);
         RETURN QUERY
         WITH picked AS MATERIALIZED (
@@ -1765,6 +1765,148 @@ BEGIN
         ORDER BY p.lane_seq;
         GET DIAGNOSTICS v_got = ROW_COUNT;
         v_remaining := v_remaining - v_got;
+        EXIT WHEN v_remaining <= 0;
+    END LOOP;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.claim_v2(p_queue text, p_max integer, p_worker uuid DEFAULT NULL::uuid, p_aging_secs double precision DEFAULT 60, p_default_deadline double precision DEFAULT NULL::double precision)
+ RETURNS TABLE(job_id bigint, run_lease bigint, attempt smallint, max_attempts smallint, claim_slot integer, kind text, args jsonb, queue text, priority smallint, deadline_at timestamp with time zone, timeout_secs double precision, progress jsonb, metadata jsonb, tags text[], errors jsonb)
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_remaining integer := p_max;
+    v_got integer;
+    v_paused boolean;
+    v_cursor bigint;
+    v_rgen bigint;
+    v_cslot integer;
+    v_cgen bigint;
+    v_qslot integer;
+    v_qgen bigint;
+    v_slot integer;
+    v_aging double precision := GREATEST(COALESCE(p_aging_secs, 60), 0.001);
+    v_default double precision := awa._deadline_secs_v1(p_default_deadline);
+    r record;
+BEGIN
+    IF p_max IS NULL OR p_max <= 0 THEN
+        RETURN;
+    END IF;
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION 'awa.claim_v2 needs READ COMMITTED isolation' USING ERRCODE = '25000';
+    END IF;
+    SELECT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused),
+           c.generation, c.slot, q.generation, q.slot
+    INTO v_paused, v_cgen, v_cslot, v_qgen, v_qslot
+    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c,
+         (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+          WHERE r2.ring = 'queue' ORDER BY r2.generation DESC LIMIT 1) q;
+    IF v_paused THEN
+        RETURN;
+    END IF;
+
+    -- Lanes with work (cursor below the lane's last enqueued position); their heads are read
+    -- only to order several lanes (effective priority, then oldest head). The cursor read here,
+    -- without the lane lock, only chooses lanes: it is read again under the lock.
+    FOR r IN
+        WITH k AS MATERIALIZED (
+            SELECT l.lane_id, l.priority, l.enqueue_seq,
+                   COALESCE(
+                       (SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END
+                        FROM awa.claims c
+                        WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                        ORDER BY c.lane_seq DESC LIMIT 1),
+                       GREATEST(
+                           COALESCE((SELECT max(c.lane_seq) FROM awa.claims c
+                                     WHERE c.lane_id = l.lane_id), 0),
+                           COALESCE((SELECT f.floor_seq FROM awa.lane_floors f
+                                     WHERE f.lane_id = l.lane_id), 0))) AS c
+            FROM awa.queue_lanes l
+            WHERE l.queue = p_queue
+        ), busy AS MATERIALIZED (
+            SELECT k.lane_id, k.priority, k.c, count(*) OVER () AS n
+            FROM k WHERE COALESCE(pg_sequence_last_value(k.enqueue_seq), 0) > k.c
+        )
+        SELECT b.lane_id
+        FROM busy b
+        LEFT JOIN LATERAL (
+            SELECT e.run_at FROM awa.ready_entries e
+            WHERE b.n > 1 AND e.lane_id = b.lane_id AND e.lane_seq > b.c
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                    AND t.ready_slot = e.ready_slot)
+            ORDER BY e.lane_seq LIMIT 1) h ON true
+        ORDER BY b.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                 h.run_at, b.lane_id
+    LOOP
+        PERFORM 1 FROM awa.queue_lanes l WHERE l.lane_id = r.lane_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        -- Under the lane lock, in a new statement (a snapshot with the previous claimer's
+        -- commit): the claim slot this claim goes to, and the lane's cursor. The lane's highest
+        -- claim in the current slot is its cursor when it was made in the slot's generation (a
+        -- carried claim keeps the generation it was made in, and lies below any claim made
+        -- since); otherwise the cursor comes from every slot and the lane's floor.
+        SELECT c.generation, c.slot,
+               CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END,
+               x.ready_generation
+        INTO v_cgen, v_cslot, v_cursor, v_rgen
+        FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+              WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+        LEFT JOIN LATERAL (
+            SELECT cl.lane_seq, cl.ready_generation, cl.claim_generation FROM awa.claims cl
+            WHERE cl.claim_slot = c.slot AND cl.lane_id = r.lane_id
+            ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+        IF v_cursor IS NULL THEN
+            v_cursor := awa.lane_cursor_v1(r.lane_id);
+            v_rgen := -1;
+        END IF;
+        -- A lane's rows are appended under its lock in the queue slot current at the time, so
+        -- its rows after the cursor lie in the cursor row's generation and later ones: read
+        -- those slots oldest first, one partition each (all live slots when the cursor row's
+        -- generation is unknown: a marker or a floor).
+        FOR v_slot IN
+            SELECT v_qslot WHERE v_rgen = v_qgen
+            UNION ALL
+            (SELECT r2.slot FROM awa.ring_rotations r2
+             WHERE v_rgen <> v_qgen AND r2.ring = 'queue'
+               AND r2.generation BETWEEN GREATEST(v_rgen, v_qgen - 15) AND v_qgen
+             ORDER BY r2.generation)
+        LOOP
+            RETURN QUERY
+            WITH picked AS MATERIALIZED (
+                SELECT e.*, COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default) AS timeout
+                FROM awa.ready_entries e
+                WHERE e.ready_slot = v_slot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones t
+                      WHERE t.ready_slot = v_slot AND t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT v_remaining
+            ), ins AS (
+                INSERT INTO awa.claims (
+                    claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                    ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
+                SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                       p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                       now() + make_interval(secs => p.timeout), p_worker, p.kind
+                FROM picked p
+                RETURNING lane_seq, deadline_at
+            )
+            SELECT p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint, p.max_attempts,
+                   v_cslot, p.kind, p.args, p.queue, p.priority, i.deadline_at, p.timeout,
+                   p.progress, p.metadata, p.tags, p.errors
+            FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq
+            ORDER BY p.lane_seq;
+            GET DIAGNOSTICS v_got = ROW_COUNT;
+            v_remaining := v_remaining - v_got;
+            EXIT WHEN v_remaining <= 0;
+        END LOOP;
         EXIT WHEN v_remaining <= 0;
     END LOOP;
 END
@@ -2100,6 +2242,75 @@ BEGIN
     RETURN QUERY
     SELECT (e.value ->> 'id')::bigint, (e.value ->> 'lease')::bigint
     FROM jsonb_array_elements(COALESCE(v_stale, '[]'::jsonb) || v_wait_stale) AS e(value);
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.finalize_v2(p_items jsonb)
+ RETURNS TABLE(job_id bigint, run_lease bigint)
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_error text;
+    v_stale jsonb;
+BEGIN
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION 'awa.finalize_v2 needs READ COMMITTED isolation' USING ERRCODE = '25000';
+    END IF;
+    IF p_items IS NULL OR jsonb_typeof(p_items) <> 'array' THEN
+        RAISE EXCEPTION 'items: expected a JSON array' USING ERRCODE = '22023';
+    END IF;
+    v_error := awa._finalize_error_v1(p_items);
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) e
+               WHERE e.value ->> 'outcome' <> 'completed'
+                  OR COALESCE(e.value -> 'st', 'null') NOT IN ('false', 'null')
+                  OR e.value ? 'closed_as') THEN
+        RETURN QUERY SELECT f.job_id, f.run_lease FROM awa.finalize_v1(p_items) f;
+        RETURN;
+    END IF;
+    WITH items AS (
+        SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+        FROM jsonb_array_elements(p_items) AS e(value),
+             jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+    ), cl AS MATERIALIZED (
+        SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+               c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+        FROM items i
+        CROSS JOIN LATERAL (
+            SELECT c.* FROM awa.claims c
+            WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+            LIMIT 1) c
+    ), closed AS (
+        INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+        SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+        ON CONFLICT DO NOTHING
+        RETURNING claim_slot, job_id, run_lease
+    ), completed AS (
+        INSERT INTO awa.done_entries (
+            ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+            attempted_at, result, queue, kind)
+        SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+               'completed', w.attempt, w.claimed_at, w.result, l.queue,
+               -- A claim without a kind (written by raw SQL): read it from the ready row.
+               COALESCE(w.kind, (SELECT r.kind FROM awa.ready_entries r
+                                 WHERE r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq
+                                   AND r.ready_slot = w.ready_slot))
+        FROM cl w
+        JOIN closed k ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+        JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+    )
+    SELECT jsonb_agg(i.raw) INTO v_stale
+    FROM items i
+    WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+    IF v_stale IS NOT NULL THEN
+        -- Not closed in the hinted slot: moved by a carry-forward, or closed elsewhere. This
+        -- later statement sees any closure this one conflicted with.
+        RETURN QUERY SELECT f.job_id, f.run_lease FROM awa.finalize_v1(v_stale) f;
+    END IF;
 END
 $function$
 

@@ -12,10 +12,10 @@ SELECT set_config('default_transaction_isolation', 'read committed', false),
 -- Each column is named after a field of ClaimedJob, which is built by column name.
 SELECT job_id, run_lease, attempt, max_attempts, claim_slot, kind, args::text AS args_json,
        queue, priority, deadline_at, timeout_secs, progress, metadata, tags, errors
-FROM awa.claim_v1(%s, %s, %s, %s, %s)
+FROM awa.claim_v2(%s, %s, %s, %s, %s)
 
 -- name: finalize
-SELECT job_id, run_lease FROM awa.finalize_v1(%s::jsonb)
+SELECT job_id, run_lease FROM awa.finalize_v2(%s::jsonb)
 
 -- name: heartbeat
 SELECT job_id, run_lease FROM awa.heartbeat_v1(%s::jsonb)

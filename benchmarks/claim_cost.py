@@ -1,0 +1,163 @@
+"""Server time of one claim and one finalize: ``claim_v1``/``finalize_v1`` against ``claim_v2``/
+``finalize_v2``, in one database, interleaved.
+
+    .venv/dj52/bin/python benchmarks/claim_cost.py [--calls 2000] [--rounds 5] [--batch 1]
+
+One embedded PostgreSQL 18 (fsync off: this measures CPU, not the disk), migrated. A queue with
+4 enqueue shards gets its jobs from 4 producer connections (so 4 lanes have work). Each round
+runs ``--calls`` claim + finalize cycles of ``--batch`` jobs with each version, alternating the
+order round by round, and reads two clocks per call: the server's own execution time of the
+call (``EXPLAIN (ANALYZE)``'s "Execution Time" of ``SELECT * FROM awa.claim_vN(...)``; planning
+the one-line outer statement is not included) and the backend's CPU time (user + system, from
+``/proc``). Medians over rounds; per job when ``--batch`` > 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if __name__ == "__main__":
+    sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+_EXPLAIN = "EXPLAIN (ANALYZE, TIMING OFF) "
+_EXECUTION = re.compile(r"Execution Time: ([0-9.]+) ms")
+
+
+def backend_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def explain_ms(conn: Any, sql: str, params: list[Any]) -> float:
+    text = "\n".join(row[0] for row in conn.execute(sql, params))
+    match = _EXECUTION.search(text)
+    assert match, text
+    return float(match.group(1))
+
+
+def cycle(conn: Any, pid: int, version: int, batch: int, calls: int) -> dict[str, float]:
+    """``calls`` claim + finalize cycles with one version, then ``calls // 10`` sampled ones.
+
+    The plain cycles give the backend's CPU per cycle. Each sample runs the claim, and then the
+    finalize of a real claim, under ``EXPLAIN (ANALYZE)`` in a transaction that is rolled back,
+    for the server's execution time of each call.
+    """
+    claim_sql = f"SELECT job_id, run_lease, claim_slot FROM awa.claim_v{version}('cost', %s)"
+    finalize_sql = f"SELECT count(*) FROM awa.finalize_v{version}(%s::jsonb)"
+
+    def items(rows: list[tuple[int, int, int]]) -> str:
+        return json.dumps(
+            [{"id": j, "lease": lease, "slot": s, "outcome": "completed"} for j, lease, s in rows]
+        )
+
+    cpu0 = backend_cpu(pid)
+    started = time.perf_counter()
+    jobs = 0
+    for _ in range(calls):
+        rows = conn.execute(claim_sql, [batch]).fetchall()
+        conn.execute(finalize_sql, [items(rows)])
+        jobs += len(rows)
+    wall = time.perf_counter() - started
+    cpu = backend_cpu(pid) - cpu0
+    claim_ms: list[float] = []
+    finalize_ms: list[float] = []
+    for _ in range(max(calls // 10, 1)):
+        with conn.transaction(force_rollback=True):
+            claim_ms.append(explain_ms(conn, _EXPLAIN + claim_sql, [batch]))
+        rows = conn.execute(claim_sql, [batch]).fetchall()
+        with conn.transaction(force_rollback=True):
+            finalize_ms.append(explain_ms(conn, _EXPLAIN + finalize_sql, [items(rows)]))
+        conn.execute(finalize_sql, [items(rows)])
+    return {
+        "claim_ms": statistics.median(claim_ms),
+        "finalize_ms": statistics.median(finalize_ms),
+        "cpu_us": cpu / calls * 1e6,
+        "jobs_per_s": jobs / wall,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--calls", type=int, default=2000, help="claim+finalize calls per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=1, help="jobs per claim")
+    args = parser.parse_args()
+
+    import pgserver  # type: ignore[import-not-found,unused-ignore]
+    import psycopg
+
+    url, stop = pgserver.start(
+        ROOT / ".pgdata" / "bench-claim-cost", database="awa_cost", ephemeral=True, fsync=False
+    )
+    try:
+        os.environ["DATABASE_URL"] = url
+        os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.bench_settings"
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        per_round = args.calls * args.batch * 2 * 1.2
+        total = int(per_round * (args.rounds + 1)) + 500
+        body = json.dumps([{"kind": "bench.cost", "queue": "cost"}] * 500)
+        producers = [psycopg.connect(url, autocommit=True) for _ in range(4)]
+        for n in range(0, total, 500):
+            producers[(n // 500) % 4].execute(
+                "SELECT count(*) FROM awa.enqueue_v1(%s::jsonb)", [body]
+            )
+        lanes = (
+            producers[0]
+            .execute("SELECT count(DISTINCT lane_id) FROM awa.ready_entries WHERE queue = 'cost'")
+            .fetchone()
+        )
+        for producer in producers:
+            producer.close()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SET jit = off")
+            conn.execute("VACUUM ANALYZE")
+            pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+            for version in (1, 2):  # warm up both (plan caches, buffers)
+                cycle(conn, pid, version, args.batch, args.calls // 2)
+            results: dict[int, list[dict[str, float]]] = {1: [], 2: []}
+            started = time.perf_counter()
+            for r in range(args.rounds):
+                for version in (1, 2) if r % 2 == 0 else (2, 1):
+                    results[version].append(cycle(conn, pid, version, args.batch, args.calls))
+            server = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        print(
+            f"PostgreSQL {server}; queue with {lanes[0] if lanes else '?'} lanes with work; "
+            f"{args.rounds} rounds x {args.calls} calls of {args.batch} job(s) per version in "
+            f"{time.perf_counter() - started:.0f} s. Medians over rounds:"
+        )
+        for version, rounds in results.items():
+            claim = statistics.median(r["claim_ms"] for r in rounds) * 1000
+            fin = statistics.median(r["finalize_ms"] for r in rounds) * 1000
+            cpu = statistics.median(r["cpu_us"] for r in rounds)
+            rate = statistics.median(r["jobs_per_s"] for r in rounds)
+            print(
+                f"  v{version}: server time per call: claim {claim:8.1f} us, finalize "
+                f"{fin:8.1f} us; backend CPU per claim + finalize {cpu:8.1f} us "
+                f"({cpu / args.batch:.1f} us per job); one connection's loop {rate:,.0f} jobs/s"
+            )
+        ratios = [
+            a["claim_ms"] / b["claim_ms"] for a, b in zip(results[2], results[1], strict=True)
+        ]
+        print(f"  claim v2 / v1 per round: {', '.join(f'{x:.2f}' for x in ratios)}")
+    finally:
+        stop()
+
+
+if __name__ == "__main__":
+    main()
