@@ -100,13 +100,14 @@ def test_absolute_and_own_baseline_targets() -> None:
     assert (claim.met, claim.detail) == (False, "missed: 180 against ≤ 150")
     assert verdicts["SQL floor ≥ 2 × 39,556 jobs/s"].met  # 90,000 ≥ 79,112
     assert verdicts["sync handlers drain ≥ 10,000 jobs/s"].met
-    assert not verdicts["default settings drain, async handlers ≥ 5,000 jobs/s"].met
+    default_async = verdicts["default settings drain, async handlers ≥ 5,000 jobs/s"]
+    assert (default_async.met, default_async.detail) == (False, "missed: 4,000 against ≥ 5,000")
     assert verdicts["default settings drain, sync handlers ≥ 5,000 jobs/s"].met  # boundary
     atomic = verdicts["single enqueue inside atomic ≥ 0.9× a bare INSERT per atomic block"]
     assert (atomic.reference_name, atomic.reference, atomic.met) == ("bare INSERT", 1_000.0, True)
     assert atomic.ratio == 0.95
     pinned = verdicts["pinned / clean completion rate ≥ 0.95"]
-    assert (pinned.met, pinned.detail) == (False, "missed: 0.9 against ≥ 0.95")
+    assert (pinned.met, pinned.detail) == (False, "missed: 0.90 against ≥ 0.95")
     # Peer-relative targets without peers are not measured, never met.
     drain = verdicts["drain ≥ 5× the fastest peer (at its best concurrency)"]
     assert (drain.met, drain.detail) == (None, "not measured")

@@ -198,7 +198,7 @@ def summary(result: dict[str, Any]) -> str:
     keys = [
         k
         for k in result
-        if k.endswith(("_per_s", "_ms", "dead_tuples")) and not isinstance(result[k], dict)
+        if k.endswith(("_per_s", "_ms", "_us", "dead_tuples")) and not isinstance(result[k], dict)
     ]
     return ", ".join(f"{k}={result[k]:.4g}" for k in keys[:6] if isinstance(result[k], int | float))
 
@@ -255,10 +255,11 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         results[name] = {
             "version": described["version"],
             "handlers": described["handlers"],
+            # The shared shape, unless the system says otherwise (django-tasks-db: 1 per process).
             "config": {
-                **described["config"],
                 "processes": args.processes,
                 "concurrency": args.concurrency,
+                **described["config"],
             },
             "variants": described["variants"],
             "rounds": [],

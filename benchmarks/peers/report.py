@@ -230,6 +230,10 @@ def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
         "still held; table growth is the change of their total size (indexes and TOAST "
         "included).",
         "",
+        "## Each system's defaults (the default-settings drains)",
+        "",
+        *DEFAULTS_TEXT,
+        "",
         "## Configuration of every system",
         "",
     ]
@@ -245,6 +249,26 @@ def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
         lines.append(f"Raw figures: `{json_path.name}` (from `benchmarks/run --output`).")
     return "\n".join(lines).rstrip() + "\n"
 
+
+# What "default settings" means for each system: its worker started with no option but the
+# queue it must serve, as its docs start it. Each is what the installed version ships.
+DEFAULTS_TEXT = [
+    "- **awa_django**: `manage.py awa_worker`, no option, once per process: `AWA['CONCURRENCY']` "
+    "= 10 jobs at once per process (async and sync handlers alike; sync ones in its handler "
+    "thread pool), every queue discovered, LISTEN/NOTIFY on, maintenance leader election on.",
+    "- **procrastinate**: `App.run_worker_async()` with no argument: concurrency 1, every queue, "
+    "LISTEN/NOTIFY on with a 5 s poll fallback, jobs kept (`delete_jobs=never`); sync tasks run "
+    "through asgiref's `sync_to_async` on the event loop's default thread pool.",
+    "- **PgQueuer**: `PgQueuer.run()` with no argument: dequeue batches of 10, no "
+    "`max_concurrent_tasks` cap, 30 s dequeue timeout (LISTEN/NOTIFY wake-ups). Async "
+    "entrypoints only: 1.x raises `TypeError` for a sync one.",
+    "- **django-tasks-db**: `manage.py db_worker` with no option: queue `default`, one task at a "
+    "time, 1 s poll interval, a random start-up delay (outside the measured window, which starts "
+    "at the first job's start). Sync tasks only.",
+    "- **Chancy**: `Queue('peers')` declared with no option: the `ProcessExecutor` (a process "
+    "pool), concurrency = the CPU count, a 5 s polling interval, no eager polling; async jobs run "
+    "in the same executor.",
+]
 
 VARIANTS = {
     "sync": "Sync handlers",

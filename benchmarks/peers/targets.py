@@ -132,7 +132,7 @@ def evaluate(systems: dict[str, Any]) -> list[Verdict]:
             detail = "met"
         elif target.kind == "absolute":
             sign = "≥" if target.higher else "≤"
-            detail = f"missed: {value:,.4g} against {sign} {reference:,.4g}"
+            detail = f"missed: {_fmt(value)} against {sign} {_fmt(reference)}"
         elif target.higher:
             detail = f"missed: {got:.2f}× of the {target.factor:g}× asked"
         else:
