@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from benchmarks.peers import report, systems
+from benchmarks.peers import report, systems, targets
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -457,6 +457,8 @@ def main() -> None:
         stop()
         shutil.rmtree(data_dir, ignore_errors=True)
     data["run"]["wall_seconds"] = round(time.perf_counter() - started)
+    # Issue 14's verdicts, machine-readable beside the figures they come from.
+    data["targets"] = [v.as_dict() for v in targets.evaluate(data["systems"])]
     args.output.write_text(json.dumps(data, indent=2, default=str) + "\n")
     say(f"wrote {args.output}")
     missing = missing_metrics(data)
