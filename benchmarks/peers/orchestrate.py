@@ -72,7 +72,7 @@ SIZES = {
         "sweep": [32, 128],
         "sync_concurrency": 64,
         "atomic_jobs": 2_000,
-        "claim_jobs": 5_000,
+        "claim_jobs": 2_000,
     },
 }
 
