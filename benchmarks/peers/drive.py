@@ -28,7 +28,7 @@ import psycopg
 
 from benchmarks.peers import systems
 from benchmarks.peers.sql import LEDGER_URL_ENV, query
-from benchmarks.peers.systems.base import Params, Producer, System
+from benchmarks.peers.systems.base import HANDLER_ENV, Params, Producer, System
 
 ROOT = Path(__file__).resolve().parents[2]
 WARMUP_KEYS = 20
@@ -153,7 +153,7 @@ def scenario_drain_like(
 ) -> dict[str, Any]:
     """Pre-enqueue N no-op jobs, start the workers, wait until the database counts N done."""
     asyncio.run(preload(system, args.jobs))
-    params = Params(args.processes, args.concurrency)
+    params = Params(args.processes, args.concurrency, args.handler, args.defaults)
     with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
         start = time.perf_counter()
         with running(worker_system, params, "noop", 0, args.log) as workers:
@@ -166,6 +166,9 @@ def scenario_drain_like(
         finished, first, last = window(conn, system)
     seconds = (last - first).total_seconds() if first and last else float("nan")
     return {
+        "drain_handler": args.handler,
+        "drain_defaults": args.defaults,
+        "drain_concurrency": None if args.defaults else args.concurrency,
         "drain_jobs": args.jobs,
         "drain_finished": finished,
         "drain_capped": finished < args.jobs,
@@ -299,9 +302,21 @@ def scenario_floor(system: System, args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def describe(system: System, args: argparse.Namespace) -> dict[str, Any]:
+    """Version, handler flavours and the configuration of every run shape: the main one
+    (``config``), sync handlers at ``--sync-concurrency`` and default settings per flavour."""
+    shape = Params(args.processes, args.concurrency)
+    variants = {}
+    if "sync" in system.handlers:
+        variants["sync"] = system.config(Params(args.processes, args.sync_concurrency, "sync"))
+    for handler in system.handlers:
+        variants[f"default_{handler}"] = system.config(
+            Params(args.processes, args.concurrency, handler, defaults=True)
+        )
     return {
         "version": system.version(),
-        "config": system.config(Params(args.processes, args.concurrency)),
+        "handlers": list(system.handlers),
+        "config": system.config(shape),
+        "variants": variants,
     }
 
 
@@ -318,8 +333,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("system", choices=systems.NAMES)
     parser.add_argument(
-        "scenario", choices=["install", "describe", "enqueue", "drain", "latency", "floor"]
-    )
+        "scenario",
+        choices=[
+            "install", "describe", "enqueue", "drain", "latency", "floor", "enqueue_atomic",
+            "claim_one",
+        ],
+    )  # fmt: skip
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--jobs", type=int, default=1_000)
@@ -329,6 +348,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--work-ms", type=float, default=0.0)
     parser.add_argument("--pin", action="store_true")
+    parser.add_argument(
+        "--handler", choices=["async", "sync"], help="default: the system's first flavour"
+    )
+    parser.add_argument(
+        "--defaults", action="store_true", help="drain: workers at the system's own defaults"
+    )
+    parser.add_argument("--sync-concurrency", type=int, default=64, help="describe only")
     parser.add_argument("--log", type=Path, default=ROOT / "benchmarks/results/logs/worker.log")
     args = parser.parse_args()
     die_with_parent()
@@ -340,6 +366,10 @@ def main() -> None:
     # The producer is one sequential coroutine; Django's sync API inside it is safe here.
     os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     system = systems.get(args.system)
+    args.handler = args.handler or system.handlers[0]
+    if args.handler not in system.handlers:
+        raise SystemExit(f"{args.system} has no {args.handler} handlers")
+    os.environ[HANDLER_ENV] = args.handler  # the producer and the workers read it
     result: dict[str, Any]
     if args.scenario == "install":
         result = asyncio.run(install(system, args))
@@ -351,6 +381,16 @@ def main() -> None:
         result = scenario_drain_like(system, args, system)
     elif args.scenario == "floor":
         result = scenario_floor(system, args)
+    elif args.scenario in ("enqueue_atomic", "claim_one"):
+        from benchmarks.peers import awa_probes
+
+        if args.system != "awa_django":
+            raise SystemExit(f"{args.scenario} measures awa_django only")
+        if args.scenario == "enqueue_atomic":
+            result = awa_probes.enqueue_atomic(args.jobs)
+        else:
+            asyncio.run(preload(system, args.jobs))
+            result = awa_probes.claim_one(os.environ["DATABASE_URL"], args.jobs)
     else:
         result = scenario_latency(system, args)
     sys.stdout.write(json.dumps(result, default=str) + "\n")

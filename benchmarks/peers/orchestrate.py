@@ -2,8 +2,9 @@
 
 Each system gets a template database with its schema (installed by its own path) and the
 benchmark's ledger; every scenario run gets a fresh clone of it. Throughput scenarios (enqueue,
-drain, awa_django's floor) and pickup latency run ``--rounds`` times with the systems
-interleaved, and the report quotes medians; steady and pinned run once per system.
+drain, sync-handler drain, default-settings drain, awa_django's floor, its enqueue-in-atomic
+and claim-one probes) and pickup latency run ``--rounds`` times with the systems interleaved,
+and the report quotes medians; steady and pinned run once per system.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from benchmarks.peers import report, systems
+from benchmarks.peers import report, systems, targets
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -54,6 +55,9 @@ SIZES = {
         "steady_seconds": 3.0,
         "rounds": 1,
         "sweep": [],
+        "sync_concurrency": 64,
+        "atomic_jobs": 500,
+        "claim_jobs": 1_000,
     },
     "full": {
         "jobs": 2_000,
@@ -66,6 +70,9 @@ SIZES = {
         "steady_seconds": 25.0,
         "rounds": 3,
         "sweep": [32, 128],
+        "sync_concurrency": 64,
+        "atomic_jobs": 2_000,
+        "claim_jobs": 2_000,
     },
 }
 
@@ -75,11 +82,43 @@ METRICS = (
     "enqueue_bulk_jobs_per_s",
     "pickup_p50_ms",
     "pickup_p95_ms",
+    "pickup_p99_ms",
     "steady_e2e_p50_ms",
     "steady_e2e_p95_ms",
     "dead_tuples_pinned",
     "pinned_vs_clean_throughput",
 )
+# Required of awa_django alone (its SQL floor and probes).
+AWA_METRICS = (
+    "floor_jobs_per_s",
+    "enqueue_atomic_vs_insert",
+    "claim_one_server_p50_us",
+)
+# awa_django's probes (awa_probes.py): scenario -> the keys of its result kept per round (the
+# entry carries their medians).
+AWA_PROBES = {
+    "enqueue_atomic": (
+        "enqueue_atomic_jobs_per_s", "insert_atomic_rows_per_s", "enqueue_atomic_vs_insert",
+    ),
+    "claim_one": (
+        "claim_one_server_p50_us", "claim_one_server_p95_us", "finalize_one_server_p50_us",
+        "claim_finalize_server_p50_us", "select1_rtt_p50_us",
+        "claim_one_rtt_minus_select1_p50_us", "finalize_one_rtt_minus_select1_p50_us",
+        "claim_one_shards",
+    ),
+}  # fmt: skip
+
+
+def drain_variants(handlers: list[str]) -> list[tuple[str, str, list[str]]]:
+    """(key prefix, handler, drive options) of the extra drains a system with ``handlers``
+    runs: sync handlers at the sync concurrency, then default settings per flavour. Keys of
+    the results: ``<prefix>_jobs_per_s`` and ``<prefix>_capped``."""
+    variants: list[tuple[str, str, list[str]]] = []
+    if "sync" in handlers:
+        variants.append(("drain_sync", "sync", []))
+    for handler in handlers:
+        variants.append((f"drain_default_{handler}", handler, ["--defaults"]))
+    return variants
 
 
 class Bench:
@@ -124,6 +163,8 @@ class Bench:
             str(self.args.processes),
             "--concurrency",
             str(self.args.concurrency),
+            "--sync-concurrency",
+            str(self.size["sync_concurrency"]),
             "--log",
             str(log),
             *options,
@@ -157,7 +198,7 @@ def summary(result: dict[str, Any]) -> str:
     keys = [
         k
         for k in result
-        if k.endswith(("_per_s", "_ms", "dead_tuples")) and not isinstance(result[k], dict)
+        if k.endswith(("_per_s", "_ms", "_us", "dead_tuples")) and not isinstance(result[k], dict)
     ]
     return ", ".join(f"{k}={result[k]:.4g}" for k in keys[:6] if isinstance(result[k], int | float))
 
@@ -213,11 +254,14 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         described = bench.drive(name, "describe", bench.db_url(f"tpl_{name}"))
         results[name] = {
             "version": described["version"],
+            "handlers": described["handlers"],
+            # The shared shape, unless the system says otherwise (django-tasks-db: 1 per process).
             "config": {
-                **described["config"],
                 "processes": args.processes,
                 "concurrency": args.concurrency,
+                **described["config"],
             },
+            "variants": described["variants"],
             "rounds": [],
         }
     for round_no in range(size["rounds"]):
@@ -235,11 +279,31 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
                     tag=f"drain-{round_no}",
                 )
             )  # fmt: skip
+            for prefix, handler, options in drain_variants(results[name]["handlers"]):
+                drained = bench.run_fresh(
+                    name, "drain", "--jobs", str(size["drain_jobs"]), "--cap", str(size["cap"]),
+                    "--handler", handler, "--concurrency", str(size["sync_concurrency"]),
+                    *options, tag=f"{prefix.removeprefix('drain_')}-{round_no}",
+                )  # fmt: skip
+                row[f"{prefix}_jobs_per_s"] = drained["drain_jobs_per_s"]
+                row[f"{prefix}_capped"] = drained["drain_capped"]
             if name == "awa_django":
                 row.update(
                     bench.run_fresh(
                         name, "floor", "--jobs", str(size["drain_jobs"]),
                         "--cap", str(size["cap"]), tag=f"floor-{round_no}",
+                    )
+                )  # fmt: skip
+                row.update(
+                    bench.run_fresh(
+                        name, "enqueue_atomic", "--jobs", str(size["atomic_jobs"]),
+                        tag=f"enqueue-atomic-{round_no}",
+                    )
+                )  # fmt: skip
+                row.update(
+                    bench.run_fresh(
+                        name, "claim_one", "--jobs", str(size["claim_jobs"]),
+                        tag=f"claim-one-{round_no}",
                     )
                 )  # fmt: skip
             pickup = bench.run_fresh(
@@ -280,9 +344,15 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
             entry[key] = median([r[key] for r in rounds])
             entry[f"{key}_rounds"] = [r[key] for r in rounds]
         entry["drain_capped"] = any(r["drain_capped"] for r in rounds)
+        for prefix, _handler, _options in drain_variants(entry["handlers"]):
+            key = f"{prefix}_jobs_per_s"
+            entry[key] = median([r[key] for r in rounds])
+            entry[f"{key}_rounds"] = [r[key] for r in rounds]
+            entry[f"{prefix}_capped"] = any(r[f"{prefix}_capped"] for r in rounds)
         if name == "awa_django":
-            entry["floor_jobs_per_s"] = median([r["floor_jobs_per_s"] for r in rounds])
-            entry["floor_jobs_per_s_rounds"] = [r["floor_jobs_per_s"] for r in rounds]
+            for key in ("floor_jobs_per_s", *(k for keys in AWA_PROBES.values() for k in keys)):
+                entry[key] = median([r[key] for r in rounds])
+                entry[f"{key}_rounds"] = [r[key] for r in rounds]
         entry.update(
             {
                 "steady_offered_jobs_per_s": steady["offered_rate"],
@@ -321,12 +391,22 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     }
 
 
+def required_metrics(name: str, entry: dict[str, Any]) -> list[str]:
+    """The metrics a system's entry must carry: every system's, its drain variants' (by the
+    handler flavours it has) and, for awa_django, its floor and probes."""
+    required = list(METRICS)
+    required += [f"{p}_jobs_per_s" for p, _h, _o in drain_variants(entry.get("handlers", []))]
+    if name == "awa_django":
+        required += AWA_METRICS
+    return required
+
+
 def missing_metrics(data: dict[str, Any]) -> list[str]:
     """``system.metric`` for every required metric that has no value."""
     return [
         f"{name}.{metric}"
         for name, entry in data["systems"].items()
-        for metric in METRICS
+        for metric in required_metrics(name, entry)
         if entry.get(metric) is None
     ]
 
@@ -377,6 +457,8 @@ def main() -> None:
         stop()
         shutil.rmtree(data_dir, ignore_errors=True)
     data["run"]["wall_seconds"] = round(time.perf_counter() - started)
+    # Issue 14's verdicts, machine-readable beside the figures they come from.
+    data["targets"] = [v.as_dict() for v in targets.evaluate(data["systems"])]
     args.output.write_text(json.dumps(data, indent=2, default=str) + "\n")
     say(f"wrote {args.output}")
     missing = missing_metrics(data)

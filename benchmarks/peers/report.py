@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.peers import targets
+
 __all__ = ["write"]
 
 US = "awa_django"
@@ -13,6 +15,9 @@ US = "awa_django"
 # metric: (label, unit, True if higher is better)
 METRICS: dict[str, tuple[str, str, bool]] = {
     "drain_jobs_per_s": ("Drain", "jobs/s", True),
+    "drain_sync_jobs_per_s": ("Drain, sync handlers", "jobs/s", True),
+    "drain_default_async_jobs_per_s": ("Drain, default settings, async handlers", "jobs/s", True),
+    "drain_default_sync_jobs_per_s": ("Drain, default settings, sync handlers", "jobs/s", True),
     "enqueue_single_jobs_per_s": ("Enqueue, one job per transaction", "jobs/s", True),
     "enqueue_bulk_jobs_per_s": ("Enqueue, bulk API, 1,000 per call", "jobs/s", True),
     "pickup_p50_ms": ("Pickup latency p50", "ms", False),
@@ -37,6 +42,11 @@ def fmt(value: Any, unit: str = "") -> str:
     return f"{value:,.0f}"
 
 
+def capped_key(metric: str) -> str:
+    """``drain_sync_jobs_per_s`` -> ``drain_sync_capped``: the flag of a drain figure."""
+    return metric.removesuffix("_jobs_per_s") + "_capped"
+
+
 def ratio(ours: Any, theirs: Any) -> str:
     if ours is None or theirs is None:
         return "n/a"
@@ -44,63 +54,6 @@ def ratio(ours: Any, theirs: Any) -> str:
         return "∞" if ours else "1.00×"
     value = ours / theirs
     return f"{value:.2f}×" if value >= 0.01 or value == 0 else f"{value:.1g}×"
-
-
-def best_value(system: dict[str, Any], metric: str, higher: bool) -> Any:
-    """A system's figure; for drain, its best over the concurrency sweep too."""
-    value = system.get(metric)
-    if metric == "drain_jobs_per_s" and higher:
-        values = [v for v in [value, *system.get("drain_sweep", {}).values()] if v is not None]
-        value = max(values) if values else None
-    return value
-
-
-def best_peer(systems: dict[str, Any], metric: str, higher: bool) -> tuple[str | None, Any]:
-    peers = [
-        (n, best_value(s, metric, higher))
-        for n, s in systems.items()
-        if n != US and best_value(s, metric, higher) is not None
-    ]
-    if not peers:
-        return None, None
-    return (max if higher else min)(peers, key=lambda p: p[1])
-
-
-def targets(systems: dict[str, Any]) -> list[str]:
-    """The issue's targets: met or missed, and by how much."""
-    ours = systems.get(US, {})
-    rows = ["| target | awa_django | best peer | ratio | verdict |", "|---|---:|---|---:|---|"]
-
-    def row(
-        label: str, metric: str, higher: bool, factor: float, row_peers: dict[str, Any]
-    ) -> None:
-        name, theirs = best_peer(row_peers, metric, higher)
-        value = ours.get(metric)
-        if name is None or value is None:
-            rows.append(f"| {label} | {fmt(value)} | n/a | n/a | not measured |")
-            return
-        if higher:
-            got = value / theirs if theirs else float("inf")
-            met = got >= factor
-            verdict = "met" if met else f"missed: {got:.2f}× of the {factor:g}× asked"
-        else:
-            got = value / theirs if theirs else float("inf")
-            met = got <= factor
-            verdict = "met" if met else f"missed: {got:.2f}× the peer's value, {factor:g}× asked"
-        shown = ratio(value, theirs)
-        rows.append(f"| {label} | {fmt(value)} | {name} {fmt(theirs)} | {shown} | {verdict} |")
-
-    row("drain ≥ 4× the fastest peer (at its best concurrency)", "drain_jobs_per_s", True, 4,
-        systems)  # fmt: skip
-    row("single enqueue ≥ 1.5× the fastest peer", "enqueue_single_jobs_per_s", True, 1.5, systems)
-    row("bulk enqueue ≥ 3× the fastest peer", "enqueue_bulk_jobs_per_s", True, 3, systems)
-    row("pickup p95 ≤ the best peer's", "pickup_p95_ms", False, 1, systems)
-    mutating = {n: s for n, s in systems.items() if (s.get("dead_tuples_pinned") or 0) > 0}
-    if US in systems:
-        mutating[US] = systems[US]
-    row("dead tuples under the pin ≤ 1 % of the best row-mutating peer's",
-        "dead_tuples_pinned", False, 0.01, mutating)  # fmt: skip
-    return rows
 
 
 def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
@@ -132,6 +85,9 @@ def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
         f"{run['pickup_rate']:g}/s for {run['pickup_seconds']:g} s, steady and pinned "
         f"{run['steady_rate']:g}/s for {run['steady_seconds']:g} s with a 1 ms handler; "
         f"enqueue, drain and pickup: median of {run['rounds']} interleaved round(s).",
+        f"- Sync-handler drains at {run.get('sync_concurrency', 64)} jobs in flight per "
+        "process; default-settings drains with every worker knob at the system's default "
+        "(see the configurations at the end).",
         "",
         f"![throughput and dead tuples]({chart.name})",
         "",
@@ -145,7 +101,7 @@ def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
         cells = []
         for n in names:
             cell = fmt(systems[n].get(metric), unit)
-            if metric == "drain_jobs_per_s" and systems[n].get("drain_capped"):
+            if metric.startswith("drain") and systems[n].get(capped_key(metric)):
                 cell += " (capped)"
             unfinished = systems[n].get("steady_unfinished") or 0
             if metric.startswith("steady_e2e") and unfinished:
@@ -167,7 +123,16 @@ def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
             arrow = "↑" if higher else "↓"
             cells = [ratio(ours.get(metric), systems[p].get(metric)) for p in peers]
             lines.append(f"| {label} ({arrow}) | " + " | ".join(cells) + " |")
-        lines += ["", "## Targets", "", *targets(systems)]
+        lines += [
+            "",
+            "## Targets",
+            "",
+            "Issue 14's targets, each computed from this run. \"held to\" is the best peer's "
+            "figure (drain: at the peer's best concurrency; dead tuples: among peers that leave "
+            "any), a fixed figure, or awa_django's own bare-INSERT baseline.",
+            "",
+            *targets.rows(systems),
+        ]
     sweep = sorted({int(c) for s in systems.values() for c in s.get("drain_sweep", {})})
     if sweep:
         columns = [*sweep, run["concurrency"]]
@@ -200,6 +165,7 @@ def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
             f"once, no handler): **{fmt(floor)} jobs/s**. The worker drains at {fmt(drain)} "
             f"jobs/s, {drain / floor:.0%} of what its SQL allows.",
         ]
+    lines += probes(systems.get(US, {}))
     lines += [
         "",
         "## Details",
@@ -239,11 +205,34 @@ def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
         "finished within the producer's window over its length. A system that falls behind is "
         "waited for (as long as the producer ran, at least 30 s); jobs still unfinished then are "
         "left out of the percentiles, which the table marks as lower bounds.",
+        "- **Drain, sync handlers**: the drain with a plain `def` no-op handler, for every "
+        "system that runs sync handlers (awa_django: its handler thread pool; procrastinate: "
+        "`sync_to_async` on the event loop's default thread pool; Chancy: `ThreadedExecutor`; "
+        "django-tasks-db: always sync). PgQueuer 1.x refuses sync entrypoints, so it has none.",
+        "- **Drain, default settings**: the drain with each worker started as the system ships "
+        "it: no concurrency, batch or polling option set (the queue name only where one is "
+        "needed), sync and async handlers where the system has both. The configurations below "
+        "name each system's defaults.",
+        "- **Enqueue inside atomic** (awa_django): `with transaction.atomic(): job.enqueue()` "
+        "against `with transaction.atomic():` one bare `INSERT ... RETURNING id` into a "
+        "two-column table (what `Model.objects.create` sends), same Django connection, in "
+        "alternating blocks of 50.",
+        "- **claim_v1 of one job** (awa_django): `awa.claim_v1('peers', 1)` then "
+        "`awa.finalize_v1` of that job, in a loop over a pre-enqueued queue with its default 4 "
+        "enqueue shards. Server time is read inside the server by a PL/pgSQL wrapper "
+        "(`clock_timestamp()` around the call: no parse, plan or commit, as in "
+        "pg_stat_statements, which the run does not load because `shared_preload_libraries` "
+        "would tax every system); client round trips minus an empty `SELECT 1` round trip are "
+        "given beside it (they include the commit).",
         "- **Pinned**: steady again while another connection holds a `REPEATABLE READ` "
         "transaction with an assigned xid for the whole run; dead tuples are exact "
         "(`pgstattuple`) over every table the system owns, read at the end while the pin is "
         "still held; table growth is the change of their total size (indexes and TOAST "
         "included).",
+        "",
+        "## Each system's defaults (the default-settings drains)",
+        "",
+        *DEFAULTS_TEXT,
         "",
         "## Configuration of every system",
         "",
@@ -251,9 +240,71 @@ def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
     for n in names:
         lines += [f"### {n} {systems[n]['version']}", "", "```json",
                   json.dumps(systems[n]["config"], indent=2), "```", ""]  # fmt: skip
+        for variant, config in systems[n].get("variants", {}).items():
+            lines += [f"- {VARIANTS.get(variant, variant)}: {config.get('worker')}; handlers "
+                      f"{config.get('handlers')}"]  # fmt: skip
+        if systems[n].get("variants"):
+            lines.append("")
     if json_path is not None:
         lines.append(f"Raw figures: `{json_path.name}` (from `benchmarks/run --output`).")
     return "\n".join(lines).rstrip() + "\n"
+
+
+# What "default settings" means for each system: its worker started with no option but the
+# queue it must serve, as its docs start it. Each is what the installed version ships.
+DEFAULTS_TEXT = [
+    "- **awa_django**: `manage.py awa_worker`, no option, once per process: `AWA['CONCURRENCY']` "
+    "= 10 jobs at once per process (async and sync handlers alike; sync ones in its handler "
+    "thread pool), every queue discovered, LISTEN/NOTIFY on, maintenance leader election on.",
+    "- **procrastinate**: `App.run_worker_async()` with no argument: concurrency 1, every queue, "
+    "LISTEN/NOTIFY on with a 5 s poll fallback, jobs kept (`delete_jobs=never`); sync tasks run "
+    "through asgiref's `sync_to_async` on the event loop's default thread pool.",
+    "- **PgQueuer**: `PgQueuer.run()` with no argument: dequeue batches of 10, no "
+    "`max_concurrent_tasks` cap, 30 s dequeue timeout (LISTEN/NOTIFY wake-ups). Async "
+    "entrypoints only: 1.x raises `TypeError` for a sync one.",
+    "- **django-tasks-db**: `manage.py db_worker` with no option: queue `default`, one task at a "
+    "time, 1 s poll interval, a random start-up delay (outside the measured window, which starts "
+    "at the first job's start). Sync tasks only.",
+    "- **Chancy**: `Queue('peers')` declared with no option: the `ProcessExecutor` (a process "
+    "pool), concurrency = the CPU count, a 5 s polling interval, no eager polling; async jobs run "
+    "in the same executor.",
+]
+
+VARIANTS = {
+    "sync": "Sync handlers",
+    "default_async": "Default settings, async handlers",
+    "default_sync": "Default settings, sync handlers",
+}
+
+
+def probes(ours: dict[str, Any]) -> list[str]:
+    """awa_django's enqueue-inside-atomic and claim-one figures (empty when not measured)."""
+    lines: list[str] = []
+    if ours.get("enqueue_atomic_jobs_per_s"):
+        lines += [
+            "",
+            "## Enqueue inside the caller's transaction",
+            "",
+            f"`with transaction.atomic(): job.enqueue(...)`: "
+            f"**{fmt(ours['enqueue_atomic_jobs_per_s'])} jobs/s**; a bare one-row INSERT per "
+            f"atomic block on the same connection: {fmt(ours.get('insert_atomic_rows_per_s'))} "
+            f"rows/s; ratio {fmt(ours.get('enqueue_atomic_vs_insert'), 'ratio')}.",
+        ]
+    if ours.get("claim_one_server_p50_us") is not None:
+        lines += [
+            "",
+            "## One claim, one finalize",
+            "",
+            f"`awa.claim_v1(queue, 1)` on a queue of {ours.get('claim_one_shards', '?')} "
+            f"enqueue shards, server time p50 **{fmt(ours['claim_one_server_p50_us'])} µs** "
+            f"(p95 {fmt(ours.get('claim_one_server_p95_us'))} µs); `awa.finalize_v1` of the job "
+            f"p50 {fmt(ours.get('finalize_one_server_p50_us'))} µs; both "
+            f"{fmt(ours.get('claim_finalize_server_p50_us'))} µs. Client round trips minus an "
+            f"empty `SELECT 1` ({fmt(ours.get('select1_rtt_p50_us'))} µs), commit included: "
+            f"claim {fmt(ours.get('claim_one_rtt_minus_select1_p50_us'))} µs, finalize "
+            f"{fmt(ours.get('finalize_one_rtt_minus_select1_p50_us'))} µs.",
+        ]
+    return lines
 
 
 def chart(data: dict[str, Any], path: Path) -> None:

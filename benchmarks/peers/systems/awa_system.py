@@ -1,12 +1,14 @@
 """awa_django: enqueue through ``Job.enqueue``/``enqueue_many`` on Django's connection;
-``manage.py awa_worker`` (maintenance on, as deployed) serves the queue."""
+``manage.py awa_worker`` (maintenance on, as deployed) serves the queue. Sync runs use the
+``def`` kind (``peer_sync``); default-settings runs start the plain ``awa_worker``, once per
+process (no ``--queue``, so ``AWA["CONCURRENCY"]`` and queue discovery apply)."""
 
 from __future__ import annotations
 
 import sys
 from typing import Any
 
-from benchmarks.peers.systems.base import Params, dist_version
+from benchmarks.peers.systems.base import Params, dist_version, handler_kind
 from benchmarks.peers.systems.django_base import DjangoProducer, migrate
 
 
@@ -15,7 +17,7 @@ class AwaProducer(DjangoProducer):
         super().__init__()
         from benchmarks.peers.systems import awa_jobs
 
-        self.job = awa_jobs.peer
+        self.job = awa_jobs.peer_sync if handler_kind() == "sync" else awa_jobs.peer
 
     async def one(self, key: int) -> None:
         self.job.enqueue(key)  # autocommit: one committed transaction per job
@@ -32,17 +34,29 @@ class AwaProducer(DjangoProducer):
 class AwaSystem:
     name = "awa_django"
     sql_prefix = "awa_django"
+    handlers = ("async", "sync")
 
     def version(self) -> str:
         return dist_version("awa-django")
 
     def config(self, params: Params) -> dict[str, Any]:
+        from awa_django.conf import DEFAULTS
+
+        worker = (
+            f"{params.processes} x manage.py awa_worker (no options: AWA['CONCURRENCY'] = "
+            f"{DEFAULTS['CONCURRENCY']} jobs at once per process, every queue discovered, "
+            "maintenance leader on)"
+            if params.defaults
+            else f"manage.py awa_worker --processes {params.processes} "
+            f"--queue peers={params.concurrency} (maintenance leader on)"
+        )
         return {
             "enqueue_single": "Job.enqueue() in autocommit (one transaction per job)",
             "enqueue_bulk": "awa_django.enqueue_many() in transaction.atomic() (COPY path)",
-            "worker": f"manage.py awa_worker --processes {params.processes} "
-            f"--queue peers={params.concurrency} (maintenance leader on)",
-            "handlers": "async def",
+            "worker": worker,
+            "handlers": "def (sync, in the worker's handler thread pool)"
+            if params.handler == "sync"
+            else "async def",
             "settings": "AWA defaults",
         }
 
@@ -53,6 +67,8 @@ class AwaSystem:
         return AwaProducer()
 
     def worker_commands(self, params: Params) -> list[list[str]]:
+        if params.defaults:
+            return [[sys.executable, "-m", "django", "awa_worker"]] * params.processes
         return [
             [
                 sys.executable,

@@ -8,15 +8,43 @@ import os
 import sys
 from typing import Any, Protocol
 
-__all__ = ["Params", "PeerSystem", "Producer", "System", "dist_version", "worker_argv"]
+__all__ = [
+    "HANDLER_ENV",
+    "Params",
+    "PeerSystem",
+    "Producer",
+    "System",
+    "dist_version",
+    "handler_kind",
+    "worker_argv",
+]
+
+#: ``async`` (the default) or ``sync``: which job body the producer enqueues and the workers
+#: register. ``drive`` sets it from ``--handler``; worker processes inherit it.
+HANDLER_ENV = "BENCH_HANDLER"
+
+
+def handler_kind() -> str:
+    """``async`` or ``sync``: the handler flavour of this run (see :data:`HANDLER_ENV`)."""
+    kind = os.environ.get(HANDLER_ENV, "async")
+    if kind not in ("async", "sync"):
+        raise ValueError(f"{HANDLER_ENV}={kind!r}: expected async or sync")
+    return kind
 
 
 @dataclasses.dataclass(frozen=True)
 class Params:
-    """Worker shape shared by every system: OS processes and jobs in flight per process."""
+    """Worker shape shared by every system: OS processes and jobs in flight per process.
+
+    ``handler`` is ``async`` or ``sync`` (the job body's flavour). With ``defaults`` the
+    worker is started as the system ships: no concurrency, batch or polling knob set
+    (``concurrency`` is then ignored).
+    """
 
     processes: int
     concurrency: int
+    handler: str = "async"
+    defaults: bool = False
 
 
 class Producer(Protocol):
@@ -35,6 +63,7 @@ class System(Protocol):
 
     name: str
     sql_prefix: str  # of its queries in queries.sql: <prefix>_window, <prefix>_count
+    handlers: tuple[str, ...]  # the handler flavours it runs: "async", "sync"
 
     def version(self) -> str: ...
 
@@ -57,8 +86,9 @@ class PeerSystem(System, Protocol):
     """A peer whose worker process is ``benchmarks.peers.worker`` (awa_django and
     django-tasks-db use their own management commands instead)."""
 
-    async def run_worker(self, concurrency: int) -> None:
-        """Serve the benchmark's queue with ``concurrency`` jobs in flight until SIGTERM."""
+    async def run_worker(self, concurrency: int | None) -> None:
+        """Serve the benchmark's queue with ``concurrency`` jobs in flight until SIGTERM
+        (``None``: every worker setting at the system's default)."""
         ...
 
 
@@ -66,16 +96,15 @@ def dist_version(dist: str) -> str:
     return importlib.metadata.version(dist)
 
 
-def worker_argv(name: str, concurrency: int) -> list[str]:
-    """A peer worker process: ``python -m benchmarks.peers.worker NAME``."""
-    return [
-        sys.executable,
-        "-m",
-        "benchmarks.peers.worker",
-        name,
-        "--concurrency",
-        str(concurrency),
-    ]
+def worker_argv(name: str, params: Params) -> list[str]:
+    """A peer worker process: ``python -m benchmarks.peers.worker NAME`` (``--defaults``
+    leaves every worker setting at the system's default)."""
+    argv = [sys.executable, "-m", "benchmarks.peers.worker", name]
+    return (
+        [*argv, "--defaults"]
+        if params.defaults
+        else [*argv, "--concurrency", str(params.concurrency)]
+    )
 
 
 def database_url() -> str:

@@ -1,5 +1,7 @@
 """django-tasks-db, the reference django.tasks database backend: ``Task.enqueue`` on Django's
-connection, ``manage.py db_worker`` (one task at a time per process, by design)."""
+connection, ``manage.py db_worker`` (one task at a time per process, by design). Its tasks
+are sync only (every run is a sync run); default-settings runs start ``db_worker`` bare
+(queue ``default``, 1 s poll interval, a random start-up delay)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class DtdbProducer(DjangoProducer):
 class DtdbSystem:
     name = "django_tasks_db"
     sql_prefix = "django_tasks_db"
+    handlers = ("sync",)
 
     def version(self) -> str:
         return dist_version("django-tasks-db")
@@ -40,7 +43,10 @@ class DtdbSystem:
         return {
             "enqueue_single": "Task.enqueue() in autocommit",
             "enqueue_bulk": "no bulk API: 1,000 Task.enqueue() calls per transaction.atomic()",
-            "worker": f"{params.processes} x manage.py db_worker --queue-name default "
+            "worker": f"{params.processes} x manage.py db_worker (defaults: --queue-name "
+            "default, --interval 1, start-up delay on)"
+            if params.defaults
+            else f"{params.processes} x manage.py db_worker --queue-name default "
             "--interval 0.05 --no-startup-delay",
             "concurrency": "1 per process (db_worker runs one task at a time; no knob)",
             "handlers": "def (sync)",
@@ -54,6 +60,8 @@ class DtdbSystem:
         return DtdbProducer()
 
     def worker_commands(self, params: Params) -> list[list[str]]:
+        if params.defaults:
+            return [[sys.executable, "-m", "django", "db_worker"]] * params.processes
         command = [
             sys.executable,
             "-m",

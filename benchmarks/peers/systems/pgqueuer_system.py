@@ -1,5 +1,8 @@
 """PgQueuer with its asyncpg driver (its documented default) or its psycopg driver:
-``Queries.enqueue`` (scalar or list form); ``PgQueuer.run`` in each worker process."""
+``Queries.enqueue`` (scalar or list form); ``PgQueuer.run`` in each worker process.
+PgQueuer 1.x refuses sync entrypoints (``EntrypointExecutor`` raises ``TypeError``: "Sync
+entrypoints are no longer supported"), so it has no sync runs; default-settings runs call
+``PgQueuer.run()`` bare (batch_size=10, no max_concurrent_tasks cap, 30 s dequeue timeout)."""
 
 from __future__ import annotations
 
@@ -60,6 +63,7 @@ class PgqueuerSystem:
     def __init__(self, name: str) -> None:
         self.name = name
         self.sql_prefix = "pgqueuer"
+        self.handlers = ("async",)
         self.kind = name.removeprefix("pgqueuer_")
 
     def version(self) -> str:
@@ -71,7 +75,10 @@ class PgqueuerSystem:
             "driver": f"{'AsyncpgDriver' if self.kind == 'asyncpg' else 'PsycopgDriver'}",
             "enqueue_single": "Queries.enqueue(entrypoint, payload) (autocommit)",
             "enqueue_bulk": "Queries.enqueue([...], [...], [...]) with 1,000 jobs",
-            "worker": f"{params.processes} x PgQueuer.run(batch_size={BATCH_SIZE}, "
+            "worker": f"{params.processes} x PgQueuer.run() (defaults: batch_size=10, "
+            "max_concurrent_tasks=None, dequeue_timeout=30 s)"
+            if params.defaults
+            else f"{params.processes} x PgQueuer.run(batch_size={BATCH_SIZE}, "
             f"max_concurrent_tasks={params.concurrency})",
             "handlers": "async def (entrypoint)",
         }
@@ -89,9 +96,9 @@ class PgqueuerSystem:
         return await PgqueuerProducer(self.kind).open()
 
     def worker_commands(self, params: Params) -> list[list[str]]:
-        return [worker_argv(self.name, params.concurrency)] * params.processes
+        return [worker_argv(self.name, params)] * params.processes
 
-    async def run_worker(self, concurrency: int) -> None:
+    async def run_worker(self, concurrency: int | None) -> None:
         from pgqueuer import Job, PgQueuer
 
         pgq = PgQueuer(await _driver(self.kind))
@@ -103,7 +110,10 @@ class PgqueuerSystem:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, pgq.shutdown.set)
-        await pgq.run(batch_size=BATCH_SIZE, max_concurrent_tasks=concurrency)
+        if concurrency is None:
+            await pgq.run()
+        else:
+            await pgq.run(batch_size=BATCH_SIZE, max_concurrent_tasks=concurrency)
 
 
 def make(name: str) -> PgqueuerSystem:
