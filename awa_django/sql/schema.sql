@@ -497,7 +497,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (72)
+-- function (73)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1384,6 +1384,22 @@ AS $function$
     UNION SELECT q.queue FROM dlq_q q WHERE q.queue IS NOT NULL
 $function$
 
+CREATE OR REPLACE FUNCTION awa._ready_slots_v2(p_from bigint, p_current bigint, p_current_slot integer)
+ RETURNS TABLE(slot integer)
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT p_current_slot WHERE p_from = p_current
+    UNION ALL
+    (SELECT r.slot FROM awa.ring_rotations r
+     WHERE p_from IS DISTINCT FROM p_current AND r.ring = 'queue'
+       AND r.generation BETWEEN GREATEST(p_from, p_current
+                                         - (SELECT g.slot_count FROM awa.rings g
+                                            WHERE g.ring = 'queue') + 1)
+                            AND GREATEST(p_current, p_from)
+     ORDER BY r.generation)
+$function$
+
 CREATE OR REPLACE FUNCTION awa._require_read_committed_v1(p_what text)
  RETURNS void
  LANGUAGE plpgsql
@@ -1788,6 +1804,13 @@ DECLARE
     v_qslot integer;
     v_qgen bigint;
     v_slot integer;
+    v_lanes integer[];
+    v_priorities integer[];
+    v_cursors bigint[];
+    v_rgens bigint[];
+    v_heads timestamptz[];
+    v_head timestamptz;
+    v_n integer;
     v_aging double precision := GREATEST(COALESCE(p_aging_secs, 60), 0.001);
     v_default double precision := awa._deadline_secs_v1(p_default_deadline);
     r record;
@@ -1809,40 +1832,58 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Lanes with work (cursor below the lane's last enqueued position); their heads are read
-    -- only to order several lanes (effective priority, then oldest head). The cursor read here,
-    -- without the lane lock, only chooses lanes: it is read again under the lock.
-    FOR r IN
-        WITH k AS MATERIALIZED (
-            SELECT l.lane_id, l.priority, l.enqueue_seq,
-                   COALESCE(
-                       (SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END
-                        FROM awa.claims c
-                        WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
-                        ORDER BY c.lane_seq DESC LIMIT 1),
-                       GREATEST(
-                           COALESCE((SELECT max(c.lane_seq) FROM awa.claims c
-                                     WHERE c.lane_id = l.lane_id), 0),
-                           COALESCE((SELECT f.floor_seq FROM awa.lane_floors f
-                                     WHERE f.lane_id = l.lane_id), 0))) AS c
-            FROM awa.queue_lanes l
-            WHERE l.queue = p_queue
-        ), busy AS MATERIALIZED (
-            SELECT k.lane_id, k.priority, k.c, count(*) OVER () AS n
-            FROM k WHERE COALESCE(pg_sequence_last_value(k.enqueue_seq), 0) > k.c
-        )
-        SELECT b.lane_id
-        FROM busy b
+    -- Lanes with work: cursor below the lane's last enqueued position. The cursor read here,
+    -- without the lane lock, only chooses and orders lanes: it is read again under the lock.
+    SELECT array_agg(b.lane_id ORDER BY b.lane_id), array_agg(b.priority ORDER BY b.lane_id),
+           array_agg(b.c ORDER BY b.lane_id), array_agg(b.rgen ORDER BY b.lane_id)
+    INTO v_lanes, v_priorities, v_cursors, v_rgens
+    FROM (
+        SELECT l.lane_id, l.priority, l.enqueue_seq,
+               COALESCE(x.fast, GREATEST(
+                   COALESCE((SELECT max(c.lane_seq) FROM awa.claims c
+                             WHERE c.lane_id = l.lane_id), 0),
+                   COALESCE((SELECT f.floor_seq FROM awa.lane_floors f
+                             WHERE f.lane_id = l.lane_id), 0))) AS c,
+               CASE WHEN x.fast IS NOT NULL THEN x.ready_generation ELSE -1 END AS rgen
+        FROM awa.queue_lanes l
         LEFT JOIN LATERAL (
-            SELECT e.run_at FROM awa.ready_entries e
-            WHERE b.n > 1 AND e.lane_id = b.lane_id AND e.lane_seq > b.c
+            SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast,
+                   c.ready_generation
+            FROM awa.claims c
+            WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+            ORDER BY c.lane_seq DESC LIMIT 1) x ON true
+        WHERE l.queue = p_queue
+    ) b
+    WHERE COALESCE(pg_sequence_last_value(b.enqueue_seq), 0) > b.c;
+    v_n := COALESCE(cardinality(v_lanes), 0);
+    v_heads := array_fill(NULL::timestamptz, ARRAY[v_n]);
+    -- Several lanes: order them by effective priority (priority + 1 per p_aging_secs that the
+    -- lane's head has waited), then oldest head. A head is read from the ready slots that can
+    -- hold it, one partition at a time (see the claim below).
+    FOR i IN 1..CASE WHEN v_n > 1 THEN v_n ELSE 0 END LOOP
+        v_head := NULL;
+        FOR v_slot IN
+            SELECT s.slot FROM awa._ready_slots_v2(v_rgens[i], v_qgen, v_qslot) s
+        LOOP
+            SELECT e.run_at INTO v_head
+            FROM awa.ready_entries e
+            WHERE e.ready_slot = v_slot AND e.lane_id = v_lanes[i] AND e.lane_seq > v_cursors[i]
               AND NOT EXISTS (
                   SELECT 1 FROM awa.ready_tombstones t
-                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
-                    AND t.ready_slot = e.ready_slot)
-            ORDER BY e.lane_seq LIMIT 1) h ON true
-        ORDER BY b.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
-                 h.run_at, b.lane_id
+                  WHERE t.ready_slot = v_slot AND t.lane_id = e.lane_id
+                    AND t.lane_seq = e.lane_seq)
+            ORDER BY e.lane_seq
+            LIMIT 1;
+            EXIT WHEN v_head IS NOT NULL;
+        END LOOP;
+        v_heads[i] := v_head;
+    END LOOP;
+
+    FOR r IN
+        SELECT u.lane_id
+        FROM unnest(v_lanes, v_priorities, v_heads) AS u(lane_id, priority, head)
+        ORDER BY u.priority + floor(extract(epoch FROM now() - u.head) / v_aging) DESC NULLS LAST,
+                 u.head, u.lane_id
     LOOP
         PERFORM 1 FROM awa.queue_lanes l WHERE l.lane_id = r.lane_id FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
@@ -1869,14 +1910,7 @@ BEGIN
         -- its rows after the cursor lie in the cursor row's generation and later ones: read
         -- those slots oldest first, one partition each (all live slots when the cursor row's
         -- generation is unknown: a marker or a floor).
-        FOR v_slot IN
-            SELECT v_qslot WHERE v_rgen = v_qgen
-            UNION ALL
-            (SELECT r2.slot FROM awa.ring_rotations r2
-             WHERE v_rgen <> v_qgen AND r2.ring = 'queue'
-               AND r2.generation BETWEEN GREATEST(v_rgen, v_qgen - 15) AND v_qgen
-             ORDER BY r2.generation)
-        LOOP
+        FOR v_slot IN SELECT s.slot FROM awa._ready_slots_v2(v_rgen, v_qgen, v_qslot) s LOOP
             RETURN QUERY
             WITH picked AS MATERIALIZED (
                 SELECT e.*, COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default) AS timeout
