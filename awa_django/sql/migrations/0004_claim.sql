@@ -217,6 +217,7 @@ DECLARE
     v_qslot integer;
     v_qgen bigint;
     v_slot integer;
+    v_slots integer[];
     v_lanes integer[];
     v_priorities integer[];
     v_cursors bigint[];
@@ -252,11 +253,9 @@ BEGIN
     INTO v_lanes, v_priorities, v_cursors, v_rgens
     FROM (
         SELECT l.lane_id, l.priority, l.enqueue_seq,
-               COALESCE(x.fast, GREATEST(
-                   COALESCE((SELECT max(c.lane_seq) FROM awa.claims c
-                             WHERE c.lane_id = l.lane_id), 0),
-                   COALESCE((SELECT f.floor_seq FROM awa.lane_floors f
-                             WHERE f.lane_id = l.lane_id), 0))) AS c,
+               -- A function call, not sub-selects: only evaluated (and its partitions only
+               -- opened) for a lane without a claim of this generation.
+               COALESCE(x.fast, awa.lane_cursor_v1(l.lane_id)) AS c,
                CASE WHEN x.fast IS NOT NULL THEN x.ready_generation ELSE -1 END AS rgen
         FROM awa.queue_lanes l
         LEFT JOIN LATERAL (
@@ -275,9 +274,13 @@ BEGIN
     -- hold it, one partition at a time (see the claim below).
     FOR i IN 1..CASE WHEN v_n > 1 THEN v_n ELSE 0 END LOOP
         v_head := NULL;
-        FOR v_slot IN
-            SELECT s.slot FROM awa._ready_slots_v2(v_rgens[i], v_qgen, v_qslot) s
-        LOOP
+        IF v_rgens[i] = v_qgen THEN
+            v_slots := ARRAY[v_qslot];
+        ELSE
+            v_slots := ARRAY(
+                SELECT s.slot FROM awa._ready_slots_v2(v_rgens[i], v_qgen, v_qslot) s);
+        END IF;
+        FOREACH v_slot IN ARRAY v_slots LOOP
             SELECT e.run_at INTO v_head
             FROM awa.ready_entries e
             WHERE e.ready_slot = v_slot AND e.lane_id = v_lanes[i] AND e.lane_seq > v_cursors[i]
@@ -323,7 +326,12 @@ BEGIN
         -- its rows after the cursor lie in the cursor row's generation and later ones: read
         -- those slots oldest first, one partition each (all live slots when the cursor row's
         -- generation is unknown: a marker or a floor).
-        FOR v_slot IN SELECT s.slot FROM awa._ready_slots_v2(v_rgen, v_qgen, v_qslot) s LOOP
+        IF v_rgen = v_qgen THEN
+            v_slots := ARRAY[v_qslot];
+        ELSE
+            v_slots := ARRAY(SELECT s.slot FROM awa._ready_slots_v2(v_rgen, v_qgen, v_qslot) s);
+        END IF;
+        FOREACH v_slot IN ARRAY v_slots LOOP
             RETURN QUERY
             WITH picked AS MATERIALIZED (
                 SELECT e.*, COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default) AS timeout
@@ -357,6 +365,15 @@ BEGIN
         EXIT WHEN v_remaining <= 0;
     END LOOP;
 END
+$$;
+
+-- The kind of a ready row (for a claim receipt written without one). A function rather than a
+-- sub-select, so that finalize_v2 opens the ready ring only for such a receipt.
+CREATE FUNCTION awa._ready_kind_v2(p_lane integer, p_seq bigint, p_slot integer)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT r.kind FROM awa.ready_entries r
+    WHERE r.lane_id = p_lane AND r.lane_seq = p_seq AND r.ready_slot = p_slot
 $$;
 
 -- Finalize a batch of attempts: the items and results of awa.finalize_v1 (see its comment). A
@@ -415,9 +432,7 @@ BEGIN
         SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
                'completed', w.attempt, w.claimed_at, w.result, l.queue,
                -- A claim without a kind (written by raw SQL): read it from the ready row.
-               COALESCE(w.kind, (SELECT r.kind FROM awa.ready_entries r
-                                 WHERE r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq
-                                   AND r.ready_slot = w.ready_slot))
+               COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
         FROM cl w
         JOIN closed k ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
         JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
