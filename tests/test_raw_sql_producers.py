@@ -466,3 +466,142 @@ def test_producer_limits_are_checked_like_job_fields(limits: str, message: str) 
             [f'[{{"kind": "{NOOP}"}}]', '{"max_tags": 0, "json_max_depth": 256}'],
         )
         assert cursor.fetchone() == (1,)
+
+
+# awa.enqueue_one_v2 (migration 0003): the same rules and messages as v1, integer limits -------
+
+_V1 = (
+    "SELECT job_id, state FROM awa.enqueue_one_v1(%s, %s, %s, %s::jsonb, %s, %s::timestamptz, "
+    "%s::float8, %s::float8, %s::jsonb, %s::text[])"
+)
+_V2 = (
+    "SELECT job_id, state FROM awa.enqueue_one_v2(%s, %s, %s, %s::jsonb, %s, %s::timestamptz, "
+    "%s::float8, %s::float8, %s::jsonb, %s::text[])"
+)
+_DEEP = "[" * 40 + "]" * 40
+_GOOD = [NOOP, "default", 0, json.dumps(NO_ARGUMENTS), 1, None, None, None, None, None]
+
+# Each case changes some of the ten arguments of _GOOD: (index, value) pairs.
+V2_CASES: list[tuple[str, list[tuple[int, Any]]]] = [
+    ("plain", []),
+    ("kind-empty", [(0, "")]),
+    ("kind-null", [(0, None)]),
+    ("kind-long", [(0, "k" * 256)]),
+    ("queue-bad", [(1, "Bad Queue")]),
+    ("queue-null", [(1, None)]),
+    ("priority-high", [(2, 101)]),
+    ("priority-null", [(2, None)]),
+    ("attempts-zero", [(4, 0)]),
+    ("attempts-null", [(4, None)]),
+    ("args-null", [(3, None)]),
+    ("args-array", [(3, "[]")]),
+    ("args-no-kwargs", [(3, '{"args": []}')]),
+    ("args-deep", [(3, '{"args": ' + _DEEP + ', "kwargs": {}}')]),
+    ("args-deep-and-bad-shape", [(3, '{"args": ' + _DEEP + "}")]),
+    ("args-big", [(3, json.dumps({"args": ["x" * 1_100_000], "kwargs": {}}))]),
+    ("deadline-zero", [(7, 0)]),
+    ("deadline-nan", [(7, "NaN")]),
+    ("deadline-ok", [(7, 30)]),
+    ("metadata-ok", [(8, '{"a": 1}')]),
+    ("metadata-array", [(8, "[]")]),
+    ("metadata-deep", [(8, '{"a": ' + _DEEP + "}")]),
+    ("tags-ok", [(9, ["a", "b"])]),
+    ("tags-empty-tag", [(9, [""])]),
+    ("tags-null-tag", [(9, [None])]),
+    ("tags-too-many", [(9, ["t"] * 21)]),
+    ("run-at-future", [(5, "2999-01-01T00:00:00Z")]),
+    ("run-at-past", [(5, "2000-01-01T00:00:00Z")]),
+    ("run-at-infinity", [(5, "infinity")]),
+    ("delay", [(6, 60)]),
+    ("delay-negative", [(6, -60)]),
+    ("delay-nan", [(6, "NaN")]),
+    ("delay-huge", [(6, 1e300)]),
+    ("several-errors", [(1, "Bad"), (4, 0), (9, [""])]),
+]
+
+
+def _outcome(sql: str, params: list[Any]) -> tuple[str, str]:
+    """('ok', state) or ('refused', message) of one enqueue, nothing kept when refused."""
+    before = count_jobs()
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+    except DataError as exc:
+        assert count_jobs() == before
+        error = exc.__cause__
+        assert isinstance(error, psycopg.Error) and error.sqlstate == "22023"
+        return ("refused", str(error.diag.message_primary))
+    assert row is not None
+    return ("ok", row[1])
+
+
+@pytest.mark.parametrize(("case", "changes"), V2_CASES, ids=[c for c, _ in V2_CASES])
+def test_enqueue_one_v2_accepts_and_refuses_what_v1_does(
+    case: str, changes: list[tuple[int, Any]]
+) -> None:
+    params = list(_GOOD)
+    for index, value in changes:
+        params[index] = value
+    v1 = _outcome(_V1, params)
+    v2 = _outcome(_V2, params)
+    assert v2 == v1
+    if case == "plain":
+        assert v2 == ("ok", "available")
+
+
+@pytest.mark.parametrize(
+    ("position", "value", "message"),
+    [
+        (0, 0, "limits: args_max_bytes: 0 is not an integer from 1 to 2147483647"),
+        (1, None, "limits: metadata_max_bytes: NULL is not an integer from 1 to 2147483647"),
+        (2, 257, "limits: json_max_depth: 257 is not an integer from 1 to 256"),
+        (2, 0, "limits: json_max_depth: 0 is not an integer from 1 to 256"),
+        (3, -1, "limits: max_tags: -1 is not an integer from 0 to 2147483647"),
+        (4, 0, "limits: tag_max_length: 0 is not an integer from 1 to 2147483647"),
+    ],
+)
+def test_enqueue_one_v2_checks_its_integer_limits(position: int, value: Any, message: str) -> None:
+    limits: list[Any] = [1048576, 65536, 32, 20, 100]
+    limits[position] = value
+    error = refused(_V2[:-1] + ", %s, %s, %s, %s, %s)", [*_GOOD, *limits])
+    assert error.sqlstate == "22023"
+    assert error.diag.message_primary == message
+
+
+def test_enqueue_one_v2_applies_the_limits_it_is_given() -> None:
+    named = (
+        "SELECT state FROM awa.enqueue_one_v2(%s, 'default', 0, %s::jsonb, 1, "
+        "p_tags => %s::text[], p_max_tags => %s, p_args_max_bytes => %s)"
+    )
+    args = json.dumps({"args": ["x" * 100], "kwargs": {}})
+    error = refused(named, [NOOP, args, ["a", "b"], 1, 1_000_000])
+    assert error.diag.message_primary == "tags: 2 tags exceeds the limit of 1"
+    error = refused(named, [NOOP, args, None, 20, 50])
+    assert error.diag.message_primary.startswith("args: ")
+    assert error.diag.message_primary.endswith("bytes exceeds the limit of 50 bytes")
+
+
+def test_enqueue_one_v2_keeps_one_lane_per_transaction_in_order() -> None:
+    """Several jobs of one transaction share its lane (FIFO), whichever function wrote them,
+    and a queue without lanes gets them."""
+    ids = []
+    with connection.cursor() as cursor:
+        for sql in (_V2, _V1, _V2, _V2):
+            params = list(_GOOD)
+            params[1] = "fresh-v2-queue"
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+            assert row is not None
+            ids.append(row[0])
+        cursor.execute(
+            "SELECT lane_id, lane_seq FROM awa.ready_entries WHERE job_id = ANY(%s) "
+            "ORDER BY job_id",
+            [ids],
+        )
+        rows = cursor.fetchall()
+    assert len({lane for lane, _ in rows}) == 1
+    seqs = [seq for _, seq in rows]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 4
+    runs = drain(queues=["fresh-v2-queue"])
+    assert sorted(run.id for run in runs) == sorted(ids)

@@ -166,7 +166,6 @@ def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJo
     if not requests:
         return []
     _ensure_lanes(using, {(r.queue, r.priority) for r in requests})
-    limits = _sql_limits()
     statements = 1 if len(requests) == 1 else 2
     with (
         write_transaction(using, statements=statements) as connection,
@@ -187,11 +186,11 @@ def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJo
                     r.deadline,
                     r.metadata_json,
                     list(r.tags) if r.tags else None,
-                    limits,
+                    *_sql_limit_values(),
                 ],
             )
-            rows = cursor.fetchall()
-            return [EnqueuedJob(rows[0][0], r.kind, r.queue, r.priority, rows[0][1], using)]
+            row = cursor.fetchone()
+            return [EnqueuedJob(row[0], r.kind, r.queue, r.priority, row[1], using)]
         results: list[EnqueuedJob] = []
         for start in range(0, len(requests), _CHUNK):
             chunk = requests[start : start + _CHUNK]
@@ -207,7 +206,7 @@ def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJo
                 continue
             # Timed requests: the server splits them into ready and deferred on its own clock.
             payload = serialization.encode([r.payload_value() for r in chunk])
-            cursor.execute(query("enqueue"), [payload, limits])
+            cursor.execute(query("enqueue"), [payload, _sql_limits()])
             rows = cursor.fetchall()
             results.extend(
                 EnqueuedJob(row[0], r.kind, r.queue, r.priority, row[1], using)
@@ -231,22 +230,25 @@ def _stored_size_limit(text_bytes: int) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def _sql_limits_for(args_max: int, meta_max: int, depth: int, max_tags: int, tag_len: int) -> str:
-    return json.dumps(
-        {
-            "args_max_bytes": _stored_size_limit(args_max),
-            "metadata_max_bytes": _stored_size_limit(meta_max),
-            "json_max_depth": depth,
-            "max_tags": max_tags,
-            "tag_max_length": tag_len,
-        }
+def _sql_limits_for(
+    args_max: int, meta_max: int, depth: int, max_tags: int, tag_len: int
+) -> tuple[int, int, int, int, int]:
+    return (
+        _stored_size_limit(args_max),
+        _stored_size_limit(meta_max),
+        depth,
+        max_tags,
+        tag_len,
     )
 
 
-def _sql_limits() -> str:
-    # The SQL functions re-check limits as a second line for raw-SQL producers. They measure
-    # Postgres's binary jsonb size where Python measures JSON text, so Python (which has already
-    # applied the exact limits) passes a margin: a request accepted here is never refused there.
+def _sql_limit_values() -> tuple[int, int, int, int, int]:
+    """The limits the SQL functions re-check, in ``awa.enqueue_one_v2``'s argument order.
+
+    The SQL functions re-check limits as a second line for raw-SQL producers. They measure
+    Postgres's binary jsonb size where Python measures JSON text, so Python (which has already
+    applied the exact limits) passes a margin: a request accepted here is never refused there.
+    """
     cfg = get_awa_settings()
     return _sql_limits_for(
         cfg.ARGS_MAX_BYTES,
@@ -255,6 +257,25 @@ def _sql_limits() -> str:
         cfg.MAX_TAGS,
         cfg.TAG_MAX_LENGTH,
     )
+
+
+_LIMIT_KEYS = (
+    "args_max_bytes",
+    "metadata_max_bytes",
+    "json_max_depth",
+    "max_tags",
+    "tag_max_length",
+)
+
+
+@functools.lru_cache(maxsize=8)
+def _limits_json(values: tuple[int, int, int, int, int]) -> str:
+    return json.dumps(dict(zip(_LIMIT_KEYS, values, strict=True)))
+
+
+def _sql_limits() -> str:
+    """The same limits as the JSON object of ``awa.enqueue_v1``."""
+    return _limits_json(_sql_limit_values())
 
 
 def _ensure_lanes(using: str, pairs: set[tuple[str, int]]) -> None:

@@ -6,6 +6,6 @@ from awa_django.db.migration import RunAwaSQL
 
 
 class Migration(migrations.Migration):
-    dependencies = [("awa_django", "0002_functions")]
+    dependencies = [("awa_django", "0003_enqueue")]
 
     operations = [RunAwaSQL("0004_claim.sql")]

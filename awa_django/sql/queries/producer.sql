@@ -10,7 +10,8 @@ SELECT count(*) FROM awa.queue_lanes WHERE queue = %s AND priority = %s
 SELECT awa.ensure_lanes_v1(%s, %s, %s)
 
 -- name: enqueue_one
-SELECT job_id, state FROM awa.enqueue_one_v1(%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s::jsonb, %s::text[], %s::jsonb)
+SELECT job_id, state FROM awa.enqueue_one_v2(%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s::jsonb,
+    %s::text[], %s, %s, %s, %s, %s)
 
 -- name: reserve
 SELECT lane_ids, first_seqs, ready_slot, ready_generation, job_ids, db_now
