@@ -256,11 +256,12 @@ def test_claimed_jobs_are_built_by_column_name() -> None:
             short.execute("SELECT 1 AS job_id, 2 AS run_lease")
 
 
-def _rotate_and_prune(conn: psycopg.Connection[Any], ring: str) -> None:
+def _rotate_and_prune(conn: psycopg.Connection[Any], ring: str, rotate: str = "rotate_v2") -> None:
     """One maintenance step of a ring: prune its oldest slot (carrying open claims forward),
-    then rotate when the incoming slot is free."""
+    then rotate when the incoming slot is free (``rotate_v2``: no cursor markers, as when every
+    lane was busy at the rotation, or the maintenance of the previous version ran it)."""
     conn.execute("SELECT awa.prune_v1(%s)", [ring])
-    conn.execute("SELECT awa.rotate_v2(%s)", [ring])
+    conn.execute(f"SELECT awa.{rotate}(%s)", [ring])
 
 
 def test_the_lane_cursor_never_goes_backwards_through_rotation_and_carry_forward() -> None:
@@ -306,7 +307,7 @@ def test_the_lane_cursor_never_goes_backwards_through_rotation_and_carry_forward
                 )
                 assert stale == []
             if rnd.random() < 0.4:
-                _rotate_and_prune(a, "claim")
+                _rotate_and_prune(a, "claim", rnd.choice(["rotate_v2", "rotate_v3"]))
         storage.finalize(
             a, [Finalization(j.job_id, j.run_lease, j.claim_slot, "completed") for j in held]
         )
@@ -374,3 +375,35 @@ def test_a_claim_carried_into_the_current_slot_never_pulls_the_cursor_back() -> 
             )
             == []
         )
+
+
+def test_a_claim_rotation_leaves_every_lane_a_cursor_marker_in_the_new_slot() -> None:
+    """rotate_v3 appends a closed marker at each lane's cursor to the new claim slot, so the next
+    claims read every cursor with one probe (no full read of the claim ring), idle lanes
+    included, and hand out the right rows."""
+    with pg() as a, pg() as b:
+        first = [i for i, _ in enqueue_sql(a, jobs_json(3))]
+        second = [i for i, _ in enqueue_sql(b, jobs_json(2))]
+        assert claim_ids(a, n=1) == [min(first[0], second[0])]
+        enqueue_sql(a, jobs_json(1, queue="filler"))
+        assert len(storage.claim(a, "filler", 1, WORKER)) == 1  # the slot is not idle
+        assert a.execute("SELECT awa.rotate_v3('claim')").fetchone() == ("rotated",)
+        lanes = a.execute(
+            "SELECT l.lane_id, awa.lane_cursor_v1(l.lane_id) FROM awa.queue_lanes l"
+        ).fetchall()
+        markers = a.execute(
+            "SELECT c.lane_id, c.lane_seq FROM awa.claims c JOIN awa.claim_closures z"
+            " USING (claim_slot, job_id, run_lease) JOIN awa.ring_state s ON s.ring = 'claim'"
+            " WHERE c.claim_slot = s.current_slot AND c.job_id < 0 AND z.outcome = 'marker'"
+        ).fetchall()
+        assert sorted(markers) == sorted(lanes)
+        # Calls of the full cursor read during the claim (pending statistics of this
+        # backend, which are not flushed inside a transaction).
+        calls = "SELECT COALESCE(pg_stat_get_xact_function_calls('awa.lane_cursor_v1'::regproc), 0)"
+        with a.transaction():
+            a.execute("SET LOCAL track_functions = 'all'")
+            before = a.execute(calls).fetchone()
+            got = claim_ids(a, n=10)
+            after = a.execute(calls).fetchone()
+        assert before == after
+        assert sorted(got) == sorted(set(first + second) - {min(first[0], second[0])})

@@ -17,7 +17,7 @@ of another process terminates the stale leader's backend (``awa.leader_takeover_
 frees the lock, and takes over. Maintenance statements run with a 5 s lock timeout and a 60 s
 statement timeout, so a lock held elsewhere fails one task, never freezes the leader.
 
-Ring rotation is decided on the database clock (``awa.rotate_v2``): each ring rotates once its
+Ring rotation is decided on the database clock (``awa.rotate_v3``): each ring rotates once its
 current slot is its interval old, whoever the leader is, so a new leader or ``awa_maintenance
 --once`` from cron keeps the cadence instead of rotating every ring at once.
 """

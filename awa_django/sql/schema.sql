@@ -497,7 +497,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (76)
+-- function (77)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -3130,6 +3130,49 @@ BEGIN
     VALUES (p_ring, v_gen + 1, v_next)
     ON CONFLICT DO NOTHING;
     RETURN CASE WHEN FOUND THEN 'rotated' ELSE 'skipped_locked' END;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.rotate_v3(p_ring text, p_interval double precision DEFAULT 0)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_outcome text := awa.rotate_v2(p_ring, p_interval);
+    v_lanes integer[];
+BEGIN
+    IF v_outcome <> 'rotated' OR p_ring <> 'claim' THEN
+        RETURN v_outcome;
+    END IF;
+    v_lanes := ARRAY(SELECT l.lane_id FROM awa.queue_lanes l ORDER BY l.lane_id
+                     FOR UPDATE SKIP LOCKED);
+    -- Locked: a new statement sees every claim committed before the locks were taken.
+    WITH cur AS (
+        SELECT g.generation, g.slot FROM awa.ring_rotations g
+        WHERE g.ring = 'claim' ORDER BY g.generation DESC LIMIT 1
+    ), tops AS (
+        SELECT l.lane_id,
+               CASE WHEN COALESCE(f.floor_seq, 0) > COALESCE(t.lane_seq, 0) THEN f.floor_seq
+                    ELSE COALESCE(t.lane_seq, 0) END AS top,
+               CASE WHEN COALESCE(f.floor_seq, 0) > COALESCE(t.lane_seq, 0) THEN -1
+                    ELSE COALESCE(t.ready_generation, -1) END AS rgen
+        FROM unnest(v_lanes) AS l(lane_id)
+        LEFT JOIN LATERAL (
+            SELECT c.lane_seq, c.ready_generation FROM awa.claims c
+            WHERE c.lane_id = l.lane_id ORDER BY c.lane_seq DESC LIMIT 1) t ON true
+        LEFT JOIN awa.lane_floors f ON f.lane_id = l.lane_id
+    ), markers AS (
+        INSERT INTO awa.claims (claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt)
+        SELECT cur.slot, cur.generation, -t.lane_id, t.top, -1, t.rgen, t.lane_id, t.top, 0
+        FROM tops t CROSS JOIN cur
+        ON CONFLICT DO NOTHING
+        RETURNING claim_slot, job_id, run_lease
+    )
+    INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+    SELECT m.claim_slot, m.job_id, m.run_lease, 'marker' FROM markers m
+    ON CONFLICT DO NOTHING;
+    RETURN v_outcome;
 END
 $function$
 

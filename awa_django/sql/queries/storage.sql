@@ -66,7 +66,7 @@ SELECT job_id, run_lease, reason FROM awa.rescue_v1(%s, %s, %s)
 
 -- name: rotate
 -- Rotates only once the current slot is the given seconds old, on the database clock.
-SELECT awa.rotate_v2(%s, %s)
+SELECT awa.rotate_v3(%s, %s)
 
 -- name: prune
 SELECT awa.prune_v1(%s, %s)
