@@ -2,9 +2,11 @@
 ``finalize_v2``, in one database, interleaved.
 
     .venv/dj52/bin/python benchmarks/claim_cost.py [--calls 2000] [--rounds 5] [--batch 1]
+        [--producers 4]
 
 One embedded PostgreSQL 18 (fsync off: this measures CPU, not the disk), migrated. A queue with
-4 enqueue shards gets its jobs from 4 producer connections (so 4 lanes have work). Each round
+4 enqueue shards gets its jobs from ``--producers`` connections (so as many lanes have work);
+after a warm-up the claim ring is rotated once, as the maintenance leader does. Each round
 runs ``--calls`` claim + finalize cycles of ``--batch`` jobs with each version, alternating the
 order round by round, and reads two clocks per call: the server's own execution time of the
 call (``EXPLAIN (ANALYZE)``'s "Execution Time" of ``SELECT * FROM awa.claim_vN(...)``; planning
@@ -92,6 +94,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000, help="claim+finalize calls per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch", type=int, default=1, help="jobs per claim")
+    parser.add_argument("--producers", type=int, default=4, choices=range(1, 5))
     args = parser.parse_args()
 
     import pgserver  # type: ignore[import-not-found,unused-ignore]
@@ -112,9 +115,9 @@ def main() -> None:
         per_round = args.calls * args.batch * 2 * 1.2
         total = int(per_round * (args.rounds + 1)) + 500
         body = json.dumps([{"kind": "bench.cost", "queue": "cost"}] * 500)
-        producers = [psycopg.connect(url, autocommit=True) for _ in range(4)]
+        producers = [psycopg.connect(url, autocommit=True) for _ in range(args.producers)]
         for n in range(0, total, 500):
-            producers[(n // 500) % 4].execute(
+            producers[(n // 500) % args.producers].execute(
                 "SELECT count(*) FROM awa.enqueue_v1(%s::jsonb)", [body]
             )
         lanes = (
@@ -130,6 +133,9 @@ def main() -> None:
             pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
             for version in (1, 2):  # warm up both (plan caches, buffers)
                 cycle(conn, pid, version, args.batch, args.calls // 2)
+            # As the maintenance leader does every CLAIM_ROTATE_INTERVAL: a new claim slot
+            # (with rotate_v3's cursor markers).
+            conn.execute("SELECT awa.rotate_v3('claim')")
             results: dict[int, list[dict[str, float]]] = {1: [], 2: []}
             started = time.perf_counter()
             for r in range(args.rounds):

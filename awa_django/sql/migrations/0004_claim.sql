@@ -312,7 +312,8 @@ BEGIN
             FROM awa.claims c
             WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
             ORDER BY c.lane_seq DESC LIMIT 1) x ON true
-        WHERE l.queue = p_queue
+        -- A lane never enqueued to (its sequence never used) has no work and no cursor to read.
+        WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
     ) b
     WHERE COALESCE(pg_sequence_last_value(b.enqueue_seq), 0) > b.c;
     v_n := COALESCE(cardinality(v_lanes), 0);
