@@ -121,3 +121,17 @@ def test_a_queued_item_can_be_cancelled_and_a_retired_thread_is_replaced() -> No
         pool.shutdown()
     assert got == [later, stuck]
     assert dropped.runs == 0
+
+
+def test_a_runner_that_raises_still_hands_its_item_back() -> None:
+    # The runner (awa_django.worker.execution.run_sync) catches everything a handler raises; a
+    # bug in it must still not keep a slot forever.
+    def broken(item: Item) -> None:
+        item.runs += 1
+        raise SystemExit("bug")
+
+    pool: HandlerThreads[Item] = HandlerThreads(2, broken)
+    items = [Item(), Item()]
+    got = asyncio.run(delivered_until(pool, items, lambda got: len(got) == 2))
+    pool.shutdown()
+    assert sorted(map(id, got)) == sorted(map(id, items))

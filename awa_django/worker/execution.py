@@ -11,6 +11,7 @@ completion batcher, frees the slot once, and abandons a handler still running
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import uuid
@@ -383,15 +384,16 @@ def run_sync(run: Running) -> None:
             "awa worker: closing the ORM connections after job %s failed", attempt.job.job_id
         )
     if leaked:
-        log.warning(
-            "awa worker: job %s left a transaction open on %s; rolled back and reconnected",
-            attempt.job.job_id,
-            ", ".join(leaked),
-        )
         if error is None:
             error = TransactionLeftOpen(
                 f"the handler left a transaction open on database(s) {', '.join(leaked)}; it "
                 "was rolled back (exit every transaction.atomic() block it enters)"
+            )
+        with contextlib.suppress(Exception):  # a broken log handler must not lose the outcome
+            log.warning(
+                "awa worker: job %s left a transaction open on %s; rolled back and reconnected",
+                attempt.job.job_id,
+                ", ".join(leaked),
             )
     run.value = value
     run.exc = error

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable
@@ -39,6 +40,8 @@ from typing import Generic, TypeVar
 __all__ = ["STEAL_AFTER", "HandlerThreads"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("awa_django.worker")
 
 #: Seconds a queued sync job waits before an idle (or new) thread is given to it.
 STEAL_AFTER = 0.001
@@ -202,7 +205,10 @@ class HandlerThreads(Generic[T]):
                     return
                 continue
             self._taken += 1
-            self._runner(item)
+            try:
+                self._runner(item)
+            except BaseException:  # a bug: still hand the item back, so its slot is freed
+                log.exception("awa worker: the sync handler runner failed")
             self._done.append(item)
             if not self._ringing:
                 self._ringing = True
