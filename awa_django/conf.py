@@ -80,7 +80,7 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     "DLQ_RETENTION": _Spec(2_592_000.0, _Kind.SECONDS),
     "RUNTIME_RETENTION": _Spec(3_600.0, _Kind.SECONDS),
     # Jobs one worker process runs at once across all its queues (its handler thread pool).
-    "CONCURRENCY": _Spec(10, _Kind.INT, 1, 10_000),
+    "CONCURRENCY": _Spec(32, _Kind.INT, 1, 10_000),
     "PROCESSES": _Spec(1, _Kind.INT, 1, 256),
     "QUEUES": _Spec(MappingProxyType({}), _Kind.QUEUES),
     "NOTIFY": _Spec(True, _Kind.BOOL),

@@ -65,11 +65,13 @@ def enqueue(handle: Any, count: int) -> int:
 
 
 def drain(
-    queue: str, count: int, first_id: int, *, processes: int, concurrency: int
+    queue: str, count: int, first_id: int, *, processes: int, concurrency: int | None
 ) -> tuple[float, float]:
     """Run ``awa_worker --burst`` until the queue is empty; verify ``count`` completions.
 
-    Returns (jobs/s from first claim to last completion on the database clock, wall seconds).
+    ``concurrency`` None runs the worker as a new user would: no ``--queue`` (every queue, the
+    default ``AWA["CONCURRENCY"]``). Returns (jobs/s from first claim to last completion on the
+    database clock, wall seconds).
     """
     from django.db import connection
 
@@ -82,9 +84,9 @@ def drain(
         "--no-maintenance",
         "--processes",
         str(processes),
-        "--queue",
-        f"{queue}={concurrency}",
     ]
+    if concurrency is not None:
+        command += ["--queue", f"{queue}={concurrency}"]
     start = time.perf_counter()
     subprocess.run(
         command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -1,9 +1,11 @@
 """Drain throughput of ``awa_worker`` (embedded PostgreSQL 18 unless DATABASE_URL).
 
     .venv/dj52/bin/python benchmarks/drain.py [--jobs 50000] [--processes 2] [--rounds 3]
+        [--concurrency 512 | --default] [--sync]
 
 Each round pre-enqueues N no-op jobs (async by default), then runs
-``manage.py awa_worker --burst --processes P --queue Q=C`` and measures, on the database clock,
+``manage.py awa_worker --burst --processes P --queue Q=C`` (with ``--default``: no ``--queue``,
+the default settings, as a new user runs it) and measures, on the database clock,
 the time from the first claim to the last completion (and the wall time of the whole command,
 start-up included). Every round verifies that all N jobs completed exactly once. Durability is
 untouched (fsync and synchronous_commit on). Prints JSON.
@@ -26,6 +28,11 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--default",
+        action="store_true",
+        help="run awa_worker without --queue: every queue, the default AWA settings",
+    )
     parser.add_argument("--sync", action="store_true", help="sync no-op handlers (thread pool)")
     args = parser.parse_args()
     with_server("bench", lambda: run(args))
@@ -44,7 +51,7 @@ def run(args: argparse.Namespace) -> None:
             args.jobs,
             first,
             processes=args.processes,
-            concurrency=args.concurrency,
+            concurrency=None if args.default else args.concurrency,
         )
         rates.append(rate)
         walls.append(wall)
@@ -53,7 +60,7 @@ def run(args: argparse.Namespace) -> None:
             {
                 "jobs": args.jobs,
                 "processes": args.processes,
-                "concurrency": args.concurrency,
+                "concurrency": "default" if args.default else args.concurrency,
                 "handlers": "sync" if args.sync else "async",
                 "drain_jobs_per_s": round(statistics.median(rates)),
                 "drain_jobs_per_s_rounds": [round(r) for r in rates],

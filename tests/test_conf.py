@@ -40,7 +40,7 @@ def test_values_are_merged_over_defaults() -> None:
     assert isinstance(loaded.POLL_INTERVAL, float)
     assert loaded.JOB_MODULES == ("a.jobs",)
     assert loaded.NOTIFY is False
-    assert loaded.CONCURRENCY == 10  # untouched default
+    assert loaded.CONCURRENCY == 32  # untouched default
 
 
 def test_queue_overrides_are_parsed() -> None:

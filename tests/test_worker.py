@@ -184,6 +184,30 @@ def test_cooperative_cancel_reaches_sync_and_async_handlers(manage_py: Start) ->
     assert "stale finalization" in proc.output()  # their late results lost, as they should
 
 
+def test_sync_jobs_claimed_with_a_slow_one_do_not_wait_for_it(manage_py: Start) -> None:
+    # One lane, FIFO: the slow job and the first quick ones come in one claim, and the pool
+    # hands that claim's jobs to one thread first. The quick ones must get threads of their own
+    # rather than wait behind the slow one.
+    slow, *quick = awa_django.enqueue_many(
+        [testjobs.slow_sync.prepare(60)] + [testjobs.overlap_sync.prepare(0) for _ in range(6)]
+    )
+    proc = worker(manage_py, "--queue", "slow=4")
+    wait_for(
+        lambda: states(*(h.id for h in quick)) == ["completed"] * 6,
+        timeout=20,
+        message=lambda: f"the quick jobs to complete; output:\n{proc.output()}",
+    )
+    assert states(slow.id) == ["running"]
+    assert awa_django.cancel(slow.id) == "running"
+    wait_for(
+        lambda: Ledger.objects.filter(note="saw-cancel").count() == 1,
+        timeout=10,
+        message=lambda: f"the slow handler to see the cancel; output:\n{proc.output()}",
+    )
+    proc.send_signal(signal.SIGTERM)
+    assert exited(proc, timeout=20) == 0
+
+
 def test_without_notify_cancellation_reaches_the_handler_through_the_heartbeat(
     manage_py: Start,
 ) -> None:

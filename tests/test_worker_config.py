@@ -44,7 +44,7 @@ def test_queue_numbers_add_up_when_larger_than_the_setting() -> None:
 
 def test_a_fixed_list_of_capped_queues_never_runs_more_than_their_sum() -> None:
     config = build_config(queues=[("work", 3)])
-    assert config.concurrency == 3  # CONCURRENCY (10) is more than the queue can use
+    assert config.concurrency == 3  # CONCURRENCY (32) is more than the queue can use
 
 
 def test_a_queue_setting_caps_that_queue_within_the_process() -> None:

@@ -11,15 +11,14 @@ completion batcher, frees the slot once, and abandons a handler still running
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
 import logging
 import threading
 import uuid
-from concurrent.futures import Future
 from typing import Any
 
 import psycopg
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from awa_django.db.storage import ClaimedJob, Finalization
 from awa_django.exceptions import TransactionLeftOpen
@@ -40,7 +39,7 @@ from awa_django.worker.links import Link
 from awa_django.worker.slots import Slots
 from awa_django.worker.threads import HandlerThreads
 
-__all__ = ["EXIT_STUCK_HANDLERS", "Execution", "Running"]
+__all__ = ["EXIT_STUCK_HANDLERS", "Execution", "Running", "run_sync"]
 
 log = logging.getLogger("awa_django.worker")
 
@@ -57,8 +56,8 @@ class Running:
         "abandoned",
         "attempt",
         "cancel_sent",
-        "cfuture",
         "done",
+        "exc",
         "has_state",
         "queue",
         "started",
@@ -66,6 +65,7 @@ class Running:
         "task",
         "thread",
         "timer",
+        "value",
     )
 
     def __init__(self, attempt: PreparedAttempt, queue: QueueConfig, started: float) -> None:
@@ -80,8 +80,10 @@ class Running:
         self.task: asyncio.Future[Any] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.stop_timer: asyncio.TimerHandle | None = None
+        # A sync handler's thread, and what its handler returned or raised.
         self.thread: threading.Thread | None = None
-        self.cfuture: Future[Any] | None = None
+        self.value: Any = None
+        self.exc: BaseException | None = None
 
 
 class Execution:
@@ -99,7 +101,8 @@ class Execution:
     finished: int
     instance_id: uuid.UUID
     _kinds: dict[str, Any]
-    _pool: HandlerThreads
+    _pool: HandlerThreads[Running]
+    _debug: bool
     _all_done: asyncio.Event
     _loop: asyncio.AbstractEventLoop | None
     _loop_thread: int | None
@@ -110,8 +113,22 @@ class Execution:
     def request_flush(self) -> None:  # pragma: no cover - provided by WorkerRuntime
         raise NotImplementedError
 
-    def _start(self, job: ClaimedJob, queue: QueueConfig) -> None:
-        """Start one claimed attempt; whatever goes wrong, it ends with an outcome."""
+    def _start_batch(self, jobs: list[ClaimedJob], queue: QueueConfig) -> None:
+        """Start the attempts of one claim; their sync handlers go to the pool together."""
+        sync: list[Running] = []
+        for job in jobs:
+            self._start(job, queue, sync)
+        if not sync:
+            return
+        try:
+            self._pool.submit_many(sync)
+        except BaseException as exc:
+            for run in sync:
+                self._finish(run, None, exc)
+
+    def _start(self, job: ClaimedJob, queue: QueueConfig, sync: list[Running]) -> None:
+        """Start one claimed attempt (a sync one is appended to ``sync``, for the pool);
+        whatever goes wrong, it ends with an outcome."""
         loop = self._loop
         assert loop is not None
         ctx = JobContext.for_job(
@@ -127,7 +144,7 @@ class Execution:
         run = Running(attempt, queue, loop.time())
         self.inflight[(job.job_id, job.run_lease)] = run
         self.slots.start(queue.name)
-        if log.isEnabledFor(logging.DEBUG):
+        if self._debug:
             log.debug("job %s %s attempt %s started", job.job_id, job.kind, job.attempt)
         if attempt.failure is not None:
             self._finish(run, None, None)
@@ -143,10 +160,7 @@ class Execution:
             if handle.is_async:
                 run.task = loop.create_task(self._run_async(run))
             else:
-                run.cfuture = self._pool.submit(_run_sync, run)
-                future = asyncio.wrap_future(run.cfuture, loop=loop)
-                future.add_done_callback(functools.partial(self._sync_done, run))
-                run.task = future
+                sync.append(run)
         except BaseException as exc:
             self._finish(run, None, exc)
 
@@ -160,15 +174,9 @@ class Execution:
         else:
             self._finish(run, value, None)
 
-    def _sync_done(self, run: Running, future: asyncio.Future[Any]) -> None:
-        if future.cancelled():
-            self._finish(run, None, asyncio.CancelledError("not started: the worker is stopping"))
-            return
-        try:
-            value, exc = future.result()
-        except BaseException as error:
-            value, exc = None, error
-        self._finish(run, value, exc)
+    def _sync_done(self, run: Running) -> None:
+        """A sync handler ended (the pool delivers it on the event loop)."""
+        self._finish(run, run.value, run.exc)
 
     def _finish(self, run: Running, value: Any, exc: BaseException | None) -> None:
         """Record a handler's end: never raises, always frees the slot (once)."""
@@ -253,8 +261,9 @@ class Execution:
             if run.task is not None and not run.task.done():
                 run.cancel_sent = True
                 run.task.cancel()  # the handler gets CancelledError
-        elif run.cfuture is not None and run.cfuture.cancel():
+        elif run.thread is None and self._pool.cancel(run):
             run.cancel_sent = True  # it was still queued: it never runs
+            self._finish(run, None, asyncio.CancelledError("abandoned before it started"))
         elif run.thread is not None:
             # Its thread stops counting against the pool; what the handler returns when it
             # ends is still written through the fenced path.
@@ -277,7 +286,7 @@ class Execution:
         assert self._loop is not None
         elapsed = (self._loop.time() - run.started) * 1000
         if outcome.outcome == "completed":
-            if log.isEnabledFor(logging.DEBUG):
+            if self._debug:
                 log.debug(
                     "job %s %s attempt %s completed in %.1f ms",
                     job.job_id,
@@ -339,40 +348,52 @@ class Execution:
             ctx.cancel()
 
 
-def _run_sync(run: Running) -> tuple[Any, BaseException | None]:
-    """Run a sync handler on a pool thread, with fresh Django connections around it.
+def run_sync(run: Running) -> None:
+    """Run a sync handler on a pool thread; what it returns or raises (``BaseException``
+    included) goes to ``run.value`` / ``run.exc``, never raised.
 
-    Whatever the handler raises (``BaseException`` included) is returned, never raised. A
-    transaction it leaves open is rolled back and its connection replaced, and the job fails
-    with ``TransactionLeftOpen`` (its writes never happened).
+    When the thread has Django connections (a handler used the ORM), the ones past
+    ``CONN_MAX_AGE`` or broken are closed before and after the handler, as around a request; a
+    transaction the handler leaves open is rolled back and its connection replaced, and the job
+    fails with ``TransactionLeftOpen`` (its writes never happened). A thread whose handlers never
+    touch the ORM has none, and pays one look-up per job.
     """
     run.thread = threading.current_thread()
+    if run.abandoned:
+        # Abandoned while the thread was taking it from the queue: it never runs.
+        run.cancel_sent = True
+        run.exc = asyncio.CancelledError("abandoned before it started")
+        return
     attempt = run.attempt
     assert attempt.handle is not None
     value: Any = None
     error: BaseException | None = None
     try:
-        close_old_connections()
+        if connections.all(initialized_only=True):
+            close_old_connections()
         value = attempt.handle.func(*attempt.call_args(), **attempt.kwargs)
     except BaseException as exc:
         error = exc
     leaked: list[str] = []
     try:
-        leaked = release_thread_connections()
-        close_old_connections()
-    except Exception:
+        if connections.all(initialized_only=True):
+            leaked = release_thread_connections()
+            close_old_connections()
+    except BaseException:
         log.exception(
             "awa worker: closing the ORM connections after job %s failed", attempt.job.job_id
         )
     if leaked:
-        log.warning(
-            "awa worker: job %s left a transaction open on %s; rolled back and reconnected",
-            attempt.job.job_id,
-            ", ".join(leaked),
-        )
         if error is None:
             error = TransactionLeftOpen(
                 f"the handler left a transaction open on database(s) {', '.join(leaked)}; it "
                 "was rolled back (exit every transaction.atomic() block it enters)"
             )
-    return value, error
+        with contextlib.suppress(Exception):  # a broken log handler must not lose the outcome
+            log.warning(
+                "awa worker: job %s left a transaction open on %s; rolled back and reconnected",
+                attempt.job.job_id,
+                ", ".join(leaked),
+            )
+    run.value = value
+    run.exc = error

@@ -3,10 +3,11 @@
 Lifecycle: register in ``awa.runtime_instances`` → one dispatcher per queue claims batches
 sized to its free execution slots (``CONCURRENCY`` slots per process, shared by its queues,
 each queue capped: awa_django/worker/slots.py) → async handlers run as tasks on the event
-loop, sync ones on daemon threads (each wrapped in ``close_old_connections()``) → outcomes go
-to the completion batcher → SIGTERM/SIGINT stop claiming, let in-flight jobs finish for up to
-``SHUTDOWN_TIMEOUT`` while heartbeats go on, flush completions and exit 0. A second signal exits
-at once; whatever it leaves open is rescued later, never lost.
+loop, sync ones on daemon threads, a claim's jobs handed over together
+(awa_django/worker/threads.py) → outcomes go to the completion batcher → SIGTERM/SIGINT stop
+claiming, let in-flight jobs finish for up to ``SHUTDOWN_TIMEOUT`` while heartbeats go on,
+flush completions and exit 0. A second signal exits at once; whatever it leaves open is rescued
+later, never lost.
 
 A worker started without ``--queue`` serves every queue that exists in the database, and finds
 new ones every ``RUNTIME_REFRESH_INTERVAL`` (at once when a wake-up names a queue it does not
@@ -50,7 +51,7 @@ from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.sql import query
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
-from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Execution, Running
+from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Execution, Running, run_sync
 from awa_django.worker.executor import (
     safe_str,
 )
@@ -106,7 +107,8 @@ class WorkerRuntime(Execution):
         self.claimed = 0
         self.finished = 0
         self._kinds = registered_kinds()
-        self._pool = HandlerThreads(config.concurrency)
+        self._pool: HandlerThreads[Running] = HandlerThreads(config.concurrency, run_sync)
+        self._debug = log.isEnabledFor(logging.DEBUG)
         self._dispatchers: list[asyncio.Task[None]] = []
         self._handle_signals = handle_signals
         self._rediscover = asyncio.Event()
@@ -127,6 +129,8 @@ class WorkerRuntime(Execution):
         """Serve until stopped; return the process exit code (0 after a graceful drain)."""
         loop = self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        self._pool.bind(loop, self._sync_done)
+        self._debug = log.isEnabledFor(logging.DEBUG)
         for queue in self.config.queues:
             self.queues[queue.name] = queue
             self.slots.add(queue)
@@ -461,8 +465,7 @@ class WorkerRuntime(Execution):
             failures = 0
             self.claimed += len(jobs)
             self.slots.unreserve(want, len(jobs))
-            for job in jobs:
-                self._start(job, queue)  # counted as running from here on
+            self._start_batch(jobs, queue)  # counted as running from here on
             if len(jobs) < want and not self.stopping:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), cfg.settings.POLL_INTERVAL)
