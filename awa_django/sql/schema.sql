@@ -1939,32 +1939,44 @@ BEGIN
     ) b
     WHERE COALESCE(pg_sequence_last_value(b.enqueue_seq), 0) > b.c;
     v_n := COALESCE(cardinality(v_lanes), 0);
-    v_heads := array_fill(NULL::timestamptz, ARRAY[v_n]);
     -- Several lanes: order them by effective priority (priority + 1 per p_aging_secs that the
     -- lane's head has waited), then oldest head. A head is read from the ready slots that can
-    -- hold it, one partition at a time (see the claim below).
-    FOR i IN 1..CASE WHEN v_n > 1 THEN v_n ELSE 0 END LOOP
-        v_head := NULL;
-        IF v_rgens[i] = v_qgen THEN
-            v_slots := ARRAY[v_qslot];
-        ELSE
-            v_slots := ARRAY(
-                SELECT s.slot FROM awa._ready_slots_v2(v_rgens[i], v_qgen, v_qslot) s);
-        END IF;
-        FOREACH v_slot IN ARRAY v_slots LOOP
-            SELECT e.run_at INTO v_head
-            FROM awa.ready_entries e
-            WHERE e.ready_slot = v_slot AND e.lane_id = v_lanes[i] AND e.lane_seq > v_cursors[i]
+    -- hold it (see the claim below): for the lanes whose cursor row is in the current queue
+    -- slot, all at once from that one partition; for the others, slot by slot.
+    IF v_n > 1 THEN
+        SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
+        FROM unnest(v_lanes, v_cursors, v_rgens) WITH ORDINALITY AS u(lane_id, c, rgen, i)
+        LEFT JOIN LATERAL (
+            SELECT e.run_at FROM awa.ready_entries e
+            WHERE u.rgen = v_qgen AND e.ready_slot = v_qslot AND e.lane_id = u.lane_id
+              AND e.lane_seq > u.c
               AND NOT EXISTS (
                   SELECT 1 FROM awa.ready_tombstones t
-                  WHERE t.ready_slot = v_slot AND t.lane_id = e.lane_id
+                  WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
                     AND t.lane_seq = e.lane_seq)
             ORDER BY e.lane_seq
-            LIMIT 1;
-            EXIT WHEN v_head IS NOT NULL;
+            LIMIT 1) h ON true;
+        FOR i IN 1..v_n LOOP
+            CONTINUE WHEN v_rgens[i] = v_qgen;
+            v_head := NULL;
+            FOREACH v_slot IN ARRAY ARRAY(
+                SELECT s.slot FROM awa._ready_slots_v2(v_rgens[i], v_qgen, v_qslot) s)
+            LOOP
+                SELECT e.run_at INTO v_head
+                FROM awa.ready_entries e
+                WHERE e.ready_slot = v_slot AND e.lane_id = v_lanes[i]
+                  AND e.lane_seq > v_cursors[i]
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones t
+                      WHERE t.ready_slot = v_slot AND t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1;
+                EXIT WHEN v_head IS NOT NULL;
+            END LOOP;
+            v_heads[i] := v_head;
         END LOOP;
-        v_heads[i] := v_head;
-    END LOOP;
+    END IF;
 
     FOR r IN
         SELECT u.lane_id
