@@ -497,7 +497,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (77)
+-- function (76)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -613,7 +613,8 @@ BEGIN
             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
             lane_id, lane_seq, attempt, claimed_at, deadline_at, worker_id, kind)
         SELECT v_cur, o.claim_generation, o.job_id, o.run_lease, o.ready_slot,
-               o.ready_generation, o.lane_id, o.lane_seq, o.attempt, o.claimed_at, o.deadline_at, o.worker_id, o.kind
+               o.ready_generation, o.lane_id, o.lane_seq, o.attempt, o.claimed_at,
+               o.deadline_at, o.worker_id, o.kind
         FROM open o JOIN closed k ON k.job_id = o.job_id AND k.run_lease = o.run_lease
         RETURNING 1
     )
@@ -1467,22 +1468,6 @@ AS $function$
     WHERE r.lane_id = p_lane AND r.lane_seq = p_seq AND r.ready_slot = p_slot
 $function$
 
-CREATE OR REPLACE FUNCTION awa._ready_slots_v2(p_from bigint, p_current bigint, p_current_slot integer)
- RETURNS TABLE(slot integer)
- LANGUAGE sql
- STABLE
-AS $function$
-    SELECT p_current_slot WHERE p_from = p_current
-    UNION ALL
-    (SELECT r.slot FROM awa.ring_rotations r
-     WHERE p_from IS DISTINCT FROM p_current AND r.ring = 'queue'
-       AND r.generation BETWEEN GREATEST(p_from, p_current
-                                         - (SELECT g.slot_count FROM awa.rings g
-                                            WHERE g.ring = 'queue') + 1)
-                            AND GREATEST(p_current, p_from)
-     ORDER BY r.generation)
-$function$
-
 CREATE OR REPLACE FUNCTION awa._require_read_committed_v1(p_what text)
  RETURNS void
  LANGUAGE plpgsql
@@ -1881,20 +1866,12 @@ DECLARE
     v_got integer;
     v_paused boolean;
     v_cursor bigint;
-    v_rgen bigint;
     v_cslot integer;
     v_cgen bigint;
-    v_qslot integer;
-    v_qgen bigint;
-    v_slot integer;
-    v_slots integer[];
     v_lanes integer[];
     v_priorities integer[];
     v_cursors bigint[];
-    v_rgens bigint[];
     v_heads timestamptz[];
-    v_head timestamptz;
-    v_n integer;
     v_aging double precision := GREATEST(COALESCE(p_aging_secs, 60), 0.001);
     v_default double precision := awa._deadline_secs_v1(p_default_deadline);
     r record;
@@ -1906,12 +1883,10 @@ BEGIN
         RAISE EXCEPTION 'awa.claim_v2 needs READ COMMITTED isolation' USING ERRCODE = '25000';
     END IF;
     SELECT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused),
-           c.generation, c.slot, q.generation, q.slot
-    INTO v_paused, v_cgen, v_cslot, v_qgen, v_qslot
+           c.generation, c.slot
+    INTO v_paused, v_cgen, v_cslot
     FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
-          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c,
-         (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
-          WHERE r2.ring = 'queue' ORDER BY r2.generation DESC LIMIT 1) q;
+          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c;
     IF v_paused THEN
         RETURN;
     END IF;
@@ -1919,18 +1894,16 @@ BEGIN
     -- Lanes with work: cursor below the lane's last enqueued position. The cursor read here,
     -- without the lane lock, only chooses and orders lanes: it is read again under the lock.
     SELECT array_agg(b.lane_id ORDER BY b.lane_id), array_agg(b.priority ORDER BY b.lane_id),
-           array_agg(b.c ORDER BY b.lane_id), array_agg(b.rgen ORDER BY b.lane_id)
-    INTO v_lanes, v_priorities, v_cursors, v_rgens
+           array_agg(b.c ORDER BY b.lane_id)
+    INTO v_lanes, v_priorities, v_cursors
     FROM (
         SELECT l.lane_id, l.priority, l.enqueue_seq,
                -- A function call, not sub-selects: only evaluated (and its partitions only
                -- opened) for a lane without a claim of this generation.
-               COALESCE(x.fast, awa.lane_cursor_v1(l.lane_id)) AS c,
-               CASE WHEN x.fast IS NOT NULL THEN x.ready_generation ELSE -1 END AS rgen
+               COALESCE(x.fast, awa.lane_cursor_v1(l.lane_id)) AS c
         FROM awa.queue_lanes l
         LEFT JOIN LATERAL (
-            SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast,
-                   c.ready_generation
+            SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
             FROM awa.claims c
             WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
             ORDER BY c.lane_seq DESC LIMIT 1) x ON true
@@ -1938,44 +1911,20 @@ BEGIN
         WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
     ) b
     WHERE COALESCE(pg_sequence_last_value(b.enqueue_seq), 0) > b.c;
-    v_n := COALESCE(cardinality(v_lanes), 0);
     -- Several lanes: order them by effective priority (priority + 1 per p_aging_secs that the
-    -- lane's head has waited), then oldest head. A head is read from the ready slots that can
-    -- hold it (see the claim below): for the lanes whose cursor row is in the current queue
-    -- slot, all at once from that one partition; for the others, slot by slot.
-    IF v_n > 1 THEN
+    -- lane's head has waited), then oldest head; the heads are read in one statement.
+    IF cardinality(v_lanes) > 1 THEN
         SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-        FROM unnest(v_lanes, v_cursors, v_rgens) WITH ORDINALITY AS u(lane_id, c, rgen, i)
+        FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
         LEFT JOIN LATERAL (
             SELECT e.run_at FROM awa.ready_entries e
-            WHERE u.rgen = v_qgen AND e.ready_slot = v_qslot AND e.lane_id = u.lane_id
-              AND e.lane_seq > u.c
+            WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
               AND NOT EXISTS (
                   SELECT 1 FROM awa.ready_tombstones t
-                  WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
-                    AND t.lane_seq = e.lane_seq)
+                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                    AND t.ready_slot = e.ready_slot)
             ORDER BY e.lane_seq
             LIMIT 1) h ON true;
-        FOR i IN 1..v_n LOOP
-            CONTINUE WHEN v_rgens[i] = v_qgen;
-            v_head := NULL;
-            FOREACH v_slot IN ARRAY ARRAY(
-                SELECT s.slot FROM awa._ready_slots_v2(v_rgens[i], v_qgen, v_qslot) s)
-            LOOP
-                SELECT e.run_at INTO v_head
-                FROM awa.ready_entries e
-                WHERE e.ready_slot = v_slot AND e.lane_id = v_lanes[i]
-                  AND e.lane_seq > v_cursors[i]
-                  AND NOT EXISTS (
-                      SELECT 1 FROM awa.ready_tombstones t
-                      WHERE t.ready_slot = v_slot AND t.lane_id = e.lane_id
-                        AND t.lane_seq = e.lane_seq)
-                ORDER BY e.lane_seq
-                LIMIT 1;
-                EXIT WHEN v_head IS NOT NULL;
-            END LOOP;
-            v_heads[i] := v_head;
-        END LOOP;
     END IF;
 
     FOR r IN
@@ -1992,59 +1941,48 @@ BEGIN
         -- carried claim keeps the generation it was made in, and lies below any claim made
         -- since); otherwise the cursor comes from every slot and the lane's floor.
         SELECT c.generation, c.slot,
-               CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END,
-               x.ready_generation
-        INTO v_cgen, v_cslot, v_cursor, v_rgen
+               CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+        INTO v_cgen, v_cslot, v_cursor
         FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
               WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
         LEFT JOIN LATERAL (
-            SELECT cl.lane_seq, cl.ready_generation, cl.claim_generation FROM awa.claims cl
+            SELECT cl.lane_seq, cl.claim_generation FROM awa.claims cl
             WHERE cl.claim_slot = c.slot AND cl.lane_id = r.lane_id
             ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
         IF v_cursor IS NULL THEN
             v_cursor := awa.lane_cursor_v1(r.lane_id);
-            v_rgen := -1;
         END IF;
-        -- A lane's rows are appended under its lock in the queue slot current at the time, so
-        -- its rows after the cursor lie in the cursor row's generation and later ones: read
-        -- those slots oldest first, one partition each (all live slots when the cursor row's
-        -- generation is unknown: a marker or a floor).
-        IF v_rgen = v_qgen THEN
-            v_slots := ARRAY[v_qslot];
-        ELSE
-            v_slots := ARRAY(SELECT s.slot FROM awa._ready_slots_v2(v_rgen, v_qgen, v_qslot) s);
-        END IF;
-        FOREACH v_slot IN ARRAY v_slots LOOP
-            RETURN QUERY
-            WITH picked AS MATERIALIZED (
-                SELECT e.*, COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default) AS timeout
-                FROM awa.ready_entries e
-                WHERE e.ready_slot = v_slot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
-                  AND NOT EXISTS (
-                      SELECT 1 FROM awa.ready_tombstones t
-                      WHERE t.ready_slot = v_slot AND t.lane_id = e.lane_id
-                        AND t.lane_seq = e.lane_seq)
-                ORDER BY e.lane_seq
-                LIMIT v_remaining
-            ), ins AS (
-                INSERT INTO awa.claims (
-                    claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                    ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
-                SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                       p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                       now() + make_interval(secs => p.timeout), p_worker, p.kind
-                FROM picked p
-                RETURNING lane_seq, deadline_at
-            )
-            SELECT p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint, p.max_attempts,
-                   v_cslot, p.kind, p.args, p.queue, p.priority, i.deadline_at, p.timeout,
-                   p.progress, p.metadata, p.tags, p.errors
-            FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq
-            ORDER BY p.lane_seq;
-            GET DIAGNOSTICS v_got = ROW_COUNT;
-            v_remaining := v_remaining - v_got;
-            EXIT WHEN v_remaining <= 0;
-        END LOOP;
+        -- The lane's rows after the cursor, from every ready slot: a producer in a REPEATABLE
+        -- READ transaction appends to the queue slot its snapshot saw, which may be older than
+        -- the slot of rows before it in the lane.
+        RETURN QUERY
+        WITH picked AS MATERIALIZED (
+            SELECT e.*, COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default) AS timeout
+            FROM awa.ready_entries e
+            WHERE e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                    AND t.ready_slot = e.ready_slot)
+            ORDER BY e.lane_seq
+            LIMIT v_remaining
+        ), ins AS (
+            INSERT INTO awa.claims (
+                claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
+            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                   p.lane_id, p.lane_seq, p.attempt + 1,
+                   now() + make_interval(secs => p.timeout), p_worker, p.kind
+            FROM picked p
+            RETURNING lane_seq, deadline_at
+        )
+        SELECT p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint, p.max_attempts, v_cslot,
+               p.kind, p.args, p.queue, p.priority, i.deadline_at, p.timeout, p.progress,
+               p.metadata, p.tags, p.errors
+        FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq
+        ORDER BY p.lane_seq;
+        GET DIAGNOSTICS v_got = ROW_COUNT;
+        v_remaining := v_remaining - v_got;
         EXIT WHEN v_remaining <= 0;
     END LOOP;
 END
@@ -2488,6 +2426,8 @@ AS $function$
 DECLARE
     v_error text;
     v_stale jsonb;
+    v_pairs jsonb;
+    v_pass integer;
 BEGIN
     IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
         RAISE EXCEPTION 'awa.finalize_v2 needs READ COMMITTED isolation' USING ERRCODE = '25000';
@@ -2503,46 +2443,66 @@ BEGIN
                WHERE e.value ->> 'outcome' <> 'completed'
                   OR COALESCE(e.value -> 'st', 'null') NOT IN ('false', 'null')
                   OR e.value ? 'closed_as') THEN
-        RETURN QUERY SELECT f.job_id, f.run_lease FROM awa.finalize_v1(p_items) f;
-        RETURN;
-    END IF;
-    WITH items AS (
-        SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
-        FROM jsonb_array_elements(p_items) AS e(value),
-             jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
-    ), cl AS MATERIALIZED (
-        SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
-               c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+        SELECT jsonb_agg(jsonb_build_array(f.job_id, f.run_lease)) INTO v_pairs
+        FROM awa.finalize_v1(p_items) f;
+        IF v_pairs IS NULL THEN
+            RETURN;
+        END IF;
+        -- Items (not parks) reported stale are looked for again below; parks are reported.
+        SELECT jsonb_agg(e.value) INTO v_stale
+        FROM jsonb_array_elements(p_items) e
+        WHERE e.value ->> 'outcome' <> 'wait'
+          AND jsonb_build_array((e.value ->> 'id')::bigint, (e.value ->> 'lease')::bigint)
+              IN (SELECT p.value FROM jsonb_array_elements(v_pairs) p);
+        RETURN QUERY
+        SELECT (p.value ->> 0)::bigint, (p.value ->> 1)::bigint
+        FROM jsonb_array_elements(v_pairs) p
+        WHERE NOT EXISTS (
+            SELECT 1 FROM jsonb_array_elements(COALESCE(v_stale, '[]')) e
+            WHERE (e.value ->> 'id')::bigint = (p.value ->> 0)::bigint
+              AND (e.value ->> 'lease')::bigint = (p.value ->> 1)::bigint);
+    ELSE
+        WITH items AS (
+            SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+            FROM jsonb_array_elements(p_items) AS e(value),
+                 jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+        ), cl AS MATERIALIZED (
+            SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                   c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+            FROM items i
+            CROSS JOIN LATERAL (
+                SELECT c.* FROM awa.claims c
+                WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                LIMIT 1) c
+        ), closed AS (
+            INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+            SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+            ON CONFLICT DO NOTHING
+            RETURNING claim_slot, job_id, run_lease
+        ), completed AS (
+            INSERT INTO awa.done_entries (
+                ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                attempted_at, result, queue, kind)
+            SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                   'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                   -- A claim without a kind (written by raw SQL): read it from the ready row.
+                   COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+            FROM cl w
+            JOIN closed k
+              ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+            JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+        )
+        SELECT jsonb_agg(i.raw) INTO v_stale
         FROM items i
-        CROSS JOIN LATERAL (
-            SELECT c.* FROM awa.claims c
-            WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
-            LIMIT 1) c
-    ), closed AS (
-        INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
-        SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
-        ON CONFLICT DO NOTHING
-        RETURNING claim_slot, job_id, run_lease
-    ), completed AS (
-        INSERT INTO awa.done_entries (
-            ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
-            attempted_at, result, queue, kind)
-        SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
-               'completed', w.attempt, w.claimed_at, w.result, l.queue,
-               -- A claim without a kind (written by raw SQL): read it from the ready row.
-               COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
-        FROM cl w
-        JOIN closed k ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
-        JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
-    )
-    SELECT jsonb_agg(i.raw) INTO v_stale
-    FROM items i
-    WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
-    IF v_stale IS NOT NULL THEN
-        -- Not closed in the hinted slot: moved by a carry-forward, or closed elsewhere. This
-        -- later statement sees any closure this one conflicted with.
-        RETURN QUERY SELECT f.job_id, f.run_lease FROM awa.finalize_v1(v_stale) f;
+        WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
     END IF;
+    FOR v_pass IN 1..3 LOOP
+        EXIT WHEN v_stale IS NULL;
+        v_stale := awa._finalize_pass_v1(v_stale, false);
+    END LOOP;
+    RETURN QUERY
+    SELECT (e.value ->> 'id')::bigint, (e.value ->> 'lease')::bigint
+    FROM jsonb_array_elements(COALESCE(v_stale, '[]')) e;
 END
 $function$
 
@@ -3151,9 +3111,11 @@ CREATE OR REPLACE FUNCTION awa.rotate_v3(p_ring text, p_interval double precisio
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    v_outcome text := awa.rotate_v2(p_ring, p_interval);
+    v_outcome text;
     v_lanes integer[];
 BEGIN
+    PERFORM awa._require_read_committed_v1('awa.rotate_v3');
+    v_outcome := awa.rotate_v2(p_ring, p_interval);
     IF v_outcome <> 'rotated' OR p_ring <> 'claim' THEN
         RETURN v_outcome;
     END IF;
@@ -3165,19 +3127,16 @@ BEGIN
         WHERE g.ring = 'claim' ORDER BY g.generation DESC LIMIT 1
     ), tops AS (
         SELECT l.lane_id,
-               CASE WHEN COALESCE(f.floor_seq, 0) > COALESCE(t.lane_seq, 0) THEN f.floor_seq
-                    ELSE COALESCE(t.lane_seq, 0) END AS top,
-               CASE WHEN COALESCE(f.floor_seq, 0) > COALESCE(t.lane_seq, 0) THEN -1
-                    ELSE COALESCE(t.ready_generation, -1) END AS rgen
+               GREATEST(COALESCE(f.floor_seq, 0), COALESCE(t.lane_seq, 0)) AS top
         FROM unnest(v_lanes) AS l(lane_id)
         LEFT JOIN LATERAL (
-            SELECT c.lane_seq, c.ready_generation FROM awa.claims c
+            SELECT c.lane_seq FROM awa.claims c
             WHERE c.lane_id = l.lane_id ORDER BY c.lane_seq DESC LIMIT 1) t ON true
         LEFT JOIN awa.lane_floors f ON f.lane_id = l.lane_id
     ), markers AS (
         INSERT INTO awa.claims (claim_slot, claim_generation, job_id, run_lease, ready_slot,
                                 ready_generation, lane_id, lane_seq, attempt)
-        SELECT cur.slot, cur.generation, -t.lane_id, t.top, -1, t.rgen, t.lane_id, t.top, 0
+        SELECT cur.slot, cur.generation, -t.lane_id, t.top, -1, -1, t.lane_id, t.top, 0
         FROM tops t CROSS JOIN cur
         ON CONFLICT DO NOTHING
         RETURNING claim_slot, job_id, run_lease
