@@ -1872,6 +1872,9 @@ DECLARE
     v_priorities integer[];
     v_cursors bigint[];
     v_heads timestamptz[];
+    v_head timestamptz;
+    v_qslot integer;
+    v_seq regclass;
     v_aging double precision := GREATEST(COALESCE(p_aging_secs, 60), 0.001);
     v_default double precision := awa._deadline_secs_v1(p_default_deadline);
     r record;
@@ -1883,10 +1886,12 @@ BEGIN
         RAISE EXCEPTION 'awa.claim_v2 needs READ COMMITTED isolation' USING ERRCODE = '25000';
     END IF;
     SELECT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused),
-           c.generation, c.slot
-    INTO v_paused, v_cgen, v_cslot
+           c.generation, c.slot, q.slot
+    INTO v_paused, v_cgen, v_cslot, v_qslot
     FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
-          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c;
+          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c,
+         (SELECT r2.slot FROM awa.ring_rotations r2
+          WHERE r2.ring = 'queue' ORDER BY r2.generation DESC LIMIT 1) q;
     IF v_paused THEN
         RETURN;
     END IF;
@@ -1912,19 +1917,33 @@ BEGIN
     ) b
     WHERE COALESCE(pg_sequence_last_value(b.enqueue_seq), 0) > b.c;
     -- Several lanes: order them by effective priority (priority + 1 per p_aging_secs that the
-    -- lane's head has waited), then oldest head; the heads are read in one statement.
+    -- lane's head has waited), then oldest head. Heads are looked for in the current queue
+    -- slot first (one partition, one statement for all lanes); a lane with none there (its
+    -- rows are older, or not committed yet) is read from every slot.
     IF cardinality(v_lanes) > 1 THEN
         SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
         FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
         LEFT JOIN LATERAL (
             SELECT e.run_at FROM awa.ready_entries e
-            WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+            WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                    AND t.lane_seq = e.lane_seq)
+            ORDER BY e.lane_seq
+            LIMIT 1) h ON true;
+        FOR i IN 1..cardinality(v_lanes) LOOP
+            CONTINUE WHEN v_heads[i] IS NOT NULL;
+            SELECT e.run_at INTO v_head FROM awa.ready_entries e
+            WHERE e.lane_id = v_lanes[i] AND e.lane_seq > v_cursors[i]
               AND NOT EXISTS (
                   SELECT 1 FROM awa.ready_tombstones t
                   WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
                     AND t.ready_slot = e.ready_slot)
             ORDER BY e.lane_seq
-            LIMIT 1) h ON true;
+            LIMIT 1;
+            v_heads[i] := v_head;
+        END LOOP;
     END IF;
 
     FOR r IN
@@ -1933,7 +1952,8 @@ BEGIN
         ORDER BY u.priority + floor(extract(epoch FROM now() - u.head) / v_aging) DESC NULLS LAST,
                  u.head, u.lane_id
     LOOP
-        PERFORM 1 FROM awa.queue_lanes l WHERE l.lane_id = r.lane_id FOR UPDATE SKIP LOCKED;
+        SELECT l.enqueue_seq INTO v_seq
+        FROM awa.queue_lanes l WHERE l.lane_id = r.lane_id FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
         -- Under the lane lock, in a new statement (a snapshot with the previous claimer's
         -- commit): the claim slot this claim goes to, and the lane's cursor. The lane's highest
@@ -1952,9 +1972,50 @@ BEGIN
         IF v_cursor IS NULL THEN
             v_cursor := awa.lane_cursor_v1(r.lane_id);
         END IF;
-        -- The lane's rows after the cursor, from every ready slot: a producer in a REPEATABLE
-        -- READ transaction appends to the queue slot its snapshot saw, which may be older than
-        -- the slot of rows before it in the lane.
+        -- The lane's rows after the cursor. First from the current queue slot, where they
+        -- normally are: only the run of positions right after the cursor (cancelled rows
+        -- count as present and are passed over), so that no position is ever skipped.
+        RETURN QUERY
+        WITH found AS MATERIALIZED (
+            SELECT e.*,
+                   EXISTS (SELECT 1 FROM awa.ready_tombstones t
+                           WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                             AND t.lane_seq = e.lane_seq) AS dead,
+                   row_number() OVER (ORDER BY e.lane_seq) AS n
+            FROM awa.ready_entries e
+            WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+            ORDER BY e.lane_seq
+            LIMIT v_remaining
+        ), picked AS MATERIALIZED (
+            SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout
+            FROM found f
+            WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+        ), ins AS (
+            INSERT INTO awa.claims (
+                claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
+            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                   p.lane_id, p.lane_seq, p.attempt + 1,
+                   now() + make_interval(secs => p.timeout), p_worker, p.kind
+            FROM picked p
+            RETURNING lane_seq, deadline_at
+        )
+        SELECT p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint, p.max_attempts, v_cslot,
+               p.kind, p.args, p.queue, p.priority, i.deadline_at, p.timeout, p.progress,
+               p.metadata, p.tags, p.errors
+        FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq
+        ORDER BY p.lane_seq;
+        GET DIAGNOSTICS v_got = ROW_COUNT;
+        v_remaining := v_remaining - v_got;
+        EXIT WHEN v_remaining <= 0;
+        -- Then, when the lane may hold more (its last position is past what was claimed), from
+        -- every ready slot, merged by position: rows in an older slot (a producer in a
+        -- REPEATABLE READ transaction appends to the queue slot its snapshot saw), rows in a
+        -- newer one, rows after a gap left by a rollback.
+        CONTINUE WHEN COALESCE(pg_sequence_last_value(v_seq), 0) <= v_cursor + v_got;
+        IF v_got > 0 THEN
+            v_cursor := awa.lane_cursor_v1(r.lane_id);  -- sees the claims just made
+        END IF;
         RETURN QUERY
         WITH picked AS MATERIALIZED (
             SELECT e.*, COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default) AS timeout
