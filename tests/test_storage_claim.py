@@ -308,6 +308,8 @@ def test_the_lane_cursor_never_goes_backwards_through_rotation_and_carry_forward
                 assert stale == []
             if rnd.random() < 0.4:
                 _rotate_and_prune(a, "claim", rnd.choice(["rotate_v2", "rotate_v3"]))
+            if rnd.random() < 0.2:  # a lane's rows then span several queue slots
+                _rotate_and_prune(a, "queue", "rotate_v3")
         storage.finalize(
             a, [Finalization(j.job_id, j.run_lease, j.claim_slot, "completed") for j in held]
         )
