@@ -101,8 +101,12 @@ def test_a_queued_item_can_be_cancelled_and_a_retired_thread_is_replaced() -> No
 
         pool.bind(asyncio.get_running_loop(), deliver)
         pool.submit_many([stuck, dropped, later])
-        while stuck.ran_on is None:  # the pool's only thread takes the stuck item
-            await asyncio.sleep(0.001)
+
+        async def taken() -> None:  # the pool's only thread takes the stuck item
+            while stuck.ran_on is None:
+                await asyncio.sleep(0.001)
+
+        await asyncio.wait_for(taken(), 10)
         assert pool.cancel(dropped)  # still queued: it never runs
         assert not pool.cancel(stuck)  # running: too late
         thread = next(t for t in threading.enumerate() if t.name == stuck.ran_on)
