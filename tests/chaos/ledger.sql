@@ -172,6 +172,9 @@ ON CONFLICT DO NOTHING
 -- name: ring_rows
 SELECT ring, sum(rows)::bigint FROM awa.ring_slots_v1() GROUP BY ring
 
+-- name: lane_count
+SELECT count(*) FROM awa.queue_lanes
+
 -- name: leader_pid
 SELECT pid FROM awa.runtime_instances WHERE is_leader ORDER BY last_seen_at DESC LIMIT 1
 
