@@ -10,6 +10,7 @@ Delivery is at-least-once: each attempt is fenced by ``(job_id, run_lease)``.
 
 from awa_django.exceptions import (
     AwaError,
+    DuplicateJobError,
     InvalidArgumentsError,
     InvalidOptionError,
     IsolationLevelError,
@@ -28,6 +29,7 @@ from awa_django.worker.context import JobContext
 __all__ = [
     "AwaError",
     "Cancel",
+    "DuplicateJobError",
     "EnqueuedJob",
     "InvalidArgumentsError",
     "InvalidOptionError",

@@ -79,6 +79,7 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     "HISTORY_RETENTION": _Spec(86_400.0, _Kind.SECONDS),
     "DLQ_RETENTION": _Spec(2_592_000.0, _Kind.SECONDS),
     "RUNTIME_RETENTION": _Spec(3_600.0, _Kind.SECONDS),
+    "UNIQUE_SWEEP_INTERVAL": _Spec(60.0, _Kind.SECONDS),
     # Jobs one worker process runs at once across all its queues (its handler thread pool).
     "CONCURRENCY": _Spec(32, _Kind.INT, 1, 10_000),
     "PROCESSES": _Spec(1, _Kind.INT, 1, 256),
@@ -145,6 +146,7 @@ class AwaSettings:
     HISTORY_RETENTION: float
     DLQ_RETENTION: float
     RUNTIME_RETENTION: float
+    UNIQUE_SWEEP_INTERVAL: float
     CONCURRENCY: int
     PROCESSES: int
     QUEUES: Mapping[str, QueueSettings]

@@ -8,12 +8,15 @@ backend reports them as ``TaskError.exception_class_path`` (docs/tasks.md, "Erro
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AttemptRescued",
     "AwaError",
     "CallbackError",
     "CallbackTimedOut",
     "DeadlineExceeded",
+    "DuplicateJobError",
     "HeartbeatStale",
     "InvalidArgumentsError",
     "InvalidCallbackError",
@@ -70,6 +73,21 @@ class LimitExceededError(JobValidationError):
 
 class InvalidOptionError(JobValidationError):
     """A job option is out of range: queue name, priority, max_attempts, run_after, deadline."""
+
+
+class DuplicateJobError(AwaError):
+    """A unique job was enqueued with ``on_conflict="raise"`` while another job holds its key.
+
+    Nothing was written and the caller's transaction is still usable; ``existing`` is the
+    handle (an ``EnqueuedJob`` with ``duplicate=True``) of the job that holds the key.
+    """
+
+    def __init__(self, existing: Any) -> None:
+        self.existing = existing
+        super().__init__(
+            f"a {existing.kind} job with the same unique key exists: job {existing.id} "
+            f"({existing.state})"
+        )
 
 
 class TerminalError(AwaError):

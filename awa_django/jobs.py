@@ -19,6 +19,7 @@ from awa_django.db.enqueue import build_request, send_requests
 from awa_django.exceptions import UnknownKindError
 from awa_django.limits import tag_tuple
 from awa_django.types import EnqueuedJob, JobOptions, JobRequest
+from awa_django.unique import states_tuple
 from awa_django.worker.context import JobContext
 
 __all__ = ["Job", "JobOptions", "autodiscover_jobs", "get_job", "job", "registered_kinds"]
@@ -72,8 +73,17 @@ class Job(Generic[P, R]):
         tags: Iterable[str] = _UNSET,
         metadata: Mapping[str, object] | None = _UNSET,
         using: str | None = _UNSET,
+        unique: bool = _UNSET,
+        unique_key: str | None = _UNSET,
+        unique_for: float | timedelta | None = _UNSET,
+        unique_states: Iterable[str] | None = _UNSET,
+        on_conflict: Literal["return", "raise"] = _UNSET,
     ) -> Job[P, R]:
-        """Return a copy of this handle with the given options replaced (validated at enqueue)."""
+        """Return a copy of this handle with the given options replaced (validated at enqueue).
+
+        ``unique_key`` (any string; keys are per kind), ``unique_for`` (seconds or
+        ``timedelta``) and ``unique_states`` make the job unique (docs/jobs.md, "Unique jobs").
+        """
         changes: dict[str, Any] = {
             name: value
             for name, value in (
@@ -84,11 +94,17 @@ class Job(Generic[P, R]):
                 ("deadline", deadline),
                 ("metadata", metadata),
                 ("using", using),
+                ("unique", unique),
+                ("unique_key", unique_key),
+                ("unique_for", unique_for),
+                ("on_conflict", on_conflict),
             )
             if value is not _UNSET
         }
         if tags is not _UNSET:
             changes["tags"] = tag_tuple(tags)
+        if unique_states is not _UNSET:
+            changes["unique_states"] = states_tuple(unique_states)
         return Job(
             self.func,
             self.kind,
@@ -164,6 +180,10 @@ def job(
     tags: Iterable[str] = (),
     metadata: Mapping[str, object] | None = None,
     using: str | None = None,
+    unique: bool = False,
+    unique_for: float | timedelta | None = None,
+    unique_states: Iterable[str] | None = None,
+    on_conflict: Literal["return", "raise"] = "return",
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Job[P, R]]: ...
 
 
@@ -179,6 +199,10 @@ def job(
     tags: Iterable[str] = (),
     metadata: Mapping[str, object] | None = None,
     using: str | None = None,
+    unique: bool = False,
+    unique_for: float | timedelta | None = None,
+    unique_states: Iterable[str] | None = None,
+    on_conflict: Literal["return", "raise"] = "return",
 ) -> Callable[[Callable[P, R]], Job[P, R]]: ...
 
 
@@ -195,6 +219,10 @@ def job(
     tags: Iterable[str] = (),
     metadata: Mapping[str, object] | None = None,
     using: str | None = None,
+    unique: bool = False,
+    unique_for: float | timedelta | None = None,
+    unique_states: Iterable[str] | None = None,
+    on_conflict: Literal["return", "raise"] = "return",
 ) -> Any:
     """Register a function (sync or async) as a job kind; usable bare or with options.
 
@@ -202,7 +230,9 @@ def job(
     :class:`~awa_django.JobContext` (id, attempt, metadata, tags, previous errors, progress,
     cancellation, callbacks), as with django.tasks' ``@task(takes_context=True)``; callers
     enqueue without it. The kind is the function's dotted path (``module.qualname``) unless
-    ``name=`` is given. Options are validated when a job is enqueued. Registering two different
+    ``name=`` is given. ``unique=True`` makes every job of the kind unique by its arguments
+    (``unique_for``, ``unique_states``, ``on_conflict``: see docs/jobs.md, "Unique jobs").
+    Options are validated when a job is enqueued. Registering two different
     functions under one kind raises ``ImproperlyConfigured``; re-importing the same module is
     fine.
     """
@@ -214,6 +244,10 @@ def job(
         tags=tag_tuple(tags),
         metadata=metadata,
         using=using,
+        unique=unique,
+        unique_for=unique_for,
+        unique_states=states_tuple(unique_states),
+        on_conflict=on_conflict,
     )
 
     def register(f: Callable[..., Any]) -> Job[Any, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from asgiref.sync import sync_to_async
 
@@ -19,6 +19,7 @@ from awa_django.exceptions import InvalidArgumentsError, InvalidOptionError
 from awa_django.jobs import get_job
 from awa_django.limits import tag_tuple
 from awa_django.types import SEAL, EnqueuedJob, JobOptions, JobRequest
+from awa_django.unique import states_tuple
 
 __all__ = ["aenqueue", "aenqueue_many", "enqueue", "enqueue_many"]
 
@@ -36,13 +37,19 @@ def enqueue(
     tags: Iterable[str] | None = None,
     metadata: Mapping[str, object] | None = None,
     using: str | None = None,
+    unique: bool | None = None,
+    unique_key: str | None = None,
+    unique_for: float | timedelta | None = None,
+    unique_states: Iterable[str] | None = None,
+    on_conflict: Literal["return", "raise"] | None = None,
 ) -> EnqueuedJob:
     """Enqueue one job of a registered ``kind`` in the caller's transaction.
 
     ``args`` is a list or tuple and ``kwargs`` a mapping (a string is refused, not split into
     characters). Options left as ``None`` take the ``@job`` defaults, then the settings'
     defaults. Raises a ``JobValidationError`` subclass, with nothing written and the caller's
-    transaction untouched, for an unknown kind or bad input.
+    transaction untouched, for an unknown kind or bad input. The unique options are those of
+    ``Job.using`` (docs/jobs.md, "Unique jobs").
     """
     handle = get_job(kind)
     if type(args) not in (list, tuple):
@@ -61,6 +68,13 @@ def enqueue(
         tags=tags if tags is not None else base.tags,
         metadata=metadata if metadata is not None else base.metadata,
         using=using if using is not None else base.using,
+        unique=unique if unique is not None else base.unique,
+        unique_key=unique_key if unique_key is not None else base.unique_key,
+        unique_for=unique_for if unique_for is not None else base.unique_for,
+        unique_states=(
+            states_tuple(unique_states) if unique_states is not None else base.unique_states
+        ),
+        on_conflict=on_conflict if on_conflict is not None else base.on_conflict,
     )
     request = build_request(kind, tuple(args), dict(kwargs or {}), options)
     return send_requests([request], request.using)[0]

@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
 
 from awa_django import serialization
+
+if TYPE_CHECKING:
+    from awa_django.unique import UniqueSpec
 
 __all__ = ["JSON", "SEAL", "EnqueuedJob", "JobOptions", "JobRequest"]
 
@@ -26,6 +29,9 @@ class JobOptions:
 
     ``run_after`` is an aware ``datetime`` or a ``timedelta`` measured on the database clock at
     enqueue; ``deadline`` is the hard time limit of one attempt (seconds or ``timedelta``).
+    ``unique`` (or any of ``unique_key``, ``unique_for``, ``unique_states``) makes the job hold
+    a key while it may block duplicates; ``on_conflict`` says what enqueueing a duplicate does
+    (``"return"`` the existing job's handle, or ``"raise"`` ``DuplicateJobError``).
     """
 
     queue: str | None = None
@@ -36,6 +42,11 @@ class JobOptions:
     tags: tuple[str, ...] = ()
     metadata: Mapping[str, object] | None = None
     using: str | None = None
+    unique: bool = False
+    unique_key: str | None = None
+    unique_for: float | timedelta | None = None
+    unique_states: tuple[str, ...] | None = None
+    on_conflict: Literal["return", "raise"] = "return"
 
 
 class _JobRequestFields(NamedTuple):
@@ -53,6 +64,7 @@ class _JobRequestFields(NamedTuple):
     metadata_json: str | None = None
     tags: tuple[str, ...] | None = None
     sealed: object = None
+    unique: UniqueSpec | None = None
 
 
 class JobRequest(_JobRequestFields):
@@ -108,6 +120,9 @@ class EnqueuedJob(NamedTuple):
 
     ``state`` is ``available`` or ``scheduled`` (a future ``run_after``). Immutable (a named
     tuple: cheap to create by the thousand in ``enqueue_many``).
+
+    ``duplicate`` is True when a unique job was not written because another job holds its key:
+    ``id``, ``queue``, ``priority`` and ``state`` are then that job's.
     """
 
     id: int
@@ -116,3 +131,4 @@ class EnqueuedJob(NamedTuple):
     priority: int
     state: str
     using: str
+    duplicate: bool = False

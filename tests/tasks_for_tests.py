@@ -176,3 +176,8 @@ def _local_error() -> type[Exception]:
 @task
 def raises_a_local_class() -> None:
     raise _local_error()("defined in a function")
+
+
+@task(unique=True)
+def unique_add(a: int, b: int) -> int:
+    return a + b

@@ -7,6 +7,7 @@ import awa_django
 EXPECTED = {
     "AwaError",
     "Cancel",
+    "DuplicateJobError",
     "EnqueuedJob",
     "InvalidArgumentsError",
     "InvalidOptionError",

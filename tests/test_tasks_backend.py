@@ -657,3 +657,23 @@ def test_a_priority_that_is_not_an_int_is_an_invalid_task_not_a_type_error() -> 
     for priority in ("5", 5.0, True):
         with pytest.raises(InvalidTask, match="Priority must be an int"):
             t.add.using(priority=priority).enqueue(1, 2)  # type: ignore[arg-type]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_unique_task_returns_the_existing_result_for_a_duplicate() -> None:
+    import dataclasses
+
+    from awa_django import DuplicateJobError
+
+    first = t.unique_add.enqueue(1, 2)
+    again = t.unique_add.enqueue(1, 2)
+    other = t.unique_add.enqueue(2, 2)
+    assert again.id == first.id and again.status == TaskResultStatus.READY
+    assert again.args == [1, 2] and other.id != first.id
+    keyed = dataclasses.replace(t.unique_add, unique_key="one-per-day")
+    a, b = keyed.enqueue(5, 5), keyed.enqueue(6, 6)
+    assert b.id == a.id and b.args == [5, 5]
+    with pytest.raises(DuplicateJobError):
+        dataclasses.replace(t.unique_add, on_conflict="raise").enqueue(1, 2)
+    with pg() as conn:
+        assert conn.execute("SELECT count(*) FROM awa.jobs").fetchone() == (3,)

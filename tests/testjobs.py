@@ -374,3 +374,8 @@ def context_probe(context: Any, fail: bool) -> str:
 def ctx_is_just_a_name(ctx: int) -> int:
     """A first parameter named ctx, without takes_context: an ordinary argument."""
     return ctx * 2
+
+
+@job(queue="uniq", unique=True)
+def unique_noop(n: int = 0) -> int:
+    return n

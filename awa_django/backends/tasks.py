@@ -66,6 +66,7 @@ from awa_django.limits import (
 from awa_django.sql import query
 from awa_django.states import JobState
 from awa_django.types import JobOptions, JobRequest
+from awa_django.unique import states_tuple
 
 __all__ = ["STATUS_OF_STATE", "AwaTask", "AwaTaskBackend", "resolve_stored", "resolve_task"]
 
@@ -87,12 +88,22 @@ _OPTIONS = {"database", "max_attempts", "deadline", "tags"}
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class AwaTask(Task):  # type: ignore[type-arg]
     """A django.tasks ``Task`` with awa_django's options, set through ``@task(**kwargs)``
-    (Django 6.1 and the backport): ``max_attempts``, ``deadline`` (seconds), ``tags``.
-    ``None`` means the backend's ``OPTIONS`` default."""
+    (Django 6.1 and the backport): ``max_attempts``, ``deadline`` (seconds), ``tags``, and the
+    unique options below. ``None`` means the backend's ``OPTIONS`` default (for the unique
+    options: not unique)."""
 
     max_attempts: int | None = None
     deadline: float | None = None
     tags: tuple[str, ...] | None = None
+    #: Unique tasks (docs/jobs.md, "Unique jobs"): ``unique=True`` keys the task by its
+    #: arguments, ``unique_key`` by any string (set it per call with ``dataclasses.replace``);
+    #: a duplicate's ``enqueue`` returns the existing task's result, or raises
+    #: ``DuplicateJobError`` with ``on_conflict="raise"``.
+    unique: bool | None = None
+    unique_key: str | None = None
+    unique_for: float | None = None
+    unique_states: tuple[str, ...] | None = None
+    on_conflict: str | None = None
 
 
 class AwaTaskBackend(BaseTaskBackend):
@@ -137,6 +148,7 @@ class AwaTaskBackend(BaseTaskBackend):
         max_attempts = getattr(task, "max_attempts", None) or self.max_attempts
         deadline = getattr(task, "deadline", None) or self.deadline
         tags = getattr(task, "tags", None)
+        unique_states = getattr(task, "unique_states", None)
         return JobOptions(
             queue=task.queue_name,
             priority=task.priority,
@@ -145,6 +157,11 @@ class AwaTaskBackend(BaseTaskBackend):
             deadline=deadline,
             tags=tag_tuple(tags if tags is not None else self.tags),
             using=self.alias_for_db,
+            unique=getattr(task, "unique", None) or False,
+            unique_key=getattr(task, "unique_key", None),
+            unique_for=getattr(task, "unique_for", None),
+            unique_states=states_tuple(unique_states),
+            on_conflict=getattr(task, "on_conflict", None) or "return",
         )
 
     def _request(
@@ -187,6 +204,8 @@ class AwaTaskBackend(BaseTaskBackend):
         except JobValidationError as exc:
             raise InvalidTask(str(exc)) from exc
         [handle] = send_requests([request], request.using)
+        if handle.duplicate:  # a unique task: nothing written, the holder's result instead
+            return self.get_result(str(handle.id))
         with connections[request.using].cursor() as cursor:
             cursor.execute(query("task_enqueued_at"), [handle.id, handle.id])
             row = cursor.fetchone()

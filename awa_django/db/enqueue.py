@@ -9,6 +9,7 @@ woken (NOTIFY) only at commit.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import threading
@@ -17,14 +18,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connections
+from django.db import connections, transaction
 from django.utils import timezone
 
 from awa_django import serialization
 from awa_django.conf import awa_settings, get_awa_settings
 from awa_django.db.bulk import copy_enqueue
 from awa_django.db.transactions import checked_alias, write_transaction
-from awa_django.exceptions import InvalidOptionError, LimitExceededError
+from awa_django.exceptions import DuplicateJobError, InvalidOptionError, LimitExceededError
 from awa_django.limits import (
     check_max_attempts,
     check_priority,
@@ -34,8 +35,13 @@ from awa_django.limits import (
 )
 from awa_django.sql import query
 from awa_django.types import SEAL, EnqueuedJob, JobOptions, JobRequest
+from awa_django.unique import UniqueSpec, unique_spec
 
-__all__ = ["build_request", "forget_known_lanes", "send_requests"]
+__all__ = ["RESERVED_METADATA_PREFIX", "build_request", "forget_known_lanes", "send_requests"]
+
+#: Metadata keys starting with this are awa_django's own (the unique key's spec, stored with
+#: the job); a request that sets one is refused.
+RESERVED_METADATA_PREFIX = "awa:"
 
 # Requests per statement in enqueue_many: large enough to amortise the round trips, small
 # enough to keep one statement's data modest.
@@ -83,12 +89,34 @@ def build_request(
     if options.metadata is not None:
         if not isinstance(options.metadata, Mapping):
             raise InvalidOptionError("metadata", "must be a mapping (a JSON object)")
+        for name in options.metadata:
+            if type(name) is str and name.startswith(RESERVED_METADATA_PREFIX):
+                raise InvalidOptionError(
+                    "metadata",
+                    f"{name!r}: keys starting with {RESERVED_METADATA_PREFIX!r} are reserved "
+                    "for awa_django",
+                )
         metadata_json = serialization.dumps(
             dict(options.metadata),
             "metadata",
             max_bytes=cfg.METADATA_MAX_BYTES,
             max_depth=cfg.JSON_MAX_DEPTH,
         )
+    unique = (
+        None
+        if not options.unique
+        and options.unique_key is None
+        and options.unique_for is None
+        and options.unique_states is None
+        and options.on_conflict == "return"
+        else unique_spec(
+            options.unique,
+            options.unique_key,
+            options.unique_for,
+            options.unique_states,
+            options.on_conflict,
+        )
+    )
     # Positional: a named tuple is built fastest so (enqueue_many prepares thousands).
     return JobRequest(
         kind,
@@ -103,6 +131,7 @@ def build_request(
         metadata_json,
         _check_tags(options.tags) if options.tags else None,
         SEAL,
+        unique,
     )
 
 
@@ -166,6 +195,8 @@ def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJo
     if not requests:
         return []
     _ensure_lanes(using, {(r.queue, r.priority) for r in requests})
+    if any(r.unique is not None for r in requests):
+        return _send_unique(requests, using)
     statements = 1 if len(requests) == 1 else 2
     with (
         write_transaction(using, statements=statements) as connection,
@@ -213,6 +244,69 @@ def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJo
                 for r, row in zip(chunk, rows, strict=True)
             )
     return results
+
+
+def _send_unique(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJob]:
+    """Write requests of which some are unique, one ``awa.enqueue_one_v3`` each, in order (a
+    duplicate of an earlier request of the batch included), in one READ COMMITTED transaction.
+    A duplicate with ``on_conflict="raise"`` raises ``DuplicateJobError`` once every request
+    is sent, with none of the batch written (its own transaction in autocommit, a savepoint in
+    the caller's), the caller's transaction still usable."""
+    results: list[EnqueuedJob] = []
+    raised: EnqueuedJob | None = None
+    limits = _sql_limit_values()
+    caller = connections[using]
+    # In the caller's transaction, a batch that may raise runs in a savepoint, so that raising
+    # leaves none of it written.
+    savepoint = (
+        (caller.in_atomic_block or not caller.get_autocommit())
+        and len(requests) > 1
+        and any(r.unique is not None and r.unique.on_conflict == "raise" for r in requests)
+    )
+    with (
+        transaction.atomic(using=using) if savepoint else contextlib.nullcontext(),
+        write_transaction(using, statements=2, read_committed=True) as connection,
+        connection.cursor() as cursor,
+    ):
+        for r in requests:
+            spec = r.unique
+            cursor.execute(
+                query("enqueue_one_unique"),
+                [
+                    r.kind,
+                    r.queue,
+                    r.priority,
+                    r.args_json,
+                    r.max_attempts,
+                    r.run_at,
+                    r.delay,
+                    r.deadline,
+                    r.metadata_json,
+                    list(r.tags) if r.tags else None,
+                    *limits,
+                    *_unique_values(spec),
+                ],
+            )
+            job_id, state, queue, priority, duplicate = cursor.fetchone()
+            handle = EnqueuedJob(job_id, r.kind, queue, priority, state, using, duplicate)
+            results.append(handle)
+            if duplicate and spec is not None and spec.on_conflict == "raise" and raised is None:
+                raised = handle
+        if raised is not None:
+            raise DuplicateJobError(raised)
+    return results
+
+
+def _unique_values(spec: UniqueSpec | None) -> tuple[Any, ...]:
+    """The unique arguments of ``awa.enqueue_one_v3`` for ``spec`` (None: not unique)."""
+    if spec is None:
+        return (False, None, None, None)
+    return (
+        True,
+        spec.key,
+        spec.for_seconds,
+        list(spec.states) if spec.states is not None else None,
+    )
 
 
 #: How much larger PostgreSQL's binary jsonb can be than compact JSON text: a one-digit number

@@ -2,8 +2,9 @@
 
 Every worker (unless ``--no-maintenance``) and every ``awa_maintenance`` process competes for a
 session-level advisory lock on a dedicated connection. The holder is the leader: it promotes due
-deferred jobs, rescues abandoned attempts, rotates and prunes the rings, and expires old DLQ
-rows, runtime rows and orphaned attempt state. If the leader dies or loses its connection,
+deferred jobs, rescues abandoned attempts, rotates and prunes the rings, expires old DLQ
+rows, runtime rows and orphaned attempt state, and deletes the keys of unique jobs that no
+longer block duplicates. If the leader dies or loses its connection,
 Postgres frees the lock and another process takes over from durable state on its next election
 attempt. Each task is one short, bounded statement; a failing task is logged and retried on its
 next interval, never in a hot loop. Only a lost connection costs leadership: a deadlock, a lock
@@ -45,6 +46,9 @@ __all__ = ["Maintenance", "MaintenanceSettings"]
 log = logging.getLogger("awa_django.maintenance")
 
 QUEUE_RING_SLOTS = 16
+#: Keys of unique jobs the sweep reads per statement, and statements per run.
+UNIQUE_SWEEP_PAGE = 500
+UNIQUE_SWEEP_PAGES = 20
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,10 +109,13 @@ class Maintenance:
             ("prune", s.awa.PRUNE_INTERVAL, self._prune),
             ("rotate", min(s.awa.PRUNE_INTERVAL, s.awa.CLAIM_ROTATE_INTERVAL), self._rotate),
             ("retention", s.cleanup_interval, self._retention),
+            ("unique", s.awa.UNIQUE_SWEEP_INTERVAL, self._sweep_unique),
         ]
         if register:
             self.tasks.append(("runtime", s.awa.RUNTIME_REFRESH_INTERVAL, self._upsert_runtime))
         self._due: dict[str, float] = {}
+        # Where the sweep of unique keys goes on from (in memory: a new leader starts over).
+        self._unique_after: tuple[Any, Any] = (None, None)
 
     async def deregister(self) -> None:
         """Remove this process's runtime row (clean exit of awa_maintenance)."""
@@ -320,6 +327,23 @@ class Maintenance:
         cursor = await conn.execute(query("cleanup"), [self.settings.awa.RUNTIME_RETENTION])
         row = await cursor.fetchone()
         self.count("cleaned", int(row[0]) if row else 0)
+
+    async def _sweep_unique(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Delete keys of unique jobs that no longer block duplicates, a bounded number of
+        pages per run (a key that still blocks is kept and looked at again next round)."""
+        for _ in range(UNIQUE_SWEEP_PAGES):
+            after_taken, after_key = self._unique_after
+            cursor = await conn.execute(
+                query("unique_sweep"), [after_taken, after_key, UNIQUE_SWEEP_PAGE]
+            )
+            row = await cursor.fetchone()
+            if row is None:  # pragma: no cover - the function always returns a row
+                return
+            deleted, next_taken, next_key = row
+            self.count("unique_released", int(deleted))
+            self._unique_after = (next_taken, next_key)
+            if next_taken is None:
+                return
 
 
 async def _leader_session(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -10,7 +10,8 @@ Guarantees:
   ``queue_drain`` batch call engine functions that lock and then re-read: a transaction of
   their own is set to READ COMMITTED whatever the alias's default, and a caller's transaction
   at another level gets ``IsolationLevelError`` before anything is written (it stays usable).
-  ``queue_pause``, ``dlq_retry`` and ``dlq_purge`` are single statements that run at any level.
+  ``dlq_retry`` too (a unique job takes its key again). ``queue_pause`` and ``dlq_purge`` are
+  single statements that run at any level.
 * **Checked first.** Bad input raises a ``JobValidationError`` before anything is sent to the
   database, so the caller's transaction stays usable.
 * Every write is an engine SQL function (``awa_django/sql/queries/operations.sql``) on the
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from awa_django import serialization
 from awa_django.conf import get_awa_settings
@@ -83,20 +85,30 @@ def dlq_retry(
     queue: str | None = None,
     priority: int | None = None,
     using: str | None = None,
+    on_unique_conflict: Literal["refuse", "run"] = "refuse",
 ) -> list[int]:
     """Move dead-lettered jobs back to work (attempt 0, error history kept); return their ids.
 
     ``queue`` and ``priority`` optionally send them elsewhere. Ids not in the DLQ are ignored.
-    All of them move, or none.
+    A unique job takes its key again; when another job holds it, ``on_unique_conflict`` says
+    whether the job stays in the DLQ (``"refuse"``, the default: its id is not returned) or is
+    retried without the key (``"run"``). All of them move, or none.
     """
     ids = check_ids("job_ids", job_ids)
     if queue is not None:
         check_queue_name(queue)
     if priority is not None:
         check_priority(priority)
-    with write_transaction(alias(using)) as connection, connection.cursor() as c:
-        c.execute(query("dlq_retry"), [ids, queue, priority])
-        return [int(row[0]) for row in c.fetchall()]  # one column: the job id
+    if on_unique_conflict not in ("refuse", "run"):
+        raise InvalidOptionError(
+            "on_unique_conflict", f"{on_unique_conflict!r} is not 'refuse' or 'run'"
+        )
+    with (
+        write_transaction(alias(using), read_committed=True) as connection,
+        connection.cursor() as c,
+    ):
+        c.execute(query("dlq_retry"), [ids, queue, priority, on_unique_conflict])
+        return [int(job_id) for job_id, outcome in c.fetchall() if outcome == "retried"]
 
 
 def dlq_purge(job_ids: Sequence[int], *, using: str | None = None) -> list[int]:

@@ -2,7 +2,7 @@
 -- Do not edit: change a migration, then regenerate. tests/test_schema.py compares it with a
 -- freshly migrated database. Catalog definitions, sorted; not a script to run.
 
--- relation (97)
+-- relation (98)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
 TABLE attempt_state WITH (fillfactor=80)
@@ -94,6 +94,7 @@ TABLE ring_rotations
 TABLE rings
 TABLE runtime_instances WITH (fillfactor=70)
 TABLE schema_migrations
+TABLE unique_keys
 TYPE job_body
 VIEW jobs
 VIEW live_jobs
@@ -101,7 +102,7 @@ VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (252)
+-- column (259)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -354,12 +355,19 @@ terminal_jobs.017 metadata jsonb
 terminal_jobs.018 tags text[]
 terminal_jobs.019 ready_slot integer
 terminal_jobs.020 ready_generation bigint
+unique_keys.001 unique_key bytea NOT NULL
+unique_keys.002 job_id bigint NOT NULL
+unique_keys.003 kind text NOT NULL
+unique_keys.004 key_text text NOT NULL
+unique_keys.005 states text[] NOT NULL
+unique_keys.006 expires_at timestamp with time zone
+unique_keys.007 taken_at timestamp with time zone NOT NULL DEFAULT clock_timestamp()
 
 -- sequence (2)
 job_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 lane_id_seq AS integer START 1 INCREMENT 1 MIN 1 MAX 2147483647 CACHE 1
 
--- constraint (26)
+-- constraint (27)
 attempt_state attempt_state_pkey PRIMARY KEY (job_id, run_lease)
 claim_closures claim_closures_pkey PRIMARY KEY (job_id, run_lease, claim_slot)
 claims claims_pkey PRIMARY KEY (job_id, run_lease, claim_slot)
@@ -386,8 +394,9 @@ rings rings_ring_check CHECK ((ring = ANY (ARRAY['queue'::text, 'claim'::text, '
 rings rings_slot_count_check CHECK ((slot_count >= 4))
 runtime_instances runtime_instances_pkey PRIMARY KEY (instance_id)
 schema_migrations schema_migrations_pkey PRIMARY KEY (name)
+unique_keys unique_keys_pkey PRIMARY KEY (unique_key)
 
--- index (34)
+-- index (37)
 CREATE INDEX attempt_state_callback_idx ON awa.attempt_state USING btree (callback_id) WHERE (callback_id IS NOT NULL)
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at)
 CREATE INDEX claims_deadline_idx ON ONLY awa.claims USING btree (deadline_at) WHERE (deadline_at IS NOT NULL)
@@ -406,6 +415,8 @@ CREATE INDEX leases_callback_idx ON ONLY awa.leases USING btree (callback_id) WH
 CREATE INDEX ready_entries_job_idx ON ONLY awa.ready_entries USING btree (job_id)
 CREATE INDEX ready_tombstones_job_idx ON ONLY awa.ready_tombstones USING btree (job_id)
 CREATE INDEX ring_prunes_ring_at_idx ON awa.ring_prunes USING btree (ring, pruned_at DESC)
+CREATE INDEX unique_keys_job_idx ON awa.unique_keys USING btree (job_id)
+CREATE INDEX unique_keys_taken_idx ON awa.unique_keys USING btree (taken_at, unique_key)
 CREATE UNIQUE INDEX attempt_state_pkey ON awa.attempt_state USING btree (job_id, run_lease)
 CREATE UNIQUE INDEX claim_closures_pkey ON ONLY awa.claim_closures USING btree (job_id, run_lease, claim_slot)
 CREATE UNIQUE INDEX claims_pkey ON ONLY awa.claims USING btree (job_id, run_lease, claim_slot)
@@ -422,6 +433,7 @@ CREATE UNIQUE INDEX ring_rotations_pkey ON awa.ring_rotations USING btree (ring,
 CREATE UNIQUE INDEX rings_pkey ON awa.rings USING btree (ring)
 CREATE UNIQUE INDEX runtime_instances_pkey ON awa.runtime_instances USING btree (instance_id)
 CREATE UNIQUE INDEX schema_migrations_pkey ON awa.schema_migrations USING btree (name)
+CREATE UNIQUE INDEX unique_keys_pkey ON awa.unique_keys USING btree (unique_key)
 
 -- partition index (72)
 claim_closures_0: 1
@@ -497,7 +509,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (76)
+-- function (87)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1130,6 +1142,14 @@ AS $function$
         max_attempts jsonb, run_at jsonb, delay jsonb, deadline jsonb, metadata jsonb, tags jsonb)
 $function$
 
+CREATE OR REPLACE FUNCTION awa._job_state_v1(p_job_id bigint)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT j.state FROM awa.jobs j WHERE j.id = p_job_id LIMIT 1
+$function$
+
 CREATE OR REPLACE FUNCTION awa._json_integer_error_v1(p_value jsonb, p_field text, p_low integer, p_high integer)
  RETURNS text
  LANGUAGE sql
@@ -1560,6 +1580,68 @@ AS $function$
         WHEN p_delay IS NOT NULL AND NOT (p_delay >= -3155760000 AND p_delay <= 3155760000) THEN
             'delay: must be a number of seconds within 100 years (3155760000)'
     END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._unique_blocks_v1(p_job bigint, p_states text[], p_expires timestamp with time zone)
+ RETURNS boolean
+ LANGUAGE sql
+AS $function$
+    SELECT (p_expires IS NULL OR p_expires > clock_timestamp())
+       AND COALESCE(awa._job_state_v1(p_job) = ANY (p_states), false)
+$function$
+
+CREATE OR REPLACE FUNCTION awa._unique_error_v1(p_key text, p_for double precision, p_states text[])
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT CASE
+        WHEN p_key IS NOT NULL AND length(p_key) > 10000 THEN
+            format('unique_key: %s characters exceeds the limit of 10000', length(p_key))
+        WHEN p_for IS NOT NULL AND NOT (p_for > 0 AND p_for <= 3155760000) THEN
+            'unique_for: must be a positive number of seconds, at most 3155760000 (100 years)'
+        WHEN p_states IS NOT NULL AND (
+                cardinality(p_states) = 0 OR array_position(p_states, NULL) IS NOT NULL
+                OR NOT p_states <@ awa.unique_states_v1()) THEN
+            format('unique_states: %s: must be a non-empty list of %s', p_states::text,
+                   array_to_string(awa.unique_states_v1(), ', '))
+    END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._unique_take_v1(p_digest bytea, p_job bigint, p_kind text, p_key_text text, p_states text[], p_for double precision)
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    h awa.unique_keys%ROWTYPE;
+    v_expires timestamptz;
+BEGIN
+    PERFORM awa._require_read_committed_v1('a unique enqueue');
+    FOR i IN 1..20 LOOP
+        v_expires := clock_timestamp() + make_interval(secs => p_for);
+        INSERT INTO awa.unique_keys (unique_key, job_id, kind, key_text, states, expires_at)
+        VALUES (p_digest, p_job, p_kind, left(p_key_text, 200), p_states, v_expires)
+        ON CONFLICT (unique_key) DO NOTHING;
+        IF FOUND THEN
+            RETURN NULL;
+        END IF;
+        SELECT * INTO h FROM awa.unique_keys u WHERE u.unique_key = p_digest;
+        CONTINUE WHEN NOT FOUND;  -- swept meanwhile: insert again
+        IF h.job_id <> p_job AND awa._unique_blocks_v1(h.job_id, h.states, h.expires_at) THEN
+            RETURN h.job_id;
+        END IF;
+        UPDATE awa.unique_keys u
+        SET job_id = p_job, kind = p_kind, key_text = left(p_key_text, 200), states = p_states,
+            expires_at = v_expires, taken_at = clock_timestamp()
+        WHERE u.unique_key = p_digest AND u.job_id = h.job_id AND u.taken_at = h.taken_at;
+        IF FOUND THEN
+            RETURN NULL;
+        END IF;
+        -- Taken over or swept by another transaction since it was read: look again.
+    END LOOP;
+    RAISE EXCEPTION 'unique key of kind % is contended; retry the transaction', p_kind
+        USING ERRCODE = '40001';
+END
 $function$
 
 CREATE OR REPLACE FUNCTION awa._unknown_key_v1(p_job jsonb)
@@ -2123,6 +2205,59 @@ BEGIN
 END
 $function$
 
+CREATE OR REPLACE FUNCTION awa.dlq_retry_v2(p_job_ids bigint[], p_queue text DEFAULT NULL::text, p_priority integer DEFAULT NULL::integer, p_on_conflict text DEFAULT 'refuse'::text)
+ RETURNS TABLE(job_id bigint, outcome text, holder bigint)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    d record;
+    v_holder bigint;
+    v_retry bigint[] := '{}';
+    v_refused bigint[] := '{}';
+    v_holders bigint[] := '{}';
+    v_spec jsonb;
+BEGIN
+    IF p_on_conflict IS NULL OR p_on_conflict NOT IN ('refuse', 'run') THEN
+        RAISE EXCEPTION 'on_conflict: % is not refuse or run', quote_nullable(p_on_conflict)
+            USING ERRCODE = '22023';
+    END IF;
+    FOR d IN
+        SELECT q.job_id, q.kind, q.metadata -> 'awa:unique' AS spec
+        FROM awa.dlq_entries q WHERE q.job_id = ANY (p_job_ids)
+        ORDER BY q.job_id
+        FOR UPDATE
+    LOOP
+        v_spec := d.spec;
+        v_holder := NULL;
+        IF jsonb_typeof(v_spec) = 'object' AND v_spec ->> 'digest' ~ '^[0-9a-f]{64}$' THEN
+            v_holder := awa._unique_take_v1(
+                decode(v_spec ->> 'digest', 'hex'), d.job_id, d.kind,
+                COALESCE(v_spec ->> 'key', ''),
+                COALESCE((SELECT array_agg(s) FROM jsonb_array_elements_text(
+                              CASE WHEN jsonb_typeof(v_spec -> 'states') = 'array'
+                                   THEN v_spec -> 'states' END) s
+                          WHERE s = ANY (awa.unique_states_v1())),
+                         awa.unique_default_states_v1()),
+                CASE WHEN jsonb_typeof(v_spec -> 'for') = 'number'
+                          AND (v_spec ->> 'for')::double precision > 0
+                     THEN LEAST((v_spec ->> 'for')::double precision, 3155760000) END);
+        END IF;
+        IF v_holder IS NOT NULL AND p_on_conflict = 'refuse' THEN
+            v_refused := v_refused || d.job_id;
+            v_holders := v_holders || v_holder;
+        ELSE
+            v_retry := v_retry || d.job_id;
+        END IF;
+    END LOOP;
+    RETURN QUERY
+    SELECT r, 'retried'::text, NULL::bigint
+    FROM awa.dlq_retry_v1(v_retry, p_queue, p_priority) r;
+    RETURN QUERY
+    SELECT u.j, 'refused'::text, u.h FROM unnest(v_refused, v_holders) AS u(j, h);
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa.enqueue_one_v1(p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer, p_run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_delay double precision DEFAULT NULL::double precision, p_deadline double precision DEFAULT NULL::double precision, p_metadata jsonb DEFAULT NULL::jsonb, p_tags text[] DEFAULT NULL::text[], p_limits jsonb DEFAULT '{}'::jsonb, OUT job_id bigint, OUT state text)
  RETURNS record
  LANGUAGE plpgsql
@@ -2261,6 +2396,135 @@ BEGIN
     SELECT r.slot, r.generation, v_lane, nextval(v_seq), nextval('awa.job_id_seq'), p_priority,
            0, p_max_attempts, 0, p_queue, p_kind, p_args, n.now, n.now, p_deadline, p_metadata,
            p_tags
+    FROM (SELECT clock_timestamp() AS now) n,
+         (SELECT r.slot, r.generation FROM awa.ring_rotations r WHERE r.ring = 'queue'
+          ORDER BY r.generation DESC LIMIT 1) r
+    RETURNING e.job_id INTO job_id;
+    PERFORM pg_notify('awa_jobs', p_queue);
+    state := 'available';
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.enqueue_one_v3(p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer, p_run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_delay double precision DEFAULT NULL::double precision, p_deadline double precision DEFAULT NULL::double precision, p_metadata jsonb DEFAULT NULL::jsonb, p_tags text[] DEFAULT NULL::text[], p_args_max_bytes integer DEFAULT 1048576, p_metadata_max_bytes integer DEFAULT 65536, p_json_max_depth integer DEFAULT 32, p_max_tags integer DEFAULT 20, p_tag_max_length integer DEFAULT 100, p_unique boolean DEFAULT false, p_unique_key text DEFAULT NULL::text, p_unique_for double precision DEFAULT NULL::double precision, p_unique_states text[] DEFAULT NULL::text[], OUT job_id bigint, OUT state text, OUT queue text, OUT priority integer, OUT duplicate boolean)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_variable
+DECLARE
+    v_error text;
+    v_now timestamptz;
+    v_run_at timestamptz;
+    v_lanes integer[];
+    v_seqs regclass[];
+    v_n integer;
+    v_home integer;
+    v_lane integer;
+    v_seq regclass;
+    v_id bigint;
+    v_key text;
+    v_digest bytea;
+    v_states text[];
+    v_holder bigint;
+    v_metadata jsonb := p_metadata;
+    i integer;
+BEGIN
+    queue := p_queue;
+    priority := p_priority;
+    duplicate := false;
+    -- Enough to be valid (the depth bound: n bytes of jsonb nest at most about n / 4 levels).
+    IF NOT COALESCE(
+        p_json_max_depth BETWEEN 1 AND 256 AND p_args_max_bytes >= 1
+        AND p_metadata_max_bytes >= 1 AND p_max_tags >= 0 AND p_tag_max_length >= 1
+        AND p_kind <> '' AND length(p_kind) <= 255 AND awa.valid_queue_name(p_queue)
+        AND p_priority BETWEEN -100 AND 100 AND p_max_attempts BETWEEN 1 AND 1000
+        AND pg_column_size(p_args) <= LEAST(p_args_max_bytes, 4 * (p_json_max_depth + 2))
+        AND jsonb_typeof(p_args) = 'object' AND jsonb_typeof(p_args -> 'args') = 'array'
+        AND jsonb_typeof(p_args -> 'kwargs') = 'object'
+        AND (p_deadline IS NULL OR (p_deadline > 0 AND p_deadline <= 3155760000))
+        AND (p_metadata IS NULL
+             OR (jsonb_typeof(p_metadata) = 'object'
+                 AND pg_column_size(p_metadata) <= LEAST(p_metadata_max_bytes, 4 * p_json_max_depth)))
+        AND p_tags IS NULL AND p_run_at IS NULL AND p_delay IS NULL, false)
+    THEN
+        v_error := awa._enqueue_one_error_v2(
+            p_kind, p_queue, p_priority, p_args, p_max_attempts, p_run_at, p_delay, p_deadline,
+            p_metadata, p_tags, p_args_max_bytes, p_metadata_max_bytes, p_json_max_depth,
+            p_max_tags, p_tag_max_length);
+        IF v_error IS NOT NULL THEN
+            RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+        END IF;
+    END IF;
+    IF p_unique OR p_unique_key IS NOT NULL THEN
+        v_error := awa._unique_error_v1(p_unique_key, p_unique_for, p_unique_states);
+        IF v_error IS NOT NULL THEN
+            RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+        END IF;
+        v_key := COALESCE(p_unique_key, awa.unique_default_key_v1(p_args));
+        v_digest := awa.unique_digest_v1(p_kind, v_key);
+        v_states := COALESCE(p_unique_states, awa.unique_default_states_v1());
+        v_id := nextval('awa.job_id_seq');
+        -- The key first, the lane after: a producer waiting for a key holds no lane.
+        v_holder := awa._unique_take_v1(v_digest, v_id, p_kind, v_key, v_states, p_unique_for);
+        IF v_holder IS NOT NULL THEN
+            job_id := v_holder;
+            duplicate := true;
+            SELECT j.state, j.queue, j.priority INTO state, queue, priority
+            FROM awa.jobs j WHERE j.id = v_holder LIMIT 1;
+            RETURN;
+        END IF;
+        v_metadata := COALESCE(p_metadata, '{}'::jsonb) || jsonb_build_object(
+            'awa:unique', jsonb_build_object('digest', encode(v_digest, 'hex'),
+                                             'key', left(v_key, 200), 'states', v_states,
+                                             'for', p_unique_for));
+    END IF;
+    IF p_run_at IS NOT NULL OR p_delay > 0 THEN
+        v_now := clock_timestamp();
+        v_run_at := GREATEST(COALESCE(p_run_at, v_now + make_interval(secs => COALESCE(p_delay, 0))), v_now);
+        IF v_run_at > v_now THEN
+            job_id := COALESCE(v_id, nextval('awa.job_id_seq'));
+            INSERT INTO awa.deferred_jobs (
+                job_id, state, queue, priority, kind, args, attempt, max_attempts, run_lease,
+                run_at, created_at, deadline_secs, metadata, tags)
+            VALUES (job_id, 'scheduled', p_queue, p_priority, p_kind, p_args, 0,
+                    p_max_attempts, 0, v_run_at, v_now, p_deadline, v_metadata, p_tags);
+            state := 'scheduled';
+            RETURN;
+        END IF;
+    END IF;
+    -- The lane protocol of awa._lane_for_v1 (same lock class, home shard and awa.xact_lanes
+    -- record), inline for its common case: this transaction holds no lane yet and the lanes
+    -- exist. Otherwise awa._lane_for_v1 itself.
+    IF COALESCE(current_setting('awa.xact_lanes', true), '') = '' THEN
+        SELECT array_agg(l.lane_id ORDER BY l.shard), array_agg(l.enqueue_seq ORDER BY l.shard)
+        INTO v_lanes, v_seqs
+        FROM awa.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority;
+    END IF;
+    IF v_lanes IS NULL THEN
+        v_lane := awa._lane_for_v1(p_queue, p_priority, true);
+        SELECT l.enqueue_seq INTO v_seq FROM awa.queue_lanes l WHERE l.lane_id = v_lane;
+    ELSE
+        v_n := cardinality(v_lanes);
+        v_home := pg_backend_pid() % v_n;
+        FOR i IN 0..(v_n - 1) LOOP
+            v_lane := v_lanes[((v_home + i) % v_n) + 1];
+            EXIT WHEN pg_try_advisory_xact_lock(4282177, v_lane);
+            v_lane := NULL;
+        END LOOP;
+        IF v_lane IS NULL THEN
+            v_lane := v_lanes[v_home + 1];
+            PERFORM pg_advisory_xact_lock(4282177, v_lane);
+        END IF;
+        v_seq := v_seqs[array_position(v_lanes, v_lane)];
+        PERFORM set_config('awa.xact_lanes', v_lane::text, true);
+    END IF;
+    -- The ring slot and the clock are read after the lane lock is held (the wait may have
+    -- spanned a rotation).
+    INSERT INTO awa.ready_entries AS e (
+        ready_slot, ready_generation, lane_id, lane_seq, job_id, priority, attempt, max_attempts,
+        run_lease, queue, kind, args, run_at, created_at, deadline_secs, metadata, tags)
+    SELECT r.slot, r.generation, v_lane, nextval(v_seq), COALESCE(v_id, nextval('awa.job_id_seq')),
+           p_priority, 0, p_max_attempts, 0, p_queue, p_kind, p_args, n.now, n.now, p_deadline,
+           v_metadata, p_tags
     FROM (SELECT clock_timestamp() AS now) n,
          (SELECT r.slot, r.generation FROM awa.ring_rotations r WHERE r.ring = 'queue'
           ORDER BY r.generation DESC LIMIT 1) r
@@ -3262,6 +3526,74 @@ BEGIN
             GROUP BY 1) c ON c.minute = g.minute
         ORDER BY g.minute;
     END IF;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.unique_default_key_v1(p_args jsonb)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT (p_args - 'task')::text
+$function$
+
+CREATE OR REPLACE FUNCTION awa.unique_default_states_v1()
+ RETURNS text[]
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT ARRAY['scheduled', 'available', 'running', 'waiting_external', 'retryable']
+$function$
+
+CREATE OR REPLACE FUNCTION awa.unique_digest_v1(p_kind text, p_key text)
+ RETURNS bytea
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT sha256(convert_to(length(p_kind)::text || ':' || p_kind || p_key, 'UTF8'))
+$function$
+
+CREATE OR REPLACE FUNCTION awa.unique_states_v1()
+ RETURNS text[]
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT ARRAY['scheduled', 'available', 'running', 'waiting_external', 'retryable',
+                 'completed', 'failed', 'cancelled']
+$function$
+
+CREATE OR REPLACE FUNCTION awa.unique_sweep_v1(p_after_taken timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_key bytea DEFAULT NULL::bytea, p_limit integer DEFAULT 500)
+ RETURNS TABLE(deleted integer, next_taken timestamp with time zone, next_key bytea)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_rows awa.unique_keys[];
+    v_n integer;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.unique_sweep_v1');
+    SELECT array_agg(x.u ORDER BY (x.u).taken_at, (x.u).unique_key) INTO v_rows
+    FROM (SELECT u FROM awa.unique_keys u
+          WHERE p_after_taken IS NULL
+             OR (u.taken_at, u.unique_key) > (p_after_taken, COALESCE(p_after_key, ''::bytea))
+          ORDER BY u.taken_at, u.unique_key
+          LIMIT GREATEST(p_limit, 1)) x;
+    v_n := COALESCE(cardinality(v_rows), 0);
+    WITH gone AS (
+        DELETE FROM awa.unique_keys k
+        USING unnest(v_rows) AS r
+        WHERE k.unique_key = r.unique_key AND k.taken_at = r.taken_at AND k.job_id = r.job_id
+          AND NOT awa._unique_blocks_v1(r.job_id, r.states, r.expires_at)
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO deleted FROM gone;
+    IF v_n < GREATEST(p_limit, 1) THEN
+        next_taken := NULL;
+        next_key := NULL;
+    ELSE
+        next_taken := v_rows[v_n].taken_at;
+        next_key := v_rows[v_n].unique_key;
+    END IF;
+    RETURN NEXT;
 END
 $function$
 

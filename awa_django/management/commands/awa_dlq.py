@@ -41,6 +41,13 @@ class Command(BaseCommand):
             type=integer("the priority", -100, 100),
             help="retry with another priority (-100 to 100)",
         )
+        parser.add_argument(
+            "--unique-conflict",
+            choices=["refuse", "run"],
+            default=None,
+            help="a unique job whose key another job holds: stay in the DLQ (refuse, the "
+            "default) or retry without the key (run)",
+        )
         parser.add_argument("--json", action="store_true", help="list as JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -64,6 +71,7 @@ class Command(BaseCommand):
             "json": ("list",),
             "to_queue": ("retry",),
             "priority": ("retry",),
+            "unique_conflict": ("retry",),
         }
         for name, actions in only.items():
             if given(name) and action not in actions:
@@ -112,9 +120,13 @@ class Command(BaseCommand):
             missing = sorted(set(ids) - set(done))
             if missing:
                 shown = ", ".join(map(str, missing[:20])) + (", ..." if len(missing) > 20 else "")
-                self.stderr.write(
-                    f"{len(missing)} not in the DLQ: {shown}", style_func=self.style.WARNING
+                why = (
+                    "not in the DLQ, or a unique job whose key another job holds "
+                    "(--unique-conflict run retries those anyway)"
+                    if action == "retry"
+                    else "not in the DLQ"
                 )
+                self.stderr.write(f"{len(missing)} {why}: {shown}", style_func=self.style.WARNING)
             return
         total, left = self._act_on_filter(action, options)
         self._say(options, self.style.SUCCESS(f"{verb} {total} job(s)"))
@@ -160,7 +172,12 @@ class Command(BaseCommand):
 
     def _apply(self, action: str, ids: list[int], options: dict[str, Any]) -> list[int]:
         if action == "retry":
-            return dlq_retry(ids, queue=options["to_queue"], priority=options["priority"])
+            return dlq_retry(
+                ids,
+                queue=options["to_queue"],
+                priority=options["priority"],
+                on_unique_conflict=options["unique_conflict"] or "refuse",
+            )
         return dlq_purge(ids)
 
     def _say(self, options: dict[str, Any], message: str) -> None:

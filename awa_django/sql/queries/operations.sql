@@ -6,7 +6,7 @@
 SELECT awa.cancel_v1(%s, %s)
 
 -- name: dlq_retry
-SELECT job_id FROM awa.dlq_retry_v1(%s::bigint[], %s, %s) AS job_id
+SELECT job_id, outcome FROM awa.dlq_retry_v2(%s::bigint[], %s, %s, %s)
 
 -- name: dlq_purge
 SELECT job_id FROM awa.dlq_purge_v1(%s::bigint[]) AS job_id

@@ -77,6 +77,9 @@ SELECT awa.dlq_expire_v1(%s, %s)
 -- name: cleanup
 SELECT awa.cleanup_v1(%s)
 
+-- name: unique_sweep
+SELECT deleted, next_taken, next_key FROM awa.unique_sweep_v1(%s, %s, %s)
+
 -- name: connection_budget
 SELECT current_setting('max_connections')::integer, (SELECT count(*) FROM pg_stat_activity)
 
