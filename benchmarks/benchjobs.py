@@ -13,3 +13,8 @@ def noop(n: int) -> None:
 @job(queue="bench-async")
 async def anoop(n: int) -> None:
     """An async no-op job."""
+
+
+@job(queue="bench-unique", unique=True)
+def unique_noop(n: int) -> None:
+    """A no-op unique job (keyed by its argument)."""

@@ -417,3 +417,61 @@ def test_awa_dlq_retry_reports_a_refused_unique_job_and_can_run_it() -> None:
     )
     assert "retried 1 job(s)" in out.getvalue()
     assert state_of(first.id) == "available"
+
+
+def test_the_holder_lookup_agrees_with_the_jobs_view_in_every_state() -> None:
+    """awa._job_brief_v1 (the lookup behind every conflict) reads the planes by job id; it must
+    say what awa.jobs says, for jobs in every state, a job whose earlier attempt left a ready
+    row below the lane cursor included."""
+    import uuid as uuid_mod
+
+    def claim(queue: str) -> storage.ClaimedJob:
+        with pg() as conn:
+            [c] = storage.claim(conn, queue, 1, WORKER)
+        return c
+
+    def fin(c: storage.ClaimedJob, outcome: str, **kw: Any) -> None:
+        with pg() as conn:
+            storage.finalize(
+                conn, [Finalization(c.job_id, c.run_lease, c.claim_slot, outcome, **kw)]
+            )
+
+    err = {"type": "E", "message": "x"}
+    ids = [testjobs.noop.using(queue=f"s{i}", max_attempts=2).enqueue().id for i in range(9)]
+    scheduled = testjobs.noop.using(run_after=timedelta(hours=1)).enqueue().id
+    fin(claim("s1"), "completed")
+    claim("s2")  # running
+    fin(claim("s3"), "retry", error=err)  # retryable
+    fin(claim("s4"), "snooze", delay=60.0)  # scheduled
+    c5 = claim("s5")
+    fin(c5, "retry", error=err)
+    with pg() as conn:  # the retry runs again: its first ready row is now an earlier attempt
+        conn.execute("UPDATE awa.deferred_jobs SET run_at = now() - interval '1 s'")
+        conn.execute("SELECT awa.promote_v1()")
+    fin(claim("s5"), "fail", error=err)  # dead-lettered after two attempts
+    fin(claim("s6"), "wait", callback_id=uuid_mod.uuid4(), timeout=600.0)  # waiting_external
+    fin(claim("s7"), "cancel")
+    with pg() as conn:
+        conn.execute("SELECT awa.cancel_v1(%s)", [ids[8]])  # cancelled before any claim
+        rows = conn.execute(
+            "SELECT j.id, j.state, j.queue, j.priority, b.state, b.queue, b.priority "
+            "FROM awa.jobs j CROSS JOIN LATERAL awa._job_brief_v1(j.id) b ORDER BY j.id"
+        ).fetchall()
+        missing = conn.execute("SELECT count(*) FROM awa._job_brief_v1(-1)").fetchone()
+    assert {r[0] for r in rows} == {*ids, scheduled}
+    assert all(r[1:4] == r[4:7] for r in rows), rows
+    assert missing == (0,)
+
+
+def test_a_batch_at_another_isolation_level_writes_nothing_and_keeps_the_transaction() -> None:
+    testjobs.noop.enqueue()  # the lanes exist before the REPEATABLE READ snapshot
+    uniq.enqueue(99)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        with pytest.raises(IsolationLevelError):
+            awa_django.enqueue_many([testjobs.noop.prepare(), uniq.prepare(15)])
+        testjobs.noop.enqueue()  # still usable
+    with pg() as conn:
+        assert conn.execute("SELECT count(*) FROM awa.jobs").fetchone() == (3,)
+    assert len(keys()) == 1

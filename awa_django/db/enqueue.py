@@ -20,12 +20,18 @@ from typing import Any
 from django.conf import settings
 from django.db import connections, transaction
 from django.utils import timezone
+from psycopg import IsolationLevel
 
 from awa_django import serialization
 from awa_django.conf import awa_settings, get_awa_settings
 from awa_django.db.bulk import copy_enqueue
 from awa_django.db.transactions import checked_alias, write_transaction
-from awa_django.exceptions import DuplicateJobError, InvalidOptionError, LimitExceededError
+from awa_django.exceptions import (
+    DuplicateJobError,
+    InvalidOptionError,
+    IsolationLevelError,
+    LimitExceededError,
+)
 from awa_django.limits import (
     check_max_attempts,
     check_priority,
@@ -42,6 +48,9 @@ __all__ = ["RESERVED_METADATA_PREFIX", "build_request", "forget_known_lanes", "s
 #: Metadata keys starting with this are awa_django's own (the unique key's spec, stored with
 #: the job); a request that sets one is refused.
 RESERVED_METADATA_PREFIX = "awa:"
+
+#: DATABASES[...]["OPTIONS"]["isolation_level"] of READ COMMITTED (psycopg's IntEnum).
+_READ_COMMITTED_LEVEL = IsolationLevel.READ_COMMITTED
 
 # Requests per statement in enqueue_many: large enough to amortise the round trips, small
 # enough to keep one statement's data modest.
@@ -248,7 +257,8 @@ def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJo
 
 def _send_unique(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJob]:
     """Write requests of which some are unique, one ``awa.enqueue_one_v3`` each, in order (a
-    duplicate of an earlier request of the batch included), in one READ COMMITTED transaction.
+    duplicate of an earlier request of the batch included), in one READ COMMITTED transaction
+    (``IsolationLevelError`` in a caller's transaction at another level, nothing written).
     A duplicate with ``on_conflict="raise"`` raises ``DuplicateJobError`` once every request
     is sent, with none of the batch written (its own transaction in autocommit, a savepoint in
     the caller's), the caller's transaction still usable."""
@@ -256,40 +266,60 @@ def _send_unique(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJob
     raised: EnqueuedJob | None = None
     limits = _sql_limit_values()
     caller = connections[using]
-    # In the caller's transaction, a batch that may raise runs in a savepoint, so that raising
-    # leaves none of it written.
-    savepoint = (
-        (caller.in_atomic_block or not caller.get_autocommit())
-        and len(requests) > 1
-        and any(r.unique is not None and r.unique.on_conflict == "raise" for r in requests)
-    )
+    in_caller = caller.in_atomic_block or not caller.get_autocommit()
+    # In the caller's transaction, a batch runs in a savepoint, so that a refusal (a duplicate
+    # with on_conflict="raise", an isolation level other than READ COMMITTED) leaves none of it
+    # written. The level is checked by the SQL function itself (which then writes nothing and
+    # names the level): no round trip of its own.
+    savepoint = in_caller and len(requests) > 1
+    # Our own transaction is set to READ COMMITTED only when the alias is configured otherwise.
+    own_rc = not in_caller and caller.settings_dict.get("OPTIONS", {}).get(
+        "isolation_level"
+    ) not in (None, _READ_COMMITTED_LEVEL)
     with (
         transaction.atomic(using=using) if savepoint else contextlib.nullcontext(),
-        write_transaction(using, statements=2, read_committed=True) as connection,
+        write_transaction(using, statements=len(requests), read_committed=own_rc) as connection,
         connection.cursor() as cursor,
     ):
-        for r in requests:
-            spec = r.unique
-            cursor.execute(
-                query("enqueue_one_unique"),
-                [
-                    r.kind,
-                    r.queue,
-                    r.priority,
-                    r.args_json,
-                    r.max_attempts,
-                    r.run_at,
-                    r.delay,
-                    r.deadline,
-                    r.metadata_json,
-                    list(r.tags) if r.tags else None,
-                    *limits,
-                    *_unique_values(spec),
-                ],
-            )
-            job_id, state, queue, priority, duplicate = cursor.fetchone()
+        params = [
+            [
+                r.kind,
+                r.queue,
+                r.priority,
+                r.args_json,
+                r.max_attempts,
+                r.run_at,
+                r.delay,
+                r.deadline,
+                r.metadata_json,
+                list(r.tags) if r.tags else None,
+                *limits,
+                *_unique_values(r.unique),
+            ]
+            for r in requests
+        ]
+        if len(params) == 1:
+            cursor.execute(query("enqueue_one_unique"), params[0])
+            rows = [cursor.fetchone()]
+        else:
+            # One pipelined executemany: the statements stream without a round trip each.
+            with connection.wrap_database_errors:
+                raw = cursor.cursor
+                raw.executemany(query("enqueue_one_unique"), params, returning=True)
+                rows = []
+                while True:
+                    rows.append(raw.fetchone())
+                    if not raw.nextset():
+                        break
+        for r, (job_id, state, queue, priority, duplicate) in zip(requests, rows, strict=True):
+            if job_id is None:
+                raise IsolationLevelError(
+                    f"a unique enqueue needs READ COMMITTED, but the caller's transaction on "
+                    f"{using!r} runs at {str(state).upper()}"
+                )
             handle = EnqueuedJob(job_id, r.kind, queue, priority, state, using, duplicate)
             results.append(handle)
+            spec = r.unique
             if duplicate and spec is not None and spec.on_conflict == "raise" and raised is None:
                 raised = handle
         if raised is not None:

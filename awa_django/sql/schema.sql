@@ -509,7 +509,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (87)
+-- function (88)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1021,6 +1021,51 @@ BEGIN
 END
 $function$
 
+CREATE OR REPLACE FUNCTION awa._job_brief_v1(p_job_id bigint)
+ RETURNS TABLE(state text, queue text, priority integer)
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT b.state, b.queue, b.priority FROM (
+        SELECT 1 AS o, d.state, d.queue, d.priority::integer
+        FROM awa.deferred_jobs d WHERE d.job_id = p_job_id
+        UNION ALL
+        SELECT 2, 'failed', q.queue, q.priority::integer
+        FROM awa.dlq_entries q WHERE q.job_id = p_job_id
+        UNION ALL
+        (SELECT 3, CASE WHEN EXISTS (
+                        SELECT 1 FROM awa.leases ls
+                        WHERE ls.job_id = c.job_id AND ls.run_lease = c.run_lease
+                          AND ls.state = 'waiting_external')
+                   THEN 'waiting_external' ELSE 'running' END,
+                l.queue, l.priority::integer
+         FROM awa.claims c JOIN awa.queue_lanes l ON l.lane_id = c.lane_id
+         WHERE c.job_id = p_job_id
+           AND NOT EXISTS (
+               SELECT 1 FROM awa.claim_closures z
+               WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                 AND z.claim_slot = c.claim_slot)
+         ORDER BY c.run_lease DESC LIMIT 1)
+        UNION ALL
+        (SELECT 4, 'available', l.queue, l.priority::integer
+         FROM awa.ready_entries e JOIN awa.queue_lanes l ON l.lane_id = e.lane_id
+         WHERE e.job_id = p_job_id
+           AND e.lane_seq > awa.lane_cursor_v1(e.lane_id)
+           AND NOT EXISTS (
+               SELECT 1 FROM awa.ready_tombstones t
+               WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                 AND t.ready_slot = e.ready_slot)
+         LIMIT 1)
+        UNION ALL
+        (SELECT 5, t.state, t.queue, l.priority::integer
+         FROM awa.done_entries t LEFT JOIN awa.queue_lanes l ON l.lane_id = t.lane_id
+         WHERE t.job_id = p_job_id
+         ORDER BY t.finalized_at DESC LIMIT 1)
+    ) b
+    ORDER BY b.o
+    LIMIT 1
+$function$
+
 CREATE OR REPLACE FUNCTION awa._job_conversion_error_v1(p_job jsonb)
  RETURNS text
  LANGUAGE plpgsql
@@ -1147,7 +1192,7 @@ CREATE OR REPLACE FUNCTION awa._job_state_v1(p_job_id bigint)
  LANGUAGE sql
  STABLE
 AS $function$
-    SELECT j.state FROM awa.jobs j WHERE j.id = p_job_id LIMIT 1
+    SELECT b.state FROM awa._job_brief_v1(p_job_id) b
 $function$
 
 CREATE OR REPLACE FUNCTION awa._json_integer_error_v1(p_value jsonb, p_field text, p_low integer, p_high integer)
@@ -2405,7 +2450,7 @@ BEGIN
 END
 $function$
 
-CREATE OR REPLACE FUNCTION awa.enqueue_one_v3(p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer, p_run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_delay double precision DEFAULT NULL::double precision, p_deadline double precision DEFAULT NULL::double precision, p_metadata jsonb DEFAULT NULL::jsonb, p_tags text[] DEFAULT NULL::text[], p_args_max_bytes integer DEFAULT 1048576, p_metadata_max_bytes integer DEFAULT 65536, p_json_max_depth integer DEFAULT 32, p_max_tags integer DEFAULT 20, p_tag_max_length integer DEFAULT 100, p_unique boolean DEFAULT false, p_unique_key text DEFAULT NULL::text, p_unique_for double precision DEFAULT NULL::double precision, p_unique_states text[] DEFAULT NULL::text[], OUT job_id bigint, OUT state text, OUT queue text, OUT priority integer, OUT duplicate boolean)
+CREATE OR REPLACE FUNCTION awa.enqueue_one_v3(p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer, p_run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_delay double precision DEFAULT NULL::double precision, p_deadline double precision DEFAULT NULL::double precision, p_metadata jsonb DEFAULT NULL::jsonb, p_tags text[] DEFAULT NULL::text[], p_args_max_bytes integer DEFAULT 1048576, p_metadata_max_bytes integer DEFAULT 65536, p_json_max_depth integer DEFAULT 32, p_max_tags integer DEFAULT 20, p_tag_max_length integer DEFAULT 100, p_unique boolean DEFAULT false, p_unique_key text DEFAULT NULL::text, p_unique_for double precision DEFAULT NULL::double precision, p_unique_states text[] DEFAULT NULL::text[], p_isolation_state boolean DEFAULT false, OUT job_id bigint, OUT state text, OUT queue text, OUT priority integer, OUT duplicate boolean)
  RETURNS record
  LANGUAGE plpgsql
 AS $function$
@@ -2459,6 +2504,11 @@ BEGIN
         IF v_error IS NOT NULL THEN
             RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
         END IF;
+        IF p_isolation_state
+           AND current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+            state := current_setting('transaction_isolation');
+            RETURN;  -- nothing written, the transaction usable: the caller raises
+        END IF;
         v_key := COALESCE(p_unique_key, awa.unique_default_key_v1(p_args));
         v_digest := awa.unique_digest_v1(p_kind, v_key);
         v_states := COALESCE(p_unique_states, awa.unique_default_states_v1());
@@ -2468,8 +2518,8 @@ BEGIN
         IF v_holder IS NOT NULL THEN
             job_id := v_holder;
             duplicate := true;
-            SELECT j.state, j.queue, j.priority INTO state, queue, priority
-            FROM awa.jobs j WHERE j.id = v_holder LIMIT 1;
+            SELECT b.state, b.queue, b.priority INTO state, queue, priority
+            FROM awa._job_brief_v1(v_holder) b;
             RETURN;
         END IF;
         v_metadata := COALESCE(p_metadata, '{}'::jsonb) || jsonb_build_object(

@@ -76,12 +76,57 @@ LANGUAGE sql IMMUTABLE AS $$
     END
 $$;
 
--- The state of a job by id, read in one statement (one snapshot) across every plane: a job
--- moves between planes in one transaction, so it is seen in exactly one (NULL: no such job, or
--- pruned from history). Dead-lettered jobs are 'failed'.
+-- The state, queue and priority of a job by id, read in one statement (one snapshot) from the
+-- planes by their job-id indexes: a job moves between planes in one transaction, so exactly one
+-- answers, live planes first. No row: no such job, or pruned from history. Dead-lettered jobs
+-- are 'failed'. An unclaimed ready row counts only above its lane's cursor (rows below it are
+-- earlier attempts whose claims may have been pruned).
+CREATE FUNCTION awa._job_brief_v1(p_job_id bigint)
+RETURNS TABLE (state text, queue text, priority integer)
+LANGUAGE sql STABLE AS $$
+    SELECT b.state, b.queue, b.priority FROM (
+        SELECT 1 AS o, d.state, d.queue, d.priority::integer
+        FROM awa.deferred_jobs d WHERE d.job_id = p_job_id
+        UNION ALL
+        SELECT 2, 'failed', q.queue, q.priority::integer
+        FROM awa.dlq_entries q WHERE q.job_id = p_job_id
+        UNION ALL
+        (SELECT 3, CASE WHEN EXISTS (
+                        SELECT 1 FROM awa.leases ls
+                        WHERE ls.job_id = c.job_id AND ls.run_lease = c.run_lease
+                          AND ls.state = 'waiting_external')
+                   THEN 'waiting_external' ELSE 'running' END,
+                l.queue, l.priority::integer
+         FROM awa.claims c JOIN awa.queue_lanes l ON l.lane_id = c.lane_id
+         WHERE c.job_id = p_job_id
+           AND NOT EXISTS (
+               SELECT 1 FROM awa.claim_closures z
+               WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                 AND z.claim_slot = c.claim_slot)
+         ORDER BY c.run_lease DESC LIMIT 1)
+        UNION ALL
+        (SELECT 4, 'available', l.queue, l.priority::integer
+         FROM awa.ready_entries e JOIN awa.queue_lanes l ON l.lane_id = e.lane_id
+         WHERE e.job_id = p_job_id
+           AND e.lane_seq > awa.lane_cursor_v1(e.lane_id)
+           AND NOT EXISTS (
+               SELECT 1 FROM awa.ready_tombstones t
+               WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                 AND t.ready_slot = e.ready_slot)
+         LIMIT 1)
+        UNION ALL
+        (SELECT 5, t.state, t.queue, l.priority::integer
+         FROM awa.done_entries t LEFT JOIN awa.queue_lanes l ON l.lane_id = t.lane_id
+         WHERE t.job_id = p_job_id
+         ORDER BY t.finalized_at DESC LIMIT 1)
+    ) b
+    ORDER BY b.o
+    LIMIT 1
+$$;
+
 CREATE FUNCTION awa._job_state_v1(p_job_id bigint) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT j.state FROM awa.jobs j WHERE j.id = p_job_id LIMIT 1
+    SELECT b.state FROM awa._job_brief_v1(p_job_id) b
 $$;
 
 -- Whether a key held by p_job (with these states and expiry) blocks a duplicate now.
@@ -140,6 +185,9 @@ $$;
 --   p_unique_for     seconds the key blocks duplicates at most (NULL: as long as the holder is
 --                    in a blocking state)
 --   p_unique_states  the holder's states that block (NULL: awa.unique_default_states_v1())
+--   p_isolation_state  a unique enqueue needs READ COMMITTED: at another level it raises
+--                    SQLSTATE 25000, or with this true writes nothing and returns a NULL job_id
+--                    with the level as state (so the caller's transaction stays usable)
 -- Returns the job's id, state, queue and priority, and duplicate = false; for a duplicate,
 -- nothing is written and the holder's id, state, queue and priority come back with
 -- duplicate = true. Refused requests raise SQLSTATE 22023 and write nothing.
@@ -153,6 +201,7 @@ CREATE FUNCTION awa.enqueue_one_v3(
     p_tag_max_length integer DEFAULT 100,
     p_unique boolean DEFAULT false, p_unique_key text DEFAULT NULL,
     p_unique_for double precision DEFAULT NULL, p_unique_states text[] DEFAULT NULL,
+    p_isolation_state boolean DEFAULT false,
     OUT job_id bigint, OUT state text, OUT queue text, OUT priority integer,
     OUT duplicate boolean)
 LANGUAGE plpgsql AS $$
@@ -206,6 +255,11 @@ BEGIN
         IF v_error IS NOT NULL THEN
             RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
         END IF;
+        IF p_isolation_state
+           AND current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+            state := current_setting('transaction_isolation');
+            RETURN;  -- nothing written, the transaction usable: the caller raises
+        END IF;
         v_key := COALESCE(p_unique_key, awa.unique_default_key_v1(p_args));
         v_digest := awa.unique_digest_v1(p_kind, v_key);
         v_states := COALESCE(p_unique_states, awa.unique_default_states_v1());
@@ -215,8 +269,8 @@ BEGIN
         IF v_holder IS NOT NULL THEN
             job_id := v_holder;
             duplicate := true;
-            SELECT j.state, j.queue, j.priority INTO state, queue, priority
-            FROM awa.jobs j WHERE j.id = v_holder LIMIT 1;
+            SELECT b.state, b.queue, b.priority INTO state, queue, priority
+            FROM awa._job_brief_v1(v_holder) b;
             RETURN;
         END IF;
         v_metadata := COALESCE(p_metadata, '{}'::jsonb) || jsonb_build_object(

@@ -16,7 +16,7 @@ SELECT job_id, state FROM awa.enqueue_one_v2(%s, %s, %s, %s::jsonb, %s, %s, %s, 
 -- name: enqueue_one_unique
 SELECT job_id, state, queue, priority, duplicate
 FROM awa.enqueue_one_v3(%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s,
-    %s, %s, %s, %s, %s, %s, %s::text[])
+    %s, %s, %s, %s, %s, %s, %s::text[], true)
 
 -- name: reserve
 SELECT lane_ids, first_seqs, ready_slot, ready_generation, job_ids, db_now
