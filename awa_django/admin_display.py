@@ -76,6 +76,22 @@ class JobDetail:
     def pretty_metadata(self, obj: Any) -> str:
         return pretty(obj.metadata)
 
+    @admin.display(description="unique key")
+    def unique_key(self, obj: Any) -> str:
+        """The key a unique job holds (or held): its text, how long and in which states it
+        blocks duplicates; "-" for a job that is not unique."""
+        spec = obj.metadata.get("awa:unique") if isinstance(obj.metadata, dict) else None
+        if not isinstance(spec, dict):
+            return "-"
+        states = spec.get("states")
+        window = spec.get("for")
+        return format_html(
+            "<code>{}</code> while {}{}",
+            str(spec.get("key", "?")),
+            ", ".join(map(str, states)) if isinstance(states, list) else "?",
+            f", for {window:g} s" if isinstance(window, int | float) else "",
+        )
+
     @admin.display(description="tags")
     def tag_list(self, obj: Any) -> str:
         if not obj.tags:

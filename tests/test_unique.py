@@ -475,3 +475,17 @@ def test_a_batch_at_another_isolation_level_writes_nothing_and_keeps_the_transac
     with pg() as conn:
         assert conn.execute("SELECT count(*) FROM awa.jobs").fetchone() == (3,)
     assert len(keys()) == 1
+
+
+def test_the_admin_shows_a_jobs_unique_key_escaped() -> None:
+    from tests.admin_support import changelist
+    from tests.factories import HOSTILE, staff
+
+    keyed = testjobs.noop.using(unique_key=HOSTILE, unique_for=60).enqueue()
+    plain = testjobs.noop.enqueue()
+    client = staff()
+    page = client.get(f"{changelist('livejob')}{keyed.id}/change/").content.decode()
+    assert "Unique key" in page and HOSTILE not in page
+    assert "&lt;script&gt;" in page and "for 60 s" in page
+    page = client.get(f"{changelist('livejob')}{plain.id}/change/").content.decode()
+    assert "Unique key" in page
