@@ -1,4 +1,4 @@
--- awa_django 0006: unique jobs (issue 15).
+-- awa_django 0005: unique jobs (issue 15).
 --
 -- A unique job holds a key in awa.unique_keys, taken in the producer's transaction: the primary
 -- key makes two producers racing in separate transactions get one job (the second waits for the

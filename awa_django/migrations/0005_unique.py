@@ -8,4 +8,4 @@ from awa_django.db.migration import RunAwaSQL
 class Migration(migrations.Migration):
     dependencies = [("awa_django", "0004_claim")]
 
-    operations = [RunAwaSQL("0006_unique.sql")]
+    operations = [RunAwaSQL("0005_unique.sql")]
