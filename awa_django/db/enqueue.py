@@ -35,7 +35,7 @@ from awa_django.limits import (
 from awa_django.sql import query
 from awa_django.types import SEAL, EnqueuedJob, JobOptions, JobRequest
 
-__all__ = ["build_request", "forget_known_lanes", "send_requests"]
+__all__ = ["build_request", "forget_known_lanes", "send_requests", "sql_limit_values"]
 
 # Requests per statement in enqueue_many: large enough to amortise the round trips, small
 # enough to keep one statement's data modest.
@@ -271,6 +271,12 @@ _LIMIT_KEYS = (
 @functools.lru_cache(maxsize=8)
 def _limits_json(values: tuple[int, int, int, int, int]) -> str:
     return json.dumps(dict(zip(_LIMIT_KEYS, values, strict=True)))
+
+
+def sql_limit_values() -> tuple[int, int, int, int, int]:
+    """The five size limits (with the margin above) that ``awa.enqueue_one_v2`` and the
+    functions built on it (``awa.cron_fire_v1``, ``awa.cron_trigger_v1``) take last."""
+    return _sql_limit_values()
 
 
 def _sql_limits() -> str:
