@@ -295,6 +295,7 @@ def test_trigger_enqueues_now_even_when_paused_without_moving_fire_times() -> No
     assert job is not None and schedule_trigger("nope") is None
     [(metadata, state)] = rows("SELECT metadata, state FROM awa.jobs WHERE id = %s", job)
     assert metadata["cron_name"] == "tick" and metadata["cron_trigger"] == "manual"
+    assert state == "available"
     assert rows("SELECT fire_after, last_fire_at FROM awa.cron_schedules") == [(after, None)]
     [status] = schedules()
     assert (status.last_job_id, str(status.last_job_state)) == (job, "available")
