@@ -148,3 +148,20 @@ def test_a_broken_schedule_never_stops_a_live_leader_or_the_others(manage_py: An
     assert worker.proc.poll() is None
     assert "schedule 'bad' cannot compute its fire times" in worker.output()
     stop(worker)
+
+
+def test_a_worker_without_maintenance_syncs_its_schedules_but_never_fires(
+    manage_py: Any,
+) -> None:
+    worker = start(
+        manage_py, "awa_worker", {"tick": EVERY_SECOND}, "--queue", "cron", "--no-maintenance"
+    )
+    wait_for(
+        lambda: rows("SELECT name FROM awa.cron_schedules") == [("tick",)],
+        timeout=30,
+        message=lambda: f"the schedule to be synced; output:\n{worker.output()}",
+    )
+    # Firing is the leader's: with no maintenance process, nothing fires.
+    assert "schedule 'tick' created" in worker.output()
+    stop(worker)
+    assert fire_times("tick") == []

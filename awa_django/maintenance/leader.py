@@ -115,6 +115,7 @@ class Maintenance:
         self.cron = CronFirer()
         #: Whether this process synced its declared schedules (once, at start; retried).
         self.synced = False
+        self._sync_retry_at = 0.0
         if register:
             self.tasks.append(("runtime", s.awa.RUNTIME_REFRESH_INTERVAL, self._upsert_runtime))
         self._due: dict[str, float] = {}
@@ -150,8 +151,10 @@ class Maintenance:
             await self.link.close()
 
     async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
-        if not self.synced:
+        if not self.synced and loop.time() >= self._sync_retry_at:
             await self.sync()
+            if not self.synced:  # retried at the election's pace, not on every pass
+                self._sync_retry_at = loop.time() + self.settings.awa.LEADER_ELECTION_INTERVAL
         if not self.leader:
             await self._elect()
             if not self.leader:
