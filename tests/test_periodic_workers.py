@@ -165,3 +165,19 @@ def test_a_worker_without_maintenance_syncs_its_schedules_but_never_fires(
     assert "schedule 'tick' created" in worker.output()
     stop(worker)
     assert fire_times("tick") == []
+
+
+def test_a_bad_expression_or_time_zone_stops_a_worker_at_start_up_with_a_clear_error(
+    manage_py: Any,
+) -> None:
+    bad = {
+        "minute": {**EVERY_SECOND, "cron": "61 * * * *"},
+        "zone": {**EVERY_SECOND, "timezone": "Europe/Atlantis"},
+    }
+    worker = start(manage_py, "awa_worker", bad, "--queue", "cron")
+    assert worker.wait(60) != 0
+    output = worker.output()
+    assert "SystemCheckError" in output, output
+    assert "(awa.E007) AWA['PERIODIC']['minute']: cron: '61 * * * *' is not valid" in output
+    assert "(awa.E007) AWA['PERIODIC']['zone']: timezone: 'Europe/Atlantis'" in output
+    assert rows("SELECT count(*) FROM awa.cron_schedules") == [(0,)]
