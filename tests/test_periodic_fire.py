@@ -25,7 +25,7 @@ from tests.admin_support import changelist, confirmed, messages_of, post_action
 from tests.factories import staff
 from tests.helpers import conninfo, pg
 
-pytestmark = [pytest.mark.usefixtures("clean_awa")]
+pytestmark = [pytest.mark.usefixtures("clean_awa"), pytest.mark.storage]
 
 EVERY_MINUTE = {"job": "tests.testjobs.noop", "cron": "* * * * *", "queue": "cron"}
 
