@@ -10,7 +10,7 @@ class AwaDjangoConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from awa_django import checks  # noqa: F401  (importing registers the checks)
+        from awa_django import checks, periodic  # noqa: F401  (importing registers the checks)
         from awa_django.jobs import autodiscover_jobs
 
         # Import every installed app's jobs module and AWA["JOB_MODULES"], so kinds can be

@@ -7,6 +7,11 @@ awa.E003  Django's PostgreSQL backend runs on psycopg2; awa_django needs psycopg
 awa.E004  The PostgreSQL server is older than 15 (database check: ``check --database``, migrate).
 awa.E005  Invalid ``AWA`` settings.
 awa.E006  The server could not be reached to read its version (database check).
+awa.E007  A periodic schedule is invalid: its cron expression, time zone or catch-up policy, a
+          malformed ``AWA["PERIODIC"]`` entry, or a name declared twice.
+awa.E008  A periodic schedule does not resolve: its job kind is not registered, or its
+          arguments or options would be refused at enqueue (registered by
+          ``awa_django.periodic``, which needs the job registry).
 awa.W001  An ``AWA["QUEUES"]`` concurrency above ``AWA["CONCURRENCY"]``: a worker process runs
           at most ``CONCURRENCY`` jobs at once across its queues, so it can never be reached.
 awa.W002  ``PROCESSES * (CONCURRENCY + 5)`` connections exceed the server's ``max_connections``
@@ -32,6 +37,7 @@ from django.db import DatabaseError, connections
 from django.db.utils import ConnectionHandler
 
 from awa_django.conf import AwaSettings, get_awa_settings
+from awa_django.cron import declared
 from awa_django.sql import query
 
 MIN_SERVER_VERSION = 150000
@@ -46,6 +52,27 @@ def check_settings(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> li
     except ImproperlyConfigured as exc:
         return [Error(str(exc), hint="Fix settings.AWA; see docs/configuration.md.", id="awa.E005")]
     return []
+
+
+@register()
+def check_schedules(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
+    """awa.E007: every declared periodic schedule (``@job(cron=...)``, ``AWA["PERIODIC"]``) has
+    a valid cron expression, time zone and catch-up policy, and a name of its own. An invalid
+    schedule is not synced, so it never fires and never reaches the leader."""
+    try:
+        cfg = get_awa_settings()
+    except ImproperlyConfigured:
+        return []  # awa.E005's to report
+    _, problems = declared(cfg.PERIODIC)
+    return [
+        Error(
+            problem,
+            hint="Fix the schedule (docs/periodic.md); until then it is not synced and does "
+            "not fire.",
+            id="awa.E007",
+        )
+        for problem in problems
+    ]
 
 
 @register()

@@ -37,6 +37,7 @@ class _Kind(Enum):
     BOOL = "a bool (True or False)"
     MODULES = "a list of dotted module paths (str)"
     QUEUES = "a dict of queue name to a dict of queue settings"
+    SCHEDULES = "a dict of schedule name to a dict (docs/periodic.md)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,11 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     "PROCESSES": _Spec(1, _Kind.INT, 1, 256),
     "QUEUES": _Spec(MappingProxyType({}), _Kind.QUEUES),
     "NOTIFY": _Spec(True, _Kind.BOOL),
+    # Periodic jobs: named schedules (each entry is checked by awa.E007, not here, so that
+    # one bad schedule never makes the other settings unusable), and how often the leader
+    # looks for due fires.
+    "PERIODIC": _Spec(MappingProxyType({}), _Kind.SCHEDULES),
+    "CRON_EVAL_INTERVAL": _Spec(1.0, _Kind.SECONDS),
 }
 
 DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
@@ -151,6 +157,8 @@ class AwaSettings:
     PROCESSES: int
     QUEUES: Mapping[str, QueueSettings]
     NOTIFY: bool
+    PERIODIC: Mapping[str, Mapping[str, object]]
+    CRON_EVAL_INTERVAL: float
 
     def __init__(self, values: Mapping[str, object]) -> None:
         for name, value in values.items():
@@ -233,6 +241,10 @@ def _validate(label: str, value: object, spec: _Spec) -> object:
         if not isinstance(value, list | tuple) or not all(isinstance(m, str) and m for m in value):
             raise _wrong_type(label, kind, value)
         return tuple(value)
+    if kind is _Kind.SCHEDULES:
+        if not isinstance(value, Mapping):
+            raise _wrong_type(label, kind, value)
+        return MappingProxyType(dict(value))
     return _validate_queues(label, value)
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
+from awa_django import cron as _cron
 from awa_django.db.enqueue import build_request, send_requests
 from awa_django.exceptions import UnknownKindError
 from awa_django.limits import tag_tuple
@@ -184,6 +185,11 @@ def job(
     unique_for: float | timedelta | None = None,
     unique_states: Iterable[str] | None = None,
     on_conflict: Literal["return", "raise"] = "return",
+    cron: str | None = None,
+    timezone: str = "UTC",
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    catch_up: str | int = "latest",
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Job[P, R]]: ...
 
 
@@ -203,6 +209,11 @@ def job(
     unique_for: float | timedelta | None = None,
     unique_states: Iterable[str] | None = None,
     on_conflict: Literal["return", "raise"] = "return",
+    cron: str | None = None,
+    timezone: str = "UTC",
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    catch_up: str | int = "latest",
 ) -> Callable[[Callable[P, R]], Job[P, R]]: ...
 
 
@@ -223,6 +234,11 @@ def job(
     unique_for: float | timedelta | None = None,
     unique_states: Iterable[str] | None = None,
     on_conflict: Literal["return", "raise"] = "return",
+    cron: str | None = None,
+    timezone: str = "UTC",
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    catch_up: str | int = "latest",
 ) -> Any:
     """Register a function (sync or async) as a job kind; usable bare or with options.
 
@@ -232,7 +248,13 @@ def job(
     enqueue without it. The kind is the function's dotted path (``module.qualname``) unless
     ``name=`` is given. ``unique=True`` makes every job of the kind unique by its arguments
     (``unique_for``, ``unique_states``, ``on_conflict``: see docs/jobs.md, "Unique jobs").
-    Options are validated when a job is enqueued. Registering two different
+    Options are validated when a job is enqueued.
+
+    ``cron=`` makes it periodic (docs/periodic.md): the maintenance leader enqueues it with
+    ``args`` and ``kwargs`` at each fire time of the expression in ``timezone``, exactly once
+    per fire time; ``catch_up`` is ``"latest"`` or the most missed fires to make up after
+    downtime. The schedule is named after the kind. A bad expression, time zone or policy is
+    reported by ``manage.py check`` (awa.E007), not raised here. Registering two different
     functions under one kind raises ``ImproperlyConfigured``; re-importing the same module is
     fine.
     """
@@ -249,6 +271,11 @@ def job(
         unique_states=states_tuple(unique_states),
         on_conflict=on_conflict,
     )
+
+    if cron is None and (args or kwargs or timezone != "UTC" or catch_up != "latest"):
+        raise ImproperlyConfigured(
+            "@job(args=, kwargs=, timezone=, catch_up=) describe a periodic job and need cron="
+        )
 
     def register(f: Callable[..., Any]) -> Job[Any, Any]:
         qualname = getattr(f, "__qualname__", "")
@@ -267,6 +294,18 @@ def job(
             _check_takes_context(f, kind)
         handle: Job[Any, Any] = Job(f, kind, options, takes_context=takes_context)
         _registry[kind] = handle
+        if cron is not None:
+            _cron.declare(
+                _cron.Schedule(
+                    name=kind,
+                    kind=kind,
+                    cron=cron,
+                    timezone=timezone,
+                    args=args,
+                    kwargs=dict(kwargs) if isinstance(kwargs, Mapping) else (kwargs or {}),
+                    catch_up=catch_up,
+                )
+            )
         return handle
 
     if func is not None:

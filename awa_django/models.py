@@ -16,7 +16,15 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from awa_django.states import JobState
 
-__all__ = ["DeadLetter", "LiveJob", "QueueStat", "ReadOnlyError", "TerminalJob", "Worker"]
+__all__ = [
+    "CronSchedule",
+    "DeadLetter",
+    "LiveJob",
+    "QueueStat",
+    "ReadOnlyError",
+    "TerminalJob",
+    "Worker",
+]
 
 
 class ReadOnlyError(RuntimeError):
@@ -225,3 +233,41 @@ class Worker(ReadOnlyModel):
 
     def __str__(self) -> str:
         return f"{self.hostname}:{self.pid}"
+
+
+class CronSchedule(ReadOnlyModel):
+    """A periodic schedule (``awa.cron_schedule_status``): its definition, as synced from code,
+    its last fire and the state of the last job it enqueued. Schedules are declared in code;
+    operators pause, resume or trigger them (``awa_django.operator``)."""
+
+    name = models.TextField(primary_key=True)
+    kind = models.TextField()
+    cron_expr = models.TextField()
+    timezone = models.TextField()
+    catch_up = models.IntegerField()
+    queue = models.TextField()
+    priority = models.SmallIntegerField()
+    max_attempts = models.SmallIntegerField()
+    args = models.JSONField()
+    metadata = models.JSONField(null=True)
+    tags = TagsField(null=True)
+    fire_after = models.DateTimeField()
+    last_fire_at = models.DateTimeField(null=True)
+    last_job_id = models.BigIntegerField(null=True)
+    last_job_state = models.TextField(choices=JobState.choices, null=True)
+    enabled = models.BooleanField()
+    paused_at = models.DateTimeField(null=True)
+    paused_by = models.TextField(null=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = 'awa"."cron_schedule_status'
+        ordering = ["name"]
+        default_permissions = ("view",)
+        permissions = [("manage_schedule", "Can pause, resume and trigger periodic schedules")]
+        verbose_name = "periodic schedule"
+
+    def __str__(self) -> str:
+        return self.name

@@ -25,7 +25,7 @@ from tests.storage_support import job_state
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 
-MODELS = ("deadletter", "terminaljob", "livejob", "queuestat", "worker")
+MODELS = ("deadletter", "terminaljob", "livejob", "queuestat", "worker", "cronschedule")
 JOB_MODELS = ("deadletter", "terminaljob", "livejob")
 
 

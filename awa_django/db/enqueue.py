@@ -43,7 +43,13 @@ from awa_django.sql import query
 from awa_django.types import SEAL, EnqueuedJob, JobOptions, JobRequest
 from awa_django.unique import UniqueSpec, unique_spec
 
-__all__ = ["RESERVED_METADATA_PREFIX", "build_request", "forget_known_lanes", "send_requests"]
+__all__ = [
+    "RESERVED_METADATA_PREFIX",
+    "build_request",
+    "forget_known_lanes",
+    "send_requests",
+    "sql_limit_values",
+]
 
 #: Metadata keys starting with this are awa_django's own (the unique key's spec, stored with
 #: the job); a request that sets one is refused.
@@ -395,6 +401,12 @@ _LIMIT_KEYS = (
 @functools.lru_cache(maxsize=8)
 def _limits_json(values: tuple[int, int, int, int, int]) -> str:
     return json.dumps(dict(zip(_LIMIT_KEYS, values, strict=True)))
+
+
+def sql_limit_values() -> tuple[int, int, int, int, int]:
+    """The five size limits (with the margin above) that ``awa.enqueue_one_v2`` and the
+    functions built on it (``awa.cron_fire_v1``, ``awa.cron_trigger_v1``) take last."""
+    return _sql_limit_values()
 
 
 def _sql_limits() -> str:

@@ -18,6 +18,10 @@ of another process terminates the stale leader's backend (``awa.leader_takeover_
 frees the lock, and takes over. Maintenance statements run with a 5 s lock timeout and a 60 s
 statement timeout, so a lock held elsewhere fails one task, never freezes the leader.
 
+Periodic jobs (awa_django.maintenance.cron): every process syncs the schedules declared in its
+code when it starts; the leader fires due ones every ``CRON_EVAL_INTERVAL``, exactly once per
+fire time.
+
 Ring rotation is decided on the database clock (``awa.rotate_v3``): each ring rotates once its
 current slot is its interval old, whoever the leader is, so a new leader or ``awa_maintenance
 --once`` from cron keeps the cadence instead of rotating every ring at once.
@@ -38,6 +42,7 @@ from typing import Any
 import psycopg
 
 from awa_django.conf import AwaSettings, get_awa_settings
+from awa_django.maintenance.cron import CronFirer, sync_schedules
 from awa_django.sql import query
 from awa_django.worker.links import Link, first_line, is_connection_lost, is_transient
 
@@ -110,7 +115,12 @@ class Maintenance:
             ("rotate", min(s.awa.PRUNE_INTERVAL, s.awa.CLAIM_ROTATE_INTERVAL), self._rotate),
             ("retention", s.cleanup_interval, self._retention),
             ("unique", s.awa.UNIQUE_SWEEP_INTERVAL, self._sweep_unique),
+            ("cron", s.awa.CRON_EVAL_INTERVAL, self._cron),
         ]
+        self.cron = CronFirer()
+        #: Whether this process synced its declared schedules (once, at start; retried).
+        self.synced = False
+        self._sync_retry_at = 0.0
         if register:
             self.tasks.append(("runtime", s.awa.RUNTIME_REFRESH_INTERVAL, self._upsert_runtime))
         self._due: dict[str, float] = {}
@@ -148,6 +158,10 @@ class Maintenance:
             await self.link.close()
 
     async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self.synced and loop.time() >= self._sync_retry_at:
+            await self.sync()
+            if not self.synced:  # retried at the election's pace, not on every pass
+                self._sync_retry_at = loop.time() + self.settings.awa.LEADER_ELECTION_INTERVAL
         if not self.leader:
             await self._elect()
             if not self.leader:
@@ -168,6 +182,7 @@ class Maintenance:
         """One pass of every task (``awa_maintenance --once``), if leadership can be had. The
         process's runtime row is removed at the end either way."""
         try:
+            await self.sync()
             await self._elect()
             if not self.leader:
                 log.info("awa maintenance: another process is the leader; nothing to do")
@@ -178,6 +193,18 @@ class Maintenance:
             await self.deregister()
             await self.link.close()
             self.leader = False
+
+    async def sync(self) -> None:
+        """Sync the schedules declared in this process's code (``sync_schedules``); a failure
+        is logged, and retried at the next pass until it works."""
+        try:
+            await sync_schedules(await self.link.connection())
+        except Exception as exc:
+            if is_connection_lost(exc, self.link.conn):
+                await self.link.discard()
+            log.warning("awa maintenance: could not sync periodic schedules (%s)", first_line(exc))
+            return
+        self.synced = True
 
     async def _upsert_runtime(self, conn: psycopg.AsyncConnection[Any]) -> None:
         # A maintenance-only process (awa_maintenance) shows in runtime_instances too.
@@ -319,6 +346,9 @@ class Maintenance:
             outcome = row[0] if row else "?"
             self.count(f"prune_{ring}_{outcome.split(':')[0]}")
             log.debug("awa maintenance: prune %s ring: %s", ring, outcome)
+
+    async def _cron(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.count("cron_fired", await self.cron.evaluate(conn))
 
     async def _retention(self, conn: psycopg.AsyncConnection[Any]) -> None:
         cursor = await conn.execute(query("dlq_expire"), [self.settings.awa.DLQ_RETENTION, 1000])

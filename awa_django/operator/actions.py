@@ -28,6 +28,7 @@ from typing import Literal
 
 from awa_django import serialization
 from awa_django.conf import get_awa_settings
+from awa_django.db.enqueue import sql_limit_values
 from awa_django.db.transactions import write_transaction
 from awa_django.exceptions import InvalidOptionError
 from awa_django.limits import (
@@ -52,6 +53,8 @@ __all__ = [
     "queue_drain",
     "queue_pause",
     "resolve_callback",
+    "schedule_pause",
+    "schedule_trigger",
 ]
 
 #: Jobs one drain transaction cancels at most (each holds the queue's lanes only that long).
@@ -205,3 +208,35 @@ def queue_drain(
         total += done
         if done < DRAIN_BATCH:
             return total
+
+
+def schedule_pause(
+    name: str, paused: bool = True, *, by: str | None = None, using: str | None = None
+) -> bool:
+    """Pause (or resume) the periodic schedule ``name``; return whether it exists.
+
+    A paused schedule does not fire. On resume it starts again from now: fires that fell in
+    the pause are skipped, not made up. ``by`` (text) is recorded as who paused it. The state
+    survives restarts and syncs.
+    """
+    check_text("name", name, max_length=255)
+    if type(paused) is not bool:
+        raise InvalidOptionError("paused", f"must be True or False, got {paused!r}")
+    if by is not None:
+        check_text("by", by, max_length=255)
+    with write_transaction(alias(using), statements=1) as connection, connection.cursor() as c:
+        c.execute(query("cron_pause"), [name, paused, by])
+        row = c.fetchone()
+    return bool(row and row[0])  # one column: whether the schedule exists
+
+
+def schedule_trigger(name: str, *, using: str | None = None) -> int | None:
+    """Enqueue one job of the periodic schedule ``name`` now, in the caller's transaction,
+    whether or not it is paused, without changing its fire times; return the job id (None for
+    an unknown schedule). The job's metadata has ``cron_name``, ``cron_fire_time`` (now) and
+    ``cron_trigger: "manual"``."""
+    check_text("name", name, max_length=255)
+    with write_transaction(alias(using), statements=1) as connection, connection.cursor() as c:
+        c.execute(query("cron_trigger"), [name, *sql_limit_values()])
+        row = c.fetchone()
+    return None if row is None or row[0] is None else int(row[0])

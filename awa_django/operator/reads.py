@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import datetime
 
+from awa_django.cron import next_fire
 from awa_django.db.storage import QueueCounts
 from awa_django.exceptions import InvalidOptionError
 from awa_django.limits import check_id, check_queue_name, check_text
@@ -30,11 +31,13 @@ __all__ = [
     "JobDetail",
     "QueueStats",
     "RingState",
+    "ScheduleStatus",
     "WorkerStatus",
     "dlq_list",
     "job_show",
     "queue_stats",
     "rings",
+    "schedules",
     "throughput",
     "workers",
 ]
@@ -116,6 +119,54 @@ class DlqEntry:
     attempt: int
     reason: str
     dlq_at: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScheduleStatus:
+    """One periodic schedule as stored (``awa.cron_schedule_status``).
+
+    ``next_fire_at`` is computed here, with cronsim, from the stored expression and time zone
+    and the database clock (None for a paused schedule, or one whose expression this process
+    cannot read); ``last_fire_at`` is the last fire time that enqueued a job, ``last_job_id``
+    the last job it enqueued (a manual trigger included) and ``last_job_state`` that job's
+    state (None once it left history). ``catch_up`` is the most missed fires made up after
+    downtime (1: only the latest).
+    """
+
+    name: str
+    kind: str
+    cron_expr: str
+    timezone: str
+    catch_up: int
+    queue: str
+    priority: int
+    enabled: bool
+    next_fire_at: datetime | None
+    last_fire_at: datetime | None
+    last_job_id: int | None
+    last_job_state: JobState | None
+    paused_at: datetime | None
+    paused_by: str | None
+
+
+def _schedule(*, now: datetime, fire_after: datetime, **values: object) -> ScheduleStatus:
+    status = ScheduleStatus(next_fire_at=None, **values)  # type: ignore[arg-type]
+    if not status.enabled:
+        return status
+    try:
+        upcoming = next_fire(status.cron_expr, status.timezone, max(fire_after, now))
+    except Exception:  # an expression or zone this process cannot read: shown without
+        return status
+    return dataclasses.replace(status, next_fire_at=upcoming)
+
+
+def schedules(name: str | None = None, *, using: str | None = None) -> list[ScheduleStatus]:
+    """Every periodic schedule (or the one called ``name``), by name, with its next fire time
+    on the database clock."""
+    if name is not None:
+        check_text("name", name, max_length=255)
+    params: dict[str, Param] = {"name": name}
+    return fetch(_schedule, "cron_list", params, using=using, convert={"last_job_state": JobState})
 
 
 def queue_stats(using: str | None = None) -> list[QueueStats]:

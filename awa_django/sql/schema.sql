@@ -2,7 +2,7 @@
 -- Do not edit: change a migration, then regenerate. tests/test_schema.py compares it with a
 -- freshly migrated database. Catalog definitions, sorted; not a script to run.
 
--- relation (98)
+-- relation (100)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
 TABLE attempt_state WITH (fillfactor=80)
@@ -24,6 +24,7 @@ TABLE claims_4 PARTITION OF claims FOR VALUES IN (4)
 TABLE claims_5 PARTITION OF claims FOR VALUES IN (5)
 TABLE claims_6 PARTITION OF claims FOR VALUES IN (6)
 TABLE claims_7 PARTITION OF claims FOR VALUES IN (7)
+TABLE cron_schedules
 TABLE deferred_jobs
 TABLE dlq_entries
 TABLE done_entries PARTITION BY LIST (ready_slot)
@@ -96,13 +97,14 @@ TABLE runtime_instances WITH (fillfactor=70)
 TABLE schema_migrations
 TABLE unique_keys
 TYPE job_body
+VIEW cron_schedule_status
 VIEW jobs
 VIEW live_jobs
 VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (259)
+-- column (298)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -128,6 +130,45 @@ claims.010 claimed_at timestamp with time zone NOT NULL DEFAULT now()
 claims.011 deadline_at timestamp with time zone
 claims.012 worker_id uuid
 claims.013 kind text
+cron_schedule_status.001 name text
+cron_schedule_status.002 kind text
+cron_schedule_status.003 cron_expr text
+cron_schedule_status.004 timezone text
+cron_schedule_status.005 catch_up integer
+cron_schedule_status.006 queue text
+cron_schedule_status.007 priority smallint
+cron_schedule_status.008 max_attempts smallint
+cron_schedule_status.009 args jsonb
+cron_schedule_status.010 metadata jsonb
+cron_schedule_status.011 tags text[]
+cron_schedule_status.012 fire_after timestamp with time zone
+cron_schedule_status.013 last_fire_at timestamp with time zone
+cron_schedule_status.014 last_job_id bigint
+cron_schedule_status.015 last_job_state text
+cron_schedule_status.016 enabled boolean
+cron_schedule_status.017 paused_at timestamp with time zone
+cron_schedule_status.018 paused_by text
+cron_schedule_status.019 created_at timestamp with time zone
+cron_schedule_status.020 updated_at timestamp with time zone
+cron_schedules.001 name text NOT NULL
+cron_schedules.002 kind text NOT NULL
+cron_schedules.003 cron_expr text NOT NULL
+cron_schedules.004 timezone text NOT NULL
+cron_schedules.005 catch_up integer NOT NULL
+cron_schedules.006 queue text NOT NULL
+cron_schedules.007 priority smallint NOT NULL
+cron_schedules.008 max_attempts smallint NOT NULL
+cron_schedules.009 args jsonb NOT NULL
+cron_schedules.010 deadline_secs double precision
+cron_schedules.011 metadata jsonb
+cron_schedules.012 tags text[]
+cron_schedules.013 fire_after timestamp with time zone NOT NULL
+cron_schedules.014 last_fire_at timestamp with time zone
+cron_schedules.015 last_job_id bigint
+cron_schedules.016 paused_at timestamp with time zone
+cron_schedules.017 paused_by text
+cron_schedules.018 created_at timestamp with time zone NOT NULL DEFAULT now()
+cron_schedules.019 updated_at timestamp with time zone NOT NULL DEFAULT now()
 deferred_jobs.001 job_id bigint NOT NULL
 deferred_jobs.002 state text NOT NULL
 deferred_jobs.003 queue text NOT NULL
@@ -367,10 +408,19 @@ unique_keys.007 taken_at timestamp with time zone NOT NULL DEFAULT clock_timesta
 job_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 lane_id_seq AS integer START 1 INCREMENT 1 MIN 1 MAX 2147483647 CACHE 1
 
--- constraint (27)
+-- constraint (36)
 attempt_state attempt_state_pkey PRIMARY KEY (job_id, run_lease)
 claim_closures claim_closures_pkey PRIMARY KEY (job_id, run_lease, claim_slot)
 claims claims_pkey PRIMARY KEY (job_id, run_lease, claim_slot)
+cron_schedules cron_schedules_catch_up_check CHECK (((catch_up >= 1) AND (catch_up <= 10000)))
+cron_schedules cron_schedules_cron_expr_check CHECK (((cron_expr <> ''::text) AND (length(cron_expr) <= 255)))
+cron_schedules cron_schedules_kind_check CHECK (((kind <> ''::text) AND (length(kind) <= 255)))
+cron_schedules cron_schedules_max_attempts_check CHECK (awa.valid_max_attempts((max_attempts)::integer))
+cron_schedules cron_schedules_name_check CHECK (((name <> ''::text) AND (length(name) <= 200)))
+cron_schedules cron_schedules_pkey PRIMARY KEY (name)
+cron_schedules cron_schedules_priority_check CHECK (awa.valid_priority((priority)::integer))
+cron_schedules cron_schedules_queue_check CHECK (awa.valid_queue_name(queue))
+cron_schedules cron_schedules_timezone_check CHECK (((timezone <> ''::text) AND (length(timezone) <= 255)))
 deferred_jobs deferred_jobs_pkey PRIMARY KEY (job_id)
 deferred_jobs deferred_jobs_state_check CHECK ((state = ANY (ARRAY['scheduled'::text, 'retryable'::text])))
 dlq_entries dlq_entries_pkey PRIMARY KEY (job_id)
@@ -396,7 +446,7 @@ runtime_instances runtime_instances_pkey PRIMARY KEY (instance_id)
 schema_migrations schema_migrations_pkey PRIMARY KEY (name)
 unique_keys unique_keys_pkey PRIMARY KEY (unique_key)
 
--- index (37)
+-- index (38)
 CREATE INDEX attempt_state_callback_idx ON awa.attempt_state USING btree (callback_id) WHERE (callback_id IS NOT NULL)
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at)
 CREATE INDEX claims_deadline_idx ON ONLY awa.claims USING btree (deadline_at) WHERE (deadline_at IS NOT NULL)
@@ -420,6 +470,7 @@ CREATE INDEX unique_keys_taken_idx ON awa.unique_keys USING btree (taken_at, uni
 CREATE UNIQUE INDEX attempt_state_pkey ON awa.attempt_state USING btree (job_id, run_lease)
 CREATE UNIQUE INDEX claim_closures_pkey ON ONLY awa.claim_closures USING btree (job_id, run_lease, claim_slot)
 CREATE UNIQUE INDEX claims_pkey ON ONLY awa.claims USING btree (job_id, run_lease, claim_slot)
+CREATE UNIQUE INDEX cron_schedules_pkey ON awa.cron_schedules USING btree (name)
 CREATE UNIQUE INDEX deferred_jobs_pkey ON awa.deferred_jobs USING btree (job_id)
 CREATE UNIQUE INDEX dlq_entries_pkey ON awa.dlq_entries USING btree (job_id)
 CREATE UNIQUE INDEX lane_floors_pkey ON awa.lane_floors USING btree (lane_id)
@@ -509,7 +560,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (88)
+-- function (93)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -642,6 +693,16 @@ CREATE OR REPLACE FUNCTION awa._completed_since_v1(p_queue text, p_since timesta
 AS $function$
     SELECT count(*) FROM awa.done_entries d
     WHERE d.queue = p_queue AND d.state = 'completed' AND d.finalized_at > p_since
+$function$
+
+CREATE OR REPLACE FUNCTION awa._cron_time_v1(p_at timestamp with time zone)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS') ||
+           CASE WHEN extract(microseconds FROM p_at)::bigint % 1000000 = 0 THEN ''
+                ELSE to_char(p_at AT TIME ZONE 'UTC', '.US') END || 'Z'
 $function$
 
 CREATE OR REPLACE FUNCTION awa._deadline_secs_v1(p_secs double precision)
@@ -2202,6 +2263,136 @@ BEGIN
 END
 $function$
 
+CREATE OR REPLACE FUNCTION awa.cron_fire_v1(p_name text, p_after timestamp with time zone, p_fire_at timestamp with time zone, p_args_max_bytes integer DEFAULT 1048576, p_metadata_max_bytes integer DEFAULT 65536, p_json_max_depth integer DEFAULT 32, p_max_tags integer DEFAULT 20, p_tag_max_length integer DEFAULT 100)
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_row awa.cron_schedules;
+    v_job bigint;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.cron_fire_v1');
+    SELECT * INTO v_row FROM awa.cron_schedules c
+    WHERE c.name = p_name AND c.fire_after = p_after AND p_fire_at > c.fire_after
+      AND p_fire_at <= now() AND c.paused_at IS NULL
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- The job is unique by (schedule, fire time) in every state (0005_unique): a second job
+    -- for one fire time is refused even if this row's guard were ever bypassed.
+    SELECT e.job_id INTO v_job FROM awa.enqueue_one_v3(
+        v_row.kind, v_row.queue, v_row.priority, v_row.args, v_row.max_attempts, NULL, NULL,
+        v_row.deadline_secs,
+        COALESCE(v_row.metadata, '{}'::jsonb) || jsonb_build_object(
+            'cron_name', p_name, 'cron_fire_time', awa._cron_time_v1(p_fire_at)),
+        v_row.tags, p_args_max_bytes, p_metadata_max_bytes, p_json_max_depth, p_max_tags,
+        p_tag_max_length,
+        p_unique_key => 'cron:' || p_name || '@' || awa._cron_time_v1(p_fire_at),
+        p_unique_states => awa.unique_states_v1()) e;
+    UPDATE awa.cron_schedules c
+    SET fire_after = p_fire_at, last_fire_at = p_fire_at, last_job_id = v_job
+    WHERE c.name = p_name;
+    RETURN v_job;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.cron_pause_v1(p_name text, p_paused boolean, p_by text DEFAULT NULL::text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF p_paused IS NULL THEN
+        RAISE EXCEPTION 'paused: must be true or false' USING ERRCODE = '22023';
+    END IF;
+    UPDATE awa.cron_schedules c SET
+        paused_at = CASE WHEN p_paused THEN now() END,
+        paused_by = CASE WHEN p_paused THEN p_by END,
+        fire_after = CASE WHEN p_paused THEN c.fire_after ELSE GREATEST(c.fire_after, now()) END
+    WHERE c.name = p_name AND (c.paused_at IS NOT NULL) IS DISTINCT FROM p_paused;
+    RETURN EXISTS (SELECT 1 FROM awa.cron_schedules c WHERE c.name = p_name);
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.cron_sync_v1(p_schedules jsonb)
+ RETURNS TABLE(name text, change text)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+BEGIN
+    IF jsonb_typeof(p_schedules) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'schedules: must be a JSON array' USING ERRCODE = '22023';
+    END IF;
+    PERFORM pg_advisory_xact_lock(4282181, 0);
+    RETURN QUERY
+    WITH input AS (
+        SELECT s.name, s.kind, s.cron_expr, s.timezone, s.catch_up, s.queue, s.priority,
+               s.max_attempts, s.args, s.deadline_secs, s.metadata, s.tags
+        FROM jsonb_to_recordset(p_schedules) AS s(
+            name text, kind text, cron_expr text, timezone text, catch_up integer, queue text,
+            priority smallint, max_attempts smallint, args jsonb,
+            deadline_secs double precision, metadata jsonb, tags text[])
+    ), removed AS (
+        DELETE FROM awa.cron_schedules c
+        WHERE NOT EXISTS (SELECT 1 FROM input i WHERE i.name = c.name)
+        RETURNING c.name
+    ), written AS (
+        INSERT INTO awa.cron_schedules AS c (
+            name, kind, cron_expr, timezone, catch_up, queue, priority, max_attempts, args,
+            deadline_secs, metadata, tags, fire_after)
+        SELECT i.name, i.kind, i.cron_expr, i.timezone, i.catch_up, i.queue, i.priority,
+               i.max_attempts, i.args, i.deadline_secs, i.metadata, i.tags, now()
+        FROM input i
+        ON CONFLICT ON CONSTRAINT cron_schedules_pkey DO UPDATE SET
+            kind = EXCLUDED.kind, cron_expr = EXCLUDED.cron_expr, timezone = EXCLUDED.timezone,
+            catch_up = EXCLUDED.catch_up, queue = EXCLUDED.queue, priority = EXCLUDED.priority,
+            max_attempts = EXCLUDED.max_attempts, args = EXCLUDED.args,
+            deadline_secs = EXCLUDED.deadline_secs, metadata = EXCLUDED.metadata,
+            tags = EXCLUDED.tags, updated_at = now(),
+            fire_after = CASE
+                WHEN (c.cron_expr, c.timezone) IS DISTINCT FROM
+                     (EXCLUDED.cron_expr, EXCLUDED.timezone)
+                THEN GREATEST(c.fire_after, now())
+                ELSE c.fire_after END
+        WHERE (c.kind, c.cron_expr, c.timezone, c.catch_up, c.queue, c.priority,
+               c.max_attempts, c.args, c.deadline_secs, c.metadata, c.tags)
+              IS DISTINCT FROM
+              (EXCLUDED.kind, EXCLUDED.cron_expr, EXCLUDED.timezone, EXCLUDED.catch_up,
+               EXCLUDED.queue, EXCLUDED.priority, EXCLUDED.max_attempts, EXCLUDED.args,
+               EXCLUDED.deadline_secs, EXCLUDED.metadata, EXCLUDED.tags)
+        RETURNING c.name, (c.xmax = 0) AS created
+    )
+    SELECT r.name, 'removed'::text FROM removed r
+    UNION ALL
+    SELECT w.name, CASE WHEN w.created THEN 'created' ELSE 'updated' END FROM written w;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.cron_trigger_v1(p_name text, p_args_max_bytes integer DEFAULT 1048576, p_metadata_max_bytes integer DEFAULT 65536, p_json_max_depth integer DEFAULT 32, p_max_tags integer DEFAULT 20, p_tag_max_length integer DEFAULT 100)
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_row awa.cron_schedules;
+    v_job bigint;
+BEGIN
+    SELECT * INTO v_row FROM awa.cron_schedules c WHERE c.name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT e.job_id INTO v_job FROM awa.enqueue_one_v2(
+        v_row.kind, v_row.queue, v_row.priority, v_row.args, v_row.max_attempts, NULL, NULL,
+        v_row.deadline_secs,
+        COALESCE(v_row.metadata, '{}'::jsonb) || jsonb_build_object(
+            'cron_name', p_name, 'cron_fire_time', awa._cron_time_v1(now()),
+            'cron_trigger', 'manual'),
+        v_row.tags, p_args_max_bytes, p_metadata_max_bytes, p_json_max_depth, p_max_tags,
+        p_tag_max_length) e;
+    UPDATE awa.cron_schedules c SET last_job_id = v_job WHERE c.name = p_name;
+    RETURN v_job;
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa.dlq_expire_v1(p_retention double precision, p_limit integer DEFAULT 1000)
  RETURNS integer
  LANGUAGE sql
@@ -3671,7 +3862,34 @@ AS $function$
     SELECT p_queue IS NOT NULL AND p_queue ~ '^[a-z0-9_.-]{1,63}$'
 $function$
 
--- view (5)
+-- view (6)
+CREATE VIEW awa.cron_schedule_status AS
+ SELECT name,
+    kind,
+    cron_expr,
+    timezone,
+    catch_up,
+    queue,
+    priority,
+    max_attempts,
+    args,
+    metadata,
+    tags,
+    fire_after,
+    last_fire_at,
+    last_job_id,
+    state AS last_job_state,
+    (paused_at IS NULL) AS enabled,
+    paused_at,
+    paused_by,
+    created_at,
+    updated_at
+   FROM (awa.cron_schedules c
+     LEFT JOIN LATERAL ( SELECT state
+           FROM awa.jobs s
+          WHERE (id = last_job_id)
+         LIMIT 1) j ON (true));
+
 CREATE VIEW awa.jobs AS
  SELECT id,
     kind,

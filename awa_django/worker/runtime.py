@@ -47,6 +47,7 @@ import psycopg
 from awa_django.db.storage import ClaimedJob, aclaim, aheartbeat
 from awa_django.jobs import registered_kinds
 from awa_django.limits import QUEUE_NAME_RE
+from awa_django.maintenance.cron import sync_schedules
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.sql import query
 from awa_django.worker.batcher import CompletionBatcher
@@ -141,6 +142,8 @@ class WorkerRuntime(Execution):
         if self.config.discover:
             await self._discover(start=False)
         await self._register()
+        if not self.config.maintenance:
+            await self._sync_schedules()  # with maintenance, Maintenance syncs them
         await self._check_connection_budget()
         log.info(
             "awa worker %s started: pid %s, %d job(s) at once, queues %s%s",
@@ -319,6 +322,14 @@ class WorkerRuntime(Execution):
                 )
                 for run in self.inflight.values():
                     run.attempt.ctx.cancel()
+
+    async def _sync_schedules(self) -> None:
+        """Sync the periodic schedules declared in this process's code (a failure is logged;
+        the next process to start, or this one's maintenance, syncs them)."""
+        try:
+            await self.control_link.run(sync_schedules, give_up=lambda: self.stopping)
+        except Exception as exc:
+            log.warning("awa worker: could not sync periodic schedules (%s)", first_line(exc))
 
     async def _register(self) -> None:
         queues = json.dumps({q.name: q.concurrency for q in self.queues.values()})
