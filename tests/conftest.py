@@ -25,7 +25,9 @@ from tests.settings import database_settings, repeatable_settings
 
 pytest_plugins = ["tests.awa_fixtures"]
 
-TEST_DATA_DIR = REPO / ".pgdata" / "test"
+# AWA_TEST_PGDATA gives a session a cluster of its own (scripts/test runs the dj6 lane beside
+# the dj52 lane that way).
+TEST_DATA_DIR = Path(os.environ.get("AWA_TEST_PGDATA") or REPO / ".pgdata" / "test").resolve()
 
 
 def _point_django_at(url: str) -> None:
@@ -60,7 +62,7 @@ def postgres_url() -> Iterator[str]:
         yield existing
         return
     TEST_DATA_DIR.parent.mkdir(parents=True, exist_ok=True)
-    with (TEST_DATA_DIR.parent / "test.lock").open("w") as lock:
+    with (TEST_DATA_DIR.parent / f"{TEST_DATA_DIR.name}.lock").open("w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
