@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from awa_django.db.enqueue import build_request, send_requests
 from awa_django.exceptions import UnknownKindError
 from awa_django.limits import tag_tuple
+from awa_django.retry import RetryPolicy, check_retry
 from awa_django.types import EnqueuedJob, JobOptions, JobRequest
 from awa_django.worker.context import JobContext
 
@@ -72,6 +73,7 @@ class Job(Generic[P, R]):
         tags: Iterable[str] = _UNSET,
         metadata: Mapping[str, object] | None = _UNSET,
         using: str | None = _UNSET,
+        retry: RetryPolicy | None = _UNSET,
     ) -> Job[P, R]:
         """Return a copy of this handle with the given options replaced (validated at enqueue)."""
         changes: dict[str, Any] = {
@@ -84,6 +86,7 @@ class Job(Generic[P, R]):
                 ("deadline", deadline),
                 ("metadata", metadata),
                 ("using", using),
+                ("retry", retry),
             )
             if value is not _UNSET
         }
@@ -164,6 +167,7 @@ def job(
     tags: Iterable[str] = (),
     metadata: Mapping[str, object] | None = None,
     using: str | None = None,
+    retry: RetryPolicy | None = None,
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Job[P, R]]: ...
 
 
@@ -179,6 +183,7 @@ def job(
     tags: Iterable[str] = (),
     metadata: Mapping[str, object] | None = None,
     using: str | None = None,
+    retry: RetryPolicy | None = None,
 ) -> Callable[[Callable[P, R]], Job[P, R]]: ...
 
 
@@ -195,6 +200,7 @@ def job(
     tags: Iterable[str] = (),
     metadata: Mapping[str, object] | None = None,
     using: str | None = None,
+    retry: RetryPolicy | None = None,
 ) -> Any:
     """Register a function (sync or async) as a job kind; usable bare or with options.
 
@@ -202,7 +208,9 @@ def job(
     :class:`~awa_django.JobContext` (id, attempt, metadata, tags, previous errors, progress,
     cancellation, callbacks), as with django.tasks' ``@task(takes_context=True)``; callers
     enqueue without it. The kind is the function's dotted path (``module.qualname``) unless
-    ``name=`` is given. Options are validated when a job is enqueued. Registering two different
+    ``name=`` is given. ``retry`` is the kind's :class:`~awa_django.RetryPolicy` (stored with
+    each job; ``.using(retry=...)`` replaces it per call). Options are validated when a job is
+    enqueued (a ``retry`` that is not a ``RetryPolicy`` at once). Registering two different
     functions under one kind raises ``ImproperlyConfigured``; re-importing the same module is
     fine.
     """
@@ -214,6 +222,7 @@ def job(
         tags=tag_tuple(tags),
         metadata=metadata,
         using=using,
+        retry=check_retry(retry),
     )
 
     def register(f: Callable[..., Any]) -> Job[Any, Any]:

@@ -18,6 +18,7 @@ from awa_django.db.enqueue import build_request, send_requests
 from awa_django.exceptions import InvalidArgumentsError, InvalidOptionError
 from awa_django.jobs import get_job
 from awa_django.limits import tag_tuple
+from awa_django.retry import RetryPolicy
 from awa_django.types import SEAL, EnqueuedJob, JobOptions, JobRequest
 
 __all__ = ["aenqueue", "aenqueue_many", "enqueue", "enqueue_many"]
@@ -36,6 +37,7 @@ def enqueue(
     tags: Iterable[str] | None = None,
     metadata: Mapping[str, object] | None = None,
     using: str | None = None,
+    retry: RetryPolicy | None = None,
 ) -> EnqueuedJob:
     """Enqueue one job of a registered ``kind`` in the caller's transaction.
 
@@ -61,6 +63,7 @@ def enqueue(
         tags=tags if tags is not None else base.tags,
         metadata=metadata if metadata is not None else base.metadata,
         using=using if using is not None else base.using,
+        retry=retry if retry is not None else base.retry,
     )
     request = build_request(kind, tuple(args), dict(kwargs or {}), options)
     return send_requests([request], request.using)[0]

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeAlias
 
 from awa_django import serialization
+from awa_django.retry import RetryPolicy
 
 __all__ = ["JSON", "SEAL", "EnqueuedJob", "JobOptions", "JobRequest"]
 
@@ -25,7 +26,8 @@ class JobOptions:
     """Options of one enqueue. ``None`` means "the setting's default" where one applies.
 
     ``run_after`` is an aware ``datetime`` or a ``timedelta`` measured on the database clock at
-    enqueue; ``deadline`` is the hard time limit of one attempt (seconds or ``timedelta``).
+    enqueue; ``deadline`` is the hard time limit of one attempt (seconds or ``timedelta``);
+    ``retry`` the job's retry policy, stored with it (``awa_django.RetryPolicy``).
     """
 
     queue: str | None = None
@@ -36,6 +38,7 @@ class JobOptions:
     tags: tuple[str, ...] = ()
     metadata: Mapping[str, object] | None = None
     using: str | None = None
+    retry: RetryPolicy | None = None
 
 
 class _JobRequestFields(NamedTuple):

@@ -17,6 +17,7 @@ EXPECTED = {
     "JobRequest",
     "LimitExceededError",
     "RetryAfter",
+    "RetryPolicy",
     "Snooze",
     "TerminalError",
     "UnknownKindError",

@@ -63,6 +63,7 @@ from awa_django.limits import (
     check_text,
     tag_tuple,
 )
+from awa_django.retry import RetryPolicy
 from awa_django.sql import query
 from awa_django.states import JobState
 from awa_django.types import JobOptions, JobRequest
@@ -81,18 +82,20 @@ STATUS_OF_STATE: Mapping[str, str] = {
     JobState.CANCELLED: "FAILED",
 }
 
-_OPTIONS = {"database", "max_attempts", "deadline", "tags"}
+_OPTIONS = {"database", "max_attempts", "deadline", "tags", "retry"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class AwaTask(Task):  # type: ignore[type-arg]
     """A django.tasks ``Task`` with awa_django's options, set through ``@task(**kwargs)``
-    (Django 6.1 and the backport): ``max_attempts``, ``deadline`` (seconds), ``tags``.
-    ``None`` means the backend's ``OPTIONS`` default."""
+    (Django 6.1 and the backport): ``max_attempts``, ``deadline`` (seconds), ``tags``,
+    ``retry`` (an ``awa_django.RetryPolicy``, stored with each job it enqueues). ``None`` means
+    the backend's ``OPTIONS`` default."""
 
     max_attempts: int | None = None
     deadline: float | None = None
     tags: tuple[str, ...] | None = None
+    retry: RetryPolicy | None = None
 
 
 class AwaTaskBackend(BaseTaskBackend):
@@ -100,7 +103,8 @@ class AwaTaskBackend(BaseTaskBackend):
 
     OPTIONS: ``database`` (alias, default ``AWA["DATABASE_ALIAS"]``), ``max_attempts``
     (default 1: a task that raises is FAILED, as django.tasks expects; raise it to retry with
-    backoff), ``deadline`` (seconds per attempt), ``tags``.
+    backoff), ``deadline`` (seconds per attempt), ``tags``, ``retry`` (an
+    ``awa_django.RetryPolicy`` or a mapping of its fields: the tasks' retry policy).
     """
 
     task_class = AwaTask
@@ -117,6 +121,8 @@ class AwaTaskBackend(BaseTaskBackend):
         # Kept as given: a str is not a list of tags (tag_tuple refuses it at enqueue, E103
         # reports it at check time) and must never be split into characters.
         self.tags: Any = self.options.get("tags", ())
+        # Checked at enqueue (and by awa.E103), not here: a bad one must not stop start-up.
+        self.retry: Any = self.options.get("retry")
 
     @property
     def alias_for_db(self) -> str:
@@ -137,6 +143,7 @@ class AwaTaskBackend(BaseTaskBackend):
         max_attempts = getattr(task, "max_attempts", None) or self.max_attempts
         deadline = getattr(task, "deadline", None) or self.deadline
         tags = getattr(task, "tags", None)
+        retry = getattr(task, "retry", None)
         return JobOptions(
             queue=task.queue_name,
             priority=task.priority,
@@ -145,6 +152,7 @@ class AwaTaskBackend(BaseTaskBackend):
             deadline=deadline,
             tags=tag_tuple(tags if tags is not None else self.tags),
             using=self.alias_for_db,
+            retry=RetryPolicy.from_option(retry if retry is not None else self.retry),
         )
 
     def _request(
@@ -299,6 +307,7 @@ class AwaTaskBackend(BaseTaskBackend):
         checks_of_options: list[tuple[str, Any]] = [
             ("deadline", lambda v: v is None or check_seconds("deadline", v)),
             ("tags", lambda v: [check_text("tags", t) for t in tag_tuple(v)]),
+            ("retry", RetryPolicy.from_option),
         ]
         for name, check in checks_of_options:
             if name in self.options:

@@ -27,11 +27,13 @@ from awa_django.db.transactions import checked_alias, write_transaction
 from awa_django.exceptions import InvalidOptionError, LimitExceededError
 from awa_django.limits import (
     check_max_attempts,
+    check_metadata_keys,
     check_priority,
     check_queue_name,
     check_seconds,
     check_text,
 )
+from awa_django.retry import RETRY_KEY, check_retry
 from awa_django.sql import query
 from awa_django.types import SEAL, EnqueuedJob, JobOptions, JobRequest
 
@@ -80,11 +82,19 @@ def build_request(
     )
     run_at, delay = _timing(options.run_after)
     metadata_json = None
-    if options.metadata is not None:
-        if not isinstance(options.metadata, Mapping):
-            raise InvalidOptionError("metadata", "must be a mapping (a JSON object)")
+    retry = check_retry(options.retry)
+    if options.metadata is not None or retry is not None:
+        metadata: dict[Any, Any] = {}
+        if options.metadata is not None:
+            if not isinstance(options.metadata, Mapping):
+                raise InvalidOptionError("metadata", "must be a mapping (a JSON object)")
+            metadata = dict(options.metadata)
+            check_metadata_keys(metadata)
+        if retry is not None:
+            # Stored with the job, so that every retry path follows it (awa_django/retry.py).
+            metadata[RETRY_KEY] = retry.to_value()
         metadata_json = serialization.dumps(
-            dict(options.metadata),
+            metadata,
             "metadata",
             max_bytes=cfg.METADATA_MAX_BYTES,
             max_depth=cfg.JSON_MAX_DEPTH,
