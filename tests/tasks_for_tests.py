@@ -176,3 +176,13 @@ def _local_error() -> type[Exception]:
 @task
 def raises_a_local_class() -> None:
     raise _local_error()("defined in a function")
+
+
+# -- retry policies (tests/test_worker_retry.py) ---------------------------------------------------
+
+from awa_django import RetryPolicy  # noqa: E402
+
+
+@task(max_attempts=3, retry=RetryPolicy("constant", base=900, jitter=0, retry_on=[KeyError]))
+def picky_task(error: str) -> None:
+    raise {"key": KeyError, "value": ValueError}[error](error)
