@@ -281,3 +281,13 @@ def test_unapplying_0007_restores_the_retry_paths_and_applying_it_again_works() 
         call_command("migrate", "awa_django", verbosity=0)
         forget_known_lanes()
     assert catalog()[1] == "awa._backoff_v2"
+
+
+@pytest.mark.django_db
+def test_drain_follows_the_job_s_policy() -> None:
+    from awa_django.testing import drain
+
+    outside = testjobs.picky.enqueue("value", 1).id
+    inside = testjobs.picky.enqueue("transient", 1).id
+    runs = {run.id: run.outcome for run in drain("retry")}
+    assert runs == {outside: "fail", inside: "retry"}
