@@ -108,8 +108,10 @@ def test_backoff_is_one_function_and_callbacks_honour_the_base() -> None:
         # One backoff function: the only jitter is awa._backoff_v2's, and the current bodies of
         # the retry paths (the last definition of each) call it and nothing else.
         assert sum(t.count("random() *") for t in texts) == 2  # _backoff_v1 in 0002, v2 in 0007
-        latest = texts[-1]
-        assert "random() * COALESCE" in latest and "_backoff_v1(o." not in latest
+        retry = (ROOT / "awa_django" / "sql" / "migrations" / "0007_retry.sql").read_text("utf-8")
+        assert (
+            "random() * COALESCE" in retry and "_backoff_v1(" not in retry.split("-- Finalize")[1]
+        )
 
         # A failed callback resolution is retried after base x 2^attempt, parked or early.
         enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "cb"}, {"kind": "k", "queue": "cb"}]))
