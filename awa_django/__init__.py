@@ -23,6 +23,7 @@ from awa_django.jobs import Job, JobOptions, get_job, job
 from awa_django.operator.actions import cancel, dlq_purge, dlq_retry, resolve_callback
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.producer import aenqueue, aenqueue_many, enqueue, enqueue_many
+from awa_django.retry import RetryPolicy
 from awa_django.types import EnqueuedJob, JobRequest
 from awa_django.worker.context import JobContext
 
@@ -41,6 +42,7 @@ __all__ = [
     "JobValidationError",
     "LimitExceededError",
     "RetryAfter",
+    "RetryPolicy",
     "Snooze",
     "TerminalError",
     "UnknownKindError",

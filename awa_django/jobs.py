@@ -19,6 +19,7 @@ from awa_django import cron as _cron
 from awa_django.db.enqueue import build_request, send_requests
 from awa_django.exceptions import UnknownKindError
 from awa_django.limits import tag_tuple
+from awa_django.retry import RetryPolicy, check_retry
 from awa_django.types import EnqueuedJob, JobOptions, JobRequest
 from awa_django.unique import states_tuple
 from awa_django.worker.context import JobContext
@@ -79,6 +80,7 @@ class Job(Generic[P, R]):
         unique_for: float | timedelta | None = _UNSET,
         unique_states: Iterable[str] | None = _UNSET,
         on_conflict: Literal["return", "raise"] = _UNSET,
+        retry: RetryPolicy | None = _UNSET,
     ) -> Job[P, R]:
         """Return a copy of this handle with the given options replaced (validated at enqueue).
 
@@ -99,6 +101,7 @@ class Job(Generic[P, R]):
                 ("unique_key", unique_key),
                 ("unique_for", unique_for),
                 ("on_conflict", on_conflict),
+                ("retry", retry),
             )
             if value is not _UNSET
         }
@@ -190,6 +193,7 @@ def job(
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     catch_up: str | int = "latest",
+    retry: RetryPolicy | None = None,
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Job[P, R]]: ...
 
 
@@ -214,6 +218,7 @@ def job(
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     catch_up: str | int = "latest",
+    retry: RetryPolicy | None = None,
 ) -> Callable[[Callable[P, R]], Job[P, R]]: ...
 
 
@@ -239,6 +244,7 @@ def job(
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     catch_up: str | int = "latest",
+    retry: RetryPolicy | None = None,
 ) -> Any:
     """Register a function (sync or async) as a job kind; usable bare or with options.
 
@@ -246,9 +252,11 @@ def job(
     :class:`~awa_django.JobContext` (id, attempt, metadata, tags, previous errors, progress,
     cancellation, callbacks), as with django.tasks' ``@task(takes_context=True)``; callers
     enqueue without it. The kind is the function's dotted path (``module.qualname``) unless
-    ``name=`` is given. ``unique=True`` makes every job of the kind unique by its arguments
-    (``unique_for``, ``unique_states``, ``on_conflict``: see docs/jobs.md, "Unique jobs").
-    Options are validated when a job is enqueued.
+    ``name=`` is given. ``retry`` is the kind's :class:`~awa_django.RetryPolicy` (stored with
+    each job; ``.using(retry=...)`` replaces it per call). ``unique=True`` makes every job of
+    the kind unique by its arguments (``unique_for``, ``unique_states``, ``on_conflict``: see
+    docs/jobs.md, "Unique jobs"). Options are validated when a job is enqueued (a ``retry``
+    that is not a ``RetryPolicy`` at once).
 
     ``cron=`` makes it periodic (docs/periodic.md): the maintenance leader enqueues it with
     ``args`` and ``kwargs`` at each fire time of the expression in ``timezone``, exactly once
@@ -270,6 +278,7 @@ def job(
         unique_for=unique_for,
         unique_states=states_tuple(unique_states),
         on_conflict=on_conflict,
+        retry=check_retry(retry),
     )
 
     if cron is None and (args or kwargs or timezone != "UTC" or catch_up != "latest"):

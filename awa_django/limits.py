@@ -26,9 +26,11 @@ __all__ = [
     "MAX_TEXT",
     "PRIORITY_RANGE",
     "QUEUE_NAME_RE",
+    "RESERVED_METADATA_PREFIX",
     "check_id",
     "check_ids",
     "check_max_attempts",
+    "check_metadata_keys",
     "check_priority",
     "check_queue_name",
     "check_seconds",
@@ -57,6 +59,23 @@ ATTEMPTS_RANGE = (1, 1000)
 #: A queue name: 1-63 characters of ``a-z 0-9 _ . -``. Queues are values, never identifiers,
 #: everywhere in the schema; the rule keeps them short, printable and safe in JSON and URLs.
 QUEUE_NAME_RE = re.compile(r"[a-z0-9_.-]{1,63}")
+
+
+#: Metadata keys starting with this are awa_django's own (``awa:retry``, the job's retry
+#: policy); a producer's metadata may not use them.
+RESERVED_METADATA_PREFIX = "awa:"
+
+
+def check_metadata_keys(metadata: Mapping[str, object]) -> None:
+    """``InvalidOptionError`` when a key of ``metadata`` starts with
+    :data:`RESERVED_METADATA_PREFIX` (keys that are not ``str`` are refused by the encoder)."""
+    for key in metadata:
+        if type(key) is str and key.startswith(RESERVED_METADATA_PREFIX):
+            raise InvalidOptionError(
+                "metadata",
+                f"key {show(key)} is reserved: keys starting with {RESERVED_METADATA_PREFIX!r} "
+                "are awa_django's own (a retry policy is given with retry=RetryPolicy(...))",
+            )
 
 
 def check_queue_name(queue: object, field: str = "queue") -> str:

@@ -18,6 +18,7 @@ from awa_django.db.enqueue import build_request, send_requests
 from awa_django.exceptions import InvalidArgumentsError, InvalidOptionError
 from awa_django.jobs import get_job
 from awa_django.limits import tag_tuple
+from awa_django.retry import RetryPolicy
 from awa_django.types import SEAL, EnqueuedJob, JobOptions, JobRequest
 from awa_django.unique import states_tuple
 
@@ -42,6 +43,7 @@ def enqueue(
     unique_for: float | timedelta | None = None,
     unique_states: Iterable[str] | None = None,
     on_conflict: Literal["return", "raise"] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> EnqueuedJob:
     """Enqueue one job of a registered ``kind`` in the caller's transaction.
 
@@ -75,6 +77,7 @@ def enqueue(
             states_tuple(unique_states) if unique_states is not None else base.unique_states
         ),
         on_conflict=on_conflict if on_conflict is not None else base.on_conflict,
+        retry=retry if retry is not None else base.retry,
     )
     request = build_request(kind, tuple(args), dict(kwargs or {}), options)
     return send_requests([request], request.using)[0]

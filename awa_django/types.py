@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
 
 from awa_django import serialization
+from awa_django.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from awa_django.unique import UniqueSpec
@@ -28,7 +29,8 @@ class JobOptions:
     """Options of one enqueue. ``None`` means "the setting's default" where one applies.
 
     ``run_after`` is an aware ``datetime`` or a ``timedelta`` measured on the database clock at
-    enqueue; ``deadline`` is the hard time limit of one attempt (seconds or ``timedelta``).
+    enqueue; ``deadline`` is the hard time limit of one attempt (seconds or ``timedelta``);
+    ``retry`` the job's retry policy, stored with it (``awa_django.RetryPolicy``).
     ``unique`` (or any of ``unique_key``, ``unique_for``, ``unique_states``) makes the job hold
     a key while it may block duplicates; ``on_conflict`` says what enqueueing a duplicate does
     (``"return"`` the existing job's handle, or ``"raise"`` ``DuplicateJobError``).
@@ -47,6 +49,7 @@ class JobOptions:
     unique_for: float | timedelta | None = None
     unique_states: tuple[str, ...] | None = None
     on_conflict: Literal["return", "raise"] = "return"
+    retry: RetryPolicy | None = None
 
 
 class _JobRequestFields(NamedTuple):

@@ -10,7 +10,8 @@ working tree's. Both are driven by the working tree's Python, so the ref's SQL m
 signatures it calls. After ``--warmup`` jobs through each (so both have history and indexes
 of the same depth), every round runs the same work on both, in alternating order (ABBA...): enqueue
 ``--jobs`` jobs (``awa.enqueue_v1``, 500 per call), then claim (``awa.claim_v1``, 256 per call)
-and finalize them all as completed (``awa.finalize_v1``), as a worker does. It reports the
+and finalize them all as completed (``awa.finalize_v1``), as a worker does (``--outcome retry``:
+as handler errors, which the database sends to the deferred plane with its backoff). It reports the
 median server CPU per job of each phase (the backend's user+system time from ``/proc``, so the
 client and other processes do not count) and the ratio after/before.
 """
@@ -24,6 +25,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":
@@ -117,7 +119,7 @@ class Side:
         fields = Path(f"/proc/{self.pid}/stat").read_text().split()
         return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
-    def cycle(self, jobs: int) -> tuple[float, float]:
+    def cycle(self, jobs: int, outcome: str = "completed") -> tuple[float, float]:
         from awa_django.db import storage
         from awa_django.db.storage import Finalization
 
@@ -133,7 +135,12 @@ class Side:
             claiming += self.cpu() - c0
             if not claimed:
                 break
-            done = [Finalization(c.job_id, c.run_lease, c.claim_slot, "completed") for c in claimed]
+            extra: dict[str, Any] = (
+                {"error": {"message": "boom"}, "backoff_base": 1.0} if outcome == "retry" else {}
+            )
+            done = [
+                Finalization(c.job_id, c.run_lease, c.claim_slot, outcome, **extra) for c in claimed
+            ]
             if storage.finalize(self.conn, done):
                 raise SystemExit(f"{self.label}: a finalization was refused as stale")
         t2 = self.cpu()
@@ -149,6 +156,9 @@ def main() -> None:
     parser.add_argument("--before", default="HEAD", help="the git ref whose SQL to compare with")
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per round and side")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--outcome", choices=["completed", "retry"], default="completed", help="how jobs end"
+    )
     parser.add_argument("--warmup", type=int, default=100_000, help="jobs through each side first")
     args = parser.parse_args()
 
@@ -170,12 +180,12 @@ def main() -> None:
         call_command("migrate", "awa_django", verbosity=0, database="after")
         sides = [Side(f"before ({args.before})", "default"), Side("after (latest)", "after")]
         for side in sides:
-            side.cycle(args.warmup)
+            side.cycle(args.warmup, args.outcome)
             side.conn.execute("VACUUM ANALYZE")
         started = time.perf_counter()
         for r in range(args.rounds):
             for side in sides if r % 2 == 0 else sides[::-1]:
-                enqueue_us, claim_finalize_us = side.cycle(args.jobs)
+                enqueue_us, claim_finalize_us = side.cycle(args.jobs, args.outcome)
                 side.enqueue_us.append(enqueue_us)
                 side.claim_finalize_us.append(claim_finalize_us)
         print(

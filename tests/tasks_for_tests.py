@@ -181,3 +181,13 @@ def raises_a_local_class() -> None:
 @task(unique=True)
 def unique_add(a: int, b: int) -> int:
     return a + b
+
+
+# -- retry policies (tests/test_worker_retry.py) ---------------------------------------------------
+
+from awa_django import RetryPolicy  # noqa: E402
+
+
+@task(max_attempts=3, retry=RetryPolicy("constant", base=900, jitter=0, retry_on=[KeyError]))
+def picky_task(error: str) -> None:
+    raise {"key": KeyError, "value": ValueError}[error](error)

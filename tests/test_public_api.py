@@ -18,6 +18,7 @@ EXPECTED = {
     "JobRequest",
     "LimitExceededError",
     "RetryAfter",
+    "RetryPolicy",
     "Snooze",
     "TerminalError",
     "UnknownKindError",

@@ -53,6 +53,11 @@ REDEFINED = {
     # generation (what claim_v2's one-probe lane cursor relies on).
     "awa.claim_v1": "0004_claim.sql",
     "awa._carry_claims_v1": "0004_claim.sql",
+    # 0007_retry.sql: every retry's wait comes from awa._backoff_v2 and the job's own retry
+    # policy (rescue no longer precomputes one; _backoff_v1 is _backoff_v2 without a policy).
+    "awa._finalize_pass_v1": "0007_retry.sql",
+    "awa.rescue_v1": "0007_retry.sql",
+    "awa._backoff_v1": "0007_retry.sql",
 }
 
 
@@ -99,7 +104,14 @@ def test_backoff_is_one_function_and_callbacks_honour_the_base() -> None:
         assert 2 <= scalar("SELECT awa._backoff_v1(1, NULL)") <= 2.5
         assert scalar("SELECT awa._backoff_v1(1000, 5)") == 86400
         sources = (ROOT / "awa_django" / "sql" / "migrations").glob("*.sql")
-        assert sum(p.read_text(encoding="utf-8").count("random() * 0.25") for p in sources) == 1
+        texts = [p.read_text(encoding="utf-8") for p in sorted(sources)]
+        # One backoff function: the only jitter is awa._backoff_v2's, and the current bodies of
+        # the retry paths (the last definition of each) call it and nothing else.
+        assert sum(t.count("random() *") for t in texts) == 2  # _backoff_v1 in 0002, v2 in 0007
+        retry = (ROOT / "awa_django" / "sql" / "migrations" / "0007_retry.sql").read_text("utf-8")
+        assert (
+            "random() * COALESCE" in retry and "_backoff_v1(" not in retry.split("-- Finalize")[1]
+        )
 
         # A failed callback resolution is retried after base x 2^attempt, parked or early.
         enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "cb"}, {"kind": "k", "queue": "cb"}]))

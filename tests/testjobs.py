@@ -379,3 +379,46 @@ def ctx_is_just_a_name(ctx: int) -> int:
 @job(queue="uniq", unique=True)
 def unique_noop(n: int = 0) -> int:
     return n
+
+
+# Retry policies (tests/test_worker_retry.py) ------------------------------------------------
+
+from awa_django import RetryPolicy  # noqa: E402
+
+
+class Transient(Exception):
+    """An error a picky job retries."""
+
+
+class Permanent(Transient):
+    """A Transient that a picky job's fail_on still fails at once."""
+
+
+_PICKY_ERRORS: dict[str, type[BaseException]] = {
+    "transient": Transient,
+    "permanent": Permanent,
+    "value": ValueError,
+    "key": KeyError,
+}
+
+
+@job(
+    takes_context=True,
+    queue="retry",
+    max_attempts=5,
+    retry=RetryPolicy(
+        "constant", base=0, jitter=0, retry_on=[Transient, LookupError], fail_on=Permanent
+    ),
+)
+def picky(ctx: Any, error: str, fail_times: int) -> str:
+    """Raises ``error`` on its first ``fail_times`` attempts, then completes."""
+    _record(ctx, error)
+    if ctx.attempt <= fail_times:
+        raise _PICKY_ERRORS[error](f"attempt {ctx.attempt}")
+    return "done"
+
+
+@job(takes_context=True, queue="retry", max_attempts=5)
+def always_fails(ctx: Any) -> None:
+    _record(ctx)
+    raise RuntimeError(f"attempt {ctx.attempt} fails")

@@ -52,11 +52,11 @@ from awa_django.exceptions import (
     InvalidArgumentsError,
     InvalidResultError,
     JobValidationError,
-    TerminalError,
     TransactionLeftOpen,
 )
 from awa_django.jobs import Job, JobOptions
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
+from awa_django.retry import fails_at_once
 from awa_django.sql import query
 from awa_django.worker.context import JobContext
 
@@ -204,7 +204,7 @@ def _status_after(ctx: JobContext, value: object, exc: BaseException | None) -> 
     """The status an attempt leaves its task in (the executor's rules, docs/jobs.md)."""
     attempts_left = ctx.attempt < ctx.max_attempts
     if exc is not None:
-        if isinstance(exc, TerminalError) or not attempts_left:
+        if fails_at_once(ctx.metadata, exc) or not attempts_left:
             return TaskResultStatus.FAILED
         return TaskResultStatus.READY
     if isinstance(value, Snooze) or (isinstance(value, RetryAfter) and attempts_left):

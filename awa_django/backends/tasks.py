@@ -63,6 +63,7 @@ from awa_django.limits import (
     check_text,
     tag_tuple,
 )
+from awa_django.retry import RetryPolicy
 from awa_django.sql import query
 from awa_django.states import JobState
 from awa_django.types import JobOptions, JobRequest
@@ -82,15 +83,16 @@ STATUS_OF_STATE: Mapping[str, str] = {
     JobState.CANCELLED: "FAILED",
 }
 
-_OPTIONS = {"database", "max_attempts", "deadline", "tags"}
+_OPTIONS = {"database", "max_attempts", "deadline", "tags", "retry"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class AwaTask(Task):  # type: ignore[type-arg]
     """A django.tasks ``Task`` with awa_django's options, set through ``@task(**kwargs)``
-    (Django 6.1 and the backport): ``max_attempts``, ``deadline`` (seconds), ``tags``, and the
-    unique options below. ``None`` means the backend's ``OPTIONS`` default (for the unique
-    options: not unique)."""
+    (Django 6.1 and the backport): ``max_attempts``, ``deadline`` (seconds), ``tags``,
+    ``retry`` (an ``awa_django.RetryPolicy``, stored with each job it enqueues), and the unique
+    options below. ``None`` means the backend's ``OPTIONS`` default (for the unique options:
+    not unique)."""
 
     max_attempts: int | None = None
     deadline: float | None = None
@@ -104,6 +106,7 @@ class AwaTask(Task):  # type: ignore[type-arg]
     unique_for: float | None = None
     unique_states: tuple[str, ...] | None = None
     on_conflict: str | None = None
+    retry: RetryPolicy | None = None
 
 
 class AwaTaskBackend(BaseTaskBackend):
@@ -111,7 +114,8 @@ class AwaTaskBackend(BaseTaskBackend):
 
     OPTIONS: ``database`` (alias, default ``AWA["DATABASE_ALIAS"]``), ``max_attempts``
     (default 1: a task that raises is FAILED, as django.tasks expects; raise it to retry with
-    backoff), ``deadline`` (seconds per attempt), ``tags``.
+    backoff), ``deadline`` (seconds per attempt), ``tags``, ``retry`` (an
+    ``awa_django.RetryPolicy`` or a mapping of its fields: the tasks' retry policy).
     """
 
     task_class = AwaTask
@@ -128,6 +132,8 @@ class AwaTaskBackend(BaseTaskBackend):
         # Kept as given: a str is not a list of tags (tag_tuple refuses it at enqueue, E103
         # reports it at check time) and must never be split into characters.
         self.tags: Any = self.options.get("tags", ())
+        # Checked at enqueue (and by awa.E103), not here: a bad one must not stop start-up.
+        self.retry: Any = self.options.get("retry")
 
     @property
     def alias_for_db(self) -> str:
@@ -149,6 +155,7 @@ class AwaTaskBackend(BaseTaskBackend):
         deadline = getattr(task, "deadline", None) or self.deadline
         tags = getattr(task, "tags", None)
         unique_states = getattr(task, "unique_states", None)
+        retry = getattr(task, "retry", None)
         return JobOptions(
             queue=task.queue_name,
             priority=task.priority,
@@ -162,6 +169,7 @@ class AwaTaskBackend(BaseTaskBackend):
             unique_for=getattr(task, "unique_for", None),
             unique_states=states_tuple(unique_states),
             on_conflict=getattr(task, "on_conflict", None) or "return",
+            retry=RetryPolicy.from_option(retry if retry is not None else self.retry),
         )
 
     def _request(
@@ -318,6 +326,7 @@ class AwaTaskBackend(BaseTaskBackend):
         checks_of_options: list[tuple[str, Any]] = [
             ("deadline", lambda v: v is None or check_seconds("deadline", v)),
             ("tags", lambda v: [check_text("tags", t) for t in tag_tuple(v)]),
+            ("retry", RetryPolicy.from_option),
         ]
         for name, check in checks_of_options:
             if name in self.options:

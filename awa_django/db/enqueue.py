@@ -34,26 +34,24 @@ from awa_django.exceptions import (
 )
 from awa_django.limits import (
     check_max_attempts,
+    check_metadata_keys,
     check_priority,
     check_queue_name,
     check_seconds,
     check_text,
 )
+from awa_django.retry import RETRY_KEY, check_retry
 from awa_django.sql import query
 from awa_django.types import SEAL, EnqueuedJob, JobOptions, JobRequest
 from awa_django.unique import UniqueSpec, unique_spec
 
 __all__ = [
-    "RESERVED_METADATA_PREFIX",
     "build_request",
     "forget_known_lanes",
     "send_requests",
     "sql_limit_values",
 ]
 
-#: Metadata keys starting with this are awa_django's own (the unique key's spec, stored with
-#: the job); a request that sets one is refused.
-RESERVED_METADATA_PREFIX = "awa:"
 
 #: DATABASES[...]["OPTIONS"]["isolation_level"] of READ COMMITTED (psycopg's IntEnum).
 _READ_COMMITTED_LEVEL = IsolationLevel.READ_COMMITTED
@@ -101,18 +99,19 @@ def build_request(
     )
     run_at, delay = _timing(options.run_after)
     metadata_json = None
-    if options.metadata is not None:
-        if not isinstance(options.metadata, Mapping):
-            raise InvalidOptionError("metadata", "must be a mapping (a JSON object)")
-        for name in options.metadata:
-            if type(name) is str and name.startswith(RESERVED_METADATA_PREFIX):
-                raise InvalidOptionError(
-                    "metadata",
-                    f"{name!r}: keys starting with {RESERVED_METADATA_PREFIX!r} are reserved "
-                    "for awa_django",
-                )
+    retry = check_retry(options.retry)
+    if options.metadata is not None or retry is not None:
+        metadata: dict[Any, Any] = {}
+        if options.metadata is not None:
+            if not isinstance(options.metadata, Mapping):
+                raise InvalidOptionError("metadata", "must be a mapping (a JSON object)")
+            metadata = dict(options.metadata)
+            check_metadata_keys(metadata)
+        if retry is not None:
+            # Stored with the job, so that every retry path follows it (awa_django/retry.py).
+            metadata[RETRY_KEY] = retry.to_value()
         metadata_json = serialization.dumps(
-            dict(options.metadata),
+            metadata,
             "metadata",
             max_bytes=cfg.METADATA_MAX_BYTES,
             max_depth=cfg.JSON_MAX_DEPTH,

@@ -9,7 +9,7 @@ from django.db import migrations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.state import ProjectState
 
-from awa_django.sql import migration_sql, query
+from awa_django.sql import migration_sql, query, reverse_sql
 
 __all__ = ["RunAwaSQL"]
 
@@ -43,7 +43,10 @@ class RunAwaSQL(migrations.RunSQL):
     * The file's text comes from the installed package.
     * Reversal: the first file (``drop_schema=True``) drops the whole ``awa`` schema; a later
       file drops the views and functions it created and forgets its record, so that migrating
-      forward again re-creates them. Tables and their rows stay. Nothing cascades: a view or
+      forward again re-creates them. Tables and their rows stay. A file that redefines earlier
+      functions in place, or adds constraints that call its functions, names a ``reverse``
+      script (``sql/reverse/NAME``), run first: it restores those bodies and drops those
+      constraints. Nothing cascades: a view or
       function of the user's that depends on one of them stops the reversal (SQLSTATE 2BP01)
       with nothing dropped.
     """
@@ -51,14 +54,18 @@ class RunAwaSQL(migrations.RunSQL):
     reduces_to_sql = True
     atomic = True
 
-    def __init__(self, name: str, *, drop_schema: bool = False) -> None:
+    def __init__(self, name: str, *, drop_schema: bool = False, reverse: str | None = None) -> None:
         self.name = name
         self.drop_schema = drop_schema
+        self.reverse = reverse
         self.script = migration_sql(name)
-        reverse = query("schema_drop") if drop_schema else query("migration_forget")
+        self.reverse_script = "" if reverse is None else reverse_sql(reverse)
+        reverse_sql_text = query("schema_drop") if drop_schema else query("migration_forget")
         if not drop_schema:
-            reverse = f"{self._drop_created()};\n{reverse}"
-        super().__init__(sql=self.script, reverse_sql=reverse)
+            reverse_sql_text = f"{self._drop_created()};\n{reverse_sql_text}"
+            if self.reverse_script:
+                reverse_sql_text = f"{self.reverse_script}\n{reverse_sql_text}"
+        super().__init__(sql=self.script, reverse_sql=reverse_sql_text)
 
     def _drop_created(self) -> str:
         """The statement that drops the views and functions this file creates."""
@@ -69,6 +76,8 @@ class RunAwaSQL(migrations.RunSQL):
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         kwargs: dict[str, Any] = {"drop_schema": True} if self.drop_schema else {}
+        if self.reverse is not None:
+            kwargs["reverse"] = self.reverse
         return (self.__class__.__qualname__, [self.name], kwargs)
 
     def state_forwards(self, app_label: str, state: ProjectState) -> None:
@@ -115,6 +124,8 @@ class RunAwaSQL(migrations.RunSQL):
             if self.drop_schema:
                 schema_editor.execute(query("schema_drop"), params=None)
             else:
+                if self.reverse_script:
+                    schema_editor.execute(self.reverse_script, params=None)
                 schema_editor.execute(self._drop_created(), params=None)
                 schema_editor.execute(query("migration_forget"), params=[self.name])
             return
@@ -126,6 +137,8 @@ class RunAwaSQL(migrations.RunSQL):
             cursor.execute(query("schema_exists"))
             row = cursor.fetchone()
             if row is not None and row[0]:
+                if self.reverse_script:
+                    cursor.execute(self.reverse_script)
                 cursor.execute(self._drop_created())
                 cursor.execute(query("migration_forget"), [self.name])
 

@@ -68,10 +68,12 @@ class Finalization:
     ``outcome`` is ``completed``, ``retry``, ``snooze``, ``cancel``, ``fail`` or ``wait``;
     ``result_json`` is the encoded return value (completed); ``error`` is ``{"type",
     "message", "traceback"}`` of storable text; ``delay`` (seconds) is the RetryAfter or Snooze
-    delay; ``progress_json`` the progress the attempt set, as checked JSON text; ``has_state``
-    tells that the attempt may own an ``attempt_state`` row (it heartbeated, flushed progress
-    or registered a callback). Values are checked before one is built; ``awa.finalize_v1``
-    checks them again and refuses a batch holding a bad one.
+    delay; ``backoff_base`` (a retry without a delay) is ``RETRY_BACKOFF_BASE``, the base of
+    the backoff the database computes from the job's retry policy; ``progress_json`` the
+    progress the attempt set, as checked JSON text; ``has_state`` tells that the attempt may
+    own an ``attempt_state`` row (it heartbeated, flushed progress or registered a callback).
+    Values are checked before one is built; ``awa.finalize_v1`` checks them again and refuses
+    a batch holding a bad one.
     """
 
     job_id: int
@@ -85,6 +87,7 @@ class Finalization:
     has_state: bool = False
     callback_id: uuid.UUID | None = None
     timeout: float | None = None
+    backoff_base: float | None = None
 
     def to_json(self) -> str:
         """This outcome as one JSON object of the array ``awa.finalize_v1`` takes."""
@@ -104,6 +107,8 @@ class Finalization:
             value["error"] = self.error
         if self.delay is not None:
             value["delay"] = float(self.delay)
+        if self.backoff_base is not None:
+            value["backoff_base"] = float(self.backoff_base)
         if self.progress_json is not None:
             value["progress"] = serialization.fragment(self.progress_json)
         if self.has_state:

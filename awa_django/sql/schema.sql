@@ -408,7 +408,7 @@ unique_keys.007 taken_at timestamp with time zone NOT NULL DEFAULT clock_timesta
 job_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 lane_id_seq AS integer START 1 INCREMENT 1 MIN 1 MAX 2147483647 CACHE 1
 
--- constraint (36)
+-- constraint (38)
 attempt_state attempt_state_pkey PRIMARY KEY (job_id, run_lease)
 claim_closures claim_closures_pkey PRIMARY KEY (job_id, run_lease, claim_slot)
 claims claims_pkey PRIMARY KEY (job_id, run_lease, claim_slot)
@@ -422,6 +422,7 @@ cron_schedules cron_schedules_priority_check CHECK (awa.valid_priority((priority
 cron_schedules cron_schedules_queue_check CHECK (awa.valid_queue_name(queue))
 cron_schedules cron_schedules_timezone_check CHECK (((timezone <> ''::text) AND (length(timezone) <= 255)))
 deferred_jobs deferred_jobs_pkey PRIMARY KEY (job_id)
+deferred_jobs deferred_jobs_retry_policy_check CHECK (((run_lease > 0) OR (metadata IS NULL) OR (NOT (metadata ? 'awa:retry'::text)) OR awa._check_retry_policy_v1(metadata))) NOT VALID
 deferred_jobs deferred_jobs_state_check CHECK ((state = ANY (ARRAY['scheduled'::text, 'retryable'::text])))
 dlq_entries dlq_entries_pkey PRIMARY KEY (job_id)
 done_entries done_entries_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
@@ -437,6 +438,7 @@ queue_meta queue_meta_enqueue_shards_check CHECK (((enqueue_shards >= 1) AND (en
 queue_meta queue_meta_pkey PRIMARY KEY (queue)
 queue_meta queue_meta_queue_check CHECK (awa.valid_queue_name(queue))
 ready_entries ready_entries_pkey PRIMARY KEY (lane_id, lane_seq, ready_slot)
+ready_entries ready_entries_retry_policy_check CHECK (((run_lease > 0) OR (metadata IS NULL) OR (NOT (metadata ? 'awa:retry'::text)) OR awa._check_retry_policy_v1(metadata))) NOT VALID
 ready_tombstones ready_tombstones_pkey PRIMARY KEY (lane_id, lane_seq, ready_slot)
 ring_rotations ring_rotations_pkey PRIMARY KEY (ring, generation)
 rings rings_pkey PRIMARY KEY (ring)
@@ -560,7 +562,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (93)
+-- function (101)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -633,8 +635,24 @@ CREATE OR REPLACE FUNCTION awa._backoff_v1(p_attempt integer, p_base double prec
  LANGUAGE sql
  PARALLEL SAFE
 AS $function$
-    SELECT LEAST(COALESCE(p_base, 1.0) * power(2, LEAST(GREATEST(p_attempt, 0), 40))
-                 * (1 + random() * 0.25), 86400)::double precision
+    SELECT awa._backoff_v2(p_attempt, p_base, NULL)
+$function$
+
+CREATE OR REPLACE FUNCTION awa._backoff_v2(p_attempt integer, p_base double precision, p_policy jsonb)
+ RETURNS double precision
+ LANGUAGE sql
+ PARALLEL SAFE
+AS $function$
+    SELECT LEAST(
+        COALESCE(awa._retry_number_v1(p_policy, 'base', 0, awa._max_backoff_v1()), p_base, 1.0)
+        * CASE p_policy ->> 'backoff'
+              WHEN 'constant' THEN 1
+              WHEN 'linear' THEN GREATEST(p_attempt, 0)
+              ELSE power(2, LEAST(GREATEST(p_attempt, 0), 40))
+          END
+        * (1 + random() * COALESCE(awa._retry_number_v1(p_policy, 'jitter', 0, 1), 0.25)),
+        COALESCE(awa._retry_number_v1(p_policy, 'cap', 0, awa._max_backoff_v1()),
+                 awa._max_backoff_v1()))::double precision
 $function$
 
 CREATE OR REPLACE FUNCTION awa._bad_tags_v1(p_tags text[], p_max_length integer)
@@ -683,6 +701,21 @@ BEGIN
     )
     SELECT count(*) INTO v_n FROM moved;
     RETURN v_n;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._check_retry_policy_v1(p_metadata jsonb)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+DECLARE
+    v_error text := awa._retry_policy_error_v1(p_metadata -> 'awa:retry');
+BEGIN
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION 'metadata: awa:retry: %', v_error USING ERRCODE = '22023';
+    END IF;
+    RETURN true;
 END
 $function$
 
@@ -973,11 +1006,12 @@ BEGIN
                         COALESCE(w.error, jsonb_build_object('message', w.outcome))
                         || jsonb_build_object('attempt', w.attempt, 'at', now()))
                END AS new_errors,
-               COALESCE(w.progress, s.progress, r.progress) AS new_progress,
+               COALESCE(w.progress, s.progress, r.progress) AS new_progress, b.wait,
                CASE
                    WHEN w.outcome = 'snooze' THEN 'scheduled'
                    WHEN w.outcome = 'cancel' THEN 'cancelled'
-                   WHEN w.outcome = 'retry' AND w.attempt < r.max_attempts THEN 'retryable'
+                   WHEN w.outcome = 'retry' AND w.attempt < r.max_attempts AND NOT b.too_old
+                       THEN 'retryable'
                    WHEN COALESCE(m.dlq_enabled, true) THEN 'dlq'
                    ELSE 'failed'
                END AS dest
@@ -986,6 +1020,21 @@ BEGIN
           ON r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq AND r.ready_slot = w.ready_slot
         LEFT JOIN awa.queue_meta m ON m.queue = r.queue
         LEFT JOIN awa.attempt_state s ON w.st AND s.job_id = w.id AND s.run_lease = w.lease
+        -- The wait before the next run: the explicit delay (RetryAfter, Snooze), else the
+        -- backoff of the job's own retry policy (metadata "awa:retry"). A retry that would run
+        -- after created_at + the policy's max_age is given up like exhausted attempts.
+        CROSS JOIN LATERAL (
+            SELECT x.wait,
+                   COALESCE(w.outcome = 'retry'
+                            AND now() + make_interval(secs => x.wait) > r.created_at
+                                + make_interval(secs => awa._retry_number_v1(
+                                      r.metadata -> 'awa:retry', 'max_age', 0.001,
+                                      awa._max_seconds_v1())),
+                            false) AS too_old
+            FROM (SELECT CASE WHEN w.outcome = 'retry'
+                              THEN COALESCE(w.delay, awa._backoff_v2(
+                                  w.attempt, w.backoff_base, r.metadata -> 'awa:retry'))
+                              ELSE COALESCE(w.delay, 0) END AS wait) x) b
         WHERE w.outcome <> 'completed'
     ), terminal AS (
         INSERT INTO awa.done_entries (
@@ -1001,11 +1050,7 @@ BEGIN
         SELECT o.id, o.dest, o.queue, o.priority, o.kind, o.args,
                CASE WHEN o.dest = 'scheduled' THEN o.attempt - 1 ELSE o.attempt END,
                o.max_attempts, o.lease,
-               now() + make_interval(secs => COALESCE(
-                   o.delay,
-                   CASE WHEN o.dest = 'retryable'
-                        THEN awa._backoff_v1(o.attempt, o.backoff_base)
-                        ELSE 0 END)),
+               now() + make_interval(secs => o.wait),
                o.created_at, o.claimed_at, o.deadline_secs, o.metadata, o.tags, o.new_errors,
                o.new_progress
         FROM other o WHERE o.dest IN ('scheduled', 'retryable')
@@ -1017,8 +1062,9 @@ BEGIN
         SELECT o.id, o.queue, o.priority, o.kind, o.args, o.attempt, o.max_attempts, o.lease,
                o.lease, o.run_at, o.created_at, o.claimed_at, o.deadline_secs, o.metadata, o.tags,
                o.new_errors, o.new_progress,
-               CASE WHEN o.outcome = 'retry' THEN 'max_attempts exhausted: '
-                    ELSE 'terminal error: ' END
+               CASE WHEN o.outcome <> 'retry' THEN 'terminal error: '
+                    WHEN o.attempt < o.max_attempts THEN 'max_age exceeded: '
+                    ELSE 'max_attempts exhausted: ' END
                || COALESCE(o.error ->> 'message', o.outcome)
         FROM other o WHERE o.dest = 'dlq'
     ), cleared AS (
@@ -1408,6 +1454,18 @@ AS $function$
     END
 $function$
 
+CREATE OR REPLACE FUNCTION awa._max_backoff_v1()
+ RETURNS double precision
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$ SELECT 86400::double precision $function$
+
+CREATE OR REPLACE FUNCTION awa._max_retry_names_v1()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$ SELECT 32 $function$
+
 CREATE OR REPLACE FUNCTION awa._max_seconds_v1()
  RETURNS double precision
  LANGUAGE sql
@@ -1604,6 +1662,89 @@ BEGIN
             p_what, current_setting('transaction_isolation') USING ERRCODE = '25000';
     END IF;
 END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._retry_names_ok_v1(p_value jsonb)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT CASE COALESCE(jsonb_typeof(p_value), 'null')
+        WHEN 'null' THEN true
+        WHEN 'array' THEN jsonb_array_length(p_value) <= awa._max_retry_names_v1()
+            AND NOT EXISTS (
+                SELECT 1 FROM jsonb_array_elements(p_value) e
+                WHERE jsonb_typeof(e.value) <> 'string'
+                   OR length(e.value #>> '{}') NOT BETWEEN 1 AND 255)
+        ELSE false
+    END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._retry_number_ok_v1(p_value jsonb, p_low numeric, p_high numeric, p_above boolean DEFAULT false)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT CASE COALESCE(jsonb_typeof(p_value), 'null')
+        WHEN 'null' THEN true
+        WHEN 'number' THEN p_value::numeric BETWEEN p_low AND p_high
+                           AND NOT (p_above AND p_value::numeric = p_low)
+        ELSE false
+    END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._retry_number_v1(p_policy jsonb, p_key text, p_low double precision, p_high double precision)
+ RETURNS double precision
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT CASE WHEN jsonb_typeof(p_policy -> p_key) = 'number'
+                THEN LEAST(GREATEST((p_policy -> p_key)::numeric, p_low::numeric),
+                           p_high::numeric)::double precision
+           END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._retry_policy_error_v1(p_policy jsonb)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT CASE
+        WHEN p_policy IS NULL OR jsonb_typeof(p_policy) = 'null' THEN NULL
+        WHEN jsonb_typeof(p_policy) <> 'object' THEN 'must be a JSON object'
+        ELSE COALESCE(
+            (SELECT format('unknown key %s (known: backoff, base, cap, jitter, max_age, '
+                           'retry_on, fail_on)', to_jsonb(k))
+             FROM jsonb_object_keys(p_policy) k
+             WHERE k NOT IN ('backoff', 'base', 'cap', 'jitter', 'max_age', 'retry_on', 'fail_on')
+             ORDER BY k LIMIT 1),
+            CASE
+                WHEN COALESCE(p_policy ->> 'backoff', 'exponential')
+                         NOT IN ('exponential', 'linear', 'constant')
+                     OR jsonb_typeof(p_policy -> 'backoff') NOT IN ('string', 'null') THEN
+                    format('backoff: %s is not "exponential", "linear" or "constant"',
+                           awa._json_show_v1(p_policy -> 'backoff'))
+                WHEN NOT awa._retry_number_ok_v1(p_policy -> 'base', 0, 86400) THEN
+                    format('base: %s is not a number of seconds from 0 to 86400 (24 hours)',
+                           awa._json_show_v1(p_policy -> 'base'))
+                WHEN NOT awa._retry_number_ok_v1(p_policy -> 'cap', 0, 86400) THEN
+                    format('cap: %s is not a number of seconds from 0 to 86400 (24 hours)',
+                           awa._json_show_v1(p_policy -> 'cap'))
+                WHEN NOT awa._retry_number_ok_v1(p_policy -> 'jitter', 0, 1) THEN
+                    format('jitter: %s is not a number from 0 to 1',
+                           awa._json_show_v1(p_policy -> 'jitter'))
+                WHEN NOT awa._retry_number_ok_v1(p_policy -> 'max_age', 0,
+                                                 awa._max_seconds_v1()::numeric, true) THEN
+                    format('max_age: %s is not a number of seconds above 0, at most 3155760000 '
+                           '(100 years)', awa._json_show_v1(p_policy -> 'max_age'))
+                WHEN NOT awa._retry_names_ok_v1(p_policy -> 'retry_on') THEN
+                    'retry_on: must be a list of at most 32 exception class names (strings of '
+                    '1 to 255 characters)'
+                WHEN NOT awa._retry_names_ok_v1(p_policy -> 'fail_on') THEN
+                    'fail_on: must be a list of at most 32 exception class names (strings of '
+                    '1 to 255 characters)'
+            END)
+    END
 $function$
 
 CREATE OR REPLACE FUNCTION awa._ring_children_v1(p_ring text, p_slot integer)
@@ -3523,7 +3664,7 @@ BEGIN
     SELECT jsonb_agg(jsonb_build_object(
                'id', x.job_id, 'lease', x.run_lease, 'slot', x.claim_slot, 'outcome', 'retry',
                'st', true, 'closed_as', 'rescued',
-               'delay', awa._backoff_v1(x.attempt, p_backoff_base),
+               'backoff_base', p_backoff_base,
                'error', jsonb_build_object('type', 'awa_django.Rescued', 'message', x.reason)))
     INTO v_items FROM candidates x;
     IF v_items IS NULL THEN

@@ -6,7 +6,9 @@ Handler outcomes (docs/worker.md, "Outcomes"):
 | ----------------------------- | ------------------------------------------------------------ |
 | returns a value               | ``completed``, the value stored as the result (JSON, capped) |
 | raises an exception           | ``retry`` with backoff; failed or DLQ at ``max_attempts``      |
-| raises ``TerminalError``      | ``fail`` (DLQ when the queue has it on)                       |
+| raises ``TerminalError``, or  | ``fail`` (DLQ when the queue has it on)                       |
+| an exception the job's retry  |                                                              |
+| policy fails at once          |                                                              |
 | returns ``RetryAfter(s)``     | ``retry`` after ``s`` seconds; counts an attempt              |
 | returns ``Snooze(s)``         | ``snooze``: scheduled again without counting an attempt       |
 | returns ``Cancel(reason)``    | ``cancel``                                                   |
@@ -23,22 +25,21 @@ finalization the database accepts, with storable error texts.
 from __future__ import annotations
 
 import json
-import random
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from awa_django import serialization
 from awa_django.db.storage import ClaimedJob, Finalization
-from awa_django.exceptions import AwaError, JobValidationError, TerminalError
+from awa_django.exceptions import AwaError, JobValidationError
 from awa_django.jobs import Job, registered_kinds
 from awa_django.limits import MAX_TEXT, check_seconds, check_text, clean_text
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
+from awa_django.retry import fails_at_once
 from awa_django.worker.context import JobContext
 
 __all__ = [
     "PreparedAttempt",
-    "backoff",
     "error_info",
     "outcome_of",
     "prepare",
@@ -47,7 +48,6 @@ __all__ = [
 ]
 
 _TRACEBACK_TAIL = 4000
-_BACKOFF_CAP = 86_400.0
 _MESSAGE_MAX = 2000
 
 
@@ -164,11 +164,6 @@ def safe_str(value: object) -> str:
         return f"<{type(value).__name__}: str() raised {type(err).__name__}>"
 
 
-def backoff(attempt: int, base: float) -> float:
-    """Seconds before the next attempt: ``base * 2**attempt`` plus up to 25 % jitter, max 24 h."""
-    return min(base * 2.0 ** min(attempt, 40) * (1.0 + random.random() * 0.25), _BACKOFF_CAP)
-
-
 def outcome_of(
     attempt: PreparedAttempt,
     *,
@@ -223,9 +218,10 @@ def _outcome(
     if attempt.failure is not None:
         return make("fail", error=attempt.failure)
     if exc is not None:
-        if isinstance(exc, TerminalError):
+        if fails_at_once(job.metadata, exc):  # TerminalError, or the job's retry policy says so
             return make("fail", error=error_info(exc))
-        return make("retry", error=error_info(exc), delay=backoff(job.attempt, backoff_base))
+        # The wait is the database's: awa._backoff_v2 with the job's stored retry policy.
+        return make("retry", error=error_info(exc), backoff_base=backoff_base)
     if value is None:
         return make("completed", result_json="null")
     # The outcome types check their values when built; they are checked again here in case one
