@@ -92,6 +92,22 @@ class JobDetail:
             f", for {window:g} s" if isinstance(window, int | float) else "",
         )
 
+    @admin.display(description="retry policy")
+    def retry_policy(self, obj: Any) -> str:
+        """The job's own retry policy (shape, base, cap, jitter, maximum age, exceptions); "-"
+        for a job that follows RETRY_BACKOFF_BASE."""
+        spec = obj.metadata.get("awa:retry") if isinstance(obj.metadata, dict) else None
+        if not isinstance(spec, dict):
+            return "-"
+        parts = [str(spec.get("backoff", "?"))]
+        for field in ("base", "cap", "jitter", "max_age"):
+            if isinstance(spec.get(field), int | float):
+                parts.append(f"{field} {spec[field]:g}")
+        for field in ("retry_on", "fail_on"):
+            if isinstance(spec.get(field), list):
+                parts.append(f"{field} {', '.join(map(str, spec[field]))}")
+        return format_html("<code>{}</code>", "; ".join(parts))
+
     @admin.display(description="tags")
     def tag_list(self, obj: Any) -> str:
         if not obj.tags:

@@ -477,7 +477,7 @@ def test_a_batch_at_another_isolation_level_writes_nothing_and_keeps_the_transac
     assert len(keys()) == 1
 
 
-def test_the_admin_shows_a_jobs_unique_key_escaped() -> None:
+def test_the_admin_shows_a_jobs_unique_key_escaped_and_its_retry_policy() -> None:
     from tests.admin_support import changelist
     from tests.factories import HOSTILE, staff
 
@@ -488,4 +488,9 @@ def test_the_admin_shows_a_jobs_unique_key_escaped() -> None:
     assert "Unique key" in page and HOSTILE not in page
     assert "&lt;script&gt;" in page and "for 60 s" in page
     page = client.get(f"{changelist('livejob')}{plain.id}/change/").content.decode()
-    assert "Unique key" in page
+    assert "Unique key" in page and "Retry policy" in page
+    retried = testjobs.noop.using(
+        retry=awa_django.RetryPolicy("linear", base=5, cap=60, retry_on=[KeyError])
+    ).enqueue()
+    page = client.get(f"{changelist('livejob')}{retried.id}/change/").content.decode()
+    assert "linear; base 5; cap 60" in page and "retry_on builtins.KeyError" in page
