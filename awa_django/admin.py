@@ -128,6 +128,12 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
                 [o for o in objects if o.job_id in ids],
                 f"retried{where}{_together(len(ids))}",
             )
+            refused = len({o.job_id for o in objects} - ids)
+            if refused:
+                return (
+                    f"Retried {len(ids)} job(s); {refused} stayed in the DLQ (gone meanwhile, "
+                    "or unique jobs whose key another job holds)."
+                )
             return f"Retried {len(ids)} job(s)."
 
         return confirm(

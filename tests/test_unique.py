@@ -494,3 +494,17 @@ def test_the_admin_shows_a_jobs_unique_key_escaped_and_its_retry_policy() -> Non
     ).enqueue()
     page = client.get(f"{changelist('livejob')}{retried.id}/change/").content.decode()
     assert "linear; base 5; cap 60" in page and "retry_on builtins.KeyError" in page
+
+
+def test_the_admins_dlq_retry_says_when_a_unique_job_stayed() -> None:
+    from tests.admin_support import confirmed, messages_of
+    from tests.factories import staff
+
+    first = uniq.using(max_attempts=1).enqueue(60)
+    with pg() as conn:
+        finish(conn, "fail", error={"type": "E", "message": "x"})
+    uniq.enqueue(60)  # another job holds the key
+    client = staff("retry_dlq")
+    _, done = confirmed(client, "deadletter", "retry_jobs", [first.id])
+    assert any("Retried 0 job(s); 1 stayed in the DLQ" in m for m in messages_of(done))
+    assert state_of(first.id) == "failed"
