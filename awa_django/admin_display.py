@@ -7,6 +7,7 @@ HTML: it reaches the page only through ``format_html``, which escapes it.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -84,12 +85,12 @@ class JobDetail:
         if not isinstance(spec, dict):
             return "-"
         states = spec.get("states")
-        window = spec.get("for")
+        key = spec.get("key")
         return format_html(
             "<code>{}</code> while {}{}",
-            str(spec.get("key", "?")),
+            "(its arguments)" if key is None else str(key)[:200],
             ", ".join(map(str, states)) if isinstance(states, list) else "?",
-            f", for {window:g} s" if isinstance(window, int | float) else "",
+            _seconds_text(spec.get("for")),
         )
 
     @admin.display(description="retry policy")
@@ -125,3 +126,14 @@ class JobDetail:
     @admin.display(description="errors, one per failed attempt")
     def error_timeline(self, obj: Any) -> str:
         return error_timeline(obj.errors)
+
+
+def _seconds_text(value: object) -> str:
+    """ ", for N s" for a stored number of seconds (any JSON number, however large), else ""."""
+    if type(value) not in (int, float):
+        return ""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        return ", for a very long time"
+    return f", for {seconds:g} s" if math.isfinite(seconds) else ""

@@ -79,15 +79,25 @@ class DuplicateJobError(AwaError):
     """A unique job was enqueued with ``on_conflict="raise"`` while another job holds its key.
 
     Nothing was written and the caller's transaction is still usable; ``existing`` is the
-    handle (an ``EnqueuedJob`` with ``duplicate=True``) of the job that holds the key.
+    handle (an ``EnqueuedJob`` with ``duplicate=True``) of the job that holds the key. With
+    ``in_batch`` the holder was an earlier request of the same ``enqueue_many`` batch, which
+    was not written either (its id was never used).
     """
 
-    def __init__(self, existing: Any) -> None:
+    def __init__(self, existing: Any, *, in_batch: bool = False) -> None:
         self.existing = existing
-        super().__init__(
-            f"a {existing.kind} job with the same unique key exists: job {existing.id} "
-            f"({existing.state})"
-        )
+        self.in_batch = in_batch
+        if in_batch:
+            message = (
+                f"a {existing.kind} request duplicates the unique key of an earlier request of "
+                "the same batch; nothing of the batch was written"
+            )
+        else:
+            message = (
+                f"a {existing.kind} job with the same unique key exists: job {existing.id} "
+                f"({existing.state})"
+            )
+        super().__init__(message)
 
 
 class TerminalError(AwaError):

@@ -35,7 +35,7 @@ def keys() -> list[tuple[Any, ...]]:
 
 def state_of(job_id: int) -> str | None:
     with pg() as conn:
-        row = conn.execute("SELECT awa._job_state_v1(%s)", [job_id]).fetchone()
+        row = conn.execute("SELECT state FROM awa._job_brief_v1(%s)", [job_id]).fetchone()
     return None if row is None else row[0]
 
 
@@ -57,8 +57,11 @@ def test_a_duplicate_returns_the_holder_and_writes_nothing() -> None:
         assert conn.execute("SELECT count(*) FROM awa.jobs").fetchone() == (2,)
         meta = conn.execute("SELECT metadata FROM awa.jobs WHERE id = %s", [first.id]).fetchone()
     spec = meta[0]["awa:unique"]
-    assert spec["states"] == list(awa_django.unique.DEFAULT_UNIQUE_STATES)
-    assert spec["key"] == '{"args": [1], "kwargs": {}}' and len(spec["digest"]) == 64
+    assert spec == {
+        "key": None,
+        "states": list(awa_django.unique.DEFAULT_UNIQUE_STATES),
+        "for": None,
+    }
 
 
 def test_keys_are_per_kind_and_explicit_keys_ignore_the_arguments() -> None:
@@ -508,3 +511,135 @@ def test_the_admins_dlq_retry_says_when_a_unique_job_stayed() -> None:
     _, done = confirmed(client, "deadletter", "retry_jobs", [first.id])
     assert any("Retried 0 job(s); 1 stayed in the DLQ" in m for m in messages_of(done))
     assert state_of(first.id) == "failed"
+
+
+# Found by the attack on unique jobs ---------------------------------------------------------------
+
+
+def dead_letter_unique(n: int, **options: Any) -> int:
+    job_id = uniq.using(max_attempts=1, **options).enqueue(n).id
+    with pg() as conn:
+        assert finish(conn, "fail", error={"type": "E", "message": "x"}) == job_id
+    return job_id
+
+
+def test_one_dlq_retry_of_two_jobs_with_one_key_retries_one() -> None:
+    first = dead_letter_unique(70)
+    second = dead_letter_unique(70)
+    assert awa_django.dlq_retry([first, second]) == [first]
+    assert state_of(second) == "failed"
+    assert uniq.enqueue(70).id == first
+    assert awa_django.dlq_retry([second], on_unique_conflict="run") == [second]
+
+
+def test_the_sweep_never_waits_for_a_producer_taking_released_keys() -> None:
+    a, b = uniq.enqueue(71), uniq.enqueue(72)
+    with pg() as conn:
+        for _ in range(2):
+            finish(conn, "completed")
+    with pg(autocommit=False) as producer, pg() as sweeper:
+        # The producer takes b's released key over (its row is locked until it commits)...
+        producer.execute(
+            "SELECT duplicate FROM awa.enqueue_one_v3('tests.testjobs.unique_noop', 'uniq', 0, "
+            """'{"args": [72], "kwargs": {}}', 1, p_unique => true)"""
+        )
+        sweeper.execute("SET lock_timeout = '2s'")
+        # ... and the sweep, which would have deleted both, skips that row instead of waiting.
+        deleted, _, _ = sweeper.execute("SELECT * FROM awa.unique_sweep_v1()").fetchone()
+        assert deleted == 1
+        producer.execute(
+            "SELECT duplicate FROM awa.enqueue_one_v3('tests.testjobs.unique_noop', 'uniq', 0, "
+            """'{"args": [71], "kwargs": {}}', 1, p_unique => true)"""
+        )
+        producer.commit()
+    assert len(keys()) == 2 and {k[0] for k in keys()}.isdisjoint({a.id, b.id})
+
+
+def test_batches_taking_overlapping_keys_in_opposite_orders_both_succeed() -> None:
+    numbers = list(range(1000, 1150))
+    results: dict[str, list[awa_django.EnqueuedJob]] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def produce(name: str, order: list[int]) -> None:
+        from django.db import connection as own
+
+        try:
+            barrier.wait()
+            results[name] = awa_django.enqueue_many([uniq.prepare(n) for n in order])
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            own.close()
+
+    threads = [
+        threading.Thread(target=produce, args=("up", numbers)),
+        threading.Thread(target=produce, args=("down", numbers[::-1])),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    with pg() as conn:
+        assert conn.execute("SELECT count(*) FROM awa.jobs").fetchone() == (len(numbers),)
+    up = {h.id for h in results["up"]}
+    assert up == {h.id for h in results["down"]} and len(up) == len(numbers)
+
+
+def test_a_spec_written_by_hand_names_a_key_of_its_own_kind_only() -> None:
+    from tests.factories import enqueue_sql
+
+    huge = {"key": "shared", "states": ["failed", "available"], "for": 10**400}
+    body = {
+        "kind": "tests.forger",
+        "queue": "uniq",
+        "max_attempts": 1,
+        "metadata": {"awa:unique": huge},
+    }
+    with pg() as conn:
+        # json cannot write 10**400 as a number: put it in as text, as raw SQL could.
+        text = json.dumps([body], default=str).replace('"' + str(10**400) + '"', "1e400")
+        [(forged, _)] = enqueue_sql(conn, text)
+        finish(conn, "fail", error={"type": "E", "message": "x"})
+    assert awa_django.dlq_retry([forged]) == [forged]  # no overflow, no crash
+    assert not uniq.using(unique_key="shared").enqueue().duplicate  # another kind: not blocked
+    from tests.admin_support import changelist
+    from tests.factories import staff
+
+    page = staff().get(f"{changelist('livejob')}{forged}/change/")
+    assert page.status_code == 200
+
+
+def test_a_duplicate_inside_a_raising_batch_says_so() -> None:
+    raising = uniq.using(on_conflict="raise")
+    with pytest.raises(DuplicateJobError) as caught:
+        awa_django.enqueue_many([raising.prepare(80), raising.prepare(80)])
+    assert caught.value.in_batch and "earlier request of the same batch" in str(caught.value)
+    assert keys() == []
+
+
+def test_unique_options_agree_between_python_and_sql() -> None:
+    # An explicit key never equals an argument key of the same kind.
+    by_args = uniq.enqueue(777)
+    by_key = uniq.using(unique_key='{"args": [777], "kwargs": {}}').enqueue(777)
+    assert not by_key.duplicate and by_key.id != by_args.id
+    with pytest.raises(InvalidOptionError):
+        uniq.using(unique=0).enqueue(1)  # type: ignore[arg-type]
+    with pg() as conn:
+        # unique_for or unique_states alone make a job unique in SQL too.
+        for extra in ("p_unique_for => 60", "p_unique_states => '{available}'"):
+            rows = [
+                conn.execute(
+                    "SELECT duplicate FROM awa.enqueue_one_v3('k', 'uniq', 0, "
+                    f"""'{{"args": [1], "kwargs": {{}}}}', 1, {extra})"""
+                ).fetchone()
+                for _ in range(2)
+            ]
+            assert rows == [(False,), (True,)], extra
+            conn.execute("TRUNCATE awa.unique_keys")
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="unique_states"):
+            conn.execute(
+                "SELECT * FROM awa.enqueue_one_v3('k', 'q', 0, "
+                """'{"args": [], "kwargs": {}}', 1, p_unique_states => '{{available}}')"""
+            )

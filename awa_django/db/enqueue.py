@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.utils import timezone
 from psycopg import IsolationLevel
 
@@ -115,6 +115,10 @@ def build_request(
             "metadata",
             max_bytes=cfg.METADATA_MAX_BYTES,
             max_depth=cfg.JSON_MAX_DEPTH,
+        )
+    if type(options.unique) is not bool:
+        raise InvalidOptionError(
+            "unique", f"must be True or False, got {type(options.unique).__name__}"
         )
     unique = (
         None
@@ -260,7 +264,30 @@ def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJo
     return results
 
 
+#: How many times a batch with unique requests is sent again after a deadlock (two producers
+#: taking overlapping keys in different orders): the loser's batch is rolled back, so it waits
+#: for the winner's the next time and sees its keys.
+_DEADLOCK_RETRIES = 3
+
+
 def _send_unique(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJob]:
+    """``_send_unique_once``, sent again when a batch of several requests lost a deadlock or
+    a contended key (SQLSTATE 40P01, 40001): it ran in a savepoint or a transaction of its own,
+    rolled back whole. A single request in the caller's transaction is not retried (the
+    transaction is aborted; the error is raised)."""
+    caller = connections[using]
+    retriable = len(requests) > 1 or not (caller.in_atomic_block or not caller.get_autocommit())
+    for attempt in range(_DEADLOCK_RETRIES + 1):
+        try:
+            return _send_unique_once(requests, using)
+        except OperationalError as exc:
+            code = getattr(exc.__cause__, "sqlstate", None)
+            if not retriable or attempt == _DEADLOCK_RETRIES or code not in ("40P01", "40001"):
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _send_unique_once(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJob]:
     """Write requests of which some are unique, one ``awa.enqueue_one_v3`` each, in order (a
     duplicate of an earlier request of the batch included), in one READ COMMITTED transaction
     (``IsolationLevelError`` in a caller's transaction at another level, nothing written).
@@ -328,7 +355,8 @@ def _send_unique(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJob
             if duplicate and spec is not None and spec.on_conflict == "raise" and raised is None:
                 raised = handle
         if raised is not None:
-            raise DuplicateJobError(raised)
+            written = {h.id for h in results if not h.duplicate}
+            raise DuplicateJobError(raised, in_batch=raised.id in written)
     return results
 
 

@@ -562,7 +562,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (101)
+-- function (99)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1294,14 +1294,6 @@ AS $function$
         max_attempts jsonb, run_at jsonb, delay jsonb, deadline jsonb, metadata jsonb, tags jsonb)
 $function$
 
-CREATE OR REPLACE FUNCTION awa._job_state_v1(p_job_id bigint)
- RETURNS text
- LANGUAGE sql
- STABLE
-AS $function$
-    SELECT b.state FROM awa._job_brief_v1(p_job_id) b
-$function$
-
 CREATE OR REPLACE FUNCTION awa._json_integer_error_v1(p_value jsonb, p_field text, p_low integer, p_high integer)
  RETURNS text
  LANGUAGE sql
@@ -1829,14 +1821,6 @@ AS $function$
     END
 $function$
 
-CREATE OR REPLACE FUNCTION awa._unique_blocks_v1(p_job bigint, p_states text[], p_expires timestamp with time zone)
- RETURNS boolean
- LANGUAGE sql
-AS $function$
-    SELECT (p_expires IS NULL OR p_expires > clock_timestamp())
-       AND COALESCE(awa._job_state_v1(p_job) = ANY (p_states), false)
-$function$
-
 CREATE OR REPLACE FUNCTION awa._unique_error_v1(p_key text, p_for double precision, p_states text[])
  RETURNS text
  LANGUAGE sql
@@ -1848,15 +1832,16 @@ AS $function$
         WHEN p_for IS NOT NULL AND NOT (p_for > 0 AND p_for <= 3155760000) THEN
             'unique_for: must be a positive number of seconds, at most 3155760000 (100 years)'
         WHEN p_states IS NOT NULL AND (
-                cardinality(p_states) = 0 OR array_position(p_states, NULL) IS NOT NULL
+                cardinality(p_states) = 0 OR array_ndims(p_states) <> 1
+                OR array_position(p_states, NULL) IS NOT NULL
                 OR NOT p_states <@ awa.unique_states_v1()) THEN
             format('unique_states: %s: must be a non-empty list of %s', p_states::text,
                    array_to_string(awa.unique_states_v1(), ', '))
     END
 $function$
 
-CREATE OR REPLACE FUNCTION awa._unique_take_v1(p_digest bytea, p_job bigint, p_kind text, p_key_text text, p_states text[], p_for double precision)
- RETURNS bigint
+CREATE OR REPLACE FUNCTION awa._unique_take_v1(p_digest bytea, p_job bigint, p_kind text, p_key_text text, p_states text[], p_for double precision, OUT holder bigint, OUT holder_state text, OUT holder_queue text, OUT holder_priority integer)
+ RETURNS record
  LANGUAGE plpgsql
 AS $function$
 DECLARE
@@ -1870,19 +1855,27 @@ BEGIN
         VALUES (p_digest, p_job, p_kind, left(p_key_text, 200), p_states, v_expires)
         ON CONFLICT (unique_key) DO NOTHING;
         IF FOUND THEN
-            RETURN NULL;
+            RETURN;
         END IF;
         SELECT * INTO h FROM awa.unique_keys u WHERE u.unique_key = p_digest;
         CONTINUE WHEN NOT FOUND;  -- swept meanwhile: insert again
-        IF h.job_id <> p_job AND awa._unique_blocks_v1(h.job_id, h.states, h.expires_at) THEN
-            RETURN h.job_id;
+        IF h.job_id <> p_job AND (h.expires_at IS NULL OR h.expires_at > clock_timestamp()) THEN
+            SELECT b.state, b.queue, b.priority INTO holder_state, holder_queue, holder_priority
+            FROM awa._job_brief_v1(h.job_id) b;
+            IF holder_state = ANY (h.states) THEN
+                holder := h.job_id;
+                RETURN;
+            END IF;
+            holder_state := NULL;
+            holder_queue := NULL;
+            holder_priority := NULL;
         END IF;
         UPDATE awa.unique_keys u
         SET job_id = p_job, kind = p_kind, key_text = left(p_key_text, 200), states = p_states,
             expires_at = v_expires, taken_at = clock_timestamp()
         WHERE u.unique_key = p_digest AND u.job_id = h.job_id AND u.taken_at = h.taken_at;
         IF FOUND THEN
-            RETURN NULL;
+            RETURN;
         END IF;
         -- Taken over or swept by another transaction since it was read: look again.
     END LOOP;
@@ -2590,35 +2583,50 @@ AS $function$
 DECLARE
     d record;
     v_holder bigint;
+    v_digest bytea;
+    v_key text;
+    v_taken bytea[] := '{}';
+    v_takers bigint[] := '{}';
     v_retry bigint[] := '{}';
     v_refused bigint[] := '{}';
     v_holders bigint[] := '{}';
     v_spec jsonb;
+    v_for numeric;
 BEGIN
     IF p_on_conflict IS NULL OR p_on_conflict NOT IN ('refuse', 'run') THEN
         RAISE EXCEPTION 'on_conflict: % is not refuse or run', quote_nullable(p_on_conflict)
             USING ERRCODE = '22023';
     END IF;
     FOR d IN
-        SELECT q.job_id, q.kind, q.metadata -> 'awa:unique' AS spec
+        SELECT q.job_id, q.kind, q.args, q.metadata -> 'awa:unique' AS spec
         FROM awa.dlq_entries q WHERE q.job_id = ANY (p_job_ids)
         ORDER BY q.job_id
         FOR UPDATE
     LOOP
         v_spec := d.spec;
         v_holder := NULL;
-        IF jsonb_typeof(v_spec) = 'object' AND v_spec ->> 'digest' ~ '^[0-9a-f]{64}$' THEN
-            v_holder := awa._unique_take_v1(
-                decode(v_spec ->> 'digest', 'hex'), d.job_id, d.kind,
-                COALESCE(v_spec ->> 'key', ''),
-                COALESCE((SELECT array_agg(s) FROM jsonb_array_elements_text(
-                              CASE WHEN jsonb_typeof(v_spec -> 'states') = 'array'
-                                   THEN v_spec -> 'states' END) s
-                          WHERE s = ANY (awa.unique_states_v1())),
-                         awa.unique_default_states_v1()),
-                CASE WHEN jsonb_typeof(v_spec -> 'for') = 'number'
-                          AND (v_spec ->> 'for')::double precision > 0
-                     THEN LEAST((v_spec ->> 'for')::double precision, 3155760000) END);
+        IF jsonb_typeof(v_spec) = 'object' AND jsonb_typeof(v_spec -> 'key') IN ('string', 'null')
+           AND length(v_spec ->> 'key') <= 10000 IS NOT false THEN
+            v_key := awa.unique_key_text_v1(v_spec ->> 'key', d.args);
+            v_digest := awa.unique_digest_v1(d.kind, v_key);
+            v_for := CASE WHEN jsonb_typeof(v_spec -> 'for') = 'number'
+                          THEN (v_spec ->> 'for')::numeric END;
+            -- An earlier job of this call took the key: it blocks (it is leaving the DLQ).
+            v_holder := v_takers[array_position(v_taken, v_digest)];
+            IF v_holder IS NULL THEN
+                SELECT t.holder INTO v_holder FROM awa._unique_take_v1(
+                    v_digest, d.job_id, d.kind, v_key,
+                    COALESCE((SELECT array_agg(DISTINCT s) FROM jsonb_array_elements_text(
+                                  CASE WHEN jsonb_typeof(v_spec -> 'states') = 'array'
+                                       THEN v_spec -> 'states' END) s
+                              WHERE s = ANY (awa.unique_states_v1())),
+                             awa.unique_default_states_v1()),
+                    CASE WHEN v_for > 0 THEN LEAST(v_for, 3155760000)::double precision END) t;
+                IF v_holder IS NULL THEN
+                    v_taken := v_taken || v_digest;
+                    v_takers := v_takers || d.job_id;
+                END IF;
+            END IF;
         END IF;
         IF v_holder IS NOT NULL AND p_on_conflict = 'refuse' THEN
             v_refused := v_refused || d.job_id;
@@ -2831,7 +2839,8 @@ BEGIN
             RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
         END IF;
     END IF;
-    IF p_unique OR p_unique_key IS NOT NULL THEN
+    IF p_unique OR p_unique_key IS NOT NULL OR p_unique_for IS NOT NULL
+       OR p_unique_states IS NOT NULL THEN
         v_error := awa._unique_error_v1(p_unique_key, p_unique_for, p_unique_states);
         IF v_error IS NOT NULL THEN
             RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
@@ -2841,22 +2850,23 @@ BEGIN
             state := current_setting('transaction_isolation');
             RETURN;  -- nothing written, the transaction usable: the caller raises
         END IF;
-        v_key := COALESCE(p_unique_key, awa.unique_default_key_v1(p_args));
+        v_key := awa.unique_key_text_v1(p_unique_key, p_args);
         v_digest := awa.unique_digest_v1(p_kind, v_key);
         v_states := COALESCE(p_unique_states, awa.unique_default_states_v1());
         v_id := nextval('awa.job_id_seq');
         -- The key first, the lane after: a producer waiting for a key holds no lane.
-        v_holder := awa._unique_take_v1(v_digest, v_id, p_kind, v_key, v_states, p_unique_for);
+        SELECT t.holder, t.holder_state, t.holder_queue, t.holder_priority
+        INTO v_holder, state, queue, priority
+        FROM awa._unique_take_v1(v_digest, v_id, p_kind, v_key, v_states, p_unique_for) t;
         IF v_holder IS NOT NULL THEN
             job_id := v_holder;
             duplicate := true;
-            SELECT b.state, b.queue, b.priority INTO state, queue, priority
-            FROM awa._job_brief_v1(v_holder) b;
             RETURN;
         END IF;
+        queue := p_queue;
+        priority := p_priority;
         v_metadata := COALESCE(p_metadata, '{}'::jsonb) || jsonb_build_object(
-            'awa:unique', jsonb_build_object('digest', encode(v_digest, 'hex'),
-                                             'key', left(v_key, 200), 'states', v_states,
+            'awa:unique', jsonb_build_object('key', p_unique_key, 'states', v_states,
                                              'for', p_unique_for));
     END IF;
     IF p_run_at IS NOT NULL OR p_delay > 0 THEN
@@ -3911,14 +3921,6 @@ BEGIN
 END
 $function$
 
-CREATE OR REPLACE FUNCTION awa.unique_default_key_v1(p_args jsonb)
- RETURNS text
- LANGUAGE sql
- IMMUTABLE PARALLEL SAFE
-AS $function$
-    SELECT (p_args - 'task')::text
-$function$
-
 CREATE OR REPLACE FUNCTION awa.unique_default_states_v1()
  RETURNS text[]
  LANGUAGE sql
@@ -3935,6 +3937,14 @@ AS $function$
     SELECT sha256(convert_to(length(p_kind)::text || ':' || p_kind || p_key, 'UTF8'))
 $function$
 
+CREATE OR REPLACE FUNCTION awa.unique_key_text_v1(p_key text, p_args jsonb)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT CASE WHEN p_key IS NOT NULL THEN 'key:' || p_key ELSE 'args:' || (p_args - 'task')::text END
+$function$
+
 CREATE OR REPLACE FUNCTION awa.unique_states_v1()
  RETURNS text[]
  LANGUAGE sql
@@ -3949,22 +3959,33 @@ CREATE OR REPLACE FUNCTION awa.unique_sweep_v1(p_after_taken timestamp with time
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    v_rows awa.unique_keys[];
+    v_page awa.unique_keys[];
     v_n integer;
 BEGIN
     PERFORM awa._require_read_committed_v1('awa.unique_sweep_v1');
-    SELECT array_agg(x.u ORDER BY (x.u).taken_at, (x.u).unique_key) INTO v_rows
+    -- The page, for the cursor; then the released keys of it, locked without waiting: a key a
+    -- producer is taking is left for the next round, so the sweep never waits for a producer
+    -- (and never deadlocks with one that takes several keys).
+    SELECT array_agg(x.u ORDER BY (x.u).taken_at, (x.u).unique_key) INTO v_page
     FROM (SELECT u FROM awa.unique_keys u
           WHERE p_after_taken IS NULL
              OR (u.taken_at, u.unique_key) > (p_after_taken, COALESCE(p_after_key, ''::bytea))
           ORDER BY u.taken_at, u.unique_key
           LIMIT GREATEST(p_limit, 1)) x;
-    v_n := COALESCE(cardinality(v_rows), 0);
-    WITH gone AS (
+    v_n := COALESCE(cardinality(v_page), 0);
+    WITH locked AS (
+        SELECT k.unique_key, k.job_id, k.states, k.expires_at
+        FROM awa.unique_keys k
+        WHERE k.unique_key IN (SELECT r.unique_key FROM unnest(v_page) AS r)
+          AND (k.unique_key, k.taken_at) IN (SELECT r.unique_key, r.taken_at FROM unnest(v_page) AS r)
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
         DELETE FROM awa.unique_keys k
-        USING unnest(v_rows) AS r
-        WHERE k.unique_key = r.unique_key AND k.taken_at = r.taken_at AND k.job_id = r.job_id
-          AND NOT awa._unique_blocks_v1(r.job_id, r.states, r.expires_at)
+        USING locked l
+        WHERE k.unique_key = l.unique_key
+          AND NOT ((l.expires_at IS NULL OR l.expires_at > clock_timestamp())
+                   AND COALESCE((SELECT b.state FROM awa._job_brief_v1(l.job_id) b)
+                                = ANY (l.states), false))
         RETURNING 1
     )
     SELECT count(*)::integer INTO deleted FROM gone;
@@ -3972,8 +3993,8 @@ BEGIN
         next_taken := NULL;
         next_key := NULL;
     ELSE
-        next_taken := v_rows[v_n].taken_at;
-        next_key := v_rows[v_n].unique_key;
+        next_taken := v_page[v_n].taken_at;
+        next_key := v_page[v_n].unique_key;
     END IF;
     RETURN NEXT;
 END

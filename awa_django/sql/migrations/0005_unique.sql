@@ -11,9 +11,12 @@
 -- (docs/storage.md, "Unique jobs"), never per plain job.
 --
 -- The key is stored as a SHA-256 digest of the kind and the key text (awa.unique_digest_v1):
--- keys are per kind; the default key text is the arguments' canonical JSON (jsonb's text form),
--- computed here so that raw-SQL producers and Python agree. The spec travels with the job in its
--- metadata ("awa:unique": digest, states, for), so a DLQ retry can take the key again.
+-- keys are per kind; the key text is 'key:' and an explicit key, or 'args:' and the arguments'
+-- canonical JSON (jsonb's text form), computed here so that raw-SQL producers and Python agree
+-- (awa.unique_key_text_v1). The spec travels with the job in its metadata ("awa:unique": the
+-- explicit key or null, states, for), so a DLQ retry can take the key again; the digest is
+-- always recomputed from the job's own kind and arguments, so a spec written by hand can only
+-- name a key of its own kind, as any producer can.
 --
 -- Reversing this migration drops its functions and keeps the table (IF NOT EXISTS below lets
 -- migrating forward again find it). awa.enqueue_one_v2 stays as it was for raw-SQL producers;
@@ -52,11 +55,12 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT sha256(convert_to(length(p_kind)::text || ':' || p_kind || p_key, 'UTF8'))
 $$;
 
--- The default key text of a job: its arguments' canonical JSON (the django.tasks envelope's
--- "task" member, the backend's bookkeeping, left out).
-CREATE FUNCTION awa.unique_default_key_v1(p_args jsonb) RETURNS text
+-- The key text of a job: 'key:' and its explicit key, else 'args:' and its arguments' canonical
+-- JSON (the django.tasks envelope's "task" member, the backend's bookkeeping, left out). The
+-- prefixes keep an explicit key from ever equalling an argument key.
+CREATE FUNCTION awa.unique_key_text_v1(p_key text, p_args jsonb) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT (p_args - 'task')::text
+    SELECT CASE WHEN p_key IS NOT NULL THEN 'key:' || p_key ELSE 'args:' || (p_args - 'task')::text END
 $$;
 
 -- What is wrong with unique options (NULL when nothing).
@@ -69,7 +73,8 @@ LANGUAGE sql IMMUTABLE AS $$
         WHEN p_for IS NOT NULL AND NOT (p_for > 0 AND p_for <= 3155760000) THEN
             'unique_for: must be a positive number of seconds, at most 3155760000 (100 years)'
         WHEN p_states IS NOT NULL AND (
-                cardinality(p_states) = 0 OR array_position(p_states, NULL) IS NOT NULL
+                cardinality(p_states) = 0 OR array_ndims(p_states) <> 1
+                OR array_position(p_states, NULL) IS NOT NULL
                 OR NOT p_states <@ awa.unique_states_v1()) THEN
             format('unique_states: %s: must be a non-empty list of %s', p_states::text,
                    array_to_string(awa.unique_states_v1(), ', '))
@@ -124,27 +129,16 @@ LANGUAGE sql STABLE AS $$
     LIMIT 1
 $$;
 
-CREATE FUNCTION awa._job_state_v1(p_job_id bigint) RETURNS text
-LANGUAGE sql STABLE AS $$
-    SELECT b.state FROM awa._job_brief_v1(p_job_id) b
-$$;
-
--- Whether a key held by p_job (with these states and expiry) blocks a duplicate now.
-CREATE FUNCTION awa._unique_blocks_v1(p_job bigint, p_states text[], p_expires timestamptz)
-RETURNS boolean
-LANGUAGE sql VOLATILE AS $$
-    SELECT (p_expires IS NULL OR p_expires > clock_timestamp())
-       AND COALESCE(awa._job_state_v1(p_job) = ANY (p_states), false)
-$$;
-
--- Take the key p_digest for job p_job: returns NULL when taken (a new key, a key whose holder no
--- longer blocks, or the job's own key), else the id of the job that holds it. A key inserted by
--- a transaction still open is waited for (the INSERT's conflict check), so its fate is known.
--- Takeovers compare the version (taken_at) they read: two producers never both take one key.
+-- Take the key p_digest for job p_job. Returns a NULL holder when taken (a new key, a key whose
+-- holder no longer blocks, or the job's own key), else the holder's id, state, queue and
+-- priority as read for the decision (one snapshot: the state is the one that blocked). A key
+-- inserted by a transaction still open is waited for (the INSERT's conflict check), so its fate
+-- is known. Takeovers compare the version (taken_at) they read: two producers never both take
+-- one key. A holder blocks while it is in one of the key's states and the key has not expired.
 CREATE FUNCTION awa._unique_take_v1(
     p_digest bytea, p_job bigint, p_kind text, p_key_text text, p_states text[],
-    p_for double precision)
-RETURNS bigint
+    p_for double precision,
+    OUT holder bigint, OUT holder_state text, OUT holder_queue text, OUT holder_priority integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     h awa.unique_keys%ROWTYPE;
@@ -157,19 +151,27 @@ BEGIN
         VALUES (p_digest, p_job, p_kind, left(p_key_text, 200), p_states, v_expires)
         ON CONFLICT (unique_key) DO NOTHING;
         IF FOUND THEN
-            RETURN NULL;
+            RETURN;
         END IF;
         SELECT * INTO h FROM awa.unique_keys u WHERE u.unique_key = p_digest;
         CONTINUE WHEN NOT FOUND;  -- swept meanwhile: insert again
-        IF h.job_id <> p_job AND awa._unique_blocks_v1(h.job_id, h.states, h.expires_at) THEN
-            RETURN h.job_id;
+        IF h.job_id <> p_job AND (h.expires_at IS NULL OR h.expires_at > clock_timestamp()) THEN
+            SELECT b.state, b.queue, b.priority INTO holder_state, holder_queue, holder_priority
+            FROM awa._job_brief_v1(h.job_id) b;
+            IF holder_state = ANY (h.states) THEN
+                holder := h.job_id;
+                RETURN;
+            END IF;
+            holder_state := NULL;
+            holder_queue := NULL;
+            holder_priority := NULL;
         END IF;
         UPDATE awa.unique_keys u
         SET job_id = p_job, kind = p_kind, key_text = left(p_key_text, 200), states = p_states,
             expires_at = v_expires, taken_at = clock_timestamp()
         WHERE u.unique_key = p_digest AND u.job_id = h.job_id AND u.taken_at = h.taken_at;
         IF FOUND THEN
-            RETURN NULL;
+            RETURN;
         END IF;
         -- Taken over or swept by another transaction since it was read: look again.
     END LOOP;
@@ -181,7 +183,8 @@ $$;
 -- Enqueue one job in the caller's transaction, optionally unique. awa.enqueue_one_v2's
 -- arguments, checks and body (its lane protocol included), then:
 --   p_unique         true: the job holds a key (default key text: its arguments' canonical JSON)
---   p_unique_key     the key text (implies p_unique); keys are per kind
+--   p_unique_key     the key text; keys are per kind (this, p_unique_for or p_unique_states
+--                    make the job unique too)
 --   p_unique_for     seconds the key blocks duplicates at most (NULL: as long as the holder is
 --                    in a blocking state)
 --   p_unique_states  the holder's states that block (NULL: awa.unique_default_states_v1())
@@ -250,7 +253,8 @@ BEGIN
             RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
         END IF;
     END IF;
-    IF p_unique OR p_unique_key IS NOT NULL THEN
+    IF p_unique OR p_unique_key IS NOT NULL OR p_unique_for IS NOT NULL
+       OR p_unique_states IS NOT NULL THEN
         v_error := awa._unique_error_v1(p_unique_key, p_unique_for, p_unique_states);
         IF v_error IS NOT NULL THEN
             RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
@@ -260,22 +264,23 @@ BEGIN
             state := current_setting('transaction_isolation');
             RETURN;  -- nothing written, the transaction usable: the caller raises
         END IF;
-        v_key := COALESCE(p_unique_key, awa.unique_default_key_v1(p_args));
+        v_key := awa.unique_key_text_v1(p_unique_key, p_args);
         v_digest := awa.unique_digest_v1(p_kind, v_key);
         v_states := COALESCE(p_unique_states, awa.unique_default_states_v1());
         v_id := nextval('awa.job_id_seq');
         -- The key first, the lane after: a producer waiting for a key holds no lane.
-        v_holder := awa._unique_take_v1(v_digest, v_id, p_kind, v_key, v_states, p_unique_for);
+        SELECT t.holder, t.holder_state, t.holder_queue, t.holder_priority
+        INTO v_holder, state, queue, priority
+        FROM awa._unique_take_v1(v_digest, v_id, p_kind, v_key, v_states, p_unique_for) t;
         IF v_holder IS NOT NULL THEN
             job_id := v_holder;
             duplicate := true;
-            SELECT b.state, b.queue, b.priority INTO state, queue, priority
-            FROM awa._job_brief_v1(v_holder) b;
             RETURN;
         END IF;
+        queue := p_queue;
+        priority := p_priority;
         v_metadata := COALESCE(p_metadata, '{}'::jsonb) || jsonb_build_object(
-            'awa:unique', jsonb_build_object('digest', encode(v_digest, 'hex'),
-                                             'key', left(v_key, 200), 'states', v_states,
+            'awa:unique', jsonb_build_object('key', p_unique_key, 'states', v_states,
                                              'for', p_unique_for));
     END IF;
     IF p_run_at IS NOT NULL OR p_delay > 0 THEN
@@ -336,9 +341,11 @@ END
 $$;
 
 -- Retry dead-lettered jobs (awa.dlq_retry_v1's moves) with their unique keys: a job that held a
--- key takes it again; when another job holds it and blocks, p_on_conflict decides: 'refuse'
--- (default) leaves the job in the DLQ, 'run' retries it without the key. Returns one row per
--- requested job found in the DLQ: 'retried' or 'refused' (with the holder's id).
+-- key takes it again; when another job holds it and blocks (an earlier job of the same call
+-- included), p_on_conflict decides: 'refuse' (default) leaves the job in the DLQ, 'run' retries
+-- it without the key. Returns one row per requested job found in the DLQ: 'retried' or
+-- 'refused' (with the holder's id). The key is recomputed from the job's kind, its arguments
+-- and the spec's explicit key: a spec written by hand names a key of its own kind only.
 CREATE FUNCTION awa.dlq_retry_v2(p_job_ids bigint[], p_queue text DEFAULT NULL,
                                  p_priority integer DEFAULT NULL,
                                  p_on_conflict text DEFAULT 'refuse')
@@ -348,35 +355,50 @@ LANGUAGE plpgsql AS $$
 DECLARE
     d record;
     v_holder bigint;
+    v_digest bytea;
+    v_key text;
+    v_taken bytea[] := '{}';
+    v_takers bigint[] := '{}';
     v_retry bigint[] := '{}';
     v_refused bigint[] := '{}';
     v_holders bigint[] := '{}';
     v_spec jsonb;
+    v_for numeric;
 BEGIN
     IF p_on_conflict IS NULL OR p_on_conflict NOT IN ('refuse', 'run') THEN
         RAISE EXCEPTION 'on_conflict: % is not refuse or run', quote_nullable(p_on_conflict)
             USING ERRCODE = '22023';
     END IF;
     FOR d IN
-        SELECT q.job_id, q.kind, q.metadata -> 'awa:unique' AS spec
+        SELECT q.job_id, q.kind, q.args, q.metadata -> 'awa:unique' AS spec
         FROM awa.dlq_entries q WHERE q.job_id = ANY (p_job_ids)
         ORDER BY q.job_id
         FOR UPDATE
     LOOP
         v_spec := d.spec;
         v_holder := NULL;
-        IF jsonb_typeof(v_spec) = 'object' AND v_spec ->> 'digest' ~ '^[0-9a-f]{64}$' THEN
-            v_holder := awa._unique_take_v1(
-                decode(v_spec ->> 'digest', 'hex'), d.job_id, d.kind,
-                COALESCE(v_spec ->> 'key', ''),
-                COALESCE((SELECT array_agg(s) FROM jsonb_array_elements_text(
-                              CASE WHEN jsonb_typeof(v_spec -> 'states') = 'array'
-                                   THEN v_spec -> 'states' END) s
-                          WHERE s = ANY (awa.unique_states_v1())),
-                         awa.unique_default_states_v1()),
-                CASE WHEN jsonb_typeof(v_spec -> 'for') = 'number'
-                          AND (v_spec ->> 'for')::double precision > 0
-                     THEN LEAST((v_spec ->> 'for')::double precision, 3155760000) END);
+        IF jsonb_typeof(v_spec) = 'object' AND jsonb_typeof(v_spec -> 'key') IN ('string', 'null')
+           AND length(v_spec ->> 'key') <= 10000 IS NOT false THEN
+            v_key := awa.unique_key_text_v1(v_spec ->> 'key', d.args);
+            v_digest := awa.unique_digest_v1(d.kind, v_key);
+            v_for := CASE WHEN jsonb_typeof(v_spec -> 'for') = 'number'
+                          THEN (v_spec ->> 'for')::numeric END;
+            -- An earlier job of this call took the key: it blocks (it is leaving the DLQ).
+            v_holder := v_takers[array_position(v_taken, v_digest)];
+            IF v_holder IS NULL THEN
+                SELECT t.holder INTO v_holder FROM awa._unique_take_v1(
+                    v_digest, d.job_id, d.kind, v_key,
+                    COALESCE((SELECT array_agg(DISTINCT s) FROM jsonb_array_elements_text(
+                                  CASE WHEN jsonb_typeof(v_spec -> 'states') = 'array'
+                                       THEN v_spec -> 'states' END) s
+                              WHERE s = ANY (awa.unique_states_v1())),
+                             awa.unique_default_states_v1()),
+                    CASE WHEN v_for > 0 THEN LEAST(v_for, 3155760000)::double precision END) t;
+                IF v_holder IS NULL THEN
+                    v_taken := v_taken || v_digest;
+                    v_takers := v_takers || d.job_id;
+                END IF;
+            END IF;
         END IF;
         IF v_holder IS NOT NULL AND p_on_conflict = 'refuse' THEN
             v_refused := v_refused || d.job_id;
@@ -402,22 +424,33 @@ CREATE FUNCTION awa.unique_sweep_v1(p_after_taken timestamptz DEFAULT NULL,
 RETURNS TABLE (deleted integer, next_taken timestamptz, next_key bytea)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_rows awa.unique_keys[];
+    v_page awa.unique_keys[];
     v_n integer;
 BEGIN
     PERFORM awa._require_read_committed_v1('awa.unique_sweep_v1');
-    SELECT array_agg(x.u ORDER BY (x.u).taken_at, (x.u).unique_key) INTO v_rows
+    -- The page, for the cursor; then the released keys of it, locked without waiting: a key a
+    -- producer is taking is left for the next round, so the sweep never waits for a producer
+    -- (and never deadlocks with one that takes several keys).
+    SELECT array_agg(x.u ORDER BY (x.u).taken_at, (x.u).unique_key) INTO v_page
     FROM (SELECT u FROM awa.unique_keys u
           WHERE p_after_taken IS NULL
              OR (u.taken_at, u.unique_key) > (p_after_taken, COALESCE(p_after_key, ''::bytea))
           ORDER BY u.taken_at, u.unique_key
           LIMIT GREATEST(p_limit, 1)) x;
-    v_n := COALESCE(cardinality(v_rows), 0);
-    WITH gone AS (
+    v_n := COALESCE(cardinality(v_page), 0);
+    WITH locked AS (
+        SELECT k.unique_key, k.job_id, k.states, k.expires_at
+        FROM awa.unique_keys k
+        WHERE k.unique_key IN (SELECT r.unique_key FROM unnest(v_page) AS r)
+          AND (k.unique_key, k.taken_at) IN (SELECT r.unique_key, r.taken_at FROM unnest(v_page) AS r)
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
         DELETE FROM awa.unique_keys k
-        USING unnest(v_rows) AS r
-        WHERE k.unique_key = r.unique_key AND k.taken_at = r.taken_at AND k.job_id = r.job_id
-          AND NOT awa._unique_blocks_v1(r.job_id, r.states, r.expires_at)
+        USING locked l
+        WHERE k.unique_key = l.unique_key
+          AND NOT ((l.expires_at IS NULL OR l.expires_at > clock_timestamp())
+                   AND COALESCE((SELECT b.state FROM awa._job_brief_v1(l.job_id) b)
+                                = ANY (l.states), false))
         RETURNING 1
     )
     SELECT count(*)::integer INTO deleted FROM gone;
@@ -425,8 +458,8 @@ BEGIN
         next_taken := NULL;
         next_key := NULL;
     ELSE
-        next_taken := v_rows[v_n].taken_at;
-        next_key := v_rows[v_n].unique_key;
+        next_taken := v_page[v_n].taken_at;
+        next_key := v_page[v_n].unique_key;
     END IF;
     RETURN NEXT;
 END
