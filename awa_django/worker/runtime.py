@@ -494,7 +494,8 @@ class WorkerRuntime(Execution):
         now = loop.time()
         items: list[tuple[int, int, str | None]] = []
         for (job_id, lease), run in list(self.inflight.items()):
-            dirty, progress = run.attempt.ctx.take_dirty_progress()
+            ctx = run.attempt.ctx_made  # None: the handler never had one, so no progress
+            dirty, progress = (False, None) if ctx is None else ctx.take_dirty_progress()
             # Short jobs never write attempt_state: only attempts running for a heartbeat
             # interval, or with progress to write, are refreshed.
             if dirty or now - run.started >= interval:
