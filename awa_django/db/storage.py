@@ -43,7 +43,7 @@ class ClaimedJob(NamedTuple):
     for its context.
 
     A named tuple (immutable, fields by name): built once per claimed row, where a frozen
-    dataclass cost about 1 µs a row (docs/performance.md, "Per-job Python of the worker").
+    dataclass cost about 1 µs a row (docs/performance.md, "Per-job cost of the worker").
     """
 
     job_id: int

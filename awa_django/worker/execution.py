@@ -107,6 +107,7 @@ class Execution:
     instance_id: uuid.UUID
     _kinds: dict[str, Any]
     _pool: HandlerThreads[Running]
+    _async_batches: set[asyncio.Task[None]]
     _debug: bool
     _all_done: asyncio.Event
     _loop: asyncio.AbstractEventLoop | None
@@ -187,10 +188,9 @@ class Execution:
             for run in runs[start:]:
                 self._finish(run, None, exc)
             return
-        # A strong reference (the event loop keeps only weak ones to running tasks) until the
-        # task takes each one over.
-        for index in range(start, len(runs)):
-            runs[index].task = task
+        # A strong reference (the event loop keeps only weak ones to running tasks).
+        self._async_batches.add(task)
+        task.add_done_callback(self._async_batches.discard)
 
     async def _run_async_batch(self, runs: list[Running], start: int) -> None:
         """Run the async handlers ``runs[start:]`` in this one task, without a task per job.

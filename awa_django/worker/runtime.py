@@ -108,6 +108,7 @@ class WorkerRuntime(Execution):
         self.finished = 0
         self._kinds = registered_kinds()
         self._pool: HandlerThreads[Running] = HandlerThreads(config.concurrency, run_sync)
+        self._async_batches: set[asyncio.Task[None]] = set()
         self._debug = log.isEnabledFor(logging.DEBUG)
         self._dispatchers: list[asyncio.Task[None]] = []
         self._handle_signals = handle_signals
