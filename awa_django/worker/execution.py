@@ -171,6 +171,10 @@ class Execution:
                 )
             handle = attempt.handle
             assert handle is not None
+            if handle.takes_context:
+                # Built here, on the event loop, before any thread can read it: only one
+                # context per attempt (a stop and a pool thread must never build two).
+                attempt.ctx  # noqa: B018
             if handle.is_async:
                 aio.append(run)
             else:
