@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 from typing import Any
@@ -230,7 +229,7 @@ def test_claims_stay_index_probes_when_statistics_say_the_rings_are_empty() -> N
 def test_claimed_jobs_are_built_by_column_name() -> None:
     """The claim query names every column after a ClaimedJob field; the row factory matches
     them by name (any order) and refuses a result whose columns do not match."""
-    fields = [f.name for f in dataclasses.fields(storage.ClaimedJob)]
+    fields = list(storage.ClaimedJob._fields)
     with pg() as conn:
         args = {"args": [1], "kwargs": {"n": 0}}
         body = {"kind": "k", "queue": "q", "args": args, "metadata": {"m": 1}, "tags": ["t"]}

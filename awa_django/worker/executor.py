@@ -55,17 +55,42 @@ class PreparedAttempt:
     """A claimed attempt with its handler resolved and arguments decoded, ready to run.
 
     ``failure`` is set instead when the attempt cannot run (unknown kind, bad arguments).
+
+    ``ctx`` is the attempt's ``JobContext``: given, or built by ``make_ctx(job)`` the first time
+    it is read (a handler that takes no context, and is never told to stop, never needs one;
+    building one per job cost ~0.7 µs). ``ctx_made`` tells whether it exists yet.
     """
 
-    __slots__ = ("args", "ctx", "failure", "handle", "job", "kwargs")
+    __slots__ = ("_ctx", "_make_ctx", "args", "failure", "handle", "job", "kwargs")
 
-    def __init__(self, job: ClaimedJob, ctx: JobContext) -> None:
+    def __init__(
+        self,
+        job: ClaimedJob,
+        ctx: JobContext | None = None,
+        *,
+        make_ctx: Callable[[ClaimedJob], JobContext] | None = None,
+    ) -> None:
         self.job = job
-        self.ctx = ctx
+        self._ctx = ctx
+        self._make_ctx = make_ctx
         self.handle: Job[Any, Any] | None = None
         self.args: list[Any] = []
         self.kwargs: dict[str, Any] = {}
         self.failure: dict[str, Any] | None = None
+
+    @property
+    def ctx(self) -> JobContext:
+        """The attempt's context (built on first use)."""
+        ctx = self._ctx
+        if ctx is None:
+            make = self._make_ctx
+            ctx = self._ctx = make(self.job) if make is not None else JobContext.for_job(self.job)
+        return ctx
+
+    @property
+    def ctx_made(self) -> JobContext | None:
+        """The context if it was built, else None (reads nothing, builds nothing)."""
+        return self._ctx
 
     def call_args(self) -> tuple[Any, ...]:
         assert self.handle is not None
@@ -73,10 +98,17 @@ class PreparedAttempt:
 
 
 def prepare(
-    job: ClaimedJob, ctx: JobContext, kinds: dict[str, Job[Any, Any]] | None = None
+    job: ClaimedJob,
+    ctx: JobContext | None,
+    kinds: dict[str, Job[Any, Any]] | None = None,
+    *,
+    make_ctx: Callable[[ClaimedJob], JobContext] | None = None,
 ) -> PreparedAttempt:
-    """Resolve the handler through the registry (never by importing row data) and decode args."""
-    attempt = PreparedAttempt(job, ctx)
+    """Resolve the handler through the registry (never by importing row data) and decode args.
+
+    ``ctx`` None: the context is built when first needed (``make_ctx``; see
+    ``PreparedAttempt``)."""
+    attempt = PreparedAttempt(job, ctx, make_ctx=make_ctx)
     handle = (kinds if kinds is not None else registered_kinds()).get(job.kind)
     try:
         document = json.loads(job.args_json)
@@ -180,6 +212,19 @@ def outcome_of(
     Never raises: anything unexpected becomes a ``fail`` with a readable error.
     """
     job = attempt.job
+    if value is None and exc is None and attempt.failure is None:
+        # The common case, without the general path's closure and keyword arguments.
+        return Finalization(
+            job.job_id,
+            job.run_lease,
+            job.claim_slot,
+            "completed",
+            "null",
+            None,
+            None,
+            progress_json,
+            has_state,
+        )
 
     def make(outcome: str, **fields: Any) -> Finalization:
         fields.setdefault("has_state", has_state)
@@ -242,7 +287,8 @@ def _outcome(
             return make("snooze", delay=seconds)
         if isinstance(value, WaitForCallback):
             timeout = check_seconds("timeout", value.timeout)
-            own = attempt.ctx.registered_callback_id
+            made = attempt.ctx_made
+            own = None if made is None else made.registered_callback_id
             if own is None or value.callback_id != own:
                 return make(
                     "fail",

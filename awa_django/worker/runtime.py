@@ -109,6 +109,7 @@ class WorkerRuntime(Execution):
         self.finished = 0
         self._kinds = registered_kinds()
         self._pool: HandlerThreads[Running] = HandlerThreads(config.concurrency, run_sync)
+        self._async_batches: set[asyncio.Task[None]] = set()
         self._debug = log.isEnabledFor(logging.DEBUG)
         self._dispatchers: list[asyncio.Task[None]] = []
         self._handle_signals = handle_signals
@@ -505,7 +506,8 @@ class WorkerRuntime(Execution):
         now = loop.time()
         items: list[tuple[int, int, str | None]] = []
         for (job_id, lease), run in list(self.inflight.items()):
-            dirty, progress = run.attempt.ctx.take_dirty_progress()
+            ctx = run.attempt.ctx_made  # None: the handler never had one, so no progress
+            dirty, progress = (False, None) if ctx is None else ctx.take_dirty_progress()
             # Short jobs never write attempt_state: only attempts running for a heartbeat
             # interval, or with progress to write, are refreshed.
             if dirty or now - run.started >= interval:
