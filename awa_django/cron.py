@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
+import zoneinfo
 from collections import deque
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -84,7 +86,10 @@ _NAME_MAX: Final = 200
 
 #: A schedule name: 1-200 characters, no comma (the admin carries selections as comma-separated
 #: names) and no control character.
-_NAME_RE: Final = re.compile(r"[^,\x00-\x1f\x7f]{1,200}")
+_NAME_RE: Final = re.compile(r"[^,\x00-\x1f\x7f-\x9f]{1,200}")
+
+#: The longest expression and time zone name (what awa.cron_schedules stores).
+_TEXT_MAX: Final = 255
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -134,19 +139,33 @@ def zone(name: str) -> tzinfo:
 
 def timezone_error(name: object) -> str | None:
     """Why ``name`` is not an IANA time zone, or None."""
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not name or len(name) > _TEXT_MAX:
         return f"timezone: must be an IANA time zone name such as 'Europe/Paris', got {name!r}"
     try:
         zone(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
         return f"timezone: {name!r} is not a known IANA time zone (such as 'Europe/Paris')"
+    if name != "UTC" and (name not in _iana_names() or name in _HOST_ZONES):
+        # ZoneInfo also loads files that are not IANA names ('localtime': each host's own).
+        return f"timezone: {name!r} is not a known IANA time zone (such as 'Europe/Paris')"
     return None
+
+
+#: Files of the zone database that are not IANA zones: each host's own zone, POSIX rules.
+_HOST_ZONES: Final = frozenset({"localtime", "posixrules", "Factory"})
+
+
+@functools.cache
+def _iana_names() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones())
 
 
 def expression_error(expression: object) -> str | None:
     """Why ``expression`` is not a cron expression cronsim accepts, or None."""
     if not isinstance(expression, str) or not expression.strip():
         return f"cron: must be a cron expression such as '*/5 * * * *', got {expression!r}"
+    if len(expression) > _TEXT_MAX:
+        return f"cron: {len(expression)} characters exceeds the limit of {_TEXT_MAX}"
     fields = len(expression.split())
     if fields not in (5, 6):
         return (
@@ -186,7 +205,7 @@ def _errors(schedule: Schedule) -> list[str]:
         if _NAME_RE.fullmatch(schedule.name) is None:
             errors.append(
                 f"name: {schedule.name!r} must be 1-200 characters, without commas or control "
-                "characters"
+                "characters (C0 or C1)"
             )
     except JobValidationError as exc:
         errors.append(str(exc))

@@ -31,7 +31,7 @@ from datetime import timedelta
 from typing import Any, Literal, TypeAlias
 
 from awa_django.exceptions import InvalidOptionError, TerminalError
-from awa_django.limits import MAX_SECONDS, check_seconds, show
+from awa_django.limits import MAX_SECONDS, check_seconds, check_text, show
 
 __all__ = [
     "BACKOFFS",
@@ -165,12 +165,23 @@ def check_retry(value: object) -> RetryPolicy | None:
 def exception_names(exc: BaseException) -> frozenset[str]:
     """The names (``module.qualname``) of every class of ``exc``'s type, its MRO."""
     names = set()
-    for cls in type(exc).__mro__:
+    # Read through type's own descriptors: a metaclass whose __getattribute__ refuses to answer
+    # (or lies) cannot hide the hierarchy.
+    try:
+        mro = _TYPE_MRO.__get__(type(exc))
+    except Exception:  # pragma: no cover - every class has an MRO
+        mro = (type(exc),)
+    for cls in mro:
         try:
-            names.add(_name(cls))
-        except Exception:  # a metaclass that refuses to answer
+            names.add(f"{_TYPE_MODULE.__get__(cls)}.{_TYPE_QUALNAME.__get__(cls)}")
+        except Exception:  # pragma: no cover - defensive
             continue
     return frozenset(names)
+
+
+_TYPE_MRO: Any = type.__dict__["__mro__"]
+_TYPE_MODULE: Any = type.__dict__["__module__"]
+_TYPE_QUALNAME: Any = type.__dict__["__qualname__"]
 
 
 def fails_at_once(metadata: object, exc: BaseException) -> bool:
@@ -252,6 +263,12 @@ def _classes(field: str, value: object) -> tuple[type[BaseException], ...]:
             raise InvalidOptionError(
                 "retry", f"{field}: the name of {show(cls)} is longer than {_NAME_MAX} characters"
             )
+        try:  # stored as text: no NUL, no lone surrogate (refused now, not at every enqueue)
+            check_text("retry", _name(cls))
+        except InvalidOptionError as exc:
+            raise InvalidOptionError(
+                "retry", f"{field}: the name of {show(cls)} cannot be stored ({exc})"
+            ) from None
     if len(classes) > MAX_EXCEPTION_NAMES:
         raise InvalidOptionError(
             "retry", f"{field}: {len(classes)} classes exceeds the limit of {MAX_EXCEPTION_NAMES}"

@@ -213,18 +213,15 @@ def test_two_racing_fires_of_one_time_enqueue_one_job() -> None:
     results: list[Any] = []
     with pg(autocommit=False) as first, pg() as probe:
         assert cas(first, after, fire) is not None  # holds the row, not committed yet
+        # The second skips the held row (SKIP LOCKED): nothing fired, nobody waits.
         second = threading.Thread(target=lambda: results.append(cas_in_own(after, fire)))
         second.start()
-        deadline = datetime.now(UTC) + timedelta(seconds=20)
-        while not probe.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE '%%cron_fire_v1%%'"
-        ).fetchone()[0]:  # type: ignore[index]
-            assert datetime.now(UTC) < deadline, "the second fire never waited"
-        first.commit()
         second.join(20)
-    assert results == [None]  # it re-checked the committed row and fired nothing
+        assert results == [None]
+        first.commit()
+    assert cas_in_own(after, fire) is None  # and after the commit, fire_after has moved
     assert fired("tick") == [z(fire)]
+    _ = probe
 
 
 def cas_in_own(after: datetime, at: datetime) -> Any:
@@ -361,3 +358,52 @@ def test_admin_lists_schedules_and_gates_pause_resume_trigger() -> None:
     assert logged[2].startswith("triggered: enqueued job ")
     detail = operator.get(changelist("cronschedule") + "tick/change/")
     assert detail.status_code == 200 and "Next fire" in detail.content.decode()
+
+
+# Found by the attack on periodic jobs -------------------------------------------------------------
+
+
+def test_a_locked_schedule_row_is_skipped_not_waited_for() -> None:
+    with periodic(held=EVERY_MINUTE, free=EVERY_MINUTE):
+        sync()
+    start = db_now() - timedelta(minutes=1, seconds=30)
+    with pg() as conn:
+        conn.execute("UPDATE awa.cron_schedules SET fire_after = %s", [start])
+    with pg(autocommit=False) as holder:
+        holder.execute("SELECT 1 FROM awa.cron_schedules WHERE name = 'held' FOR UPDATE")
+        started = datetime.now(UTC)
+        assert evaluate() == 1  # 'free' fires; 'held' is left for the next pass
+        assert datetime.now(UTC) - started < timedelta(seconds=2)  # nobody waited
+        holder.rollback()
+    assert len(fired("free")) == 1 and fired("held") == []
+    assert evaluate() == 1 and len(fired("held")) == 1
+
+
+def test_a_long_catch_up_is_spread_over_passes() -> None:
+    from awa_django.maintenance.cron import FIRES_PER_PASS
+
+    every_second = {**EVERY_MINUTE, "cron": "* * * * * *", "catch_up": 10_000}
+    with periodic(flood=every_second):
+        sync()
+    set_fire_after("flood", db_now() - timedelta(seconds=FIRES_PER_PASS + 100))
+    assert evaluate() == FIRES_PER_PASS
+    assert evaluate() >= 100  # the rest on the next pass, oldest first, none twice
+    times = fired("flood")
+    assert len(times) == len(set(times)) >= FIRES_PER_PASS + 100 and times == sorted(times)
+
+
+def test_scheduled_fires_are_never_labelled_manual() -> None:
+    with periodic(labelled={**EVERY_MINUTE, "metadata": {"cron_trigger": "manual", "k": 1}}):
+        sync()
+    set_fire_after("labelled", db_now() - timedelta(minutes=1, seconds=30))
+    assert evaluate() == 1
+    [(metadata,)] = rows("SELECT metadata FROM awa.jobs WHERE metadata->>'cron_name' = 'labelled'")
+    assert "cron_trigger" not in metadata and metadata["k"] == 1
+
+
+def test_a_failing_schedule_is_logged_once_a_minute_whatever_its_fire_time(caplog: Any) -> None:
+    firer = CronFirer()
+    with caplog.at_level(logging.ERROR, logger="awa_django.maintenance"):
+        for second in range(3):
+            firer._problem("s", "could not fire: boom", detail=f" (at 00:00:0{second})")
+    assert len(caplog.records) == 1

@@ -291,3 +291,26 @@ def test_drain_follows_the_job_s_policy() -> None:
     inside = testjobs.picky.enqueue("transient", 1).id
     runs = {run.id: run.outcome for run in drain("retry")}
     assert runs == {outside: "fail", inside: "retry"}
+
+
+def test_found_by_the_attack_names_and_metaclasses() -> None:
+    from awa_django.retry import exception_names
+
+    class Meta(type):
+        def __getattribute__(cls, name: str) -> Any:
+            if name in ("__mro__", "__module__", "__qualname__", "__dict__"):
+                raise RuntimeError(f"no attr {name}")
+            return super().__getattribute__(name)
+
+    class Weird(Exception, metaclass=Meta):
+        pass
+
+    names = exception_names(Weird("x"))
+    assert "builtins.Exception" in names and any(n.endswith("Weird") for n in names)
+
+    class Named(Exception):
+        pass
+
+    Named.__qualname__ = "Na\x00med"
+    with pytest.raises(InvalidOptionError, match="cannot be stored"):
+        RetryPolicy(retry_on=[Named])

@@ -264,3 +264,30 @@ def test_sql_producers_are_refused_a_bad_policy(policy: Any, message: str) -> No
             "(SELECT count(*) FROM awa.deferred_jobs)"
         ).fetchone()
         assert row == (0,)
+
+
+# Found by the attack on retry policies ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("number", ["1e-400", "-1e-400", "1." + "0" * 5000 + "1"])
+def test_a_number_beyond_double_precision_never_poisons_a_retry_path(number: str) -> None:
+    with pg() as conn:
+        for field in ("base", "cap", "jitter", "max_age"):
+            policy = f'{{"backoff": "constant", "{field}": {number}}}'
+            (wait,) = conn.execute("SELECT awa._backoff_v2(1, 1.0, %s::jsonb)", [policy]).fetchone()
+            assert 0 <= wait <= 86400, (field, wait)
+
+
+def test_a_raw_sql_policy_with_a_tiny_base_is_rescued_like_any_job() -> None:
+    with pg() as conn:
+        body = {"kind": "k", "queue": "r", "max_attempts": 3, "metadata": {"awa:retry": {}}}
+        text = json.dumps([body, {"kind": "k", "queue": "r"}]).replace(
+            '"awa:retry": {}', '"awa:retry": {"backoff": "constant", "base": 1e-400}'
+        )
+        ids = [job_id for job_id, _ in enqueue_sql(conn, text)]
+        storage.claim(conn, "r", 2, WORKER)
+        rescued = conn.execute("SELECT job_id FROM awa.rescue_v1(0)").fetchall()
+        assert sorted(r[0] for r in rescued) == sorted(ids)
+        for job_id in ids:
+            state = job_state(conn, job_id)
+            assert state is not None and state["state"] == "retryable"

@@ -313,6 +313,10 @@ def _send_unique_once(requests: Sequence[JobRequest], using: str) -> list[Enqueu
         write_transaction(using, statements=len(requests), read_committed=own_rc) as connection,
         connection.cursor() as cursor,
     ):
+        # The unique requests are sent in key order (after the others, which keep input order),
+        # so that two batches taking overlapping keys take them in the same order; handles come
+        # back in input order.
+        order = sorted(range(len(requests)), key=lambda i: _send_order(requests[i], i))
         params = [
             [
                 r.kind,
@@ -328,7 +332,7 @@ def _send_unique_once(requests: Sequence[JobRequest], using: str) -> list[Enqueu
                 *limits,
                 *_unique_values(r.unique),
             ]
-            for r in requests
+            for r in (requests[i] for i in order)
         ]
         if len(params) == 1:
             cursor.execute(query("enqueue_one_unique"), params[0])
@@ -343,7 +347,10 @@ def _send_unique_once(requests: Sequence[JobRequest], using: str) -> list[Enqueu
                     rows.append(raw.fetchone())
                     if not raw.nextset():
                         break
-        for r, (job_id, state, queue, priority, duplicate) in zip(requests, rows, strict=True):
+        by_input: list[Any] = [None] * len(requests)
+        for i, row in zip(order, rows, strict=True):
+            by_input[i] = row
+        for r, (job_id, state, queue, priority, duplicate) in zip(requests, by_input, strict=True):
             if job_id is None:
                 raise IsolationLevelError(
                     f"a unique enqueue needs READ COMMITTED, but the caller's transaction on "
@@ -358,6 +365,20 @@ def _send_unique_once(requests: Sequence[JobRequest], using: str) -> list[Enqueu
             written = {h.id for h in results if not h.duplicate}
             raise DuplicateJobError(raised, in_batch=raised.id in written)
     return results
+
+
+def _send_order(request: JobRequest, index: int) -> tuple[Any, ...]:
+    """Where ``request`` goes in a batch sent to ``awa.enqueue_one_v3``: plain requests first
+    in input order, then unique ones by kind and key (input order among equal keys, so the
+    first of a batch's duplicates is the one written)."""
+    spec = request.unique
+    if spec is None:
+        return (0, index)
+    if spec.key is not None:
+        text = "key:" + spec.key
+    else:
+        text = "args:" + json.dumps(json.loads(request.args_json), sort_keys=True)
+    return (1, request.kind, text, index)
 
 
 def _unique_values(spec: UniqueSpec | None) -> tuple[Any, ...]:

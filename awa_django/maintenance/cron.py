@@ -53,6 +53,10 @@ async def sync_schedules(conn: psycopg.AsyncConnection[Any]) -> None:
         log.info("awa cron: schedule %r %s", name, change)
 
 
+#: The most jobs one evaluation fires (the rest of a long catch-up waits for the next pass).
+FIRES_PER_PASS = 500
+
+
 class CronFirer:
     """The leader's periodic task: fire every due schedule, exactly once per fire time."""
 
@@ -74,7 +78,11 @@ class CronFirer:
             except Exception as exc:  # a bad stored expression or zone must not stop others
                 self._problem(name, f"cannot compute its fire times: {first_line(exc)}")
                 continue
-            fired += await self._fire(conn, name, fire_after, fires)
+            # A long catch-up is spread over passes, so that promotion and rescue keep their
+            # pace: the oldest missed fires first, at most FIRES_PER_PASS in all per pass.
+            fired += await self._fire(conn, name, fire_after, fires[: FIRES_PER_PASS - fired])
+            if fired >= FIRES_PER_PASS:
+                break
         self.fired += fired
         return fired
 
@@ -94,7 +102,13 @@ class CronFirer:
             except Exception as exc:
                 if is_connection_lost(exc, conn):
                     raise
-                self._problem(name, f"could not fire at {fire_at.isoformat()}: {first_line(exc)}")
+                # Logged once a minute per schedule and error (the fire time is in the line, not
+                # in the key: a schedule failing every second is one problem).
+                self._problem(
+                    name,
+                    f"could not fire: {first_line(exc)}",
+                    detail=f" (at {fire_at.isoformat()})",
+                )
                 return fired
             job_id = row[0] if row else None
             if job_id is None:
@@ -106,9 +120,14 @@ class CronFirer:
             fired += 1
         return fired
 
-    def _problem(self, name: str, message: str) -> None:
+    def _problem(self, name: str, message: str, detail: str = "") -> None:
         now = time.monotonic()
         key = (name, message)
         if now - self._logged.get(key, -_LOG_EVERY) >= _LOG_EVERY:
             self._logged[key] = now
-            log.error("awa cron: schedule %r %s; skipped, the others fire as usual", name, message)
+            log.error(
+                "awa cron: schedule %r %s%s; skipped, the others fire as usual",
+                name,
+                message,
+                detail,
+            )

@@ -1690,8 +1690,10 @@ CREATE OR REPLACE FUNCTION awa._retry_number_v1(p_policy jsonb, p_key text, p_lo
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$
+    -- Rounded to 1e-12 first: a number below double precision's range (1e-400, written by raw
+    -- SQL) or of thousands of digits becomes one that converts, so this never raises.
     SELECT CASE WHEN jsonb_typeof(p_policy -> p_key) = 'number'
-                THEN LEAST(GREATEST((p_policy -> p_key)::numeric, p_low::numeric),
+                THEN LEAST(GREATEST(round((p_policy -> p_key)::numeric, 12), p_low::numeric),
                            p_high::numeric)::double precision
            END
 $function$
@@ -2409,7 +2411,9 @@ BEGIN
     SELECT * INTO v_row FROM awa.cron_schedules c
     WHERE c.name = p_name AND c.fire_after = p_after AND p_fire_at > c.fire_after
       AND p_fire_at <= now() AND c.paused_at IS NULL
-    FOR UPDATE;
+    -- A row locked elsewhere (another leader firing it, an operator's transaction) is not
+    -- waited for: this fire is tried again on the next pass, and no other schedule waits.
+    FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
@@ -2418,7 +2422,7 @@ BEGIN
     SELECT e.job_id INTO v_job FROM awa.enqueue_one_v3(
         v_row.kind, v_row.queue, v_row.priority, v_row.args, v_row.max_attempts, NULL, NULL,
         v_row.deadline_secs,
-        COALESCE(v_row.metadata, '{}'::jsonb) || jsonb_build_object(
+        (COALESCE(v_row.metadata, '{}'::jsonb) - 'cron_trigger') || jsonb_build_object(
             'cron_name', p_name, 'cron_fire_time', awa._cron_time_v1(p_fire_at)),
         v_row.tags, p_args_max_bytes, p_metadata_max_bytes, p_json_max_depth, p_max_tags,
         p_tag_max_length,

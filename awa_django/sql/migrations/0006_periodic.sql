@@ -13,9 +13,8 @@
 --     clock, and the schedule is not paused; it then enqueues the job (awa.enqueue_one_v3, unique
 --     by schedule and fire time in every state, a second guard) and
 --     moves fire_after to fire_at, all in the caller's one transaction. Two leaders racing for
---     the same fire: the second waits for the first's row lock and, at READ COMMITTED,
---     re-checks the condition on the committed row, which no longer matches, so it fires
---     nothing. A leader killed mid-fire rolls back both the job and the move. A database clock
+--     the same fire: the second skips the row the first has locked (SKIP LOCKED) and fires
+--     nothing; on its next pass it re-reads the committed row, whose fire_after has moved. A leader killed mid-fire rolls back both the job and the move. A database clock
 --     stepped backwards never fires a time again (fire_at must be above fire_after); stepped
 --     forwards it makes earlier fires due, handled by the schedule's catch-up policy.
 --
@@ -129,7 +128,9 @@ BEGIN
     SELECT * INTO v_row FROM awa.cron_schedules c
     WHERE c.name = p_name AND c.fire_after = p_after AND p_fire_at > c.fire_after
       AND p_fire_at <= now() AND c.paused_at IS NULL
-    FOR UPDATE;
+    -- A row locked elsewhere (another leader firing it, an operator's transaction) is not
+    -- waited for: this fire is tried again on the next pass, and no other schedule waits.
+    FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
@@ -138,7 +139,7 @@ BEGIN
     SELECT e.job_id INTO v_job FROM awa.enqueue_one_v3(
         v_row.kind, v_row.queue, v_row.priority, v_row.args, v_row.max_attempts, NULL, NULL,
         v_row.deadline_secs,
-        COALESCE(v_row.metadata, '{}'::jsonb) || jsonb_build_object(
+        (COALESCE(v_row.metadata, '{}'::jsonb) - 'cron_trigger') || jsonb_build_object(
             'cron_name', p_name, 'cron_fire_time', awa._cron_time_v1(p_fire_at)),
         v_row.tags, p_args_max_bytes, p_metadata_max_bytes, p_json_max_depth, p_max_tags,
         p_tag_max_length,

@@ -119,8 +119,10 @@ CREATE FUNCTION awa._retry_number_v1(p_policy jsonb, p_key text, p_low double pr
                                      p_high double precision)
 RETURNS double precision
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    -- Rounded to 1e-12 first: a number below double precision's range (1e-400, written by raw
+    -- SQL) or of thousands of digits becomes one that converts, so this never raises.
     SELECT CASE WHEN jsonb_typeof(p_policy -> p_key) = 'number'
-                THEN LEAST(GREATEST((p_policy -> p_key)::numeric, p_low::numeric),
+                THEN LEAST(GREATEST(round((p_policy -> p_key)::numeric, 12), p_low::numeric),
                            p_high::numeric)::double precision
            END
 $$;
