@@ -222,22 +222,7 @@ def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJo
     ):
         if len(requests) == 1:
             r = requests[0]
-            cursor.execute(
-                query("enqueue_one"),
-                [
-                    r.kind,
-                    r.queue,
-                    r.priority,
-                    r.args_json,
-                    r.max_attempts,
-                    r.run_at,
-                    r.delay,
-                    r.deadline,
-                    r.metadata_json,
-                    list(r.tags) if r.tags else None,
-                    *_sql_limit_values(),
-                ],
-            )
+            cursor.execute(query("enqueue_one"), _one_values(r, _sql_limit_values()))
             row = cursor.fetchone()
             return [EnqueuedJob(row[0], r.kind, r.queue, r.priority, row[1], using)]
         results: list[EnqueuedJob] = []
@@ -318,20 +303,7 @@ def _send_unique_once(requests: Sequence[JobRequest], using: str) -> list[Enqueu
         # back in input order.
         order = sorted(range(len(requests)), key=lambda i: _send_order(requests[i], i))
         params = [
-            [
-                r.kind,
-                r.queue,
-                r.priority,
-                r.args_json,
-                r.max_attempts,
-                r.run_at,
-                r.delay,
-                r.deadline,
-                r.metadata_json,
-                list(r.tags) if r.tags else None,
-                *limits,
-                *_unique_values(r.unique),
-            ]
+            [*_one_values(r, limits), *_unique_values(r.unique)]
             for r in (requests[i] for i in order)
         ]
         if len(params) == 1:
@@ -365,6 +337,23 @@ def _send_unique_once(requests: Sequence[JobRequest], using: str) -> list[Enqueu
             written = {h.id for h in results if not h.duplicate}
             raise DuplicateJobError(raised, in_batch=raised.id in written)
     return results
+
+
+def _one_values(r: JobRequest, limits: tuple[int, ...]) -> list[Any]:
+    """The arguments of ``awa.enqueue_one_v2`` (the first ones of ``enqueue_one_v3``)."""
+    return [
+        r.kind,
+        r.queue,
+        r.priority,
+        r.args_json,
+        r.max_attempts,
+        r.run_at,
+        r.delay,
+        r.deadline,
+        r.metadata_json,
+        list(r.tags) if r.tags else None,
+        *limits,
+    ]
 
 
 def _send_order(request: JobRequest, index: int) -> tuple[Any, ...]:
