@@ -150,7 +150,11 @@ def test_abandoned_before_its_first_step_never_runs() -> None:
         [run] = runtime.inflight.values()
         assert isinstance(run, Running) and not run.began
         runtime._abandon(run, "test")  # before its task's first step
-        await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while not run.done:  # its task runs its first step and finds itself abandoned
+            assert loop.time() < deadline, "the abandoned run never ended"
+            await asyncio.sleep(0.001)
         assert run.done and not runtime.inflight
         assert runtime.batcher.pending == []  # left to the database, like a queued sync job
 
