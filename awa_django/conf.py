@@ -25,7 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from awa_django.limits import ATTEMPTS_RANGE
+from awa_django.limits import ATTEMPTS_RANGE, QUEUE_NAME_RE
 
 __all__ = ["DEFAULTS", "AwaSettings", "QueueSettings", "awa_settings", "load_settings"]
 
@@ -34,6 +34,7 @@ class _Kind(Enum):
     STR = "a non-empty str"
     INT = "an int"
     SECONDS = "a number of seconds (int or float)"
+    RATE = "a number of jobs per second (int or float)"
     BOOL = "a bool (True or False)"
     MODULES = "a list of dotted module paths (str)"
     QUEUES = "a dict of queue name to a dict of queue settings"
@@ -102,6 +103,9 @@ DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
 _QUEUE_SPECS: Final[Mapping[str, _Spec]] = {
     "concurrency": _Spec(None, _Kind.INT, 1, 10_000),
     "deadline": _Spec(None, _Kind.SECONDS),
+    "global_concurrency": _Spec(None, _Kind.INT, 1, 10_000),
+    "rate_limit": _Spec(None, _Kind.RATE, 0, 1_000_000),
+    "rate_burst": _Spec(None, _Kind.INT, 1, 1_000_000),
 }
 
 
@@ -113,10 +117,32 @@ class QueueSettings:
     process's ``CONCURRENCY`` (which counts jobs across all its queues; a higher cap is held to
     it, and ``manage.py check`` warns: awa.W001). ``deadline`` is the hard limit in seconds on
     one attempt, after which the attempt is rescued. A queue needs no entry to be served.
+
+    Flow limits across every worker process and host (docs/flow.md): ``global_concurrency``
+    is the most attempts of the queue running at once, counted by job weight;
+    ``rate_limit`` the most jobs started per second, with bursts of up to ``rate_burst`` jobs
+    (default: a tenth of a second's worth, at least 1). Workers write them to the database
+    when they start; an operator may override them at runtime (admin, ``awa_queue limit``).
     """
 
     concurrency: int | None = None
     deadline: float | None = None
+    global_concurrency: int | None = None
+    rate_limit: float | None = None
+    rate_burst: int | None = None
+
+    @property
+    def has_flow_limits(self) -> bool:
+        """Whether any fleet-wide flow limit is set for the queue."""
+        return self.global_concurrency is not None or self.rate_limit is not None
+
+    def flow_limits(self) -> dict[str, float | int | None]:
+        """The flow limits as ``awa.flow_sync_v1`` takes them for one queue."""
+        return {
+            "max_running": self.global_concurrency,
+            "rate": self.rate_limit,
+            "burst": self.rate_burst,
+        }
 
 
 class AwaSettings:
@@ -237,6 +263,17 @@ def _validate(label: str, value: object, spec: _Spec) -> object:
                 f"{label} must be a finite number greater than 0, got {value!r}."
             )
         return float(value)
+    if kind is _Kind.RATE:
+        if value is None and spec.default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _wrong_type(label, kind, value)
+        if not math.isfinite(value) or value <= 0 or value > (spec.maximum or math.inf):
+            raise ImproperlyConfigured(
+                f"{label} must be a number greater than 0 and at most {spec.maximum:,}, "
+                f"got {value!r}."
+            )
+        return float(value)
     if kind is _Kind.MODULES:
         if not isinstance(value, list | tuple) or not all(isinstance(m, str) and m for m in value):
             raise _wrong_type(label, kind, value)
@@ -261,22 +298,19 @@ def _validate_queues(label: str, value: object) -> Mapping[str, QueueSettings]:
         if not isinstance(options, Mapping):
             raise ImproperlyConfigured(f"{where} must be a dict, got {_describe(options)}.")
         _reject_unknown(where, options, _QUEUE_SPECS)
-        queues[queue] = QueueSettings(
-            concurrency=cast(
-                "int | None",
-                _validate(
-                    f"{where}['concurrency']",
-                    options.get("concurrency"),
-                    _QUEUE_SPECS["concurrency"],
-                ),
-            ),
-            deadline=cast(
-                "float | None",
-                _validate(
-                    f"{where}['deadline']", options.get("deadline"), _QUEUE_SPECS["deadline"]
-                ),
-            ),
-        )
+        checked = {
+            key: _validate(f"{where}[{key!r}]", options.get(key), spec)
+            for key, spec in _QUEUE_SPECS.items()
+        }
+        if checked["rate_burst"] is not None and checked["rate_limit"] is None:
+            raise ImproperlyConfigured(f"{where}['rate_burst'] needs a 'rate_limit'.")
+        limited = checked["global_concurrency"] is not None or checked["rate_limit"] is not None
+        if limited and not QUEUE_NAME_RE.fullmatch(queue):
+            raise ImproperlyConfigured(
+                f"{label} key {queue!r} is not a valid queue name, so it cannot have flow "
+                "limits (docs/jobs.md, queue names)."
+            )
+        queues[queue] = QueueSettings(**checked)  # type: ignore[arg-type]
     return MappingProxyType(queues)
 
 

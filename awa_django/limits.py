@@ -27,6 +27,8 @@ __all__ = [
     "PRIORITY_RANGE",
     "QUEUE_NAME_RE",
     "RESERVED_METADATA_PREFIX",
+    "WEIGHT_KEY",
+    "WEIGHT_RANGE",
     "check_id",
     "check_ids",
     "check_max_attempts",
@@ -36,6 +38,7 @@ __all__ = [
     "check_seconds",
     "check_text",
     "check_uuid",
+    "check_weight",
     "clean_text",
     "show",
     "tag_tuple",
@@ -64,6 +67,20 @@ QUEUE_NAME_RE = re.compile(r"[a-z0-9_.-]{1,63}")
 #: Metadata keys starting with this are awa_django's own (``awa:retry``, the job's retry
 #: policy); a producer's metadata may not use them.
 RESERVED_METADATA_PREFIX = "awa:"
+
+
+#: The metadata key holding a job's weight (``weight=``), and the weights a job may have: the
+#: execution slots and global-concurrency permits one attempt takes (docs/flow.md).
+WEIGHT_KEY = "awa:weight"
+WEIGHT_RANGE = (1, 10_000)
+
+
+def check_weight(value: object, field: str = "weight") -> int:
+    """``value`` if it is an ``int`` (not ``bool``) in :data:`WEIGHT_RANGE`."""
+    low, high = WEIGHT_RANGE
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidOptionError(field, f"{show(value)} is not an integer in {low}..{high}")
+    return value
 
 
 def check_metadata_keys(metadata: Mapping[str, object]) -> None:

@@ -19,10 +19,12 @@ from awa_django import serialization
 from awa_django.sql import query
 
 __all__ = [
+    "Claimed",
     "ClaimedJob",
     "Finalization",
     "QueueCounts",
     "aclaim",
+    "aclaim_units",
     "afinalize",
     "aheartbeat",
     "claim",
@@ -61,6 +63,22 @@ class ClaimedJob(NamedTuple):
     metadata: Any = None
     tags: list[str] | None = None
     errors: Any = None
+    weight: int = 1
+    permits: list[int] | None = None
+
+
+class Claimed(NamedTuple):
+    """What one claim returned (``aclaim_units``).
+
+    ``jobs`` are the attempts claimed, in claim order. ``limited`` tells that a flow limit of
+    the queue (global concurrency or rate, docs/flow.md) held the claim back; ``wait`` is then
+    the seconds until the rate limit lets the next job through (None: permits ran out, or no
+    rate limit bound).
+    """
+
+    jobs: list[ClaimedJob]
+    limited: bool = False
+    wait: float | None = None
 
 
 class Finalization(NamedTuple):
@@ -227,9 +245,34 @@ def _claimed_job(
 
 
 def _claim_params(
-    queue: str, limit: int, worker_id: uuid.UUID | None, aging: float, deadline: float | None
+    queue: str,
+    limit: int,
+    worker_id: uuid.UUID | None,
+    aging: float,
+    deadline: float | None,
+    max_weight: int | None = None,
+    held: Sequence[int] | None = None,
+    release: Sequence[int] | None = None,
 ) -> list[Any]:
-    return [queue, limit, worker_id, aging, deadline]
+    return [
+        queue,
+        limit,
+        worker_id,
+        aging,
+        deadline,
+        max_weight,
+        None if held is None else list(held),
+        None if release is None else list(release),
+    ]
+
+
+def _claimed(rows: list[ClaimedJob]) -> Claimed:
+    """Split a claim's rows into its jobs and its flow-limit marker (a last row, job_id NULL)."""
+    last: Any = rows[-1].job_id if rows else 0  # None on the marker row only
+    if last is None:
+        marker = rows.pop()
+        return Claimed(rows, True, marker.timeout_secs)
+    return Claimed(rows)
 
 
 def _finalize_payload(items: Sequence[Finalization]) -> str:
@@ -264,10 +307,15 @@ def claim(
     aging_interval: float = 60.0,
     default_deadline: float | None = None,
 ) -> list[ClaimedJob]:
-    """Claim up to ``limit`` jobs of ``queue`` in one short transaction (see ``awa.claim_v1``)."""
+    """Claim up to ``limit`` units of ``queue`` in one short transaction (see ``awa.claim_v3``).
+
+    A job takes its weight in units (1 unless it was enqueued with ``weight``). On a queue with
+    a global concurrency limit the jobs' permits are held by ``conn``'s session until handed
+    back (``awa.flow_release_v1`` with each job's ``permits``, or the session's end).
+    """
     params = _claim_params(queue, limit, worker_id, aging_interval, default_deadline)
     with conn.cursor(row_factory=_claimed_job) as cursor:
-        return cursor.execute(query("claim"), params).fetchall()
+        return _claimed(cursor.execute(query("claim"), params).fetchall()).jobs
 
 
 async def aclaim(
@@ -283,7 +331,33 @@ async def aclaim(
     params = _claim_params(queue, limit, worker_id, aging_interval, default_deadline)
     async with conn.cursor(row_factory=_claimed_job) as cursor:
         await cursor.execute(query("claim"), params)
-        return await cursor.fetchall()
+        return _claimed(await cursor.fetchall()).jobs
+
+
+async def aclaim_units(
+    conn: psycopg.AsyncConnection[Any],
+    queue: str,
+    units: int,
+    worker_id: uuid.UUID | None = None,
+    *,
+    aging_interval: float = 60.0,
+    default_deadline: float | None = None,
+    max_weight: int | None = None,
+    held: Sequence[int] | None = None,
+    release: Sequence[int] | None = None,
+) -> Claimed:
+    """The worker's claim: up to ``units`` of ``queue`` within its flow limits.
+
+    ``release`` (permits of attempts that ended) is handed back first, in the same statement,
+    also when ``units`` is 0; ``held`` (permits of attempts still running) is never taken twice;
+    ``max_weight`` caps a job's weight to what this process could ever run.
+    """
+    params = _claim_params(
+        queue, units, worker_id, aging_interval, default_deadline, max_weight, held, release
+    )
+    async with conn.cursor(row_factory=_claimed_job) as cursor:
+        await cursor.execute(query("claim"), params)
+        return _claimed(await cursor.fetchall())
 
 
 def finalize(conn: psycopg.Connection[Any], items: Sequence[Finalization]) -> list[tuple[int, int]]:

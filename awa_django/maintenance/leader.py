@@ -325,6 +325,21 @@ class Maintenance:
                 log.warning(
                     "awa maintenance: rescued job %s attempt lease %s: %s", job_id, lease, reason
                 )
+        # Global-concurrency permits held by sessions of workers that are gone (docs/flow.md).
+        cursor = await conn.execute(query("flow_reap"), [self.settings.leader_staleness])
+        for pid, instance, action in await cursor.fetchall():
+            self.count("permits_reaped" if action == "terminated" else "permits_not_reaped")
+            log.warning(
+                "awa maintenance: %s backend %s of %s, which holds global-concurrency permits "
+                "but has not refreshed its runtime row for %.0f s%s",
+                "terminated" if action == "terminated" else "could not terminate",
+                pid,
+                instance,
+                self.settings.leader_staleness,
+                ""
+                if action == "terminated"
+                else " (not permitted: grant pg_signal_backend to the maintenance role)",
+            )
 
     async def _rotate(self, conn: psycopg.AsyncConnection[Any]) -> None:
         s = self.settings

@@ -2,7 +2,7 @@
 -- Do not edit: change a migration, then regenerate. tests/test_schema.py compares it with a
 -- freshly migrated database. Catalog definitions, sorted; not a script to run.
 
--- relation (100)
+-- relation (103)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
 TABLE attempt_state WITH (fillfactor=80)
@@ -44,6 +44,8 @@ TABLE done_entries_6 PARTITION OF done_entries FOR VALUES IN (6)
 TABLE done_entries_7 PARTITION OF done_entries FOR VALUES IN (7)
 TABLE done_entries_8 PARTITION OF done_entries FOR VALUES IN (8)
 TABLE done_entries_9 PARTITION OF done_entries FOR VALUES IN (9)
+TABLE flow_limits
+TABLE flow_rate_state WITH (fillfactor=50)
 TABLE lane_floors
 TABLE leases PARTITION BY LIST (lease_slot)
 TABLE leases_0 PARTITION OF leases FOR VALUES IN (0)
@@ -96,6 +98,7 @@ TABLE rings
 TABLE runtime_instances WITH (fillfactor=70)
 TABLE schema_migrations
 TABLE unique_keys
+TYPE claimed_v3
 TYPE job_body
 VIEW cron_schedule_status
 VIEW jobs
@@ -104,7 +107,7 @@ VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (298)
+-- column (325)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -117,6 +120,23 @@ claim_closures.002 job_id bigint NOT NULL
 claim_closures.003 run_lease bigint NOT NULL
 claim_closures.004 outcome text NOT NULL
 claim_closures.005 closed_at timestamp with time zone NOT NULL DEFAULT now()
+claimed_v3.001 job_id bigint
+claimed_v3.002 run_lease bigint
+claimed_v3.003 attempt smallint
+claimed_v3.004 max_attempts smallint
+claimed_v3.005 claim_slot integer
+claimed_v3.006 kind text
+claimed_v3.007 args jsonb
+claimed_v3.008 queue text
+claimed_v3.009 priority smallint
+claimed_v3.010 deadline_at timestamp with time zone
+claimed_v3.011 timeout_secs double precision
+claimed_v3.012 progress jsonb
+claimed_v3.013 metadata jsonb
+claimed_v3.014 tags text[]
+claimed_v3.015 errors jsonb
+claimed_v3.016 weight integer
+claimed_v3.017 permits integer[]
 claims.001 claim_slot integer NOT NULL
 claims.002 claim_generation bigint NOT NULL
 claims.003 job_id bigint NOT NULL
@@ -227,6 +247,16 @@ done_entries.019 run_at timestamp with time zone
 done_entries.020 created_at timestamp with time zone
 done_entries.021 metadata jsonb
 done_entries.022 tags text[]
+flow_limits.001 queue text NOT NULL
+flow_limits.002 max_running integer
+flow_limits.003 rate double precision
+flow_limits.004 burst integer
+flow_limits.005 max_seen integer
+flow_limits.006 source text NOT NULL DEFAULT 'settings'::text
+flow_limits.007 updated_by text
+flow_limits.008 updated_at timestamp with time zone NOT NULL DEFAULT now()
+flow_rate_state.001 queue text NOT NULL
+flow_rate_state.002 tat timestamp with time zone NOT NULL
 job_body.001 job_id bigint
 job_body.002 kind text
 job_body.003 queue text
@@ -408,7 +438,7 @@ unique_keys.007 taken_at timestamp with time zone NOT NULL DEFAULT clock_timesta
 job_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 lane_id_seq AS integer START 1 INCREMENT 1 MIN 1 MAX 2147483647 CACHE 1
 
--- constraint (38)
+-- constraint (47)
 attempt_state attempt_state_pkey PRIMARY KEY (job_id, run_lease)
 claim_closures claim_closures_pkey PRIMARY KEY (job_id, run_lease, claim_slot)
 claims claims_pkey PRIMARY KEY (job_id, run_lease, claim_slot)
@@ -426,6 +456,15 @@ deferred_jobs deferred_jobs_retry_policy_check CHECK (((run_lease > 0) OR (metad
 deferred_jobs deferred_jobs_state_check CHECK ((state = ANY (ARRAY['scheduled'::text, 'retryable'::text])))
 dlq_entries dlq_entries_pkey PRIMARY KEY (job_id)
 done_entries done_entries_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
+flow_limits flow_limits_burst_check CHECK (((burst >= 1) AND (burst <= 1000000)))
+flow_limits flow_limits_check CHECK (((burst IS NULL) OR (rate IS NOT NULL)))
+flow_limits flow_limits_max_running_check CHECK (((max_running >= 1) AND (max_running <= 10000)))
+flow_limits flow_limits_max_seen_check CHECK (((max_seen >= 1) AND (max_seen <= 10000)))
+flow_limits flow_limits_pkey PRIMARY KEY (queue)
+flow_limits flow_limits_queue_check CHECK (awa.valid_queue_name(queue))
+flow_limits flow_limits_rate_check CHECK (((rate > (0)::double precision) AND (rate <= (1000000)::double precision)))
+flow_limits flow_limits_source_check CHECK ((source = ANY (ARRAY['settings'::text, 'operator'::text])))
+flow_rate_state flow_rate_state_pkey PRIMARY KEY (queue)
 lane_floors lane_floors_pkey PRIMARY KEY (lane_id)
 leases leases_pkey PRIMARY KEY (job_id, run_lease, lease_slot)
 leases leases_state_check CHECK ((state = ANY (ARRAY['running'::text, 'waiting_external'::text])))
@@ -448,7 +487,7 @@ runtime_instances runtime_instances_pkey PRIMARY KEY (instance_id)
 schema_migrations schema_migrations_pkey PRIMARY KEY (name)
 unique_keys unique_keys_pkey PRIMARY KEY (unique_key)
 
--- index (38)
+-- index (40)
 CREATE INDEX attempt_state_callback_idx ON awa.attempt_state USING btree (callback_id) WHERE (callback_id IS NOT NULL)
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at)
 CREATE INDEX claims_deadline_idx ON ONLY awa.claims USING btree (deadline_at) WHERE (deadline_at IS NOT NULL)
@@ -475,6 +514,8 @@ CREATE UNIQUE INDEX claims_pkey ON ONLY awa.claims USING btree (job_id, run_leas
 CREATE UNIQUE INDEX cron_schedules_pkey ON awa.cron_schedules USING btree (name)
 CREATE UNIQUE INDEX deferred_jobs_pkey ON awa.deferred_jobs USING btree (job_id)
 CREATE UNIQUE INDEX dlq_entries_pkey ON awa.dlq_entries USING btree (job_id)
+CREATE UNIQUE INDEX flow_limits_pkey ON awa.flow_limits USING btree (queue)
+CREATE UNIQUE INDEX flow_rate_state_pkey ON awa.flow_rate_state USING btree (queue)
 CREATE UNIQUE INDEX lane_floors_pkey ON awa.lane_floors USING btree (lane_id)
 CREATE UNIQUE INDEX leases_pkey ON ONLY awa.leases USING btree (job_id, run_lease, lease_slot)
 CREATE UNIQUE INDEX queue_lanes_pkey ON awa.queue_lanes USING btree (lane_id)
@@ -562,7 +603,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (99)
+-- function (111)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1079,6 +1120,62 @@ BEGIN
 END
 $function$
 
+CREATE OR REPLACE FUNCTION awa._flow_key_v1(p_queue text, p_i integer)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT hashtext(p_queue || '/' || p_i::text)
+$function$
+
+CREATE OR REPLACE FUNCTION awa._flow_take_v1(p_queue text, p_limit integer, p_seen integer, p_want integer, p_held integer[])
+ RETURNS integer[]
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_keys integer[] := '{}';
+    v_key integer;
+    v_room integer := LEAST(p_want, p_limit);
+    v_busy integer;
+BEGIN
+    IF v_room <= 0 THEN
+        RETURN v_keys;
+    END IF;
+    IF p_seen IS NOT NULL AND p_seen > p_limit THEN
+        -- The limit was lowered: permits above it may still be held. Count every held one.
+        SELECT count(*) INTO v_busy
+        FROM generate_series(0, p_seen - 1) AS g(i)
+        JOIN pg_locks l
+          ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+         AND l.classid = 4282182::oid
+         AND l.objid = (awa._flow_key_v1(p_queue, g.i)::bigint & 4294967295)::oid
+         AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database());
+        IF NOT EXISTS (
+            SELECT 1 FROM generate_series(p_limit, p_seen - 1) AS g(i)
+            JOIN pg_locks l
+              ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+             AND l.classid = 4282182::oid
+             AND l.objid = (awa._flow_key_v1(p_queue, g.i)::bigint & 4294967295)::oid) THEN
+            UPDATE awa.flow_limits f SET max_seen = f.max_running
+            WHERE f.queue = p_queue AND f.max_seen > f.max_running;
+        END IF;
+        v_room := LEAST(v_room, p_limit - v_busy);
+        IF v_room <= 0 THEN
+            RETURN v_keys;
+        END IF;
+    END IF;
+    FOR i IN 0 .. p_limit - 1 LOOP
+        v_key := awa._flow_key_v1(p_queue, i);
+        CONTINUE WHEN v_key = ANY (COALESCE(p_held, '{}'));
+        IF pg_try_advisory_lock(4282182, v_key) THEN
+            v_keys := v_keys || v_key;
+            EXIT WHEN cardinality(v_keys) >= v_room;
+        END IF;
+    END LOOP;
+    RETURN v_keys;
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa._history_counts_v1(p_cap integer DEFAULT 10000, p_sample_pages integer DEFAULT 1000)
  RETURNS TABLE(queue text, state text, n bigint, exact boolean)
  LANGUAGE plpgsql
@@ -1292,6 +1389,19 @@ AS $function$
                                     s.run_at, s.delay, s.deadline, s.metadata, s.tags)
     FROM jsonb_to_record(p_job) AS s(kind jsonb, queue jsonb, priority jsonb,
         max_attempts jsonb, run_at jsonb, delay jsonb, deadline jsonb, metadata jsonb, tags jsonb)
+$function$
+
+CREATE OR REPLACE FUNCTION awa._job_weight_v1(p_metadata jsonb, p_cap integer)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT LEAST(
+        CASE WHEN jsonb_typeof(p_metadata -> 'awa:weight') = 'number'
+                  AND (p_metadata ->> 'awa:weight') ~ '^[0-9]{1,5}$'
+                  AND (p_metadata ->> 'awa:weight')::integer BETWEEN 1 AND 10000
+             THEN (p_metadata ->> 'awa:weight')::integer ELSE 1 END,
+        GREATEST(COALESCE(p_cap, 10000), 1))
 $function$
 
 CREATE OR REPLACE FUNCTION awa._json_integer_error_v1(p_value jsonb, p_field text, p_low integer, p_high integer)
@@ -2373,6 +2483,307 @@ BEGIN
 END
 $function$
 
+CREATE OR REPLACE FUNCTION awa.claim_v3(p_queue text, p_max integer, p_worker uuid DEFAULT NULL::uuid, p_aging_secs double precision DEFAULT 60, p_default_deadline double precision DEFAULT NULL::double precision, p_max_weight integer DEFAULT NULL::integer, p_held integer[] DEFAULT NULL::integer[], p_release integer[] DEFAULT NULL::integer[])
+ RETURNS SETOF awa.claimed_v3
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_remaining integer;
+    v_jobs_left integer := 2147483647;
+    v_got integer;
+    v_units integer;
+    v_batch awa.claimed_v3[] := '{}';
+    v_part awa.claimed_v3[];
+    v_paused boolean;
+    v_cursor bigint;
+    v_cslot integer;
+    v_cgen bigint;
+    v_lanes integer[];
+    v_priorities integer[];
+    v_cursors bigint[];
+    v_heads timestamptz[];
+    v_head timestamptz;
+    v_qslot integer;
+    v_seq regclass;
+    v_aging double precision := GREATEST(COALESCE(p_aging_secs, 60), 0.001);
+    v_default double precision := awa._deadline_secs_v1(p_default_deadline);
+    v_wcap integer := LEAST(GREATEST(COALESCE(p_max_weight, 10000), 1), 10000);
+    v_limit awa.flow_limits%ROWTYPE;
+    v_keys integer[];
+    v_tat timestamptz;
+    v_period double precision;
+    v_wait double precision;
+    v_bound boolean := false;
+    v_jobs integer;
+    v_used integer;
+    r record;
+BEGIN
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION 'awa.claim_v3 needs READ COMMITTED isolation' USING ERRCODE = '25000';
+    END IF;
+    IF p_release IS NOT NULL THEN
+        PERFORM awa.flow_release_v1(p_release);
+    END IF;
+    IF p_max IS NULL OR p_max <= 0 THEN
+        RETURN;
+    END IF;
+    v_remaining := p_max;
+    SELECT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused),
+           c.generation, c.slot, q.slot
+    INTO v_paused, v_cgen, v_cslot, v_qslot
+    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c,
+         (SELECT r2.slot FROM awa.ring_rotations r2
+          WHERE r2.ring = 'queue' ORDER BY r2.generation DESC LIMIT 1) q;
+    IF v_paused THEN
+        RETURN;
+    END IF;
+
+    -- Lanes with work (as claim_v2): the flow limits are looked at only when there is some.
+    SELECT array_agg(b.lane_id ORDER BY b.lane_id), array_agg(b.priority ORDER BY b.lane_id),
+           array_agg(b.c ORDER BY b.lane_id)
+    INTO v_lanes, v_priorities, v_cursors
+    FROM (
+        SELECT l.lane_id, l.priority, l.enqueue_seq,
+               COALESCE(x.fast, awa.lane_cursor_v1(l.lane_id)) AS c
+        FROM awa.queue_lanes l
+        LEFT JOIN LATERAL (
+            SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
+            FROM awa.claims c
+            WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+            ORDER BY c.lane_seq DESC LIMIT 1) x ON true
+        WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+    ) b
+    WHERE COALESCE(pg_sequence_last_value(b.enqueue_seq), 0) > b.c;
+    IF v_lanes IS NULL THEN
+        RETURN;
+    END IF;
+
+    SELECT * INTO v_limit FROM awa.flow_limits f WHERE f.queue = p_queue;
+    IF FOUND AND v_limit.max_running IS NOT NULL THEN
+        v_wcap := LEAST(v_wcap, v_limit.max_running);
+        v_keys := awa._flow_take_v1(p_queue, v_limit.max_running, v_limit.max_seen, p_max,
+                                    p_held);
+        IF cardinality(v_keys) < p_max THEN
+            v_bound := true;
+        END IF;
+        v_remaining := cardinality(v_keys);
+        IF v_remaining = 0 THEN
+            RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, NULL,
+                            NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+            RETURN;
+        END IF;
+    END IF;
+    IF v_limit.rate IS NOT NULL THEN
+        v_period := 1.0 / v_limit.rate;
+        INSERT INTO awa.flow_rate_state (queue, tat) VALUES (p_queue, now())
+        ON CONFLICT (queue) DO NOTHING;
+        SELECT s.tat INTO v_tat FROM awa.flow_rate_state s WHERE s.queue = p_queue FOR UPDATE;
+        v_tat := GREATEST(v_tat, now());
+        v_jobs := floor((extract(epoch FROM now() - v_tat)
+                         + COALESCE(v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer))
+                           * v_period) / v_period + 1e-9)::integer;
+        v_jobs_left := GREATEST(v_jobs, 0);
+        IF v_jobs_left = 0 THEN
+            PERFORM awa.flow_release_v1(v_keys);
+            v_wait := GREATEST(extract(epoch FROM v_tat - now())
+                               - (COALESCE(v_limit.burst,
+                                           GREATEST(1, ceil(v_limit.rate / 10)::integer)) - 1)
+                                 * v_period, 0.001);
+            RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, v_wait,
+                            NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+            RETURN;
+        END IF;
+    END IF;
+    v_units := v_remaining;
+
+    -- Lane heads and order: as claim_v2.
+    IF cardinality(v_lanes) > 1 THEN
+        SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
+        FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+        LEFT JOIN LATERAL (
+            SELECT e.run_at FROM awa.ready_entries e
+            WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                    AND t.lane_seq = e.lane_seq)
+            ORDER BY e.lane_seq
+            LIMIT 1) h ON true;
+        FOR i IN 1..cardinality(v_lanes) LOOP
+            CONTINUE WHEN v_heads[i] IS NOT NULL;
+            SELECT e.run_at INTO v_head FROM awa.ready_entries e
+            WHERE e.lane_id = v_lanes[i] AND e.lane_seq > v_cursors[i]
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                    AND t.ready_slot = e.ready_slot)
+            ORDER BY e.lane_seq
+            LIMIT 1;
+            v_heads[i] := v_head;
+        END LOOP;
+    END IF;
+
+    FOR r IN
+        SELECT u.lane_id
+        FROM unnest(v_lanes, v_priorities, v_heads) AS u(lane_id, priority, head)
+        ORDER BY u.priority + floor(extract(epoch FROM now() - u.head) / v_aging) DESC NULLS LAST,
+                 u.head, u.lane_id
+    LOOP
+        SELECT l.enqueue_seq INTO v_seq
+        FROM awa.queue_lanes l WHERE l.lane_id = r.lane_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        SELECT c.generation, c.slot,
+               CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+        INTO v_cgen, v_cslot, v_cursor
+        FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+              WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+        LEFT JOIN LATERAL (
+            SELECT cl.lane_seq, cl.claim_generation FROM awa.claims cl
+            WHERE cl.claim_slot = c.slot AND cl.lane_id = r.lane_id
+            ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+        IF v_cursor IS NULL THEN
+            v_cursor := awa.lane_cursor_v1(r.lane_id);
+        END IF;
+        -- The run of positions right after the cursor in the current queue slot, as claim_v2,
+        -- taken while the running sum of weights fits the units left (a prefix: a job that
+        -- does not fit stops the lane here, in order).
+        WITH found AS MATERIALIZED (
+            SELECT e.*,
+                   EXISTS (SELECT 1 FROM awa.ready_tombstones t
+                           WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                             AND t.lane_seq = e.lane_seq) AS dead,
+                   row_number() OVER (ORDER BY e.lane_seq) AS n
+            FROM awa.ready_entries e
+            WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+            ORDER BY e.lane_seq
+            LIMIT v_remaining
+        ), weighed AS MATERIALIZED (
+            SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                   awa._job_weight_v1(f.metadata, v_wcap) AS w
+            FROM found f
+            WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+        ), picked AS MATERIALIZED (
+            SELECT z.* FROM (
+                SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                       row_number() OVER (ORDER BY g.lane_seq) AS k
+                FROM weighed g) z
+            WHERE z.cw <= v_remaining AND z.k <= v_jobs_left
+        ), ins AS (
+            INSERT INTO awa.claims (
+                claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
+            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                   p.lane_id, p.lane_seq, p.attempt + 1,
+                   now() + make_interval(secs => p.timeout), p_worker, p.kind
+            FROM picked p
+            RETURNING lane_seq, deadline_at
+        )
+        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                             p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                             i.deadline_at, p.timeout, p.progress, p.metadata, p.tags,
+                             p.errors, p.w, NULL)::awa.claimed_v3 ORDER BY p.lane_seq)
+        INTO v_part
+        FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq;
+        v_got := COALESCE(cardinality(v_part), 0);
+        IF v_got > 0 THEN
+            v_batch := v_batch || v_part;
+            v_remaining := v_remaining - (SELECT sum(b.weight) FROM unnest(v_part) b)::integer;
+            v_jobs_left := v_jobs_left - v_got;
+        END IF;
+        EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
+        -- Then, when the lane may hold more, from every ready slot (as claim_v2).
+        CONTINUE WHEN COALESCE(pg_sequence_last_value(v_seq), 0) <= v_cursor + v_got;
+        IF v_got > 0 THEN
+            v_cursor := awa.lane_cursor_v1(r.lane_id);  -- sees the claims just made
+        END IF;
+        WITH weighed AS MATERIALIZED (
+            SELECT e.*, COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default) AS timeout,
+                   awa._job_weight_v1(e.metadata, v_wcap) AS w
+            FROM awa.ready_entries e
+            WHERE e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                    AND t.ready_slot = e.ready_slot)
+            ORDER BY e.lane_seq
+            LIMIT v_remaining
+        ), picked AS MATERIALIZED (
+            SELECT z.* FROM (
+                SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                       row_number() OVER (ORDER BY g.lane_seq) AS k
+                FROM weighed g) z
+            WHERE z.cw <= v_remaining AND z.k <= v_jobs_left
+        ), ins AS (
+            INSERT INTO awa.claims (
+                claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
+            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                   p.lane_id, p.lane_seq, p.attempt + 1,
+                   now() + make_interval(secs => p.timeout), p_worker, p.kind
+            FROM picked p
+            RETURNING lane_seq, deadline_at
+        )
+        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                             p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                             i.deadline_at, p.timeout, p.progress, p.metadata, p.tags,
+                             p.errors, p.w, NULL)::awa.claimed_v3 ORDER BY p.lane_seq)
+        INTO v_part
+        FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq;
+        v_got := COALESCE(cardinality(v_part), 0);
+        IF v_got > 0 THEN
+            v_batch := v_batch || v_part;
+            v_remaining := v_remaining - (SELECT sum(b.weight) FROM unnest(v_part) b)::integer;
+            v_jobs_left := v_jobs_left - v_got;
+        END IF;
+        EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
+    END LOOP;
+
+    v_jobs := cardinality(v_batch);
+    v_used := v_units - v_remaining;
+    IF v_limit.rate IS NOT NULL THEN
+        IF v_jobs > 0 THEN
+            UPDATE awa.flow_rate_state s
+            SET tat = v_tat + make_interval(secs => v_jobs * v_period)
+            WHERE s.queue = p_queue;
+        END IF;
+        IF v_jobs_left <= 0 THEN
+            v_bound := true;
+            v_wait := GREATEST(extract(epoch FROM v_tat - now()) + v_jobs * v_period
+                               - (COALESCE(v_limit.burst,
+                                           GREATEST(1, ceil(v_limit.rate / 10)::integer)) - 1)
+                                 * v_period, 0.001);
+        END IF;
+    END IF;
+    IF v_keys IS NOT NULL THEN
+        -- Permits not needed after all (fewer or lighter jobs than units) go back at once.
+        PERFORM awa.flow_release_v1(v_keys[v_used + 1:]);
+        IF v_used < v_units THEN
+            v_bound := v_bound AND v_jobs_left <= 0;  -- the lanes ran dry, not the permits
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT b.job_id, b.run_lease, b.attempt, b.max_attempts, b.claim_slot, b.kind, b.args,
+           b.queue, b.priority, b.deadline_at, b.timeout_secs, b.progress, b.metadata, b.tags,
+           b.errors, b.weight,
+           CASE WHEN v_keys IS NULL THEN NULL
+                ELSE v_keys[(b.cw - b.weight + 1)::integer:b.cw::integer] END
+    FROM (SELECT u.*, sum(u.weight) OVER (ORDER BY u.ord) AS cw
+          FROM unnest(v_batch) WITH ORDINALITY
+               AS u(job_id, run_lease, attempt, max_attempts, claim_slot, kind, args, queue,
+                    priority, deadline_at, timeout_secs, progress, metadata, tags, errors,
+                    weight, permits, ord)) b
+    ORDER BY b.ord;
+    IF v_bound THEN
+        RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, v_wait,
+                        NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+    END IF;
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa.cleanup_v1(p_retention double precision)
  RETURNS integer
  LANGUAGE plpgsql
@@ -3224,6 +3635,172 @@ BEGIN
     RETURN QUERY
     SELECT (e.value ->> 'id')::bigint, (e.value ->> 'lease')::bigint
     FROM jsonb_array_elements(COALESCE(v_stale, '[]')) e;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_in_use_v1()
+ RETURNS TABLE(queue text, in_use integer)
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT f.queue, count(l.pid)::integer
+    FROM awa.flow_limits f
+    CROSS JOIN LATERAL generate_series(0, GREATEST(f.max_running, COALESCE(f.max_seen, 0)) - 1)
+        AS g(i)
+    LEFT JOIN pg_locks l
+      ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+     AND l.classid = 4282182::oid
+     AND l.objid = (awa._flow_key_v1(f.queue, g.i)::bigint & 4294967295)::oid
+     AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+    WHERE f.max_running IS NOT NULL
+    GROUP BY f.queue
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_reap_v1(p_staleness double precision)
+ RETURNS TABLE(pid integer, instance text, action text)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT l.pid AS holder, a.application_name AS app
+        FROM pg_locks l
+        JOIN pg_stat_activity a ON a.pid = l.pid
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+          AND l.classid = 4282182::oid AND l.pid <> pg_backend_pid()
+          AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+          AND a.application_name ~ '^awa:worker:[0-9a-f-]{36}$'
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.runtime_instances i
+              WHERE i.instance_id = substr(a.application_name, 12)::uuid
+                AND i.last_seen_at >= now() - make_interval(secs => p_staleness))
+    LOOP
+        pid := r.holder;
+        instance := r.app;
+        BEGIN
+            action := CASE WHEN pg_terminate_backend(r.holder) THEN 'terminated'
+                           ELSE 'not_permitted' END;
+        EXCEPTION WHEN insufficient_privilege THEN
+            action := 'not_permitted';
+        END;
+        RETURN NEXT;
+    END LOOP;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_release_v1(p_keys integer[])
+ RETURNS integer
+ LANGUAGE sql
+AS $function$
+    SELECT count(*) FILTER (WHERE pg_advisory_unlock(4282182, k))::integer
+    FROM unnest(COALESCE(p_keys, '{}')) AS k
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_reset_v1(p_keep integer[])
+ RETURNS integer
+ LANGUAGE sql
+AS $function$
+    SELECT count(*) FILTER (WHERE pg_advisory_unlock(4282182, k.key))::integer
+    FROM (
+        SELECT l.objid::bigint::integer AS key
+        FROM pg_locks l
+        WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.granted
+          AND l.objsubid = 2 AND l.classid = 4282182::oid
+          AND l.objid < 2147483648
+        UNION ALL
+        SELECT (l.objid::bigint - 4294967296)::integer
+        FROM pg_locks l
+        WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.granted
+          AND l.objsubid = 2 AND l.classid = 4282182::oid
+          AND l.objid >= 2147483648
+    ) k
+    WHERE NOT k.key = ANY (COALESCE(p_keep, '{}'))
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_retake_v1(p_keys integer[])
+ RETURNS integer[]
+ LANGUAGE sql
+AS $function$
+    SELECT COALESCE(array_agg(k), '{}')
+    FROM unnest(COALESCE(p_keys, '{}')) AS k
+    WHERE NOT pg_try_advisory_lock(4282182, k)
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_set_v1(p_queue text, p_max_running integer, p_rate double precision, p_burst integer, p_actor text, p_clear boolean, p_settings jsonb DEFAULT NULL::jsonb)
+ RETURNS SETOF awa.flow_limits
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NOT awa.valid_queue_name(p_queue) THEN
+        RAISE EXCEPTION 'queue: % is not a valid queue name', quote_literal(p_queue)
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_clear THEN
+        DELETE FROM awa.flow_limits f WHERE f.queue = p_queue;
+        IF p_settings IS NOT NULL AND jsonb_typeof(p_settings) = 'object' THEN
+            INSERT INTO awa.flow_limits (queue, max_running, rate, burst, max_seen, source,
+                                         updated_by)
+            VALUES (p_queue, (p_settings ->> 'max_running')::integer,
+                    (p_settings ->> 'rate')::double precision,
+                    (p_settings ->> 'burst')::integer, (p_settings ->> 'max_running')::integer,
+                    'settings', p_actor);
+        END IF;
+    ELSE
+        INSERT INTO awa.flow_limits AS f (queue, max_running, rate, burst, max_seen, source,
+                                          updated_by)
+        VALUES (p_queue, p_max_running, p_rate, p_burst, p_max_running, 'operator', p_actor)
+        ON CONFLICT (queue) DO UPDATE
+        SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst,
+            max_seen = GREATEST(f.max_running, f.max_seen, excluded.max_running),
+            source = 'operator', updated_by = p_actor, updated_at = now();
+    END IF;
+    RETURN QUERY SELECT * FROM awa.flow_limits f WHERE f.queue = p_queue;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_status_v1()
+ RETURNS TABLE(queue text, max_running integer, in_use integer, rate double precision, burst integer, source text, updated_by text, updated_at timestamp with time zone)
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT f.queue, f.max_running, u.in_use, f.rate, f.burst, f.source, f.updated_by,
+           f.updated_at
+    FROM awa.flow_limits f
+    LEFT JOIN awa.flow_in_use_v1() u ON u.queue = f.queue
+    ORDER BY f.queue
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_sync_v1(p_limits jsonb)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_changed integer := 0;
+    v_n integer;
+BEGIN
+    IF p_limits IS NULL OR jsonb_typeof(p_limits) <> 'object' THEN
+        RAISE EXCEPTION 'flow limits: expected a JSON object' USING ERRCODE = '22023';
+    END IF;
+    DELETE FROM awa.flow_limits f
+    WHERE f.source = 'settings' AND NOT p_limits ? f.queue;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_changed := v_changed + v_n;
+    INSERT INTO awa.flow_limits AS f (queue, max_running, rate, burst, max_seen, source,
+                                      updated_by)
+    SELECT e.key, (e.value ->> 'max_running')::integer, (e.value ->> 'rate')::double precision,
+           (e.value ->> 'burst')::integer, (e.value ->> 'max_running')::integer, 'settings',
+           'settings'
+    FROM jsonb_each(p_limits) e
+    ON CONFLICT (queue) DO UPDATE
+    SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst,
+        max_seen = GREATEST(f.max_running, f.max_seen, excluded.max_running),
+        updated_by = 'settings', updated_at = now()
+    WHERE f.source = 'settings'
+      AND (f.max_running, f.rate, f.burst) IS DISTINCT FROM
+          (excluded.max_running, excluded.rate, excluded.burst);
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_changed + v_n;
 END
 $function$
 

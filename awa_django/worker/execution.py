@@ -37,6 +37,7 @@ from awa_django.worker.executor import (
     refused,
     safe_str,
 )
+from awa_django.worker.flow import Permits
 from awa_django.worker.guards import release_thread_connections
 from awa_django.worker.links import Link
 from awa_django.worker.slots import Slots
@@ -101,6 +102,7 @@ class Execution:
     abandoned: list[Running]
     abandoned_total: int
     slots: Slots
+    permits: Permits
     stopping: bool
     exit_code: int
     finished: int
@@ -117,6 +119,9 @@ class Execution:
         raise NotImplementedError
 
     def request_flush(self) -> None:  # pragma: no cover - provided by WorkerRuntime
+        raise NotImplementedError
+
+    def _permits_returned(self, queue: str) -> None:  # pragma: no cover - by WorkerRuntime
         raise NotImplementedError
 
     def _start_batch(self, jobs: list[ClaimedJob], queue: QueueConfig) -> None:
@@ -157,7 +162,9 @@ class Execution:
             )
         run = Running(attempt, queue, loop.time())
         self.inflight[(job.job_id, job.run_lease)] = run
-        self.slots.start(queue.name)
+        self.slots.start(queue.name, job.weight)
+        if job.permits:
+            self.permits.hold(job.permits, f"job {job.job_id} (lease {job.run_lease})")
         if self._debug:
             log.debug("job %s %s attempt %s started", job.job_id, job.kind, job.attempt)
         if attempt.failure is not None:
@@ -262,6 +269,8 @@ class Execution:
         if run.done:
             return
         run.done = True
+        if self.permits.give_back(run.attempt.job.permits):
+            self._permits_returned(run.queue.name)
         for timer in (run.timer, run.stop_timer):
             if timer is not None:
                 timer.cancel()
@@ -300,7 +309,7 @@ class Execution:
         """Free a run's slot and wake its dispatcher."""
         job = run.attempt.job
         self.inflight.pop((job.job_id, job.run_lease), None)
-        self.slots.release(run.queue.name, stopping=self.stopping)
+        self.slots.release(run.queue.name, job.weight, stopping=self.stopping)
         if not self.inflight:
             self._all_done.set()
 
