@@ -422,3 +422,23 @@ def picky(ctx: Any, error: str, fail_times: int) -> str:
 def always_fails(ctx: Any) -> None:
     _record(ctx)
     raise RuntimeError(f"attempt {ctx.attempt} fails")
+
+
+# Flow control (tests/test_flow_workers.py) ------------------------------------------------------
+
+
+@job(takes_context=True, queue="flow")
+def flow_sleep(ctx: Any, seconds: float) -> None:
+    """Records its start (note "start:<weight>") and end: the ledger shows how many permits
+    were in use at any time, across processes."""
+    import time
+
+    weight = (ctx.metadata or {}).get("awa:weight", 1)
+    _record(ctx, f"start:{weight}")
+    time.sleep(seconds)
+    _record(ctx, "end")
+
+
+@job(takes_context=True, queue="flow-rate")
+async def flow_tick(ctx: Any) -> None:
+    """A no-op that records nothing: its start time is the attempt's attempted_at."""
