@@ -192,7 +192,7 @@ def test_retake_reset_and_release_functions() -> None:
         assert b.execute(query("flow_retake"), [keys]).fetchone() == (keys,)
     with pg() as b:
         assert b.execute(query("flow_retake"), [keys]).fetchone() == ([],)
-        assert b.execute(query("flow_release"), [keys + [99]]).fetchone() == (2,)
+        assert b.execute(query("flow_release"), [[*keys, 99]]).fetchone() == (2,)
 
 
 def test_reap_terminates_stale_worker_sessions_holding_permits() -> None:

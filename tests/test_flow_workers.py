@@ -127,7 +127,7 @@ def test_rate_limit_over_twenty_seconds_without_busy_polling(manage_py: Start) -
         proc.send_signal(signal.SIGTERM)
         assert exited(proc, 30) == 0, proc.output()
     with pg() as conn:
-        # Attempts started within 20 s of the first one: at most 50 × 20 + 10.
+        # Attempts started within 20 s of the first one: at most 50 x 20 + 10.
         row = conn.execute(
             "WITH a AS (SELECT attempted_at FROM awa.terminal_jobs WHERE queue = 'flow-rate') "
             "SELECT count(*) FILTER (WHERE attempted_at < (SELECT min(attempted_at) FROM a) "
@@ -137,7 +137,7 @@ def test_rate_limit_over_twenty_seconds_without_busy_polling(manage_py: Start) -
         assert row[1] == 1100
         assert 900 <= row[0] <= 1010, row
         # Each claim that the rate limit held back sleeps until the next job may start: about
-        # one claim per job per worker, not a poll loop (2 workers × 20 s at POLL_INTERVAL would
+        # one claim per job per worker, not a poll loop (2 workers x 20 s at POLL_INTERVAL would
         # be 800 claims; busy polling, tens of thousands).
         calls = conn.execute(
             "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions "
