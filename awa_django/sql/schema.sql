@@ -1134,7 +1134,7 @@ CREATE OR REPLACE FUNCTION awa._flow_take_v1(p_queue text, p_limit integer, p_se
 AS $function$
 DECLARE
     v_keys integer[] := '{}';
-    v_key integer;
+    v_start integer;
     v_room integer := LEAST(p_want, p_limit);
     v_busy integer;
 BEGIN
@@ -1164,14 +1164,20 @@ BEGIN
             RETURN v_keys;
         END IF;
     END IF;
-    FOR i IN 0 .. p_limit - 1 LOOP
-        v_key := awa._flow_key_v1(p_queue, i);
-        CONTINUE WHEN v_key = ANY (COALESCE(p_held, '{}'));
-        IF pg_try_advisory_lock(4282182, v_key) THEN
-            v_keys := v_keys || v_key;
-            EXIT WHEN cardinality(v_keys) >= v_room;
-        END IF;
-    END LOOP;
+    -- From a random permit on (claimers rarely probe the same taken permits), in one
+    -- statement that stops at v_room taken. CASE keeps the order: a key this session holds
+    -- is never passed to pg_try_advisory_lock (which would take it a second time).
+    v_start := floor(random() * p_limit)::integer;
+    SELECT COALESCE(array_agg(t.k), '{}') INTO v_keys
+    FROM (
+        SELECT c.k
+        -- generate_series in the select list runs value per call, so LIMIT stops it early
+        -- (in FROM it would produce every one of p_limit rows first).
+        FROM (SELECT awa._flow_key_v1(p_queue, (v_start + generate_series(0, p_limit - 1))
+                                               % p_limit) AS k) c
+        WHERE CASE WHEN c.k IN (SELECT h.k FROM unnest(p_held) AS h(k)) THEN false
+                   ELSE pg_try_advisory_lock(4282182, c.k) END
+        LIMIT v_room) t;
     RETURN v_keys;
 END
 $function$
