@@ -27,6 +27,8 @@ __all__ = [
     "PRIORITY_RANGE",
     "QUEUE_NAME_RE",
     "RESERVED_METADATA_PREFIX",
+    "SERIAL_KEY",
+    "SERIAL_KEY_MAX_LENGTH",
     "WEIGHT_KEY",
     "WEIGHT_RANGE",
     "check_id",
@@ -36,6 +38,7 @@ __all__ = [
     "check_priority",
     "check_queue_name",
     "check_seconds",
+    "check_serial_key",
     "check_text",
     "check_uuid",
     "check_weight",
@@ -81,6 +84,21 @@ def check_weight(value: object, field: str = "weight") -> int:
     if type(value) is not int or not low <= value <= high:
         raise InvalidOptionError(field, f"{show(value)} is not an integer in {low}..{high}")
     return value
+
+
+#: The metadata key holding a job's serial key (``serial_key=``): jobs of one queue with the
+#: same key run one at a time, oldest first (docs/flow.md, "Per-key serialisation").
+SERIAL_KEY = "awa:serial"
+SERIAL_KEY_MAX_LENGTH = 255
+
+
+def check_serial_key(value: object, field: str = "serial_key") -> str:
+    """``value`` if it is a ``str`` of 1 to :data:`SERIAL_KEY_MAX_LENGTH` characters that
+    PostgreSQL can store (no NUL, no lone surrogate)."""
+    key = check_text(field, value, max_length=SERIAL_KEY_MAX_LENGTH)
+    if not key:
+        raise InvalidOptionError(field, "must not be empty")
+    return key
 
 
 def check_metadata_keys(metadata: Mapping[str, object]) -> None:

@@ -68,11 +68,13 @@ def drain(
         while progress and len(runs) < max_jobs:
             progress = False
             for queue in names:
-                cursor.execute(
-                    query("claim"), [queue, 1, _TEST_WORKER, cfg.PRIORITY_AGING_INTERVAL, None]
-                )
+                # No max weight, no permits or serial keys held or handed back.
+                # No deadline, max weight, or permits and serial keys held or handed back.
+                params: list[Any] = [queue, 1, _TEST_WORKER, cfg.PRIORITY_AGING_INTERVAL]
+                params.extend([None] * 6)
+                cursor.execute(query("claim"), params)
                 row = cursor.fetchone()
-                if row is None:
+                if row is None or row[0] is None:  # nothing, or a flow limit's marker row
                     continue
                 progress = True
                 fields = dict(zip([c.name for c in cursor.description], row, strict=True))
@@ -80,7 +82,14 @@ def drain(
                 for name in ("progress", "metadata", "errors"):
                     if isinstance(fields[name], str):
                         fields[name] = json.loads(fields[name])
-                runs.append(_run(cursor, ClaimedJob(**fields), cfg))
+                job = ClaimedJob(**fields)
+                runs.append(_run(cursor, job, cfg))
+                # The handler ended: hand back its permits and serial key (handed on to the
+                # key's next job, which this loop then runs).
+                if job.permits:
+                    cursor.execute(query("flow_release"), [list(job.permits)])
+                if job.serial_lock is not None:
+                    cursor.execute(query("serial_release"), [[job.serial_lock]])
                 if len(runs) >= max_jobs:
                     break
     return runs

@@ -211,9 +211,7 @@ def test_drain_counts_and_idle_see_parked_jobs() -> None:
         sa.done(ids[0])  # ids[1] is handed on (ready), ids[2] stays parked
         assert parked(a) == [ids[2]]
         assert a.execute(query("queues_idle"), [["dr"]]).fetchone() == (False,)
-        row = a.execute(
-            "SELECT available FROM awa.queue_counts_v1() WHERE queue = 'dr'"
-        ).fetchone()
+        row = a.execute("SELECT available FROM awa.queue_counts_v1() WHERE queue = 'dr'").fetchone()
         assert row == (2,)
         assert a.execute("SELECT awa.queue_drain_v2('dr', 100)").fetchone() == (2,)
         assert parked(a) == []

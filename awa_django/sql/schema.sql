@@ -2889,7 +2889,8 @@ BEGIN
             LIMIT v_remaining
         ), weighed AS MATERIALIZED (
             SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                   awa._job_weight_v1(f.metadata, v_wcap) AS w, f.metadata ? 'awa:serial' AS s
+                   awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                   COALESCE(f.metadata ? 'awa:serial', false) AS s
             FROM found f
             WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
         ), picked AS MATERIALIZED (
@@ -2947,7 +2948,8 @@ BEGIN
         END IF;
         WITH weighed AS MATERIALIZED (
             SELECT e.*, COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default) AS timeout,
-                   awa._job_weight_v1(e.metadata, v_wcap) AS w, e.metadata ? 'awa:serial' AS s
+                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                   COALESCE(e.metadata ? 'awa:serial', false) AS s
             FROM awa.ready_entries e
             WHERE e.lane_id = r.lane_id AND e.lane_seq > v_cursor
               AND NOT EXISTS (

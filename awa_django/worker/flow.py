@@ -1,18 +1,22 @@
-"""The global-concurrency permits one worker process holds (docs/flow.md).
+"""The global-concurrency permits and serial-key locks one worker process holds (docs/flow.md).
 
 A permit is a session-level advisory lock of the process's claim connection, taken by
 ``awa.claim_v3`` for a job of a queue with a ``global_concurrency`` limit, one per unit of the
-job's weight. The process keeps them while the handler runs (also past a rescue or a stop: the
-limit counts handlers that really run) and hands them back on the claim connection, in the
-next claim's ``p_release``, once the handler ended. Three things keep the bookkeeping and the
+job's weight. A serial key's run lock is the same kind of lock (another class), taken for a job
+enqueued with a ``serial_key``: while it is held no other job of the key starts anywhere. The
+process keeps both while the handler runs (also past a rescue or a stop: the limit and the key
+count handlers that really run) and hands them back on the claim connection, in the next
+claim's ``p_release`` and ``p_serial_release``, once the handler ended; a released serial key
+is handed on to the oldest job waiting for it. Three things keep the bookkeeping and the
 server's lock table equal:
 
-* after a reconnect (the server freed the old session's locks), every held permit is taken
-  again before the next claim; one another session took meanwhile cannot be, and is logged
-  with its attempt: until that attempt ends the limit may be passed by it;
+* after a reconnect (the server freed the old session's locks), every held lock is taken again
+  before the next claim; one another session took meanwhile cannot be, and is logged with its
+  attempt: until that attempt ends the limit may be passed by it, or two jobs of its serial
+  key may run at once;
 * after a claim that failed (a session lock taken by a statement that then failed stays
-  held), every permit of the session not in the held set is released;
-* permits to hand back are kept until a claim carrying them succeeded.
+  held), every lock of the session not in the held set is released;
+* locks to hand back are kept until a claim carrying them succeeded.
 
 Everything here runs on the worker's event loop; nothing is thread-safe.
 """
@@ -32,74 +36,134 @@ __all__ = ["Permits"]
 log = logging.getLogger("awa_django.worker")
 
 
-class Permits:
-    """The permits of one worker process, by key (see the module docstring)."""
+class _Locks:
+    """The locks of one advisory-lock class: held ones (key -> what holds it, for log lines)
+    and ended ones not handed back yet."""
 
-    def __init__(self) -> None:
-        self.held: dict[int, str] = {}  # key -> what holds it, for log lines
+    def __init__(self, what: str, retake: str, reset: str) -> None:
+        self.what = what
+        self.retake_query = retake
+        self.reset_query = reset
+        self.held: dict[int, str] = {}
         self.to_release: list[int] = []
-        self._dirty = False
 
-    def hold(self, keys: Iterable[int] | None, what: str) -> None:
-        """A claim gave ``what`` (an attempt) these permits."""
-        if keys:
-            for key in keys:
-                self.held[key] = what
+    def hold(self, keys: Iterable[int], what: str) -> None:
+        for key in keys:
+            self.held[key] = what
 
-    def give_back(self, keys: Iterable[int] | None) -> bool:
-        """The attempt holding ``keys`` ended: hand them back with the next claim. Returns
-        whether there was anything to hand back."""
-        if not keys:
-            return False
+    def give_back(self, keys: Iterable[int]) -> None:
         for key in keys:
             if self.held.pop(key, None) is not None:
                 self.to_release.append(key)
-        return True
-
-    def held_keys(self) -> list[int]:
-        """The keys of attempts still running."""
-        return list(self.held)
-
-    def release_batch(self) -> list[int]:
-        """The keys the next claim hands back (call ``released`` once it succeeded)."""
-        return list(self.to_release)
 
     def released(self, keys: list[int]) -> None:
-        """A claim handing back ``keys`` succeeded."""
         if keys:
             done = set(keys)
             self.to_release = [k for k in self.to_release if k not in done]
 
-    def claim_failed(self) -> None:
-        """A claim failed on a live connection: reset the session's permits before the next."""
-        self._dirty = True
-
-    async def on_connect(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """A new claim connection: take the held permits again (the old session's are gone)."""
+    async def retake(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.to_release.clear()  # the server freed them with the old session
-        self._dirty = False
         if not self.held:
             return
-        cursor = await conn.execute(query("flow_retake"), [list(self.held)])
+        cursor = await conn.execute(query(self.retake_query), [list(self.held)])
         row = await cursor.fetchone()
         lost = list(row[0]) if row and row[0] else []
         log.warning(
-            "awa worker: claim connection reopened; took back %d global-concurrency permit(s)%s",
+            "awa worker: claim connection reopened; took back %d %s%s",
             len(self.held) - len(lost),
+            self.what,
             ""
             if not lost
             else f"; {len(lost)} were taken by other workers meanwhile, so until "
-            f"{', '.join(sorted({self.held[k] for k in lost}))} end(s) the queue's global "
-            "limit may be passed",
+            f"{', '.join(sorted({self.held[k] for k in lost}))} end(s) "
+            + (
+                "the queue's global limit may be passed"
+                if self.retake_query == "flow_retake"
+                else "another job of the same serial key may run at the same time"
+            ),
         )
         for key in lost:
-            # Not ours any more: never hand it back (that would free another worker's permit).
+            # Not ours any more: never hand it back (that would free another worker's lock).
             self.held.pop(key, None)
 
+    async def reset(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.execute(query(self.reset_query), [list(self.held)])
+        self.to_release.clear()
+
+
+class Permits:
+    """The permits and serial-key locks of one worker process, by key (see the module
+    docstring)."""
+
+    def __init__(self) -> None:
+        self._permits = _Locks("global-concurrency permit(s)", "flow_retake", "flow_reset")
+        self._serial = _Locks("serial key lock(s)", "serial_retake", "serial_reset")
+        self._dirty = False
+
+    @property
+    def held(self) -> dict[int, str]:
+        """Permits held by running attempts: key -> what holds it."""
+        return self._permits.held
+
+    @property
+    def to_release(self) -> list[int]:
+        """Permits of ended attempts, not handed back yet."""
+        return self._permits.to_release
+
+    def hold(self, keys: Iterable[int] | None, what: str, serial: int | None = None) -> None:
+        """A claim gave ``what`` (an attempt) these permits and, for a job with a serial key,
+        its key's lock ``serial``."""
+        if keys:
+            self._permits.hold(keys, what)
+        if serial is not None:
+            self._serial.hold([serial], what)
+
+    def give_back(self, keys: Iterable[int] | None, serial: int | None = None) -> bool:
+        """The attempt holding ``keys`` (and ``serial``) ended: hand them back with the next
+        claim. Returns whether there was anything to hand back."""
+        if keys:
+            self._permits.give_back(keys)
+        if serial is not None:
+            self._serial.give_back([serial])
+        return bool(keys) or serial is not None
+
+    def held_keys(self) -> list[int]:
+        """The permits of attempts still running."""
+        return list(self._permits.held)
+
+    def serial_held_keys(self) -> list[int]:
+        """The serial key locks of attempts still running."""
+        return list(self._serial.held)
+
+    def release_batch(self) -> list[int]:
+        """The permits the next claim hands back (call ``released`` once it succeeded)."""
+        return list(self._permits.to_release)
+
+    def serial_release_batch(self) -> list[int]:
+        """The serial key locks the next claim hands back (and hands on)."""
+        return list(self._serial.to_release)
+
+    def released(self, keys: list[int], serial: list[int] | None = None) -> None:
+        """A claim handing back ``keys`` (and the serial key locks ``serial``) succeeded."""
+        self._permits.released(keys)
+        if serial:
+            self._serial.released(serial)
+
+    def claim_failed(self) -> None:
+        """A claim failed on a live connection: reset the session's locks before the next."""
+        self._dirty = True
+
+    async def on_connect(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """A new claim connection: take the held locks again (the old session's are gone)."""
+        self._dirty = False
+        await self._permits.retake(conn)
+        await self._serial.retake(conn)
+
     async def prepare(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Before a claim: after a failed one, release what the failed statement left held."""
+        """Before a claim: after a failed one, release what the failed statement left held
+        (serial keys released so are handed on)."""
         if not self._dirty:
             return
-        await conn.execute(query("flow_reset"), [list(self.held)])
-        self.to_release.clear()
+        await self._permits.reset(conn)
+        await self._serial.reset(conn)
         self._dirty = False

@@ -460,11 +460,13 @@ class WorkerRuntime(Execution):
         return bool(found)
 
     async def _dispatch(self, queue: QueueConfig) -> None:
-        """Claim for one queue while there is room, and hand back ended attempts' permits.
+        """Claim for one queue while there is room, and hand back ended attempts' permits and
+        serial key locks (a released key is handed on to the oldest job waiting for it).
 
         A claim a flow limit held back (docs/flow.md) waits: for the rate limit's next job
         (at most ``POLL_INTERVAL``, so that a changed limit takes effect within it), or, when
-        permits ran out, for a local attempt to end or ``POLL_INTERVAL``.
+        permits ran out, for a local attempt to end or ``POLL_INTERVAL``; a claim that a serial
+        key being decided elsewhere stopped claims again after 20 ms.
         """
         wake = self.slots.wake[queue.name]
         cfg = self.config
@@ -472,7 +474,8 @@ class WorkerRuntime(Execution):
         while not self.stopping:
             want = self.slots.claimable(queue.name)
             release = self.permits.release_batch()
-            if want <= 0 and not release:
+            serial_release = self.permits.serial_release_batch()
+            if want <= 0 and not release and not serial_release:
                 wake.clear()
                 await wake.wait()
                 continue
@@ -481,7 +484,10 @@ class WorkerRuntime(Execution):
             self.slots.reserve(want)
 
             async def claim(
-                conn: psycopg.AsyncConnection[Any], want: int = want, release: list[int] = release
+                conn: psycopg.AsyncConnection[Any],
+                want: int = want,
+                release: list[int] = release,
+                serial_release: list[int] = serial_release,
             ) -> Claimed:
                 await self.permits.prepare(conn)
                 return await aclaim_units(
@@ -494,6 +500,8 @@ class WorkerRuntime(Execution):
                     max_weight=self.slots.caps[queue.name],
                     held=self.permits.held_keys(),
                     release=release,
+                    serial_held=self.permits.serial_held_keys(),
+                    serial_release=serial_release,
                 )
 
             try:
@@ -520,7 +528,7 @@ class WorkerRuntime(Execution):
                 self.permits.claim_failed()
                 raise
             failures = 0
-            self.permits.released(release)
+            self.permits.released(release, serial_release)
             jobs = claimed.jobs
             units = sum(job.weight for job in jobs)
             self.claimed += len(jobs)
@@ -554,17 +562,23 @@ class WorkerRuntime(Execution):
 
     async def _release_permits(self) -> None:
         keys = self.permits.release_batch()
-        if not keys:
+        serial = self.permits.serial_release_batch()
+        if not keys and not serial:
             return
 
         async def release(conn: psycopg.AsyncConnection[Any]) -> None:
-            await conn.execute(query("flow_release"), [keys])
+            if keys:
+                await conn.execute(query("flow_release"), [keys])
+            if serial:
+                await conn.execute(query("serial_release"), [serial])
 
         try:
             await self.claim_link.run(release, give_up=lambda: True)
-            self.permits.released(keys)
-        except Exception as exc:  # the session's end frees them anyway
-            log.warning("awa worker: could not hand back permits (%s)", first_line(exc))
+            self.permits.released(keys, serial)
+        except Exception as exc:  # the session's end frees them (the leader hands keys on)
+            log.warning(
+                "awa worker: could not hand back permits or serial keys (%s)", first_line(exc)
+            )
 
     # -- heartbeats, wake-ups, runtime row ---------------------------------------------------
 
