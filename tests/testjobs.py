@@ -442,3 +442,18 @@ def flow_sleep(ctx: Any, seconds: float) -> None:
 @job(takes_context=True, queue="flow-rate")
 async def flow_tick(ctx: Any) -> None:
     """A no-op that records nothing: its start time is the attempt's attempted_at."""
+
+
+# Per-key serialisation (tests/test_serial_workers.py) ------------------------------------------
+
+
+@job(takes_context=True, queue="serial")
+def serial_sleep(ctx: Any, seconds: float) -> None:
+    """Records its start (note "start:<serial key>") and end: the ledger shows which jobs of a
+    key ran when, across processes."""
+    import time
+
+    key = (ctx.metadata or {}).get("awa:serial")
+    _record(ctx, f"start:{key}")
+    time.sleep(seconds)
+    _record(ctx, "end")
