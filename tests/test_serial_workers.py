@@ -111,9 +111,7 @@ def test_three_keys_of_a_hundred_jobs_on_four_processes(manage_py: Start) -> Non
 
 def test_a_sigkilled_worker_frees_its_key_and_every_job_completes(manage_py: Start) -> None:
     keys = ["acct:a", "acct:b"]
-    requests = [
-        testjobs.serial_sleep.using(serial_key=keys[i % 2]).prepare(0.3) for i in range(24)
-    ]
+    requests = [testjobs.serial_sleep.using(serial_key=keys[i % 2]).prepare(0.3) for i in range(24)]
     handles = awa_django.enqueue_many(requests)
     expected = {key: [h.id for h in handles[i::2]] for i, key in enumerate(keys)}
     procs = [worker(manage_py, "--queue", "serial=2") for _ in range(3)]
