@@ -331,7 +331,7 @@ class Maintenance:
             self.count("permits_reaped" if action == "terminated" else "permits_not_reaped")
             log.warning(
                 "awa maintenance: %s backend %s of %s, which holds global-concurrency permits "
-                "but has not refreshed its runtime row for %.0f s%s",
+                "or serial keys but has not refreshed its runtime row for %.0f s%s",
                 "terminated" if action == "terminated" else "could not terminate",
                 pid,
                 instance,

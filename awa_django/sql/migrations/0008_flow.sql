@@ -299,34 +299,47 @@ CREATE INDEX IF NOT EXISTS ready_entries_serial_idx ON awa.ready_entries
     WHERE metadata ? 'awa:serial';
 
 -- Whether a job of key p_lock older than p_job is ready and unclaimed in a lane of p_queue.
--- Per lane, the newest such row (above p_bounds, the lane's cursor as known earlier: rows at or
--- below it are claimed) is compared with the lane's cursor now.
+-- Per lane that may hold rows above p_bounds (the lane's cursor as known earlier: rows at or
+-- below it are claimed; 0 when not given), the newest such row is compared with the lane's
+-- cursor now.
 CREATE FUNCTION awa._serial_older_ready_v1(p_queue text, p_lock integer, p_job bigint,
                                            p_lanes integer[] DEFAULT NULL,
                                            p_bounds bigint[] DEFAULT NULL)
 RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (
-        SELECT 1
-        FROM awa.queue_lanes l
-        CROSS JOIN LATERAL (
-            SELECT e.lane_seq
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+AS $$
+DECLARE
+    l record;
+    c record;
+BEGIN
+    FOR l IN
+        SELECT q.lane_id, COALESCE(u.b, 0) AS bound
+        FROM awa.queue_lanes q
+        LEFT JOIN unnest(p_lanes, p_bounds) AS u(lane_id, b) ON u.lane_id = q.lane_id
+        WHERE q.queue = p_queue
+          AND COALESCE(pg_sequence_last_value(q.enqueue_seq), 0) > COALESCE(u.b, 0)
+    LOOP
+        FOR c IN
+            SELECT e.lane_seq, e.ready_slot
             FROM awa.ready_entries e
             WHERE e.metadata ? 'awa:serial'
               AND awa._serial_lock_v1(e.queue, e.metadata ->> 'awa:serial') = p_lock
-              AND e.lane_id = l.lane_id
-              AND e.lane_seq > COALESCE(
-                  (SELECT u.b FROM unnest(p_lanes, p_bounds) AS u(l, b) WHERE u.l = l.lane_id
-                   LIMIT 1), 0)
-              AND e.job_id < p_job
-              AND NOT EXISTS (
-                  SELECT 1 FROM awa.ready_tombstones t
-                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
-                    AND t.ready_slot = e.ready_slot)
+              AND e.lane_id = l.lane_id AND e.lane_seq > l.bound AND e.job_id < p_job
             ORDER BY e.lane_seq DESC
-            LIMIT 1) c
-        WHERE l.queue = p_queue
-          AND c.lane_seq > awa.lane_cursor_v1(l.lane_id))
+        LOOP
+            CONTINUE WHEN EXISTS (
+                SELECT 1 FROM awa.ready_tombstones t
+                WHERE t.lane_id = l.lane_id AND t.lane_seq = c.lane_seq
+                  AND t.ready_slot = c.ready_slot);
+            IF c.lane_seq > awa.lane_cursor_v1(l.lane_id) THEN
+                RETURN true;
+            END IF;
+            EXIT;  -- the newest live one is claimed, so every older one is too
+        END LOOP;
+    END LOOP;
+    RETURN false;
+END
 $$;
 
 -- Hand key p_lock on: move its oldest waiting job back to the ready ring, unless an older job
