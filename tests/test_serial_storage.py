@@ -305,3 +305,50 @@ def test_a_long_backlog_of_one_key_is_parked_in_bounded_claims() -> None:
         assert [j.job_id for j in got] == [ids[-1]]
         assert len(parked(a)) == 299
         assert time.monotonic() - started < 30
+
+
+# The Python API ----------------------------------------------------------------------------------
+
+
+def test_serial_key_is_stored_with_the_job_and_checked() -> None:
+    import awa_django
+    from awa_django.exceptions import InvalidOptionError
+    from tests import testjobs
+
+    first = testjobs.noop.using(serial_key="customer:42").enqueue()
+    second = awa_django.enqueue("tests.testjobs.noop", serial_key="é" * 255, metadata={"m": 1})
+    with pg() as a:
+        rows = a.execute(
+            "SELECT metadata FROM awa.jobs WHERE id = ANY(%s) ORDER BY id", [[first.id, second.id]]
+        ).fetchall()
+    assert rows == [({"awa:serial": "customer:42"},), ({"m": 1, "awa:serial": "é" * 255},)]
+    for bad in ["", "x" * 256, "a\x00b", "\ud800", 42, b"k"]:
+        with pytest.raises(InvalidOptionError, match=r"^serial_key: "):
+            testjobs.noop.using(serial_key=bad).enqueue()  # type: ignore[arg-type]
+    with pytest.raises(InvalidOptionError, match="reserved"):
+        testjobs.noop.using(metadata={"awa:serial": "k"}).enqueue()
+    with pg() as a:
+        assert a.execute("SELECT count(*) FROM awa.jobs").fetchone() == (2,)
+
+
+def test_drain_runs_the_jobs_of_a_key_in_order_and_hands_keys_back() -> None:
+    from awa_django.testing import drain
+    from tests import testjobs
+    from tests.testapp.models import Ledger
+
+    handles = [
+        testjobs.serial_sleep.using(serial_key=key).enqueue(0)
+        for key in ["k", "k", None, "k", "j"]
+    ]
+    runs = drain("serial")
+    assert sorted(run.id for run in runs) == sorted(h.id for h in handles)
+    assert {run.outcome for run in runs} == {"completed"}
+    keyed = [run.id for run in runs if run.id in {handles[0].id, handles[1].id, handles[3].id}]
+    assert keyed == [handles[0].id, handles[1].id, handles[3].id]
+    assert Ledger.objects.filter(note__startswith="start").count() == 5
+    with pg() as a:
+        assert parked(a) == []
+        row = a.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 4282183"
+        ).fetchone()
+        assert row == (0,)
