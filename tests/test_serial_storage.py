@@ -337,8 +337,7 @@ def test_drain_runs_the_jobs_of_a_key_in_order_and_hands_keys_back() -> None:
     from tests.testapp.models import Ledger
 
     handles = [
-        testjobs.serial_sleep.using(serial_key=key).enqueue(0)
-        for key in ["k", "k", None, "k", "j"]
+        testjobs.serial_sleep.using(serial_key=key).enqueue(0) for key in ["k", "k", None, "k", "j"]
     ]
     runs = drain("serial")
     assert sorted(run.id for run in runs) == sorted(h.id for h in handles)
