@@ -315,7 +315,7 @@ def test_weight_is_stored_with_the_job_and_refused_at_once_on_the_decorator() ->
     assert rows[light.id] is None  # weight 1 writes nothing
     assert rows[heavy.id] == {"awa:weight": 7}
     assert rows[named.id] == {"awa:weight": 3}
-    with pytest.raises(awa_django.JobValidationError, match="^weight: "):
+    with pytest.raises(awa_django.JobValidationError, match=r"^weight: "):
         awa_django.job(weight=0)
 
 
