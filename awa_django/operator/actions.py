@@ -275,9 +275,9 @@ def set_queue_limits(
 
     Bad input raises ``InvalidOptionError`` before anything is written. The write and the read
     of the result are one transaction (the caller's, or one of its own in autocommit); workers
-    apply the new limits from their next claim (within a poll interval) once it commits. A lowered concurrency limit
-    holds at once: attempts already running keep their permits, and no new one starts until
-    the permits in use are under the new limit.
+    apply the new limits from their next claim (within a poll interval) once it commits. A
+    lowered concurrency limit holds at once: attempts already running keep their permits, and
+    no new one starts until the permits in use are under the new limit.
     """
     check_queue_name(queue)
     limits = check_flow_limits(global_concurrency, rate_limit, rate_burst)
