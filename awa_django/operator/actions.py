@@ -331,7 +331,7 @@ def _flow_write(
             c.execute(query("flow_set"), params)
             c.fetchall()
         limits = fetch_one(QueueLimits, "queue_limits_of", [queue], using=database)
-        now = "no limits" if limits is None else limits.summary()
+        now = "no limits" if limits is None else limits.summary(in_use=False)
 
         def record() -> None:
             log.info("flow limits of queue %s %s by %s: %s", queue, done, actor, now)

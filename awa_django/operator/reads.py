@@ -88,11 +88,13 @@ class QueueLimits:
             return self.rate_burst
         return max(1, math.ceil(self.rate_limit / 10))
 
-    def summary(self) -> str:
-        """One line: ``limit N (in use M), rate R/s burst B, source`` (the parts it has)."""
+    def summary(self, *, in_use: bool = True) -> str:
+        """One line: ``limit N (in use M), rate R/s burst B, source`` (the parts it has; the
+        permits in use only with ``in_use``)."""
         parts = []
         if self.global_concurrency is not None:
-            parts.append(f"limit {self.global_concurrency} (in use {self.in_use or 0})")
+            used = f" (in use {self.in_use or 0})" if in_use else ""
+            parts.append(f"limit {self.global_concurrency}{used}")
         if self.rate_limit is not None:
             parts.append(f"rate {self.rate_limit:g}/s burst {self.burst_in_force}")
         return ", ".join([*(parts or ["no limits"]), self.source])
