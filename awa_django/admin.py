@@ -539,20 +539,18 @@ class QueueStatAdmin(ReadOnlyAdmin):
             for stat in objects:
                 if data.get("clear"):
                     now = clear_queue_limits(stat.queue, actor=by)
-                    message = "flow limits cleared: " + (
-                        now.summary(in_use=False) if now else "no limits"
-                    )
+                    verb = "cleared"
                 else:
-                    message = (
-                        "flow limits set: "
-                        + set_queue_limits(
-                            stat.queue,
-                            global_concurrency=data.get("global_concurrency"),
-                            rate_limit=data.get("rate_limit"),
-                            rate_burst=data.get("rate_burst"),
-                            actor=by,
-                        ).summary()
+                    now = set_queue_limits(
+                        stat.queue,
+                        global_concurrency=data.get("global_concurrency"),
+                        rate_limit=data.get("rate_limit"),
+                        rate_burst=data.get("rate_burst"),
+                        actor=by,
                     )
+                    verb = "set"
+                shown = "no limits" if now is None else now.summary(in_use=False)
+                message = f"flow limits {verb}: {shown}"
                 log_change(request, [stat], message)
                 done.append(f"{stat.queue} {message}")
             return "Set flow limits: " + "; ".join(done)

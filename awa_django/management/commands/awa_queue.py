@@ -105,12 +105,12 @@ class Command(BaseCommand):
                 raise CommandError("--clear takes no limits: it drops the operator's limits")
             now = clear_queue_limits(queue, actor=operator_name("awa_queue"))
         else:
+            if burst is not None and rate is None:
+                raise CommandError("--burst needs --rate")
             if concurrency is None and rate is None:
                 raise CommandError(
                     "limit needs --global-concurrency, --rate (with --burst), or --clear"
                 )
-            if burst is not None and rate is None:
-                raise CommandError("--burst needs --rate")
             now = set_queue_limits(
                 queue,
                 global_concurrency=concurrency,
