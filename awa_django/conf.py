@@ -25,7 +25,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from awa_django.limits import ATTEMPTS_RANGE, QUEUE_NAME_RE
+from awa_django.limits import (
+    ATTEMPTS_RANGE,
+    FLOW_BURST_RANGE,
+    FLOW_CONCURRENCY_RANGE,
+    FLOW_RATE_MAX,
+    QUEUE_NAME_RE,
+)
 
 __all__ = ["DEFAULTS", "AwaSettings", "QueueSettings", "awa_settings", "load_settings"]
 
@@ -103,9 +109,9 @@ DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
 _QUEUE_SPECS: Final[Mapping[str, _Spec]] = {
     "concurrency": _Spec(None, _Kind.INT, 1, 10_000),
     "deadline": _Spec(None, _Kind.SECONDS),
-    "global_concurrency": _Spec(None, _Kind.INT, 1, 10_000),
-    "rate_limit": _Spec(None, _Kind.RATE, 0, 1_000_000),
-    "rate_burst": _Spec(None, _Kind.INT, 1, 1_000_000),
+    "global_concurrency": _Spec(None, _Kind.INT, *FLOW_CONCURRENCY_RANGE),
+    "rate_limit": _Spec(None, _Kind.RATE, 0, FLOW_RATE_MAX),
+    "rate_burst": _Spec(None, _Kind.INT, *FLOW_BURST_RANGE),
 }
 
 
