@@ -17,6 +17,10 @@ FROM awa.claim_v2(%s, %s, %s, %s, %s)
 -- name: finalize
 SELECT job_id, run_lease FROM awa.finalize_v2(%s::jsonb)
 
+-- name: finalize_waits
+-- A batch that parks attempts (WaitForCallback): finalize_v2 plus each wait's mode and timeout.
+SELECT job_id, run_lease FROM awa.finalize_v3(%s::jsonb)
+
 -- name: heartbeat
 SELECT job_id, run_lease FROM awa.heartbeat_v1(%s::jsonb)
 
