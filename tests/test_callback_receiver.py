@@ -37,7 +37,7 @@ from tests.callback_support import (
     wait_item,
 )
 from tests.factories import staff
-from tests.helpers import pg
+from tests.helpers import pg, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_awa")]
 
@@ -580,3 +580,39 @@ def test_receipts_store_digests_not_bodies() -> None:
         cursor.execute("SELECT request_digest, outcome FROM awa.callback_receipts")
         [(digest, outcome)] = cursor.fetchall()
     assert bytes(digest) == hashlib.sha256(body).digest() and outcome == "resolved"
+
+
+def test_the_maintenance_leader_prunes_old_receipts(manage_py: Any) -> None:
+    with pg() as conn:
+        _, old = parked(conn)
+        _, recent = parked(conn)
+    assert post(old, {"result": 1}).status_code == 200
+    assert post(recent, {"result": 2}).status_code == 200
+    with pg() as conn:
+        # Older than twice the default window plus a minute (660 s).
+        conn.execute(
+            "UPDATE awa.callback_receipts SET received_at = now() - interval '661 seconds' "
+            "WHERE callback_id = %s",
+            [old],
+        )
+    proc = manage_py("awa_maintenance", "--once")
+    wait_for(lambda: proc.proc.poll() is not None, timeout=30, message="awa_maintenance --once")
+    assert proc.proc.returncode == 0, proc.output()
+    with pg() as conn:
+        kept = conn.execute("SELECT callback_id FROM awa.callback_receipts").fetchall()
+    assert kept == [(recent,)]
+
+
+def test_the_receiver_commits_on_its_own_under_atomic_requests(settings: Any) -> None:
+    from awa_django.callbacks.views import receive
+
+    assert "default" in receive._non_atomic_requests  # type: ignore[attr-defined]
+    settings.DATABASES["default"]["ATOMIC_REQUESTS"] = True
+    try:
+        with pg() as conn:
+            c, callback = parked(conn)
+        assert status_of(post(callback, {"result": "atomic"})) == (200, "resolved")
+        with pg() as conn:
+            assert job_row(conn, c.job_id)["result"] == "atomic"
+    finally:
+        settings.DATABASES["default"]["ATOMIC_REQUESTS"] = False

@@ -329,3 +329,13 @@ def test_a_result_sent_before_the_handler_returns_resumes_it(manage_py: Start) -
     assert _steps_recorded(job_id) == ["first", "resumed"]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
+
+
+def test_the_testing_helper_parks_a_resume_wait_as_one() -> None:
+    from awa_django.testing import drain
+
+    job_id = testjobs.three_steps.enqueue("drained").id
+    [run] = drain("cb-steps")
+    assert (run.id, run.outcome) == (job_id, "wait")
+    with pg() as conn:
+        assert scalar(conn, "SELECT resume FROM awa.callback_waits WHERE job_id = %s", job_id)

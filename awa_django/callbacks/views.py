@@ -43,8 +43,9 @@ import logging
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import DatabaseError, DataError
+from django.db import DatabaseError, DataError, transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -162,3 +163,10 @@ def receive(request: HttpRequest, callback_id: str) -> JsonResponse:
         extra["timeout_at"] = receipt.timeout_at.isoformat()
     log.debug("awa callbacks: %s %s -> %s", delivery.action, callback, outcome)
     return _reply(code, outcome, _DETAIL.get(outcome), **extra)
+
+
+# Never inside ATOMIC_REQUESTS' transaction: the receiver commits its one transaction itself, so
+# an answer always reports a committed fact, and a database error never leaves a request's
+# transaction broken behind a 4xx/503 answer.
+for _alias in settings.DATABASES:
+    receive = transaction.non_atomic_requests(using=_alias)(receive)

@@ -27,6 +27,7 @@ __all__ = [
     "aheartbeat",
     "claim",
     "finalize",
+    "finalize_statement",
     "heartbeat",
     "promote",
     "queue_counts",
@@ -240,9 +241,10 @@ def _finalize_payload(items: Sequence[Finalization]) -> str:
     return Finalization.batch_json(items)
 
 
-def _finalize_query(items: Sequence[Finalization]) -> str:
-    """``finalize`` (awa.finalize_v2), or ``finalize_waits`` (awa.finalize_v3, which also records
-    each wait's mode and timeout) for a batch that parks attempts."""
+def finalize_statement(items: Sequence[Finalization]) -> str:
+    """The statement that writes ``items``: ``finalize`` (awa.finalize_v2), or
+    ``finalize_waits`` (awa.finalize_v3, which also records each wait's mode and timeout and
+    resumes an answered ``resume`` wait) for a batch that parks attempts."""
     for item in items:
         if item.callback_id is not None:
             return query("finalize_waits")
@@ -306,7 +308,7 @@ def finalize(conn: psycopg.Connection[Any], items: Sequence[Finalization]) -> li
     """
     if not items:
         return []
-    return _pairs(conn.execute(_finalize_query(items), [_finalize_payload(items)]).fetchall())
+    return _pairs(conn.execute(finalize_statement(items), [_finalize_payload(items)]).fetchall())
 
 
 async def afinalize(
@@ -315,7 +317,7 @@ async def afinalize(
     """Async ``finalize``."""
     if not items:
         return []
-    cursor = await conn.execute(_finalize_query(items), [_finalize_payload(items)])
+    cursor = await conn.execute(finalize_statement(items), [_finalize_payload(items)])
     return _pairs(await cursor.fetchall())
 
 
