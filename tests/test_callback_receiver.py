@@ -527,6 +527,14 @@ def test_only_the_receiver_is_csrf_exempt() -> None:
     from awa_django.callbacks.views import receive
 
     assert getattr(receive, "csrf_exempt", False) is True
+    from tests.helpers import REPO
+
+    users = sorted(
+        str(path.relative_to(REPO))
+        for path in (REPO / "awa_django").rglob("*.py")
+        if "csrf_exempt" in path.read_text()
+    )
+    assert users == ["awa_django/callbacks/views.py"]
     # The admin's actions still need the CSRF token (a browser-less POST is refused).
     user = staff("cancel_job", "resolve_callback").session
     strict = client()
@@ -616,3 +624,34 @@ def test_the_receiver_commits_on_its_own_under_atomic_requests(settings: Any) ->
             assert job_row(conn, c.job_id)["result"] == "atomic"
     finally:
         settings.DATABASES["default"]["ATOMIC_REQUESTS"] = False
+
+
+# Settings ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ("a-single-string-key-of-more-than-32-chars", "must be a list of secret keys"),
+        (["short-secret"], r"CALLBACK_KEYS'\]\[0\] is 12 characters long"),
+        ([KEY, b"x" * 40], r"\[1\] must be a str, got bytes"),
+        ([KEY, KEY], "the same key twice"),
+        (["\x00" * 40], "printable"),
+    ],
+)
+def test_bad_keys_are_refused_without_showing_them(keys: Any, message: str) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from awa_django.conf import load_settings
+
+    with pytest.raises(ImproperlyConfigured, match=message) as refused:
+        load_settings({"CALLBACK_KEYS": keys})
+    assert "short-secret" not in str(refused.value) and KEY not in str(refused.value)
+
+
+def test_the_settings_repr_never_shows_the_keys() -> None:
+    from awa_django.conf import load_settings
+
+    loaded = load_settings({"CALLBACK_KEYS": [KEY, OLD_KEY]})
+    assert loaded.CALLBACK_KEYS == (KEY, OLD_KEY)
+    assert KEY not in repr(loaded) and "CALLBACK_KEYS=<2 secret(s)>" in repr(loaded)
