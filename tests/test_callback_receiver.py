@@ -366,6 +366,27 @@ def test_a_body_over_djangos_upload_limit_is_413(settings: Any) -> None:
     assert status_of(post(callback, {"result": "y" * 200})) == (413, "too_large")
 
 
+def test_an_absurd_content_length_is_413() -> None:
+    with pg() as conn:
+        _, callback = parked(conn)
+    response = client().generic(
+        "POST",
+        path_of(callback),
+        data=b"{}",
+        content_type="application/json",
+        CONTENT_LENGTH="9" * 5000,
+    )
+    assert status_of(response) == (413, "too_large")
+
+
+def test_an_id_in_fullwidth_digits_is_not_a_callback_id() -> None:
+    callback = "\uff10" * 32  # int() would read it as 0
+    assert status_of(post(callback, {"result": 1}, path=f"/awa/callbacks/{callback}/")) == (
+        404,
+        "unknown",
+    )
+
+
 def test_a_chunked_body_is_411() -> None:
     with pg() as conn:
         _, callback = parked(conn)
@@ -465,7 +486,15 @@ def test_random_bytes_and_headers_never_make_a_500() -> None:
     for header in ["", "v1=", "v1=zz", "\x00", "v1=" + "a" * 64 + ",", "é", " v1=" + "0" * 64]:
         response = post(callback, b"{}", headers={SIGNATURE_HEADER: header, TIMESTAMP_HEADER: "1"})
         assert response.status_code == 401
-    for raw_id in ["%00", "%ff", "0" * 300, "😀", "00000000-0000-0000-0000-00000000000g"]:
+    for raw_id in [
+        "%00",
+        "%ff",
+        "0" * 300,
+        "😀",
+        "00000000-0000-0000-0000-00000000000g",
+        "\uff11" * 32,
+        "{00000000-0000-0000-0000-000000000000}",
+    ]:
         response = post(raw_id, {"result": 1}, path=f"/awa/callbacks/{raw_id}/")
         assert response.status_code in (401, 404), raw_id
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import uuid
 from typing import Any
 
@@ -76,6 +77,8 @@ STATUS = {
     "expired": 401,
 }
 
+_UUID = re.compile(r"[0-9a-fA-F]{8}-?(?:[0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}")
+
 _DETAIL = {
     "accepted": "the attempt has not parked yet; the resolution is kept and applied when it does",
     "pending": "the attempt has not parked yet; its wait starts with its full timeout",
@@ -110,7 +113,7 @@ def receive(request: HttpRequest, callback_id: str) -> JsonResponse:
     ):
         # Django reads no chunked body: refuse it rather than see an empty one.
         return _reply(411, "length_required", "send the body with a Content-Length")
-    if int(length_header) > cfg.CALLBACK_MAX_BYTES:
+    if len(length_header) > 18 or int(length_header) > cfg.CALLBACK_MAX_BYTES:
         return _reply(413, "too_large", f"the body is over {cfg.CALLBACK_MAX_BYTES} bytes")
     sent_at = parse_timestamp(request.headers.get(TIMESTAMP_HEADER))
     candidates = parse_signatures(request.headers.get(SIGNATURE_HEADER))
@@ -132,10 +135,9 @@ def receive(request: HttpRequest, callback_id: str) -> JsonResponse:
     signed = message(request.method, request.path, callback_id, str(sent_at), body)
     if not signature_matches(candidates, keys, signed):
         return _reply(401, "unauthorized", "the signature matches no key")
-    try:
-        callback = uuid.UUID(callback_id)
-    except ValueError:
+    if _UUID.fullmatch(callback_id) is None:  # ASCII hex only: int() takes other digits too
         return _reply(404, "unknown", _DETAIL["unknown"])
+    callback = uuid.UUID(callback_id)
     try:
         delivery = receiver.parse_body(body)
     except receiver.Malformed as exc:
