@@ -198,3 +198,29 @@ def _docs_recipe() -> str:
             continue
         lines.append(line)
     return "\n".join(lines)
+
+
+def test_the_python_example_of_the_docs_resolves_a_callback(server: str) -> None:
+    with pg() as conn:
+        c, callback = parked(conn)
+    text = (REPO / "docs" / "callbacks.md").read_text()
+    start = text.index("### Signing with Python")
+    opening = text.index("```python", start) + len("```python")
+    example = text[opening : text.index("```", opening)]
+    program = f"KEY = {KEY!r}\ncallback_id = {str(callback)!r}\n" + example.replace(
+        "https://shop.example.com", server
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        cwd=REPO,
+        # The calling side needs no Django project: no settings module at all.
+        env={k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "200 {'status': 'resolved'}"
+    with pg() as conn:
+        assert job_row(conn, c.job_id)["result"] == {"paid": True}
