@@ -7,7 +7,9 @@ The pages are registered here; the parts they share live next door:
 * ``admin_filters``: list filters whose choices never scan job history;
 * ``admin_actions``: confirmation page, selection in one field, atomic execution with
   ``LogEntry`` audit records;
-* ``admin_display``: escaped JSON, error timelines, sparklines.
+* ``admin_display``: escaped JSON, error timelines, sparklines;
+* ``admin_callbacks``: the callback waits page (jobs parked until their callback), with its
+  resolve, fail and extend actions.
 
 Actions call the same operator API (``awa_django.operator``) as the management commands, need
 custom permissions, are always confirmed on a separate page, act on at most ``BULK_LIMIT`` rows,
@@ -31,6 +33,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 
 from awa_django.admin_actions import BULK_LIMIT, confirm, log_change
+from awa_django.admin_callbacks import CallbackWaitAdmin
 from awa_django.admin_display import JobDetail, error_timeline, pretty, sparkline
 from awa_django.admin_filters import KindFilter, LiveStateFilter, QueueFilter, TerminalStateFilter
 from awa_django.admin_readonly import CappedPaginator, JobListAdmin, ReadOnlyAdmin
@@ -65,6 +68,7 @@ from awa_django.operator import (
 
 __all__ = [
     "BULK_LIMIT",
+    "CallbackWaitAdmin",
     "CappedPaginator",
     "CronScheduleAdmin",
     "DeadLetterAdmin",

@@ -28,7 +28,7 @@ from asgiref.sync import async_to_sync
 from django.db import connections
 
 from awa_django.conf import get_awa_settings
-from awa_django.db.storage import ClaimedJob, Finalization
+from awa_django.db.storage import ClaimedJob, Finalization, finalize_statement
 from awa_django.sql import query
 from awa_django.worker.context import JobContext
 from awa_django.worker.executor import outcome_of, prepare
@@ -119,7 +119,7 @@ def _run(cursor: Any, job: ClaimedJob, cfg: Any) -> JobRun:
         progress_json=ctx.progress_json if ctx.progress_set else None,
         backoff_base=cfg.RETRY_BACKOFF_BASE,
     )
-    cursor.execute(query("finalize"), [Finalization.batch_json([outcome])])
+    cursor.execute(finalize_statement([outcome]), [Finalization.batch_json([outcome])])
     cursor.fetchall()
     result = json.loads(outcome.result_json) if outcome.result_json is not None else None
     reported = outcome.outcome

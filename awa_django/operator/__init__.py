@@ -4,8 +4,8 @@ One rule splits it: :mod:`~awa_django.operator.reads` only reads (it never write
 typed rows), and :mod:`~awa_django.operator.actions` holds every write (each one atomic, in the
 caller's transaction or one of its own). :mod:`~awa_django.operator.rows` builds the typed rows.
 
-``cancel``, ``dlq_retry``, ``dlq_purge`` and ``resolve_callback`` are also exported from
-``awa_django`` itself, the public API.
+``cancel``, ``dlq_retry``, ``dlq_purge``, ``resolve_callback`` and ``extend_callback`` are also
+exported from ``awa_django`` itself, the public API.
 """
 
 from awa_django.operator.actions import (
@@ -14,6 +14,7 @@ from awa_django.operator.actions import (
     clear_queue_limits,
     dlq_purge,
     dlq_retry,
+    extend_callback,
     queue_drain,
     queue_pause,
     resolve_callback,
@@ -53,6 +54,7 @@ __all__ = [
     "dlq_list",
     "dlq_purge",
     "dlq_retry",
+    "extend_callback",
     "job_show",
     "queue_drain",
     "queue_limits",

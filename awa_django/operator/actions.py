@@ -6,7 +6,8 @@ Guarantees:
   there is one (an atomic block, or autocommit off), it joins it and commits or rolls back with
   it; in autocommit it is one transaction of its own. ``queue_drain`` outside a transaction is
   the one exception by design: one short transaction per batch of ``DRAIN_BATCH`` jobs.
-* **READ COMMITTED where the engine needs it.** ``cancel``, ``resolve_callback`` and each
+* **READ COMMITTED where the engine needs it.** ``cancel``, ``resolve_callback``,
+  ``extend_callback`` and each
   ``queue_drain`` batch call engine functions that lock and then re-read: a transaction of
   their own is set to READ COMMITTED whatever the alias's default, and a caller's transaction
   at another level gets ``IsolationLevelError`` before anything is written (it stays usable).
@@ -27,6 +28,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Literal
 
 from django.db import transaction
@@ -43,6 +45,7 @@ from awa_django.limits import (
     check_ids,
     check_priority,
     check_queue_name,
+    check_seconds,
     check_text,
     check_uuid,
     show,
@@ -58,6 +61,7 @@ __all__ = [
     "clear_queue_limits",
     "dlq_purge",
     "dlq_retry",
+    "extend_callback",
     "queue_drain",
     "queue_pause",
     "resolve_callback",
@@ -144,12 +148,14 @@ def resolve_callback(
     """Resolve an attempt that registered ``callback_id`` (``ctx.callback_id``), in the
     caller's transaction.
 
-    Without ``error`` the job completes with ``result`` (JSON). With ``error`` (text) the attempt
-    fails: retried with backoff like a raised exception, or failed at once when ``terminal``.
-    Returns ``resolved``, ``stale`` (already resolved, timed out and rescued, or cancelled) or
-    ``unknown``. Fenced by ``(job_id, run_lease)`` like every other finalization. The attempt
-    may not have parked yet (the external system answered before the handler returned): the
-    resolution is then kept and applied when it parks.
+    Without ``error`` the job completes with ``result`` (JSON), or, when its handler waited with
+    ``WaitForCallback(..., resume=True)``, runs again at once with ``result`` as
+    ``ctx.callback_result`` (no attempt counted, progress kept). With ``error`` (text) the
+    attempt fails: retried with backoff like a raised exception, or failed at once when
+    ``terminal``. Returns ``resolved``, ``stale`` (already resolved, timed out and rescued, or
+    cancelled) or ``unknown``. Fenced by ``(job_id, run_lease)`` like every other finalization.
+    The attempt may not have parked yet (the external system answered before the handler
+    returned): the resolution is then kept and applied when it parks (``resolved`` too).
     """
     cfg = get_awa_settings()
     callback = check_uuid("callback_id", callback_id)
@@ -167,11 +173,41 @@ def resolve_callback(
         connection.cursor() as c,
     ):
         c.execute(
-            query("callback_resolve"),
+            query("callback_resolve_v2"),
             [str(callback), result_json, error_json, terminal, cfg.RETRY_BACKOFF_BASE],
         )
         row = c.fetchone()
-    return "unknown" if row is None else str(row[0])  # one column: the resolution
+    outcome = "unknown" if row is None else str(row[0])  # (outcome, job_id, run_lease)
+    # 'accepted' (kept for the park) has always been reported as 'resolved' here.
+    return "resolved" if outcome == "accepted" else outcome
+
+
+def extend_callback(
+    callback_id: uuid.UUID | str,
+    timeout: float | timedelta | None = None,
+    *,
+    using: str | None = None,
+) -> str:
+    """Extend the wait of the attempt that registered ``callback_id``, in the caller's
+    transaction, so that long external work is not rescued as "callback timed out".
+
+    Its timeout becomes ``timeout`` from now on the database clock (seconds or a
+    ``timedelta``, above 0 and at most 100 years; None: the wait's own timeout), unless it is
+    later already (an extension never shortens a wait). Returns ``extended``; ``pending`` when
+    the attempt registered the callback but has not parked yet (its wait starts with its full
+    timeout when it does); ``stale`` when it was resolved, rescued or cancelled; ``unknown``
+    when no attempt holds the callback. The new timeout shows in the admin's callback waits
+    (``awa.callback_waits``).
+    """
+    callback = check_uuid("callback_id", callback_id)
+    seconds = None if timeout is None else check_seconds("timeout", timeout)
+    with (
+        write_transaction(alias(using), read_committed=True) as connection,
+        connection.cursor() as c,
+    ):
+        c.execute(query("callback_extend"), [str(callback), seconds])
+        row = c.fetchone()
+    return "unknown" if row is None else str(row[0])  # (outcome, timeout_at)
 
 
 def queue_pause(queue: str, paused: bool = True, *, using: str | None = None) -> None:
