@@ -25,7 +25,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from awa_django.limits import ATTEMPTS_RANGE, QUEUE_NAME_RE
+from awa_django.limits import (
+    ATTEMPTS_RANGE,
+    FLOW_BURST_RANGE,
+    FLOW_CONCURRENCY_RANGE,
+    FLOW_RATE_MAX,
+    QUEUE_NAME_RE,
+)
 
 __all__ = ["DEFAULTS", "AwaSettings", "QueueSettings", "awa_settings", "load_settings"]
 
@@ -39,6 +45,7 @@ class _Kind(Enum):
     MODULES = "a list of dotted module paths (str)"
     QUEUES = "a dict of queue name to a dict of queue settings"
     SCHEDULES = "a dict of schedule name to a dict (docs/periodic.md)"
+    KEYS = "a list of secret keys (str of at least 32 characters each)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +99,19 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     # looks for due fires.
     "PERIODIC": _Spec(MappingProxyType({}), _Kind.SCHEDULES),
     "CRON_EVAL_INTERVAL": _Spec(1.0, _Kind.SECONDS),
+    # The signed callback receiver (awa_django.urls, docs/callbacks.md): its keys (the first
+    # signs, every one verifies; none: the receiver answers 404), how far a request's timestamp
+    # may be from the database clock, and the largest body it reads.
+    "CALLBACK_KEYS": _Spec((), _Kind.KEYS),
+    "CALLBACK_TIMESTAMP_TOLERANCE": _Spec(300.0, _Kind.SECONDS),
+    "CALLBACK_MAX_BYTES": _Spec(65_536, _Kind.INT, 1),
 }
+
+#: The shortest callback key (characters): 32, as for an HMAC-SHA256 key of 256 bits.
+CALLBACK_KEY_MIN_LENGTH = 32
+
+#: Settings whose values are secrets: never shown in a repr or an error message.
+_SECRET = frozenset({"CALLBACK_KEYS"})
 
 DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
     {name: spec.default for name, spec in _SPECS.items()}
@@ -103,9 +122,9 @@ DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
 _QUEUE_SPECS: Final[Mapping[str, _Spec]] = {
     "concurrency": _Spec(None, _Kind.INT, 1, 10_000),
     "deadline": _Spec(None, _Kind.SECONDS),
-    "global_concurrency": _Spec(None, _Kind.INT, 1, 10_000),
-    "rate_limit": _Spec(None, _Kind.RATE, 0, 1_000_000),
-    "rate_burst": _Spec(None, _Kind.INT, 1, 1_000_000),
+    "global_concurrency": _Spec(None, _Kind.INT, *FLOW_CONCURRENCY_RANGE),
+    "rate_limit": _Spec(None, _Kind.RATE, 0, FLOW_RATE_MAX),
+    "rate_burst": _Spec(None, _Kind.INT, *FLOW_BURST_RANGE),
 }
 
 
@@ -185,6 +204,9 @@ class AwaSettings:
     NOTIFY: bool
     PERIODIC: Mapping[str, Mapping[str, object]]
     CRON_EVAL_INTERVAL: float
+    CALLBACK_KEYS: tuple[str, ...]
+    CALLBACK_TIMESTAMP_TOLERANCE: float
+    CALLBACK_MAX_BYTES: int
 
     def __init__(self, values: Mapping[str, object]) -> None:
         for name, value in values.items():
@@ -194,7 +216,13 @@ class AwaSettings:
         raise AttributeError("awa_django settings are read-only; change settings.AWA instead")
 
     def __repr__(self) -> str:
-        return f"AwaSettings({', '.join(f'{k}={getattr(self, k)!r}' for k in _SPECS)})"
+        shown = (
+            f"{k}=<{len(getattr(self, k))} secret(s)>"
+            if k in _SECRET
+            else f"{k}={getattr(self, k)!r}"
+            for k in _SPECS
+        )
+        return f"AwaSettings({', '.join(shown)})"
 
 
 def load_settings(raw: object) -> AwaSettings:
@@ -278,11 +306,34 @@ def _validate(label: str, value: object, spec: _Spec) -> object:
         if not isinstance(value, list | tuple) or not all(isinstance(m, str) and m for m in value):
             raise _wrong_type(label, kind, value)
         return tuple(value)
+    if kind is _Kind.KEYS:
+        return _validate_keys(label, value)
     if kind is _Kind.SCHEDULES:
         if not isinstance(value, Mapping):
             raise _wrong_type(label, kind, value)
         return MappingProxyType(dict(value))
     return _validate_queues(label, value)
+
+
+def _validate_keys(label: str, value: object) -> tuple[str, ...]:
+    """Callback keys: the messages name the position of a bad key, never the key itself."""
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise ImproperlyConfigured(
+            f"{label} must be {_Kind.KEYS.value}, got {type(value).__name__}."
+        )
+    for index, key in enumerate(value):
+        if not isinstance(key, str):
+            raise ImproperlyConfigured(f"{label}[{index}] must be a str, got {type(key).__name__}.")
+        if len(key) < CALLBACK_KEY_MIN_LENGTH:
+            raise ImproperlyConfigured(
+                f"{label}[{index}] is {len(key)} characters long; a key needs at least "
+                f"{CALLBACK_KEY_MIN_LENGTH} (e.g. secrets.token_urlsafe(32))."
+            )
+        if "\x00" in key or not key.isprintable():
+            raise ImproperlyConfigured(f"{label}[{index}] must be printable text.")
+    if len(set(value)) != len(value):
+        raise ImproperlyConfigured(f"{label} lists the same key twice.")
+    return tuple(value)
 
 
 def _validate_queues(label: str, value: object) -> Mapping[str, QueueSettings]:

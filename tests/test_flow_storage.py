@@ -265,3 +265,20 @@ def test_hostile_weights_in_raw_metadata_count_as_one() -> None:
         enqueue_sql(conn, json.dumps(bodies))
         jobs, _, _ = claim(conn, "hw", 100)
         assert [j.weight for j in jobs] == [1] * len(bodies)
+
+
+def test_the_testing_drain_honours_limits_and_hands_permits_back() -> None:
+    from awa_django.testing import drain
+    from tests import testjobs
+
+    with pg() as conn:
+        set_limits(conn, "flow", max_running=1)
+        for _ in range(3):
+            testjobs.flow_sleep.enqueue(0)
+        runs = drain("flow")
+        assert len(runs) == 3
+        assert in_use(conn, "flow") == 0
+        set_limits(conn, "flow", rate=0.001, burst=1)
+        testjobs.flow_sleep.enqueue(0)
+        testjobs.flow_sleep.enqueue(0)
+        assert len(drain("flow")) == 1  # the burst of one; the other waits for the rate

@@ -29,6 +29,7 @@ __all__ = [
     "aheartbeat",
     "claim",
     "finalize",
+    "finalize_statement",
     "heartbeat",
     "promote",
     "queue_counts",
@@ -91,7 +92,8 @@ class Finalization(NamedTuple):
     delay; ``backoff_base`` (a retry without a delay) is ``RETRY_BACKOFF_BASE``, the base of
     the backoff the database computes from the job's retry policy; ``progress_json`` the
     progress the attempt set, as checked JSON text; ``has_state`` tells that the attempt may
-    own an ``attempt_state`` row (it heartbeated, flushed progress or registered a callback).
+    own an ``attempt_state`` row (it heartbeated, flushed progress or registered a callback);
+    ``callback_id``, ``timeout`` and ``resume`` are a wait's (``WaitForCallback``).
     Values are checked before one is built; ``awa.finalize_v1`` checks them again and refuses
     a batch holding a bad one. A named tuple, like
     ``ClaimedJob`` (one is built per finished attempt).
@@ -109,6 +111,7 @@ class Finalization(NamedTuple):
     callback_id: uuid.UUID | None = None
     timeout: float | None = None
     backoff_base: float | None = None
+    resume: bool = False
 
     def to_json(self) -> str:
         """This outcome as one JSON object of the array ``awa.finalize_v1`` takes."""
@@ -149,6 +152,8 @@ class Finalization(NamedTuple):
         if self.callback_id is not None:
             value["callback_id"] = str(self.callback_id)
             value["timeout"] = float(self.timeout or 3600)
+            if self.resume:
+                value["resume"] = True
         return value
 
     @staticmethod
@@ -284,6 +289,16 @@ def _finalize_payload(items: Sequence[Finalization]) -> str:
     return Finalization.batch_json(items)
 
 
+def finalize_statement(items: Sequence[Finalization]) -> str:
+    """The statement that writes ``items``: ``finalize`` (awa.finalize_v2), or
+    ``finalize_waits`` (awa.finalize_v3, which also records each wait's mode and timeout and
+    resumes an answered ``resume`` wait) for a batch that parks attempts."""
+    for item in items:
+        if item.callback_id is not None:
+            return query("finalize_waits")
+    return query("finalize")
+
+
 def _heartbeat_payload(attempts: Sequence[tuple[int, int, str | None]]) -> str:
     return serialization.encode(
         [
@@ -398,7 +413,7 @@ def finalize(conn: psycopg.Connection[Any], items: Sequence[Finalization]) -> li
     """
     if not items:
         return []
-    return _pairs(conn.execute(query("finalize"), [_finalize_payload(items)]).fetchall())
+    return _pairs(conn.execute(finalize_statement(items), [_finalize_payload(items)]).fetchall())
 
 
 async def afinalize(
@@ -407,7 +422,7 @@ async def afinalize(
     """Async ``finalize``."""
     if not items:
         return []
-    cursor = await conn.execute(query("finalize"), [_finalize_payload(items)])
+    cursor = await conn.execute(finalize_statement(items), [_finalize_payload(items)])
     return _pairs(await cursor.fetchall())
 
 

@@ -4,30 +4,35 @@ One rule splits it: :mod:`~awa_django.operator.reads` only reads (it never write
 typed rows), and :mod:`~awa_django.operator.actions` holds every write (each one atomic, in the
 caller's transaction or one of its own). :mod:`~awa_django.operator.rows` builds the typed rows.
 
-``cancel``, ``dlq_retry``, ``dlq_purge`` and ``resolve_callback`` are also exported from
-``awa_django`` itself, the public API.
+``cancel``, ``dlq_retry``, ``dlq_purge``, ``resolve_callback`` and ``extend_callback`` are also
+exported from ``awa_django`` itself, the public API.
 """
 
 from awa_django.operator.actions import (
     DRAIN_BATCH,
     cancel,
+    clear_queue_limits,
     dlq_purge,
     dlq_retry,
+    extend_callback,
     queue_drain,
     queue_pause,
     resolve_callback,
     schedule_pause,
     schedule_trigger,
+    set_queue_limits,
 )
 from awa_django.operator.reads import (
     DlqEntry,
     JobDetail,
+    QueueLimits,
     QueueStats,
     RingState,
     ScheduleStatus,
     WorkerStatus,
     dlq_list,
     job_show,
+    queue_limits,
     queue_stats,
     rings,
     schedules,
@@ -39,16 +44,20 @@ __all__ = [
     "DRAIN_BATCH",
     "DlqEntry",
     "JobDetail",
+    "QueueLimits",
     "QueueStats",
     "RingState",
     "ScheduleStatus",
     "WorkerStatus",
     "cancel",
+    "clear_queue_limits",
     "dlq_list",
     "dlq_purge",
     "dlq_retry",
+    "extend_callback",
     "job_show",
     "queue_drain",
+    "queue_limits",
     "queue_pause",
     "queue_stats",
     "resolve_callback",
@@ -56,6 +65,7 @@ __all__ = [
     "schedule_pause",
     "schedule_trigger",
     "schedules",
+    "set_queue_limits",
     "throughput",
     "workers",
 ]

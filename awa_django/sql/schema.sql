@@ -2,10 +2,11 @@
 -- Do not edit: change a migration, then regenerate. tests/test_schema.py compares it with a
 -- freshly migrated database. Catalog definitions, sorted; not a script to run.
 
--- relation (104)
+-- relation (106)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
 TABLE attempt_state WITH (fillfactor=80)
+TABLE callback_receipts
 TABLE claim_closures PARTITION BY LIST (claim_slot)
 TABLE claim_closures_0 PARTITION OF claim_closures FOR VALUES IN (0)
 TABLE claim_closures_1 PARTITION OF claim_closures FOR VALUES IN (1)
@@ -101,6 +102,7 @@ TABLE serial_waiting
 TABLE unique_keys
 TYPE claimed_v3
 TYPE job_body
+VIEW callback_waits
 VIEW cron_schedule_status
 VIEW jobs
 VIEW live_jobs
@@ -108,7 +110,7 @@ VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (344)
+-- column (368)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -116,6 +118,30 @@ attempt_state.004 progress jsonb
 attempt_state.005 callback_result jsonb
 attempt_state.006 updated_at timestamp with time zone NOT NULL DEFAULT now()
 attempt_state.007 callback_id uuid
+attempt_state.008 callback_resume boolean
+attempt_state.009 callback_timeout double precision
+callback_receipts.001 callback_id uuid NOT NULL
+callback_receipts.002 request_digest bytea NOT NULL
+callback_receipts.003 action text NOT NULL
+callback_receipts.004 job_id bigint NOT NULL
+callback_receipts.005 run_lease bigint NOT NULL
+callback_receipts.006 outcome text NOT NULL
+callback_receipts.007 timeout_at timestamp with time zone
+callback_receipts.008 received_at timestamp with time zone NOT NULL DEFAULT now()
+callback_waits.001 job_id bigint
+callback_waits.002 run_lease bigint
+callback_waits.003 callback_id uuid
+callback_waits.004 parked_at timestamp with time zone
+callback_waits.005 timeout_at timestamp with time zone
+callback_waits.006 resume boolean
+callback_waits.007 attempt smallint
+callback_waits.008 kind text
+callback_waits.009 queue text
+callback_waits.010 priority smallint
+callback_waits.011 max_attempts smallint
+callback_waits.012 created_at timestamp with time zone
+callback_waits.013 metadata jsonb
+callback_waits.014 progress jsonb
 claim_closures.001 claim_slot integer NOT NULL
 claim_closures.002 job_id bigint NOT NULL
 claim_closures.003 run_lease bigint NOT NULL
@@ -458,8 +484,11 @@ unique_keys.007 taken_at timestamp with time zone NOT NULL DEFAULT clock_timesta
 job_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 lane_id_seq AS integer START 1 INCREMENT 1 MIN 1 MAX 2147483647 CACHE 1
 
--- constraint (48)
+-- constraint (51)
 attempt_state attempt_state_pkey PRIMARY KEY (job_id, run_lease)
+callback_receipts callback_receipts_action_check CHECK ((action = ANY (ARRAY['resolve'::text, 'heartbeat'::text])))
+callback_receipts callback_receipts_pkey PRIMARY KEY (callback_id, request_digest)
+callback_receipts callback_receipts_request_digest_check CHECK ((octet_length(request_digest) = 32))
 claim_closures claim_closures_pkey PRIMARY KEY (job_id, run_lease, claim_slot)
 claims claims_pkey PRIMARY KEY (job_id, run_lease, claim_slot)
 cron_schedules cron_schedules_catch_up_check CHECK (((catch_up >= 1) AND (catch_up <= 10000)))
@@ -508,8 +537,9 @@ schema_migrations schema_migrations_pkey PRIMARY KEY (name)
 serial_waiting serial_waiting_pkey PRIMARY KEY (job_id)
 unique_keys unique_keys_pkey PRIMARY KEY (unique_key)
 
--- index (44)
+-- index (47)
 CREATE INDEX attempt_state_callback_idx ON awa.attempt_state USING btree (callback_id) WHERE (callback_id IS NOT NULL)
+CREATE INDEX callback_receipts_received_idx ON awa.callback_receipts USING btree (received_at)
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at)
 CREATE INDEX claims_deadline_idx ON ONLY awa.claims USING btree (deadline_at) WHERE (deadline_at IS NOT NULL)
 CREATE INDEX claims_lane_idx ON ONLY awa.claims USING btree (lane_id, lane_seq)
@@ -533,6 +563,8 @@ CREATE INDEX serial_waiting_queue_idx ON awa.serial_waiting USING btree (queue, 
 CREATE INDEX unique_keys_job_idx ON awa.unique_keys USING btree (job_id)
 CREATE INDEX unique_keys_taken_idx ON awa.unique_keys USING btree (taken_at, unique_key)
 CREATE UNIQUE INDEX attempt_state_pkey ON awa.attempt_state USING btree (job_id, run_lease)
+CREATE UNIQUE INDEX callback_receipts_pkey ON awa.callback_receipts USING btree (callback_id, request_digest)
+CREATE UNIQUE INDEX callback_receipts_resolution_idx ON awa.callback_receipts USING btree (callback_id) WHERE (action = 'resolve'::text)
 CREATE UNIQUE INDEX claim_closures_pkey ON ONLY awa.claim_closures USING btree (job_id, run_lease, claim_slot)
 CREATE UNIQUE INDEX claims_pkey ON ONLY awa.claims USING btree (job_id, run_lease, claim_slot)
 CREATE UNIQUE INDEX cron_schedules_pkey ON awa.cron_schedules USING btree (name)
@@ -628,7 +660,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (119)
+-- function (130)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -696,6 +728,20 @@ BEGIN
 END
 $function$
 
+CREATE OR REPLACE FUNCTION awa._attempt_open_v1(p_job_id bigint, p_run_lease bigint)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT EXISTS (
+        SELECT 1 FROM awa.claims c
+        WHERE c.job_id = p_job_id AND c.run_lease = p_run_lease
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.claim_closures z
+              WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                AND z.claim_slot = c.claim_slot))
+$function$
+
 CREATE OR REPLACE FUNCTION awa._backoff_v1(p_attempt integer, p_base double precision DEFAULT 1.0)
  RETURNS double precision
  LANGUAGE sql
@@ -728,6 +774,122 @@ CREATE OR REPLACE FUNCTION awa._bad_tags_v1(p_tags text[], p_max_length integer)
 AS $function$
     SELECT array_ndims(p_tags) > 1
         OR EXISTS (SELECT 1 FROM unnest(p_tags) t WHERE t IS NULL OR t = '' OR length(t) > p_max_length)
+$function$
+
+CREATE OR REPLACE FUNCTION awa._callback_apply_v1(p_callback_id uuid, p_job_id bigint, p_run_lease bigint, p_result jsonb, p_error jsonb, p_terminal boolean, p_backoff_base double precision)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    l awa.leases%ROWTYPE;
+    v_resume boolean;
+    v_stale jsonb;
+BEGIN
+    SELECT * INTO l FROM awa.leases ls
+    WHERE ls.callback_id = p_callback_id AND ls.job_id = p_job_id
+      AND ls.run_lease = p_run_lease AND ls.state = 'waiting_external'
+    LIMIT 1;
+    IF FOUND THEN
+        SELECT s.callback_resume INTO v_resume FROM awa.attempt_state s
+        WHERE s.job_id = p_job_id AND s.run_lease = p_run_lease
+          AND s.callback_id = p_callback_id;
+        IF p_error IS NULL AND COALESCE(v_resume, false) THEN
+            v_stale := awa._finalize_pass_v1(jsonb_build_array(jsonb_build_object(
+                'id', l.job_id, 'lease', l.run_lease, 'slot', l.claim_slot, 'st', true,
+                'outcome', 'snooze', 'delay', 0, 'closed_as', 'resumed')), false);
+            IF v_stale IS NOT NULL THEN
+                RETURN 'stale';
+            END IF;
+            PERFORM awa._callback_stamp_v1(l.job_id, l.run_lease, p_callback_id, p_result);
+            RETURN 'resolved';
+        END IF;
+        v_stale := awa._finalize_pass_v1(jsonb_build_array(jsonb_build_object(
+            'id', l.job_id, 'lease', l.run_lease, 'slot', l.claim_slot, 'st', true,
+            'outcome', CASE WHEN p_error IS NULL THEN 'completed'
+                            WHEN p_terminal THEN 'fail' ELSE 'retry' END,
+            'result', p_result, 'error', p_error, 'backoff_base', p_backoff_base)), false);
+        RETURN CASE WHEN v_stale IS NULL THEN 'resolved' ELSE 'stale' END;
+    END IF;
+    -- Registered but not parked yet: keep the first resolution for the park.
+    UPDATE awa.attempt_state s
+    SET callback_result = jsonb_build_object('result', p_result, 'error', p_error,
+                                             'terminal', COALESCE(p_terminal, false),
+                                             'backoff_base', p_backoff_base),
+        updated_at = now()
+    WHERE s.job_id = p_job_id AND s.run_lease = p_run_lease AND s.callback_id = p_callback_id
+      AND s.callback_result IS NULL
+      AND awa._attempt_open_v1(s.job_id, s.run_lease);
+    RETURN CASE WHEN FOUND THEN 'accepted' ELSE 'stale' END;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._callback_attempt_v1(p_callback_id uuid)
+ RETURNS TABLE(job_id bigint, run_lease bigint)
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    SELECT ls.job_id, ls.run_lease FROM awa.leases ls
+    WHERE ls.callback_id = p_callback_id ORDER BY ls.run_lease DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN QUERY
+        SELECT s.job_id, s.run_lease FROM awa.attempt_state s
+        WHERE s.callback_id = p_callback_id ORDER BY s.run_lease DESC LIMIT 1;
+    END IF;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._callback_extend_locked_v1(p_callback_id uuid, p_job_id bigint, p_run_lease bigint, p_timeout double precision)
+ RETURNS TABLE(outcome text, timeout_at timestamp with time zone)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_until timestamptz;
+BEGIN
+    IF NOT awa._attempt_open_v1(p_job_id, p_run_lease) THEN
+        RETURN QUERY SELECT 'stale'::text, NULL::timestamptz;
+        RETURN;
+    END IF;
+    WITH moved AS (
+        UPDATE awa.leases ls
+        SET callback_timeout_at = GREATEST(ls.callback_timeout_at, now() + make_interval(
+                secs => LEAST(COALESCE(
+                    p_timeout,
+                    (SELECT s.callback_timeout FROM awa.attempt_state s
+                     WHERE s.job_id = ls.job_id AND s.run_lease = ls.run_lease),
+                    extract(epoch FROM ls.callback_timeout_at - ls.created_at)::double precision),
+                    awa._max_seconds_v1())))
+        WHERE ls.job_id = p_job_id AND ls.run_lease = p_run_lease
+          AND ls.callback_id = p_callback_id AND ls.state = 'waiting_external'
+        RETURNING ls.callback_timeout_at
+    )
+    SELECT min(m.callback_timeout_at) INTO v_until FROM moved m;
+    IF v_until IS NOT NULL THEN
+        RETURN QUERY SELECT 'extended'::text, v_until;
+    ELSIF EXISTS (
+        SELECT 1 FROM awa.attempt_state s
+        WHERE s.job_id = p_job_id AND s.run_lease = p_run_lease
+          AND s.callback_id = p_callback_id AND s.callback_result IS NULL) THEN
+        RETURN QUERY SELECT 'pending'::text, NULL::timestamptz;
+    ELSE
+        RETURN QUERY SELECT 'stale'::text, NULL::timestamptz;
+    END IF;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._callback_stamp_v1(p_job_id bigint, p_run_lease bigint, p_callback_id uuid, p_result jsonb)
+ RETURNS void
+ LANGUAGE sql
+AS $function$
+    UPDATE awa.deferred_jobs d
+    SET metadata = CASE WHEN jsonb_typeof(d.metadata) = 'object' THEN d.metadata
+                        ELSE '{}'::jsonb END
+                   || jsonb_build_object('awa:callback', jsonb_build_object(
+                          'id', p_callback_id, 'result', COALESCE(p_result, 'null'::jsonb)))
+    WHERE d.job_id = p_job_id AND d.run_lease = p_run_lease
 $function$
 
 CREATE OR REPLACE FUNCTION awa._carry_claims_v1(p_slot integer)
@@ -767,6 +929,20 @@ BEGIN
     )
     SELECT count(*) INTO v_n FROM moved;
     RETURN v_n;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._check_callback_timeout_v1(p_timeout double precision)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE
+AS $function$
+BEGIN
+    IF p_timeout IS NOT NULL
+       AND NOT (p_timeout > 0 AND p_timeout <= awa._max_seconds_v1()) THEN
+        RAISE EXCEPTION 'timeout: must be a number of seconds in (0, 3155760000]'
+            USING ERRCODE = '22023';
+    END IF;
 END
 $function$
 
@@ -2209,6 +2385,128 @@ AS $function$
     SELECT left(k, 100) FROM jsonb_object_keys(p_job - awa._job_keys_v1()) AS k LIMIT 1
 $function$
 
+CREATE OR REPLACE FUNCTION awa.callback_extend_v1(p_callback_id uuid, p_timeout double precision DEFAULT NULL::double precision)
+ RETURNS TABLE(outcome text, timeout_at timestamp with time zone)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_job bigint;
+    v_lease bigint;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.callback_extend_v1');
+    PERFORM awa._check_callback_timeout_v1(p_timeout);
+    SELECT a.job_id, a.run_lease INTO v_job, v_lease FROM awa._callback_attempt_v1(p_callback_id) a;
+    IF v_job IS NULL THEN
+        RETURN QUERY SELECT 'unknown'::text, NULL::timestamptz;
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(4282179, awa._job_key_v1(v_job));
+    RETURN QUERY
+    SELECT e.outcome, e.timeout_at
+    FROM awa._callback_extend_locked_v1(p_callback_id, v_job, v_lease, p_timeout) e;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.callback_receipts_prune_v1(p_keep double precision, p_limit integer DEFAULT 1000)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_count integer;
+BEGIN
+    IF p_keep IS NULL OR NOT (p_keep > 0 AND p_keep <= awa._max_seconds_v1()) THEN
+        RAISE EXCEPTION 'keep: must be a number of seconds in (0, 3155760000]'
+            USING ERRCODE = '22023';
+    END IF;
+    WITH old AS (
+        SELECT rc.callback_id, rc.request_digest FROM awa.callback_receipts rc
+        WHERE rc.received_at < now() - make_interval(secs => p_keep)
+        ORDER BY rc.received_at
+        LIMIT GREATEST(p_limit, 0)
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM awa.callback_receipts rc USING old
+        WHERE rc.callback_id = old.callback_id AND rc.request_digest = old.request_digest
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_count FROM gone;
+    RETURN v_count;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.callback_receive_v1(p_callback_id uuid, p_sent_at bigint, p_window double precision, p_action text, p_digest bytea, p_result jsonb DEFAULT NULL::jsonb, p_error jsonb DEFAULT NULL::jsonb, p_terminal boolean DEFAULT false, p_timeout double precision DEFAULT NULL::double precision, p_backoff_base double precision DEFAULT 1.0)
+ RETURNS TABLE(outcome text, replayed boolean, timeout_at timestamp with time zone)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_job bigint;
+    v_lease bigint;
+    v_outcome text;
+    v_until timestamptz;
+    r awa.callback_receipts%ROWTYPE;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.callback_receive_v1');
+    IF p_callback_id IS NULL OR p_sent_at IS NULL THEN
+        RAISE EXCEPTION 'callback_id and sent_at: must not be NULL' USING ERRCODE = '22023';
+    ELSIF p_action IS NULL OR p_action NOT IN ('resolve', 'heartbeat') THEN
+        RAISE EXCEPTION 'action: expected resolve or heartbeat' USING ERRCODE = '22023';
+    ELSIF p_digest IS NULL OR octet_length(p_digest) <> 32 THEN
+        RAISE EXCEPTION 'digest: expected 32 bytes (SHA-256)' USING ERRCODE = '22023';
+    ELSIF p_window IS NULL OR NOT (p_window > 0 AND p_window <= 86400) THEN
+        RAISE EXCEPTION 'window: must be a number of seconds in (0, 86400]' USING ERRCODE = '22023';
+    ELSIF p_error IS NOT NULL AND jsonb_typeof(p_error) <> 'object' THEN
+        RAISE EXCEPTION 'error: must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    PERFORM awa._check_callback_timeout_v1(p_timeout);
+    IF abs(extract(epoch FROM now())::double precision - p_sent_at::double precision) > p_window
+    THEN
+        RETURN QUERY SELECT 'expired'::text, false, NULL::timestamptz;
+        RETURN;
+    END IF;
+    -- The attempt: from an earlier receipt (its lease may be gone), else from its lease or state.
+    SELECT rc.job_id, rc.run_lease INTO v_job, v_lease
+    FROM awa.callback_receipts rc WHERE rc.callback_id = p_callback_id LIMIT 1;
+    IF v_job IS NULL THEN
+        SELECT a.job_id, a.run_lease INTO v_job, v_lease
+        FROM awa._callback_attempt_v1(p_callback_id) a;
+    END IF;
+    IF v_job IS NULL THEN
+        RETURN QUERY SELECT 'unknown'::text, false, NULL::timestamptz;
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(4282179, awa._job_key_v1(v_job));
+    -- From here on, every receipt committed before the lock is seen.
+    SELECT * INTO r FROM awa.callback_receipts rc
+    WHERE rc.callback_id = p_callback_id AND rc.request_digest = p_digest;
+    IF FOUND AND r.action = p_action THEN
+        RETURN QUERY SELECT r.outcome, true, r.timeout_at;
+        RETURN;
+    END IF;
+    IF FOUND OR EXISTS (SELECT 1 FROM awa.callback_receipts rc
+                        WHERE rc.callback_id = p_callback_id AND rc.action = 'resolve') THEN
+        RETURN QUERY SELECT CASE WHEN p_action = 'resolve' THEN 'conflict' ELSE 'stale' END,
+                            false, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF p_action = 'resolve' THEN
+        v_outcome := awa._callback_apply_v1(p_callback_id, v_job, v_lease, p_result, p_error,
+                                            COALESCE(p_terminal, false), p_backoff_base);
+    ELSE
+        SELECT e.outcome, e.timeout_at INTO v_outcome, v_until
+        FROM awa._callback_extend_locked_v1(p_callback_id, v_job, v_lease, p_timeout) e;
+    END IF;
+    IF v_outcome IN ('resolved', 'accepted', 'extended', 'pending') THEN
+        INSERT INTO awa.callback_receipts (callback_id, request_digest, action, job_id,
+                                           run_lease, outcome, timeout_at)
+        VALUES (p_callback_id, p_digest, p_action, v_job, v_lease, v_outcome, v_until)
+        ON CONFLICT DO NOTHING;
+    END IF;
+    RETURN QUERY SELECT v_outcome, false, v_until;
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa.callback_register_v1(p_job_id bigint, p_run_lease bigint, p_callback_id uuid)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -2292,6 +2590,33 @@ BEGIN
                 WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
                   AND z.claim_slot = c.claim_slot));
     RETURN CASE WHEN FOUND THEN 'resolved' ELSE 'stale' END;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.callback_resolve_v2(p_callback_id uuid, p_result jsonb DEFAULT NULL::jsonb, p_error jsonb DEFAULT NULL::jsonb, p_terminal boolean DEFAULT false, p_backoff_base double precision DEFAULT 1.0)
+ RETURNS TABLE(outcome text, job_id bigint, run_lease bigint)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_job bigint;
+    v_lease bigint;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.callback_resolve_v2');
+    IF p_error IS NOT NULL AND jsonb_typeof(p_error) <> 'object' THEN
+        RAISE EXCEPTION 'error: must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    SELECT a.job_id, a.run_lease INTO v_job, v_lease FROM awa._callback_attempt_v1(p_callback_id) a;
+    IF v_job IS NULL THEN
+        RETURN QUERY SELECT 'unknown'::text, NULL::bigint, NULL::bigint;
+        RETURN;
+    END IF;
+    -- Serialised with the attempt's park; later statements see what it committed.
+    PERFORM pg_advisory_xact_lock(4282179, awa._job_key_v1(v_job));
+    RETURN QUERY
+    SELECT awa._callback_apply_v1(p_callback_id, v_job, v_lease, p_result, p_error,
+                                  COALESCE(p_terminal, false), p_backoff_base),
+           v_job, v_lease;
 END
 $function$
 
@@ -2920,15 +3245,18 @@ BEGIN
                    p.lane_id, p.lane_seq, p.attempt + 1,
                    now() + make_interval(secs => p.timeout), p_worker, p.kind
             FROM picked p
-            RETURNING lane_seq, deadline_at
         )
+        -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+        -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+        -- now() is the statement's, so the deadline is the one written.
         SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                              p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                             i.deadline_at, p.timeout, p.progress, p.metadata, p.tags,
-                             p.errors, p.w, NULL, NULL)::awa.claimed_v3 ORDER BY p.lane_seq),
+                             now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                             p.metadata, p.tags, p.errors, p.w, NULL, NULL)::awa.claimed_v3
+                         ORDER BY p.lane_seq),
                (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
         INTO v_part, v_serial_at
-        FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq;
+        FROM picked p;
         v_got := COALESCE(cardinality(v_part), 0);
         IF v_got > 0 THEN
             v_batch := v_batch || v_part;
@@ -2985,15 +3313,18 @@ BEGIN
                    p.lane_id, p.lane_seq, p.attempt + 1,
                    now() + make_interval(secs => p.timeout), p_worker, p.kind
             FROM picked p
-            RETURNING lane_seq, deadline_at
         )
+        -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+        -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+        -- now() is the statement's, so the deadline is the one written.
         SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                              p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                             i.deadline_at, p.timeout, p.progress, p.metadata, p.tags,
-                             p.errors, p.w, NULL, NULL)::awa.claimed_v3 ORDER BY p.lane_seq),
+                             now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                             p.metadata, p.tags, p.errors, p.w, NULL, NULL)::awa.claimed_v3
+                         ORDER BY p.lane_seq),
                (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
         INTO v_part, v_serial_at
-        FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq;
+        FROM picked p;
         v_got := COALESCE(cardinality(v_part), 0);
         IF v_got > 0 THEN
             v_batch := v_batch || v_part;
@@ -3919,6 +4250,123 @@ BEGIN
     RETURN QUERY
     SELECT (e.value ->> 'id')::bigint, (e.value ->> 'lease')::bigint
     FROM jsonb_array_elements(COALESCE(v_stale, '[]')) e;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.finalize_v3(p_items jsonb)
+ RETURNS TABLE(job_id bigint, run_lease bigint)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_error text;
+    v_items jsonb;
+    v_resumed jsonb;
+    v_stale jsonb;
+    v_gen bigint;
+    v_slot integer;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.finalize_v3');
+    IF p_items IS NULL OR jsonb_typeof(p_items) <> 'array' THEN
+        RAISE EXCEPTION 'items: expected a JSON array' USING ERRCODE = '22023';
+    END IF;
+    v_error := awa._finalize_error_v1(p_items);
+    IF v_error IS NULL THEN
+        SELECT format('item %s (job %s): resume: must be true or false', e.ord - 1,
+                      e.value ->> 'id')
+        INTO v_error
+        FROM jsonb_array_elements(p_items) WITH ORDINALITY AS e(value, ord)
+        WHERE jsonb_typeof(e.value -> 'resume') NOT IN ('boolean', 'null')
+        ORDER BY e.ord LIMIT 1;
+    END IF;
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) e
+                   WHERE e.value ->> 'outcome' = 'wait') THEN
+        RETURN QUERY SELECT f.job_id, f.run_lease FROM awa.finalize_v2(p_items) f;
+        RETURN;
+    END IF;
+    -- Serialise with resolutions of the waiting jobs, in a stable order (the park takes the
+    -- same locks again). From here on, each statement sees every resolution committed before.
+    PERFORM pg_advisory_xact_lock(4282179, awa._job_key_v1(s.id))
+    FROM (SELECT DISTINCT (e.value ->> 'id')::bigint AS id
+          FROM jsonb_array_elements(p_items) e
+          WHERE e.value ->> 'outcome' = 'wait' ORDER BY 1) s;
+
+    -- Resume waits already answered with a result become resumptions.
+    WITH w AS (
+        SELECT e.ord, e.value AS raw, x.*
+        FROM jsonb_array_elements(p_items) WITH ORDINALITY AS e(value, ord),
+             jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, outcome text,
+                                            callback_id uuid, resume boolean)
+    ), early AS (
+        SELECT w.ord, w.id, w.lease, w.callback_id, s.callback_result -> 'result' AS result
+        FROM w
+        JOIN awa.attempt_state s
+          ON s.job_id = w.id AND s.run_lease = w.lease AND s.callback_id = w.callback_id
+        WHERE w.outcome = 'wait' AND COALESCE(w.resume, false)
+          AND s.callback_result IS NOT NULL
+          AND jsonb_typeof(s.callback_result -> 'error') IS DISTINCT FROM 'object'
+          AND NOT EXISTS (SELECT 1 FROM awa.leases ls
+                          WHERE ls.job_id = w.id AND ls.run_lease = w.lease)
+    )
+    SELECT jsonb_agg(CASE WHEN y.ord IS NULL THEN w.raw
+                          ELSE jsonb_build_object('id', w.id, 'lease', w.lease, 'slot', w.slot,
+                                                  'outcome', 'snooze', 'delay', 0, 'st', true,
+                                                  'closed_as', 'resumed')
+                               || CASE WHEN w.raw ? 'progress'
+                                       THEN jsonb_build_object('progress', w.raw -> 'progress')
+                                       ELSE '{}'::jsonb END
+                     END ORDER BY w.ord),
+           jsonb_agg(jsonb_build_object('id', y.id, 'lease', y.lease,
+                                        'callback_id', y.callback_id, 'result', y.result))
+               FILTER (WHERE y.ord IS NOT NULL)
+    INTO v_items, v_resumed
+    FROM w LEFT JOIN early y ON y.ord = w.ord;
+
+    -- The other waits: what they asked for, with their registered callback.
+    UPDATE awa.attempt_state s
+    SET callback_resume = COALESCE(x.resume, false), callback_timeout = x.timeout
+    FROM jsonb_to_recordset(v_items) AS x(id bigint, lease bigint, outcome text, callback_id uuid,
+                                           timeout double precision, resume boolean)
+    WHERE x.outcome = 'wait' AND s.job_id = x.id AND s.run_lease = x.lease
+      AND s.callback_id = x.callback_id;
+
+    IF v_resumed IS NOT NULL THEN
+        -- Each resumed attempt gets its lease too, closed with it below (as a park does for an
+        -- early resolution), so that a later resolution of the same callback is told 'stale'.
+        SELECT generation, slot INTO v_gen, v_slot
+        FROM awa.ring_rotations WHERE ring = 'lease' ORDER BY generation DESC LIMIT 1;
+        INSERT INTO awa.leases (lease_slot, lease_generation, job_id, run_lease, claim_slot,
+                                state, callback_id, callback_timeout_at)
+        SELECT v_slot, v_gen, x.id, x.lease, c.claim_slot, 'waiting_external', x.callback_id,
+               now()
+        FROM jsonb_to_recordset(v_resumed) AS x(id bigint, lease bigint, callback_id uuid)
+        CROSS JOIN LATERAL (
+            SELECT c.claim_slot FROM awa.claims c
+            WHERE c.job_id = x.id AND c.run_lease = x.lease
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.claim_closures z
+                  WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                    AND z.claim_slot = c.claim_slot)
+            LIMIT 1) c
+        ON CONFLICT DO NOTHING;
+    END IF;
+
+    SELECT jsonb_agg(jsonb_build_array(f.job_id, f.run_lease)) INTO v_stale
+    FROM awa.finalize_v2(v_items) f;
+
+    IF v_resumed IS NOT NULL THEN
+        PERFORM awa._callback_stamp_v1(x.id, x.lease, x.callback_id, x.result)
+        FROM jsonb_to_recordset(v_resumed) AS x(id bigint, lease bigint, callback_id uuid,
+                                                 result jsonb)
+        WHERE jsonb_build_array(x.id, x.lease) NOT IN (
+            SELECT p.value FROM jsonb_array_elements(COALESCE(v_stale, '[]'::jsonb)) p);
+    END IF;
+    RETURN QUERY
+    SELECT (p.value ->> 0)::bigint, (p.value ->> 1)::bigint
+    FROM jsonb_array_elements(COALESCE(v_stale, '[]'::jsonb)) p;
 END
 $function$
 
@@ -4993,7 +5441,43 @@ AS $function$
     SELECT p_queue IS NOT NULL AND p_queue ~ '^[a-z0-9_.-]{1,63}$'
 $function$
 
--- view (6)
+-- view (7)
+CREATE VIEW awa.callback_waits AS
+ SELECT job_id,
+    run_lease,
+    callback_id,
+    parked_at,
+    timeout_at,
+    COALESCE(callback_resume, false) AS resume,
+    attempt,
+    kind,
+    queue,
+    priority,
+    max_attempts,
+    created_at,
+    metadata,
+    COALESCE(progress, progress) AS progress
+   FROM ((((( SELECT job_id,
+            run_lease,
+            (array_agg(callback_id))[1] AS callback_id,
+            min(created_at) AS parked_at,
+            min(callback_timeout_at) AS timeout_at
+           FROM awa.leases ls
+          WHERE (state = 'waiting_external'::text)
+          GROUP BY job_id, run_lease) w
+     CROSS JOIN LATERAL ( SELECT attempt,
+            lane_id,
+            lane_seq,
+            ready_slot
+           FROM awa.claims c_1
+          WHERE ((job_id = job_id) AND (run_lease = run_lease) AND (NOT (EXISTS ( SELECT 1
+                   FROM awa.claim_closures z
+                  WHERE ((job_id = job_id) AND (run_lease = run_lease) AND (claim_slot = claim_slot))))))
+         LIMIT 1) c)
+     JOIN awa.queue_lanes l ON ((lane_id = lane_id)))
+     JOIN awa.ready_entries r ON (((lane_id = lane_id) AND (lane_seq = lane_seq) AND (ready_slot = ready_slot))))
+     LEFT JOIN awa.attempt_state s ON (((job_id = job_id) AND (run_lease = run_lease))));
+
 CREATE VIEW awa.cron_schedule_status AS
  SELECT name,
     kind,

@@ -796,15 +796,18 @@ BEGIN
                    p.lane_id, p.lane_seq, p.attempt + 1,
                    now() + make_interval(secs => p.timeout), p_worker, p.kind
             FROM picked p
-            RETURNING lane_seq, deadline_at
         )
+        -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+        -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+        -- now() is the statement's, so the deadline is the one written.
         SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                              p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                             i.deadline_at, p.timeout, p.progress, p.metadata, p.tags,
-                             p.errors, p.w, NULL, NULL)::awa.claimed_v3 ORDER BY p.lane_seq),
+                             now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                             p.metadata, p.tags, p.errors, p.w, NULL, NULL)::awa.claimed_v3
+                         ORDER BY p.lane_seq),
                (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
         INTO v_part, v_serial_at
-        FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq;
+        FROM picked p;
         v_got := COALESCE(cardinality(v_part), 0);
         IF v_got > 0 THEN
             v_batch := v_batch || v_part;
@@ -861,15 +864,18 @@ BEGIN
                    p.lane_id, p.lane_seq, p.attempt + 1,
                    now() + make_interval(secs => p.timeout), p_worker, p.kind
             FROM picked p
-            RETURNING lane_seq, deadline_at
         )
+        -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+        -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+        -- now() is the statement's, so the deadline is the one written.
         SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                              p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                             i.deadline_at, p.timeout, p.progress, p.metadata, p.tags,
-                             p.errors, p.w, NULL, NULL)::awa.claimed_v3 ORDER BY p.lane_seq),
+                             now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                             p.metadata, p.tags, p.errors, p.w, NULL, NULL)::awa.claimed_v3
+                         ORDER BY p.lane_seq),
                (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
         INTO v_part, v_serial_at
-        FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq;
+        FROM picked p;
         v_got := COALESCE(cardinality(v_part), 0);
         IF v_got > 0 THEN
             v_batch := v_batch || v_part;

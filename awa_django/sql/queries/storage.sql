@@ -45,6 +45,10 @@ SELECT awa.flow_sync_v1(%s::jsonb)
 -- name: finalize
 SELECT job_id, run_lease FROM awa.finalize_v2(%s::jsonb)
 
+-- name: finalize_waits
+-- A batch that parks attempts (WaitForCallback): finalize_v2 plus each wait's mode and timeout.
+SELECT job_id, run_lease FROM awa.finalize_v3(%s::jsonb)
+
 -- name: heartbeat
 SELECT job_id, run_lease FROM awa.heartbeat_v1(%s::jsonb)
 
