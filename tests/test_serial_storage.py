@@ -255,13 +255,33 @@ def test_reset_after_a_failed_claim_releases_and_hands_on() -> None:
         with pytest.raises(psycopg.errors.DivisionByZero), a.transaction():
             a.execute("SELECT pg_try_advisory_lock(4282183, 777)")
             a.execute("SELECT 1 / 0")
-        assert a.execute(query("serial_reset"), [keep]).fetchone() == (1,)
+        assert a.execute(query("serial_reset"), [keep, None]).fetchone() == (1,)
         # Retake: another session cannot take what A holds; once A released it, it can.
         assert b.execute(query("serial_retake"), [keep]).fetchone() == (keep,)
         sa.done(ids[0])
         assert b.execute(query("serial_retake"), [keep]).fetchone() == ([],)
         assert b.execute(query("serial_release"), [[*keep, 5]]).fetchone() == (1,)
         assert Session(b).ids("rs") == [ids[1]]
+
+
+def test_a_release_whose_unlock_stuck_after_a_failed_claim_still_hands_on() -> None:
+    with pg() as a:
+        sa = Session(a)
+        ids = enqueue(a, "st", ["k", "k", "k"])
+        assert sa.ids("st") == [ids[0]]
+        [lock] = sa.held.values()
+        # A claim released the key (session locks do not roll back) and then failed: the
+        # hand-off rolled back with it. Handing the key back again hands it on.
+        a.execute("SELECT pg_advisory_unlock(4282183, %s)", [lock])
+        assert a.execute(query("serial_release"), [[lock]]).fetchone() == (0,)
+        assert Session(a).ids("st") == [ids[1]]
+        # The same through the reset after a failed claim.
+        a.execute("SELECT awa.serial_release_v1(%s)", [[lock]])
+        assert parked(a) == []
+        assert Session(a).ids("st") == [ids[2]]
+        with pg() as b:
+            assert b.execute(query("serial_reset"), [[], [lock]]).fetchone() == (0,)
+        assert a.execute(query("serial_reset"), [[], [lock]]).fetchone() == (1,)
 
 
 def test_jobs_without_a_key_write_nothing_more() -> None:

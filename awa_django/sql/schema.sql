@@ -972,7 +972,7 @@ DECLARE
     v_park boolean;
     v_lease bigint;
     v_deadline timestamptz;
-    v_scan integer := LEAST(LEAST(p_units, p_jobs), 1000) * 2 + 64;
+    v_scan integer := LEAST(LEAST(p_units, p_jobs) * 2 + 64, 512);
     v_seen integer := 0;
     v_jobs integer := 0;
 BEGIN
@@ -5232,8 +5232,13 @@ BEGIN
     FOR k IN SELECT DISTINCT u.k FROM unnest(p_keys) AS u(k) WHERE u.k IS NOT NULL ORDER BY 1
     LOOP
         PERFORM pg_advisory_xact_lock(4282184, k);
-        CONTINUE WHEN NOT pg_advisory_unlock(4282183, k);
-        v_n := v_n + 1;
+        IF pg_advisory_unlock(4282183, k) THEN
+            v_n := v_n + 1;
+        ELSIF pg_try_advisory_lock(4282183, k) THEN
+            PERFORM pg_advisory_unlock(4282183, k);  -- not held here, and free
+        ELSE
+            CONTINUE;  -- another session's job of the key runs: it hands on when it ends
+        END IF;
         IF EXISTS (SELECT 1 FROM awa.serial_waiting w WHERE w.lock_key = k) THEN
             PERFORM awa._serial_hand_off_v1(k);
         END IF;
@@ -5242,11 +5247,11 @@ BEGIN
 END
 $function$
 
-CREATE OR REPLACE FUNCTION awa.serial_reset_v1(p_keep integer[])
+CREATE OR REPLACE FUNCTION awa.serial_reset_v1(p_keep integer[], p_release integer[] DEFAULT NULL::integer[])
  RETURNS integer
  LANGUAGE sql
 AS $function$
-    SELECT awa.serial_release_v1(array_agg(k.key))
+    SELECT awa.serial_release_v1(COALESCE(array_agg(k.key), '{}') || COALESCE(p_release, '{}'))
     FROM (
         SELECT CASE WHEN l.objid < 2147483648 THEN l.objid::bigint::integer
                     ELSE (l.objid::bigint - 4294967296)::integer END AS key

@@ -87,7 +87,12 @@ class _Locks:
             self.held.pop(key, None)
 
     async def reset(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        await conn.execute(query(self.reset_query), [list(self.held)])
+        if self.reset_query == "serial_reset":
+            # Keys the failed claim was releasing are handed on (their unlock may have stuck).
+            params: list[Any] = [list(self.held), list(self.to_release)]
+        else:
+            params = [list(self.held)]
+        await conn.execute(query(self.reset_query), params)
         self.to_release.clear()
 
 

@@ -377,7 +377,9 @@ $$;
 
 -- Hand back run locks of serial keys this session holds (keys from the serial_lock column of
 -- claimed rows) and hand each key on. Waits, in key order, for claims deciding about the same
--- keys (short). Returns how many were held; a key not held is passed over.
+-- keys (short). A key this session no longer holds (released by an earlier statement whose
+-- transaction then failed: session locks do not roll back) is still handed on when its run
+-- lock is free. Returns how many were held.
 CREATE FUNCTION awa.serial_release_v1(p_keys integer[]) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -387,8 +389,13 @@ BEGIN
     FOR k IN SELECT DISTINCT u.k FROM unnest(p_keys) AS u(k) WHERE u.k IS NOT NULL ORDER BY 1
     LOOP
         PERFORM pg_advisory_xact_lock(4282184, k);
-        CONTINUE WHEN NOT pg_advisory_unlock(4282183, k);
-        v_n := v_n + 1;
+        IF pg_advisory_unlock(4282183, k) THEN
+            v_n := v_n + 1;
+        ELSIF pg_try_advisory_lock(4282183, k) THEN
+            PERFORM pg_advisory_unlock(4282183, k);  -- not held here, and free
+        ELSE
+            CONTINUE;  -- another session's job of the key runs: it hands on when it ends
+        END IF;
         IF EXISTS (SELECT 1 FROM awa.serial_waiting w WHERE w.lock_key = k) THEN
             PERFORM awa._serial_hand_off_v1(k);
         END IF;
@@ -407,12 +414,14 @@ LANGUAGE sql AS $$
     WHERE NOT pg_try_advisory_lock(4282183, k)
 $$;
 
--- Release (and hand on) every serial run lock this session holds except p_keep, after a claim
--- failed part-way (a session lock taken by a statement that then failed stays held). Returns
--- how many it released.
-CREATE FUNCTION awa.serial_reset_v1(p_keep integer[]) RETURNS integer
+-- After a claim failed part-way: release (and hand on) every serial run lock this session
+-- holds except p_keep (a session lock taken by a statement that then failed stays held), and
+-- hand on p_release (keys whose release that claim carried: session locks do not roll back,
+-- the hand-off did). Returns how many it released.
+CREATE FUNCTION awa.serial_reset_v1(p_keep integer[], p_release integer[] DEFAULT NULL)
+RETURNS integer
 LANGUAGE sql AS $$
-    SELECT awa.serial_release_v1(array_agg(k.key))
+    SELECT awa.serial_release_v1(COALESCE(array_agg(k.key), '{}') || COALESCE(p_release, '{}'))
     FROM (
         SELECT CASE WHEN l.objid < 2147483648 THEN l.objid::bigint::integer
                     ELSE (l.objid::bigint - 4294967296)::integer END AS key
@@ -481,7 +490,7 @@ DECLARE
     v_park boolean;
     v_lease bigint;
     v_deadline timestamptz;
-    v_scan integer := LEAST(LEAST(p_units, p_jobs), 1000) * 2 + 64;
+    v_scan integer := LEAST(LEAST(p_units, p_jobs) * 2 + 64, 512);
     v_seen integer := 0;
     v_jobs integer := 0;
 BEGIN

@@ -34,7 +34,7 @@ SELECT awa.serial_release_v1(%s::integer[])
 SELECT awa.serial_retake_v1(%s::integer[])
 
 -- name: serial_reset
-SELECT awa.serial_reset_v1(%s::integer[])
+SELECT awa.serial_reset_v1(%s::integer[], %s::integer[])
 
 -- name: serial_sweep
 SELECT job_id FROM awa.serial_sweep_v1(%s) AS s(job_id)
