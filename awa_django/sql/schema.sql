@@ -3045,6 +3045,8 @@ DECLARE
     v_units integer;
     v_batch awa.claimed_v3[] := '{}';
     v_part awa.claimed_v3[];
+    v_row awa.claimed_v3;
+    v_weight integer;
     v_paused boolean;
     v_cursor bigint;
     v_cslot integer;
@@ -3254,13 +3256,13 @@ BEGIN
                              now() + make_interval(secs => p.timeout), p.timeout, p.progress,
                              p.metadata, p.tags, p.errors, p.w, NULL, NULL)::awa.claimed_v3
                          ORDER BY p.lane_seq),
-               (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
-        INTO v_part, v_serial_at
+               COALESCE(sum(p.w), 0), (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
+        INTO v_part, v_weight, v_serial_at
         FROM picked p;
         v_got := COALESCE(cardinality(v_part), 0);
         IF v_got > 0 THEN
             v_batch := v_batch || v_part;
-            v_remaining := v_remaining - (SELECT sum(b.weight) FROM unnest(v_part) b)::integer;
+            v_remaining := v_remaining - v_weight;
             v_jobs_left := v_jobs_left - v_got;
         END IF;
         EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
@@ -3322,13 +3324,13 @@ BEGIN
                              now() + make_interval(secs => p.timeout), p.timeout, p.progress,
                              p.metadata, p.tags, p.errors, p.w, NULL, NULL)::awa.claimed_v3
                          ORDER BY p.lane_seq),
-               (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
-        INTO v_part, v_serial_at
+               COALESCE(sum(p.w), 0), (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
+        INTO v_part, v_weight, v_serial_at
         FROM picked p;
         v_got := COALESCE(cardinality(v_part), 0);
         IF v_got > 0 THEN
             v_batch := v_batch || v_part;
-            v_remaining := v_remaining - (SELECT sum(b.weight) FROM unnest(v_part) b)::integer;
+            v_remaining := v_remaining - v_weight;
             v_jobs_left := v_jobs_left - v_got;
         END IF;
         EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
@@ -3373,19 +3375,15 @@ BEGIN
             v_bound := v_bound AND v_jobs_left <= 0;  -- the lanes ran dry, not the permits
         END IF;
     END IF;
-    RETURN QUERY
-    SELECT b.job_id, b.run_lease, b.attempt, b.max_attempts, b.claim_slot, b.kind, b.args,
-           b.queue, b.priority, b.deadline_at, b.timeout_secs, b.progress, b.metadata, b.tags,
-           b.errors, b.weight,
-           CASE WHEN v_keys IS NULL THEN NULL
-                ELSE v_keys[(b.cw - b.weight + 1)::integer:b.cw::integer] END,
-           b.serial_lock
-    FROM (SELECT u.*, sum(u.weight) OVER (ORDER BY u.ord) AS cw
-          FROM unnest(v_batch) WITH ORDINALITY
-               AS u(job_id, run_lease, attempt, max_attempts, claim_slot, kind, args, queue,
-                    priority, deadline_at, timeout_secs, progress, metadata, tags, errors,
-                    weight, permits, serial_lock, ord)) b
-    ORDER BY b.ord;
+    -- Each job with its share of the permits, in claim order (no SQL statement: a loop).
+    v_used := 0;
+    FOREACH v_row IN ARRAY v_batch LOOP
+        IF v_keys IS NOT NULL THEN
+            v_row.permits := v_keys[v_used + 1:v_used + v_row.weight];
+            v_used := v_used + v_row.weight;
+        END IF;
+        RETURN NEXT v_row;
+    END LOOP;
     IF v_retry AND v_remaining > 0 AND v_jobs_left > 0 THEN
         -- A serial key was being decided by another claim, or rows are left to look at: claim
         -- again soon rather than after a poll interval.
