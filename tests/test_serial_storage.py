@@ -371,3 +371,40 @@ def test_drain_runs_the_jobs_of_a_key_in_order_and_hands_keys_back() -> None:
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 4282183"
         ).fetchone()
         assert row == (0,)
+
+
+def test_the_worker_hands_keys_on_after_a_reconnect_and_a_failed_claim() -> None:
+    import asyncio
+
+    from awa_django.worker.flow import Permits
+    from tests.helpers import conninfo
+
+    async def scenario() -> None:
+        with pg() as a:
+            ids = enqueue(a, "wk", ["k", "k", "k", "j", "j"])
+        permits = Permits()
+        first = await psycopg.AsyncConnection.connect(conninfo(), autocommit=True)
+        got = await storage.aclaim_units(first, "wk", 10, WORKER)
+        assert [job.job_id for job in got.jobs] == [ids[0], ids[3]]
+        for job in got.jobs:
+            permits.hold(job.permits, f"job {job.job_id}", job.serial_lock)
+        # k's job ended, but its key was not handed back before the connection dropped: the
+        # server frees the lock with the session, and the new session hands k on.
+        permits.give_back(None, got.jobs[0].serial_lock)
+        await first.close()
+        second = await psycopg.AsyncConnection.connect(conninfo(), autocommit=True)
+        await permits.on_connect(second)  # j's lock is taken back, k is handed on
+        with pg() as a:
+            assert parked(a) == [ids[2], ids[4]]  # ids[1] is ready again
+        # A failed claim: its unlock of j sticks, its hand-off rolls back; the reset before the
+        # next claim hands j on.
+        permits.give_back(None, got.jobs[1].serial_lock)
+        await second.execute("SELECT pg_advisory_unlock(4282183, %s)", [got.jobs[1].serial_lock])
+        permits.claim_failed()
+        await permits.prepare(second)
+        assert permits.serial_held_keys() == [] and permits.serial_release_batch() == []
+        await second.close()
+        with pg() as a:
+            assert parked(a) == [ids[2]]
+
+    asyncio.run(scenario())

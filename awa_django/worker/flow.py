@@ -38,12 +38,21 @@ log = logging.getLogger("awa_django.worker")
 
 class _Locks:
     """The locks of one advisory-lock class: held ones (key -> what holds it, for log lines)
-    and ended ones not handed back yet."""
+    and ended ones not handed back yet.
 
-    def __init__(self, what: str, retake: str, reset: str) -> None:
-        self.what = what
-        self.retake_query = retake
-        self.reset_query = reset
+    ``kind`` names them in log lines and ``lost`` says what a lock taken by another worker
+    during a reconnect means; ``prefix`` names the class's queries (``<prefix>_retake``,
+    ``<prefix>_reset``, ``<prefix>_release``). Serial keys (``hands_on``) are handed on to
+    their next job when released, so ended keys are handed on after a reconnect (the old
+    session freed them, nobody handed them on) and by the reset after a failed claim (the
+    claim's unlock sticks, its hand-off rolled back).
+    """
+
+    def __init__(self, kind: str, lost: str, prefix: str, *, hands_on: bool) -> None:
+        self.kind = kind
+        self.lost = lost
+        self.prefix = prefix
+        self.hands_on = hands_on
         self.held: dict[int, str] = {}
         self.to_release: list[int] = []
 
@@ -62,37 +71,33 @@ class _Locks:
             self.to_release = [k for k in self.to_release if k not in done]
 
     async def retake(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        ended = list(self.to_release)
         self.to_release.clear()  # the server freed them with the old session
+        if ended and self.hands_on:
+            await conn.execute(query(f"{self.prefix}_release"), [ended])
         if not self.held:
             return
-        cursor = await conn.execute(query(self.retake_query), [list(self.held)])
+        cursor = await conn.execute(query(f"{self.prefix}_retake"), [list(self.held)])
         row = await cursor.fetchone()
         lost = list(row[0]) if row and row[0] else []
         log.warning(
             "awa worker: claim connection reopened; took back %d %s%s",
             len(self.held) - len(lost),
-            self.what,
+            self.kind,
             ""
             if not lost
             else f"; {len(lost)} were taken by other workers meanwhile, so until "
-            f"{', '.join(sorted({self.held[k] for k in lost}))} end(s) "
-            + (
-                "the queue's global limit may be passed"
-                if self.retake_query == "flow_retake"
-                else "another job of the same serial key may run at the same time"
-            ),
+            f"{', '.join(sorted({self.held[k] for k in lost}))} end(s) {self.lost}",
         )
         for key in lost:
             # Not ours any more: never hand it back (that would free another worker's lock).
             self.held.pop(key, None)
 
     async def reset(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        if self.reset_query == "serial_reset":
-            # Keys the failed claim was releasing are handed on (their unlock may have stuck).
-            params: list[Any] = [list(self.held), list(self.to_release)]
-        else:
-            params = [list(self.held)]
-        await conn.execute(query(self.reset_query), params)
+        params: list[Any] = [list(self.held)]
+        if self.hands_on:
+            params.append(list(self.to_release))
+        await conn.execute(query(f"{self.prefix}_reset"), params)
         self.to_release.clear()
 
 
@@ -101,8 +106,18 @@ class Permits:
     docstring)."""
 
     def __init__(self) -> None:
-        self._permits = _Locks("global-concurrency permit(s)", "flow_retake", "flow_reset")
-        self._serial = _Locks("serial key lock(s)", "serial_retake", "serial_reset")
+        self._permits = _Locks(
+            "global-concurrency permit(s)",
+            "the queue's global limit may be passed",
+            "flow",
+            hands_on=False,
+        )
+        self._serial = _Locks(
+            "serial key lock(s)",
+            "another job of the same serial key may run at the same time",
+            "serial",
+            hands_on=True,
+        )
         self._dirty = False
 
     @property
