@@ -30,6 +30,7 @@ from awa_django.limits import (
     FLOW_BURST_RANGE,
     FLOW_CONCURRENCY_RANGE,
     FLOW_RATE_MAX,
+    FLOW_RATE_MIN,
     QUEUE_NAME_RE,
 )
 
@@ -296,10 +297,9 @@ def _validate(label: str, value: object, spec: _Spec) -> object:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise _wrong_type(label, kind, value)
-        if not math.isfinite(value) or value <= 0 or value > (spec.maximum or math.inf):
+        if not math.isfinite(value) or not FLOW_RATE_MIN <= value <= (spec.maximum or math.inf):
             raise ImproperlyConfigured(
-                f"{label} must be a number greater than 0 and at most {spec.maximum:,}, "
-                f"got {value!r}."
+                f"{label} must be a number from {FLOW_RATE_MIN} to {spec.maximum:,}, got {value!r}."
             )
         return float(value)
     if kind is _Kind.MODULES:

@@ -12,7 +12,10 @@ server's lock table equal:
   with its attempt: until that attempt ends the limit may be passed by it;
 * after a claim that failed (a session lock taken by a statement that then failed stays
   held), every permit of the session not in the held set is released;
-* permits to hand back are kept until a claim carrying them succeeded.
+* permits to hand back are taken out of the list by the claim that carries them
+  (``release_batch``), so that two claims (one per queue) never hand back the same permit: the
+  second would free it from an attempt the first one gave it to. A claim that fails leaves
+  them to the reset before the next claim, or to the server when the session is lost.
 
 Everything here runs on the worker's event loop; nothing is thread-safe.
 """
@@ -61,14 +64,11 @@ class Permits:
         return list(self.held)
 
     def release_batch(self) -> list[int]:
-        """The keys the next claim hands back (call ``released`` once it succeeded)."""
-        return list(self.to_release)
-
-    def released(self, keys: list[int]) -> None:
-        """A claim handing back ``keys`` succeeded."""
-        if keys:
-            done = set(keys)
-            self.to_release = [k for k in self.to_release if k not in done]
+        """The keys the next claim hands back, taken out of the list: only that claim carries
+        them (after it failed, ``prepare`` frees whatever the session holds and no running
+        attempt does)."""
+        keys, self.to_release = self.to_release, []
+        return keys
 
     def claim_failed(self) -> None:
         """A claim failed on a live connection: reset the session's permits before the next."""

@@ -484,17 +484,23 @@ class WorkerRuntime(Execution):
                 conn: psycopg.AsyncConnection[Any], want: int = want, release: list[int] = release
             ) -> Claimed:
                 await self.permits.prepare(conn)
-                return await aclaim_units(
-                    conn,
-                    queue.name,
-                    want,
-                    self.instance_id,
-                    aging_interval=cfg.settings.PRIORITY_AGING_INTERVAL,
-                    default_deadline=queue.deadline,
-                    max_weight=self.slots.caps[queue.name],
-                    held=self.permits.held_keys(),
-                    release=release,
-                )
+                try:
+                    return await aclaim_units(
+                        conn,
+                        queue.name,
+                        want,
+                        self.instance_id,
+                        aging_interval=cfg.settings.PRIORITY_AGING_INTERVAL,
+                        default_deadline=queue.deadline,
+                        max_weight=self.slots.caps[queue.name],
+                        held=self.permits.held_keys(),
+                        release=release,
+                    )
+                except Exception:
+                    # Session locks taken by the failed statement stay held: free them before
+                    # the link retries it (or before the next claim).
+                    self.permits.claim_failed()
+                    raise
 
             try:
                 claimed = await self.claim_link.run(claim, give_up=lambda: self.stopping)
@@ -520,7 +526,6 @@ class WorkerRuntime(Execution):
                 self.permits.claim_failed()
                 raise
             failures = 0
-            self.permits.released(release)
             jobs = claimed.jobs
             units = sum(job.weight for job in jobs)
             self.claimed += len(jobs)
@@ -562,7 +567,6 @@ class WorkerRuntime(Execution):
 
         try:
             await self.claim_link.run(release, give_up=lambda: True)
-            self.permits.released(keys)
         except Exception as exc:  # the session's end frees them anyway
             log.warning("awa worker: could not hand back permits (%s)", first_line(exc))
 
