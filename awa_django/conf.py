@@ -238,6 +238,13 @@ def load_settings(raw: object) -> AwaSettings:
         name: _validate(f"AWA[{name!r}]", raw.get(name, spec.default), spec)
         for name, spec in _SPECS.items()
     }
+    tolerance = cast(float, values["CALLBACK_TIMESTAMP_TOLERANCE"])
+    if not 1.0 <= tolerance <= 86_400.0:
+        raise ImproperlyConfigured(
+            f"AWA['CALLBACK_TIMESTAMP_TOLERANCE'] must be between 1 and 86400 seconds, got "
+            f"{tolerance:g}: signed timestamps are whole seconds, and the window is at most a "
+            "day."
+        )
     interval = cast(float, values["HEARTBEAT_INTERVAL"])
     staleness = cast(float, values["HEARTBEAT_STALENESS"])
     if staleness <= interval:
