@@ -99,7 +99,7 @@ def check_callback_size(
     except ImproperlyConfigured:
         return []
     upload = getattr(settings, "DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440)
-    if upload is None or cfg.CALLBACK_MAX_BYTES <= upload:
+    if upload is None or upload >= cfg.CALLBACK_MAX_BYTES:
         return []
     return [
         Warning(
