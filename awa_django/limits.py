@@ -24,6 +24,7 @@ __all__ = [
     "FLOW_BURST_RANGE",
     "FLOW_CONCURRENCY_RANGE",
     "FLOW_RATE_MAX",
+    "FLOW_RATE_MIN",
     "MAX_BIGINT",
     "MAX_SECONDS",
     "MAX_TEXT",
@@ -106,9 +107,10 @@ def check_serial_key(value: object, field: str = "serial_key") -> str:
 
 
 #: The bounds of a queue's flow limits (docs/flow.md), as ``AWA["QUEUES"]`` and the
-#: ``awa.flow_limits`` table's checks have them: global concurrency, jobs per second (more
-#: than 0, at most this), burst.
+#: ``awa.flow_limits`` table's checks have them: global concurrency, jobs per second (one per
+#: 1,000 s at least, a million at most), burst.
 FLOW_CONCURRENCY_RANGE = (1, 10_000)
+FLOW_RATE_MIN = 0.001
 FLOW_RATE_MAX = 1_000_000
 FLOW_BURST_RANGE = (1, 1_000_000)
 
@@ -118,7 +120,7 @@ def check_flow_limits(
 ) -> tuple[int | None, float | None, int | None]:
     """One queue's flow limits, checked: ``global_concurrency`` an ``int`` (not ``bool``) in
     :data:`FLOW_CONCURRENCY_RANGE`, ``rate_limit`` a finite ``int`` or ``float`` (not
-    ``bool``) above 0 and at most :data:`FLOW_RATE_MAX`, ``rate_burst`` an ``int`` in
+    ``bool``) in :data:`FLOW_RATE_MIN` .. :data:`FLOW_RATE_MAX`, ``rate_burst`` an ``int`` in
     :data:`FLOW_BURST_RANGE` and only with a rate; ``None`` is "not limited", and at least one
     of the two limits must be given. Returns them with the rate as a float;
     ``InvalidOptionError`` names the first bad one."""
@@ -135,12 +137,12 @@ def check_flow_limits(
     if rate_limit is not None:
         # An int is compared as it is (float() of a huge int overflows); NaN fails every test.
         if type(rate_limit) not in (int, float) or not (
-            0 < rate_limit <= FLOW_RATE_MAX  # type: ignore[operator]
+            FLOW_RATE_MIN <= rate_limit <= FLOW_RATE_MAX  # type: ignore[operator]
         ):
             raise InvalidOptionError(
                 "rate_limit",
-                f"{show(rate_limit)} is not a number of jobs per second above 0 and at most "
-                f"{FLOW_RATE_MAX:,}",
+                f"{show(rate_limit)} is not a number of jobs per second from {FLOW_RATE_MIN} "
+                f"to {FLOW_RATE_MAX:,}",
             )
         rate = float(rate_limit)  # type: ignore[arg-type]
     burst: int | None = None

@@ -511,7 +511,7 @@ flow_limits flow_limits_max_running_check CHECK (((max_running >= 1) AND (max_ru
 flow_limits flow_limits_max_seen_check CHECK (((max_seen >= 1) AND (max_seen <= 10000)))
 flow_limits flow_limits_pkey PRIMARY KEY (queue)
 flow_limits flow_limits_queue_check CHECK (awa.valid_queue_name(queue))
-flow_limits flow_limits_rate_check CHECK (((rate > (0)::double precision) AND (rate <= (1000000)::double precision)))
+flow_limits flow_limits_rate_check CHECK (((rate >= (0.001)::double precision) AND (rate <= (1000000)::double precision)))
 flow_limits flow_limits_source_check CHECK ((source = ANY (ARRAY['settings'::text, 'operator'::text])))
 flow_rate_state flow_rate_state_pkey PRIMARY KEY (queue)
 lane_floors lane_floors_pkey PRIMARY KEY (lane_id)
@@ -3146,6 +3146,14 @@ BEGIN
         INSERT INTO awa.flow_rate_state (queue, tat) VALUES (p_queue, now())
         ON CONFLICT (queue) DO NOTHING;
         SELECT s.tat INTO v_tat FROM awa.flow_rate_state s WHERE s.queue = p_queue FOR UPDATE;
+        -- Never further ahead than the current limits allow (burst × T): a state left by a
+        -- slower rate, or by a cleared one, holds nothing back once the limit is raised.
+        IF v_tat > now() + make_interval(secs => COALESCE(
+                v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer)) * v_period) THEN
+            v_tat := now() + make_interval(secs => COALESCE(
+                v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer)) * v_period);
+            UPDATE awa.flow_rate_state s SET tat = v_tat WHERE s.queue = p_queue;
+        END IF;
         v_tat := GREATEST(v_tat, now());
         v_jobs := floor((extract(epoch FROM now() - v_tat)
                          + COALESCE(v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer))
@@ -4467,15 +4475,26 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     IF p_clear THEN
-        DELETE FROM awa.flow_limits f WHERE f.queue = p_queue;
-        IF p_settings IS NOT NULL AND jsonb_typeof(p_settings) = 'object' THEN
-            INSERT INTO awa.flow_limits (queue, max_running, rate, burst, max_seen, source,
-                                         updated_by)
-            VALUES (p_queue, (p_settings ->> 'max_running')::integer,
-                    (p_settings ->> 'rate')::double precision,
-                    (p_settings ->> 'burst')::integer, (p_settings ->> 'max_running')::integer,
-                    'settings', p_actor);
+        -- An upsert, not a delete and an insert: concurrent changes of one queue serialise on
+        -- its row, and max_seen keeps counting permits still held above the new limit.
+        IF p_settings IS NULL OR jsonb_typeof(p_settings) <> 'object'
+           OR (p_settings ->> 'max_running') IS NULL AND (p_settings ->> 'rate') IS NULL THEN
+            UPDATE awa.flow_limits f
+            SET max_running = NULL, rate = NULL, burst = NULL, source = 'settings',
+                updated_by = p_actor, updated_at = now()
+            WHERE f.queue = p_queue;
+            RETURN;
         END IF;
+        INSERT INTO awa.flow_limits AS f (queue, max_running, rate, burst, max_seen, source,
+                                          updated_by)
+        VALUES (p_queue, (p_settings ->> 'max_running')::integer,
+                (p_settings ->> 'rate')::double precision,
+                (p_settings ->> 'burst')::integer, (p_settings ->> 'max_running')::integer,
+                'settings', p_actor)
+        ON CONFLICT (queue) DO UPDATE
+        SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst,
+            max_seen = GREATEST(f.max_running, f.max_seen, excluded.max_running),
+            source = 'settings', updated_by = p_actor, updated_at = now();
     ELSE
         INSERT INTO awa.flow_limits AS f (queue, max_running, rate, burst, max_seen, source,
                                           updated_by)
@@ -4485,7 +4504,8 @@ BEGIN
             max_seen = GREATEST(f.max_running, f.max_seen, excluded.max_running),
             source = 'operator', updated_by = p_actor, updated_at = now();
     END IF;
-    RETURN QUERY SELECT * FROM awa.flow_limits f WHERE f.queue = p_queue;
+    RETURN QUERY SELECT * FROM awa.flow_limits f
+                 WHERE f.queue = p_queue AND (f.max_running IS NOT NULL OR f.rate IS NOT NULL);
 END
 $function$
 
@@ -4498,6 +4518,7 @@ AS $function$
            f.updated_at
     FROM awa.flow_limits f
     LEFT JOIN awa.flow_in_use_v1() u ON u.queue = f.queue
+    WHERE f.max_running IS NOT NULL OR f.rate IS NOT NULL
     ORDER BY f.queue
 $function$
 
@@ -4512,8 +4533,12 @@ BEGIN
     IF p_limits IS NULL OR jsonb_typeof(p_limits) <> 'object' THEN
         RAISE EXCEPTION 'flow limits: expected a JSON object' USING ERRCODE = '22023';
     END IF;
-    DELETE FROM awa.flow_limits f
-    WHERE f.source = 'settings' AND NOT p_limits ? f.queue;
+    -- Settings rows of queues the settings no longer limit lose their limits; the row stays,
+    -- so that max_seen keeps counting permits still held if a limit comes back.
+    UPDATE awa.flow_limits f SET max_running = NULL, rate = NULL, burst = NULL,
+                                 updated_by = 'settings', updated_at = now()
+    WHERE f.source = 'settings' AND NOT p_limits ? f.queue
+      AND (f.max_running IS NOT NULL OR f.rate IS NOT NULL);
     GET DIAGNOSTICS v_n = ROW_COUNT;
     v_changed := v_changed + v_n;
     INSERT INTO awa.flow_limits AS f (queue, max_running, rate, burst, max_seen, source,
@@ -5249,7 +5274,10 @@ CREATE OR REPLACE FUNCTION awa.serial_reset_v1(p_keep integer[], p_release integ
  RETURNS integer
  LANGUAGE sql
 AS $function$
-    SELECT awa.serial_release_v1(COALESCE(array_agg(k.key), '{}') || COALESCE(p_release, '{}'))
+    SELECT awa.serial_release_v1(
+        COALESCE(array_agg(k.key), '{}')
+        || ARRAY(SELECT r FROM unnest(COALESCE(p_release, '{}')) AS r
+                 WHERE NOT r = ANY (COALESCE(p_keep, '{}'))))
     FROM (
         SELECT CASE WHEN l.objid < 2147483648 THEN l.objid::bigint::integer
                     ELSE (l.objid::bigint - 4294967296)::integer END AS key

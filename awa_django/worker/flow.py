@@ -7,16 +7,22 @@ enqueued with a ``serial_key``: while it is held no other job of the key starts 
 process keeps both while the handler runs (also past a rescue or a stop: the limit and the key
 count handlers that really run) and hands them back on the claim connection, in the next
 claim's ``p_release`` and ``p_serial_release``, once the handler ended; a released serial key
-is handed on to the oldest job waiting for it. Three things keep the bookkeeping and the
+is handed on to the oldest job waiting for it. These things keep the bookkeeping and the
 server's lock table equal:
 
 * after a reconnect (the server freed the old session's locks), every held lock is taken again
   before the next claim; one another session took meanwhile cannot be, and is logged with its
   attempt: until that attempt ends the limit may be passed by it, or two jobs of its serial
-  key may run at once;
+  key may run at once. Serial keys of attempts that ended are handed on then (the old session
+  freed them, nobody handed them on);
 * after a claim that failed (a session lock taken by a statement that then failed stays
-  held), every lock of the session not in the held set is released;
-* locks to hand back are kept until a claim carrying them succeeded.
+  held), every lock of the session not in the held set is released, and the serial keys that
+  claim carried are handed on (its unlock may have stuck while its hand-off rolled back);
+* locks to hand back are taken out of the list by the claim that carries them
+  (``release_batch``), and that claim sends them once (a retry of its statement does not), so
+  that two claims never hand back the same lock: the second would free it from an attempt the
+  first one gave it to. A claim that fails leaves them to the reset before the next claim, or
+  to the server when the session is lost (``claim_failed`` with its serial keys).
 
 Everything here runs on the worker's event loop; nothing is thread-safe.
 """
@@ -37,15 +43,14 @@ log = logging.getLogger("awa_django.worker")
 
 
 class _Locks:
-    """The locks of one advisory-lock class: held ones (key -> what holds it, for log lines)
-    and ended ones not handed back yet.
+    """The locks of one advisory-lock class: held ones (key -> what holds it, for log lines),
+    ended ones not handed back yet, and (serial keys) those a failed claim carried.
 
     ``kind`` names them in log lines and ``lost`` says what a lock taken by another worker
     during a reconnect means; ``prefix`` names the class's queries (``<prefix>_retake``,
     ``<prefix>_reset``, ``<prefix>_release``). Serial keys (``hands_on``) are handed on to
-    their next job when released, so ended keys are handed on after a reconnect (the old
-    session freed them, nobody handed them on) and by the reset after a failed claim (the
-    claim's unlock sticks, its hand-off rolled back).
+    their next job when released, so keys that ended are handed on after a reconnect and by the
+    reset after a failed claim.
     """
 
     def __init__(self, kind: str, lost: str, prefix: str, *, hands_on: bool) -> None:
@@ -55,6 +60,7 @@ class _Locks:
         self.hands_on = hands_on
         self.held: dict[int, str] = {}
         self.to_release: list[int] = []
+        self.failed: list[int] = []
 
     def hold(self, keys: Iterable[int], what: str) -> None:
         for key in keys:
@@ -65,14 +71,18 @@ class _Locks:
             if self.held.pop(key, None) is not None:
                 self.to_release.append(key)
 
-    def released(self, keys: list[int]) -> None:
-        if keys:
-            done = set(keys)
-            self.to_release = [k for k in self.to_release if k not in done]
+    def release_batch(self) -> list[int]:
+        keys, self.to_release = self.to_release, []
+        return keys
+
+    def _ended(self) -> list[int]:
+        ended = self.to_release + self.failed
+        self.to_release = []
+        self.failed = []
+        return ended
 
     async def retake(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        ended = list(self.to_release)
-        self.to_release.clear()  # the server freed them with the old session
+        ended = self._ended()  # the server freed them with the old session
         if ended and self.hands_on:
             await conn.execute(query(f"{self.prefix}_release"), [ended])
         if not self.held:
@@ -94,11 +104,11 @@ class _Locks:
             self.held.pop(key, None)
 
     async def reset(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        ended = self._ended()  # released by the reset (still held) or handed on here
         params: list[Any] = [list(self.held)]
         if self.hands_on:
-            params.append(list(self.to_release))
+            params.append(ended)
         await conn.execute(query(f"{self.prefix}_reset"), params)
-        self.to_release.clear()
 
 
 class Permits:
@@ -127,7 +137,7 @@ class Permits:
 
     @property
     def to_release(self) -> list[int]:
-        """Permits of ended attempts, not handed back yet."""
+        """Permits of ended attempts that no claim carries yet."""
         return self._permits.to_release
 
     def hold(self, keys: Iterable[int] | None, what: str, serial: int | None = None) -> None:
@@ -156,32 +166,33 @@ class Permits:
         return list(self._serial.held)
 
     def release_batch(self) -> list[int]:
-        """The permits the next claim hands back (call ``released`` once it succeeded)."""
-        return list(self._permits.to_release)
+        """The permits the next claim hands back, taken out of the list: only that claim carries
+        them (after it failed, ``prepare`` frees whatever the session holds and no running
+        attempt does)."""
+        return self._permits.release_batch()
 
     def serial_release_batch(self) -> list[int]:
-        """The serial key locks the next claim hands back (and hands on)."""
-        return list(self._serial.to_release)
+        """The serial key locks the next claim hands back (and hands on), taken out of the list
+        like permits."""
+        return self._serial.release_batch()
 
-    def released(self, keys: list[int], serial: list[int] | None = None) -> None:
-        """A claim handing back ``keys`` (and the serial key locks ``serial``) succeeded."""
-        self._permits.released(keys)
-        if serial:
-            self._serial.released(serial)
-
-    def claim_failed(self) -> None:
-        """A claim failed on a live connection: reset the session's locks before the next."""
+    def claim_failed(self, serial: Iterable[int] = ()) -> None:
+        """A claim failed (its statement, or its connection): reset the session's locks before
+        the next claim, and hand on the serial keys ``serial`` it carried then (or after a
+        reconnect)."""
         self._dirty = True
+        self._serial.failed.extend(serial)
 
     async def on_connect(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """A new claim connection: take the held locks again (the old session's are gone)."""
+        """A new claim connection: take the held locks again (the old session's are gone) and
+        hand on the serial keys of attempts that ended."""
         self._dirty = False
         await self._permits.retake(conn)
         await self._serial.retake(conn)
 
     async def prepare(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Before a claim: after a failed one, release what the failed statement left held
-        (serial keys released so are handed on)."""
+        (serial keys released so, and those it carried, are handed on)."""
         if not self._dirty:
             return
         await self._permits.reset(conn)

@@ -486,23 +486,34 @@ class WorkerRuntime(Execution):
             async def claim(
                 conn: psycopg.AsyncConnection[Any],
                 want: int = want,
-                release: list[int] = release,
-                serial_release: list[int] = serial_release,
+                sent: tuple[list[int], list[int]] = (release, serial_release),
             ) -> Claimed:
                 await self.permits.prepare(conn)
-                return await aclaim_units(
-                    conn,
-                    queue.name,
-                    want,
-                    self.instance_id,
-                    aging_interval=cfg.settings.PRIORITY_AGING_INTERVAL,
-                    default_deadline=queue.deadline,
-                    max_weight=self.slots.caps[queue.name],
-                    held=self.permits.held_keys(),
-                    release=release,
-                    serial_held=self.permits.serial_held_keys(),
-                    serial_release=serial_release,
-                )
+                # Sent once: a retry of this statement (after a transient error or a
+                # reconnect) must not hand back locks a claim in between may have given to a
+                # new attempt; the reset before the next claim, or the reconnect, sees to them.
+                release_now, serial_now = list(sent[0]), list(sent[1])
+                sent[0].clear()
+                sent[1].clear()
+                try:
+                    return await aclaim_units(
+                        conn,
+                        queue.name,
+                        want,
+                        self.instance_id,
+                        aging_interval=cfg.settings.PRIORITY_AGING_INTERVAL,
+                        default_deadline=queue.deadline,
+                        max_weight=self.slots.caps[queue.name],
+                        held=self.permits.held_keys(),
+                        release=release_now,
+                        serial_held=self.permits.serial_held_keys(),
+                        serial_release=serial_now,
+                    )
+                except Exception:
+                    # Session locks taken by the failed statement stay held: free them before
+                    # the link retries it (or before the next claim), and hand on its keys.
+                    self.permits.claim_failed(serial_now)
+                    raise
 
             try:
                 claimed = await self.claim_link.run(claim, give_up=lambda: self.stopping)
@@ -528,7 +539,6 @@ class WorkerRuntime(Execution):
                 self.permits.claim_failed()
                 raise
             failures = 0
-            self.permits.released(release, serial_release)
             jobs = claimed.jobs
             units = sum(job.weight for job in jobs)
             self.claimed += len(jobs)
@@ -574,7 +584,6 @@ class WorkerRuntime(Execution):
 
         try:
             await self.claim_link.run(release, give_up=lambda: True)
-            self.permits.released(keys, serial)
         except Exception as exc:  # the session's end frees them (the leader hands keys on)
             log.warning(
                 "awa worker: could not hand back permits or serial keys (%s)", first_line(exc)

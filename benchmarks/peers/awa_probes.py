@@ -1,5 +1,6 @@
 """awa_django-only probes of ``benchmarks/run``: what one enqueue costs inside the caller's
-transaction next to a bare INSERT, and what one ``claim_v3`` (the worker's claim) and ``finalize_v2`` cost the server.
+transaction next to a bare INSERT, and what one ``claim_v3`` (the worker's claim) and
+``finalize_v2`` cost the server.
 
 Both run in the scenario driver (``drive.py enqueue_atomic|claim_one``) on a fresh clone of
 awa_django's template database, after Django is set up.
@@ -97,10 +98,11 @@ def enqueue_atomic(count: int) -> dict[str, Any]:
 
 
 def claim_one(url: str, count: int) -> dict[str, Any]:
-    """Claim one job with ``awa.claim_v3(queue, 1)`` (the worker's claim) and complete it with ``awa.finalize_v2``,
-    ``count`` times (the first :data:`WARMUP` not counted), on queue ``peers`` (4 enqueue
-    shards: the default). Server time from the wrappers above; client round trips too, with an
-    empty ``SELECT 1`` round trip for scale (those include the commit's WAL flush)."""
+    """Claim one job with ``awa.claim_v3(queue, 1)`` (the worker's claim) and complete it with
+    ``awa.finalize_v2``, ``count`` times (the first :data:`WARMUP` not counted), on queue
+    ``peers`` (4 enqueue shards: the default). Server time from the wrappers above; client round
+    trips too, with an empty ``SELECT 1`` round trip for scale (those include the commit's WAL
+    flush)."""
     import psycopg
 
     from awa_django.db.storage import Finalization

@@ -295,7 +295,8 @@ def probes(ours: dict[str, Any]) -> list[str]:
             "",
             "## One claim, one finalize",
             "",
-            f"`awa.claim_v3(queue, 1)` (the worker's claim) on a queue of {ours.get('claim_one_shards', '?')} "
+            "`awa.claim_v3(queue, 1)` (the worker's claim) on a queue of "
+            f"{ours.get('claim_one_shards', '?')} "
             f"enqueue shards, server time p50 **{fmt(ours['claim_one_server_p50_us'])} µs** "
             f"(p95 {fmt(ours.get('claim_one_server_p95_us'))} µs); `awa.finalize_v2` of the job "
             f"p50 {fmt(ours.get('finalize_one_server_p50_us'))} µs; both "

@@ -43,7 +43,7 @@
 CREATE TABLE IF NOT EXISTS awa.flow_limits (
     queue text PRIMARY KEY CHECK (awa.valid_queue_name(queue)),
     max_running integer CHECK (max_running BETWEEN 1 AND 10000),
-    rate double precision CHECK (rate > 0 AND rate <= 1000000),
+    rate double precision CHECK (rate >= 0.001 AND rate <= 1000000),
     burst integer CHECK (burst BETWEEN 1 AND 1000000),
     -- The highest max_running since every permit above max_running was last free.
     max_seen integer CHECK (max_seen BETWEEN 1 AND 10000),
@@ -417,11 +417,14 @@ $$;
 -- After a claim failed part-way: release (and hand on) every serial run lock this session
 -- holds except p_keep (a session lock taken by a statement that then failed stays held), and
 -- hand on p_release (keys whose release that claim carried: session locks do not roll back,
--- the hand-off did). Returns how many it released.
+-- the hand-off did), except those in p_keep. Returns how many it released.
 CREATE FUNCTION awa.serial_reset_v1(p_keep integer[], p_release integer[] DEFAULT NULL)
 RETURNS integer
 LANGUAGE sql AS $$
-    SELECT awa.serial_release_v1(COALESCE(array_agg(k.key), '{}') || COALESCE(p_release, '{}'))
+    SELECT awa.serial_release_v1(
+        COALESCE(array_agg(k.key), '{}')
+        || ARRAY(SELECT r FROM unnest(COALESCE(p_release, '{}')) AS r
+                 WHERE NOT r = ANY (COALESCE(p_keep, '{}'))))
     FROM (
         SELECT CASE WHEN l.objid < 2147483648 THEN l.objid::bigint::integer
                     ELSE (l.objid::bigint - 4294967296)::integer END AS key
@@ -706,6 +709,14 @@ BEGIN
         INSERT INTO awa.flow_rate_state (queue, tat) VALUES (p_queue, now())
         ON CONFLICT (queue) DO NOTHING;
         SELECT s.tat INTO v_tat FROM awa.flow_rate_state s WHERE s.queue = p_queue FOR UPDATE;
+        -- Never further ahead than the current limits allow (burst × T): a state left by a
+        -- slower rate, or by a cleared one, holds nothing back once the limit is raised.
+        IF v_tat > now() + make_interval(secs => COALESCE(
+                v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer)) * v_period) THEN
+            v_tat := now() + make_interval(secs => COALESCE(
+                v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer)) * v_period);
+            UPDATE awa.flow_rate_state s SET tat = v_tat WHERE s.queue = p_queue;
+        END IF;
         v_tat := GREATEST(v_tat, now());
         v_jobs := floor((extract(epoch FROM now() - v_tat)
                          + COALESCE(v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer))
@@ -959,7 +970,7 @@ $$;
 
 -- Write the limits the project's settings give (p_limits: {"queue": {"max_running": n | null,
 -- "rate": r | null, "burst": b | null}, ...}) as source 'settings' rows; operator rows are left
--- alone; settings rows of queues p_limits does not name are removed. One transaction.
+-- alone; settings rows of queues p_limits does not name lose their limits. One transaction.
 CREATE FUNCTION awa.flow_sync_v1(p_limits jsonb) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -969,8 +980,12 @@ BEGIN
     IF p_limits IS NULL OR jsonb_typeof(p_limits) <> 'object' THEN
         RAISE EXCEPTION 'flow limits: expected a JSON object' USING ERRCODE = '22023';
     END IF;
-    DELETE FROM awa.flow_limits f
-    WHERE f.source = 'settings' AND NOT p_limits ? f.queue;
+    -- Settings rows of queues the settings no longer limit lose their limits; the row stays,
+    -- so that max_seen keeps counting permits still held if a limit comes back.
+    UPDATE awa.flow_limits f SET max_running = NULL, rate = NULL, burst = NULL,
+                                 updated_by = 'settings', updated_at = now()
+    WHERE f.source = 'settings' AND NOT p_limits ? f.queue
+      AND (f.max_running IS NOT NULL OR f.rate IS NOT NULL);
     GET DIAGNOSTICS v_n = ROW_COUNT;
     v_changed := v_changed + v_n;
     INSERT INTO awa.flow_limits AS f (queue, max_running, rate, burst, max_seen, source,
@@ -991,9 +1006,10 @@ BEGIN
 END
 $$;
 
--- Set (source 'operator') or clear the limits of one queue. Clearing removes the operator row;
--- p_settings (the project's settings for the queue, {"max_running", "rate", "burst"}, or NULL)
--- is then written as its 'settings' row. Returns the row now in force, if any.
+-- Set (source 'operator') or clear the limits of one queue. Clearing replaces the operator's
+-- limits with p_settings (the project's settings for the queue, {"max_running", "rate",
+-- "burst"}, or NULL: none), as a 'settings' row (a row without limits limits nothing). Returns
+-- the row now in force, if it limits anything.
 CREATE FUNCTION awa.flow_set_v1(p_queue text, p_max_running integer, p_rate double precision,
                                 p_burst integer, p_actor text, p_clear boolean,
                                 p_settings jsonb DEFAULT NULL)
@@ -1005,15 +1021,26 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     IF p_clear THEN
-        DELETE FROM awa.flow_limits f WHERE f.queue = p_queue;
-        IF p_settings IS NOT NULL AND jsonb_typeof(p_settings) = 'object' THEN
-            INSERT INTO awa.flow_limits (queue, max_running, rate, burst, max_seen, source,
-                                         updated_by)
-            VALUES (p_queue, (p_settings ->> 'max_running')::integer,
-                    (p_settings ->> 'rate')::double precision,
-                    (p_settings ->> 'burst')::integer, (p_settings ->> 'max_running')::integer,
-                    'settings', p_actor);
+        -- An upsert, not a delete and an insert: concurrent changes of one queue serialise on
+        -- its row, and max_seen keeps counting permits still held above the new limit.
+        IF p_settings IS NULL OR jsonb_typeof(p_settings) <> 'object'
+           OR (p_settings ->> 'max_running') IS NULL AND (p_settings ->> 'rate') IS NULL THEN
+            UPDATE awa.flow_limits f
+            SET max_running = NULL, rate = NULL, burst = NULL, source = 'settings',
+                updated_by = p_actor, updated_at = now()
+            WHERE f.queue = p_queue;
+            RETURN;
         END IF;
+        INSERT INTO awa.flow_limits AS f (queue, max_running, rate, burst, max_seen, source,
+                                          updated_by)
+        VALUES (p_queue, (p_settings ->> 'max_running')::integer,
+                (p_settings ->> 'rate')::double precision,
+                (p_settings ->> 'burst')::integer, (p_settings ->> 'max_running')::integer,
+                'settings', p_actor)
+        ON CONFLICT (queue) DO UPDATE
+        SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst,
+            max_seen = GREATEST(f.max_running, f.max_seen, excluded.max_running),
+            source = 'settings', updated_by = p_actor, updated_at = now();
     ELSE
         INSERT INTO awa.flow_limits AS f (queue, max_running, rate, burst, max_seen, source,
                                           updated_by)
@@ -1023,7 +1050,8 @@ BEGIN
             max_seen = GREATEST(f.max_running, f.max_seen, excluded.max_running),
             source = 'operator', updated_by = p_actor, updated_at = now();
     END IF;
-    RETURN QUERY SELECT * FROM awa.flow_limits f WHERE f.queue = p_queue;
+    RETURN QUERY SELECT * FROM awa.flow_limits f
+                 WHERE f.queue = p_queue AND (f.max_running IS NOT NULL OR f.rate IS NOT NULL);
 END
 $$;
 
@@ -1036,6 +1064,7 @@ LANGUAGE sql STABLE AS $$
            f.updated_at
     FROM awa.flow_limits f
     LEFT JOIN awa.flow_in_use_v1() u ON u.queue = f.queue
+    WHERE f.max_running IS NOT NULL OR f.rate IS NOT NULL
     ORDER BY f.queue
 $$;
 
