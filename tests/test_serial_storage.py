@@ -373,8 +373,13 @@ def test_drain_runs_the_jobs_of_a_key_in_order_and_hands_keys_back() -> None:
         assert row == (0,)
 
 
-def test_the_worker_hands_keys_on_after_a_reconnect_and_a_failed_claim() -> None:
+def test_the_worker_hands_keys_on_after_a_reconnect_and_a_failed_claim(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     import asyncio
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="awa_django.worker")
 
     from awa_django.worker.flow import Permits
     from tests.helpers import conninfo
@@ -394,6 +399,13 @@ def test_the_worker_hands_keys_on_after_a_reconnect_and_a_failed_claim() -> None
         await first.close()
         second = await psycopg.AsyncConnection.connect(conninfo(), autocommit=True)
         await permits.on_connect(second)  # j's lock is taken back, k is handed on
+        # k's job ended while the connection was down: its key was free from the session's end,
+        # so another job of k may have overlapped it; the worker says so.
+        assert any(
+            "1 serial key lock(s) of attempts that ended while it was down" in r.getMessage()
+            and "another job of the same serial key may run at the same time" in r.getMessage()
+            for r in caplog.records
+        )
         with pg() as a:
             assert parked(a) == [ids[2], ids[4]]  # ids[1] is ready again
         # A failed claim: its unlock of j sticks, its hand-off rolls back; the reset before the

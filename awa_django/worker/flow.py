@@ -83,8 +83,18 @@ class _Locks:
 
     async def retake(self, conn: psycopg.AsyncConnection[Any]) -> None:
         ended = self._ended()  # the server freed them with the old session
-        if ended and self.hands_on:
-            await conn.execute(query(f"{self.prefix}_release"), [ended])
+        if ended:
+            # Their attempts ended while the connection was down, and whenever the old session
+            # ended before they did, another worker may have taken their locks meanwhile.
+            log.warning(
+                "awa worker: claim connection reopened; %d %s of attempts that ended while it "
+                "was down were not held for all that time, so meanwhile %s",
+                len(ended),
+                self.kind,
+                self.lost,
+            )
+            if self.hands_on:
+                await conn.execute(query(f"{self.prefix}_release"), [ended])
         if not self.held:
             return
         cursor = await conn.execute(query(f"{self.prefix}_retake"), [list(self.held)])
