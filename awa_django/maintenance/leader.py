@@ -44,6 +44,7 @@ import psycopg
 from awa_django.conf import AwaSettings, get_awa_settings
 from awa_django.maintenance.cron import CronFirer, sync_schedules
 from awa_django.sql import query
+from awa_django.telemetry.logs import job_fields
 from awa_django.worker.links import Link, first_line, is_connection_lost, is_transient
 
 __all__ = ["Maintenance", "MaintenanceSettings"]
@@ -321,9 +322,17 @@ class Maintenance:
         rows = await cursor.fetchall()
         if rows:
             self.count("rescued", len(rows))
+            known = await _jobs_brief(conn, [int(row[0]) for row in rows])
             for job_id, lease, reason in rows:
+                kind, queue, attempt = known.get(job_id, (None, None, None))
                 log.warning(
-                    "awa maintenance: rescued job %s attempt lease %s: %s", job_id, lease, reason
+                    "awa maintenance: rescued job %s attempt lease %s: %s",
+                    job_id,
+                    lease,
+                    reason,
+                    extra=job_fields(
+                        job_id, kind=kind, queue=queue, attempt=attempt, run_lease=lease
+                    ),
                 )
 
     async def _rotate(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -374,6 +383,19 @@ class Maintenance:
             self._unique_after = (next_taken, next_key)
             if next_taken is None:
                 return
+
+
+async def _jobs_brief(
+    conn: psycopg.AsyncConnection[Any], ids: list[int]
+) -> dict[int, tuple[str, str, int]]:
+    """``{job_id: (kind, queue, attempt)}`` of a few jobs; empty when the look-up fails (it only
+    adds detail to log lines: a lost connection shows up on the next task)."""
+    try:
+        cursor = await conn.execute(query("jobs_brief"), [ids])
+        return {int(i): (kind, queue, int(a)) for i, kind, queue, a in await cursor.fetchall()}
+    except Exception as exc:
+        log.debug("awa maintenance: could not look up rescued jobs (%s)", first_line(exc))
+        return {}
 
 
 async def _leader_session(conn: psycopg.AsyncConnection[Any]) -> None:

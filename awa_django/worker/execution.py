@@ -26,6 +26,7 @@ from django.db import close_old_connections, connections
 from awa_django.db.storage import ClaimedJob, Finalization
 from awa_django.exceptions import TransactionLeftOpen
 from awa_django.sql import query
+from awa_django.telemetry.logs import job_fields, job_log_fields, set_current_job
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.context import JobContext
@@ -159,7 +160,13 @@ class Execution:
         self.inflight[(job.job_id, job.run_lease)] = run
         self.slots.start(queue.name)
         if self._debug:
-            log.debug("job %s %s attempt %s started", job.job_id, job.kind, job.attempt)
+            log.debug(
+                "job %s %s attempt %s started",
+                job.job_id,
+                job.kind,
+                job.attempt,
+                extra=job_log_fields(job),
+            )
         if attempt.failure is not None:
             self._finish(run, None, None)
             return
@@ -226,6 +233,7 @@ class Execution:
             attempt = run.attempt
             handle = attempt.handle
             assert handle is not None
+            set_current_job(attempt.job)  # copied into its context: JobFieldsFilter reads it
             context = contextvars.copy_context()
             try:
                 coro = handle.func(*attempt.call_args(), **attempt.kwargs)
@@ -287,14 +295,18 @@ class Execution:
             outcome = Finalization(
                 job.job_id, job.run_lease, job.claim_slot, "fail", error=error_info(error)
             )
-        self.batcher.add(outcome)
+        self.batcher.add(outcome, job)
         self.finished += 1
         if not run.abandoned:
             self._release(run)
         try:
             self._log_outcome(run, outcome)
         except Exception:  # pragma: no cover - logging must not break the loop
-            log.exception("awa worker: could not log the outcome of job %s", job.job_id)
+            log.exception(
+                "awa worker: could not log the outcome of job %s",
+                job.job_id,
+                extra=job_log_fields(job),
+            )
 
     def _release(self, run: Running) -> None:
         """Free a run's slot and wake its dispatcher."""
@@ -333,6 +345,7 @@ class Execution:
             job.run_lease,
             self.config.settings.ABANDON_AFTER,
             why,
+            extra=job_log_fields(job),
         )
         self.abandoned_total += 1
         handle = run.attempt.handle
@@ -377,6 +390,7 @@ class Execution:
                     job.kind,
                     job.attempt,
                     elapsed,
+                    extra=job_log_fields(job),
                 )
             return
         error = outcome.error or {}
@@ -394,6 +408,7 @@ class Execution:
             elapsed,
             error.get("type", "-"),
             error.get("message", ""),
+            extra=job_log_fields(job),
         )
 
     # -- callbacks ---------------------------------------------------------------------------
@@ -428,6 +443,13 @@ class Execution:
                 "job %s attempt lease %s is no longer open; its callback was not registered",
                 ctx.id,
                 ctx.run_lease,
+                extra=job_fields(
+                    ctx.id,
+                    kind=ctx.kind,
+                    queue=ctx.queue,
+                    attempt=ctx.attempt,
+                    run_lease=ctx.run_lease,
+                ),
             )
             ctx.cancel()
 
@@ -486,9 +508,11 @@ def run_sync(run: Running) -> None:
     try:
         if getattr(_thread_state, "orm", True) and connections.all(initialized_only=True):
             close_old_connections()
+        set_current_job(attempt.job)  # the job fields of its log records (JobFieldsFilter)
         value = attempt.handle.func(*attempt.call_args(), **attempt.kwargs)
     except BaseException as exc:
         error = exc
+    set_current_job(None)
     leaked: list[str] = []
     orm = True
     try:
@@ -499,7 +523,9 @@ def run_sync(run: Running) -> None:
             orm = False
     except BaseException:
         log.exception(
-            "awa worker: closing the ORM connections after job %s failed", attempt.job.job_id
+            "awa worker: closing the ORM connections after job %s failed",
+            attempt.job.job_id,
+            extra=job_log_fields(attempt.job),
         )
     if leaked:
         if error is None:
@@ -512,6 +538,7 @@ def run_sync(run: Running) -> None:
                 "awa worker: job %s left a transaction open on %s; rolled back and reconnected",
                 attempt.job.job_id,
                 ", ".join(leaked),
+                extra=job_log_fields(attempt.job),
             )
     _thread_state.orm = orm
     run.value = value

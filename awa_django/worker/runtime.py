@@ -50,6 +50,7 @@ from awa_django.limits import QUEUE_NAME_RE
 from awa_django.maintenance.cron import sync_schedules
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.sql import query
+from awa_django.telemetry.logs import job_fields, job_log_fields
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Execution, Running, run_sync
@@ -527,6 +528,7 @@ class WorkerRuntime(Execution):
                     "its handler is told to stop",
                     key[0],
                     key[1],
+                    extra=job_log_fields(closed.attempt.job),
                 )
                 self._tell_stop(closed, "its attempt is no longer open")
 
@@ -557,8 +559,16 @@ class WorkerRuntime(Execution):
                         lease,
                         first_line(error),
                         "; retrying without its progress" if attempt[2] is not None else "",
+                        extra=self._job_fields(job_id, lease),
                     )
         return gone
+
+    def _job_fields(self, job_id: int, lease: int) -> dict[str, Any]:
+        """The log fields of an in-flight attempt (only its identity once it has ended)."""
+        run = self.inflight.get((job_id, lease))
+        if run is None:
+            return job_fields(job_id, run_lease=lease)
+        return job_log_fields(run.attempt.job)
 
     async def _refresh_loop(self) -> None:
         """Every ``RUNTIME_REFRESH_INTERVAL``: find new queues (without ``--queue``), refresh

@@ -92,3 +92,8 @@ SELECT awa.callback_register_v1(%s, %s, %s)
 
 -- name: queues_known
 SELECT DISTINCT queue FROM awa.queue_lanes ORDER BY queue
+
+-- name: jobs_brief
+-- Kind, queue and attempt of a few jobs by id (rescued ones: for their log fields and metrics);
+-- each plane of awa.jobs is looked up by its index on the job id.
+SELECT id, kind, queue, attempt FROM awa.jobs WHERE id = ANY(%s::bigint[])
