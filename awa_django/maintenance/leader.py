@@ -391,7 +391,7 @@ async def _jobs_brief(
     """``{job_id: (kind, queue, attempt)}`` of a few jobs; empty when the look-up fails (it only
     adds detail to log lines: a lost connection shows up on the next task)."""
     try:
-        cursor = await conn.execute(query("jobs_brief"), [ids])
+        cursor = await conn.execute(query("jobs_brief"), {"ids": ids})
         return {int(i): (kind, queue, int(a)) for i, kind, queue, a in await cursor.fetchall()}
     except Exception as exc:
         log.debug("awa maintenance: could not look up rescued jobs (%s)", first_line(exc))
