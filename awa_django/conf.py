@@ -102,6 +102,7 @@ DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
 _QUEUE_SPECS: Final[Mapping[str, _Spec]] = {
     "concurrency": _Spec(None, _Kind.INT, 1, 10_000),
     "deadline": _Spec(None, _Kind.SECONDS),
+    "dlq": _Spec(None, _Kind.BOOL),
 }
 
 
@@ -112,11 +113,15 @@ class QueueSettings:
     ``concurrency`` caps the jobs of this queue one worker process runs at once, within the
     process's ``CONCURRENCY`` (which counts jobs across all its queues; a higher cap is held to
     it, and ``manage.py check`` warns: awa.W001). ``deadline`` is the hard limit in seconds on
-    one attempt, after which the attempt is rescued. A queue needs no entry to be served.
+    one attempt, after which the attempt is rescued. ``dlq`` turns the queue's dead letter queue
+    on or off (jobs that fail for good go to the DLQ, or to history as failed); every worker and
+    maintenance process writes it to the database when it starts. A queue needs no entry to be
+    served.
     """
 
     concurrency: int | None = None
     deadline: float | None = None
+    dlq: bool | None = None
 
 
 class AwaSettings:
@@ -213,6 +218,8 @@ def _validate(label: str, value: object, spec: _Spec) -> object:
     """Check one value against its spec; return it in its stored form."""
     kind = spec.kind
     if kind is _Kind.BOOL:
+        if value is None and spec.default is None:
+            return None
         if not isinstance(value, bool):
             raise _wrong_type(label, kind, value)
         return value
@@ -275,6 +282,10 @@ def _validate_queues(label: str, value: object) -> Mapping[str, QueueSettings]:
                 _validate(
                     f"{where}['deadline']", options.get("deadline"), _QUEUE_SPECS["deadline"]
                 ),
+            ),
+            dlq=cast(
+                "bool | None",
+                _validate(f"{where}['dlq']", options.get("dlq"), _QUEUE_SPECS["dlq"]),
             ),
         )
     return MappingProxyType(queues)

@@ -87,6 +87,22 @@ class TagsField(models.Field):  # type: ignore[type-arg]
         return name, "django.db.models.JSONField", args, kwargs
 
 
+@TagsField.register_lookup
+class HasTag(models.Lookup[bool]):
+    """``tags__has_tag="billing"``: the job carries that tag (``tags @> ARRAY[tag]``)."""
+
+    lookup_name = "has_tag"
+    prepare_rhs = False
+
+    def get_db_prep_lookup(self, value: Any, connection: BaseDatabaseWrapper) -> Any:
+        return ("%s", [str(value)])
+
+    def as_sql(self, compiler: Any, connection: BaseDatabaseWrapper) -> Any:
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        rhs, rhs_params = self.process_rhs(compiler, connection)
+        return f"{lhs} @> ARRAY[{rhs}]::text[]", (*lhs_params, *rhs_params)
+
+
 class _JobFields(ReadOnlyModel):
     id = models.BigIntegerField(primary_key=True)
     kind = models.TextField()
@@ -139,6 +155,7 @@ class TerminalJob(_JobFields):
         db_table = 'awa"."terminal_jobs'
         ordering = ["-finalized_at", "-id"]
         default_permissions = ("view",)
+        permissions = [("retry_job", "Can retry failed and cancelled jobs from history")]
         verbose_name = "terminal job"
 
     def __str__(self) -> str:

@@ -150,7 +150,7 @@ def test_a_lagging_queue_fails_past_its_threshold_and_a_paused_one_does_not() ->
         "",
     )
     awa_django.enqueue("tests.testjobs.noop", queue="lagging")
-    status, _, err = wait_for(
+    _, _, err = wait_for(
         lambda: (r := health(*only_lag, "--max-lag", "0.2"))[0] == 1 and r,
         timeout=10,
         message="the queue to lag",

@@ -30,6 +30,7 @@ import psycopg
 
 from awa_django.cron import due_fires
 from awa_django.db.enqueue import sql_limit_values
+from awa_django.maintenance.queues import sync_queue_settings
 from awa_django.periodic import sync_payload
 from awa_django.sql import query
 from awa_django.telemetry.logs import job_fields
@@ -45,13 +46,17 @@ _LOG_EVERY = 60.0
 
 async def sync_schedules(conn: psycopg.AsyncConnection[Any]) -> None:
     """Replace the stored schedules with the ones declared in code (one statement). Schedules
-    that do not validate are logged at ERROR and left out, so they do not fire."""
+    that do not validate are logged at ERROR and left out, so they do not fire. Then write the
+    queue settings of ``AWA["QUEUES"]`` that live in the database (``sync_queue_settings``)."""
     payload, problems = sync_payload()
     for problem in problems:
         log.error("awa cron: %s; this schedule is not synced and does not fire", problem)
     cursor = await conn.execute(query("cron_sync"), [payload])
     for name, change in await cursor.fetchall():
         log.info("awa cron: schedule %r %s", name, change)
+    # The queue settings declared in AWA["QUEUES"] that live in the database, at the same
+    # moments (every process's start, retried until it works).
+    await sync_queue_settings(conn)
 
 
 #: The most jobs one evaluation fires (the rest of a long catch-up waits for the next pass).

@@ -1,5 +1,5 @@
 """What operators and their probes need (issue 18): queue lag read cheaply, a queue's DLQ
-switched on or off, retry from terminal history."""
+switched on or off, retry from terminal history (and its permission)."""
 
 from django.db import migrations
 
@@ -9,4 +9,16 @@ from awa_django.db.migration import RunAwaSQL
 class Migration(migrations.Migration):
     dependencies = [("awa_django", "0007_retry")]
 
-    operations = [RunAwaSQL("0010_operator.sql")]
+    operations = [
+        RunAwaSQL("0010_operator.sql"),
+        migrations.AlterModelOptions(
+            name="terminaljob",
+            options={
+                "verbose_name": "terminal job",
+                "ordering": ["-finalized_at", "-id"],
+                "managed": False,
+                "default_permissions": ("view",),
+                "permissions": [("retry_job", "Can retry failed and cancelled jobs from history")],
+            },
+        ),
+    ]
