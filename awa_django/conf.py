@@ -91,6 +91,9 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     # looks for due fires.
     "PERIODIC": _Spec(MappingProxyType({}), _Kind.SCHEDULES),
     "CRON_EVAL_INTERVAL": _Spec(1.0, _Kind.SECONDS),
+    # OpenTelemetry (the awa-django[otel] extra; docs/observability.md): off, nothing imported.
+    "OTEL_METRICS": _Spec(False, _Kind.BOOL),
+    "OTEL_TRACES": _Spec(False, _Kind.BOOL),
 }
 
 DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
@@ -164,6 +167,8 @@ class AwaSettings:
     NOTIFY: bool
     PERIODIC: Mapping[str, Mapping[str, object]]
     CRON_EVAL_INTERVAL: float
+    OTEL_METRICS: bool
+    OTEL_TRACES: bool
 
     def __init__(self, values: Mapping[str, object]) -> None:
         for name, value in values.items():

@@ -42,6 +42,7 @@ from awa_django.limits import (
 )
 from awa_django.retry import RETRY_KEY, check_retry
 from awa_django.sql import query
+from awa_django.telemetry.metrics import active_metrics
 from awa_django.types import SEAL, EnqueuedJob, JobOptions, JobRequest
 from awa_django.unique import UniqueSpec, unique_spec
 
@@ -212,6 +213,14 @@ def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJo
     """Write validated requests on ``using``'s Django connection; return handles in order."""
     if not requests:
         return []
+    sent = _send_requests(requests, using)
+    metrics = active_metrics()
+    if metrics is not None:  # OpenTelemetry metrics on: count what was written
+        metrics.count("enqueued", [(job.queue, job.kind) for job in sent if not job.duplicate])
+    return sent
+
+
+def _send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJob]:
     _ensure_lanes(using, {(r.queue, r.priority) for r in requests})
     if any(r.unique is not None for r in requests):
         return _send_unique(requests, using)

@@ -35,6 +35,7 @@ import dataclasses
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -45,6 +46,7 @@ from awa_django.conf import AwaSettings, get_awa_settings
 from awa_django.maintenance.cron import CronFirer, sync_schedules
 from awa_django.sql import query
 from awa_django.telemetry.logs import job_fields
+from awa_django.telemetry.metrics import QueueSnapshot, active_metrics
 from awa_django.worker.links import Link, first_line, is_connection_lost, is_transient
 
 __all__ = ["Maintenance", "MaintenanceSettings"]
@@ -124,6 +126,10 @@ class Maintenance:
         self._sync_retry_at = 0.0
         if register:
             self.tasks.append(("runtime", s.awa.RUNTIME_REFRESH_INTERVAL, self._upsert_runtime))
+        self.metrics = active_metrics()  # None unless OpenTelemetry metrics are on
+        if self.metrics is not None:
+            self.metrics.watch(self)
+            self.tasks.append(("metrics", s.awa.RUNTIME_REFRESH_INTERVAL, self._read_gauges))
         self._due: dict[str, float] = {}
         # Where the sweep of unique keys goes on from (in memory: a new leader starts over).
         self._unique_after: tuple[Any, Any] = (None, None)
@@ -323,6 +329,11 @@ class Maintenance:
         if rows:
             self.count("rescued", len(rows))
             known = await _jobs_brief(conn, [int(row[0]) for row in rows])
+            if self.metrics is not None:
+                self.metrics.count(
+                    "rescued",
+                    [(known[r[0]][1], known[r[0]][0]) for r in rows if r[0] in known],
+                )
             for job_id, lease, reason in rows:
                 kind, queue, attempt = known.get(job_id, (None, None, None))
                 log.warning(
@@ -334,6 +345,19 @@ class Maintenance:
                         job_id, kind=kind, queue=queue, attempt=attempt, run_lease=lease
                     ),
                 )
+
+    async def _read_gauges(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The leader's snapshot for the metrics' gauges: depth and lag per queue
+        (``awa.queue_lag_v1``) and live workers; a scrape reads it, never the database."""
+        assert self.metrics is not None
+        cursor = await conn.execute(query("queue_lag"))
+        queues = {
+            str(queue): (int(depth or 0), None if lag is None else float(lag))
+            for queue, depth, lag, _paused in await cursor.fetchall()
+        }
+        cursor = await conn.execute(query("workers_alive"), [self.settings.leader_staleness])
+        row = await cursor.fetchone()
+        self.metrics.snapshot = QueueSnapshot(queues, int(row[0]) if row else 0, time.monotonic())
 
     async def _rotate(self, conn: psycopg.AsyncConnection[Any]) -> None:
         s = self.settings

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from awa_django.db.storage import ClaimedJob, Finalization, afinalize
 from awa_django.limits import clean_text
+from awa_django.sql import query
 from awa_django.telemetry.logs import job_fields, job_log_fields
+from awa_django.telemetry.metrics import Metrics
 from awa_django.worker.links import Link, first_line, is_connection_lost
 
 __all__ = ["CompletionBatcher"]
@@ -43,8 +46,11 @@ class CompletionBatcher:
         batch_size: int,
         flush_interval: float,
         give_up: Callable[[], bool] = lambda: False,
+        metrics: Metrics | None = None,
     ) -> None:
         self.link = link
+        #: Counts each written outcome (docs/observability.md, "Metrics"), when metrics are on.
+        self.metrics = metrics
         self.batch_size = batch_size
         self.flush_interval = flush_interval
         self.give_up = give_up
@@ -119,6 +125,8 @@ class CompletionBatcher:
             await self._isolate(batch, jobs, exc)
             return
         self.written += len(batch) - len(stale)
+        if self.metrics is not None:
+            await self._count(batch, jobs, stale)
         if stale:
             if tries > 1:
                 # A retried batch may find attempts its interrupted first try already closed.
@@ -137,6 +145,30 @@ class CompletionBatcher:
                         lease,
                         extra=_fields(known.get((job_id, lease)), job_id, lease),
                     )
+
+    async def _count(
+        self,
+        batch: list[Finalization],
+        jobs: list[ClaimedJob | None],
+        stale: list[tuple[int, int]],
+    ) -> None:
+        """Count a written batch's outcomes; first read which queues have their DLQ off, when
+        that was read more than 10 s ago (failures are told from dead letters with it)."""
+        metrics = self.metrics
+        assert metrics is not None
+        if metrics.dlq_due(time.monotonic()):
+
+            async def read(conn: object) -> list[str]:
+                cursor = await conn.execute(query("queues_dlq_off"))  # type: ignore[attr-defined]
+                return [row[0] for row in await cursor.fetchall()]
+
+            try:
+                metrics.set_dlq_off(
+                    await self.link.run(read, give_up=self.give_up), time.monotonic()
+                )
+            except Exception as exc:  # only the metrics' detail: never the outcomes
+                log.debug("awa worker: could not read the queues' DLQ policy (%s)", exc)
+        metrics.written(batch, jobs, set(stale))
 
     async def _isolate(
         self, batch: list[Finalization], jobs: list[ClaimedJob | None], exc: Exception

@@ -27,6 +27,7 @@ from awa_django.db.storage import ClaimedJob, Finalization
 from awa_django.exceptions import TransactionLeftOpen
 from awa_django.sql import query
 from awa_django.telemetry.logs import job_fields, job_log_fields, set_current_job
+from awa_django.telemetry.metrics import Metrics
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.context import JobContext
@@ -113,6 +114,7 @@ class Execution:
     _all_done: asyncio.Event
     _loop: asyncio.AbstractEventLoop | None
     _loop_thread: int | None
+    _metrics: Metrics | None
 
     def stop(self) -> None:  # pragma: no cover - provided by WorkerRuntime
         raise NotImplementedError
@@ -297,6 +299,8 @@ class Execution:
             )
         self.batcher.add(outcome, job)
         self.finished += 1
+        if self._metrics is not None and self._loop is not None:
+            self._metrics.handler_done(job, self._loop.time() - run.started)
         if not run.abandoned:
             self._release(run)
         try:

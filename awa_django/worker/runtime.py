@@ -51,6 +51,7 @@ from awa_django.maintenance.cron import sync_schedules
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.sql import query
 from awa_django.telemetry.logs import job_fields, job_log_fields
+from awa_django.telemetry.metrics import active_metrics
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Execution, Running, run_sync
@@ -92,11 +93,13 @@ class WorkerRuntime(Execution):
         self.claim_link = Link(config.settings.DATABASE_ALIAS, "claim", name)
         self.finalize_link = Link(config.settings.DATABASE_ALIAS, "finalize", name)
         self.control_link = Link(config.settings.DATABASE_ALIAS, "heartbeat", name)
+        self._metrics = active_metrics()  # None unless OpenTelemetry metrics are on
         self.batcher = CompletionBatcher(
             self.finalize_link,
             batch_size=config.settings.COMPLETION_BATCH_SIZE,
             flush_interval=config.settings.COMPLETION_FLUSH_INTERVAL,
             give_up=self._shutdown_overdue,
+            metrics=self._metrics,
         )
         self.inflight: dict[tuple[int, int], Running] = {}
         self.abandoned: list[Running] = []
@@ -476,6 +479,8 @@ class WorkerRuntime(Execution):
                 self.slots.unreserve(want)
                 raise
             failures = 0
+            if jobs and self._metrics is not None:
+                self._metrics.claimed(queue.name, jobs)
             self.claimed += len(jobs)
             self.slots.unreserve(want, len(jobs))
             self._start_batch(jobs, queue)  # counted as running from here on

@@ -31,3 +31,12 @@ SELECT EXISTS (
 
 -- name: queue_lag
 SELECT queue, available, lag_seconds, paused FROM awa.queue_lag_v1()
+
+-- name: queues_dlq_off
+-- Queues whose DLQ is off (the metrics tell dead-lettered from failed with it).
+SELECT queue FROM awa.queue_meta WHERE NOT dlq_enabled
+
+-- name: workers_alive
+-- Worker processes (not awa_maintenance) seen within the staleness bound.
+SELECT count(*) FROM awa.runtime_instances
+WHERE concurrency > 0 AND last_seen_at > now() - make_interval(secs => %s)

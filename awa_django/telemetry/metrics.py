@@ -1,0 +1,363 @@
+"""OpenTelemetry metrics (``AWA["OTEL_METRICS"]``, or ``awa_worker --metrics-port``).
+
+Nothing here imports OpenTelemetry until :func:`active_metrics` finds metrics switched on; with
+them off, the worker, the producer and the leader each pay one ``is None`` test where they
+would record.
+
+Recording costs almost nothing on the hot path, by design. OpenTelemetry's Python SDK spends
+several microseconds per ``Counter.add`` or ``Histogram.record`` (about a tenth of a worker's
+whole per-job budget), so:
+
+* the job counters are plain dicts updated once per claim or finalize batch (per distinct
+  queue and kind), read by **observable** counters when a reader collects: their values are
+  exact cumulative counts;
+* the handler-duration histogram records every job up to a budget per queue and kind (a
+  token bucket: :data:`SAMPLE_BURST` values at once, :data:`SAMPLE_RATE` per second after
+  that), so under heavy load it is a sample whose count is below the counters' (rates come
+  from the counters; quantiles from the sample);
+* batch sizes are recorded once per batch;
+* queue depth, lag and live workers are observable gauges over a snapshot the maintenance
+  leader reads from the database every ``RUNTIME_REFRESH_INTERVAL`` (``awa.queue_lag_v1``:
+  lane cursors and one index probe per lane), so only the leader reports them and a scrape
+  never queries the database.
+
+Instrument names follow OpenTelemetry's semantic conventions for messaging where one fits
+(``messaging.client.sent.messages``, ``messaging.client.consumed.messages``,
+``messaging.process.duration``, attribute ``messaging.destination.name`` for the queue); the
+others are ``awa.*``. docs/observability.md lists them with their Prometheus names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from awa_django.conf import get_awa_settings
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+
+    from awa_django.db.storage import ClaimedJob, Finalization
+
+__all__ = [
+    "COUNTERS",
+    "SAMPLE_BURST",
+    "SAMPLE_RATE",
+    "Metrics",
+    "QueueSnapshot",
+    "active_metrics",
+    "use_meter_provider",
+]
+
+#: Event → instrument name of the job counters (observable, cumulative, unit ``{job}``).
+COUNTERS: Final[Mapping[str, str]] = {
+    "enqueued": "messaging.client.sent.messages",
+    "claimed": "messaging.client.consumed.messages",
+    "completed": "awa.jobs.completed",
+    "failed": "awa.jobs.failed",
+    "retried": "awa.jobs.retried",
+    "rescued": "awa.jobs.rescued",
+    "dead_lettered": "awa.jobs.dead_lettered",
+    "cancelled": "awa.jobs.cancelled",
+    "snoozed": "awa.jobs.snoozed",
+}
+_DESCRIPTIONS: Final[Mapping[str, str]] = {
+    "enqueued": "Jobs enqueued by this process (counted when written; a rollback is not "
+    "subtracted)",
+    "claimed": "Attempts claimed by this worker process",
+    "completed": "Attempts that completed",
+    "failed": "Jobs that failed for good and stayed in history (their queue's DLQ is off)",
+    "retried": "Attempts that failed and will be retried",
+    "rescued": "Attempts rescued by the maintenance leader (dead worker, deadline, callback "
+    "timeout)",
+    "dead_lettered": "Jobs that failed for good and went to the dead letter queue",
+    "cancelled": "Attempts that ended cancelled (Cancel returned)",
+    "snoozed": "Attempts that snoozed",
+}
+
+#: Handler durations recorded at once per queue and kind, then per second (see the module doc).
+SAMPLE_BURST = 1000
+SAMPLE_RATE = 250.0
+
+#: Bucket bounds (seconds) of the duration histogram: 1 ms to 1 hour.
+DURATION_BUCKETS: Final = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    300.0, 900.0, 3600.0,
+)  # fmt: skip
+#: Bucket bounds of the batch-size histograms.
+BATCH_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+_SYSTEM: Final = "awa"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueSnapshot:
+    """What the leader read last: per queue ``(depth, lag_seconds or None)``, live workers,
+    and when (``time.monotonic()``)."""
+
+    queues: Mapping[str, tuple[int, float | None]]
+    workers: int
+    read_at: float
+
+
+class _Counted(Protocol):
+    """A maintenance leader (``Maintenance``): its counters, and whether it leads."""
+
+    counters: dict[str, int]
+
+    def is_leader(self) -> bool: ...
+
+
+class Metrics:
+    """This process's instruments and the local aggregates behind them. Thread-safe: the
+    producer counts from request threads, the worker from its event loop, and a reader
+    collects from a thread of its own."""
+
+    def __init__(self, provider: MeterProvider | None = None) -> None:
+        from opentelemetry import metrics as api
+
+        from awa_django import __version__
+
+        meter = (provider or api.get_meter_provider()).get_meter("awa_django", __version__)
+        self._lock = threading.Lock()
+        self.counts: dict[str, dict[tuple[str, str], int]] = {event: {} for event in COUNTERS}
+        self._tokens: dict[tuple[str, str], list[float]] = {}
+        self._leaders: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.snapshot: QueueSnapshot | None = None
+        #: Snapshots older than this (seconds) are not reported (leadership went elsewhere).
+        self.snapshot_ttl = 3 * float(get_awa_settings().RUNTIME_REFRESH_INTERVAL)
+        #: Queues whose DLQ is off, and when that was read (``time.monotonic()``).
+        self.dlq_off: frozenset[str] = frozenset()
+        self.dlq_read_at: float | None = None
+        for event, name in COUNTERS.items():
+            meter.create_observable_counter(
+                name,
+                callbacks=[self._job_counter(event)],
+                unit="{job}",
+                description=_DESCRIPTIONS[event],
+            )
+        self.duration = meter.create_histogram(
+            "messaging.process.duration",
+            unit="s",
+            description="How long handlers ran (sampled under heavy load: see the docs)",
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+        )
+        self.claim_batch = meter.create_histogram(
+            "awa.claim.batch_size",
+            unit="{job}",
+            description="Jobs per claim (claims that found nothing are not recorded)",
+            explicit_bucket_boundaries_advisory=list(BATCH_BUCKETS),
+        )
+        self.finalize_batch = meter.create_histogram(
+            "awa.finalize.batch_size",
+            unit="{job}",
+            description="Outcomes per finalize statement",
+            explicit_bucket_boundaries_advisory=list(BATCH_BUCKETS),
+        )
+        meter.create_observable_counter(
+            "awa.maintenance.events",
+            callbacks=[self._maintenance_events],
+            unit="{event}",
+            description="Maintenance outcomes by event: promoted, rescued, rotate_<ring>_"
+            "<outcome>, prune_<ring>_<outcome>, dlq_expired, cleaned, unique_released, "
+            "cron_fired",
+        )
+        meter.create_observable_gauge(
+            "awa.queue.depth",
+            callbacks=[self._depth],
+            unit="{job}",
+            description="Jobs waiting to be claimed, per queue (approximate; the leader's)",
+        )
+        meter.create_observable_gauge(
+            "awa.queue.lag",
+            callbacks=[self._lag],
+            unit="s",
+            description="Age of the oldest job waiting to be claimed, per queue (the leader's)",
+        )
+        meter.create_observable_gauge(
+            "awa.workers.alive",
+            callbacks=[self._workers],
+            unit="{process}",
+            description="Worker processes seen within the staleness bound (the leader's)",
+        )
+
+    # -- recording (hot paths: no OpenTelemetry call per job) -----------------------------------
+
+    def count(self, event: str, pairs: Iterable[tuple[str, str]]) -> None:
+        """Add one ``event`` per ``(queue, kind)`` in ``pairs``."""
+        local: dict[tuple[str, str], int] = {}
+        for pair in pairs:
+            local[pair] = local.get(pair, 0) + 1
+        if not local:
+            return
+        with self._lock:
+            counts = self.counts[event]
+            for pair, n in local.items():
+                counts[pair] = counts.get(pair, 0) + n
+
+    def claimed(self, queue: str, jobs: list[ClaimedJob]) -> None:
+        """One claim batch."""
+        self.count("claimed", [(queue, job.kind) for job in jobs])
+        self.claim_batch.record(len(jobs), {"messaging.destination.name": queue})
+
+    def handler_done(self, job: ClaimedJob, seconds: float) -> None:
+        """A handler ended after ``seconds`` (recorded within the sampling budget)."""
+        key = (job.queue, job.kind)
+        now = time.monotonic()
+        bucket = self._tokens.get(key)
+        if bucket is None:
+            bucket = self._tokens[key] = [float(SAMPLE_BURST), now]
+        else:
+            bucket[0] = min(float(SAMPLE_BURST), bucket[0] + (now - bucket[1]) * SAMPLE_RATE)
+            bucket[1] = now
+        if bucket[0] >= 1.0:
+            bucket[0] -= 1.0
+            self.duration.record(seconds, _attributes(key))
+
+    def written(
+        self,
+        batch: list[Finalization],
+        jobs: list[ClaimedJob | None],
+        stale: set[tuple[int, int]],
+    ) -> None:
+        """A finalize batch was written: count each outcome that was not stale."""
+        self.finalize_batch.record(len(batch))
+        by_event: dict[str, list[tuple[str, str]]] = {}
+        for item, job in zip(batch, jobs, strict=True):
+            if job is None or (item.job_id, item.run_lease) in stale:
+                continue
+            event = self._event(item.outcome, job)
+            if event is not None:
+                by_event.setdefault(event, []).append((job.queue, job.kind))
+        for event, pairs in by_event.items():
+            self.count(event, pairs)
+
+    def _event(self, outcome: str, job: ClaimedJob) -> str | None:
+        if outcome == "completed":
+            return "completed"
+        if outcome == "retry" and job.attempt < job.max_attempts:
+            return "retried"
+        if outcome in ("retry", "fail"):
+            return "failed" if job.queue in self.dlq_off else "dead_lettered"
+        if outcome == "cancel":
+            return "cancelled"
+        if outcome == "snooze":
+            return "snoozed"
+        return None  # wait: its callback decides later
+
+    def dlq_due(self, now: float, every: float = 10.0) -> bool:
+        """Whether the DLQ policy of the queues should be read again."""
+        return self.dlq_read_at is None or now - self.dlq_read_at >= every
+
+    def set_dlq_off(self, queues: Iterable[str], now: float) -> None:
+        self.dlq_off = frozenset(queues)
+        self.dlq_read_at = now
+
+    def watch(self, maintenance: _Counted) -> None:
+        """Report this maintenance loop's counters (``awa.maintenance.events``)."""
+        self._leaders.add(maintenance)
+
+    # -- collection (a reader's thread) -----------------------------------------------------------
+
+    def _job_counter(self, event: str) -> Callable[[CallbackOptions], Iterator[Observation]]:
+        def observe(options: CallbackOptions) -> Iterator[Observation]:
+            from opentelemetry.metrics import Observation
+
+            with self._lock:
+                items = list(self.counts[event].items())
+            for key, value in items:
+                yield Observation(value, _attributes(key))
+
+        return observe
+
+    def _maintenance_events(self, options: CallbackOptions) -> Iterator[Observation]:
+        from opentelemetry.metrics import Observation
+
+        totals: dict[str, int] = {}
+        for leader in list(self._leaders):
+            for name, value in list(leader.counters.items()):
+                totals[name] = totals.get(name, 0) + value
+        for name, value in sorted(totals.items()):
+            yield Observation(value, {"awa.maintenance.event": name})
+
+    def _fresh(self) -> QueueSnapshot | None:
+        snap = self.snapshot
+        if snap is None or time.monotonic() - snap.read_at > self.snapshot_ttl:
+            return None
+        return snap
+
+    def _depth(self, options: CallbackOptions) -> Iterator[Observation]:
+        from opentelemetry.metrics import Observation
+
+        snap = self._fresh()
+        for queue, (depth, _lag) in (snap.queues if snap else {}).items():
+            yield Observation(depth, _queue_attributes(queue))
+
+    def _lag(self, options: CallbackOptions) -> Iterator[Observation]:
+        from opentelemetry.metrics import Observation
+
+        snap = self._fresh()
+        for queue, (_depth, lag) in (snap.queues if snap else {}).items():
+            yield Observation(lag or 0.0, _queue_attributes(queue))
+
+    def _workers(self, options: CallbackOptions) -> Iterator[Observation]:
+        from opentelemetry.metrics import Observation
+
+        snap = self._fresh()
+        if snap is not None:
+            yield Observation(snap.workers, {"messaging.system": _SYSTEM})
+
+
+def _attributes(key: tuple[str, str]) -> dict[str, str]:
+    return {
+        "messaging.system": _SYSTEM,
+        "messaging.destination.name": key[0],
+        "awa.job.kind": key[1],
+    }
+
+
+def _queue_attributes(queue: str) -> dict[str, str]:
+    return {"messaging.system": _SYSTEM, "messaging.destination.name": queue}
+
+
+_metrics: Metrics | None = None
+_provider: MeterProvider | None = None
+_forced = False
+_create_lock = threading.Lock()
+
+
+def use_meter_provider(provider: MeterProvider | None, *, force: bool = True) -> None:
+    """Record into ``provider`` from now on (None: the global one), with metrics on whatever
+    ``AWA["OTEL_METRICS"]`` says when ``force`` (``awa_worker --metrics-port`` does this; so can
+    a test with an in-memory reader). Instruments made before are dropped."""
+    global _metrics, _provider, _forced
+    with _create_lock:
+        _provider, _forced, _metrics = provider, force, None
+
+
+def active_metrics() -> Metrics | None:
+    """This process's :class:`Metrics` when metrics are on (made on first use), else None.
+
+    Raises ``ImproperlyConfigured`` when they are on but OpenTelemetry is not installed."""
+    global _metrics
+    if not (_forced or get_awa_settings().OTEL_METRICS):
+        return None
+    found = _metrics
+    if found is not None:
+        return found
+    with _create_lock:
+        if _metrics is None:
+            try:
+                _metrics = Metrics(_provider)
+            except ImportError as exc:
+                from django.core.exceptions import ImproperlyConfigured
+
+                raise ImproperlyConfigured(
+                    "AWA['OTEL_METRICS'] needs OpenTelemetry: pip install 'awa-django[otel]' "
+                    f"({exc})"
+                ) from exc
+        return _metrics
