@@ -42,3 +42,20 @@ def naps(seconds: float) -> str:
 
     time.sleep(seconds)
     return "rested"
+
+
+@job(queue="obs")
+def traced(n: int) -> int:
+    from opentelemetry import trace  # only when the tracing test runs it
+
+    with trace.get_tracer("tests.obs").start_as_current_span("inside the sync handler"):
+        return n
+
+
+@job(queue="obs")
+async def traced_async(n: int) -> int:
+    from opentelemetry import trace
+
+    with trace.get_tracer("tests.obs").start_as_current_span("inside the async handler"):
+        await asyncio.sleep(0)
+        return n

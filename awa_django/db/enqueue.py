@@ -43,6 +43,7 @@ from awa_django.limits import (
 from awa_django.retry import RETRY_KEY, check_retry
 from awa_django.sql import query
 from awa_django.telemetry.metrics import active_metrics
+from awa_django.telemetry.tracing import active_tracing
 from awa_django.types import SEAL, EnqueuedJob, JobOptions, JobRequest
 from awa_django.unique import UniqueSpec, unique_spec
 
@@ -101,7 +102,9 @@ def build_request(
     run_at, delay = _timing(options.run_after)
     metadata_json = None
     retry = check_retry(options.retry)
-    if options.metadata is not None or retry is not None:
+    tracing = active_tracing()  # None unless OpenTelemetry traces are on
+    trace = tracing.metadata() if tracing is not None else None
+    if options.metadata is not None or retry is not None or trace:
         metadata: dict[Any, Any] = {}
         if options.metadata is not None:
             if not isinstance(options.metadata, Mapping):
@@ -111,6 +114,9 @@ def build_request(
         if retry is not None:
             # Stored with the job, so that every retry path follows it (awa_django/retry.py).
             metadata[RETRY_KEY] = retry.to_value()
+        if trace:
+            # The enqueuing trace, for the handler's span (awa_django/telemetry/tracing.py).
+            metadata.update(trace)
         metadata_json = serialization.dumps(
             metadata,
             "metadata",

@@ -28,6 +28,7 @@ from awa_django.exceptions import TransactionLeftOpen
 from awa_django.sql import query
 from awa_django.telemetry.logs import job_fields, job_log_fields, set_current_job
 from awa_django.telemetry.metrics import Metrics
+from awa_django.telemetry.tracing import Tracing, attach_span, detach_span
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.context import JobContext
@@ -66,6 +67,7 @@ class Running:
         "exc",
         "has_state",
         "queue",
+        "span",
         "started",
         "stop_timer",
         "task",
@@ -91,6 +93,8 @@ class Running:
         self.thread: threading.Thread | None = None
         self.value: Any = None
         self.exc: BaseException | None = None
+        # The attempt's OpenTelemetry span, when traces are on.
+        self.span: Any = None
 
 
 class Execution:
@@ -115,6 +119,7 @@ class Execution:
     _loop: asyncio.AbstractEventLoop | None
     _loop_thread: int | None
     _metrics: Metrics | None
+    _tracing: Tracing | None
 
     def stop(self) -> None:  # pragma: no cover - provided by WorkerRuntime
         raise NotImplementedError
@@ -159,6 +164,9 @@ class Execution:
                 "awa_django.InvalidJob", f"job {job.job_id} could not be prepared: {safe_str(exc)}"
             )
         run = Running(attempt, queue, loop.time())
+        if self._tracing is not None:
+            with contextlib.suppress(Exception):  # a broken tracer must not lose the job
+                run.span = self._tracing.start(job)
         self.inflight[(job.job_id, job.run_lease)] = run
         self.slots.start(queue.name)
         if self._debug:
@@ -237,6 +245,8 @@ class Execution:
             assert handle is not None
             set_current_job(attempt.job)  # copied into its context: JobFieldsFilter reads it
             context = contextvars.copy_context()
+            if run.span is not None:
+                context.run(attach_span, run.span)  # its own context: no detach needed
             try:
                 coro = handle.func(*attempt.call_args(), **attempt.kwargs)
                 step = context.run(coro.send, None)
@@ -301,6 +311,8 @@ class Execution:
         self.finished += 1
         if self._metrics is not None and self._loop is not None:
             self._metrics.handler_done(job, self._loop.time() - run.started)
+        if run.span is not None and self._tracing is not None:
+            self._tracing.end(run.span, outcome, exc)
         if not run.abandoned:
             self._release(run)
         try:
@@ -513,7 +525,12 @@ def run_sync(run: Running) -> None:
         if getattr(_thread_state, "orm", True) and connections.all(initialized_only=True):
             close_old_connections()
         set_current_job(attempt.job)  # the job fields of its log records (JobFieldsFilter)
-        value = attempt.handle.func(*attempt.call_args(), **attempt.kwargs)
+        token = None if run.span is None else attach_span(run.span)
+        try:
+            value = attempt.handle.func(*attempt.call_args(), **attempt.kwargs)
+        finally:
+            if token is not None:
+                detach_span(token)
     except BaseException as exc:
         error = exc
     set_current_job(None)

@@ -52,6 +52,7 @@ from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.sql import query
 from awa_django.telemetry.logs import job_fields, job_log_fields
 from awa_django.telemetry.metrics import active_metrics
+from awa_django.telemetry.tracing import active_tracing
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Execution, Running, run_sync
@@ -94,6 +95,7 @@ class WorkerRuntime(Execution):
         self.finalize_link = Link(config.settings.DATABASE_ALIAS, "finalize", name)
         self.control_link = Link(config.settings.DATABASE_ALIAS, "heartbeat", name)
         self._metrics = active_metrics()  # None unless OpenTelemetry metrics are on
+        self._tracing = active_tracing()  # None unless OpenTelemetry traces are on
         self.batcher = CompletionBatcher(
             self.finalize_link,
             batch_size=config.settings.COMPLETION_BATCH_SIZE,
