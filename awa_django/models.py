@@ -9,7 +9,7 @@ raise ``ReadOnlyError``. Every change goes through an SQL function of the engine
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -87,8 +87,14 @@ class TagsField(models.Field):  # type: ignore[type-arg]
         return name, "django.db.models.JSONField", args, kwargs
 
 
+if TYPE_CHECKING:
+    _Lookup = models.Lookup[bool]
+else:  # Lookup is generic to the type checker only
+    _Lookup = models.Lookup
+
+
 @TagsField.register_lookup
-class HasTag(models.Lookup[bool]):
+class HasTag(_Lookup):
     """``tags__has_tag="billing"``: the job carries that tag (``tags @> ARRAY[tag]``)."""
 
     lookup_name = "has_tag"
