@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import socket
 import statistics
 import threading
@@ -84,6 +85,7 @@ def compare_otel(args: argparse.Namespace) -> None:
 
     handle = benchjobs.noop if args.sync else benchjobs.anoop
     rates: dict[str, list[float]] = {"off": [], "on": []}
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
     scraped: list[int] = []
     for index in range(args.rounds):
         order = ("off", "on") if index % 2 == 0 else ("on", "off")
@@ -100,6 +102,7 @@ def compare_otel(args: argparse.Namespace) -> None:
                     target=_scrape_every_second, args=(ports, stop, scraped), daemon=True
                 )
                 scraper.start()
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             try:
                 rate, _wall = drain(
                     handle.options.queue,
@@ -113,8 +116,14 @@ def compare_otel(args: argparse.Namespace) -> None:
                 stop.set()
                 if scraper is not None:
                     scraper.join()
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
             rates[mode].append(rate)
+            # CPU time of the worker processes (supervisor and children, start-up included) per
+            # job: what the metrics cost the worker, whatever else the machine is doing.
+            used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            cpu[mode].append(used / args.jobs * 1e6)
     off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    cpu_off, cpu_on = statistics.median(cpu["off"]), statistics.median(cpu["on"])
     print(
         json.dumps(
             {
@@ -127,6 +136,9 @@ def compare_otel(args: argparse.Namespace) -> None:
                 "otel_off_median": round(off),
                 "otel_on_median": round(on),
                 "otel_cost_percent": round(100 * (off - on) / off, 1),
+                "worker_cpu_us_per_job_off_rounds": [round(c, 1) for c in cpu["off"]],
+                "worker_cpu_us_per_job_on_rounds": [round(c, 1) for c in cpu["on"]],
+                "worker_cpu_cost_percent": round(100 * (cpu_on - cpu_off) / cpu_off, 1),
                 "scrapes": len(scraped),
             },
             indent=2,

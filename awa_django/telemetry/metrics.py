@@ -33,7 +33,9 @@ import dataclasses
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from awa_django.conf import get_awa_settings
@@ -80,8 +82,8 @@ _DESCRIPTIONS: Final[Mapping[str, str]] = {
 }
 
 #: Handler durations recorded at once per queue and kind, then per second (see the module doc).
-SAMPLE_BURST = 1000
-SAMPLE_RATE = 250.0
+SAMPLE_BURST = 200
+SAMPLE_RATE = 100.0
 
 #: Bucket bounds (seconds) of the duration histogram: 1 ms to 1 hour.
 DURATION_BUCKETS: Final = (
@@ -189,25 +191,27 @@ class Metrics:
 
     def count(self, event: str, pairs: Iterable[tuple[str, str]]) -> None:
         """Add one ``event`` per ``(queue, kind)`` in ``pairs``."""
-        local: dict[tuple[str, str], int] = {}
-        for pair in pairs:
-            local[pair] = local.get(pair, 0) + 1
-        if not local:
+        self.add(event, Counter(pairs))
+
+    def add(self, event: str, counted: Mapping[tuple[str, str], int]) -> None:
+        """Add ``counted[(queue, kind)]`` ``event``s."""
+        if not counted:
             return
         with self._lock:
             counts = self.counts[event]
-            for pair, n in local.items():
+            for pair, n in counted.items():
                 counts[pair] = counts.get(pair, 0) + n
 
     def claimed(self, queue: str, jobs: list[ClaimedJob]) -> None:
-        """One claim batch."""
-        self.count("claimed", [(queue, job.kind) for job in jobs])
+        """One claim batch (counted in C: ``Counter`` over the kinds)."""
+        kinds = Counter(map(_KIND, jobs))
+        self.add("claimed", {(queue, kind): n for kind, n in kinds.items()})
         self.claim_batch.record(len(jobs), {"messaging.destination.name": queue})
 
-    def handler_done(self, job: ClaimedJob, seconds: float) -> None:
-        """A handler ended after ``seconds`` (recorded within the sampling budget)."""
+    def handler_done(self, job: ClaimedJob, seconds: float, now: float) -> None:
+        """A handler ended after ``seconds``, at ``now`` (a monotonic clock in seconds: the
+        event loop's); recorded within the sampling budget."""
         key = (job.queue, job.kind)
-        now = time.monotonic()
         bucket = self._tokens.get(key)
         if bucket is None:
             bucket = self._tokens[key] = [float(SAMPLE_BURST), now]
@@ -226,28 +230,44 @@ class Metrics:
     ) -> None:
         """A finalize batch was written: count each outcome that was not stale."""
         self.finalize_batch.record(len(batch))
-        by_event: dict[str, list[tuple[str, str]]] = {}
-        for item, job in zip(batch, jobs, strict=True):
-            if job is None or (item.job_id, item.run_lease) in stale:
+        if stale:
+            batch, jobs = _without(batch, jobs, stale)
+        try:
+            # Counted in C (Counter over attribute getters): no Python code per job.
+            keys = Counter(
+                zip(map(_OUTCOME, batch), map(_QUEUE, jobs), map(_KIND, jobs), strict=True)
+            )
+        except AttributeError:  # an outcome without its attempt (None): not counted
+            batch, jobs = _without(batch, jobs, stale)
+            keys = Counter(
+                zip(map(_OUTCOME, batch), map(_QUEUE, jobs), map(_KIND, jobs), strict=True)
+            )
+        by_event: dict[str, dict[tuple[str, str], int]] = {}
+        retries = False
+        for (outcome, queue, kind), n in keys.items():
+            if outcome == "retry":
+                retries = True  # retried, or failed for good: each job's attempt tells
                 continue
-            event = self._event(item.outcome, job)
-            if event is not None:
-                by_event.setdefault(event, []).append((job.queue, job.kind))
-        for event, pairs in by_event.items():
-            self.count(event, pairs)
-
-    def _event(self, outcome: str, job: ClaimedJob) -> str | None:
-        if outcome == "completed":
-            return "completed"
-        if outcome == "retry" and job.attempt < job.max_attempts:
-            return "retried"
-        if outcome in ("retry", "fail"):
-            return "failed" if job.queue in self.dlq_off else "dead_lettered"
-        if outcome == "cancel":
-            return "cancelled"
-        if outcome == "snooze":
-            return "snoozed"
-        return None  # wait: its callback decides later
+            event = _EVENTS.get(outcome)
+            if event is None:
+                continue  # wait: its callback decides later
+            if event == "dead_lettered" and queue in self.dlq_off:
+                event = "failed"
+            counted = by_event.setdefault(event, {})
+            counted[(queue, kind)] = counted.get((queue, kind), 0) + n
+        if retries:
+            for item, job in zip(batch, jobs, strict=True):
+                if item.outcome != "retry" or job is None:
+                    continue
+                if job.attempt < job.max_attempts:
+                    event = "retried"
+                else:
+                    event = "failed" if job.queue in self.dlq_off else "dead_lettered"
+                counted = by_event.setdefault(event, {})
+                pair = (job.queue, job.kind)
+                counted[pair] = counted.get(pair, 0) + 1
+        for event, counted in by_event.items():
+            self.add(event, counted)
 
     def dlq_due(self, now: float, every: float = 10.0) -> bool:
         """Whether the DLQ policy of the queues should be read again."""
@@ -310,6 +330,30 @@ class Metrics:
         snap = self._fresh()
         if snap is not None:
             yield Observation(snap.workers, {"messaging.system": _SYSTEM})
+
+
+def _without(
+    batch: list[Finalization], jobs: list[ClaimedJob | None], stale: set[tuple[int, int]]
+) -> tuple[list[Finalization], list[ClaimedJob | None]]:
+    """The outcomes that were written (not stale) and whose attempt is known."""
+    kept = [
+        (item, job)
+        for item, job in zip(batch, jobs, strict=True)
+        if job is not None and (item.job_id, item.run_lease) not in stale
+    ]
+    return [k[0] for k in kept], [k[1] for k in kept]
+
+
+_KIND = attrgetter("kind")
+_QUEUE = attrgetter("queue")
+_OUTCOME = attrgetter("outcome")
+#: Outcome → event, but for ``retry`` (which depends on the attempt) and ``wait``.
+_EVENTS: Final[Mapping[str, str]] = {
+    "completed": "completed",
+    "fail": "dead_lettered",
+    "cancel": "cancelled",
+    "snooze": "snoozed",
+}
 
 
 def _attributes(key: tuple[str, str]) -> dict[str, str]:

@@ -310,7 +310,8 @@ class Execution:
         self.batcher.add(outcome, job)
         self.finished += 1
         if self._metrics is not None and self._loop is not None:
-            self._metrics.handler_done(job, self._loop.time() - run.started)
+            now = self._loop.time()
+            self._metrics.handler_done(job, now - run.started, now)
         if run.span is not None and self._tracing is not None:
             self._tracing.end(run.span, outcome, exc)
         if not run.abandoned:
