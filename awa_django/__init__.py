@@ -20,7 +20,13 @@ from awa_django.exceptions import (
     UnknownKindError,
 )
 from awa_django.jobs import Job, JobOptions, get_job, job
-from awa_django.operator.actions import cancel, dlq_purge, dlq_retry, resolve_callback
+from awa_django.operator.actions import (
+    cancel,
+    dlq_purge,
+    dlq_retry,
+    extend_callback,
+    resolve_callback,
+)
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.producer import aenqueue, aenqueue_many, enqueue, enqueue_many
 from awa_django.retry import RetryPolicy
@@ -54,6 +60,7 @@ __all__ = [
     "dlq_retry",
     "enqueue",
     "enqueue_many",
+    "extend_callback",
     "get_job",
     "job",
     "resolve_callback",

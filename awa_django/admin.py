@@ -7,7 +7,9 @@ The pages are registered here; the parts they share live next door:
 * ``admin_filters``: list filters whose choices never scan job history;
 * ``admin_actions``: confirmation page, selection in one field, atomic execution with
   ``LogEntry`` audit records;
-* ``admin_display``: escaped JSON, error timelines, sparklines.
+* ``admin_display``: escaped JSON, error timelines, sparklines;
+* ``admin_callbacks``: the callback waits page (jobs parked until their callback), with its
+  resolve, fail and extend actions.
 
 Actions call the same operator API (``awa_django.operator``) as the management commands, need
 custom permissions, are always confirmed on a separate page, act on at most ``BULK_LIMIT`` rows,
@@ -21,7 +23,8 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
@@ -30,6 +33,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 
 from awa_django.admin_actions import BULK_LIMIT, confirm, log_change
+from awa_django.admin_callbacks import CallbackWaitAdmin
 from awa_django.admin_display import JobDetail, error_timeline, pretty, sparkline
 from awa_django.admin_filters import (
     KindFilter,
@@ -42,26 +46,40 @@ from awa_django.admin_operator import QueueDlqActions, TerminalRetryActions
 from awa_django.admin_readonly import CappedPaginator, JobListAdmin, ReadOnlyAdmin
 from awa_django.cron import next_fire
 from awa_django.db.storage import HISTORY_EXACT_UP_TO
-from awa_django.limits import check_queue_name, check_text, check_uuid
+from awa_django.exceptions import InvalidOptionError
+from awa_django.limits import (
+    FLOW_BURST_RANGE,
+    FLOW_CONCURRENCY_RANGE,
+    check_flow_limits,
+    check_queue_name,
+    check_text,
+    check_uuid,
+)
 from awa_django.models import CronSchedule, DeadLetter, LiveJob, QueueStat, TerminalJob, Worker
 from awa_django.operator import (
+    QueueLimits,
     cancel,
+    clear_queue_limits,
     dlq_purge,
     dlq_retry,
     queue_drain,
+    queue_limits,
     queue_pause,
     queue_stats,
     schedule_pause,
     schedule_trigger,
+    set_queue_limits,
     throughput,
     workers,
 )
 
 __all__ = [
     "BULK_LIMIT",
+    "CallbackWaitAdmin",
     "CappedPaginator",
     "CronScheduleAdmin",
     "DeadLetterAdmin",
+    "FlowLimitsForm",
     "JobAdmin",
     "QueueStatAdmin",
     "TerminalJobAdmin",
@@ -81,6 +99,52 @@ class RetryForm(forms.Form):
         max_value=100,
         help_text="Retry with another priority (optional).",
     )
+
+
+class FlowLimitsForm(forms.Form):
+    """The "Set flow limits" action's form: the limits that replace each selected queue's, or
+    ``clear`` (the queue's ``AWA["QUEUES"]`` settings apply again). Checked like
+    ``set_queue_limits`` checks them: a bad value is shown on the page and nothing changes."""
+
+    global_concurrency = forms.IntegerField(
+        required=False,
+        min_value=FLOW_CONCURRENCY_RANGE[0],
+        max_value=FLOW_CONCURRENCY_RANGE[1],
+        help_text="The most attempts of the queue running at once across every worker "
+        "(counted by job weight). Empty: no concurrency limit.",
+    )
+    rate_limit = forms.FloatField(
+        required=False,
+        help_text="The most jobs started per second across every worker (above 0, at most "
+        "1,000,000). Empty: no rate limit.",
+    )
+    rate_burst = forms.IntegerField(
+        required=False,
+        min_value=FLOW_BURST_RANGE[0],
+        max_value=FLOW_BURST_RANGE[1],
+        help_text="Jobs the rate lets through at once (with a rate; empty: a tenth of a "
+        "second's worth).",
+    )
+    clear = forms.BooleanField(
+        required=False,
+        help_text="Drop the operator's limits instead: the queue's AWA['QUEUES'] settings "
+        "apply again (leave the fields above empty).",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data: dict[str, Any] = super().clean() or {}
+        if self.errors:
+            return data
+        limits = [data.get(f) for f in ("global_concurrency", "rate_limit", "rate_burst")]
+        if data.get("clear"):
+            if any(v is not None for v in limits):
+                raise ValidationError("Clear takes no limits: leave the fields empty or untick it.")
+            return data
+        try:
+            check_flow_limits(*limits)
+        except InvalidOptionError as exc:
+            raise ValidationError(str(exc)) from None
+        return data
 
 
 def _history_count(n: int) -> str:
@@ -294,8 +358,19 @@ class QueueStatAdmin(QueueDlqActions, ReadOnlyAdmin):
         "dlq_enabled",
         "lag",
         "completed_last_hour",
+        "global_limit",
+        "limit_in_use",
+        "rate",
+        "limits_by",
     )
-    actions = ("pause_queues", "resume_queues", "drain_queues", "dlq_on_queues", "dlq_off_queues")
+    actions = (
+        "pause_queues",
+        "resume_queues",
+        "drain_queues",
+        "limit_queues",
+        "dlq_on_queues",
+        "dlq_off_queues",
+    )
     change_list_template = "admin/awa_django/queuestat/change_list.html"
     selection_noun = "queues"
 
@@ -314,6 +389,42 @@ class QueueStatAdmin(QueueDlqActions, ReadOnlyAdmin):
     @admin.display(description="lag")
     def lag(self, obj: QueueStat) -> str:
         return "-" if obj.lag_seconds is None else f"{obj.lag_seconds:.1f} s"
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        # The flow limits of the page's queues: one read for the whole list, not one per row.
+        changelist = super().get_changelist_instance(request)
+        limits = {q.queue: q for q in queue_limits()}
+        for stat in changelist.result_list:
+            stat.flow_limits = limits.get(stat.queue)
+        return changelist
+
+    @admin.display(description="global limit")
+    def global_limit(self, obj: QueueStat) -> str:
+        limits = _flow(obj)
+        if limits is None or limits.global_concurrency is None:
+            return "-"
+        return str(limits.global_concurrency)
+
+    @admin.display(description="in use")
+    def limit_in_use(self, obj: QueueStat) -> str:
+        limits = _flow(obj)
+        if limits is None or limits.global_concurrency is None:
+            return "-"
+        return str(limits.in_use or 0)
+
+    @admin.display(description="rate")
+    def rate(self, obj: QueueStat) -> str:
+        limits = _flow(obj)
+        if limits is None or limits.rate_limit is None:
+            return "-"
+        return f"{limits.rate_limit:g}/s (burst {limits.burst_in_force})"
+
+    @admin.display(description="limits by")
+    def limits_by(self, obj: QueueStat) -> str:
+        limits = _flow(obj)
+        if limits is None:
+            return "-"
+        return f"{limits.source}: {limits.updated_by or '?'}"
 
     def get_urls(self) -> list[Any]:
         return [
@@ -438,8 +549,60 @@ class QueueStatAdmin(QueueDlqActions, ReadOnlyAdmin):
             describe=lambda q: f"{q.queue}: {_waiting(q)} waiting job(s)",
         )
 
+    @admin.action(description="Set flow limits of selected queues", permissions=["manage_queue"])
+    def limit_queues(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        self._checked(request, "manage_queue")
+        by = f"admin ({request.user.get_username()})"
+        current = {q.queue: q for q in queue_limits()}
+
+        def perform(objects: list[Any], data: dict[str, Any]) -> str:
+            done = []
+            for stat in objects:
+                if data.get("clear"):
+                    now = clear_queue_limits(stat.queue, actor=by)
+                    verb = "cleared"
+                else:
+                    now = set_queue_limits(
+                        stat.queue,
+                        global_concurrency=data.get("global_concurrency"),
+                        rate_limit=data.get("rate_limit"),
+                        rate_burst=data.get("rate_burst"),
+                        actor=by,
+                    )
+                    verb = "set"
+                shown = "no limits" if now is None else now.summary(in_use=False)
+                message = f"flow limits {verb}: {shown}"
+                log_change(request, [stat], message)
+                done.append(f"{stat.queue} {message}")
+            return "Set flow limits: " + "; ".join(done)
+
+        def describe(stat: QueueStat) -> str:
+            limits = current.get(stat.queue)
+            return f"{stat.queue}: {limits.summary() if limits else 'no flow limits'} now"
+
+        return confirm(
+            self,
+            request,
+            queryset,
+            title="Set flow limits",
+            note=(
+                "The limits given replace each queue's flow limits across every worker: a "
+                "limit left empty is lifted, also one AWA['QUEUES'] sets, until cleared. "
+                "Workers apply them from their next claim. docs/flow.md."
+            ),
+            form_class=FlowLimitsForm,
+            perform=perform,
+            describe=describe,
+        )
+
     def has_manage_queue_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("awa_django.manage_queue"))
+
+
+def _flow(stat: QueueStat) -> QueueLimits | None:
+    """The flow limits the list attached to a row (None: none, or not read for this row)."""
+    limits = getattr(stat, "flow_limits", None)
+    return limits if isinstance(limits, QueueLimits) else None
 
 
 @admin.register(Worker)

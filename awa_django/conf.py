@@ -25,7 +25,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from awa_django.limits import ATTEMPTS_RANGE
+from awa_django.limits import (
+    ATTEMPTS_RANGE,
+    FLOW_BURST_RANGE,
+    FLOW_CONCURRENCY_RANGE,
+    FLOW_RATE_MAX,
+    QUEUE_NAME_RE,
+)
 
 __all__ = ["DEFAULTS", "AwaSettings", "QueueSettings", "awa_settings", "load_settings"]
 
@@ -34,10 +40,12 @@ class _Kind(Enum):
     STR = "a non-empty str"
     INT = "an int"
     SECONDS = "a number of seconds (int or float)"
+    RATE = "a number of jobs per second (int or float)"
     BOOL = "a bool (True or False)"
     MODULES = "a list of dotted module paths (str)"
     QUEUES = "a dict of queue name to a dict of queue settings"
     SCHEDULES = "a dict of schedule name to a dict (docs/periodic.md)"
+    KEYS = "a list of secret keys (str of at least 32 characters each)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +102,19 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     # OpenTelemetry (the awa-django[otel] extra; docs/observability.md): off, nothing imported.
     "OTEL_METRICS": _Spec(False, _Kind.BOOL),
     "OTEL_TRACES": _Spec(False, _Kind.BOOL),
+    # The signed callback receiver (awa_django.urls, docs/callbacks.md): its keys (the first
+    # signs, every one verifies; none: the receiver answers 404), how far a request's timestamp
+    # may be from the database clock, and the largest body it reads.
+    "CALLBACK_KEYS": _Spec((), _Kind.KEYS),
+    "CALLBACK_TIMESTAMP_TOLERANCE": _Spec(300.0, _Kind.SECONDS),
+    "CALLBACK_MAX_BYTES": _Spec(65_536, _Kind.INT, 1),
 }
+
+#: The shortest callback key (characters): 32, as for an HMAC-SHA256 key of 256 bits.
+CALLBACK_KEY_MIN_LENGTH = 32
+
+#: Settings whose values are secrets: never shown in a repr or an error message.
+_SECRET = frozenset({"CALLBACK_KEYS"})
 
 DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
     {name: spec.default for name, spec in _SPECS.items()}
@@ -106,6 +126,9 @@ _QUEUE_SPECS: Final[Mapping[str, _Spec]] = {
     "concurrency": _Spec(None, _Kind.INT, 1, 10_000),
     "deadline": _Spec(None, _Kind.SECONDS),
     "dlq": _Spec(None, _Kind.BOOL),
+    "global_concurrency": _Spec(None, _Kind.INT, *FLOW_CONCURRENCY_RANGE),
+    "rate_limit": _Spec(None, _Kind.RATE, 0, FLOW_RATE_MAX),
+    "rate_burst": _Spec(None, _Kind.INT, *FLOW_BURST_RANGE),
 }
 
 
@@ -120,11 +143,33 @@ class QueueSettings:
     on or off (jobs that fail for good go to the DLQ, or to history as failed); every worker and
     maintenance process writes it to the database when it starts. A queue needs no entry to be
     served.
+
+    Flow limits across every worker process and host (docs/flow.md): ``global_concurrency``
+    is the most attempts of the queue running at once, counted by job weight;
+    ``rate_limit`` the most jobs started per second, with bursts of up to ``rate_burst`` jobs
+    (default: a tenth of a second's worth, at least 1). Workers write them to the database
+    when they start; an operator may override them at runtime (admin, ``awa_queue limit``).
     """
 
     concurrency: int | None = None
     deadline: float | None = None
     dlq: bool | None = None
+    global_concurrency: int | None = None
+    rate_limit: float | None = None
+    rate_burst: int | None = None
+
+    @property
+    def has_flow_limits(self) -> bool:
+        """Whether any fleet-wide flow limit is set for the queue."""
+        return self.global_concurrency is not None or self.rate_limit is not None
+
+    def flow_limits(self) -> dict[str, float | int | None]:
+        """The flow limits as ``awa.flow_sync_v1`` takes them for one queue."""
+        return {
+            "max_running": self.global_concurrency,
+            "rate": self.rate_limit,
+            "burst": self.rate_burst,
+        }
 
 
 class AwaSettings:
@@ -169,6 +214,9 @@ class AwaSettings:
     CRON_EVAL_INTERVAL: float
     OTEL_METRICS: bool
     OTEL_TRACES: bool
+    CALLBACK_KEYS: tuple[str, ...]
+    CALLBACK_TIMESTAMP_TOLERANCE: float
+    CALLBACK_MAX_BYTES: int
 
     def __init__(self, values: Mapping[str, object]) -> None:
         for name, value in values.items():
@@ -178,7 +226,13 @@ class AwaSettings:
         raise AttributeError("awa_django settings are read-only; change settings.AWA instead")
 
     def __repr__(self) -> str:
-        return f"AwaSettings({', '.join(f'{k}={getattr(self, k)!r}' for k in _SPECS)})"
+        shown = (
+            f"{k}=<{len(getattr(self, k))} secret(s)>"
+            if k in _SECRET
+            else f"{k}={getattr(self, k)!r}"
+            for k in _SPECS
+        )
+        return f"AwaSettings({', '.join(shown)})"
 
 
 def load_settings(raw: object) -> AwaSettings:
@@ -249,15 +303,49 @@ def _validate(label: str, value: object, spec: _Spec) -> object:
                 f"{label} must be a finite number greater than 0, got {value!r}."
             )
         return float(value)
+    if kind is _Kind.RATE:
+        if value is None and spec.default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _wrong_type(label, kind, value)
+        if not math.isfinite(value) or value <= 0 or value > (spec.maximum or math.inf):
+            raise ImproperlyConfigured(
+                f"{label} must be a number greater than 0 and at most {spec.maximum:,}, "
+                f"got {value!r}."
+            )
+        return float(value)
     if kind is _Kind.MODULES:
         if not isinstance(value, list | tuple) or not all(isinstance(m, str) and m for m in value):
             raise _wrong_type(label, kind, value)
         return tuple(value)
+    if kind is _Kind.KEYS:
+        return _validate_keys(label, value)
     if kind is _Kind.SCHEDULES:
         if not isinstance(value, Mapping):
             raise _wrong_type(label, kind, value)
         return MappingProxyType(dict(value))
     return _validate_queues(label, value)
+
+
+def _validate_keys(label: str, value: object) -> tuple[str, ...]:
+    """Callback keys: the messages name the position of a bad key, never the key itself."""
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise ImproperlyConfigured(
+            f"{label} must be {_Kind.KEYS.value}, got {type(value).__name__}."
+        )
+    for index, key in enumerate(value):
+        if not isinstance(key, str):
+            raise ImproperlyConfigured(f"{label}[{index}] must be a str, got {type(key).__name__}.")
+        if len(key) < CALLBACK_KEY_MIN_LENGTH:
+            raise ImproperlyConfigured(
+                f"{label}[{index}] is {len(key)} characters long; a key needs at least "
+                f"{CALLBACK_KEY_MIN_LENGTH} (e.g. secrets.token_urlsafe(32))."
+            )
+        if "\x00" in key or not key.isprintable():
+            raise ImproperlyConfigured(f"{label}[{index}] must be printable text.")
+    if len(set(value)) != len(value):
+        raise ImproperlyConfigured(f"{label} lists the same key twice.")
+    return tuple(value)
 
 
 def _validate_queues(label: str, value: object) -> Mapping[str, QueueSettings]:
@@ -273,26 +361,19 @@ def _validate_queues(label: str, value: object) -> Mapping[str, QueueSettings]:
         if not isinstance(options, Mapping):
             raise ImproperlyConfigured(f"{where} must be a dict, got {_describe(options)}.")
         _reject_unknown(where, options, _QUEUE_SPECS)
-        queues[queue] = QueueSettings(
-            concurrency=cast(
-                "int | None",
-                _validate(
-                    f"{where}['concurrency']",
-                    options.get("concurrency"),
-                    _QUEUE_SPECS["concurrency"],
-                ),
-            ),
-            deadline=cast(
-                "float | None",
-                _validate(
-                    f"{where}['deadline']", options.get("deadline"), _QUEUE_SPECS["deadline"]
-                ),
-            ),
-            dlq=cast(
-                "bool | None",
-                _validate(f"{where}['dlq']", options.get("dlq"), _QUEUE_SPECS["dlq"]),
-            ),
-        )
+        checked = {
+            key: _validate(f"{where}[{key!r}]", options.get(key), spec)
+            for key, spec in _QUEUE_SPECS.items()
+        }
+        if checked["rate_burst"] is not None and checked["rate_limit"] is None:
+            raise ImproperlyConfigured(f"{where}['rate_burst'] needs a 'rate_limit'.")
+        limited = checked["global_concurrency"] is not None or checked["rate_limit"] is not None
+        if limited and not QUEUE_NAME_RE.fullmatch(queue):
+            raise ImproperlyConfigured(
+                f"{label} key {queue!r} is not a valid queue name, so it cannot have flow "
+                "limits (docs/jobs.md, queue names)."
+            )
+        queues[queue] = QueueSettings(**checked)  # type: ignore[arg-type]
     return MappingProxyType(queues)
 
 

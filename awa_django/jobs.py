@@ -18,7 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from awa_django import cron as _cron
 from awa_django.db.enqueue import build_request, send_requests
 from awa_django.exceptions import UnknownKindError
-from awa_django.limits import tag_tuple
+from awa_django.limits import check_weight, tag_tuple
 from awa_django.retry import RetryPolicy, check_retry
 from awa_django.types import EnqueuedJob, JobOptions, JobRequest
 from awa_django.unique import states_tuple
@@ -81,6 +81,7 @@ class Job(Generic[P, R]):
         unique_states: Iterable[str] | None = _UNSET,
         on_conflict: Literal["return", "raise"] = _UNSET,
         retry: RetryPolicy | None = _UNSET,
+        weight: int = _UNSET,
     ) -> Job[P, R]:
         """Return a copy of this handle with the given options replaced (validated at enqueue).
 
@@ -102,6 +103,7 @@ class Job(Generic[P, R]):
                 ("unique_for", unique_for),
                 ("on_conflict", on_conflict),
                 ("retry", retry),
+                ("weight", weight),
             )
             if value is not _UNSET
         }
@@ -194,6 +196,7 @@ def job(
     kwargs: Mapping[str, Any] | None = None,
     catch_up: str | int = "latest",
     retry: RetryPolicy | None = None,
+    weight: int = 1,
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Job[P, R]]: ...
 
 
@@ -219,6 +222,7 @@ def job(
     kwargs: Mapping[str, Any] | None = None,
     catch_up: str | int = "latest",
     retry: RetryPolicy | None = None,
+    weight: int = 1,
 ) -> Callable[[Callable[P, R]], Job[P, R]]: ...
 
 
@@ -245,6 +249,7 @@ def job(
     kwargs: Mapping[str, Any] | None = None,
     catch_up: str | int = "latest",
     retry: RetryPolicy | None = None,
+    weight: int = 1,
 ) -> Any:
     """Register a function (sync or async) as a job kind; usable bare or with options.
 
@@ -256,7 +261,8 @@ def job(
     each job; ``.using(retry=...)`` replaces it per call). ``unique=True`` makes every job of
     the kind unique by its arguments (``unique_for``, ``unique_states``, ``on_conflict``: see
     docs/jobs.md, "Unique jobs"). Options are validated when a job is enqueued (a ``retry``
-    that is not a ``RetryPolicy`` at once).
+    that is not a ``RetryPolicy`` and a bad ``weight`` at once). ``weight`` (1-10,000) is how
+    many execution slots and global-concurrency permits one attempt takes (docs/flow.md).
 
     ``cron=`` makes it periodic (docs/periodic.md): the maintenance leader enqueues it with
     ``args`` and ``kwargs`` at each fire time of the expression in ``timezone``, exactly once
@@ -279,6 +285,7 @@ def job(
         unique_states=states_tuple(unique_states),
         on_conflict=on_conflict,
         retry=check_retry(retry),
+        weight=check_weight(weight),
     )
 
     if cron is None and (args or kwargs or timezone != "UTC" or catch_up != "latest"):

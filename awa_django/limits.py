@@ -21,12 +21,18 @@ from awa_django.exceptions import InvalidOptionError
 
 __all__ = [
     "ATTEMPTS_RANGE",
+    "FLOW_BURST_RANGE",
+    "FLOW_CONCURRENCY_RANGE",
+    "FLOW_RATE_MAX",
     "MAX_BIGINT",
     "MAX_SECONDS",
     "MAX_TEXT",
     "PRIORITY_RANGE",
     "QUEUE_NAME_RE",
     "RESERVED_METADATA_PREFIX",
+    "WEIGHT_KEY",
+    "WEIGHT_RANGE",
+    "check_flow_limits",
     "check_id",
     "check_ids",
     "check_max_attempts",
@@ -36,6 +42,7 @@ __all__ = [
     "check_seconds",
     "check_text",
     "check_uuid",
+    "check_weight",
     "clean_text",
     "show",
     "tag_tuple",
@@ -64,6 +71,75 @@ QUEUE_NAME_RE = re.compile(r"[a-z0-9_.-]{1,63}")
 #: Metadata keys starting with this are awa_django's own (``awa:retry``, the job's retry
 #: policy); a producer's metadata may not use them.
 RESERVED_METADATA_PREFIX = "awa:"
+
+
+#: The metadata key holding a job's weight (``weight=``), and the weights a job may have: the
+#: execution slots and global-concurrency permits one attempt takes (docs/flow.md).
+WEIGHT_KEY = "awa:weight"
+WEIGHT_RANGE = (1, 10_000)
+
+
+def check_weight(value: object, field: str = "weight") -> int:
+    """``value`` if it is an ``int`` (not ``bool``) in :data:`WEIGHT_RANGE`."""
+    low, high = WEIGHT_RANGE
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidOptionError(field, f"{show(value)} is not an integer in {low}..{high}")
+    return value
+
+
+#: The bounds of a queue's flow limits (docs/flow.md), as ``AWA["QUEUES"]`` and the
+#: ``awa.flow_limits`` table's checks have them: global concurrency, jobs per second (more
+#: than 0, at most this), burst.
+FLOW_CONCURRENCY_RANGE = (1, 10_000)
+FLOW_RATE_MAX = 1_000_000
+FLOW_BURST_RANGE = (1, 1_000_000)
+
+
+def check_flow_limits(
+    global_concurrency: object, rate_limit: object, rate_burst: object
+) -> tuple[int | None, float | None, int | None]:
+    """One queue's flow limits, checked: ``global_concurrency`` an ``int`` (not ``bool``) in
+    :data:`FLOW_CONCURRENCY_RANGE`, ``rate_limit`` a finite ``int`` or ``float`` (not
+    ``bool``) above 0 and at most :data:`FLOW_RATE_MAX`, ``rate_burst`` an ``int`` in
+    :data:`FLOW_BURST_RANGE` and only with a rate; ``None`` is "not limited", and at least one
+    of the two limits must be given. Returns them with the rate as a float;
+    ``InvalidOptionError`` names the first bad one."""
+    concurrency: int | None = None
+    if global_concurrency is not None:
+        low, high = FLOW_CONCURRENCY_RANGE
+        if type(global_concurrency) is not int or not low <= global_concurrency <= high:
+            raise InvalidOptionError(
+                "global_concurrency",
+                f"{show(global_concurrency)} is not an integer in {low}..{high}",
+            )
+        concurrency = global_concurrency
+    rate: float | None = None
+    if rate_limit is not None:
+        # An int is compared as it is (float() of a huge int overflows); NaN fails every test.
+        if type(rate_limit) not in (int, float) or not (
+            0 < rate_limit <= FLOW_RATE_MAX  # type: ignore[operator]
+        ):
+            raise InvalidOptionError(
+                "rate_limit",
+                f"{show(rate_limit)} is not a number of jobs per second above 0 and at most "
+                f"{FLOW_RATE_MAX:,}",
+            )
+        rate = float(rate_limit)  # type: ignore[arg-type]
+    burst: int | None = None
+    if rate_burst is not None:
+        low, high = FLOW_BURST_RANGE
+        if type(rate_burst) is not int or not low <= rate_burst <= high:
+            raise InvalidOptionError(
+                "rate_burst", f"{show(rate_burst)} is not an integer in {low}..{high}"
+            )
+        if rate is None:
+            raise InvalidOptionError("rate_burst", "a burst needs a rate_limit")
+        burst = rate_burst
+    if concurrency is None and rate is None:
+        raise InvalidOptionError(
+            "limits", "give a global_concurrency, a rate_limit, or both (or clear them)"
+        )
+    return concurrency, rate, burst
 
 
 def check_metadata_keys(metadata: Mapping[str, object]) -> None:

@@ -17,6 +17,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from awa_django.states import JobState
 
 __all__ = [
+    "CallbackWait",
     "CronSchedule",
     "DeadLetter",
     "LiveJob",
@@ -294,3 +295,36 @@ class CronSchedule(ReadOnlyModel):
 
     def __str__(self) -> str:
         return self.name
+
+
+class CallbackWait(ReadOnlyModel):
+    """A job parked until its callback is resolved (``awa.callback_waits``): its attempt, its
+    callback id, when it parked and when rescue will take it (``timeout_at``, on the database
+    clock; ``awa_django.extend_callback`` moves it), and whether a result resumes the job
+    (``WaitForCallback(..., resume=True)``) or completes it."""
+
+    job_id = models.BigIntegerField(primary_key=True)
+    run_lease = models.BigIntegerField()
+    callback_id = models.UUIDField()
+    parked_at = models.DateTimeField()
+    timeout_at = models.DateTimeField()
+    resume = models.BooleanField()
+    attempt = models.SmallIntegerField()
+    kind = models.TextField()
+    queue = models.TextField()
+    priority = models.SmallIntegerField()
+    max_attempts = models.SmallIntegerField()
+    created_at = models.DateTimeField()
+    metadata = models.JSONField(null=True)
+    progress = models.JSONField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = 'awa"."callback_waits'
+        ordering = ["timeout_at", "job_id"]
+        default_permissions = ("view",)
+        permissions = [("resolve_callback", "Can resolve or fail jobs waiting for a callback")]
+        verbose_name = "callback wait"
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} ({self.kind})"

@@ -13,7 +13,8 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
-from awa_django.limits import MAX_TEXT, check_seconds, check_text, check_uuid
+from awa_django.exceptions import InvalidOptionError
+from awa_django.limits import MAX_TEXT, check_seconds, check_text, check_uuid, show
 
 __all__ = ["Cancel", "RetryAfter", "Snooze", "WaitForCallback"]
 
@@ -62,12 +63,21 @@ class WaitForCallback:
     ctx.aregister_callback()`` in an async handler). Reading it registers the callback in the
     database before the handler can hand it to the external system, so a resolution that
     arrives before the handler returns is kept and applied when the attempt parks. ``timeout``
-    is more than 0 and at most 100 years (seconds or a ``timedelta``).
+    is more than 0 and at most 100 years (seconds or a ``timedelta``); an external system (or
+    ``awa_django.extend_callback``) may extend it.
+
+    ``resume=True`` makes this one step of a sequence: a result does not complete the job but
+    runs it again at once (a new attempt of the same attempt number, like a ``Snooze``), with
+    the result as ``ctx.callback_result`` and the progress it set kept; the handler carries on
+    from its progress and may wait again. An error resolution retries or fails it as usual.
     """
 
     callback_id: uuid.UUID
     timeout: float | timedelta = 3600.0
+    resume: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "callback_id", check_uuid("callback_id", self.callback_id))
         object.__setattr__(self, "timeout", check_seconds("timeout", self.timeout))
+        if type(self.resume) is not bool:
+            raise InvalidOptionError("resume", f"must be True or False, got {show(self.resume)}")

@@ -44,6 +44,7 @@ def enqueue(
     unique_states: Iterable[str] | None = None,
     on_conflict: Literal["return", "raise"] | None = None,
     retry: RetryPolicy | None = None,
+    weight: int | None = None,
 ) -> EnqueuedJob:
     """Enqueue one job of a registered ``kind`` in the caller's transaction.
 
@@ -78,6 +79,7 @@ def enqueue(
         ),
         on_conflict=on_conflict if on_conflict is not None else base.on_conflict,
         retry=retry if retry is not None else base.retry,
+        weight=weight if weight is not None else base.weight,
     )
     request = build_request(kind, tuple(args), dict(kwargs or {}), options)
     return send_requests([request], request.using)[0]

@@ -28,7 +28,7 @@ from asgiref.sync import async_to_sync
 from django.db import connections
 
 from awa_django.conf import get_awa_settings
-from awa_django.db.storage import ClaimedJob, Finalization
+from awa_django.db.storage import ClaimedJob, Finalization, finalize_statement
 from awa_django.sql import query
 from awa_django.worker.context import JobContext
 from awa_django.worker.executor import outcome_of, prepare
@@ -55,7 +55,10 @@ def drain(
     queues: str | Iterable[str] | None = None, *, using: str | None = None, max_jobs: int = 1000
 ) -> list[JobRun]:
     """Run every available job of ``queues`` (default: all) in-process until none is left or
-    ``max_jobs`` ran; return what happened to each, in the order they ran."""
+    ``max_jobs`` ran; return what happened to each, in the order they ran.
+
+    A queue's flow limits (docs/flow.md) apply: a job's permits are handed back when it ends,
+    and a queue its rate limit holds back is left with its jobs for a later call."""
     cfg = get_awa_settings()
     connection = connections[using or cfg.DATABASE_ALIAS]
     names = [queues] if isinstance(queues, str) else list(queues) if queues else None
@@ -69,18 +72,24 @@ def drain(
             progress = False
             for queue in names:
                 cursor.execute(
-                    query("claim"), [queue, 1, _TEST_WORKER, cfg.PRIORITY_AGING_INTERVAL, None]
+                    query("claim"),
+                    [queue, 1, _TEST_WORKER, cfg.PRIORITY_AGING_INTERVAL, None, None, None, None],
                 )
                 row = cursor.fetchone()
-                if row is None:
-                    continue
+                if row is None or row[0] is None:
+                    continue  # nothing to run, or the queue's flow limits hold it back
                 progress = True
                 fields = dict(zip([c.name for c in cursor.description], row, strict=True))
                 # Django's adapters hand jsonb back as text.
                 for name in ("progress", "metadata", "errors"):
                     if isinstance(fields[name], str):
                         fields[name] = json.loads(fields[name])
-                runs.append(_run(cursor, ClaimedJob(**fields), cfg))
+                job = ClaimedJob(**fields)
+                try:
+                    runs.append(_run(cursor, job, cfg))
+                finally:
+                    if job.permits:  # the queue's global-concurrency permits (docs/flow.md)
+                        cursor.execute(query("flow_release"), [job.permits])
                 if len(runs) >= max_jobs:
                     break
     return runs
@@ -119,7 +128,7 @@ def _run(cursor: Any, job: ClaimedJob, cfg: Any) -> JobRun:
         progress_json=ctx.progress_json if ctx.progress_set else None,
         backoff_base=cfg.RETRY_BACKOFF_BASE,
     )
-    cursor.execute(query("finalize"), [Finalization.batch_json([outcome])])
+    cursor.execute(finalize_statement([outcome]), [Finalization.batch_json([outcome])])
     cursor.fetchall()
     result = json.loads(outcome.result_json) if outcome.result_json is not None else None
     reported = outcome.outcome

@@ -31,6 +31,8 @@ class JobOptions:
     ``run_after`` is an aware ``datetime`` or a ``timedelta`` measured on the database clock at
     enqueue; ``deadline`` is the hard time limit of one attempt (seconds or ``timedelta``);
     ``retry`` the job's retry policy, stored with it (``awa_django.RetryPolicy``).
+    ``weight`` (1-10,000, default 1) is how many execution slots of a worker process and how
+    many permits of the queue's global concurrency limit one attempt takes (docs/flow.md).
     ``unique`` (or any of ``unique_key``, ``unique_for``, ``unique_states``) makes the job hold
     a key while it may block duplicates; ``on_conflict`` says what enqueueing a duplicate does
     (``"return"`` the existing job's handle, or ``"raise"`` ``DuplicateJobError``).
@@ -50,6 +52,7 @@ class JobOptions:
     unique_states: tuple[str, ...] | None = None
     on_conflict: Literal["return", "raise"] = "return"
     retry: RetryPolicy | None = None
+    weight: int = 1
 
 
 class _JobRequestFields(NamedTuple):

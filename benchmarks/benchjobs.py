@@ -18,3 +18,11 @@ async def anoop(n: int) -> None:
 @job(queue="bench-unique", unique=True)
 def unique_noop(n: int) -> None:
     """A no-op unique job (keyed by its argument)."""
+
+
+@job(queue="bench-flow")
+async def asleep(seconds: float) -> None:
+    """An async job that waits ``seconds`` (flow_cost.py: achieved concurrency under a limit)."""
+    import asyncio
+
+    await asyncio.sleep(seconds)

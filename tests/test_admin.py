@@ -25,7 +25,15 @@ from tests.storage_support import job_state
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 
-MODELS = ("deadletter", "terminaljob", "livejob", "queuestat", "worker", "cronschedule")
+MODELS = (
+    "deadletter",
+    "terminaljob",
+    "livejob",
+    "queuestat",
+    "worker",
+    "cronschedule",
+    "callbackwait",
+)
 JOB_MODELS = ("deadletter", "terminaljob", "livejob")
 
 

@@ -49,6 +49,22 @@ def test_queue_overrides_are_parsed() -> None:
     assert loaded.QUEUES["bulk"] == QueueSettings()
 
 
+def test_flow_limits_are_parsed() -> None:
+    loaded = load_settings(
+        {
+            "QUEUES": {
+                "pay": {"global_concurrency": 5},
+                "mail": {"rate_limit": 50, "rate_burst": 10},
+                "plain": {"concurrency": 3},
+            }
+        }
+    )
+    assert loaded.QUEUES["pay"].has_flow_limits
+    assert loaded.QUEUES["mail"].flow_limits() == {"max_running": None, "rate": 50.0, "burst": 10}
+    assert isinstance(loaded.QUEUES["mail"].rate_limit, float)
+    assert not loaded.QUEUES["plain"].has_flow_limits
+
+
 def test_settings_are_read_only() -> None:
     with pytest.raises(AttributeError):
         load_settings({}).POLL_INTERVAL = 1.0  # type: ignore[misc]
@@ -96,6 +112,38 @@ def test_settings_are_read_only() -> None:
             "AWA['QUEUES']['emails']['concurrency'] must be between 1 and 10000, got 0.",
         ),
         ({"QUEUES": {"emails": 3}}, "AWA['QUEUES']['emails'] must be a dict, got int (3)."),
+        (
+            {"QUEUES": {"q": {"global_concurrency": 0}}},
+            "AWA['QUEUES']['q']['global_concurrency'] must be between 1 and 10000, got 0.",
+        ),
+        (
+            {"QUEUES": {"q": {"global_concurrency": True}}},
+            "AWA['QUEUES']['q']['global_concurrency'] must be an int, got bool (True).",
+        ),
+        (
+            {"QUEUES": {"q": {"rate_limit": float("nan")}}},
+            "AWA['QUEUES']['q']['rate_limit'] must be a number greater than 0 and at most "
+            "1,000,000, got nan.",
+        ),
+        ({"QUEUES": {"q": {"rate_limit": float("inf")}}}, "at most 1,000,000, got inf."),
+        ({"QUEUES": {"q": {"rate_limit": 0}}}, "at most 1,000,000, got 0."),
+        ({"QUEUES": {"q": {"rate_limit": 1e300}}}, "at most 1,000,000, got 1e+300."),
+        (
+            {"QUEUES": {"q": {"rate_limit": "50/s"}}},
+            "AWA['QUEUES']['q']['rate_limit'] must be a number of jobs per second",
+        ),
+        (
+            {"QUEUES": {"q": {"rate_burst": 5}}},
+            "AWA['QUEUES']['q']['rate_burst'] needs a 'rate_limit'.",
+        ),
+        (
+            {"QUEUES": {"q": {"rate_limit": 5, "rate_burst": 0}}},
+            "AWA['QUEUES']['q']['rate_burst'] must be between 1 and 1000000, got 0.",
+        ),
+        (
+            {"QUEUES": {"Bad Name": {"global_concurrency": 2}}},
+            "AWA['QUEUES'] key 'Bad Name' is not a valid queue name, so it cannot have flow limits",
+        ),
         (
             {"HEARTBEAT_INTERVAL": 10, "HEARTBEAT_STALENESS": 10},
             "AWA['HEARTBEAT_STALENESS'] (10) must be greater than AWA['HEARTBEAT_INTERVAL'] (10)",

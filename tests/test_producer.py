@@ -284,6 +284,14 @@ def test_bad_queue_names_are_refused(queue: Any) -> None:
         ({"metadata": {"bad": {1, 2}}}, "metadata"),
         ({"using": "nope"}, "using"),
         ({"run_after": 5}, "run_after"),
+        ({"weight": 0}, "weight"),
+        ({"weight": -1}, "weight"),
+        ({"weight": 10_001}, "weight"),
+        ({"weight": True}, "weight"),
+        ({"weight": 1.5}, "weight"),
+        ({"weight": "4"}, "weight"),
+        ({"weight": None}, "weight"),
+        ({"metadata": {"awa:weight": 4}}, "metadata"),
     ],
 )
 def test_bad_options_are_refused(options: dict[str, Any], field: str) -> None:
@@ -291,6 +299,24 @@ def test_bad_options_are_refused(options: dict[str, Any], field: str) -> None:
         testjobs.noop.using(**options).enqueue()
     assert info.value.field == field  # type: ignore[attr-defined]
     assert count_jobs() == 0
+
+
+def test_weight_is_stored_with_the_job_and_refused_at_once_on_the_decorator() -> None:
+    light = testjobs.noop.enqueue()
+    heavy = testjobs.noop.using(weight=7).enqueue()
+    named = awa_django.enqueue("tests.testjobs.noop", weight=3)
+    with pg() as conn:
+        rows = dict(
+            conn.execute(
+                "SELECT id, metadata FROM awa.jobs WHERE id = ANY(%s)",
+                [[light.id, heavy.id, named.id]],
+            ).fetchall()
+        )
+    assert rows[light.id] is None  # weight 1 writes nothing
+    assert rows[heavy.id] == {"awa:weight": 7}
+    assert rows[named.id] == {"awa:weight": 3}
+    with pytest.raises(awa_django.JobValidationError, match=r"^weight: "):
+        awa_django.job(weight=0)
 
 
 def test_unknown_kind_is_refused() -> None:

@@ -31,6 +31,7 @@ EXPECTED = {
     "dlq_retry",
     "enqueue",
     "enqueue_many",
+    "extend_callback",
     "get_job",
     "job",
     "resolve_callback",
@@ -68,5 +69,18 @@ def test_the_operator_api_is_its_reads_and_its_actions() -> None:
     assert not set(reads.__all__) & set(actions.__all__)
     for name in operator.__all__:
         assert getattr(operator, name) is getattr(reads if name in reads.__all__ else actions, name)
-    for name in ("cancel", "dlq_retry", "dlq_purge", "resolve_callback"):
+    for name in ("cancel", "dlq_retry", "dlq_purge", "resolve_callback", "extend_callback"):
         assert getattr(awa_django, name) is getattr(actions, name)
+
+
+def test_the_callbacks_package_exports_its_signing_helpers() -> None:
+    from awa_django import callbacks
+
+    assert set(callbacks.__all__) == {
+        "SIGNATURE_HEADER",
+        "TIMESTAMP_HEADER",
+        "callback_path",
+        "sign_request",
+    }
+    for name in ("callback_path", "sign_request"):
+        assert getattr(callbacks, name).__doc__

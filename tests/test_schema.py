@@ -107,7 +107,8 @@ def test_backoff_is_one_function_and_callbacks_honour_the_base() -> None:
         texts = [p.read_text(encoding="utf-8") for p in sorted(sources)]
         # One backoff function: the only jitter is awa._backoff_v2's, and the current bodies of
         # the retry paths (the last definition of each) call it and nothing else.
-        assert sum(t.count("random() *") for t in texts) == 2  # _backoff_v1 in 0002, v2 in 0007
+        # _backoff_v1 in 0002, v2 in 0007; and 0008's first permit to probe (not a backoff).
+        assert sum(t.count("random() *") for t in texts) == 3
         retry = (ROOT / "awa_django" / "sql" / "migrations" / "0007_retry.sql").read_text("utf-8")
         assert (
             "random() * COALESCE" in retry and "_backoff_v1(" not in retry.split("-- Finalize")[1]

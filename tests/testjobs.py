@@ -422,3 +422,60 @@ def picky(ctx: Any, error: str, fail_times: int) -> str:
 def always_fails(ctx: Any) -> None:
     _record(ctx)
     raise RuntimeError(f"attempt {ctx.attempt} fails")
+
+
+# Flow control (tests/test_flow_workers.py) ------------------------------------------------------
+
+
+@job(takes_context=True, queue="flow")
+def flow_sleep(ctx: Any, seconds: float) -> None:
+    """Records its start (note "start:<weight>") and end: the ledger shows how many permits
+    were in use at any time, across processes."""
+    import time
+
+    weight = (ctx.metadata or {}).get("awa:weight", 1)
+    _record(ctx, f"start:{weight}")
+    time.sleep(seconds)
+    _record(ctx, "end")
+
+
+@job(takes_context=True, queue="flow-rate")
+async def flow_tick(ctx: Any) -> None:
+    """A no-op that records nothing: its start time is the attempt's attempted_at."""
+
+
+# Sequential callbacks (tests/test_callback_waits.py) ----------------------------------------------
+
+
+@job(takes_context=True, queue="cb-steps")
+def three_steps(ctx: Any, order: str) -> Any:
+    """Waits for three callbacks in turn (WaitForCallback(resume=True)); each run carries on
+    from its progress, with the last callback's result in ctx.callback_result."""
+    from awa_django import WaitForCallback
+
+    progress = ctx.progress if isinstance(ctx.progress, dict) else {}
+    meta = progress.get("metadata") or {}
+    step = int(meta.get("step", 0))
+    results = list(meta.get("results", []))
+    if step > 0:
+        results.append(ctx.callback_result)
+    if step == 3:
+        return {"order": order, "results": results, "attempt": ctx.attempt}
+    callback_id = ctx.callback_id
+    _record(ctx, f"step {step + 1}: {callback_id}")
+    ctx.set_progress(step * 33, f"waiting for step {step + 1} of 3", step=step + 1, results=results)
+    return WaitForCallback(callback_id, timeout=60, resume=True)
+
+
+@job(takes_context=True, queue="cb-steps")
+def early_resume(ctx: Any) -> Any:
+    """Resolves its own resume wait before returning it: the result resumes it at once."""
+    import awa_django
+    from awa_django import WaitForCallback
+
+    _record(ctx, "resumed" if ctx.resumed_callback_id else "first")
+    if ctx.resumed_callback_id is not None:
+        return {"got": ctx.callback_result}
+    callback_id = ctx.callback_id
+    assert awa_django.resolve_callback(callback_id, result="early") == "resolved"
+    return WaitForCallback(callback_id, timeout=60, resume=True)

@@ -33,12 +33,14 @@ from awa_django.exceptions import (
     LimitExceededError,
 )
 from awa_django.limits import (
+    WEIGHT_KEY,
     check_max_attempts,
     check_metadata_keys,
     check_priority,
     check_queue_name,
     check_seconds,
     check_text,
+    check_weight,
 )
 from awa_django.retry import RETRY_KEY, check_retry
 from awa_django.sql import query
@@ -102,9 +104,10 @@ def build_request(
     run_at, delay = _timing(options.run_after)
     metadata_json = None
     retry = check_retry(options.retry)
+    weight = check_weight(options.weight)
     tracing = active_tracing()  # None unless OpenTelemetry traces are on
     trace = tracing.metadata() if tracing is not None else None
-    if options.metadata is not None or retry is not None or trace:
+    if options.metadata is not None or retry is not None or weight != 1 or trace:
         metadata: dict[Any, Any] = {}
         if options.metadata is not None:
             if not isinstance(options.metadata, Mapping):
@@ -114,6 +117,8 @@ def build_request(
         if retry is not None:
             # Stored with the job, so that every retry path follows it (awa_django/retry.py).
             metadata[RETRY_KEY] = retry.to_value()
+        if weight != 1:
+            metadata[WEIGHT_KEY] = weight
         if trace:
             # The enqueuing trace, for the handler's span (awa_django/telemetry/tracing.py).
             metadata.update(trace)

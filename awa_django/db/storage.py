@@ -19,14 +19,17 @@ from awa_django import serialization
 from awa_django.sql import query
 
 __all__ = [
+    "Claimed",
     "ClaimedJob",
     "Finalization",
     "QueueCounts",
     "aclaim",
+    "aclaim_units",
     "afinalize",
     "aheartbeat",
     "claim",
     "finalize",
+    "finalize_statement",
     "heartbeat",
     "promote",
     "queue_counts",
@@ -61,6 +64,22 @@ class ClaimedJob(NamedTuple):
     metadata: Any = None
     tags: list[str] | None = None
     errors: Any = None
+    weight: int = 1
+    permits: list[int] | None = None
+
+
+class Claimed(NamedTuple):
+    """What one claim returned (``aclaim_units``).
+
+    ``jobs`` are the attempts claimed, in claim order. ``limited`` tells that a flow limit of
+    the queue (global concurrency or rate, docs/flow.md) held the claim back; ``wait`` is then
+    the seconds until the rate limit lets the next job through (None: permits ran out, or no
+    rate limit bound).
+    """
+
+    jobs: list[ClaimedJob]
+    limited: bool = False
+    wait: float | None = None
 
 
 class Finalization(NamedTuple):
@@ -72,7 +91,8 @@ class Finalization(NamedTuple):
     delay; ``backoff_base`` (a retry without a delay) is ``RETRY_BACKOFF_BASE``, the base of
     the backoff the database computes from the job's retry policy; ``progress_json`` the
     progress the attempt set, as checked JSON text; ``has_state`` tells that the attempt may
-    own an ``attempt_state`` row (it heartbeated, flushed progress or registered a callback).
+    own an ``attempt_state`` row (it heartbeated, flushed progress or registered a callback);
+    ``callback_id``, ``timeout`` and ``resume`` are a wait's (``WaitForCallback``).
     Values are checked before one is built; ``awa.finalize_v1`` checks them again and refuses
     a batch holding a bad one. A named tuple, like
     ``ClaimedJob`` (one is built per finished attempt).
@@ -90,6 +110,7 @@ class Finalization(NamedTuple):
     callback_id: uuid.UUID | None = None
     timeout: float | None = None
     backoff_base: float | None = None
+    resume: bool = False
 
     def to_json(self) -> str:
         """This outcome as one JSON object of the array ``awa.finalize_v1`` takes."""
@@ -130,6 +151,8 @@ class Finalization(NamedTuple):
         if self.callback_id is not None:
             value["callback_id"] = str(self.callback_id)
             value["timeout"] = float(self.timeout or 3600)
+            if self.resume:
+                value["resume"] = True
         return value
 
     @staticmethod
@@ -227,13 +250,48 @@ def _claimed_job(
 
 
 def _claim_params(
-    queue: str, limit: int, worker_id: uuid.UUID | None, aging: float, deadline: float | None
+    queue: str,
+    limit: int,
+    worker_id: uuid.UUID | None,
+    aging: float,
+    deadline: float | None,
+    max_weight: int | None = None,
+    held: Sequence[int] | None = None,
+    release: Sequence[int] | None = None,
 ) -> list[Any]:
-    return [queue, limit, worker_id, aging, deadline]
+    return [
+        queue,
+        limit,
+        worker_id,
+        aging,
+        deadline,
+        max_weight,
+        None if held is None else list(held),
+        None if release is None else list(release),
+    ]
+
+
+def _claimed(rows: list[ClaimedJob]) -> Claimed:
+    """Split a claim's rows into its jobs and its flow-limit marker (a last row, job_id NULL)."""
+    last: Any = rows[-1].job_id if rows else 0  # None on the marker row only
+    if last is None:
+        marker = rows.pop()
+        return Claimed(rows, True, marker.timeout_secs)
+    return Claimed(rows)
 
 
 def _finalize_payload(items: Sequence[Finalization]) -> str:
     return Finalization.batch_json(items)
+
+
+def finalize_statement(items: Sequence[Finalization]) -> str:
+    """The statement that writes ``items``: ``finalize`` (awa.finalize_v2), or
+    ``finalize_waits`` (awa.finalize_v3, which also records each wait's mode and timeout and
+    resumes an answered ``resume`` wait) for a batch that parks attempts."""
+    for item in items:
+        if item.callback_id is not None:
+            return query("finalize_waits")
+    return query("finalize")
 
 
 def _heartbeat_payload(attempts: Sequence[tuple[int, int, str | None]]) -> str:
@@ -264,10 +322,15 @@ def claim(
     aging_interval: float = 60.0,
     default_deadline: float | None = None,
 ) -> list[ClaimedJob]:
-    """Claim up to ``limit`` jobs of ``queue`` in one short transaction (see ``awa.claim_v1``)."""
+    """Claim up to ``limit`` units of ``queue`` in one short transaction (see ``awa.claim_v3``).
+
+    A job takes its weight in units (1 unless it was enqueued with ``weight``). On a queue with
+    a global concurrency limit the jobs' permits are held by ``conn``'s session until handed
+    back (``awa.flow_release_v1`` with each job's ``permits``, or the session's end).
+    """
     params = _claim_params(queue, limit, worker_id, aging_interval, default_deadline)
     with conn.cursor(row_factory=_claimed_job) as cursor:
-        return cursor.execute(query("claim"), params).fetchall()
+        return _claimed(cursor.execute(query("claim"), params).fetchall()).jobs
 
 
 async def aclaim(
@@ -283,7 +346,33 @@ async def aclaim(
     params = _claim_params(queue, limit, worker_id, aging_interval, default_deadline)
     async with conn.cursor(row_factory=_claimed_job) as cursor:
         await cursor.execute(query("claim"), params)
-        return await cursor.fetchall()
+        return _claimed(await cursor.fetchall()).jobs
+
+
+async def aclaim_units(
+    conn: psycopg.AsyncConnection[Any],
+    queue: str,
+    units: int,
+    worker_id: uuid.UUID | None = None,
+    *,
+    aging_interval: float = 60.0,
+    default_deadline: float | None = None,
+    max_weight: int | None = None,
+    held: Sequence[int] | None = None,
+    release: Sequence[int] | None = None,
+) -> Claimed:
+    """The worker's claim: up to ``units`` of ``queue`` within its flow limits.
+
+    ``release`` (permits of attempts that ended) is handed back first, in the same statement,
+    also when ``units`` is 0; ``held`` (permits of attempts still running) is never taken twice;
+    ``max_weight`` caps a job's weight to what this process could ever run.
+    """
+    params = _claim_params(
+        queue, units, worker_id, aging_interval, default_deadline, max_weight, held, release
+    )
+    async with conn.cursor(row_factory=_claimed_job) as cursor:
+        await cursor.execute(query("claim"), params)
+        return _claimed(await cursor.fetchall())
 
 
 def finalize(conn: psycopg.Connection[Any], items: Sequence[Finalization]) -> list[tuple[int, int]]:
@@ -293,7 +382,7 @@ def finalize(conn: psycopg.Connection[Any], items: Sequence[Finalization]) -> li
     """
     if not items:
         return []
-    return _pairs(conn.execute(query("finalize"), [_finalize_payload(items)]).fetchall())
+    return _pairs(conn.execute(finalize_statement(items), [_finalize_payload(items)]).fetchall())
 
 
 async def afinalize(
@@ -302,7 +391,7 @@ async def afinalize(
     """Async ``finalize``."""
     if not items:
         return []
-    cursor = await conn.execute(query("finalize"), [_finalize_payload(items)])
+    cursor = await conn.execute(finalize_statement(items), [_finalize_payload(items)])
     return _pairs(await cursor.fetchall())
 
 

@@ -3,8 +3,8 @@
 Every worker (unless ``--no-maintenance``) and every ``awa_maintenance`` process competes for a
 session-level advisory lock on a dedicated connection. The holder is the leader: it promotes due
 deferred jobs, rescues abandoned attempts, rotates and prunes the rings, expires old DLQ
-rows, runtime rows and orphaned attempt state, and deletes the keys of unique jobs that no
-longer block duplicates. If the leader dies or loses its connection,
+rows, runtime rows, orphaned attempt state and old callback receipts, and deletes the keys of
+unique jobs that no longer block duplicates. If the leader dies or loses its connection,
 Postgres frees the lock and another process takes over from durable state on its next election
 attempt. Each task is one short, bounded statement; a failing task is logged and retried on its
 next interval, never in a hot loop. Only a lost connection costs leadership: a deadlock, a lock
@@ -346,6 +346,22 @@ class Maintenance:
                     ),
                 )
 
+        # Global-concurrency permits held by sessions of workers that are gone (docs/flow.md).
+        cursor = await conn.execute(query("flow_reap"), [self.settings.leader_staleness])
+        for pid, instance, action in await cursor.fetchall():
+            self.count("permits_reaped" if action == "terminated" else "permits_not_reaped")
+            log.warning(
+                "awa maintenance: %s backend %s of %s, which holds global-concurrency permits "
+                "but has not refreshed its runtime row for %.0f s%s",
+                "terminated" if action == "terminated" else "could not terminate",
+                pid,
+                instance,
+                self.settings.leader_staleness,
+                ""
+                if action == "terminated"
+                else " (not permitted: grant pg_signal_backend to the maintenance role)",
+            )
+
     async def _read_gauges(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """The leader's snapshot for the metrics' gauges: depth and lag per queue
         (``awa.queue_lag_v1``) and live workers; a scrape reads it, never the database."""
@@ -390,6 +406,16 @@ class Maintenance:
         cursor = await conn.execute(query("cleanup"), [self.settings.awa.RUNTIME_RETENTION])
         row = await cursor.fetchone()
         self.count("cleaned", int(row[0]) if row else 0)
+        # Receipts of the callback receiver are kept while a replay of their request could still
+        # pass its timestamp window (docs/callbacks.md, "Replays").
+        keep = 2 * self.settings.awa.CALLBACK_TIMESTAMP_TOLERANCE + 60
+        while True:
+            cursor = await conn.execute(query("callback_receipts_prune"), [keep, 1000])
+            row = await cursor.fetchone()
+            pruned = int(row[0]) if row else 0
+            self.count("callback_receipts_pruned", pruned)
+            if pruned < 1000:
+                break
 
     async def _sweep_unique(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Delete keys of unique jobs that no longer block duplicates, a bounded number of

@@ -7,7 +7,7 @@ from awa_django.db.migration import RunAwaSQL
 
 
 class Migration(migrations.Migration):
-    dependencies = [("awa_django", "0007_retry")]
+    dependencies = [("awa_django", "0009_callbacks")]
 
     operations = [
         RunAwaSQL("0010_operator.sql"),

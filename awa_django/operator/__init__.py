@@ -4,16 +4,18 @@ One rule splits it: :mod:`~awa_django.operator.reads` only reads (it never write
 typed rows), and :mod:`~awa_django.operator.actions` holds every write (each one atomic, in the
 caller's transaction or one of its own). :mod:`~awa_django.operator.rows` builds the typed rows.
 
-``cancel``, ``dlq_retry``, ``dlq_purge`` and ``resolve_callback`` are also exported from
-``awa_django`` itself, the public API.
+``cancel``, ``dlq_retry``, ``dlq_purge``, ``resolve_callback`` and ``extend_callback`` are also
+exported from ``awa_django`` itself, the public API.
 """
 
 from awa_django.operator.actions import (
     DRAIN_BATCH,
     HistoryRetry,
     cancel,
+    clear_queue_limits,
     dlq_purge,
     dlq_retry,
+    extend_callback,
     history_retry,
     queue_dlq,
     queue_drain,
@@ -21,11 +23,13 @@ from awa_django.operator.actions import (
     resolve_callback,
     schedule_pause,
     schedule_trigger,
+    set_queue_limits,
 )
 from awa_django.operator.reads import (
     DlqEntry,
     JobDetail,
     JobSummary,
+    QueueLimits,
     QueueStats,
     RingState,
     ScheduleStatus,
@@ -34,6 +38,7 @@ from awa_django.operator.reads import (
     job_list,
     job_show,
     queue_dlq_enabled,
+    queue_limits,
     queue_stats,
     rings,
     schedules,
@@ -47,20 +52,24 @@ __all__ = [
     "HistoryRetry",
     "JobDetail",
     "JobSummary",
+    "QueueLimits",
     "QueueStats",
     "RingState",
     "ScheduleStatus",
     "WorkerStatus",
     "cancel",
+    "clear_queue_limits",
     "dlq_list",
     "dlq_purge",
     "dlq_retry",
+    "extend_callback",
     "history_retry",
     "job_list",
     "job_show",
     "queue_dlq",
     "queue_dlq_enabled",
     "queue_drain",
+    "queue_limits",
     "queue_pause",
     "queue_stats",
     "resolve_callback",
@@ -68,6 +77,7 @@ __all__ = [
     "schedule_pause",
     "schedule_trigger",
     "schedules",
+    "set_queue_limits",
     "throughput",
     "workers",
 ]

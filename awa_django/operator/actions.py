@@ -6,14 +6,17 @@ Guarantees:
   there is one (an atomic block, or autocommit off), it joins it and commits or rolls back with
   it; in autocommit it is one transaction of its own. ``queue_drain`` outside a transaction is
   the one exception by design: one short transaction per batch of ``DRAIN_BATCH`` jobs.
-* **READ COMMITTED where the engine needs it.** ``cancel``, ``resolve_callback`` and each
+* **READ COMMITTED where the engine needs it.** ``cancel``, ``resolve_callback``,
+  ``extend_callback`` and each
   ``queue_drain`` batch call engine functions that lock and then re-read: a transaction of
   their own is set to READ COMMITTED whatever the alias's default, and a caller's transaction
   at another level gets ``IsolationLevelError`` before anything is written (it stays usable).
-  ``dlq_retry`` too (a unique job takes its key again). ``queue_pause`` and ``dlq_purge`` are
-  single statements that run at any level.
+  ``dlq_retry`` too (a unique job takes its key again). ``queue_pause``, ``dlq_purge`` and
+  the flow-limit writes (``set_queue_limits``, ``clear_queue_limits``) run at any level.
 * **Checked first.** Bad input raises a ``JobValidationError`` before anything is sent to the
   database, so the caller's transaction stays usable.
+* **Logged.** A change of a queue's flow limits is logged (INFO, logger
+  ``awa_django.operator``) with who made it, once it commits.
 * Every write is an engine SQL function (``awa_django/sql/queries/operations.sql``) on the
   Django connection of ``using`` (default ``AWA["DATABASE_ALIAS"]``); reads live in
   :mod:`awa_django.operator.reads`.
@@ -26,7 +29,10 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Literal
+
+from django.db import transaction
 
 from awa_django import serialization
 from awa_django.conf import get_awa_settings
@@ -35,15 +41,18 @@ from awa_django.db.transactions import write_transaction
 from awa_django.exceptions import InvalidOptionError
 from awa_django.limits import (
     MAX_TEXT,
+    check_flow_limits,
     check_id,
     check_ids,
     check_priority,
     check_queue_name,
+    check_seconds,
     check_text,
     check_uuid,
     show,
 )
-from awa_django.operator.rows import alias, cursor
+from awa_django.operator.reads import QueueLimits
+from awa_django.operator.rows import alias, cursor, fetch_one
 from awa_django.sql import query
 from awa_django.states import JobState
 from awa_django.telemetry.logs import job_fields
@@ -52,8 +61,10 @@ __all__ = [
     "DRAIN_BATCH",
     "HistoryRetry",
     "cancel",
+    "clear_queue_limits",
     "dlq_purge",
     "dlq_retry",
+    "extend_callback",
     "history_retry",
     "queue_dlq",
     "queue_drain",
@@ -61,7 +72,10 @@ __all__ = [
     "resolve_callback",
     "schedule_pause",
     "schedule_trigger",
+    "set_queue_limits",
 ]
+
+log = logging.getLogger("awa_django.operator")
 
 #: Jobs one drain transaction cancels at most (each holds the queue's lanes only that long).
 DRAIN_BATCH = 1000
@@ -229,12 +243,14 @@ def resolve_callback(
     """Resolve an attempt that registered ``callback_id`` (``ctx.callback_id``), in the
     caller's transaction.
 
-    Without ``error`` the job completes with ``result`` (JSON). With ``error`` (text) the attempt
-    fails: retried with backoff like a raised exception, or failed at once when ``terminal``.
-    Returns ``resolved``, ``stale`` (already resolved, timed out and rescued, or cancelled) or
-    ``unknown``. Fenced by ``(job_id, run_lease)`` like every other finalization. The attempt
-    may not have parked yet (the external system answered before the handler returned): the
-    resolution is then kept and applied when it parks.
+    Without ``error`` the job completes with ``result`` (JSON), or, when its handler waited with
+    ``WaitForCallback(..., resume=True)``, runs again at once with ``result`` as
+    ``ctx.callback_result`` (no attempt counted, progress kept). With ``error`` (text) the
+    attempt fails: retried with backoff like a raised exception, or failed at once when
+    ``terminal``. Returns ``resolved``, ``stale`` (already resolved, timed out and rescued, or
+    cancelled) or ``unknown``. Fenced by ``(job_id, run_lease)`` like every other finalization.
+    The attempt may not have parked yet (the external system answered before the handler
+    returned): the resolution is then kept and applied when it parks (``resolved`` too).
     """
     cfg = get_awa_settings()
     callback = check_uuid("callback_id", callback_id)
@@ -252,11 +268,41 @@ def resolve_callback(
         connection.cursor() as c,
     ):
         c.execute(
-            query("callback_resolve"),
+            query("callback_resolve_v2"),
             [str(callback), result_json, error_json, terminal, cfg.RETRY_BACKOFF_BASE],
         )
         row = c.fetchone()
-    return "unknown" if row is None else str(row[0])  # one column: the resolution
+    outcome = "unknown" if row is None else str(row[0])  # (outcome, job_id, run_lease)
+    # 'accepted' (kept for the park) has always been reported as 'resolved' here.
+    return "resolved" if outcome == "accepted" else outcome
+
+
+def extend_callback(
+    callback_id: uuid.UUID | str,
+    timeout: float | timedelta | None = None,
+    *,
+    using: str | None = None,
+) -> str:
+    """Extend the wait of the attempt that registered ``callback_id``, in the caller's
+    transaction, so that long external work is not rescued as "callback timed out".
+
+    Its timeout becomes ``timeout`` from now on the database clock (seconds or a
+    ``timedelta``, above 0 and at most 100 years; None: the wait's own timeout), unless it is
+    later already (an extension never shortens a wait). Returns ``extended``; ``pending`` when
+    the attempt registered the callback but has not parked yet (its wait starts with its full
+    timeout when it does); ``stale`` when it was resolved, rescued or cancelled; ``unknown``
+    when no attempt holds the callback. The new timeout shows in the admin's callback waits
+    (``awa.callback_waits``).
+    """
+    callback = check_uuid("callback_id", callback_id)
+    seconds = None if timeout is None else check_seconds("timeout", timeout)
+    with (
+        write_transaction(alias(using), read_committed=True) as connection,
+        connection.cursor() as c,
+    ):
+        c.execute(query("callback_extend"), [str(callback), seconds])
+        row = c.fetchone()
+    return "unknown" if row is None else str(row[0])  # (outcome, timeout_at)
 
 
 def queue_pause(queue: str, paused: bool = True, *, using: str | None = None) -> None:
@@ -336,3 +382,93 @@ def schedule_trigger(name: str, *, using: str | None = None) -> int | None:
         c.execute(query("cron_trigger"), [name, *sql_limit_values()])
         row = c.fetchone()
     return None if row is None or row[0] is None else int(row[0])
+
+
+def set_queue_limits(
+    queue: str,
+    *,
+    global_concurrency: int | None = None,
+    rate_limit: float | None = None,
+    rate_burst: int | None = None,
+    actor: str,
+    using: str | None = None,
+) -> QueueLimits:
+    """Set ``queue``'s flow limits across the fleet (docs/flow.md) as an operator override;
+    return the limits now in force.
+
+    The given limits **replace** the queue's limits as a whole: one left out (None) is lifted,
+    also when ``AWA["QUEUES"]`` sets it, until :func:`clear_queue_limits`. ``global_concurrency``
+    is an int from 1 to 10,000 (attempts running at once, counted by job weight),
+    ``rate_limit`` a finite number of jobs per second above 0 and at most 1,000,000,
+    ``rate_burst`` an int from 1 to 1,000,000 and only with a rate; at least one limit is
+    given. ``actor`` (text, at most 255 characters) is recorded as who set them. The row's
+    source is ``"operator"``: a worker starting with other settings leaves it alone.
+
+    Bad input raises ``InvalidOptionError`` before anything is written. The write and the read
+    of the result are one transaction (the caller's, or one of its own in autocommit); workers
+    apply the new limits from their next claim (within a poll interval) once it commits. A
+    lowered concurrency limit holds at once: attempts already running keep their permits, and
+    no new one starts until the permits in use are under the new limit.
+    """
+    check_queue_name(queue)
+    limits = check_flow_limits(global_concurrency, rate_limit, rate_burst)
+    who = _actor(actor)
+    limits_now = _flow_write(using, [queue, *limits, who, False, None], queue, who, "set")
+    if limits_now is None:  # flow_set_v1 returns the row it wrote, in the same transaction
+        raise RuntimeError(f"awa.flow_set_v1 wrote no limits for queue {queue!r}")
+    return limits_now
+
+
+def clear_queue_limits(queue: str, *, actor: str, using: str | None = None) -> QueueLimits | None:
+    """Remove the operator's override of ``queue``'s flow limits; return the limits now in
+    force, or None when the queue has none.
+
+    The queue goes back to what this project's ``AWA["QUEUES"]`` says (its
+    ``global_concurrency``, ``rate_limit``, ``rate_burst``), written as its ``"settings"`` row
+    at once, with ``actor`` (text, at most 255 characters) as who wrote it; without such
+    settings the queue has no flow limit. Clearing a queue that has no override writes its
+    settings again (idempotent). One transaction (the caller's, or one of its own).
+    """
+    check_queue_name(queue)
+    who = _actor(actor)
+    configured = get_awa_settings().QUEUES.get(queue)
+    settings = (
+        json.dumps(configured.flow_limits())
+        if configured is not None and configured.has_flow_limits
+        else None
+    )
+    return _flow_write(using, [queue, None, None, None, who, True, settings], queue, who, "cleared")
+
+
+def _actor(actor: object) -> str:
+    who = check_text("actor", actor, max_length=255)
+    if not who.strip():
+        raise InvalidOptionError("actor", "must name who made the change")
+    return who
+
+
+def _flow_write(
+    using: str | None,
+    params: list[int | float | str | bool | None],
+    queue: str,
+    actor: str,
+    done: str,
+) -> QueueLimits | None:
+    """``awa.flow_set_v1`` then the queue's limits now in force, in one transaction; logged
+    once it commits."""
+    database = alias(using)
+    with write_transaction(database, statements=2) as connection:
+        with connection.cursor() as c:
+            c.execute(query("flow_set"), params)
+            c.fetchall()
+        limits = fetch_one(QueueLimits, "queue_limits_of", [queue], using=database)
+        now = "no limits" if limits is None else limits.summary(in_use=False)
+
+        def record() -> None:
+            log.info("flow limits of queue %s %s by %s: %s", queue, done, actor, now)
+
+        if connection.in_atomic_block:
+            transaction.on_commit(record, using=database)
+        else:  # autocommit turned off by the caller: Django keeps no commit hooks there
+            record()
+    return limits

@@ -1,4 +1,4 @@
-"""Operator reads: queue statistics, workers, rings, throughput, one job, the DLQ.
+"""Operator reads: queue statistics, flow limits, workers, rings, throughput, one job, the DLQ.
 
 Guarantees:
 
@@ -16,7 +16,9 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
+import math
 from datetime import datetime
+from typing import Literal
 
 from awa_django.cron import next_fire
 from awa_django.db.storage import QueueCounts
@@ -30,6 +32,7 @@ __all__ = [
     "DlqEntry",
     "JobDetail",
     "JobSummary",
+    "QueueLimits",
     "QueueStats",
     "RingState",
     "ScheduleStatus",
@@ -38,6 +41,7 @@ __all__ = [
     "job_list",
     "job_show",
     "queue_dlq_enabled",
+    "queue_limits",
     "queue_stats",
     "rings",
     "schedules",
@@ -53,6 +57,50 @@ class QueueStats(QueueCounts):
 
     lag_seconds: float | None
     completed_last_hour: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """One queue's flow limits in force across the fleet (``awa.flow_limits``, docs/flow.md).
+
+    ``global_concurrency`` is the most attempts of the queue running at once, counted by job
+    weight, and ``in_use`` the permits held now (read from the server's lock table; None when
+    the queue has no concurrency limit, as nothing is counted then). ``rate_limit`` is jobs
+    started per second and ``rate_burst`` the burst as set (None: the default,
+    :attr:`burst_in_force`). ``source`` is ``"settings"`` (written from ``AWA["QUEUES"]`` by
+    the workers) or ``"operator"`` (an override from the admin or ``awa_queue limit``, which
+    settings leave alone until it is cleared); ``updated_by`` says who wrote it.
+    """
+
+    queue: str
+    global_concurrency: int | None
+    in_use: int | None
+    rate_limit: float | None
+    rate_burst: int | None
+    source: Literal["settings", "operator"]
+    updated_by: str | None
+    updated_at: datetime
+
+    @property
+    def burst_in_force(self) -> int | None:
+        """The burst the claim applies: ``rate_burst``, or by default a tenth of a second's
+        worth of jobs, at least 1 (None without a rate)."""
+        if self.rate_limit is None:
+            return None
+        if self.rate_burst is not None:
+            return self.rate_burst
+        return max(1, math.ceil(self.rate_limit / 10))
+
+    def summary(self, *, in_use: bool = True) -> str:
+        """One line: ``limit N (in use M), rate R/s burst B, source`` (the parts it has; the
+        permits in use only with ``in_use``)."""
+        parts = []
+        if self.global_concurrency is not None:
+            used = f" (in use {self.in_use or 0})" if in_use else ""
+            parts.append(f"limit {self.global_concurrency}{used}")
+        if self.rate_limit is not None:
+            parts.append(f"rate {self.rate_limit:g}/s burst {self.burst_in_force}")
+        return ", ".join([*(parts or ["no limits"]), self.source])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -196,6 +244,13 @@ def queue_stats(using: str | None = None) -> list[QueueStats]:
     exact; the history counts are estimated above ``HISTORY_EXACT_UP_TO``, see
     ``QueueCounts.estimated``)."""
     return fetch(QueueStats, "queue_stats", using=using)
+
+
+def queue_limits(using: str | None = None) -> list[QueueLimits]:
+    """The flow limits of every queue that has some, by queue name, with the permits in use
+    now (``awa.flow_status_v1()``; it reads the server's lock table: for operators, not for
+    the hot path). Queues without a row have no fleet-wide limit."""
+    return fetch(QueueLimits, "queue_limits", using=using)
 
 
 def throughput(queue: str | None = None, *, using: str | None = None) -> list[int]:

@@ -2,10 +2,11 @@
 -- Do not edit: change a migration, then regenerate. tests/test_schema.py compares it with a
 -- freshly migrated database. Catalog definitions, sorted; not a script to run.
 
--- relation (101)
+-- relation (106)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
 TABLE attempt_state WITH (fillfactor=80)
+TABLE callback_receipts
 TABLE claim_closures PARTITION BY LIST (claim_slot)
 TABLE claim_closures_0 PARTITION OF claim_closures FOR VALUES IN (0)
 TABLE claim_closures_1 PARTITION OF claim_closures FOR VALUES IN (1)
@@ -44,6 +45,8 @@ TABLE done_entries_6 PARTITION OF done_entries FOR VALUES IN (6)
 TABLE done_entries_7 PARTITION OF done_entries FOR VALUES IN (7)
 TABLE done_entries_8 PARTITION OF done_entries FOR VALUES IN (8)
 TABLE done_entries_9 PARTITION OF done_entries FOR VALUES IN (9)
+TABLE flow_limits
+TABLE flow_rate_state WITH (fillfactor=50)
 TABLE history_retries
 TABLE lane_floors
 TABLE leases PARTITION BY LIST (lease_slot)
@@ -97,7 +100,9 @@ TABLE rings
 TABLE runtime_instances WITH (fillfactor=70)
 TABLE schema_migrations
 TABLE unique_keys
+TYPE claimed_v3
 TYPE job_body
+VIEW callback_waits
 VIEW cron_schedule_status
 VIEW jobs
 VIEW live_jobs
@@ -105,7 +110,7 @@ VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (302)
+-- column (353)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -113,11 +118,52 @@ attempt_state.004 progress jsonb
 attempt_state.005 callback_result jsonb
 attempt_state.006 updated_at timestamp with time zone NOT NULL DEFAULT now()
 attempt_state.007 callback_id uuid
+attempt_state.008 callback_resume boolean
+attempt_state.009 callback_timeout double precision
+callback_receipts.001 callback_id uuid NOT NULL
+callback_receipts.002 request_digest bytea NOT NULL
+callback_receipts.003 action text NOT NULL
+callback_receipts.004 job_id bigint NOT NULL
+callback_receipts.005 run_lease bigint NOT NULL
+callback_receipts.006 outcome text NOT NULL
+callback_receipts.007 timeout_at timestamp with time zone
+callback_receipts.008 received_at timestamp with time zone NOT NULL DEFAULT now()
+callback_waits.001 job_id bigint
+callback_waits.002 run_lease bigint
+callback_waits.003 callback_id uuid
+callback_waits.004 parked_at timestamp with time zone
+callback_waits.005 timeout_at timestamp with time zone
+callback_waits.006 resume boolean
+callback_waits.007 attempt smallint
+callback_waits.008 kind text
+callback_waits.009 queue text
+callback_waits.010 priority smallint
+callback_waits.011 max_attempts smallint
+callback_waits.012 created_at timestamp with time zone
+callback_waits.013 metadata jsonb
+callback_waits.014 progress jsonb
 claim_closures.001 claim_slot integer NOT NULL
 claim_closures.002 job_id bigint NOT NULL
 claim_closures.003 run_lease bigint NOT NULL
 claim_closures.004 outcome text NOT NULL
 claim_closures.005 closed_at timestamp with time zone NOT NULL DEFAULT now()
+claimed_v3.001 job_id bigint
+claimed_v3.002 run_lease bigint
+claimed_v3.003 attempt smallint
+claimed_v3.004 max_attempts smallint
+claimed_v3.005 claim_slot integer
+claimed_v3.006 kind text
+claimed_v3.007 args jsonb
+claimed_v3.008 queue text
+claimed_v3.009 priority smallint
+claimed_v3.010 deadline_at timestamp with time zone
+claimed_v3.011 timeout_secs double precision
+claimed_v3.012 progress jsonb
+claimed_v3.013 metadata jsonb
+claimed_v3.014 tags text[]
+claimed_v3.015 errors jsonb
+claimed_v3.016 weight integer
+claimed_v3.017 permits integer[]
 claims.001 claim_slot integer NOT NULL
 claims.002 claim_generation bigint NOT NULL
 claims.003 job_id bigint NOT NULL
@@ -228,6 +274,16 @@ done_entries.019 run_at timestamp with time zone
 done_entries.020 created_at timestamp with time zone
 done_entries.021 metadata jsonb
 done_entries.022 tags text[]
+flow_limits.001 queue text NOT NULL
+flow_limits.002 max_running integer
+flow_limits.003 rate double precision
+flow_limits.004 burst integer
+flow_limits.005 max_seen integer
+flow_limits.006 source text NOT NULL DEFAULT 'settings'::text
+flow_limits.007 updated_by text
+flow_limits.008 updated_at timestamp with time zone NOT NULL DEFAULT now()
+flow_rate_state.001 queue text NOT NULL
+flow_rate_state.002 tat timestamp with time zone NOT NULL
 history_retries.001 job_id bigint NOT NULL
 history_retries.002 retry_job_id bigint
 history_retries.003 retried_by text
@@ -413,8 +469,11 @@ unique_keys.007 taken_at timestamp with time zone NOT NULL DEFAULT clock_timesta
 job_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 lane_id_seq AS integer START 1 INCREMENT 1 MIN 1 MAX 2147483647 CACHE 1
 
--- constraint (39)
+-- constraint (51)
 attempt_state attempt_state_pkey PRIMARY KEY (job_id, run_lease)
+callback_receipts callback_receipts_action_check CHECK ((action = ANY (ARRAY['resolve'::text, 'heartbeat'::text])))
+callback_receipts callback_receipts_pkey PRIMARY KEY (callback_id, request_digest)
+callback_receipts callback_receipts_request_digest_check CHECK ((octet_length(request_digest) = 32))
 claim_closures claim_closures_pkey PRIMARY KEY (job_id, run_lease, claim_slot)
 claims claims_pkey PRIMARY KEY (job_id, run_lease, claim_slot)
 cron_schedules cron_schedules_catch_up_check CHECK (((catch_up >= 1) AND (catch_up <= 10000)))
@@ -431,6 +490,15 @@ deferred_jobs deferred_jobs_retry_policy_check CHECK (((run_lease > 0) OR (metad
 deferred_jobs deferred_jobs_state_check CHECK ((state = ANY (ARRAY['scheduled'::text, 'retryable'::text])))
 dlq_entries dlq_entries_pkey PRIMARY KEY (job_id)
 done_entries done_entries_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
+flow_limits flow_limits_burst_check CHECK (((burst >= 1) AND (burst <= 1000000)))
+flow_limits flow_limits_check CHECK (((burst IS NULL) OR (rate IS NOT NULL)))
+flow_limits flow_limits_max_running_check CHECK (((max_running >= 1) AND (max_running <= 10000)))
+flow_limits flow_limits_max_seen_check CHECK (((max_seen >= 1) AND (max_seen <= 10000)))
+flow_limits flow_limits_pkey PRIMARY KEY (queue)
+flow_limits flow_limits_queue_check CHECK (awa.valid_queue_name(queue))
+flow_limits flow_limits_rate_check CHECK (((rate > (0)::double precision) AND (rate <= (1000000)::double precision)))
+flow_limits flow_limits_source_check CHECK ((source = ANY (ARRAY['settings'::text, 'operator'::text])))
+flow_rate_state flow_rate_state_pkey PRIMARY KEY (queue)
 history_retries history_retries_pkey PRIMARY KEY (job_id)
 lane_floors lane_floors_pkey PRIMARY KEY (lane_id)
 leases leases_pkey PRIMARY KEY (job_id, run_lease, lease_slot)
@@ -454,8 +522,9 @@ runtime_instances runtime_instances_pkey PRIMARY KEY (instance_id)
 schema_migrations schema_migrations_pkey PRIMARY KEY (name)
 unique_keys unique_keys_pkey PRIMARY KEY (unique_key)
 
--- index (40)
+-- index (45)
 CREATE INDEX attempt_state_callback_idx ON awa.attempt_state USING btree (callback_id) WHERE (callback_id IS NOT NULL)
+CREATE INDEX callback_receipts_received_idx ON awa.callback_receipts USING btree (received_at)
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at)
 CREATE INDEX claims_deadline_idx ON ONLY awa.claims USING btree (deadline_at) WHERE (deadline_at IS NOT NULL)
 CREATE INDEX claims_lane_idx ON ONLY awa.claims USING btree (lane_id, lane_seq)
@@ -477,11 +546,15 @@ CREATE INDEX ring_prunes_ring_at_idx ON awa.ring_prunes USING btree (ring, prune
 CREATE INDEX unique_keys_job_idx ON awa.unique_keys USING btree (job_id)
 CREATE INDEX unique_keys_taken_idx ON awa.unique_keys USING btree (taken_at, unique_key)
 CREATE UNIQUE INDEX attempt_state_pkey ON awa.attempt_state USING btree (job_id, run_lease)
+CREATE UNIQUE INDEX callback_receipts_pkey ON awa.callback_receipts USING btree (callback_id, request_digest)
+CREATE UNIQUE INDEX callback_receipts_resolution_idx ON awa.callback_receipts USING btree (callback_id) WHERE (action = 'resolve'::text)
 CREATE UNIQUE INDEX claim_closures_pkey ON ONLY awa.claim_closures USING btree (job_id, run_lease, claim_slot)
 CREATE UNIQUE INDEX claims_pkey ON ONLY awa.claims USING btree (job_id, run_lease, claim_slot)
 CREATE UNIQUE INDEX cron_schedules_pkey ON awa.cron_schedules USING btree (name)
 CREATE UNIQUE INDEX deferred_jobs_pkey ON awa.deferred_jobs USING btree (job_id)
 CREATE UNIQUE INDEX dlq_entries_pkey ON awa.dlq_entries USING btree (job_id)
+CREATE UNIQUE INDEX flow_limits_pkey ON awa.flow_limits USING btree (queue)
+CREATE UNIQUE INDEX flow_rate_state_pkey ON awa.flow_rate_state USING btree (queue)
 CREATE UNIQUE INDEX history_retries_pkey ON awa.history_retries USING btree (job_id)
 CREATE UNIQUE INDEX lane_floors_pkey ON awa.lane_floors USING btree (lane_id)
 CREATE UNIQUE INDEX leases_pkey ON ONLY awa.leases USING btree (job_id, run_lease, lease_slot)
@@ -570,7 +643,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (102)
+-- function (125)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -638,6 +711,20 @@ BEGIN
 END
 $function$
 
+CREATE OR REPLACE FUNCTION awa._attempt_open_v1(p_job_id bigint, p_run_lease bigint)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT EXISTS (
+        SELECT 1 FROM awa.claims c
+        WHERE c.job_id = p_job_id AND c.run_lease = p_run_lease
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.claim_closures z
+              WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                AND z.claim_slot = c.claim_slot))
+$function$
+
 CREATE OR REPLACE FUNCTION awa._backoff_v1(p_attempt integer, p_base double precision DEFAULT 1.0)
  RETURNS double precision
  LANGUAGE sql
@@ -670,6 +757,122 @@ CREATE OR REPLACE FUNCTION awa._bad_tags_v1(p_tags text[], p_max_length integer)
 AS $function$
     SELECT array_ndims(p_tags) > 1
         OR EXISTS (SELECT 1 FROM unnest(p_tags) t WHERE t IS NULL OR t = '' OR length(t) > p_max_length)
+$function$
+
+CREATE OR REPLACE FUNCTION awa._callback_apply_v1(p_callback_id uuid, p_job_id bigint, p_run_lease bigint, p_result jsonb, p_error jsonb, p_terminal boolean, p_backoff_base double precision)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    l awa.leases%ROWTYPE;
+    v_resume boolean;
+    v_stale jsonb;
+BEGIN
+    SELECT * INTO l FROM awa.leases ls
+    WHERE ls.callback_id = p_callback_id AND ls.job_id = p_job_id
+      AND ls.run_lease = p_run_lease AND ls.state = 'waiting_external'
+    LIMIT 1;
+    IF FOUND THEN
+        SELECT s.callback_resume INTO v_resume FROM awa.attempt_state s
+        WHERE s.job_id = p_job_id AND s.run_lease = p_run_lease
+          AND s.callback_id = p_callback_id;
+        IF p_error IS NULL AND COALESCE(v_resume, false) THEN
+            v_stale := awa._finalize_pass_v1(jsonb_build_array(jsonb_build_object(
+                'id', l.job_id, 'lease', l.run_lease, 'slot', l.claim_slot, 'st', true,
+                'outcome', 'snooze', 'delay', 0, 'closed_as', 'resumed')), false);
+            IF v_stale IS NOT NULL THEN
+                RETURN 'stale';
+            END IF;
+            PERFORM awa._callback_stamp_v1(l.job_id, l.run_lease, p_callback_id, p_result);
+            RETURN 'resolved';
+        END IF;
+        v_stale := awa._finalize_pass_v1(jsonb_build_array(jsonb_build_object(
+            'id', l.job_id, 'lease', l.run_lease, 'slot', l.claim_slot, 'st', true,
+            'outcome', CASE WHEN p_error IS NULL THEN 'completed'
+                            WHEN p_terminal THEN 'fail' ELSE 'retry' END,
+            'result', p_result, 'error', p_error, 'backoff_base', p_backoff_base)), false);
+        RETURN CASE WHEN v_stale IS NULL THEN 'resolved' ELSE 'stale' END;
+    END IF;
+    -- Registered but not parked yet: keep the first resolution for the park.
+    UPDATE awa.attempt_state s
+    SET callback_result = jsonb_build_object('result', p_result, 'error', p_error,
+                                             'terminal', COALESCE(p_terminal, false),
+                                             'backoff_base', p_backoff_base),
+        updated_at = now()
+    WHERE s.job_id = p_job_id AND s.run_lease = p_run_lease AND s.callback_id = p_callback_id
+      AND s.callback_result IS NULL
+      AND awa._attempt_open_v1(s.job_id, s.run_lease);
+    RETURN CASE WHEN FOUND THEN 'accepted' ELSE 'stale' END;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._callback_attempt_v1(p_callback_id uuid)
+ RETURNS TABLE(job_id bigint, run_lease bigint)
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    SELECT ls.job_id, ls.run_lease FROM awa.leases ls
+    WHERE ls.callback_id = p_callback_id ORDER BY ls.run_lease DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN QUERY
+        SELECT s.job_id, s.run_lease FROM awa.attempt_state s
+        WHERE s.callback_id = p_callback_id ORDER BY s.run_lease DESC LIMIT 1;
+    END IF;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._callback_extend_locked_v1(p_callback_id uuid, p_job_id bigint, p_run_lease bigint, p_timeout double precision)
+ RETURNS TABLE(outcome text, timeout_at timestamp with time zone)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_until timestamptz;
+BEGIN
+    IF NOT awa._attempt_open_v1(p_job_id, p_run_lease) THEN
+        RETURN QUERY SELECT 'stale'::text, NULL::timestamptz;
+        RETURN;
+    END IF;
+    WITH moved AS (
+        UPDATE awa.leases ls
+        SET callback_timeout_at = GREATEST(ls.callback_timeout_at, now() + make_interval(
+                secs => LEAST(COALESCE(
+                    p_timeout,
+                    (SELECT s.callback_timeout FROM awa.attempt_state s
+                     WHERE s.job_id = ls.job_id AND s.run_lease = ls.run_lease),
+                    extract(epoch FROM ls.callback_timeout_at - ls.created_at)::double precision),
+                    awa._max_seconds_v1())))
+        WHERE ls.job_id = p_job_id AND ls.run_lease = p_run_lease
+          AND ls.callback_id = p_callback_id AND ls.state = 'waiting_external'
+        RETURNING ls.callback_timeout_at
+    )
+    SELECT min(m.callback_timeout_at) INTO v_until FROM moved m;
+    IF v_until IS NOT NULL THEN
+        RETURN QUERY SELECT 'extended'::text, v_until;
+    ELSIF EXISTS (
+        SELECT 1 FROM awa.attempt_state s
+        WHERE s.job_id = p_job_id AND s.run_lease = p_run_lease
+          AND s.callback_id = p_callback_id AND s.callback_result IS NULL) THEN
+        RETURN QUERY SELECT 'pending'::text, NULL::timestamptz;
+    ELSE
+        RETURN QUERY SELECT 'stale'::text, NULL::timestamptz;
+    END IF;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._callback_stamp_v1(p_job_id bigint, p_run_lease bigint, p_callback_id uuid, p_result jsonb)
+ RETURNS void
+ LANGUAGE sql
+AS $function$
+    UPDATE awa.deferred_jobs d
+    SET metadata = CASE WHEN jsonb_typeof(d.metadata) = 'object' THEN d.metadata
+                        ELSE '{}'::jsonb END
+                   || jsonb_build_object('awa:callback', jsonb_build_object(
+                          'id', p_callback_id, 'result', COALESCE(p_result, 'null'::jsonb)))
+    WHERE d.job_id = p_job_id AND d.run_lease = p_run_lease
 $function$
 
 CREATE OR REPLACE FUNCTION awa._carry_claims_v1(p_slot integer)
@@ -709,6 +912,20 @@ BEGIN
     )
     SELECT count(*) INTO v_n FROM moved;
     RETURN v_n;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._check_callback_timeout_v1(p_timeout double precision)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE
+AS $function$
+BEGIN
+    IF p_timeout IS NOT NULL
+       AND NOT (p_timeout > 0 AND p_timeout <= awa._max_seconds_v1()) THEN
+        RAISE EXCEPTION 'timeout: must be a number of seconds in (0, 3155760000]'
+            USING ERRCODE = '22023';
+    END IF;
 END
 $function$
 
@@ -1087,6 +1304,68 @@ BEGIN
 END
 $function$
 
+CREATE OR REPLACE FUNCTION awa._flow_key_v1(p_queue text, p_i integer)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT hashtext(p_queue || '/' || p_i::text)
+$function$
+
+CREATE OR REPLACE FUNCTION awa._flow_take_v1(p_queue text, p_limit integer, p_seen integer, p_want integer, p_held integer[])
+ RETURNS integer[]
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_keys integer[] := '{}';
+    v_start integer;
+    v_room integer := LEAST(p_want, p_limit);
+    v_busy integer;
+BEGIN
+    IF v_room <= 0 THEN
+        RETURN v_keys;
+    END IF;
+    IF p_seen IS NOT NULL AND p_seen > p_limit THEN
+        -- The limit was lowered: permits above it may still be held. Count every held one.
+        SELECT count(*) INTO v_busy
+        FROM generate_series(0, p_seen - 1) AS g(i)
+        JOIN pg_locks l
+          ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+         AND l.classid = 4282182::oid
+         AND l.objid = (awa._flow_key_v1(p_queue, g.i)::bigint & 4294967295)::oid
+         AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database());
+        IF NOT EXISTS (
+            SELECT 1 FROM generate_series(p_limit, p_seen - 1) AS g(i)
+            JOIN pg_locks l
+              ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+             AND l.classid = 4282182::oid
+             AND l.objid = (awa._flow_key_v1(p_queue, g.i)::bigint & 4294967295)::oid) THEN
+            UPDATE awa.flow_limits f SET max_seen = f.max_running
+            WHERE f.queue = p_queue AND f.max_seen > f.max_running;
+        END IF;
+        v_room := LEAST(v_room, p_limit - v_busy);
+        IF v_room <= 0 THEN
+            RETURN v_keys;
+        END IF;
+    END IF;
+    -- From a random permit on (claimers rarely probe the same taken permits), in one
+    -- statement that stops at v_room taken. CASE keeps the order: a key this session holds
+    -- is never passed to pg_try_advisory_lock (which would take it a second time).
+    v_start := floor(random() * p_limit)::integer;
+    SELECT COALESCE(array_agg(t.k), '{}') INTO v_keys
+    FROM (
+        SELECT c.k
+        -- generate_series in the select list runs value per call, so LIMIT stops it early
+        -- (in FROM it would produce every one of p_limit rows first).
+        FROM (SELECT awa._flow_key_v1(p_queue, (v_start + generate_series(0, p_limit - 1))
+                                               % p_limit) AS k) c
+        WHERE CASE WHEN c.k IN (SELECT h.k FROM unnest(p_held) AS h(k)) THEN false
+                   ELSE pg_try_advisory_lock(4282182, c.k) END
+        LIMIT v_room) t;
+    RETURN v_keys;
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa._history_counts_v1(p_cap integer DEFAULT 10000, p_sample_pages integer DEFAULT 1000)
  RETURNS TABLE(queue text, state text, n bigint, exact boolean)
  LANGUAGE plpgsql
@@ -1300,6 +1579,19 @@ AS $function$
                                     s.run_at, s.delay, s.deadline, s.metadata, s.tags)
     FROM jsonb_to_record(p_job) AS s(kind jsonb, queue jsonb, priority jsonb,
         max_attempts jsonb, run_at jsonb, delay jsonb, deadline jsonb, metadata jsonb, tags jsonb)
+$function$
+
+CREATE OR REPLACE FUNCTION awa._job_weight_v1(p_metadata jsonb, p_cap integer)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT LEAST(
+        CASE WHEN jsonb_typeof(p_metadata -> 'awa:weight') = 'number'
+                  AND (p_metadata ->> 'awa:weight') ~ '^[0-9]{1,5}$'
+                  AND (p_metadata ->> 'awa:weight')::integer BETWEEN 1 AND 10000
+             THEN (p_metadata ->> 'awa:weight')::integer ELSE 1 END,
+        GREATEST(COALESCE(p_cap, 10000), 1))
 $function$
 
 CREATE OR REPLACE FUNCTION awa._json_integer_error_v1(p_value jsonb, p_field text, p_low integer, p_high integer)
@@ -1902,6 +2194,128 @@ AS $function$
     SELECT left(k, 100) FROM jsonb_object_keys(p_job - awa._job_keys_v1()) AS k LIMIT 1
 $function$
 
+CREATE OR REPLACE FUNCTION awa.callback_extend_v1(p_callback_id uuid, p_timeout double precision DEFAULT NULL::double precision)
+ RETURNS TABLE(outcome text, timeout_at timestamp with time zone)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_job bigint;
+    v_lease bigint;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.callback_extend_v1');
+    PERFORM awa._check_callback_timeout_v1(p_timeout);
+    SELECT a.job_id, a.run_lease INTO v_job, v_lease FROM awa._callback_attempt_v1(p_callback_id) a;
+    IF v_job IS NULL THEN
+        RETURN QUERY SELECT 'unknown'::text, NULL::timestamptz;
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(4282179, awa._job_key_v1(v_job));
+    RETURN QUERY
+    SELECT e.outcome, e.timeout_at
+    FROM awa._callback_extend_locked_v1(p_callback_id, v_job, v_lease, p_timeout) e;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.callback_receipts_prune_v1(p_keep double precision, p_limit integer DEFAULT 1000)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_count integer;
+BEGIN
+    IF p_keep IS NULL OR NOT (p_keep > 0 AND p_keep <= awa._max_seconds_v1()) THEN
+        RAISE EXCEPTION 'keep: must be a number of seconds in (0, 3155760000]'
+            USING ERRCODE = '22023';
+    END IF;
+    WITH old AS (
+        SELECT rc.callback_id, rc.request_digest FROM awa.callback_receipts rc
+        WHERE rc.received_at < now() - make_interval(secs => p_keep)
+        ORDER BY rc.received_at
+        LIMIT GREATEST(p_limit, 0)
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM awa.callback_receipts rc USING old
+        WHERE rc.callback_id = old.callback_id AND rc.request_digest = old.request_digest
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_count FROM gone;
+    RETURN v_count;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.callback_receive_v1(p_callback_id uuid, p_sent_at bigint, p_window double precision, p_action text, p_digest bytea, p_result jsonb DEFAULT NULL::jsonb, p_error jsonb DEFAULT NULL::jsonb, p_terminal boolean DEFAULT false, p_timeout double precision DEFAULT NULL::double precision, p_backoff_base double precision DEFAULT 1.0)
+ RETURNS TABLE(outcome text, replayed boolean, timeout_at timestamp with time zone)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_job bigint;
+    v_lease bigint;
+    v_outcome text;
+    v_until timestamptz;
+    r awa.callback_receipts%ROWTYPE;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.callback_receive_v1');
+    IF p_callback_id IS NULL OR p_sent_at IS NULL THEN
+        RAISE EXCEPTION 'callback_id and sent_at: must not be NULL' USING ERRCODE = '22023';
+    ELSIF p_action IS NULL OR p_action NOT IN ('resolve', 'heartbeat') THEN
+        RAISE EXCEPTION 'action: expected resolve or heartbeat' USING ERRCODE = '22023';
+    ELSIF p_digest IS NULL OR octet_length(p_digest) <> 32 THEN
+        RAISE EXCEPTION 'digest: expected 32 bytes (SHA-256)' USING ERRCODE = '22023';
+    ELSIF p_window IS NULL OR NOT (p_window > 0 AND p_window <= 86400) THEN
+        RAISE EXCEPTION 'window: must be a number of seconds in (0, 86400]' USING ERRCODE = '22023';
+    ELSIF p_error IS NOT NULL AND jsonb_typeof(p_error) <> 'object' THEN
+        RAISE EXCEPTION 'error: must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    PERFORM awa._check_callback_timeout_v1(p_timeout);
+    IF abs(extract(epoch FROM now())::double precision - p_sent_at::double precision) > p_window
+    THEN
+        RETURN QUERY SELECT 'expired'::text, false, NULL::timestamptz;
+        RETURN;
+    END IF;
+    -- The attempt: from an earlier receipt (its lease may be gone), else from its lease or state.
+    SELECT rc.job_id, rc.run_lease INTO v_job, v_lease
+    FROM awa.callback_receipts rc WHERE rc.callback_id = p_callback_id LIMIT 1;
+    IF v_job IS NULL THEN
+        SELECT a.job_id, a.run_lease INTO v_job, v_lease
+        FROM awa._callback_attempt_v1(p_callback_id) a;
+    END IF;
+    IF v_job IS NULL THEN
+        RETURN QUERY SELECT 'unknown'::text, false, NULL::timestamptz;
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(4282179, awa._job_key_v1(v_job));
+    -- From here on, every receipt committed before the lock is seen.
+    SELECT * INTO r FROM awa.callback_receipts rc
+    WHERE rc.callback_id = p_callback_id AND rc.request_digest = p_digest;
+    IF FOUND AND r.action = p_action THEN
+        RETURN QUERY SELECT r.outcome, true, r.timeout_at;
+        RETURN;
+    END IF;
+    IF FOUND OR EXISTS (SELECT 1 FROM awa.callback_receipts rc
+                        WHERE rc.callback_id = p_callback_id AND rc.action = 'resolve') THEN
+        RETURN QUERY SELECT CASE WHEN p_action = 'resolve' THEN 'conflict' ELSE 'stale' END,
+                            false, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF p_action = 'resolve' THEN
+        v_outcome := awa._callback_apply_v1(p_callback_id, v_job, v_lease, p_result, p_error,
+                                            COALESCE(p_terminal, false), p_backoff_base);
+    ELSE
+        SELECT e.outcome, e.timeout_at INTO v_outcome, v_until
+        FROM awa._callback_extend_locked_v1(p_callback_id, v_job, v_lease, p_timeout) e;
+    END IF;
+    IF v_outcome IN ('resolved', 'accepted', 'extended', 'pending') THEN
+        INSERT INTO awa.callback_receipts (callback_id, request_digest, action, job_id,
+                                           run_lease, outcome, timeout_at)
+        VALUES (p_callback_id, p_digest, p_action, v_job, v_lease, v_outcome, v_until)
+        ON CONFLICT DO NOTHING;
+    END IF;
+    RETURN QUERY SELECT v_outcome, false, v_until;
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa.callback_register_v1(p_job_id bigint, p_run_lease bigint, p_callback_id uuid)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -1985,6 +2399,33 @@ BEGIN
                 WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
                   AND z.claim_slot = c.claim_slot));
     RETURN CASE WHEN FOUND THEN 'resolved' ELSE 'stale' END;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.callback_resolve_v2(p_callback_id uuid, p_result jsonb DEFAULT NULL::jsonb, p_error jsonb DEFAULT NULL::jsonb, p_terminal boolean DEFAULT false, p_backoff_base double precision DEFAULT 1.0)
+ RETURNS TABLE(outcome text, job_id bigint, run_lease bigint)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_job bigint;
+    v_lease bigint;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.callback_resolve_v2');
+    IF p_error IS NOT NULL AND jsonb_typeof(p_error) <> 'object' THEN
+        RAISE EXCEPTION 'error: must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    SELECT a.job_id, a.run_lease INTO v_job, v_lease FROM awa._callback_attempt_v1(p_callback_id) a;
+    IF v_job IS NULL THEN
+        RETURN QUERY SELECT 'unknown'::text, NULL::bigint, NULL::bigint;
+        RETURN;
+    END IF;
+    -- Serialised with the attempt's park; later statements see what it committed.
+    PERFORM pg_advisory_xact_lock(4282179, awa._job_key_v1(v_job));
+    RETURN QUERY
+    SELECT awa._callback_apply_v1(p_callback_id, v_job, v_lease, p_result, p_error,
+                                  COALESCE(p_terminal, false), p_backoff_base),
+           v_job, v_lease;
 END
 $function$
 
@@ -2378,6 +2819,307 @@ BEGIN
         v_remaining := v_remaining - v_got;
         EXIT WHEN v_remaining <= 0;
     END LOOP;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.claim_v3(p_queue text, p_max integer, p_worker uuid DEFAULT NULL::uuid, p_aging_secs double precision DEFAULT 60, p_default_deadline double precision DEFAULT NULL::double precision, p_max_weight integer DEFAULT NULL::integer, p_held integer[] DEFAULT NULL::integer[], p_release integer[] DEFAULT NULL::integer[])
+ RETURNS SETOF awa.claimed_v3
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_remaining integer;
+    v_jobs_left integer := 2147483647;
+    v_got integer;
+    v_units integer;
+    v_batch awa.claimed_v3[] := '{}';
+    v_part awa.claimed_v3[];
+    v_paused boolean;
+    v_cursor bigint;
+    v_cslot integer;
+    v_cgen bigint;
+    v_lanes integer[];
+    v_priorities integer[];
+    v_cursors bigint[];
+    v_heads timestamptz[];
+    v_head timestamptz;
+    v_qslot integer;
+    v_seq regclass;
+    v_aging double precision := GREATEST(COALESCE(p_aging_secs, 60), 0.001);
+    v_default double precision := awa._deadline_secs_v1(p_default_deadline);
+    v_wcap integer := LEAST(GREATEST(COALESCE(p_max_weight, 10000), 1), 10000);
+    v_limit awa.flow_limits%ROWTYPE;
+    v_keys integer[];
+    v_tat timestamptz;
+    v_period double precision;
+    v_wait double precision;
+    v_bound boolean := false;
+    v_jobs integer;
+    v_used integer;
+    r record;
+BEGIN
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION 'awa.claim_v3 needs READ COMMITTED isolation' USING ERRCODE = '25000';
+    END IF;
+    IF p_release IS NOT NULL THEN
+        PERFORM awa.flow_release_v1(p_release);
+    END IF;
+    IF p_max IS NULL OR p_max <= 0 THEN
+        RETURN;
+    END IF;
+    v_remaining := p_max;
+    SELECT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused),
+           c.generation, c.slot, q.slot
+    INTO v_paused, v_cgen, v_cslot, v_qslot
+    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c,
+         (SELECT r2.slot FROM awa.ring_rotations r2
+          WHERE r2.ring = 'queue' ORDER BY r2.generation DESC LIMIT 1) q;
+    IF v_paused THEN
+        RETURN;
+    END IF;
+
+    -- Lanes with work (as claim_v2): the flow limits are looked at only when there is some.
+    SELECT array_agg(b.lane_id ORDER BY b.lane_id), array_agg(b.priority ORDER BY b.lane_id),
+           array_agg(b.c ORDER BY b.lane_id)
+    INTO v_lanes, v_priorities, v_cursors
+    FROM (
+        SELECT l.lane_id, l.priority, l.enqueue_seq,
+               COALESCE(x.fast, awa.lane_cursor_v1(l.lane_id)) AS c
+        FROM awa.queue_lanes l
+        LEFT JOIN LATERAL (
+            SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
+            FROM awa.claims c
+            WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+            ORDER BY c.lane_seq DESC LIMIT 1) x ON true
+        WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+    ) b
+    WHERE COALESCE(pg_sequence_last_value(b.enqueue_seq), 0) > b.c;
+    IF v_lanes IS NULL THEN
+        RETURN;
+    END IF;
+
+    SELECT * INTO v_limit FROM awa.flow_limits f WHERE f.queue = p_queue;
+    IF FOUND AND v_limit.max_running IS NOT NULL THEN
+        v_wcap := LEAST(v_wcap, v_limit.max_running);
+        v_keys := awa._flow_take_v1(p_queue, v_limit.max_running, v_limit.max_seen, p_max,
+                                    p_held);
+        IF cardinality(v_keys) < p_max THEN
+            v_bound := true;
+        END IF;
+        v_remaining := cardinality(v_keys);
+        IF v_remaining = 0 THEN
+            RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, NULL,
+                            NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+            RETURN;
+        END IF;
+    END IF;
+    IF v_limit.rate IS NOT NULL THEN
+        v_period := 1.0 / v_limit.rate;
+        INSERT INTO awa.flow_rate_state (queue, tat) VALUES (p_queue, now())
+        ON CONFLICT (queue) DO NOTHING;
+        SELECT s.tat INTO v_tat FROM awa.flow_rate_state s WHERE s.queue = p_queue FOR UPDATE;
+        v_tat := GREATEST(v_tat, now());
+        v_jobs := floor((extract(epoch FROM now() - v_tat)
+                         + COALESCE(v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer))
+                           * v_period) / v_period + 1e-9)::integer;
+        v_jobs_left := GREATEST(v_jobs, 0);
+        IF v_jobs_left = 0 THEN
+            PERFORM awa.flow_release_v1(v_keys);
+            v_wait := GREATEST(extract(epoch FROM v_tat - now())
+                               - (COALESCE(v_limit.burst,
+                                           GREATEST(1, ceil(v_limit.rate / 10)::integer)) - 1)
+                                 * v_period, 0.001);
+            RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, v_wait,
+                            NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+            RETURN;
+        END IF;
+    END IF;
+    v_units := v_remaining;
+
+    -- Lane heads and order: as claim_v2.
+    IF cardinality(v_lanes) > 1 THEN
+        SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
+        FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+        LEFT JOIN LATERAL (
+            SELECT e.run_at FROM awa.ready_entries e
+            WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                    AND t.lane_seq = e.lane_seq)
+            ORDER BY e.lane_seq
+            LIMIT 1) h ON true;
+        FOR i IN 1..cardinality(v_lanes) LOOP
+            CONTINUE WHEN v_heads[i] IS NOT NULL;
+            SELECT e.run_at INTO v_head FROM awa.ready_entries e
+            WHERE e.lane_id = v_lanes[i] AND e.lane_seq > v_cursors[i]
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                    AND t.ready_slot = e.ready_slot)
+            ORDER BY e.lane_seq
+            LIMIT 1;
+            v_heads[i] := v_head;
+        END LOOP;
+    END IF;
+
+    FOR r IN
+        SELECT u.lane_id
+        FROM unnest(v_lanes, v_priorities, v_heads) AS u(lane_id, priority, head)
+        ORDER BY u.priority + floor(extract(epoch FROM now() - u.head) / v_aging) DESC NULLS LAST,
+                 u.head, u.lane_id
+    LOOP
+        SELECT l.enqueue_seq INTO v_seq
+        FROM awa.queue_lanes l WHERE l.lane_id = r.lane_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        SELECT c.generation, c.slot,
+               CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+        INTO v_cgen, v_cslot, v_cursor
+        FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+              WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+        LEFT JOIN LATERAL (
+            SELECT cl.lane_seq, cl.claim_generation FROM awa.claims cl
+            WHERE cl.claim_slot = c.slot AND cl.lane_id = r.lane_id
+            ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+        IF v_cursor IS NULL THEN
+            v_cursor := awa.lane_cursor_v1(r.lane_id);
+        END IF;
+        -- The run of positions right after the cursor in the current queue slot, as claim_v2,
+        -- taken while the running sum of weights fits the units left (a prefix: a job that
+        -- does not fit stops the lane here, in order).
+        WITH found AS MATERIALIZED (
+            SELECT e.*,
+                   EXISTS (SELECT 1 FROM awa.ready_tombstones t
+                           WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                             AND t.lane_seq = e.lane_seq) AS dead,
+                   row_number() OVER (ORDER BY e.lane_seq) AS n
+            FROM awa.ready_entries e
+            WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+            ORDER BY e.lane_seq
+            LIMIT v_remaining
+        ), weighed AS MATERIALIZED (
+            SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                   awa._job_weight_v1(f.metadata, v_wcap) AS w
+            FROM found f
+            WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+        ), picked AS MATERIALIZED (
+            SELECT z.* FROM (
+                SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                       row_number() OVER (ORDER BY g.lane_seq) AS k
+                FROM weighed g) z
+            WHERE z.cw <= v_remaining AND z.k <= v_jobs_left
+        ), ins AS (
+            INSERT INTO awa.claims (
+                claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
+            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                   p.lane_id, p.lane_seq, p.attempt + 1,
+                   now() + make_interval(secs => p.timeout), p_worker, p.kind
+            FROM picked p
+            RETURNING lane_seq, deadline_at
+        )
+        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                             p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                             i.deadline_at, p.timeout, p.progress, p.metadata, p.tags,
+                             p.errors, p.w, NULL)::awa.claimed_v3 ORDER BY p.lane_seq)
+        INTO v_part
+        FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq;
+        v_got := COALESCE(cardinality(v_part), 0);
+        IF v_got > 0 THEN
+            v_batch := v_batch || v_part;
+            v_remaining := v_remaining - (SELECT sum(b.weight) FROM unnest(v_part) b)::integer;
+            v_jobs_left := v_jobs_left - v_got;
+        END IF;
+        EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
+        -- Then, when the lane may hold more, from every ready slot (as claim_v2).
+        CONTINUE WHEN COALESCE(pg_sequence_last_value(v_seq), 0) <= v_cursor + v_got;
+        IF v_got > 0 THEN
+            v_cursor := awa.lane_cursor_v1(r.lane_id);  -- sees the claims just made
+        END IF;
+        WITH weighed AS MATERIALIZED (
+            SELECT e.*, COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default) AS timeout,
+                   awa._job_weight_v1(e.metadata, v_wcap) AS w
+            FROM awa.ready_entries e
+            WHERE e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                    AND t.ready_slot = e.ready_slot)
+            ORDER BY e.lane_seq
+            LIMIT v_remaining
+        ), picked AS MATERIALIZED (
+            SELECT z.* FROM (
+                SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                       row_number() OVER (ORDER BY g.lane_seq) AS k
+                FROM weighed g) z
+            WHERE z.cw <= v_remaining AND z.k <= v_jobs_left
+        ), ins AS (
+            INSERT INTO awa.claims (
+                claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
+            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                   p.lane_id, p.lane_seq, p.attempt + 1,
+                   now() + make_interval(secs => p.timeout), p_worker, p.kind
+            FROM picked p
+            RETURNING lane_seq, deadline_at
+        )
+        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                             p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                             i.deadline_at, p.timeout, p.progress, p.metadata, p.tags,
+                             p.errors, p.w, NULL)::awa.claimed_v3 ORDER BY p.lane_seq)
+        INTO v_part
+        FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq;
+        v_got := COALESCE(cardinality(v_part), 0);
+        IF v_got > 0 THEN
+            v_batch := v_batch || v_part;
+            v_remaining := v_remaining - (SELECT sum(b.weight) FROM unnest(v_part) b)::integer;
+            v_jobs_left := v_jobs_left - v_got;
+        END IF;
+        EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
+    END LOOP;
+
+    v_jobs := cardinality(v_batch);
+    v_used := v_units - v_remaining;
+    IF v_limit.rate IS NOT NULL THEN
+        IF v_jobs > 0 THEN
+            UPDATE awa.flow_rate_state s
+            SET tat = v_tat + make_interval(secs => v_jobs * v_period)
+            WHERE s.queue = p_queue;
+        END IF;
+        IF v_jobs_left <= 0 THEN
+            v_bound := true;
+            v_wait := GREATEST(extract(epoch FROM v_tat - now()) + v_jobs * v_period
+                               - (COALESCE(v_limit.burst,
+                                           GREATEST(1, ceil(v_limit.rate / 10)::integer)) - 1)
+                                 * v_period, 0.001);
+        END IF;
+    END IF;
+    IF v_keys IS NOT NULL THEN
+        -- Permits not needed after all (fewer or lighter jobs than units) go back at once.
+        PERFORM awa.flow_release_v1(v_keys[v_used + 1:]);
+        IF v_used < v_units THEN
+            v_bound := v_bound AND v_jobs_left <= 0;  -- the lanes ran dry, not the permits
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT b.job_id, b.run_lease, b.attempt, b.max_attempts, b.claim_slot, b.kind, b.args,
+           b.queue, b.priority, b.deadline_at, b.timeout_secs, b.progress, b.metadata, b.tags,
+           b.errors, b.weight,
+           CASE WHEN v_keys IS NULL THEN NULL
+                ELSE v_keys[(b.cw - b.weight + 1)::integer:b.cw::integer] END
+    FROM (SELECT u.*, sum(u.weight) OVER (ORDER BY u.ord) AS cw
+          FROM unnest(v_batch) WITH ORDINALITY
+               AS u(job_id, run_lease, attempt, max_attempts, claim_slot, kind, args, queue,
+                    priority, deadline_at, timeout_secs, progress, metadata, tags, errors,
+                    weight, permits, ord)) b
+    ORDER BY b.ord;
+    IF v_bound THEN
+        RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, v_wait,
+                        NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+    END IF;
 END
 $function$
 
@@ -3232,6 +3974,289 @@ BEGIN
     RETURN QUERY
     SELECT (e.value ->> 'id')::bigint, (e.value ->> 'lease')::bigint
     FROM jsonb_array_elements(COALESCE(v_stale, '[]')) e;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.finalize_v3(p_items jsonb)
+ RETURNS TABLE(job_id bigint, run_lease bigint)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_error text;
+    v_items jsonb;
+    v_resumed jsonb;
+    v_stale jsonb;
+    v_gen bigint;
+    v_slot integer;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.finalize_v3');
+    IF p_items IS NULL OR jsonb_typeof(p_items) <> 'array' THEN
+        RAISE EXCEPTION 'items: expected a JSON array' USING ERRCODE = '22023';
+    END IF;
+    v_error := awa._finalize_error_v1(p_items);
+    IF v_error IS NULL THEN
+        SELECT format('item %s (job %s): resume: must be true or false', e.ord - 1,
+                      e.value ->> 'id')
+        INTO v_error
+        FROM jsonb_array_elements(p_items) WITH ORDINALITY AS e(value, ord)
+        WHERE jsonb_typeof(e.value -> 'resume') NOT IN ('boolean', 'null')
+        ORDER BY e.ord LIMIT 1;
+    END IF;
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) e
+                   WHERE e.value ->> 'outcome' = 'wait') THEN
+        RETURN QUERY SELECT f.job_id, f.run_lease FROM awa.finalize_v2(p_items) f;
+        RETURN;
+    END IF;
+    -- Serialise with resolutions of the waiting jobs, in a stable order (the park takes the
+    -- same locks again). From here on, each statement sees every resolution committed before.
+    PERFORM pg_advisory_xact_lock(4282179, awa._job_key_v1(s.id))
+    FROM (SELECT DISTINCT (e.value ->> 'id')::bigint AS id
+          FROM jsonb_array_elements(p_items) e
+          WHERE e.value ->> 'outcome' = 'wait' ORDER BY 1) s;
+
+    -- Resume waits already answered with a result become resumptions.
+    WITH w AS (
+        SELECT e.ord, e.value AS raw, x.*
+        FROM jsonb_array_elements(p_items) WITH ORDINALITY AS e(value, ord),
+             jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, outcome text,
+                                            callback_id uuid, resume boolean)
+    ), early AS (
+        SELECT w.ord, w.id, w.lease, w.callback_id, s.callback_result -> 'result' AS result
+        FROM w
+        JOIN awa.attempt_state s
+          ON s.job_id = w.id AND s.run_lease = w.lease AND s.callback_id = w.callback_id
+        WHERE w.outcome = 'wait' AND COALESCE(w.resume, false)
+          AND s.callback_result IS NOT NULL
+          AND jsonb_typeof(s.callback_result -> 'error') IS DISTINCT FROM 'object'
+          AND NOT EXISTS (SELECT 1 FROM awa.leases ls
+                          WHERE ls.job_id = w.id AND ls.run_lease = w.lease)
+    )
+    SELECT jsonb_agg(CASE WHEN y.ord IS NULL THEN w.raw
+                          ELSE jsonb_build_object('id', w.id, 'lease', w.lease, 'slot', w.slot,
+                                                  'outcome', 'snooze', 'delay', 0, 'st', true,
+                                                  'closed_as', 'resumed')
+                               || CASE WHEN w.raw ? 'progress'
+                                       THEN jsonb_build_object('progress', w.raw -> 'progress')
+                                       ELSE '{}'::jsonb END
+                     END ORDER BY w.ord),
+           jsonb_agg(jsonb_build_object('id', y.id, 'lease', y.lease,
+                                        'callback_id', y.callback_id, 'result', y.result))
+               FILTER (WHERE y.ord IS NOT NULL)
+    INTO v_items, v_resumed
+    FROM w LEFT JOIN early y ON y.ord = w.ord;
+
+    -- The other waits: what they asked for, with their registered callback.
+    UPDATE awa.attempt_state s
+    SET callback_resume = COALESCE(x.resume, false), callback_timeout = x.timeout
+    FROM jsonb_to_recordset(v_items) AS x(id bigint, lease bigint, outcome text, callback_id uuid,
+                                           timeout double precision, resume boolean)
+    WHERE x.outcome = 'wait' AND s.job_id = x.id AND s.run_lease = x.lease
+      AND s.callback_id = x.callback_id;
+
+    IF v_resumed IS NOT NULL THEN
+        -- Each resumed attempt gets its lease too, closed with it below (as a park does for an
+        -- early resolution), so that a later resolution of the same callback is told 'stale'.
+        SELECT generation, slot INTO v_gen, v_slot
+        FROM awa.ring_rotations WHERE ring = 'lease' ORDER BY generation DESC LIMIT 1;
+        INSERT INTO awa.leases (lease_slot, lease_generation, job_id, run_lease, claim_slot,
+                                state, callback_id, callback_timeout_at)
+        SELECT v_slot, v_gen, x.id, x.lease, c.claim_slot, 'waiting_external', x.callback_id,
+               now()
+        FROM jsonb_to_recordset(v_resumed) AS x(id bigint, lease bigint, callback_id uuid)
+        CROSS JOIN LATERAL (
+            SELECT c.claim_slot FROM awa.claims c
+            WHERE c.job_id = x.id AND c.run_lease = x.lease
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.claim_closures z
+                  WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                    AND z.claim_slot = c.claim_slot)
+            LIMIT 1) c
+        ON CONFLICT DO NOTHING;
+    END IF;
+
+    SELECT jsonb_agg(jsonb_build_array(f.job_id, f.run_lease)) INTO v_stale
+    FROM awa.finalize_v2(v_items) f;
+
+    IF v_resumed IS NOT NULL THEN
+        PERFORM awa._callback_stamp_v1(x.id, x.lease, x.callback_id, x.result)
+        FROM jsonb_to_recordset(v_resumed) AS x(id bigint, lease bigint, callback_id uuid,
+                                                 result jsonb)
+        WHERE jsonb_build_array(x.id, x.lease) NOT IN (
+            SELECT p.value FROM jsonb_array_elements(COALESCE(v_stale, '[]'::jsonb)) p);
+    END IF;
+    RETURN QUERY
+    SELECT (p.value ->> 0)::bigint, (p.value ->> 1)::bigint
+    FROM jsonb_array_elements(COALESCE(v_stale, '[]'::jsonb)) p;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_in_use_v1()
+ RETURNS TABLE(queue text, in_use integer)
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT f.queue, count(l.pid)::integer
+    FROM awa.flow_limits f
+    CROSS JOIN LATERAL generate_series(0, GREATEST(f.max_running, COALESCE(f.max_seen, 0)) - 1)
+        AS g(i)
+    LEFT JOIN pg_locks l
+      ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+     AND l.classid = 4282182::oid
+     AND l.objid = (awa._flow_key_v1(f.queue, g.i)::bigint & 4294967295)::oid
+     AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+    WHERE f.max_running IS NOT NULL
+    GROUP BY f.queue
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_reap_v1(p_staleness double precision)
+ RETURNS TABLE(pid integer, instance text, action text)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT l.pid AS holder, a.application_name AS app
+        FROM pg_locks l
+        JOIN pg_stat_activity a ON a.pid = l.pid
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+          AND l.classid = 4282182::oid AND l.pid <> pg_backend_pid()
+          AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+          AND a.application_name ~ '^awa:worker:[0-9a-f-]{36}$'
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.runtime_instances i
+              WHERE i.instance_id = substr(a.application_name, 12)::uuid
+                AND i.last_seen_at >= now() - make_interval(secs => p_staleness))
+    LOOP
+        pid := r.holder;
+        instance := r.app;
+        BEGIN
+            action := CASE WHEN pg_terminate_backend(r.holder) THEN 'terminated'
+                           ELSE 'not_permitted' END;
+        EXCEPTION WHEN insufficient_privilege THEN
+            action := 'not_permitted';
+        END;
+        RETURN NEXT;
+    END LOOP;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_release_v1(p_keys integer[])
+ RETURNS integer
+ LANGUAGE sql
+AS $function$
+    SELECT count(*) FILTER (WHERE pg_advisory_unlock(4282182, k))::integer
+    FROM unnest(COALESCE(p_keys, '{}')) AS k
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_reset_v1(p_keep integer[])
+ RETURNS integer
+ LANGUAGE sql
+AS $function$
+    SELECT count(*) FILTER (WHERE pg_advisory_unlock(4282182, k.key))::integer
+    FROM (
+        SELECT l.objid::bigint::integer AS key
+        FROM pg_locks l
+        WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.granted
+          AND l.objsubid = 2 AND l.classid = 4282182::oid
+          AND l.objid < 2147483648
+        UNION ALL
+        SELECT (l.objid::bigint - 4294967296)::integer
+        FROM pg_locks l
+        WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.granted
+          AND l.objsubid = 2 AND l.classid = 4282182::oid
+          AND l.objid >= 2147483648
+    ) k
+    WHERE NOT k.key = ANY (COALESCE(p_keep, '{}'))
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_retake_v1(p_keys integer[])
+ RETURNS integer[]
+ LANGUAGE sql
+AS $function$
+    SELECT COALESCE(array_agg(k), '{}')
+    FROM unnest(COALESCE(p_keys, '{}')) AS k
+    WHERE NOT pg_try_advisory_lock(4282182, k)
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_set_v1(p_queue text, p_max_running integer, p_rate double precision, p_burst integer, p_actor text, p_clear boolean, p_settings jsonb DEFAULT NULL::jsonb)
+ RETURNS SETOF awa.flow_limits
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NOT awa.valid_queue_name(p_queue) THEN
+        RAISE EXCEPTION 'queue: % is not a valid queue name', quote_literal(p_queue)
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_clear THEN
+        DELETE FROM awa.flow_limits f WHERE f.queue = p_queue;
+        IF p_settings IS NOT NULL AND jsonb_typeof(p_settings) = 'object' THEN
+            INSERT INTO awa.flow_limits (queue, max_running, rate, burst, max_seen, source,
+                                         updated_by)
+            VALUES (p_queue, (p_settings ->> 'max_running')::integer,
+                    (p_settings ->> 'rate')::double precision,
+                    (p_settings ->> 'burst')::integer, (p_settings ->> 'max_running')::integer,
+                    'settings', p_actor);
+        END IF;
+    ELSE
+        INSERT INTO awa.flow_limits AS f (queue, max_running, rate, burst, max_seen, source,
+                                          updated_by)
+        VALUES (p_queue, p_max_running, p_rate, p_burst, p_max_running, 'operator', p_actor)
+        ON CONFLICT (queue) DO UPDATE
+        SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst,
+            max_seen = GREATEST(f.max_running, f.max_seen, excluded.max_running),
+            source = 'operator', updated_by = p_actor, updated_at = now();
+    END IF;
+    RETURN QUERY SELECT * FROM awa.flow_limits f WHERE f.queue = p_queue;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_status_v1()
+ RETURNS TABLE(queue text, max_running integer, in_use integer, rate double precision, burst integer, source text, updated_by text, updated_at timestamp with time zone)
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT f.queue, f.max_running, u.in_use, f.rate, f.burst, f.source, f.updated_by,
+           f.updated_at
+    FROM awa.flow_limits f
+    LEFT JOIN awa.flow_in_use_v1() u ON u.queue = f.queue
+    ORDER BY f.queue
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_sync_v1(p_limits jsonb)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_changed integer := 0;
+    v_n integer;
+BEGIN
+    IF p_limits IS NULL OR jsonb_typeof(p_limits) <> 'object' THEN
+        RAISE EXCEPTION 'flow limits: expected a JSON object' USING ERRCODE = '22023';
+    END IF;
+    DELETE FROM awa.flow_limits f
+    WHERE f.source = 'settings' AND NOT p_limits ? f.queue;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_changed := v_changed + v_n;
+    INSERT INTO awa.flow_limits AS f (queue, max_running, rate, burst, max_seen, source,
+                                      updated_by)
+    SELECT e.key, (e.value ->> 'max_running')::integer, (e.value ->> 'rate')::double precision,
+           (e.value ->> 'burst')::integer, (e.value ->> 'max_running')::integer, 'settings',
+           'settings'
+    FROM jsonb_each(p_limits) e
+    ON CONFLICT (queue) DO UPDATE
+    SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst,
+        max_seen = GREATEST(f.max_running, f.max_seen, excluded.max_running),
+        updated_by = 'settings', updated_at = now()
+    WHERE f.source = 'settings'
+      AND (f.max_running, f.rate, f.burst) IS DISTINCT FROM
+          (excluded.max_running, excluded.rate, excluded.burst);
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_changed + v_n;
 END
 $function$
 
@@ -4186,7 +5211,43 @@ AS $function$
     SELECT p_queue IS NOT NULL AND p_queue ~ '^[a-z0-9_.-]{1,63}$'
 $function$
 
--- view (6)
+-- view (7)
+CREATE VIEW awa.callback_waits AS
+ SELECT job_id,
+    run_lease,
+    callback_id,
+    parked_at,
+    timeout_at,
+    COALESCE(callback_resume, false) AS resume,
+    attempt,
+    kind,
+    queue,
+    priority,
+    max_attempts,
+    created_at,
+    metadata,
+    COALESCE(progress, progress) AS progress
+   FROM ((((( SELECT job_id,
+            run_lease,
+            (array_agg(callback_id))[1] AS callback_id,
+            min(created_at) AS parked_at,
+            min(callback_timeout_at) AS timeout_at
+           FROM awa.leases ls
+          WHERE (state = 'waiting_external'::text)
+          GROUP BY job_id, run_lease) w
+     CROSS JOIN LATERAL ( SELECT attempt,
+            lane_id,
+            lane_seq,
+            ready_slot
+           FROM awa.claims c_1
+          WHERE ((job_id = job_id) AND (run_lease = run_lease) AND (NOT (EXISTS ( SELECT 1
+                   FROM awa.claim_closures z
+                  WHERE ((job_id = job_id) AND (run_lease = run_lease) AND (claim_slot = claim_slot))))))
+         LIMIT 1) c)
+     JOIN awa.queue_lanes l ON ((lane_id = lane_id)))
+     JOIN awa.ready_entries r ON (((lane_id = lane_id) AND (lane_seq = lane_seq) AND (ready_slot = ready_slot))))
+     LEFT JOIN awa.attempt_state s ON (((job_id = job_id) AND (run_lease = run_lease))));
+
 CREATE VIEW awa.cron_schedule_status AS
  SELECT name,
     kind,

@@ -35,6 +35,9 @@ class Runtime(Protocol):
         """Write pending progress with the next heartbeat batch, at once."""
 
 
+#: The metadata key under which a resumed job carries the callback that resumed it.
+_RESUMED_KEY = "awa:callback"
+
 # Progress is stored with the attempt: the same bounds as job metadata.
 _PROGRESS_MAX_BYTES = 65_536
 _PROGRESS_MAX_DEPTH = 32
@@ -189,6 +192,26 @@ class JobContext:
     def registered_callback_id(self) -> uuid.UUID | None:
         """The callback id registered so far (None when none was): reads nothing."""
         return self._callback_id
+
+    @property
+    def callback_result(self) -> JSON:
+        """The result of the callback that last resumed this job (a wait with
+        ``WaitForCallback(..., resume=True)``), as the external system sent it; None when no
+        callback resumed it. Kept with the job (its metadata, ``"awa:callback"``) until the next
+        resumption replaces it, so a retry of the resumed step sees it too. Reads nothing."""
+        entry = self.metadata.get(_RESUMED_KEY)
+        return entry.get("result") if isinstance(entry, dict) else None
+
+    @property
+    def resumed_callback_id(self) -> uuid.UUID | None:
+        """The id of the callback that last resumed this job (see ``callback_result``), or
+        None."""
+        entry = self.metadata.get(_RESUMED_KEY)
+        raw = entry.get("id") if isinstance(entry, dict) else None
+        try:
+            return uuid.UUID(raw) if isinstance(raw, str) else None
+        except ValueError:
+            return None
 
     # -- cancellation ------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from awa_django.worker.executor import (
     refused,
     safe_str,
 )
+from awa_django.worker.flow import Permits
 from awa_django.worker.guards import release_thread_connections
 from awa_django.worker.links import Link
 from awa_django.worker.slots import Slots
@@ -107,6 +108,7 @@ class Execution:
     abandoned: list[Running]
     abandoned_total: int
     slots: Slots
+    permits: Permits
     stopping: bool
     exit_code: int
     finished: int
@@ -125,6 +127,9 @@ class Execution:
         raise NotImplementedError
 
     def request_flush(self) -> None:  # pragma: no cover - provided by WorkerRuntime
+        raise NotImplementedError
+
+    def _permits_returned(self, queue: str) -> None:  # pragma: no cover - by WorkerRuntime
         raise NotImplementedError
 
     def _start_batch(self, jobs: list[ClaimedJob], queue: QueueConfig) -> None:
@@ -168,7 +173,9 @@ class Execution:
             with contextlib.suppress(Exception):  # a broken tracer must not lose the job
                 run.span = self._tracing.start(job)
         self.inflight[(job.job_id, job.run_lease)] = run
-        self.slots.start(queue.name)
+        self.slots.start(queue.name, job.weight)
+        if job.permits:
+            self.permits.hold(job.permits, f"job {job.job_id} (lease {job.run_lease})")
         if self._debug:
             log.debug(
                 "job %s %s attempt %s started",
@@ -282,6 +289,8 @@ class Execution:
         if run.done:
             return
         run.done = True
+        if self.permits.give_back(run.attempt.job.permits):
+            self._permits_returned(run.queue.name)
         for timer in (run.timer, run.stop_timer):
             if timer is not None:
                 timer.cancel()
@@ -329,7 +338,7 @@ class Execution:
         """Free a run's slot and wake its dispatcher."""
         job = run.attempt.job
         self.inflight.pop((job.job_id, job.run_lease), None)
-        self.slots.release(run.queue.name, stopping=self.stopping)
+        self.slots.release(run.queue.name, job.weight, stopping=self.stopping)
         if not self.inflight:
             self._all_done.set()
 

@@ -13,6 +13,7 @@ Handler outcomes (docs/worker.md, "Outcomes"):
 | returns ``Snooze(s)``         | ``snooze``: scheduled again without counting an attempt       |
 | returns ``Cancel(reason)``    | ``cancel``                                                   |
 | returns ``WaitForCallback``   | ``wait``: parked until its callback is resolved or times out |
+|                               | (``resume=True``: a result runs the job again, not completes)|
 | unknown kind, bad arguments,  | ``fail`` at once with a clear error; the worker goes on      |
 | a result that is not JSON     |                                                              |
 
@@ -31,7 +32,7 @@ from typing import Any
 
 from awa_django import serialization
 from awa_django.db.storage import ClaimedJob, Finalization
-from awa_django.exceptions import AwaError, JobValidationError
+from awa_django.exceptions import AwaError, InvalidOptionError, JobValidationError
 from awa_django.jobs import Job, registered_kinds
 from awa_django.limits import MAX_TEXT, check_seconds, check_text, clean_text
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
@@ -297,7 +298,10 @@ def _outcome(
                         "WaitForCallback needs the attempt's own ctx.callback_id",
                     ),
                 )
-            return make("wait", callback_id=own, timeout=timeout, has_state=True)
+            resume = value.resume
+            if type(resume) is not bool:
+                raise InvalidOptionError("resume", f"must be True or False, got {resume!r}")
+            return make("wait", callback_id=own, timeout=timeout, has_state=True, resume=resume)
         if isinstance(value, Cancel):
             reason = check_text("reason", value.reason, max_length=MAX_TEXT)
             return make("cancel", error={"type": "awa_django.Cancel", "message": reason})

@@ -44,7 +44,7 @@ from typing import Any
 
 import psycopg
 
-from awa_django.db.storage import ClaimedJob, aclaim, aheartbeat
+from awa_django.db.storage import Claimed, aclaim_units, aheartbeat
 from awa_django.jobs import registered_kinds
 from awa_django.limits import QUEUE_NAME_RE
 from awa_django.maintenance.cron import sync_schedules
@@ -59,6 +59,7 @@ from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Execution, Running,
 from awa_django.worker.executor import (
     safe_str,
 )
+from awa_django.worker.flow import Permits
 from awa_django.worker.guards import (
     EXIT_LOOP_FAILED,
     LoopWatchdog,
@@ -91,7 +92,10 @@ class WorkerRuntime(Execution):
         self.config = config
         self.instance_id = instance_id or uuid.uuid4()
         name = str(self.instance_id)
-        self.claim_link = Link(config.settings.DATABASE_ALIAS, "claim", name)
+        self.permits = Permits()
+        self.claim_link = Link(
+            config.settings.DATABASE_ALIAS, "claim", name, on_connect=self.permits.on_connect
+        )
         self.finalize_link = Link(config.settings.DATABASE_ALIAS, "finalize", name)
         self.control_link = Link(config.settings.DATABASE_ALIAS, "heartbeat", name)
         self._metrics = active_metrics()  # None unless OpenTelemetry metrics are on
@@ -149,6 +153,7 @@ class WorkerRuntime(Execution):
         if self.config.discover:
             await self._discover(start=False)
         await self._register()
+        await self._sync_flow_limits()
         if not self.config.maintenance:
             await self._sync_schedules()  # with maintenance, Maintenance syncs them
         await self._check_connection_budget()
@@ -338,6 +343,32 @@ class WorkerRuntime(Execution):
         except Exception as exc:
             log.warning("awa worker: could not sync periodic schedules (%s)", first_line(exc))
 
+    async def _sync_flow_limits(self) -> None:
+        """Write the queues' flow limits from ``AWA["QUEUES"]`` (docs/flow.md): operator
+        overrides stay; a failure is logged (the limits in the database stay in force)."""
+        limits = {
+            name: queue.flow_limits()
+            for name, queue in self.config.settings.QUEUES.items()
+            if queue.has_flow_limits
+        }
+
+        async def sync(conn: psycopg.AsyncConnection[Any]) -> int:
+            cursor = await conn.execute(query("flow_sync"), [json.dumps(limits)])
+            row = await cursor.fetchone()
+            return int(row[0]) if row else 0
+
+        try:
+            changed = await self.control_link.run(sync, give_up=lambda: self.stopping)
+        except Exception as exc:
+            log.warning("awa worker: could not write the queues' flow limits (%s)", first_line(exc))
+            return
+        if changed:
+            log.info(
+                "awa worker: flow limits from settings written for %d queue(s): %s",
+                changed,
+                json.dumps(limits, sort_keys=True),
+            )
+
     async def _register(self) -> None:
         queues = json.dumps({q.name: q.concurrency for q in self.queues.values()})
 
@@ -435,34 +466,47 @@ class WorkerRuntime(Execution):
         return bool(found)
 
     async def _dispatch(self, queue: QueueConfig) -> None:
+        """Claim for one queue while there is room, and hand back ended attempts' permits.
+
+        A claim a flow limit held back (docs/flow.md) waits: for the rate limit's next job
+        (at most ``POLL_INTERVAL``, so that a changed limit takes effect within it), or, when
+        permits ran out, for a local attempt to end or ``POLL_INTERVAL``.
+        """
         wake = self.slots.wake[queue.name]
         cfg = self.config
         failures = 0
         while not self.stopping:
             want = self.slots.claimable(queue.name)
-            if want <= 0:
+            release = self.permits.release_batch()
+            if want <= 0 and not release:
                 wake.clear()
                 await wake.wait()
                 continue
             wake.clear()  # before claiming, so a NOTIFY during the claim is not lost
+            want = max(want, 0)
             self.slots.reserve(want)
 
             async def claim(
-                conn: psycopg.AsyncConnection[Any], want: int = want
-            ) -> list[ClaimedJob]:
-                return await aclaim(
+                conn: psycopg.AsyncConnection[Any], want: int = want, release: list[int] = release
+            ) -> Claimed:
+                await self.permits.prepare(conn)
+                return await aclaim_units(
                     conn,
                     queue.name,
                     want,
                     self.instance_id,
                     aging_interval=cfg.settings.PRIORITY_AGING_INTERVAL,
                     default_deadline=queue.deadline,
+                    max_weight=self.slots.caps[queue.name],
+                    held=self.permits.held_keys(),
+                    release=release,
                 )
 
             try:
-                jobs = await self.claim_link.run(claim, give_up=lambda: self.stopping)
+                claimed = await self.claim_link.run(claim, give_up=lambda: self.stopping)
             except Exception as exc:
                 self.slots.unreserve(want)
+                self.permits.claim_failed()
                 if self.is_stopping():
                     return
                 # Not a lost connection (the link handles those): log, back off, carry on.
@@ -479,16 +523,56 @@ class WorkerRuntime(Execution):
                 continue
             except BaseException:
                 self.slots.unreserve(want)
+                self.permits.claim_failed()
                 raise
             failures = 0
+            self.permits.released(release)
+            jobs = claimed.jobs
+            units = sum(job.weight for job in jobs)
             if jobs and self._metrics is not None:
                 self._metrics.claimed(queue.name, jobs)
             self.claimed += len(jobs)
-            self.slots.unreserve(want, len(jobs))
+            self.slots.unreserve(want, units)
             self._start_batch(jobs, queue)  # counted as running from here on
-            if len(jobs) < want and not self.stopping:
+            if want == 0 or self.stopping:
+                continue
+            if claimed.wait is not None:
+                # Rate-limited: no claim before the next job may start (a stop ends the wait).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._stop.wait(), min(claimed.wait, cfg.settings.POLL_INTERVAL)
+                    )
+            elif units < want:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), cfg.settings.POLL_INTERVAL)
+
+    def _permits_returned(self, queue: str) -> None:
+        """An attempt holding permits ended: its queue's dispatcher hands them back with its
+        next claim; once dispatchers have stopped (a graceful stop), a task does it."""
+        if not self.stopping:
+            event = self.slots.wake.get(queue)
+            if event is not None:
+                event.set()
+            return
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            task = loop.create_task(self._release_permits())
+            self._async_batches.add(task)
+            task.add_done_callback(self._async_batches.discard)
+
+    async def _release_permits(self) -> None:
+        keys = self.permits.release_batch()
+        if not keys:
+            return
+
+        async def release(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(query("flow_release"), [keys])
+
+        try:
+            await self.claim_link.run(release, give_up=lambda: True)
+            self.permits.released(keys)
+        except Exception as exc:  # the session's end frees them anyway
+            log.warning("awa worker: could not hand back permits (%s)", first_line(exc))
 
     # -- heartbeats, wake-ups, runtime row ---------------------------------------------------
 

@@ -11,6 +11,9 @@ dispatcher that was waiting for room in the process.
 A busy queue may take every slot of the process; dispatchers waiting for room are woken
 together and claim in turn. Give a queue a cap to keep room for the others.
 
+Slots are units: a job takes as many as its weight (``weight=``, default 1; docs/flow.md), so
+counts here are units, not jobs.
+
 Everything here runs on the worker's event loop; nothing is thread-safe.
 """
 
@@ -73,15 +76,16 @@ class Slots:
         if used < count:
             self._wake_starved()
 
-    def start(self, name: str) -> None:
-        """An attempt of ``name`` began."""
-        self.running[name] += 1
-        self.active += 1
+    def start(self, name: str, weight: int = 1) -> None:
+        """An attempt of ``name`` taking ``weight`` units began."""
+        self.running[name] += weight
+        self.active += weight
 
-    def release(self, name: str, *, stopping: bool = False) -> None:
-        """An attempt of ``name`` ended (or was abandoned): free its slot, wake who can use it."""
-        self.running[name] -= 1
-        self.active -= 1
+    def release(self, name: str, weight: int = 1, *, stopping: bool = False) -> None:
+        """An attempt of ``name`` ended (or was abandoned): free its units, wake who can use
+        them."""
+        self.running[name] -= weight
+        self.active -= weight
         if stopping or self.caps[name] - self.running[name] >= self.low_water[name]:
             self.wake[name].set()
         self._wake_starved()

@@ -102,4 +102,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
 
-AWA: dict[str, object] = {}
+AWA: dict[str, object] = {
+    # Keys of the signed callback receiver at /awa/callbacks/<id>/ (docs/callbacks.md):
+    # comma-separated, each at least 32 characters; none: the receiver answers 404.
+    "CALLBACK_KEYS": env.list("AWA_CALLBACK_KEYS", default=[]),
+}

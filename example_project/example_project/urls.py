@@ -1,6 +1,6 @@
 from django.conf import settings
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from django.views.generic import RedirectView
 from django.views.static import serve
 
@@ -11,6 +11,8 @@ urlpatterns = [
     path("orders/new/", views.new_order, name="new_order"),
     path("orders/<int:order_id>/", views.order_detail, name="order"),
     path("admin/", admin.site.urls),
+    # The signed callback receiver: POST /awa/callbacks/<callback_id>/ (docs/callbacks.md).
+    path("awa/", include("awa_django.urls")),
 ]
 
 if settings.AWA_DEMO_SERVE_STATIC:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
 import logging
+import math
 import re
 from collections.abc import Callable, Iterator
 
@@ -27,11 +29,14 @@ __all__ = [
     "database_errors",
     "integer",
     "job_id",
+    "number",
+    "operator_name",
     "queue_name",
     "text",
 ]
 
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,4})?")
 
 
 def _shown(value: str) -> str:
@@ -57,6 +62,35 @@ def integer(what: str, low: int, high: int) -> Callable[[str], int]:
 
     parse.__name__ = what
     return parse
+
+
+def number(what: str, high: float) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number above 0 and at most ``high``, written in ASCII
+    decimal (``50``, ``0.5``, ``2e3``; not NaN, not ``inf``), named ``what`` in the error."""
+
+    def parse(value: str) -> float:
+        digits = value.strip()
+        if not _NUMBER.fullmatch(digits):
+            raise argparse.ArgumentTypeError(
+                f"{_shown(value)} is not {what}: give a number above 0 and at most {high:g}"
+            )
+        result = float(digits)
+        if not (math.isfinite(result) and 0 < result <= high):
+            raise argparse.ArgumentTypeError(
+                f"{_shown(digits)} is out of range: {what} is a number above 0 and at most {high:g}"
+            )
+        return result
+
+    parse.__name__ = what
+    return parse
+
+
+def operator_name(command: str) -> str:
+    """Who a command acts as, for the records it writes: ``command (OS user)``."""
+    try:
+        return f"{command} ({getpass.getuser()})"
+    except Exception:  # no user name in this environment
+        return command
 
 
 #: A job id: ``bigint``, from 1.

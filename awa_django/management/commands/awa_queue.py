@@ -1,4 +1,5 @@
-"""``manage.py awa_queue pause|resume|drain|stats QUEUE``: queue control (thin)."""
+"""``manage.py awa_queue pause|resume|drain|stats|limit QUEUE`` and ``awa_queue limits``: queue
+control and fleet-wide flow limits (thin)."""
 
 from __future__ import annotations
 
@@ -6,22 +7,77 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from awa_django.management.commands._cli import database_errors, queue_name
-from awa_django.operator import queue_drain, queue_pause, queue_stats
+from awa_django.limits import FLOW_BURST_RANGE, FLOW_CONCURRENCY_RANGE, FLOW_RATE_MAX
+from awa_django.management.commands._cli import (
+    database_errors,
+    integer,
+    number,
+    operator_name,
+    queue_name,
+)
+from awa_django.operator import (
+    QueueLimits,
+    clear_queue_limits,
+    queue_drain,
+    queue_limits,
+    queue_pause,
+    queue_stats,
+    set_queue_limits,
+)
+
+_LIMIT_OPTIONS = ("global_concurrency", "rate", "burst", "clear")
 
 
 class Command(BaseCommand):
-    help = "Pause, resume or drain a queue, or show its statistics."
+    help = (
+        "Pause, resume or drain a queue, or show its statistics; set or clear a queue's "
+        "fleet-wide flow limits (limit), or list every queue's (limits). docs/flow.md."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=["pause", "resume", "drain", "stats"])
-        parser.add_argument("queue", type=queue_name)
+        parser.add_argument(
+            "action", choices=["pause", "resume", "drain", "stats", "limit", "limits"]
+        )
+        parser.add_argument("queue", nargs="?", type=queue_name, help="the queue (not for limits)")
+        parser.add_argument(
+            "--global-concurrency",
+            type=integer("the global concurrency", *FLOW_CONCURRENCY_RANGE),
+            help="limit: the most attempts running at once across every worker (by weight)",
+        )
+        parser.add_argument(
+            "--rate",
+            type=number("the rate limit", FLOW_RATE_MAX),
+            help="limit: the most jobs started per second across every worker",
+        )
+        parser.add_argument(
+            "--burst",
+            type=integer("the burst", *FLOW_BURST_RANGE),
+            help="limit: jobs the rate lets through at once (with --rate)",
+        )
+        parser.add_argument(
+            "--clear",
+            action="store_true",
+            help="limit: drop the operator's limits; the queue's AWA['QUEUES'] settings apply",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         queue, action = options["queue"], options["action"]
+        given = [f"--{o.replace('_', '-')}" for o in _LIMIT_OPTIONS if options[o]]
+        if action != "limit" and given:
+            raise CommandError(f"{', '.join(given)} only apply to limit")
+        if action == "limits":
+            if queue is not None:
+                raise CommandError("limits takes no queue name (see `awa_queue limit QUEUE`)")
+            with database_errors():
+                self._list(queue_limits())
+            return
+        if queue is None:
+            raise CommandError(f"{action} needs a queue name")
         loud = options["verbosity"] >= 1
         with database_errors():
-            if action in ("pause", "resume"):
+            if action == "limit":
+                self._limit(queue, options, loud)
+            elif action in ("pause", "resume"):
                 queue_pause(queue, action == "pause")
                 if loud:
                     done = "paused" if action == "pause" else "resumed"
@@ -41,3 +97,36 @@ class Command(BaseCommand):
                         stats.shown(field) if field in stats.estimated else getattr(stats, field)
                     )
                     self.stdout.write(f"{field}: {shown}")
+
+    def _limit(self, queue: str, options: dict[str, Any], loud: bool) -> None:
+        concurrency, rate, burst = options["global_concurrency"], options["rate"], options["burst"]
+        if options["clear"]:
+            if concurrency is not None or rate is not None or burst is not None:
+                raise CommandError("--clear takes no limits: it drops the operator's limits")
+            now = clear_queue_limits(queue, actor=operator_name("awa_queue"))
+        else:
+            if burst is not None and rate is None:
+                raise CommandError("--burst needs --rate")
+            if concurrency is None and rate is None:
+                raise CommandError(
+                    "limit needs --global-concurrency, --rate (with --burst), or --clear"
+                )
+            now = set_queue_limits(
+                queue,
+                global_concurrency=concurrency,
+                rate_limit=rate,
+                rate_burst=burst,
+                actor=operator_name("awa_queue"),
+            )
+        if loud:
+            shown = "no flow limits" if now is None else now.summary()
+            self.stdout.write(self.style.SUCCESS(f"queue {queue} flow limits: {shown}"))
+
+    def _list(self, rows: list[QueueLimits]) -> None:
+        if not rows:
+            self.stdout.write("no queue has flow limits")
+        for q in rows:
+            self.stdout.write(
+                f"{q.queue}\t{q.summary()}\tby {q.updated_by or '?'} at "
+                f"{q.updated_at:%Y-%m-%d %H:%M:%S%z}"
+            )

@@ -1,4 +1,5 @@
-"""``manage.py awa_status [--json]``: queues, workers, the leader and the rings (thin)."""
+"""``manage.py awa_status [--json]``: queues, flow limits, workers, the leader and the rings
+(thin)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from awa_django.management.commands._cli import database_errors
-from awa_django.operator import queue_stats, rings, workers
+from awa_django.operator import queue_limits, queue_stats, rings, workers
 
 
 class Command(BaseCommand):
-    help = "Show queues (counts, lag, last-hour throughput), workers, the leader and ring state."
+    help = (
+        "Show queues (counts, lag, last-hour throughput), flow limits (limit, in use, rate), "
+        "workers, the leader and ring state."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -21,6 +25,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         with database_errors():
             queues = queue_stats()
+            limits = queue_limits()
             processes = workers()
             ring_states = rings()
         if options["json"]:
@@ -29,6 +34,10 @@ class Command(BaseCommand):
                     {
                         "queues": [
                             {**dataclasses.asdict(q), "estimated": q.estimated} for q in queues
+                        ],
+                        "flow_limits": [
+                            {**dataclasses.asdict(q), "burst_in_force": q.burst_in_force}
+                            for q in limits
                         ],
                         "workers": [dataclasses.asdict(w) for w in processes],
                         "leader": next((w.instance_id for w in processes if w.is_leader), None),
@@ -49,6 +58,11 @@ class Command(BaseCommand):
                 f"lag {lag}; "
                 f"{q.completed_last_hour} completed in the last hour"
             )
+        self.stdout.write(self.style.MIGRATE_HEADING("flow limits:"))
+        if not limits:
+            self.stdout.write("  none")
+        for f in limits:
+            self.stdout.write(f"  {f.queue}: {f.summary()} (by {f.updated_by or '?'})")
         self.stdout.write(self.style.MIGRATE_HEADING("workers:"))
         for w in processes:
             self.stdout.write(

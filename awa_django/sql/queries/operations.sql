@@ -29,6 +29,20 @@ SELECT queue, available, running, waiting_external, scheduled, retryable, comple
        cancelled, dlq, paused, lag_seconds, completed_last_hour
 FROM awa.queue_stats_v1()
 
+-- name: queue_limits
+SELECT queue, max_running AS global_concurrency, in_use, rate AS rate_limit, burst AS rate_burst,
+       source, updated_by, updated_at
+FROM awa.flow_status_v1()
+
+-- name: queue_limits_of
+SELECT queue, max_running AS global_concurrency, in_use, rate AS rate_limit, burst AS rate_burst,
+       source, updated_by, updated_at
+FROM awa.flow_status_v1() WHERE queue = %s
+
+-- name: flow_set
+-- Set (source 'operator') or clear one queue's limits; clearing writes p_settings back.
+SELECT queue FROM awa.flow_set_v1(%s, %s, %s, %s, %s, %s, %s::jsonb)
+
 -- name: workers
 SELECT instance_id, hostname, pid, queues, concurrency, is_leader, started_at, last_seen_at,
        extract(epoch FROM now() - last_seen_at) AS seen_seconds_ago

@@ -11,11 +11,31 @@ SELECT set_config('default_transaction_isolation', 'read committed', false),
 -- name: claim
 -- Each column is named after a field of ClaimedJob, which is built by column name.
 SELECT job_id, run_lease, attempt, max_attempts, claim_slot, kind, args::text AS args_json,
-       queue, priority, deadline_at, timeout_secs, progress, metadata, tags, errors
-FROM awa.claim_v2(%s, %s, %s, %s, %s)
+       queue, priority, deadline_at, timeout_secs, progress, metadata, tags, errors, weight,
+       permits
+FROM awa.claim_v3(%s, %s, %s, %s, %s, %s, %s, %s)
+
+-- name: flow_release
+SELECT awa.flow_release_v1(%s::integer[])
+
+-- name: flow_retake
+SELECT awa.flow_retake_v1(%s::integer[])
+
+-- name: flow_reset
+SELECT awa.flow_reset_v1(%s::integer[])
+
+-- name: flow_reap
+SELECT pid, instance, action FROM awa.flow_reap_v1(%s)
+
+-- name: flow_sync
+SELECT awa.flow_sync_v1(%s::jsonb)
 
 -- name: finalize
 SELECT job_id, run_lease FROM awa.finalize_v2(%s::jsonb)
+
+-- name: finalize_waits
+-- A batch that parks attempts (WaitForCallback): finalize_v2 plus each wait's mode and timeout.
+SELECT job_id, run_lease FROM awa.finalize_v3(%s::jsonb)
 
 -- name: heartbeat
 SELECT job_id, run_lease FROM awa.heartbeat_v1(%s::jsonb)

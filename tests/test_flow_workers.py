@@ -1,0 +1,167 @@
+"""Flow control with real worker processes (docs/flow.md): a global concurrency limit across
+processes, also while one is SIGKILLed; weights; a rate limit over 20 s without busy polling; a
+limit changed at runtime. How many handlers ran at once is read from the ledger's start and
+end rows (database clock), never from job states, which finish in batches."""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Any
+
+import pytest
+
+import awa_django
+from tests import testjobs
+from tests.helpers import ManagedProcess, pg, wait_for
+from tests.test_worker import Start, count, exited, worker
+from tests.testapp.models import Ledger
+
+pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
+
+
+def overrides(queue: str, **limits: Any) -> dict[str, Any]:
+    return {"QUEUES": {queue: limits}}
+
+
+def max_overlap(killed_at: dict[tuple[int, int], Any] | None = None) -> int:
+    """The most permits in use at once, from the ledger: +weight at each start, -weight at the
+    attempt's end (an attempt whose process was killed ends at the kill)."""
+    rows = list(Ledger.objects.values_list("job_id", "run_lease", "note", "created_at"))
+    weights = {(j, lease): int(n.split(":")[1]) for j, lease, n, _ in rows if n.startswith("start")}
+    events = []
+    ended = set()
+    for job_id, lease, note, at in rows:
+        key = (job_id, lease)
+        if note.startswith("start"):
+            events.append((at, 1, weights[key]))
+        elif note == "end":
+            events.append((at, 0, -weights[key]))
+            ended.add(key)
+    for key, at in (killed_at or {}).items():
+        if key in weights and key not in ended:
+            events.append((at, 0, -weights[key]))
+    running = peak = 0
+    for _, _, delta in sorted(events):  # at equal times, ends (0) before starts (1)
+        running += delta
+        peak = max(peak, running)
+    return peak
+
+
+def running_now() -> int:
+    starts = Ledger.objects.filter(note__startswith="start").count()
+    return starts - Ledger.objects.filter(note="end").count()
+
+
+def completed(queue: str) -> int:
+    return count("SELECT count(*) FROM awa.jobs WHERE queue = %s AND state = 'completed'", queue)
+
+
+def test_global_limit_holds_across_four_processes_and_a_sigkill(manage_py: Start) -> None:
+    awa_django.enqueue_many([testjobs.flow_sleep.prepare(0.15) for _ in range(40)])
+    settings = overrides("flow", global_concurrency=3)
+    procs = [worker(manage_py, "--queue", "flow=4", overrides=settings) for _ in range(4)]
+    wait_for(lambda: completed("flow") >= 8, timeout=60, message="the first jobs")
+    # SIGKILL a worker that is running a job right now (its permits die with its session).
+    with pg() as conn:
+        running = conn.execute(
+            "SELECT DISTINCT c.worker_id FROM awa.jobs j JOIN awa.claims c ON c.job_id = j.id "
+            "AND c.run_lease = j.run_lease WHERE j.state = 'running' AND j.queue = 'flow'"
+        ).fetchall()
+        instances = dict(
+            conn.execute("SELECT instance_id, pid FROM awa.runtime_instances").fetchall()
+        )
+    victim: ManagedProcess | None = None
+    pids = {instances.get(r[0]) for r in running}
+    for proc in procs:
+        if proc.pid in pids:
+            victim = proc
+    assert victim is not None, "no worker was running a job"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    with pg() as conn:
+        row = conn.execute("SELECT now()").fetchone()
+    assert row is not None
+    killed = {
+        (j, lease): row[0]
+        for j, lease in Ledger.objects.values_list("job_id", "run_lease").distinct()
+    }
+    wait_for(lambda: completed("flow") == 40, timeout=90, message="every job to complete")
+    assert max_overlap(killed) == 3
+    for proc in procs:
+        if proc is not victim:
+            proc.send_signal(signal.SIGTERM)
+            assert exited(proc, 30) == 0, proc.output()
+    with pg() as conn:
+        assert conn.execute(
+            "SELECT in_use FROM awa.flow_status_v1() WHERE queue = 'flow'"
+        ).fetchone() == (0,)
+
+
+def test_weights_count_against_the_global_limit(manage_py: Start) -> None:
+    requests = []
+    for i in range(30):
+        weight = 4 if i % 3 == 0 else 1
+        requests.append(testjobs.flow_sleep.using(weight=weight).prepare(0.1))
+    awa_django.enqueue_many(requests)
+    settings = overrides("flow", global_concurrency=4)
+    procs = [worker(manage_py, "--queue", "flow=8", overrides=settings) for _ in range(2)]
+    wait_for(lambda: completed("flow") == 30, timeout=90, message="every job to complete")
+    assert max_overlap() == 4
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        assert exited(proc, 30) == 0, proc.output()
+
+
+@pytest.mark.slow
+def test_rate_limit_over_twenty_seconds_without_busy_polling(manage_py: Start) -> None:
+    with pg() as conn:
+        dbname = conn.execute("SELECT current_database()").fetchone()
+        assert dbname is not None
+        conn.execute(f"ALTER DATABASE \"{dbname[0]}\" SET track_functions = 'pl'")
+    awa_django.enqueue_many([testjobs.flow_tick.prepare() for _ in range(1100)])
+    settings = overrides("flow-rate", rate_limit=50, rate_burst=10)
+    procs = [worker(manage_py, "--queue", "flow-rate=64", overrides=settings) for _ in range(2)]
+    wait_for(lambda: completed("flow-rate") == 1100, timeout=90, message="every job to complete")
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        assert exited(proc, 30) == 0, proc.output()
+    with pg() as conn:
+        # Attempts started within 20 s of the first one: at most 50 x 20 + 10.
+        row = conn.execute(
+            "WITH a AS (SELECT attempted_at FROM awa.terminal_jobs WHERE queue = 'flow-rate') "
+            "SELECT count(*) FILTER (WHERE attempted_at < (SELECT min(attempted_at) FROM a) "
+            "+ interval '20 s'), count(*) FROM a"
+        ).fetchone()
+        assert row is not None
+        assert row[1] == 1100
+        assert 900 <= row[0] <= 1010, row
+        # Each claim that the rate limit held back sleeps until the next job may start: about
+        # one claim per job per worker, not a poll loop (2 workers x 20 s at POLL_INTERVAL would
+        # be 800 claims; busy polling, tens of thousands).
+        calls = conn.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions "
+            "WHERE schemaname = 'awa' AND funcname = 'claim_v3'"
+        ).fetchone()
+        assert calls is not None
+        assert 0 < calls[0] <= 3000, calls
+
+
+def test_a_limit_changed_at_runtime_takes_effect_within_a_poll_interval(
+    manage_py: Start,
+) -> None:
+    awa_django.enqueue_many([testjobs.flow_sleep.prepare(1.5) for _ in range(12)])
+    settings = overrides("flow", global_concurrency=1)
+    procs = [worker(manage_py, "--queue", "flow=8", overrides=settings) for _ in range(2)]
+    wait_for(lambda: running_now() == 1, timeout=30, message="one job running")
+    with pg() as conn:
+        conn.execute("SELECT * FROM awa.flow_set_v1('flow', 5, NULL, NULL, 'test', false)")
+    # POLL_INTERVAL is 0.05 s here; a claim and a handler start take a few ms more.
+    wait_for(lambda: running_now() == 5, timeout=1.0, interval=0.01, message="five running")
+    wait_for(lambda: completed("flow") == 12, timeout=60, message="every job to complete")
+    assert max_overlap() == 5
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        assert exited(proc, 30) == 0, proc.output()
+    rows = json.dumps([p.output()[-2000:] for p in procs])
+    assert "flow limits from settings" in rows
