@@ -48,6 +48,11 @@ def main() -> None:
         action="store_true",
         help="each round without and with OpenTelemetry metrics (--metrics-port), interleaved",
     )
+    parser.add_argument(
+        "--otel-first",
+        action="store_true",
+        help="with --compare-otel: start the first round with metrics on",
+    )
     args = parser.parse_args()
     with_server("bench", lambda: run(args))
 
@@ -88,7 +93,7 @@ def compare_otel(args: argparse.Namespace) -> None:
     cpu: dict[str, list[float]] = {"off": [], "on": []}
     scraped: list[int] = []
     for index in range(args.rounds):
-        order = ("off", "on") if index % 2 == 0 else ("on", "off")
+        order = ("off", "on") if (index + args.otel_first) % 2 == 0 else ("on", "off")
         for mode in order:
             first = enqueue(handle, args.jobs)
             extra: tuple[str, ...] = ()

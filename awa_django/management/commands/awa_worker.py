@@ -218,6 +218,8 @@ class Command(BaseCommand):
 
         def serve() -> None:
             autodiscover_jobs()
+            if options["metrics_port"] is not None:
+                self._serve_metrics(options["metrics_port"], options["metrics_host"])
             runtime = WorkerRuntime(self._config(processes, queues, options), handle_signals=False)
             reloading.runtime = runtime
             try:
