@@ -128,6 +128,7 @@ class Metrics:
         self._lock = threading.Lock()
         self.counts: dict[str, dict[tuple[str, str], int]] = {event: {} for event in COUNTERS}
         self._tokens: dict[tuple[str, str], list[float]] = {}
+        self._quiet_until = 0.0
         self._leaders: weakref.WeakSet[Any] = weakref.WeakSet()
         self.snapshot: QueueSnapshot | None = None
         #: Snapshots older than this (seconds) are not reported (leadership went elsewhere).
@@ -190,11 +191,9 @@ class Metrics:
     # -- recording (hot paths: no OpenTelemetry call per job) -----------------------------------
 
     def count(self, event: str, pairs: Iterable[tuple[str, str]]) -> None:
-        """Add one ``event`` per ``(queue, kind)`` in ``pairs``."""
-        self.add(event, Counter(pairs))
-
-    def add(self, event: str, counted: Mapping[tuple[str, str], int]) -> None:
-        """Add ``counted[(queue, kind)]`` ``event``s."""
+        """Add one ``event`` per ``(queue, kind)`` in ``pairs``, from any thread (producers
+        count from request threads: under the lock)."""
+        counted = Counter(pairs)
         if not counted:
             return
         with self._lock:
@@ -202,16 +201,14 @@ class Metrics:
             for pair, n in counted.items():
                 counts[pair] = counts.get(pair, 0) + n
 
-    def claimed(self, queue: str, jobs: list[ClaimedJob]) -> None:
-        """One claim batch (counted in C: ``Counter`` over the kinds)."""
-        kinds = Counter(map(_KIND, jobs))
-        self.add("claimed", {(queue, kind): n for kind, n in kinds.items()})
-        self.claim_batch.record(len(jobs), {"messaging.destination.name": queue})
+    def _add(self, event: str, pair: tuple[str, str], n: int = 1) -> None:
+        # The worker's own events, from its event loop only: no lock (a reader copies a dict
+        # with list(), which no other thread can interleave with, and only the loop writes it).
+        counts = self.counts[event]
+        counts[pair] = counts.get(pair, 0) + n
 
-    def handler_done(self, job: ClaimedJob, seconds: float, now: float) -> None:
-        """A handler ended after ``seconds``, at ``now`` (a monotonic clock in seconds: the
-        event loop's); recorded within the sampling budget."""
-        key = (job.queue, job.kind)
+    def _take(self, key: tuple[str, str], now: float) -> bool:
+        """Whether a value of series ``key`` may be recorded now (the sampling budget)."""
         bucket = self._tokens.get(key)
         if bucket is None:
             bucket = self._tokens[key] = [float(SAMPLE_BURST), now]
@@ -220,6 +217,38 @@ class Metrics:
             bucket[1] = now
         if bucket[0] >= 1.0:
             bucket[0] -= 1.0
+            return True
+        return False
+
+    def _sampled(self, key: tuple[str, str], now: float) -> bool:
+        """:meth:`_take` behind one comparison: once a series runs out, every series waits for
+        one value's worth of budget (under load, the busy series share the budget)."""
+        if now < self._quiet_until:
+            return False
+        if self._take(key, now):
+            return True
+        self._quiet_until = now + 1.0 / SAMPLE_RATE
+        return False
+
+    def claimed(self, queue: str, jobs: list[ClaimedJob]) -> None:
+        """One claim batch, from the worker's event loop. Its size is recorded within the
+        sampling budget: sync handlers free slots one by one, so a worker may claim almost as
+        often as it runs a job, and this must cost next to nothing."""
+        if len(jobs) == 1:
+            self._add("claimed", (queue, jobs[0].kind))
+        else:
+            for kind, n in Counter(map(_KIND, jobs)).items():  # counted in C
+                self._add("claimed", (queue, kind), n)
+        if self._sampled(("\x00claim", queue), time.monotonic()):
+            self.claim_batch.record(len(jobs), {"messaging.destination.name": queue})
+
+    def handler_done(self, job: ClaimedJob, seconds: float, now: float) -> None:
+        """A handler ended after ``seconds``, at ``now`` (a monotonic clock in seconds: the
+        event loop's); recorded within the sampling budget."""
+        if now < self._quiet_until:
+            return  # the fast path under load: one comparison per job
+        key = (job.queue, job.kind)
+        if self._sampled(key, now):
             self.duration.record(seconds, _attributes(key))
 
     def written(
@@ -228,21 +257,25 @@ class Metrics:
         jobs: list[ClaimedJob | None],
         stale: set[tuple[int, int]],
     ) -> None:
-        """A finalize batch was written: count each outcome that was not stale."""
-        self.finalize_batch.record(len(batch))
-        if stale:
-            batch, jobs = _without(batch, jobs, stale)
+        """A finalize batch was written, from the worker's event loop: count each outcome that
+        was not stale (and whose attempt is known)."""
+        if self._sampled(("\x00finalize", ""), time.monotonic()):
+            self.finalize_batch.record(len(batch))
+        if stale or len(batch) < 8:
+            for item, job in zip(batch, jobs, strict=True):
+                if job is not None and (item.job_id, item.run_lease) not in stale:
+                    self._outcome(item.outcome, job)
+            return
         try:
             # Counted in C (Counter over attribute getters): no Python code per job.
             keys = Counter(
                 zip(map(_OUTCOME, batch), map(_QUEUE, jobs), map(_KIND, jobs), strict=True)
             )
         except AttributeError:  # an outcome without its attempt (None): not counted
-            batch, jobs = _without(batch, jobs, stale)
-            keys = Counter(
-                zip(map(_OUTCOME, batch), map(_QUEUE, jobs), map(_KIND, jobs), strict=True)
-            )
-        by_event: dict[str, dict[tuple[str, str], int]] = {}
+            for item, job in zip(batch, jobs, strict=True):
+                if job is not None:
+                    self._outcome(item.outcome, job)
+            return
         retries = False
         for (outcome, queue, kind), n in keys.items():
             if outcome == "retry":
@@ -253,21 +286,27 @@ class Metrics:
                 continue  # wait: its callback decides later
             if event == "dead_lettered" and queue in self.dlq_off:
                 event = "failed"
-            counted = by_event.setdefault(event, {})
-            counted[(queue, kind)] = counted.get((queue, kind), 0) + n
+            self._add(event, (queue, kind), n)
         if retries:
             for item, job in zip(batch, jobs, strict=True):
-                if item.outcome != "retry" or job is None:
-                    continue
-                if job.attempt < job.max_attempts:
-                    event = "retried"
-                else:
-                    event = "failed" if job.queue in self.dlq_off else "dead_lettered"
-                counted = by_event.setdefault(event, {})
-                pair = (job.queue, job.kind)
-                counted[pair] = counted.get(pair, 0) + 1
-        for event, counted in by_event.items():
-            self.add(event, counted)
+                if item.outcome == "retry" and job is not None:
+                    self._outcome("retry", job)
+
+    def _outcome(self, outcome: str, job: ClaimedJob) -> None:
+        """Count one written outcome."""
+        if outcome == "retry":
+            if job.attempt < job.max_attempts:
+                event = "retried"
+            else:
+                event = "failed" if job.queue in self.dlq_off else "dead_lettered"
+        else:
+            found = _EVENTS.get(outcome)
+            if found is None:
+                return  # wait: its callback decides later
+            event = found
+            if event == "dead_lettered" and job.queue in self.dlq_off:
+                event = "failed"
+        self._add(event, (job.queue, job.kind))
 
     def dlq_due(self, now: float, every: float = 10.0) -> bool:
         """Whether the DLQ policy of the queues should be read again."""
@@ -330,18 +369,6 @@ class Metrics:
         snap = self._fresh()
         if snap is not None:
             yield Observation(snap.workers, {"messaging.system": _SYSTEM})
-
-
-def _without(
-    batch: list[Finalization], jobs: list[ClaimedJob | None], stale: set[tuple[int, int]]
-) -> tuple[list[Finalization], list[ClaimedJob | None]]:
-    """The outcomes that were written (not stale) and whose attempt is known."""
-    kept = [
-        (item, job)
-        for item, job in zip(batch, jobs, strict=True)
-        if job is not None and (item.job_id, item.run_lease) not in stale
-    ]
-    return [k[0] for k in kept], [k[1] for k in kept]
 
 
 _KIND = attrgetter("kind")
