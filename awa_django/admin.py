@@ -115,7 +115,7 @@ class FlowLimitsForm(forms.Form):
     )
     rate_limit = forms.FloatField(
         required=False,
-        help_text="The most jobs started per second across every worker (above 0, at most "
+        help_text="The most jobs started per second across every worker (from 0.001 to "
         "1,000,000). Empty: no rate limit.",
     )
     rate_burst = forms.IntegerField(

@@ -14,6 +14,8 @@ awa.E008  A periodic schedule does not resolve: its job kind is not registered, 
           ``awa_django.periodic``, which needs the job registry).
 awa.W001  An ``AWA["QUEUES"]`` concurrency above ``AWA["CONCURRENCY"]``: a worker process runs
           at most ``CONCURRENCY`` jobs at once across its queues, so it can never be reached.
+awa.W004  ``AWA["CALLBACK_MAX_BYTES"]`` above Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE``: the
+          callback receiver refuses bodies over the smaller of the two (413).
 awa.W002  ``PROCESSES * (CONCURRENCY + 5)`` connections exceed the server's ``max_connections``
           (database check).
 awa.W003  The alias's connections JIT-compile expensive statements: every read of awa's views
@@ -83,6 +85,32 @@ def check_concurrency(app_configs: Sequence[AppConfig] | None, **kwargs: Any) ->
     except ImproperlyConfigured:
         return []
     return concurrency_warnings(cfg)
+
+
+@register()
+def check_callback_size(
+    app_configs: Sequence[AppConfig] | None, **kwargs: Any
+) -> list[CheckMessage]:
+    """awa.W004: the callback receiver's body limit is not above Django's upload limit."""
+    from django.conf import settings
+
+    try:
+        cfg = get_awa_settings()
+    except ImproperlyConfigured:
+        return []
+    upload = getattr(settings, "DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440)
+    if upload is None or upload >= cfg.CALLBACK_MAX_BYTES:
+        return []
+    return [
+        Warning(
+            f"AWA['CALLBACK_MAX_BYTES'] is {cfg.CALLBACK_MAX_BYTES:,}, but Django's "
+            f"DATA_UPLOAD_MAX_MEMORY_SIZE is {upload:,}: the callback receiver refuses bodies "
+            "over the smaller one (413).",
+            hint="Raise DATA_UPLOAD_MAX_MEMORY_SIZE or lower AWA['CALLBACK_MAX_BYTES']; see "
+            "docs/callbacks.md.",
+            id="awa.W004",
+        )
+    ]
 
 
 def concurrency_warnings(cfg: AwaSettings) -> list[CheckMessage]:

@@ -30,6 +30,7 @@ from awa_django.limits import (
     FLOW_BURST_RANGE,
     FLOW_CONCURRENCY_RANGE,
     FLOW_RATE_MAX,
+    FLOW_RATE_MIN,
     QUEUE_NAME_RE,
 )
 
@@ -247,6 +248,13 @@ def load_settings(raw: object) -> AwaSettings:
         name: _validate(f"AWA[{name!r}]", raw.get(name, spec.default), spec)
         for name, spec in _SPECS.items()
     }
+    tolerance = cast(float, values["CALLBACK_TIMESTAMP_TOLERANCE"])
+    if not 1.0 <= tolerance <= 86_400.0:
+        raise ImproperlyConfigured(
+            f"AWA['CALLBACK_TIMESTAMP_TOLERANCE'] must be between 1 and 86400 seconds, got "
+            f"{tolerance:g}: signed timestamps are whole seconds, and the window is at most a "
+            "day."
+        )
     interval = cast(float, values["HEARTBEAT_INTERVAL"])
     staleness = cast(float, values["HEARTBEAT_STALENESS"])
     if staleness <= interval:
@@ -308,10 +316,9 @@ def _validate(label: str, value: object, spec: _Spec) -> object:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise _wrong_type(label, kind, value)
-        if not math.isfinite(value) or value <= 0 or value > (spec.maximum or math.inf):
+        if not math.isfinite(value) or not FLOW_RATE_MIN <= value <= (spec.maximum or math.inf):
             raise ImproperlyConfigured(
-                f"{label} must be a number greater than 0 and at most {spec.maximum:,}, "
-                f"got {value!r}."
+                f"{label} must be a number from {FLOW_RATE_MIN} to {spec.maximum:,}, got {value!r}."
             )
         return float(value)
     if kind is _Kind.MODULES:

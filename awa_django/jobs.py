@@ -82,11 +82,15 @@ class Job(Generic[P, R]):
         on_conflict: Literal["return", "raise"] = _UNSET,
         retry: RetryPolicy | None = _UNSET,
         weight: int = _UNSET,
+        serial_key: str | None = _UNSET,
     ) -> Job[P, R]:
         """Return a copy of this handle with the given options replaced (validated at enqueue).
 
         ``unique_key`` (any string; keys are per kind), ``unique_for`` (seconds or
         ``timedelta``) and ``unique_states`` make the job unique (docs/jobs.md, "Unique jobs").
+        ``serial_key`` (a string of 1-255 characters, per call only) makes jobs of the queue
+        with the same key run one at a time, oldest first, across every worker (docs/flow.md,
+        "Per-key serialisation").
         """
         changes: dict[str, Any] = {
             name: value
@@ -104,6 +108,7 @@ class Job(Generic[P, R]):
                 ("on_conflict", on_conflict),
                 ("retry", retry),
                 ("weight", weight),
+                ("serial_key", serial_key),
             )
             if value is not _UNSET
         }

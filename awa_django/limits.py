@@ -24,12 +24,15 @@ __all__ = [
     "FLOW_BURST_RANGE",
     "FLOW_CONCURRENCY_RANGE",
     "FLOW_RATE_MAX",
+    "FLOW_RATE_MIN",
     "MAX_BIGINT",
     "MAX_SECONDS",
     "MAX_TEXT",
     "PRIORITY_RANGE",
     "QUEUE_NAME_RE",
     "RESERVED_METADATA_PREFIX",
+    "SERIAL_KEY",
+    "SERIAL_KEY_MAX_LENGTH",
     "WEIGHT_KEY",
     "WEIGHT_RANGE",
     "check_flow_limits",
@@ -40,6 +43,7 @@ __all__ = [
     "check_priority",
     "check_queue_name",
     "check_seconds",
+    "check_serial_key",
     "check_text",
     "check_uuid",
     "check_weight",
@@ -87,10 +91,26 @@ def check_weight(value: object, field: str = "weight") -> int:
     return value
 
 
+#: The metadata key holding a job's serial key (``serial_key=``): jobs of one queue with the
+#: same key run one at a time, oldest first (docs/flow.md, "Per-key serialisation").
+SERIAL_KEY = "awa:serial"
+SERIAL_KEY_MAX_LENGTH = 255
+
+
+def check_serial_key(value: object, field: str = "serial_key") -> str:
+    """``value`` if it is a ``str`` of 1 to :data:`SERIAL_KEY_MAX_LENGTH` characters that
+    PostgreSQL can store (no NUL, no lone surrogate)."""
+    key = check_text(field, value, max_length=SERIAL_KEY_MAX_LENGTH)
+    if not key:
+        raise InvalidOptionError(field, "must not be empty")
+    return key
+
+
 #: The bounds of a queue's flow limits (docs/flow.md), as ``AWA["QUEUES"]`` and the
-#: ``awa.flow_limits`` table's checks have them: global concurrency, jobs per second (more
-#: than 0, at most this), burst.
+#: ``awa.flow_limits`` table's checks have them: global concurrency, jobs per second (one per
+#: 1,000 s at least, a million at most), burst.
 FLOW_CONCURRENCY_RANGE = (1, 10_000)
+FLOW_RATE_MIN = 0.001
 FLOW_RATE_MAX = 1_000_000
 FLOW_BURST_RANGE = (1, 1_000_000)
 
@@ -100,7 +120,7 @@ def check_flow_limits(
 ) -> tuple[int | None, float | None, int | None]:
     """One queue's flow limits, checked: ``global_concurrency`` an ``int`` (not ``bool``) in
     :data:`FLOW_CONCURRENCY_RANGE`, ``rate_limit`` a finite ``int`` or ``float`` (not
-    ``bool``) above 0 and at most :data:`FLOW_RATE_MAX`, ``rate_burst`` an ``int`` in
+    ``bool``) in :data:`FLOW_RATE_MIN` .. :data:`FLOW_RATE_MAX`, ``rate_burst`` an ``int`` in
     :data:`FLOW_BURST_RANGE` and only with a rate; ``None`` is "not limited", and at least one
     of the two limits must be given. Returns them with the rate as a float;
     ``InvalidOptionError`` names the first bad one."""
@@ -117,12 +137,12 @@ def check_flow_limits(
     if rate_limit is not None:
         # An int is compared as it is (float() of a huge int overflows); NaN fails every test.
         if type(rate_limit) not in (int, float) or not (
-            0 < rate_limit <= FLOW_RATE_MAX  # type: ignore[operator]
+            FLOW_RATE_MIN <= rate_limit <= FLOW_RATE_MAX  # type: ignore[operator]
         ):
             raise InvalidOptionError(
                 "rate_limit",
-                f"{show(rate_limit)} is not a number of jobs per second above 0 and at most "
-                f"{FLOW_RATE_MAX:,}",
+                f"{show(rate_limit)} is not a number of jobs per second from {FLOW_RATE_MIN} "
+                f"to {FLOW_RATE_MAX:,}",
             )
         rate = float(rate_limit)  # type: ignore[arg-type]
     burst: int | None = None

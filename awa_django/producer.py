@@ -45,6 +45,7 @@ def enqueue(
     on_conflict: Literal["return", "raise"] | None = None,
     retry: RetryPolicy | None = None,
     weight: int | None = None,
+    serial_key: str | None = None,
 ) -> EnqueuedJob:
     """Enqueue one job of a registered ``kind`` in the caller's transaction.
 
@@ -52,7 +53,8 @@ def enqueue(
     characters). Options left as ``None`` take the ``@job`` defaults, then the settings'
     defaults. Raises a ``JobValidationError`` subclass, with nothing written and the caller's
     transaction untouched, for an unknown kind or bad input. The unique options are those of
-    ``Job.using`` (docs/jobs.md, "Unique jobs").
+    ``Job.using`` (docs/jobs.md, "Unique jobs"); ``serial_key`` that of ``Job.using``
+    (docs/flow.md, "Per-key serialisation").
     """
     handle = get_job(kind)
     if type(args) not in (list, tuple):
@@ -80,6 +82,7 @@ def enqueue(
         on_conflict=on_conflict if on_conflict is not None else base.on_conflict,
         retry=retry if retry is not None else base.retry,
         weight=weight if weight is not None else base.weight,
+        serial_key=serial_key if serial_key is not None else base.serial_key,
     )
     request = build_request(kind, tuple(args), dict(kwargs or {}), options)
     return send_requests([request], request.using)[0]

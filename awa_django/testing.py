@@ -57,8 +57,9 @@ def drain(
     """Run every available job of ``queues`` (default: all) in-process until none is left or
     ``max_jobs`` ran; return what happened to each, in the order they ran.
 
-    A queue's flow limits (docs/flow.md) apply: a job's permits are handed back when it ends,
-    and a queue its rate limit holds back is left with its jobs for a later call."""
+    A queue's flow limits (docs/flow.md) apply: a job's permits and serial key are handed back
+    when it ends (the key to its next job, which a later round runs), and a queue its rate
+    limit holds back is left with its jobs for a later call."""
     cfg = get_awa_settings()
     connection = connections[using or cfg.DATABASE_ALIAS]
     names = [queues] if isinstance(queues, str) else list(queues) if queues else None
@@ -71,9 +72,10 @@ def drain(
         while progress and len(runs) < max_jobs:
             progress = False
             for queue in names:
+                # No deadline, max weight, or permits and serial keys held or handed back.
                 cursor.execute(
                     query("claim"),
-                    [queue, 1, _TEST_WORKER, cfg.PRIORITY_AGING_INTERVAL, None, None, None, None],
+                    [queue, 1, _TEST_WORKER, cfg.PRIORITY_AGING_INTERVAL, *([None] * 6)],
                 )
                 row = cursor.fetchone()
                 if row is None or row[0] is None:
@@ -90,6 +92,8 @@ def drain(
                 finally:
                     if job.permits:  # the queue's global-concurrency permits (docs/flow.md)
                         cursor.execute(query("flow_release"), [job.permits])
+                    if job.serial_lock is not None:  # handed on to the key's next job
+                        cursor.execute(query("serial_release"), [[job.serial_lock]])
                 if len(runs) >= max_jobs:
                     break
     return runs

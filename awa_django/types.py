@@ -33,6 +33,9 @@ class JobOptions:
     ``retry`` the job's retry policy, stored with it (``awa_django.RetryPolicy``).
     ``weight`` (1-10,000, default 1) is how many execution slots of a worker process and how
     many permits of the queue's global concurrency limit one attempt takes (docs/flow.md).
+    ``serial_key`` (a string of 1-255 characters) makes the job run only while no other job of
+    its queue with the same key runs, after the older ones (docs/flow.md, "Per-key
+    serialisation").
     ``unique`` (or any of ``unique_key``, ``unique_for``, ``unique_states``) makes the job hold
     a key while it may block duplicates; ``on_conflict`` says what enqueueing a duplicate does
     (``"return"`` the existing job's handle, or ``"raise"`` ``DuplicateJobError``).
@@ -53,6 +56,7 @@ class JobOptions:
     on_conflict: Literal["return", "raise"] = "return"
     retry: RetryPolicy | None = None
     weight: int = 1
+    serial_key: str | None = None
 
 
 class _JobRequestFields(NamedTuple):

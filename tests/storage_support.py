@@ -44,7 +44,7 @@ TRUNCATE awa.ready_entries, awa.ready_tombstones, awa.done_entries, awa.claims,
          awa.claim_closures, awa.leases, awa.attempt_state, awa.deferred_jobs, awa.dlq_entries,
          awa.queue_meta, awa.queue_lanes, awa.lane_floors, awa.ring_rotations, awa.ring_prunes,
          awa.runtime_instances, awa.unique_keys, awa.cron_schedules, awa.flow_limits,
-         awa.flow_rate_state, awa.callback_receipts;
+         awa.flow_rate_state, awa.callback_receipts, awa.serial_waiting;
 INSERT INTO awa.ring_rotations (ring, generation, slot)
 VALUES ('queue', 0, 0), ('claim', 0, 0), ('lease', 0, 0);
 DO $$

@@ -108,6 +108,17 @@ def test_w001_a_queue_concurrency_above_the_process_concurrency() -> None:
     assert "at most AWA['CONCURRENCY'] = 8 jobs at once across all its queues" in warning.msg
 
 
+def test_w004_callback_bodies_above_djangos_upload_limit() -> None:
+    with override_settings(AWA={"CALLBACK_MAX_BYTES": 4_000_000}):
+        messages = run_checks()
+    assert awa_ids(messages) == ["awa.W004"]
+    assert "DATA_UPLOAD_MAX_MEMORY_SIZE is 2,621,440" in messages[0].msg
+    with override_settings(
+        AWA={"CALLBACK_MAX_BYTES": 4_000_000}, DATA_UPLOAD_MAX_MEMORY_SIZE=5_000_000
+    ):
+        assert awa_ids(run_checks()) == []
+
+
 def test_only_the_version_and_connection_checks_connect() -> None:
     assert Tags.database not in checks.check_concurrency.tags  # type: ignore[attr-defined]
 

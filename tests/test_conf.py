@@ -122,12 +122,12 @@ def test_settings_are_read_only() -> None:
         ),
         (
             {"QUEUES": {"q": {"rate_limit": float("nan")}}},
-            "AWA['QUEUES']['q']['rate_limit'] must be a number greater than 0 and at most "
-            "1,000,000, got nan.",
+            "AWA['QUEUES']['q']['rate_limit'] must be a number from 0.001 to 1,000,000, got nan.",
         ),
-        ({"QUEUES": {"q": {"rate_limit": float("inf")}}}, "at most 1,000,000, got inf."),
-        ({"QUEUES": {"q": {"rate_limit": 0}}}, "at most 1,000,000, got 0."),
-        ({"QUEUES": {"q": {"rate_limit": 1e300}}}, "at most 1,000,000, got 1e+300."),
+        ({"QUEUES": {"q": {"rate_limit": float("inf")}}}, "to 1,000,000, got inf."),
+        ({"QUEUES": {"q": {"rate_limit": 0}}}, "to 1,000,000, got 0."),
+        ({"QUEUES": {"q": {"rate_limit": 1e300}}}, "to 1,000,000, got 1e+300."),
+        ({"QUEUES": {"q": {"rate_limit": 1e-300}}}, "from 0.001 to 1,000,000, got 1e-300."),
         (
             {"QUEUES": {"q": {"rate_limit": "50/s"}}},
             "AWA['QUEUES']['q']['rate_limit'] must be a number of jobs per second",
@@ -180,3 +180,10 @@ def test_accessor_raises_for_invalid_settings() -> None:
 def test_accessor_rejects_unknown_attributes() -> None:
     with pytest.raises(AttributeError):
         _ = awa_settings.NOT_A_SETTING  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("tolerance", [0.25, 0.999, 86_401, 1e9, 1e300])
+def test_callback_timestamp_tolerance_is_bounded(tolerance: float) -> None:
+    with pytest.raises(ImproperlyConfigured, match="between 1 and 86400 seconds"):
+        load_settings({"CALLBACK_TIMESTAMP_TOLERANCE": tolerance})
+    assert load_settings({"CALLBACK_TIMESTAMP_TOLERANCE": 86_400}).CALLBACK_TIMESTAMP_TOLERANCE

@@ -40,11 +40,12 @@ MAIL_SETTINGS = {"mail": {"global_concurrency": 3, "rate_limit": 20, "concurrenc
 
 
 def rows() -> list[tuple[Any, ...]]:
-    """Every row of awa.flow_limits, as stored."""
+    """Every row of awa.flow_limits that limits something (a cleared queue's row stays without
+    limits, keeping the permits it may still have in use counted)."""
     with pg() as conn:
         return conn.execute(
             "SELECT queue, max_running, rate, burst, source, updated_by FROM awa.flow_limits"
-            " ORDER BY queue"
+            " WHERE max_running IS NOT NULL OR rate IS NOT NULL ORDER BY queue"
         ).fetchall()
 
 
@@ -83,12 +84,14 @@ BAD_LIMITS: list[tuple[dict[str, Any], str]] = [
     ({"rate_limit": math.nan}, "rate_limit: nan is not a number of jobs per second"),
     ({"rate_limit": math.inf}, "rate_limit: inf is not a number of jobs per second"),
     ({"rate_limit": -math.inf}, "rate_limit: -inf is not"),
-    ({"rate_limit": 0}, "rate_limit: 0 is not a number of jobs per second above 0"),
+    ({"rate_limit": 0}, "rate_limit: 0 is not a number of jobs per second from 0.001"),
     ({"rate_limit": 0.0}, "rate_limit: 0.0 is not"),
     ({"rate_limit": -1}, "rate_limit: -1 is not"),
     ({"rate_limit": 1e300}, "rate_limit: 1e+300 is not"),
     ({"rate_limit": 10**400}, "rate_limit: an integer of 1329 bits is not"),
-    ({"rate_limit": 1_000_001}, "at most 1,000,000"),
+    ({"rate_limit": 1_000_001}, "to 1,000,000"),
+    ({"rate_limit": 1e-300}, "rate_limit: 1e-300 is not a number of jobs per second from 0.001"),
+    ({"rate_limit": 5e-324}, "rate_limit: 5e-324 is not"),
     ({"rate_limit": True}, "rate_limit: True is not"),
     ({"rate_limit": "50"}, "rate_limit: '50' is not"),
     ({"rate_limit": 5, "rate_burst": 0}, "rate_burst: 0 is not an integer in 1..1000000"),
@@ -232,11 +235,12 @@ def test_awa_queue_limit_sets_prints_lists_and_clears(caplog: pytest.LogCaptureF
 BAD_LIMIT_ARGUMENTS = [
     (("limit", "pay", "--rate", "nan"), "'nan' is not the rate limit"),
     (("limit", "pay", "--rate", "inf"), "'inf' is not the rate limit"),
-    (("limit", "pay", "--rate", "0"), "'0' is out of range: the rate limit is a number above 0"),
+    (("limit", "pay", "--rate", "0"), "'0' is out of range: the rate limit is a number from 0.001"),
     (("limit", "pay", "--rate", "-1"), "'-1' is out of range: the rate limit"),
     (("limit", "pay", "--rate", "1e300"), "'1e300' is out of range: the rate limit"),
     (("limit", "pay", "--rate", "1e99999"), "'1e99999' is not the rate limit"),
-    (("limit", "pay", "--rate", "1000001"), "at most 1e+06"),
+    (("limit", "pay", "--rate", "1000001"), "to 1e+06"),
+    (("limit", "pay", "--rate", "1e-9"), "out of range: the rate limit is a number from 0.001"),
     (("limit", "pay", "--rate", "fast"), "'fast' is not the rate limit"),
     (("limit", "pay", "--global-concurrency", "0"), "'0' is out of range: the global"),
     (("limit", "pay", "--global-concurrency", "10001"), "'10001' is out of range"),
@@ -397,7 +401,7 @@ def test_the_set_flow_limits_action_is_confirmed_checked_and_logged() -> None:
 BAD_FORMS: list[tuple[dict[str, str], str]] = [
     ({"rate_limit": "nan"}, "Enter a number."),
     ({"rate_limit": "inf"}, "Enter a number."),
-    ({"rate_limit": "0"}, "rate_limit: 0.0 is not a number of jobs per second above 0"),
+    ({"rate_limit": "0"}, "rate_limit: 0.0 is not a number of jobs per second from 0.001"),
     ({"rate_limit": "-1"}, "rate_limit: -1.0 is not"),
     ({"rate_limit": "1e300"}, "rate_limit: 1e+300 is not"),
     ({"rate_limit": "x"}, "Enter a number."),

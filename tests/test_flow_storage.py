@@ -229,7 +229,8 @@ def test_settings_sync_and_operator_overrides() -> None:
 
         def rows() -> list[tuple[Any, ...]]:
             return conn.execute(
-                "SELECT queue, max_running, rate, burst, source FROM awa.flow_limits ORDER BY 1"
+                "SELECT queue, max_running, rate, burst, source FROM awa.flow_limits "
+                "WHERE max_running IS NOT NULL OR rate IS NOT NULL ORDER BY 1"
             ).fetchall()
 
         sync = query("flow_sync")
@@ -238,7 +239,7 @@ def test_settings_sync_and_operator_overrides() -> None:
         assert conn.execute(sync, [json.dumps(limits)]).fetchone() == (0,)  # no rewrite
         set_limits(conn, "a", max_running=7)
         conn.execute(sync, [json.dumps({"a": {"max_running": 4}})])
-        # The operator's row stays; b left the settings, so its settings row went.
+        # The operator's row stays; b left the settings, so its settings row limits nothing.
         assert rows() == [("a", 7, None, None, "operator")]
         conn.execute(
             "SELECT * FROM awa.flow_set_v1('a', NULL, NULL, NULL, 'op', true, %s)",
@@ -282,3 +283,44 @@ def test_the_testing_drain_honours_limits_and_hands_permits_back() -> None:
         testjobs.flow_sleep.enqueue(0)
         testjobs.flow_sleep.enqueue(0)
         assert len(drain("flow")) == 1  # the burst of one; the other waits for the rate
+
+
+def test_a_raised_rate_takes_effect_at_once() -> None:
+    with pg() as conn:
+        enqueue(conn, "rr", 20)
+        set_limits(conn, "rr", rate=0.001, burst=1)
+        assert len(claim(conn, "rr", 20)[0]) == 1
+        jobs, limited, wait = claim(conn, "rr", 20)
+        assert jobs == [] and limited and wait is not None and wait > 900
+        # The state a slow rate left is never further ahead than the new limit allows (an
+        # empty burst): the next job may start one period (10 ms) later, not 1,000 s.
+        set_limits(conn, "rr", rate=100, burst=5)
+        jobs, limited, wait = claim(conn, "rr", 20)
+        assert len(jobs) <= 1 and limited and wait is not None and wait <= 0.0101
+        time.sleep(0.06)
+        assert len(claim(conn, "rr", 20)[0]) == 5
+        conn.execute("SELECT * FROM awa.flow_set_v1('rr', NULL, NULL, NULL, 'op', true)")
+        set_limits(conn, "rr", rate=50, burst=3)
+        time.sleep(0.06)
+        assert len(claim(conn, "rr", 20)[0]) == 3
+
+
+def test_clearing_to_a_lower_settings_limit_counts_permits_still_held() -> None:
+    with pg() as a, pg() as b:
+        enqueue(a, "cl", 10)
+        set_limits(a, "cl", max_running=5)
+        jobs_a, _, _ = claim(a, "cl", 5)
+        assert len(jobs_a) == 5
+        a.execute(
+            "SELECT * FROM awa.flow_set_v1('cl', NULL, NULL, NULL, 'op', true, %s)",
+            [json.dumps({"max_running": 1})],
+        )
+        assert claim(b, "cl", 5)[0] == []
+        claim(a, "cl", 0, release=[k for j in jobs_a[:4] for k in j.permits or []])
+        assert claim(b, "cl", 5)[0] == []  # one still runs: the limit of 1 is reached
+        claim(a, "cl", 0, release=list(jobs_a[4].permits or []))
+        assert len(claim(b, "cl", 5)[0]) == 1
+        # Cleared to nothing, then limited again: held permits are still counted.
+        a.execute("SELECT * FROM awa.flow_set_v1('cl', NULL, NULL, NULL, 'op', true)")
+        rows = a.execute("SELECT * FROM awa.flow_status_v1() WHERE queue = 'cl'").fetchall()
+        assert rows == []  # a row without limits limits nothing and is not shown

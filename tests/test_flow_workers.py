@@ -24,10 +24,13 @@ def overrides(queue: str, **limits: Any) -> dict[str, Any]:
     return {"QUEUES": {queue: limits}}
 
 
-def max_overlap(killed_at: dict[tuple[int, int], Any] | None = None) -> int:
+def max_overlap(
+    killed_at: dict[tuple[int, int], Any] | None = None, queue: str | None = None
+) -> int:
     """The most permits in use at once, from the ledger: +weight at each start, -weight at the
     attempt's end (an attempt whose process was killed ends at the kill)."""
-    rows = list(Ledger.objects.values_list("job_id", "run_lease", "note", "created_at"))
+    ledger = Ledger.objects.all() if queue is None else Ledger.objects.filter(queue=queue)
+    rows = list(ledger.values_list("job_id", "run_lease", "note", "created_at"))
     weights = {(j, lease): int(n.split(":")[1]) for j, lease, n, _ in rows if n.startswith("start")}
     events = []
     ended = set()
@@ -165,3 +168,25 @@ def test_a_limit_changed_at_runtime_takes_effect_within_a_poll_interval(
         assert exited(proc, 30) == 0, proc.output()
     rows = json.dumps([p.output()[-2000:] for p in procs])
     assert "flow limits from settings" in rows
+
+
+def test_limits_hold_on_workers_serving_several_limited_queues(manage_py: Start) -> None:
+    """Each queue's dispatcher claims on the process's one claim connection: permits handed
+    back by one queue's claim must never be handed back again by another's."""
+    requests = []
+    for i in range(24):
+        queue = "flow" if i % 2 else "flow-b"
+        requests.append(testjobs.flow_sleep.using(queue=queue).prepare(0.1))
+    awa_django.enqueue_many(requests)
+    settings = {"QUEUES": {"flow": {"global_concurrency": 1}, "flow-b": {"global_concurrency": 2}}}
+    procs = [worker(manage_py, overrides=settings) for _ in range(2)]
+    wait_for(
+        lambda: completed("flow") + completed("flow-b") == 24,
+        timeout=90,
+        message="every job to complete",
+    )
+    assert max_overlap(queue="flow") == 1
+    assert max_overlap(queue="flow-b") == 2
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        assert exited(proc, 30) == 0, proc.output()

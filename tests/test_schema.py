@@ -58,7 +58,15 @@ REDEFINED = {
     "awa._finalize_pass_v1": "0007_retry.sql",
     "awa.rescue_v1": "0007_retry.sql",
     "awa._backoff_v1": "0007_retry.sql",
+    # 0008_flow.sql: jobs parked behind a serial key (awa.serial_waiting) are seen by cancel,
+    # queue drain, unique keys and burst workers.
+    "awa._job_brief_v1": "0008_flow.sql",
+    "awa.cancel_v1": "0008_flow.sql",
+    "awa.queue_drain_v2": "0008_flow.sql",
+    "awa.queues_idle_v1": "0008_flow.sql",
 }
+# Views redefined in place (same columns): 0008_flow.sql shows parked jobs as available.
+REDEFINED_VIEWS = {"awa.live_jobs": "0008_flow.sql"}
 
 
 def test_schema_sql_names_every_migrated_function_once() -> None:
@@ -77,7 +85,9 @@ def test_schema_sql_names_every_migrated_function_once() -> None:
         assert sources.count(f"FUNCTION {name}(") == 1 + (name in REDEFINED), name
     redefined = re.findall(r"CREATE OR REPLACE FUNCTION (awa\.\w+)\(", sources)
     assert sorted(redefined) == sorted(REDEFINED)
-    assert sources.count("CREATE OR REPLACE") == len(REDEFINED)
+    views = re.findall(r"CREATE OR REPLACE VIEW (awa\.\w+) AS", sources)
+    assert sorted(views) == sorted(REDEFINED_VIEWS)
+    assert sources.count("CREATE OR REPLACE") == len(REDEFINED) + len(REDEFINED_VIEWS)
 
 
 # One backoff for every SQL retry path ------------------------------------------------------------

@@ -234,7 +234,7 @@ def test_claimed_jobs_are_built_by_column_name() -> None:
         args = {"args": [1], "kwargs": {"n": 0}}
         body = {"kind": "k", "queue": "q", "args": args, "metadata": {"m": 1}, "tags": ["t"]}
         enqueue_sql(conn, json.dumps([body]))
-        cursor = conn.execute(query("claim"), ["q", 0, WORKER, 60.0, None, None, None, None])
+        cursor = conn.execute(query("claim"), ["q", 0, WORKER, 60.0, None] + [None] * 5)
         assert [column.name for column in cursor.description or ()] == fields
         [job] = storage.claim(conn, "q", 1, WORKER)
         assert (job.kind, json.loads(job.args_json), job.metadata, job.tags) == (

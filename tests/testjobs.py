@@ -479,3 +479,18 @@ def early_resume(ctx: Any) -> Any:
     callback_id = ctx.callback_id
     assert awa_django.resolve_callback(callback_id, result="early") == "resolved"
     return WaitForCallback(callback_id, timeout=60, resume=True)
+
+
+# Per-key serialisation (tests/test_serial_workers.py) ------------------------------------------
+
+
+@job(takes_context=True, queue="serial")
+def serial_sleep(ctx: Any, seconds: float) -> None:
+    """Records its start (note "start:<serial key>") and end: the ledger shows which jobs of a
+    key ran when, across processes."""
+    import time
+
+    key = (ctx.metadata or {}).get("awa:serial")
+    _record(ctx, f"start:{key}")
+    time.sleep(seconds)
+    _record(ctx, "end")

@@ -33,12 +33,14 @@ from awa_django.exceptions import (
     LimitExceededError,
 )
 from awa_django.limits import (
+    SERIAL_KEY,
     WEIGHT_KEY,
     check_max_attempts,
     check_metadata_keys,
     check_priority,
     check_queue_name,
     check_seconds,
+    check_serial_key,
     check_text,
     check_weight,
 )
@@ -105,9 +107,16 @@ def build_request(
     metadata_json = None
     retry = check_retry(options.retry)
     weight = check_weight(options.weight)
+    serial_key = None if options.serial_key is None else check_serial_key(options.serial_key)
     tracing = active_tracing()  # None unless OpenTelemetry traces are on
     trace = tracing.metadata() if tracing is not None else None
-    if options.metadata is not None or retry is not None or weight != 1 or trace:
+    if (
+        options.metadata is not None
+        or retry is not None
+        or weight != 1
+        or serial_key is not None
+        or trace
+    ):
         metadata: dict[Any, Any] = {}
         if options.metadata is not None:
             if not isinstance(options.metadata, Mapping):
@@ -119,6 +128,9 @@ def build_request(
             metadata[RETRY_KEY] = retry.to_value()
         if weight != 1:
             metadata[WEIGHT_KEY] = weight
+        if serial_key is not None:
+            # Read by awa.claim_v3: one job of the key (in its queue) runs at a time.
+            metadata[SERIAL_KEY] = serial_key
         if trace:
             # The enqueuing trace, for the handler's span (awa_django/telemetry/tracing.py).
             metadata.update(trace)

@@ -66,6 +66,7 @@ class ClaimedJob(NamedTuple):
     errors: Any = None
     weight: int = 1
     permits: list[int] | None = None
+    serial_lock: int | None = None
 
 
 class Claimed(NamedTuple):
@@ -258,6 +259,8 @@ def _claim_params(
     max_weight: int | None = None,
     held: Sequence[int] | None = None,
     release: Sequence[int] | None = None,
+    serial_held: Sequence[int] | None = None,
+    serial_release: Sequence[int] | None = None,
 ) -> list[Any]:
     return [
         queue,
@@ -268,6 +271,8 @@ def _claim_params(
         max_weight,
         None if held is None else list(held),
         None if release is None else list(release),
+        None if serial_held is None else list(serial_held),
+        None if serial_release is None else list(serial_release),
     ]
 
 
@@ -321,14 +326,27 @@ def claim(
     *,
     aging_interval: float = 60.0,
     default_deadline: float | None = None,
+    serial_held: Sequence[int] | None = None,
+    serial_release: Sequence[int] | None = None,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` units of ``queue`` in one short transaction (see ``awa.claim_v3``).
 
     A job takes its weight in units (1 unless it was enqueued with ``weight``). On a queue with
     a global concurrency limit the jobs' permits are held by ``conn``'s session until handed
-    back (``awa.flow_release_v1`` with each job's ``permits``, or the session's end).
+    back (``awa.flow_release_v1`` with each job's ``permits``, or the session's end). A job
+    enqueued with a ``serial_key`` holds its key's run lock (``serial_lock``) the same way:
+    pass the locks of jobs still running as ``serial_held`` (a session takes its own lock
+    again), and hand them back with ``serial_release`` or ``awa.serial_release_v1``.
     """
-    params = _claim_params(queue, limit, worker_id, aging_interval, default_deadline)
+    params = _claim_params(
+        queue,
+        limit,
+        worker_id,
+        aging_interval,
+        default_deadline,
+        serial_held=serial_held,
+        serial_release=serial_release,
+    )
     with conn.cursor(row_factory=_claimed_job) as cursor:
         return _claimed(cursor.execute(query("claim"), params).fetchall()).jobs
 
@@ -360,15 +378,28 @@ async def aclaim_units(
     max_weight: int | None = None,
     held: Sequence[int] | None = None,
     release: Sequence[int] | None = None,
+    serial_held: Sequence[int] | None = None,
+    serial_release: Sequence[int] | None = None,
 ) -> Claimed:
     """The worker's claim: up to ``units`` of ``queue`` within its flow limits.
 
     ``release`` (permits of attempts that ended) is handed back first, in the same statement,
     also when ``units`` is 0; ``held`` (permits of attempts still running) is never taken twice;
-    ``max_weight`` caps a job's weight to what this process could ever run.
+    ``max_weight`` caps a job's weight to what this process could ever run. ``serial_held`` and
+    ``serial_release`` are the same for serial keys' run locks (``ClaimedJob.serial_lock``):
+    released keys are handed on to the oldest job waiting for them.
     """
     params = _claim_params(
-        queue, units, worker_id, aging_interval, default_deadline, max_weight, held, release
+        queue,
+        units,
+        worker_id,
+        aging_interval,
+        default_deadline,
+        max_weight,
+        held,
+        release,
+        serial_held,
+        serial_release,
     )
     async with conn.cursor(row_factory=_claimed_job) as cursor:
         await cursor.execute(query("claim"), params)

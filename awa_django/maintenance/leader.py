@@ -352,7 +352,7 @@ class Maintenance:
             self.count("permits_reaped" if action == "terminated" else "permits_not_reaped")
             log.warning(
                 "awa maintenance: %s backend %s of %s, which holds global-concurrency permits "
-                "but has not refreshed its runtime row for %.0f s%s",
+                "or serial keys but has not refreshed its runtime row for %.0f s%s",
                 "terminated" if action == "terminated" else "could not terminate",
                 pid,
                 instance,
@@ -360,6 +360,17 @@ class Maintenance:
                 ""
                 if action == "terminated"
                 else " (not permitted: grant pg_signal_backend to the maintenance role)",
+            )
+        # Serial keys nobody will hand on: their run lock is free (its worker died, or the job
+        # it was handed to was cancelled) while jobs wait for them (docs/flow.md).
+        cursor = await conn.execute(query("serial_sweep"), [1000])
+        handed = [row[0] for row in await cursor.fetchall()]
+        if handed:
+            self.count("serial_handed_on", len(handed))
+            log.info(
+                "awa maintenance: handed %d serial key(s) on to their oldest waiting job: %s",
+                len(handed),
+                ", ".join(str(job_id) for job_id in handed[:20]) + ("..." * (len(handed) > 20)),
             )
 
     async def _read_gauges(self, conn: psycopg.AsyncConnection[Any]) -> None:

@@ -2,7 +2,7 @@
 -- Do not edit: change a migration, then regenerate. tests/test_schema.py compares it with a
 -- freshly migrated database. Catalog definitions, sorted; not a script to run.
 
--- relation (106)
+-- relation (107)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
 TABLE attempt_state WITH (fillfactor=80)
@@ -99,6 +99,7 @@ TABLE ring_rotations
 TABLE rings
 TABLE runtime_instances WITH (fillfactor=70)
 TABLE schema_migrations
+TABLE serial_waiting
 TABLE unique_keys
 TYPE claimed_v3
 TYPE job_body
@@ -110,7 +111,7 @@ VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (353)
+-- column (372)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -164,6 +165,7 @@ claimed_v3.014 tags text[]
 claimed_v3.015 errors jsonb
 claimed_v3.016 weight integer
 claimed_v3.017 permits integer[]
+claimed_v3.018 serial_lock integer
 claims.001 claim_slot integer NOT NULL
 claims.002 claim_generation bigint NOT NULL
 claims.003 job_id bigint NOT NULL
@@ -437,6 +439,24 @@ runtime_instances.008 started_at timestamp with time zone NOT NULL DEFAULT now()
 runtime_instances.009 last_seen_at timestamp with time zone NOT NULL DEFAULT now()
 schema_migrations.001 name text NOT NULL
 schema_migrations.002 applied_at timestamp with time zone NOT NULL DEFAULT now()
+serial_waiting.001 job_id bigint NOT NULL
+serial_waiting.002 lock_key integer NOT NULL
+serial_waiting.003 serial_key text NOT NULL
+serial_waiting.004 queue text NOT NULL
+serial_waiting.005 priority smallint NOT NULL
+serial_waiting.006 kind text NOT NULL
+serial_waiting.007 args jsonb NOT NULL
+serial_waiting.008 attempt smallint NOT NULL
+serial_waiting.009 max_attempts smallint NOT NULL
+serial_waiting.010 run_lease bigint NOT NULL
+serial_waiting.011 run_at timestamp with time zone NOT NULL
+serial_waiting.012 created_at timestamp with time zone NOT NULL
+serial_waiting.013 deadline_secs double precision
+serial_waiting.014 metadata jsonb
+serial_waiting.015 tags text[]
+serial_waiting.016 errors jsonb
+serial_waiting.017 progress jsonb
+serial_waiting.018 parked_at timestamp with time zone NOT NULL DEFAULT now()
 terminal_jobs.001 id bigint
 terminal_jobs.002 kind text
 terminal_jobs.003 queue text
@@ -469,7 +489,7 @@ unique_keys.007 taken_at timestamp with time zone NOT NULL DEFAULT clock_timesta
 job_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 lane_id_seq AS integer START 1 INCREMENT 1 MIN 1 MAX 2147483647 CACHE 1
 
--- constraint (51)
+-- constraint (52)
 attempt_state attempt_state_pkey PRIMARY KEY (job_id, run_lease)
 callback_receipts callback_receipts_action_check CHECK ((action = ANY (ARRAY['resolve'::text, 'heartbeat'::text])))
 callback_receipts callback_receipts_pkey PRIMARY KEY (callback_id, request_digest)
@@ -496,7 +516,7 @@ flow_limits flow_limits_max_running_check CHECK (((max_running >= 1) AND (max_ru
 flow_limits flow_limits_max_seen_check CHECK (((max_seen >= 1) AND (max_seen <= 10000)))
 flow_limits flow_limits_pkey PRIMARY KEY (queue)
 flow_limits flow_limits_queue_check CHECK (awa.valid_queue_name(queue))
-flow_limits flow_limits_rate_check CHECK (((rate > (0)::double precision) AND (rate <= (1000000)::double precision)))
+flow_limits flow_limits_rate_check CHECK (((rate >= (0.001)::double precision) AND (rate <= (1000000)::double precision)))
 flow_limits flow_limits_source_check CHECK ((source = ANY (ARRAY['settings'::text, 'operator'::text])))
 flow_rate_state flow_rate_state_pkey PRIMARY KEY (queue)
 history_retries history_retries_pkey PRIMARY KEY (job_id)
@@ -520,9 +540,10 @@ rings rings_ring_check CHECK ((ring = ANY (ARRAY['queue'::text, 'claim'::text, '
 rings rings_slot_count_check CHECK ((slot_count >= 4))
 runtime_instances runtime_instances_pkey PRIMARY KEY (instance_id)
 schema_migrations schema_migrations_pkey PRIMARY KEY (name)
+serial_waiting serial_waiting_pkey PRIMARY KEY (job_id)
 unique_keys unique_keys_pkey PRIMARY KEY (unique_key)
 
--- index (45)
+-- index (49)
 CREATE INDEX attempt_state_callback_idx ON awa.attempt_state USING btree (callback_id) WHERE (callback_id IS NOT NULL)
 CREATE INDEX callback_receipts_received_idx ON awa.callback_receipts USING btree (received_at)
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at)
@@ -541,8 +562,11 @@ CREATE INDEX done_entries_queue_state_idx ON ONLY awa.done_entries USING btree (
 CREATE INDEX history_retries_at_idx ON awa.history_retries USING btree (retried_at)
 CREATE INDEX leases_callback_idx ON ONLY awa.leases USING btree (callback_id) WHERE (callback_id IS NOT NULL)
 CREATE INDEX ready_entries_job_idx ON ONLY awa.ready_entries USING btree (job_id)
+CREATE INDEX ready_entries_serial_idx ON ONLY awa.ready_entries USING btree (awa._serial_lock_v1(queue, (metadata ->> 'awa:serial'::text)), lane_id, lane_seq, job_id) WHERE (metadata ? 'awa:serial'::text)
 CREATE INDEX ready_tombstones_job_idx ON ONLY awa.ready_tombstones USING btree (job_id)
 CREATE INDEX ring_prunes_ring_at_idx ON awa.ring_prunes USING btree (ring, pruned_at DESC)
+CREATE INDEX serial_waiting_key_idx ON awa.serial_waiting USING btree (lock_key, job_id)
+CREATE INDEX serial_waiting_queue_idx ON awa.serial_waiting USING btree (queue, job_id)
 CREATE INDEX unique_keys_job_idx ON awa.unique_keys USING btree (job_id)
 CREATE INDEX unique_keys_taken_idx ON awa.unique_keys USING btree (taken_at, unique_key)
 CREATE UNIQUE INDEX attempt_state_pkey ON awa.attempt_state USING btree (job_id, run_lease)
@@ -567,6 +591,7 @@ CREATE UNIQUE INDEX ring_rotations_pkey ON awa.ring_rotations USING btree (ring,
 CREATE UNIQUE INDEX rings_pkey ON awa.rings USING btree (ring)
 CREATE UNIQUE INDEX runtime_instances_pkey ON awa.runtime_instances USING btree (instance_id)
 CREATE UNIQUE INDEX schema_migrations_pkey ON awa.schema_migrations USING btree (name)
+CREATE UNIQUE INDEX serial_waiting_pkey ON awa.serial_waiting USING btree (job_id)
 CREATE UNIQUE INDEX unique_keys_pkey ON awa.unique_keys USING btree (unique_key)
 
 -- partition index (72)
@@ -610,22 +635,22 @@ leases_4: 2
 leases_5: 2
 leases_6: 2
 leases_7: 2
-ready_entries_0: 2
-ready_entries_10: 2
-ready_entries_11: 2
-ready_entries_12: 2
-ready_entries_13: 2
-ready_entries_14: 2
-ready_entries_15: 2
-ready_entries_1: 2
-ready_entries_2: 2
-ready_entries_3: 2
-ready_entries_4: 2
-ready_entries_5: 2
-ready_entries_6: 2
-ready_entries_7: 2
-ready_entries_8: 2
-ready_entries_9: 2
+ready_entries_0: 3
+ready_entries_10: 3
+ready_entries_11: 3
+ready_entries_12: 3
+ready_entries_13: 3
+ready_entries_14: 3
+ready_entries_15: 3
+ready_entries_1: 3
+ready_entries_2: 3
+ready_entries_3: 3
+ready_entries_4: 3
+ready_entries_5: 3
+ready_entries_6: 3
+ready_entries_7: 3
+ready_entries_8: 3
+ready_entries_9: 3
 ready_tombstones_0: 2
 ready_tombstones_10: 2
 ready_tombstones_11: 2
@@ -643,7 +668,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (125)
+-- function (133)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -941,6 +966,99 @@ BEGIN
         RAISE EXCEPTION 'metadata: awa:retry: %', v_error USING ERRCODE = '22023';
     END IF;
     RETURN true;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._claim_serial_v1(p_lane integer, p_cursor bigint, p_cslot integer, p_cgen bigint, p_worker uuid, p_units integer, p_jobs integer, p_wcap integer, p_default double precision, p_held integer[], p_taken integer[], p_lanes integer[], p_bounds bigint[], OUT o_rows awa.claimed_v3[], OUT o_taken integer[], OUT o_units integer, OUT o_retry boolean)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    e record;
+    v_lock integer;
+    v_park boolean;
+    v_lease bigint;
+    v_deadline timestamptz;
+    v_scan integer := LEAST(LEAST(p_units, p_jobs) * 2 + 64, 512);
+    v_seen integer := 0;
+    v_jobs integer := 0;
+BEGIN
+    o_rows := '{}';
+    o_taken := COALESCE(p_taken, '{}');
+    o_units := 0;
+    o_retry := false;
+    FOR e IN
+        SELECT x.*, COALESCE(awa._deadline_secs_v1(x.deadline_secs), p_default) AS timeout,
+               awa._job_weight_v1(x.metadata, p_wcap) AS w,
+               x.metadata ->> 'awa:serial' AS skey
+        FROM awa.ready_entries x
+        WHERE x.lane_id = p_lane AND x.lane_seq > p_cursor
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.ready_tombstones t
+              WHERE t.lane_id = x.lane_id AND t.lane_seq = x.lane_seq
+                AND t.ready_slot = x.ready_slot)
+        ORDER BY x.lane_seq
+        LIMIT v_scan
+    LOOP
+        v_seen := v_seen + 1;
+        v_park := false;
+        v_lock := NULL;
+        IF e.skey IS NULL THEN
+            EXIT WHEN e.w > p_units - o_units OR v_jobs >= p_jobs;
+        ELSE
+            v_lock := awa._serial_lock_v1(e.queue, e.skey);
+            IF v_lock = ANY (COALESCE(p_held, '{}')) OR v_lock = ANY (o_taken) THEN
+                v_park := true;  -- a job of the key runs (here, or from this claim)
+            ELSIF NOT pg_try_advisory_xact_lock(4282184, v_lock) THEN
+                o_retry := true;  -- another claim or a release decides about the key now
+                EXIT;
+            ELSIF EXISTS (SELECT 1 FROM awa.serial_waiting w
+                          WHERE w.lock_key = v_lock AND w.job_id < e.job_id) THEN
+                v_park := true;  -- older jobs of the key wait
+            ELSIF NOT pg_try_advisory_lock(4282183, v_lock) THEN
+                v_park := true;  -- a job of the key runs elsewhere
+            ELSIF awa._serial_older_ready_v1(e.queue, v_lock, e.job_id, p_lanes, p_bounds) THEN
+                PERFORM pg_advisory_unlock(4282183, v_lock);
+                v_park := true;  -- an older job of the key is ready: it goes first
+            ELSIF e.w > p_units - o_units OR v_jobs >= p_jobs THEN
+                PERFORM pg_advisory_unlock(4282183, v_lock);
+                EXIT;  -- it would run, but does not fit: the lane stops here, in order
+            END IF;
+        END IF;
+        v_lease := e.run_lease + 1;
+        INSERT INTO awa.claims (
+            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+            lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
+        VALUES (p_cslot, p_cgen, e.job_id, v_lease, e.ready_slot, e.ready_generation, e.lane_id,
+                e.lane_seq, e.attempt + 1, now() + make_interval(secs => e.timeout), p_worker,
+                e.kind)
+        RETURNING deadline_at INTO v_deadline;
+        IF v_park THEN
+            INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+            VALUES (p_cslot, e.job_id, v_lease, 'parked');
+            INSERT INTO awa.serial_waiting (
+                job_id, lock_key, serial_key, queue, priority, kind, args, attempt, max_attempts,
+                run_lease, run_at, created_at, deadline_secs, metadata, tags, errors, progress)
+            VALUES (e.job_id, v_lock, e.skey, e.queue, e.priority, e.kind, e.args, e.attempt,
+                    e.max_attempts, v_lease, e.run_at, e.created_at, e.deadline_secs,
+                    e.metadata, e.tags, e.errors, e.progress);
+        ELSE
+            o_rows := o_rows || ROW(e.job_id, v_lease, (e.attempt + 1)::smallint,
+                                    e.max_attempts, p_cslot, e.kind, e.args, e.queue,
+                                    e.priority, v_deadline, e.timeout, e.progress, e.metadata,
+                                    e.tags, e.errors, e.w, NULL, v_lock)::awa.claimed_v3;
+            o_units := o_units + e.w;
+            v_jobs := v_jobs + 1;
+            IF v_lock IS NOT NULL THEN
+                o_taken := o_taken || v_lock;
+            END IF;
+            EXIT WHEN o_units >= p_units OR v_jobs >= p_jobs;
+        END IF;
+    END LOOP;
+    IF v_seen >= v_scan AND o_units < p_units AND v_jobs < p_jobs THEN
+        o_retry := true;  -- looked at as many rows as allowed: the rest next claim, soon
+    END IF;
 END
 $function$
 
@@ -1426,6 +1544,9 @@ AS $function$
         UNION ALL
         SELECT 2, 'failed', q.queue, q.priority::integer
         FROM awa.dlq_entries q WHERE q.job_id = p_job_id
+        UNION ALL
+        SELECT 2, 'available', w.queue, w.priority::integer
+        FROM awa.serial_waiting w WHERE w.job_id = p_job_id
         UNION ALL
         (SELECT 3, CASE WHEN EXISTS (
                         SELECT 1 FROM awa.leases ls
@@ -2081,6 +2202,84 @@ BEGIN
 END
 $function$
 
+CREATE OR REPLACE FUNCTION awa._serial_hand_off_v1(p_lock integer)
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    w awa.serial_waiting%ROWTYPE;
+    v_lane integer;
+BEGIN
+    -- SKIP LOCKED: a job being cancelled is passed over.
+    SELECT * INTO w FROM awa.serial_waiting x
+    WHERE x.lock_key = p_lock
+    ORDER BY x.job_id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND OR awa._serial_older_ready_v1(w.queue, p_lock, w.job_id) THEN
+        RETURN NULL;
+    END IF;
+    v_lane := awa._lane_for_v1(w.queue, w.priority, false);
+    IF v_lane IS NULL THEN
+        RETURN NULL;
+    END IF;
+    DELETE FROM awa.serial_waiting x WHERE x.job_id = w.job_id;
+    PERFORM awa._append_ready_v1(v_lane, ARRAY[ROW(
+        w.job_id, w.kind, w.queue, w.priority, w.args, w.attempt, w.max_attempts, w.run_lease,
+        w.run_at, w.created_at, w.deadline_secs, w.metadata, w.tags, w.errors,
+        w.progress)::awa.job_body]);
+    RETURN w.job_id;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._serial_lock_v1(p_queue text, p_key text)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT hashtext(p_queue || '/' || p_key)
+$function$
+
+CREATE OR REPLACE FUNCTION awa._serial_older_ready_v1(p_queue text, p_lock integer, p_job bigint, p_lanes integer[] DEFAULT NULL::integer[], p_bounds bigint[] DEFAULT NULL::bigint[])
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+ SET enable_seqscan TO 'off'
+AS $function$
+DECLARE
+    l record;
+    c record;
+BEGIN
+    FOR l IN
+        SELECT q.lane_id, COALESCE(u.b, 0) AS bound
+        FROM awa.queue_lanes q
+        LEFT JOIN unnest(p_lanes, p_bounds) AS u(lane_id, b) ON u.lane_id = q.lane_id
+        WHERE q.queue = p_queue
+          AND COALESCE(pg_sequence_last_value(q.enqueue_seq), 0) > COALESCE(u.b, 0)
+    LOOP
+        FOR c IN
+            SELECT e.lane_seq, e.ready_slot
+            FROM awa.ready_entries e
+            WHERE e.metadata ? 'awa:serial'
+              AND awa._serial_lock_v1(e.queue, e.metadata ->> 'awa:serial') = p_lock
+              AND e.lane_id = l.lane_id AND e.lane_seq > l.bound AND e.job_id < p_job
+            ORDER BY e.lane_seq DESC
+        LOOP
+            CONTINUE WHEN EXISTS (
+                SELECT 1 FROM awa.ready_tombstones t
+                WHERE t.lane_id = l.lane_id AND t.lane_seq = c.lane_seq
+                  AND t.ready_slot = c.ready_slot);
+            IF c.lane_seq > awa.lane_cursor_v1(l.lane_id) THEN
+                RETURN true;
+            END IF;
+            EXIT;  -- the newest live one is claimed, so every older one is too
+        END LOOP;
+    END LOOP;
+    RETURN false;
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa._short_message_v1(p_message text)
  RETURNS text
  LANGUAGE sql
@@ -2440,6 +2639,7 @@ DECLARE
     v_slot integer;
     v_state text;
     d awa.deferred_jobs%ROWTYPE;
+    w awa.serial_waiting%ROWTYPE;
     c awa.claims%ROWTYPE;
     r awa.ready_entries%ROWTYPE;
     v_error jsonb;
@@ -2470,6 +2670,23 @@ BEGIN
                     d.progress, d.kind, d.queue, d.priority, d.args, d.max_attempts, d.run_at,
                     d.created_at, d.metadata, d.tags);
             RETURN d.state;
+        END IF;
+
+        -- Parked behind its serial key: available, in the eyes of everyone but the claim.
+        DELETE FROM awa.serial_waiting WHERE job_id = p_job_id RETURNING * INTO w;
+        IF FOUND THEN
+            SELECT generation, slot INTO v_gen, v_slot
+            FROM awa.ring_rotations WHERE ring = 'queue' ORDER BY generation DESC LIMIT 1;
+            INSERT INTO awa.done_entries (
+                ready_slot, ready_generation, job_id, run_lease, state, attempt, attempted_at,
+                errors, progress, kind, queue, priority, args, max_attempts, run_at, created_at,
+                metadata, tags)
+            VALUES (v_slot, v_gen, w.job_id, w.run_lease, 'cancelled', w.attempt, NULL,
+                    COALESCE(w.errors, '[]'::jsonb)
+                    || jsonb_build_array(v_error || jsonb_build_object('attempt', w.attempt, 'at', now())),
+                    w.progress, w.kind, w.queue, w.priority, w.args, w.max_attempts, w.run_at,
+                    w.created_at, w.metadata, w.tags);
+            RETURN 'available';
         END IF;
 
         SELECT * INTO c FROM awa.claims cl
@@ -2822,7 +3039,7 @@ BEGIN
 END
 $function$
 
-CREATE OR REPLACE FUNCTION awa.claim_v3(p_queue text, p_max integer, p_worker uuid DEFAULT NULL::uuid, p_aging_secs double precision DEFAULT 60, p_default_deadline double precision DEFAULT NULL::double precision, p_max_weight integer DEFAULT NULL::integer, p_held integer[] DEFAULT NULL::integer[], p_release integer[] DEFAULT NULL::integer[])
+CREATE OR REPLACE FUNCTION awa.claim_v3(p_queue text, p_max integer, p_worker uuid DEFAULT NULL::uuid, p_aging_secs double precision DEFAULT 60, p_default_deadline double precision DEFAULT NULL::double precision, p_max_weight integer DEFAULT NULL::integer, p_held integer[] DEFAULT NULL::integer[], p_release integer[] DEFAULT NULL::integer[], p_serial_held integer[] DEFAULT NULL::integer[], p_serial_release integer[] DEFAULT NULL::integer[])
  RETURNS SETOF awa.claimed_v3
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
@@ -2836,6 +3053,8 @@ DECLARE
     v_units integer;
     v_batch awa.claimed_v3[] := '{}';
     v_part awa.claimed_v3[];
+    v_row awa.claimed_v3;
+    v_weight integer;
     v_paused boolean;
     v_cursor bigint;
     v_cslot integer;
@@ -2858,6 +3077,14 @@ DECLARE
     v_bound boolean := false;
     v_jobs integer;
     v_used integer;
+    v_all_lanes integer[];
+    v_all_cursors bigint[];
+    v_serial_at bigint;
+    v_taken integer[] := '{}';
+    v_retry boolean := false;
+    v_srows awa.claimed_v3[];
+    v_sunits integer;
+    v_sretry boolean;
     r record;
 BEGIN
     IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
@@ -2865,6 +3092,9 @@ BEGIN
     END IF;
     IF p_release IS NOT NULL THEN
         PERFORM awa.flow_release_v1(p_release);
+    END IF;
+    IF p_serial_release IS NOT NULL THEN
+        PERFORM awa.serial_release_v1(p_serial_release);
     END IF;
     IF p_max IS NULL OR p_max <= 0 THEN
         RETURN;
@@ -2882,10 +3112,14 @@ BEGIN
     END IF;
 
     -- Lanes with work (as claim_v2): the flow limits are looked at only when there is some.
-    SELECT array_agg(b.lane_id ORDER BY b.lane_id), array_agg(b.priority ORDER BY b.lane_id),
-           array_agg(b.c ORDER BY b.lane_id)
-    INTO v_lanes, v_priorities, v_cursors
-    FROM (
+    -- Every lane's cursor is kept too: a lower bound of it for the serial-key tests below.
+    SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
+           array_agg(b.priority ORDER BY b.lane_id) FILTER (WHERE b.work),
+           array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
+           array_agg(b.lane_id), array_agg(b.c)
+    INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
+    FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+          FROM (
         SELECT l.lane_id, l.priority, l.enqueue_seq,
                COALESCE(x.fast, awa.lane_cursor_v1(l.lane_id)) AS c
         FROM awa.queue_lanes l
@@ -2895,8 +3129,7 @@ BEGIN
             WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
             ORDER BY c.lane_seq DESC LIMIT 1) x ON true
         WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
-    ) b
-    WHERE COALESCE(pg_sequence_last_value(b.enqueue_seq), 0) > b.c;
+    ) b0) b;
     IF v_lanes IS NULL THEN
         RETURN;
     END IF;
@@ -2912,7 +3145,7 @@ BEGIN
         v_remaining := cardinality(v_keys);
         IF v_remaining = 0 THEN
             RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, NULL,
-                            NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+                            NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
             RETURN;
         END IF;
     END IF;
@@ -2921,6 +3154,14 @@ BEGIN
         INSERT INTO awa.flow_rate_state (queue, tat) VALUES (p_queue, now())
         ON CONFLICT (queue) DO NOTHING;
         SELECT s.tat INTO v_tat FROM awa.flow_rate_state s WHERE s.queue = p_queue FOR UPDATE;
+        -- Never further ahead than the current limits allow (burst × T): a state left by a
+        -- slower rate, or by a cleared one, holds nothing back once the limit is raised.
+        IF v_tat > now() + make_interval(secs => COALESCE(
+                v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer)) * v_period) THEN
+            v_tat := now() + make_interval(secs => COALESCE(
+                v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer)) * v_period);
+            UPDATE awa.flow_rate_state s SET tat = v_tat WHERE s.queue = p_queue;
+        END IF;
         v_tat := GREATEST(v_tat, now());
         v_jobs := floor((extract(epoch FROM now() - v_tat)
                          + COALESCE(v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer))
@@ -2933,7 +3174,7 @@ BEGIN
                                            GREATEST(1, ceil(v_limit.rate / 10)::integer)) - 1)
                                  * v_period, 0.001);
             RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, v_wait,
-                            NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+                            NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
             RETURN;
         END IF;
     END IF;
@@ -3002,15 +3243,18 @@ BEGIN
             LIMIT v_remaining
         ), weighed AS MATERIALIZED (
             SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                   awa._job_weight_v1(f.metadata, v_wcap) AS w
+                   awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                   COALESCE(f.metadata ? 'awa:serial', false) AS s
             FROM found f
             WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
         ), picked AS MATERIALIZED (
+            -- Up to the first job with a serial key (the slow path below decides about it).
             SELECT z.* FROM (
                 SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                       row_number() OVER (ORDER BY g.lane_seq) AS k
+                       row_number() OVER (ORDER BY g.lane_seq) AS k,
+                       bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
                 FROM weighed g) z
-            WHERE z.cw <= v_remaining AND z.k <= v_jobs_left
+            WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
         ), ins AS (
             INSERT INTO awa.claims (
                 claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -3019,21 +3263,41 @@ BEGIN
                    p.lane_id, p.lane_seq, p.attempt + 1,
                    now() + make_interval(secs => p.timeout), p_worker, p.kind
             FROM picked p
-            RETURNING lane_seq, deadline_at
         )
+        -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+        -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+        -- now() is the statement's, so the deadline is the one written.
         SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                              p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                             i.deadline_at, p.timeout, p.progress, p.metadata, p.tags,
-                             p.errors, p.w, NULL)::awa.claimed_v3 ORDER BY p.lane_seq)
-        INTO v_part
-        FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq;
+                             now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                             p.metadata, p.tags, p.errors, p.w, NULL, NULL)::awa.claimed_v3
+                         ORDER BY p.lane_seq),
+               COALESCE(sum(p.w), 0), (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
+        INTO v_part, v_weight, v_serial_at
+        FROM picked p;
         v_got := COALESCE(cardinality(v_part), 0);
         IF v_got > 0 THEN
             v_batch := v_batch || v_part;
-            v_remaining := v_remaining - (SELECT sum(b.weight) FROM unnest(v_part) b)::integer;
+            v_remaining := v_remaining - v_weight;
             v_jobs_left := v_jobs_left - v_got;
         END IF;
         EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
+        IF v_serial_at IS NOT NULL THEN
+            -- A job with a serial key is next: the rest of this lane takes the slow path.
+            SELECT x.o_rows, x.o_taken, x.o_units, x.o_retry
+            INTO v_srows, v_taken, v_sunits, v_sretry
+            FROM awa._claim_serial_v1(r.lane_id, awa.lane_cursor_v1(r.lane_id), v_cslot, v_cgen,
+                                      p_worker, v_remaining, v_jobs_left, v_wcap, v_default,
+                                      p_serial_held, v_taken, v_all_lanes, v_all_cursors) x;
+            v_retry := v_retry OR v_sretry;
+            IF cardinality(v_srows) > 0 THEN
+                v_batch := v_batch || v_srows;
+                v_remaining := v_remaining - v_sunits;
+                v_jobs_left := v_jobs_left - cardinality(v_srows);
+            END IF;
+            EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
+            CONTINUE;
+        END IF;
         -- Then, when the lane may hold more, from every ready slot (as claim_v2).
         CONTINUE WHEN COALESCE(pg_sequence_last_value(v_seq), 0) <= v_cursor + v_got;
         IF v_got > 0 THEN
@@ -3041,7 +3305,8 @@ BEGIN
         END IF;
         WITH weighed AS MATERIALIZED (
             SELECT e.*, COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default) AS timeout,
-                   awa._job_weight_v1(e.metadata, v_wcap) AS w
+                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                   COALESCE(e.metadata ? 'awa:serial', false) AS s
             FROM awa.ready_entries e
             WHERE e.lane_id = r.lane_id AND e.lane_seq > v_cursor
               AND NOT EXISTS (
@@ -3051,11 +3316,13 @@ BEGIN
             ORDER BY e.lane_seq
             LIMIT v_remaining
         ), picked AS MATERIALIZED (
+            -- Up to the first job with a serial key (the slow path below decides about it).
             SELECT z.* FROM (
                 SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                       row_number() OVER (ORDER BY g.lane_seq) AS k
+                       row_number() OVER (ORDER BY g.lane_seq) AS k,
+                       bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
                 FROM weighed g) z
-            WHERE z.cw <= v_remaining AND z.k <= v_jobs_left
+            WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
         ), ins AS (
             INSERT INTO awa.claims (
                 claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -3064,21 +3331,41 @@ BEGIN
                    p.lane_id, p.lane_seq, p.attempt + 1,
                    now() + make_interval(secs => p.timeout), p_worker, p.kind
             FROM picked p
-            RETURNING lane_seq, deadline_at
         )
+        -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+        -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+        -- now() is the statement's, so the deadline is the one written.
         SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                              p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                             i.deadline_at, p.timeout, p.progress, p.metadata, p.tags,
-                             p.errors, p.w, NULL)::awa.claimed_v3 ORDER BY p.lane_seq)
-        INTO v_part
-        FROM picked p JOIN ins i ON i.lane_seq = p.lane_seq;
+                             now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                             p.metadata, p.tags, p.errors, p.w, NULL, NULL)::awa.claimed_v3
+                         ORDER BY p.lane_seq),
+               COALESCE(sum(p.w), 0), (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
+        INTO v_part, v_weight, v_serial_at
+        FROM picked p;
         v_got := COALESCE(cardinality(v_part), 0);
         IF v_got > 0 THEN
             v_batch := v_batch || v_part;
-            v_remaining := v_remaining - (SELECT sum(b.weight) FROM unnest(v_part) b)::integer;
+            v_remaining := v_remaining - v_weight;
             v_jobs_left := v_jobs_left - v_got;
         END IF;
         EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
+        IF v_serial_at IS NOT NULL THEN
+            -- A job with a serial key is next: the rest of this lane takes the slow path.
+            SELECT x.o_rows, x.o_taken, x.o_units, x.o_retry
+            INTO v_srows, v_taken, v_sunits, v_sretry
+            FROM awa._claim_serial_v1(r.lane_id, awa.lane_cursor_v1(r.lane_id), v_cslot, v_cgen,
+                                      p_worker, v_remaining, v_jobs_left, v_wcap, v_default,
+                                      p_serial_held, v_taken, v_all_lanes, v_all_cursors) x;
+            v_retry := v_retry OR v_sretry;
+            IF cardinality(v_srows) > 0 THEN
+                v_batch := v_batch || v_srows;
+                v_remaining := v_remaining - v_sunits;
+                v_jobs_left := v_jobs_left - cardinality(v_srows);
+            END IF;
+            EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
+            CONTINUE;
+        END IF;
     END LOOP;
 
     v_jobs := cardinality(v_batch);
@@ -3104,21 +3391,24 @@ BEGIN
             v_bound := v_bound AND v_jobs_left <= 0;  -- the lanes ran dry, not the permits
         END IF;
     END IF;
-    RETURN QUERY
-    SELECT b.job_id, b.run_lease, b.attempt, b.max_attempts, b.claim_slot, b.kind, b.args,
-           b.queue, b.priority, b.deadline_at, b.timeout_secs, b.progress, b.metadata, b.tags,
-           b.errors, b.weight,
-           CASE WHEN v_keys IS NULL THEN NULL
-                ELSE v_keys[(b.cw - b.weight + 1)::integer:b.cw::integer] END
-    FROM (SELECT u.*, sum(u.weight) OVER (ORDER BY u.ord) AS cw
-          FROM unnest(v_batch) WITH ORDINALITY
-               AS u(job_id, run_lease, attempt, max_attempts, claim_slot, kind, args, queue,
-                    priority, deadline_at, timeout_secs, progress, metadata, tags, errors,
-                    weight, permits, ord)) b
-    ORDER BY b.ord;
+    -- Each job with its share of the permits, in claim order (no SQL statement: a loop).
+    v_used := 0;
+    FOREACH v_row IN ARRAY v_batch LOOP
+        IF v_keys IS NOT NULL THEN
+            v_row.permits := v_keys[v_used + 1:v_used + v_row.weight];
+            v_used := v_used + v_row.weight;
+        END IF;
+        RETURN NEXT v_row;
+    END LOOP;
+    IF v_retry AND v_remaining > 0 AND v_jobs_left > 0 THEN
+        -- A serial key was being decided by another claim, or rows are left to look at: claim
+        -- again soon rather than after a poll interval.
+        v_bound := true;
+        v_wait := 0.02;
+    END IF;
     IF v_bound THEN
         RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, v_wait,
-                        NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+                        NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
     END IF;
 END
 $function$
@@ -4124,7 +4414,7 @@ BEGIN
         FROM pg_locks l
         JOIN pg_stat_activity a ON a.pid = l.pid
         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-          AND l.classid = 4282182::oid AND l.pid <> pg_backend_pid()
+          AND l.classid IN (4282182::oid, 4282183::oid) AND l.pid <> pg_backend_pid()
           AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
           AND a.application_name ~ '^awa:worker:[0-9a-f-]{36}$'
           AND NOT EXISTS (
@@ -4193,15 +4483,26 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     IF p_clear THEN
-        DELETE FROM awa.flow_limits f WHERE f.queue = p_queue;
-        IF p_settings IS NOT NULL AND jsonb_typeof(p_settings) = 'object' THEN
-            INSERT INTO awa.flow_limits (queue, max_running, rate, burst, max_seen, source,
-                                         updated_by)
-            VALUES (p_queue, (p_settings ->> 'max_running')::integer,
-                    (p_settings ->> 'rate')::double precision,
-                    (p_settings ->> 'burst')::integer, (p_settings ->> 'max_running')::integer,
-                    'settings', p_actor);
+        -- An upsert, not a delete and an insert: concurrent changes of one queue serialise on
+        -- its row, and max_seen keeps counting permits still held above the new limit.
+        IF p_settings IS NULL OR jsonb_typeof(p_settings) <> 'object'
+           OR (p_settings ->> 'max_running') IS NULL AND (p_settings ->> 'rate') IS NULL THEN
+            UPDATE awa.flow_limits f
+            SET max_running = NULL, rate = NULL, burst = NULL, source = 'settings',
+                updated_by = p_actor, updated_at = now()
+            WHERE f.queue = p_queue;
+            RETURN;
         END IF;
+        INSERT INTO awa.flow_limits AS f (queue, max_running, rate, burst, max_seen, source,
+                                          updated_by)
+        VALUES (p_queue, (p_settings ->> 'max_running')::integer,
+                (p_settings ->> 'rate')::double precision,
+                (p_settings ->> 'burst')::integer, (p_settings ->> 'max_running')::integer,
+                'settings', p_actor)
+        ON CONFLICT (queue) DO UPDATE
+        SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst,
+            max_seen = GREATEST(f.max_running, f.max_seen, excluded.max_running),
+            source = 'settings', updated_by = p_actor, updated_at = now();
     ELSE
         INSERT INTO awa.flow_limits AS f (queue, max_running, rate, burst, max_seen, source,
                                           updated_by)
@@ -4211,7 +4512,8 @@ BEGIN
             max_seen = GREATEST(f.max_running, f.max_seen, excluded.max_running),
             source = 'operator', updated_by = p_actor, updated_at = now();
     END IF;
-    RETURN QUERY SELECT * FROM awa.flow_limits f WHERE f.queue = p_queue;
+    RETURN QUERY SELECT * FROM awa.flow_limits f
+                 WHERE f.queue = p_queue AND (f.max_running IS NOT NULL OR f.rate IS NOT NULL);
 END
 $function$
 
@@ -4224,6 +4526,7 @@ AS $function$
            f.updated_at
     FROM awa.flow_limits f
     LEFT JOIN awa.flow_in_use_v1() u ON u.queue = f.queue
+    WHERE f.max_running IS NOT NULL OR f.rate IS NOT NULL
     ORDER BY f.queue
 $function$
 
@@ -4238,8 +4541,12 @@ BEGIN
     IF p_limits IS NULL OR jsonb_typeof(p_limits) <> 'object' THEN
         RAISE EXCEPTION 'flow limits: expected a JSON object' USING ERRCODE = '22023';
     END IF;
-    DELETE FROM awa.flow_limits f
-    WHERE f.source = 'settings' AND NOT p_limits ? f.queue;
+    -- Settings rows of queues the settings no longer limit lose their limits; the row stays,
+    -- so that max_seen keeps counting permits still held if a limit comes back.
+    UPDATE awa.flow_limits f SET max_running = NULL, rate = NULL, burst = NULL,
+                                 updated_by = 'settings', updated_at = now()
+    WHERE f.source = 'settings' AND NOT p_limits ? f.queue
+      AND (f.max_running IS NOT NULL OR f.rate IS NOT NULL);
     GET DIAGNOSTICS v_n = ROW_COUNT;
     v_changed := v_changed + v_n;
     INSERT INTO awa.flow_limits AS f (queue, max_running, rate, burst, max_seen, source,
@@ -4691,6 +4998,27 @@ BEGIN
            g.metadata, g.tags
     FROM gone g;
     GET DIAGNOSTICS v_n = ROW_COUNT;
+    -- Jobs parked behind their serial keys.
+    WITH gone AS (
+        DELETE FROM awa.serial_waiting w
+        WHERE w.job_id IN (
+            SELECT w2.job_id FROM awa.serial_waiting w2
+            WHERE w2.queue = p_queue AND (p_max_job_id IS NULL OR w2.job_id <= p_max_job_id)
+            ORDER BY w2.job_id LIMIT GREATEST(p_limit - v_n, 0)
+            FOR UPDATE SKIP LOCKED)
+        RETURNING w.*
+    )
+    INSERT INTO awa.done_entries (
+        ready_slot, ready_generation, job_id, run_lease, state, attempt, errors, progress, kind,
+        queue, priority, args, max_attempts, run_at, created_at, metadata, tags)
+    SELECT v_slot, v_gen, g.job_id, g.run_lease, 'cancelled', g.attempt,
+           COALESCE(g.errors, '[]'::jsonb)
+           || jsonb_build_array(v_error || jsonb_build_object('attempt', g.attempt, 'at', now())),
+           g.progress, g.kind, g.queue, g.priority, g.args, g.max_attempts, g.run_at, g.created_at,
+           g.metadata, g.tags
+    FROM gone g;
+    GET DIAGNOSTICS v_got = ROW_COUNT;
+    v_n := v_n + v_got;
 
     FOR v_lane IN SELECT l.lane_id FROM awa.queue_lanes l WHERE l.queue = p_queue ORDER BY l.lane_id
     LOOP
@@ -4814,6 +5142,10 @@ AS $function$
               SELECT 1 FROM awa.claim_closures z
               WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
                 AND z.claim_slot = c.claim_slot))
+    AND NOT EXISTS (
+        SELECT 1 FROM awa.serial_waiting w
+        WHERE w.queue = ANY (p_queues)
+          AND NOT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = w.queue AND m.paused))
 $function$
 
 CREATE OR REPLACE FUNCTION awa.rescue_v1(p_staleness double precision, p_limit integer DEFAULT 500, p_backoff_base double precision DEFAULT 1.0)
@@ -5068,6 +5400,93 @@ AS $function$
     VALUES (p_instance, p_hostname, p_pid, p_queues, p_concurrency, p_version)
     ON CONFLICT (instance_id) DO UPDATE
     SET last_seen_at = now(), queues = EXCLUDED.queues, concurrency = EXCLUDED.concurrency
+$function$
+
+CREATE OR REPLACE FUNCTION awa.serial_release_v1(p_keys integer[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    k integer;
+    v_n integer := 0;
+BEGIN
+    FOR k IN SELECT DISTINCT u.k FROM unnest(p_keys) AS u(k) WHERE u.k IS NOT NULL ORDER BY 1
+    LOOP
+        PERFORM pg_advisory_xact_lock(4282184, k);
+        IF pg_advisory_unlock(4282183, k) THEN
+            v_n := v_n + 1;
+        ELSIF pg_try_advisory_lock(4282183, k) THEN
+            PERFORM pg_advisory_unlock(4282183, k);  -- not held here, and free
+        ELSE
+            CONTINUE;  -- another session's job of the key runs: it hands on when it ends
+        END IF;
+        IF EXISTS (SELECT 1 FROM awa.serial_waiting w WHERE w.lock_key = k) THEN
+            PERFORM awa._serial_hand_off_v1(k);
+        END IF;
+    END LOOP;
+    RETURN v_n;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.serial_reset_v1(p_keep integer[], p_release integer[] DEFAULT NULL::integer[])
+ RETURNS integer
+ LANGUAGE sql
+AS $function$
+    SELECT awa.serial_release_v1(
+        COALESCE(array_agg(k.key), '{}')
+        || ARRAY(SELECT r FROM unnest(COALESCE(p_release, '{}')) AS r
+                 WHERE NOT r = ANY (COALESCE(p_keep, '{}'))))
+    FROM (
+        SELECT CASE WHEN l.objid < 2147483648 THEN l.objid::bigint::integer
+                    ELSE (l.objid::bigint - 4294967296)::integer END AS key
+        FROM pg_locks l
+        WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.granted
+          AND l.objsubid = 2 AND l.classid = 4282183::oid
+    ) k
+    WHERE NOT k.key = ANY (COALESCE(p_keep, '{}'))
+$function$
+
+CREATE OR REPLACE FUNCTION awa.serial_retake_v1(p_keys integer[])
+ RETURNS integer[]
+ LANGUAGE sql
+AS $function$
+    SELECT COALESCE(array_agg(k), '{}')
+    FROM unnest(COALESCE(p_keys, '{}')) AS k
+    WHERE NOT pg_try_advisory_lock(4282183, k)
+$function$
+
+CREATE OR REPLACE FUNCTION awa.serial_sweep_v1(p_limit integer DEFAULT 1000)
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    k integer;
+    v_job bigint;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.serial_sweep_v1');
+    FOR k IN
+        SELECT w.lock_key
+        FROM (SELECT DISTINCT x.lock_key FROM awa.serial_waiting x) w
+        WHERE NOT EXISTS (
+            SELECT 1 FROM pg_locks l
+            WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+              AND l.classid = 4282183::oid
+              AND l.objid = (w.lock_key::bigint & 4294967295)::oid
+              AND l.database = (SELECT d.oid FROM pg_database d
+                                WHERE d.datname = current_database()))
+        ORDER BY w.lock_key
+        LIMIT GREATEST(COALESCE(p_limit, 1000), 1)
+    LOOP
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock(4282184, k);
+        -- Under the decision lock nobody takes the run lock: free now means free.
+        CONTINUE WHEN NOT pg_try_advisory_lock(4282183, k);
+        PERFORM pg_advisory_unlock(4282183, k);
+        v_job := awa._serial_hand_off_v1(k);
+        IF v_job IS NOT NULL THEN
+            RETURN NEXT v_job;
+        END IF;
+    END LOOP;
+END
 $function$
 
 CREATE OR REPLACE FUNCTION awa.throughput_v1(p_queue text DEFAULT NULL::text)
@@ -5514,7 +5933,31 @@ UNION ALL
     tags,
     false AS in_dlq,
     NULL::text AS dlq_reason
-   FROM awa.deferred_jobs d;
+   FROM awa.deferred_jobs d
+UNION ALL
+ SELECT job_id AS id,
+    kind,
+    queue,
+    'available'::text AS state,
+    priority,
+    attempt,
+    max_attempts,
+    run_lease,
+    args,
+    run_at,
+    created_at,
+    NULL::timestamp with time zone AS attempted_at,
+    NULL::timestamp with time zone AS finalized_at,
+    NULL::timestamp with time zone AS deadline_at,
+    NULL::timestamp with time zone AS heartbeat_at,
+    errors,
+    NULL::jsonb AS result,
+    progress,
+    metadata,
+    tags,
+    false AS in_dlq,
+    NULL::text AS dlq_reason
+   FROM awa.serial_waiting w;
 
 CREATE VIEW awa.queue_stats AS
  WITH s AS MATERIALIZED (

@@ -174,8 +174,10 @@ class Execution:
                 run.span = self._tracing.start(job)
         self.inflight[(job.job_id, job.run_lease)] = run
         self.slots.start(queue.name, job.weight)
-        if job.permits:
-            self.permits.hold(job.permits, f"job {job.job_id} (lease {job.run_lease})")
+        if job.permits or job.serial_lock is not None:
+            self.permits.hold(
+                job.permits, f"job {job.job_id} (lease {job.run_lease})", job.serial_lock
+            )
         if self._debug:
             log.debug(
                 "job %s %s attempt %s started",
@@ -289,7 +291,8 @@ class Execution:
         if run.done:
             return
         run.done = True
-        if self.permits.give_back(run.attempt.job.permits):
+        ended = run.attempt.job
+        if self.permits.give_back(ended.permits, ended.serial_lock):
             self._permits_returned(run.queue.name)
         for timer in (run.timer, run.stop_timer):
             if timer is not None:

@@ -466,11 +466,13 @@ class WorkerRuntime(Execution):
         return bool(found)
 
     async def _dispatch(self, queue: QueueConfig) -> None:
-        """Claim for one queue while there is room, and hand back ended attempts' permits.
+        """Claim for one queue while there is room, and hand back ended attempts' permits and
+        serial key locks (a released key is handed on to the oldest job waiting for it).
 
         A claim a flow limit held back (docs/flow.md) waits: for the rate limit's next job
         (at most ``POLL_INTERVAL``, so that a changed limit takes effect within it), or, when
-        permits ran out, for a local attempt to end or ``POLL_INTERVAL``.
+        permits ran out, for a local attempt to end or ``POLL_INTERVAL``; a claim that a serial
+        key being decided elsewhere stopped claims again after 20 ms.
         """
         wake = self.slots.wake[queue.name]
         cfg = self.config
@@ -478,7 +480,8 @@ class WorkerRuntime(Execution):
         while not self.stopping:
             want = self.slots.claimable(queue.name)
             release = self.permits.release_batch()
-            if want <= 0 and not release:
+            serial_release = self.permits.serial_release_batch()
+            if want <= 0 and not release and not serial_release:
                 wake.clear()
                 await wake.wait()
                 continue
@@ -487,20 +490,36 @@ class WorkerRuntime(Execution):
             self.slots.reserve(want)
 
             async def claim(
-                conn: psycopg.AsyncConnection[Any], want: int = want, release: list[int] = release
+                conn: psycopg.AsyncConnection[Any],
+                want: int = want,
+                sent: tuple[list[int], list[int]] = (release, serial_release),
             ) -> Claimed:
                 await self.permits.prepare(conn)
-                return await aclaim_units(
-                    conn,
-                    queue.name,
-                    want,
-                    self.instance_id,
-                    aging_interval=cfg.settings.PRIORITY_AGING_INTERVAL,
-                    default_deadline=queue.deadline,
-                    max_weight=self.slots.caps[queue.name],
-                    held=self.permits.held_keys(),
-                    release=release,
-                )
+                # Sent once: a retry of this statement (after a transient error or a
+                # reconnect) must not hand back locks a claim in between may have given to a
+                # new attempt; the reset before the next claim, or the reconnect, sees to them.
+                release_now, serial_now = list(sent[0]), list(sent[1])
+                sent[0].clear()
+                sent[1].clear()
+                try:
+                    return await aclaim_units(
+                        conn,
+                        queue.name,
+                        want,
+                        self.instance_id,
+                        aging_interval=cfg.settings.PRIORITY_AGING_INTERVAL,
+                        default_deadline=queue.deadline,
+                        max_weight=self.slots.caps[queue.name],
+                        held=self.permits.held_keys(),
+                        release=release_now,
+                        serial_held=self.permits.serial_held_keys(),
+                        serial_release=serial_now,
+                    )
+                except Exception:
+                    # Session locks taken by the failed statement stay held: free them before
+                    # the link retries it (or before the next claim), and hand on its keys.
+                    self.permits.claim_failed(serial_now)
+                    raise
 
             try:
                 claimed = await self.claim_link.run(claim, give_up=lambda: self.stopping)
@@ -526,7 +545,6 @@ class WorkerRuntime(Execution):
                 self.permits.claim_failed()
                 raise
             failures = 0
-            self.permits.released(release)
             jobs = claimed.jobs
             units = sum(job.weight for job in jobs)
             if jobs and self._metrics is not None:
@@ -562,17 +580,22 @@ class WorkerRuntime(Execution):
 
     async def _release_permits(self) -> None:
         keys = self.permits.release_batch()
-        if not keys:
+        serial = self.permits.serial_release_batch()
+        if not keys and not serial:
             return
 
         async def release(conn: psycopg.AsyncConnection[Any]) -> None:
-            await conn.execute(query("flow_release"), [keys])
+            if keys:
+                await conn.execute(query("flow_release"), [keys])
+            if serial:
+                await conn.execute(query("serial_release"), [serial])
 
         try:
             await self.claim_link.run(release, give_up=lambda: True)
-            self.permits.released(keys)
-        except Exception as exc:  # the session's end frees them anyway
-            log.warning("awa worker: could not hand back permits (%s)", first_line(exc))
+        except Exception as exc:  # the session's end frees them (the leader hands keys on)
+            log.warning(
+                "awa worker: could not hand back permits or serial keys (%s)", first_line(exc)
+            )
 
     # -- heartbeats, wake-ups, runtime row ---------------------------------------------------
 

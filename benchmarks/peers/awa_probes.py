@@ -1,5 +1,6 @@
 """awa_django-only probes of ``benchmarks/run``: what one enqueue costs inside the caller's
-transaction next to a bare INSERT, and what one ``claim_v2`` and ``finalize_v2`` cost the server.
+transaction next to a bare INSERT, and what one ``claim_v3`` (the worker's claim) and
+``finalize_v2`` cost the server.
 
 Both run in the scenario driver (``drive.py enqueue_atomic|claim_one``) on a fresh clone of
 awa_django's template database, after Django is set up.
@@ -28,7 +29,8 @@ DECLARE
     t0 timestamptz := clock_timestamp();
 BEGIN
     SELECT c.job_id, c.run_lease, c.claim_slot INTO o_job, o_lease, o_slot
-    FROM awa.claim_v2(p_queue, 1) c;
+    FROM awa.claim_v3(p_queue, 1) c
+    WHERE c.job_id IS NOT NULL;
     o_us := extract(epoch FROM clock_timestamp() - t0) * 1e6;
 END $$;
 CREATE FUNCTION bench_finalize(p_items jsonb, OUT o_us double precision)
@@ -96,10 +98,11 @@ def enqueue_atomic(count: int) -> dict[str, Any]:
 
 
 def claim_one(url: str, count: int) -> dict[str, Any]:
-    """Claim one job with ``awa.claim_v2(queue, 1)`` and complete it with ``awa.finalize_v2``,
-    ``count`` times (the first :data:`WARMUP` not counted), on queue ``peers`` (4 enqueue
-    shards: the default). Server time from the wrappers above; client round trips too, with an
-    empty ``SELECT 1`` round trip for scale (those include the commit's WAL flush)."""
+    """Claim one job with ``awa.claim_v3(queue, 1)`` (the worker's claim) and complete it with
+    ``awa.finalize_v2``, ``count`` times (the first :data:`WARMUP` not counted), on queue
+    ``peers`` (4 enqueue shards: the default). Server time from the wrappers above; client round
+    trips too, with an empty ``SELECT 1`` round trip for scale (those include the commit's WAL
+    flush)."""
     import psycopg
 
     from awa_django.db.storage import Finalization

@@ -2,9 +2,10 @@
 
     python -m benchmarks.peers.floor --concurrency N     (until SIGTERM)
 
-Each process claims up to N jobs of queue ``peers`` with ``awa.claim_v2`` and at once writes
-them ``completed`` with one ``awa.finalize_v2`` call: no handler, no event loop, no batching
-delay. What the worker reaches, compared with this, is what its Python costs.
+Each process claims up to N jobs of queue ``peers`` with ``awa.claim_v3`` (the worker's claim,
+through awa_django.db.storage.claim) and at once writes them ``completed`` with one
+``awa.finalize_v2`` call: no handler, no event loop, no batching delay. What the worker reaches,
+compared with this, is what its Python costs.
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
             "",
             "## The floor",
             "",
-            f"awa_django's own `claim_v2` and `finalize_v2`, driven by a bare loop in "
+            f"awa_django's own `claim_v3` and `finalize_v2`, driven by a bare loop in "
             f"{run['processes']} processes (claim up to {run['concurrency']}, finalize them at "
             f"once, no handler): **{fmt(floor)} jobs/s**. The worker drains at {fmt(drain)} "
             f"jobs/s, {drain / floor:.0%} of what its SQL allows.",
@@ -217,7 +217,7 @@ def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
         "against `with transaction.atomic():` one bare `INSERT ... RETURNING id` into a "
         "two-column table (what `Model.objects.create` sends), same Django connection, in "
         "alternating blocks of 50.",
-        "- **claim_v2 of one job** (awa_django): `awa.claim_v2('peers', 1)` then "
+        "- **claim_v3 of one job** (awa_django): `awa.claim_v3('peers', 1)` then "
         "`awa.finalize_v2` of that job, in a loop over a pre-enqueued queue with its default 4 "
         "enqueue shards. Server time is read inside the server by a PL/pgSQL wrapper "
         "(`clock_timestamp()` around the call: no parse, plan or commit, as in "
@@ -295,7 +295,8 @@ def probes(ours: dict[str, Any]) -> list[str]:
             "",
             "## One claim, one finalize",
             "",
-            f"`awa.claim_v2(queue, 1)` on a queue of {ours.get('claim_one_shards', '?')} "
+            "`awa.claim_v3(queue, 1)` (the worker's claim) on a queue of "
+            f"{ours.get('claim_one_shards', '?')} "
             f"enqueue shards, server time p50 **{fmt(ours['claim_one_server_p50_us'])} µs** "
             f"(p95 {fmt(ours.get('claim_one_server_p95_us'))} µs); `awa.finalize_v2` of the job "
             f"p50 {fmt(ours.get('finalize_one_server_p50_us'))} µs; both "

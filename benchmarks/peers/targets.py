@@ -37,7 +37,7 @@ class Target:
 
 
 TARGETS: tuple[Target, ...] = (
-    Target("claim_v2 of one job ≤ 150 µs server time (p50)", "claim_one_server_p50_us", False,
+    Target("claim_v3 of one job ≤ 150 µs server time (p50)", "claim_one_server_p50_us", False,
            kind="absolute", threshold=150, unit="µs"),
     Target(f"SQL floor ≥ 2 × {FLOOR_BEFORE:,} jobs/s", "floor_jobs_per_s", True,
            kind="absolute", threshold=2 * FLOOR_BEFORE, unit="jobs/s"),

@@ -64,20 +64,22 @@ def integer(what: str, low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-def number(what: str, high: float) -> Callable[[str], float]:
-    """An argparse ``type``: a finite number above 0 and at most ``high``, written in ASCII
-    decimal (``50``, ``0.5``, ``2e3``; not NaN, not ``inf``), named ``what`` in the error."""
+def number(what: str, high: float, low: float = 0.0) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number above 0 (at least ``low`` when given) and at most
+    ``high``, written in ASCII decimal (``50``, ``0.5``, ``2e3``; not NaN, not ``inf``), named
+    ``what`` in the error."""
+    bounds = f"from {low:g} to {high:g}" if low else f"above 0 and at most {high:g}"
 
     def parse(value: str) -> float:
         digits = value.strip()
         if not _NUMBER.fullmatch(digits):
             raise argparse.ArgumentTypeError(
-                f"{_shown(value)} is not {what}: give a number above 0 and at most {high:g}"
+                f"{_shown(value)} is not {what}: give a number {bounds}"
             )
         result = float(digits)
-        if not (math.isfinite(result) and 0 < result <= high):
+        if not (math.isfinite(result) and 0 < result <= high and result >= low):
             raise argparse.ArgumentTypeError(
-                f"{_shown(digits)} is out of range: {what} is a number above 0 and at most {high:g}"
+                f"{_shown(digits)} is out of range: {what} is a number {bounds}"
             )
         return result
 

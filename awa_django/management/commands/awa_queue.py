@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from awa_django.limits import FLOW_BURST_RANGE, FLOW_CONCURRENCY_RANGE, FLOW_RATE_MAX
+from awa_django.limits import FLOW_BURST_RANGE, FLOW_CONCURRENCY_RANGE, FLOW_RATE_MAX, FLOW_RATE_MIN
 from awa_django.management.commands._cli import (
     database_errors,
     integer,
@@ -46,7 +46,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--rate",
-            type=number("the rate limit", FLOW_RATE_MAX),
+            type=number("the rate limit", FLOW_RATE_MAX, FLOW_RATE_MIN),
             help="limit: the most jobs started per second across every worker",
         )
         parser.add_argument(

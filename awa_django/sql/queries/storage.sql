@@ -12,8 +12,8 @@ SELECT set_config('default_transaction_isolation', 'read committed', false),
 -- Each column is named after a field of ClaimedJob, which is built by column name.
 SELECT job_id, run_lease, attempt, max_attempts, claim_slot, kind, args::text AS args_json,
        queue, priority, deadline_at, timeout_secs, progress, metadata, tags, errors, weight,
-       permits
-FROM awa.claim_v3(%s, %s, %s, %s, %s, %s, %s, %s)
+       permits, serial_lock
+FROM awa.claim_v3(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 
 -- name: flow_release
 SELECT awa.flow_release_v1(%s::integer[])
@@ -26,6 +26,18 @@ SELECT awa.flow_reset_v1(%s::integer[])
 
 -- name: flow_reap
 SELECT pid, instance, action FROM awa.flow_reap_v1(%s)
+
+-- name: serial_release
+SELECT awa.serial_release_v1(%s::integer[])
+
+-- name: serial_retake
+SELECT awa.serial_retake_v1(%s::integer[])
+
+-- name: serial_reset
+SELECT awa.serial_reset_v1(%s::integer[], %s::integer[])
+
+-- name: serial_sweep
+SELECT job_id FROM awa.serial_sweep_v1(%s) AS s(job_id)
 
 -- name: flow_sync
 SELECT awa.flow_sync_v1(%s::jsonb)
