@@ -35,7 +35,14 @@ from django.urls import path
 from awa_django.admin_actions import BULK_LIMIT, confirm, log_change
 from awa_django.admin_callbacks import CallbackWaitAdmin
 from awa_django.admin_display import JobDetail, error_timeline, pretty, sparkline
-from awa_django.admin_filters import KindFilter, LiveStateFilter, QueueFilter, TerminalStateFilter
+from awa_django.admin_filters import (
+    KindFilter,
+    LiveStateFilter,
+    QueueFilter,
+    TagFilter,
+    TerminalStateFilter,
+)
+from awa_django.admin_operator import QueueDlqActions, TerminalRetryActions
 from awa_django.admin_readonly import CappedPaginator, JobListAdmin, ReadOnlyAdmin
 from awa_django.cron import next_fire
 from awa_django.db.storage import HISTORY_EXACT_UP_TO
@@ -151,8 +158,8 @@ def _together(n: int) -> str:
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(JobDetail, JobListAdmin):
-    list_display = ("job_id", "kind", "queue", "attempt", "dlq_at", "dlq_reason")
-    list_filter = (QueueFilter, KindFilter)
+    list_display = ("job_id", "kind", "queue", "attempt", "tag_list", "dlq_at", "dlq_reason")
+    list_filter = (QueueFilter, KindFilter, TagFilter)
     sortable_by = ("job_id", "dlq_at")  # indexed; sorting by another column sorts the whole DLQ
     readonly_fields = (
         "job_id",
@@ -239,8 +246,8 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
 
 
 @admin.register(TerminalJob)
-class TerminalJobAdmin(JobDetail, JobListAdmin):
-    list_display = ("id", "kind", "queue", "state", "attempt", "finalized_at")
+class TerminalJobAdmin(TerminalRetryActions, JobDetail, JobListAdmin):
+    list_display = ("id", "kind", "queue", "state", "attempt", "tag_list", "finalized_at")
     sortable_by = ("id", "finalized_at")  # sorting history by another column sorts all of it
     # Part of a kind would read every retained row; a whole kind is an index range.
     search_whole_kind = True
@@ -249,8 +256,10 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
         TerminalStateFilter,
         QueueFilter,
         KindFilter,
+        TagFilter,
         ("finalized_at", admin.DateFieldListFilter),
     )
+    actions = ("retry_jobs",)
     readonly_fields = (
         "id",
         "kind",
@@ -277,8 +286,8 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
 
 @admin.register(LiveJob)
 class JobAdmin(JobDetail, JobListAdmin):
-    list_display = ("id", "kind", "queue", "state", "priority", "attempt", "run_at")
-    list_filter = (LiveStateFilter, QueueFilter, KindFilter)
+    list_display = ("id", "kind", "queue", "state", "priority", "attempt", "tag_list", "run_at")
+    list_filter = (LiveStateFilter, QueueFilter, KindFilter, TagFilter)
     readonly_fields = (
         "id",
         "kind",
@@ -335,7 +344,7 @@ def _waiting(stat: QueueStat) -> int:
 
 
 @admin.register(QueueStat)
-class QueueStatAdmin(ReadOnlyAdmin):
+class QueueStatAdmin(QueueDlqActions, ReadOnlyAdmin):
     list_display = (
         "queue",
         "paused",
@@ -346,6 +355,7 @@ class QueueStatAdmin(ReadOnlyAdmin):
         "completed_count",
         "failed_count",
         "dlq",
+        "dlq_enabled",
         "lag",
         "completed_last_hour",
         "global_limit",
@@ -353,7 +363,14 @@ class QueueStatAdmin(ReadOnlyAdmin):
         "rate",
         "limits_by",
     )
-    actions = ("pause_queues", "resume_queues", "drain_queues", "limit_queues")
+    actions = (
+        "pause_queues",
+        "resume_queues",
+        "drain_queues",
+        "limit_queues",
+        "dlq_on_queues",
+        "dlq_off_queues",
+    )
     change_list_template = "admin/awa_django/queuestat/change_list.html"
     selection_noun = "queues"
 

@@ -6,7 +6,8 @@ take their choices from somewhere cheap instead:
 
 * state: the fixed states of the list (terminal outcomes, or live states);
 * queue: the queue registry (``awa.queue_lanes`` and ``awa.queue_meta``, small control tables);
-* kind: the job kinds registered in this process with ``@job``.
+* kind: the job kinds registered in this process with ``@job``;
+* tag: the tags the job kinds registered in this process carry by default.
 
 A value that is not one of the choices still filters (``?queue=reports`` works for a queue
 without lanes yet); a value that no row can hold (a bad queue name, NUL, a lone surrogate, an
@@ -24,7 +25,7 @@ from django.http import HttpRequest
 
 from awa_django.exceptions import InvalidOptionError
 from awa_django.jobs import registered_kinds
-from awa_django.limits import QUEUE_NAME_RE, check_text
+from awa_django.limits import MAX_TEXT, QUEUE_NAME_RE, check_text
 from awa_django.sql import query
 from awa_django.states import LIVE_STATES, TERMINAL_STATES, JobState
 
@@ -33,6 +34,7 @@ __all__ = [
     "KindFilter",
     "LiveStateFilter",
     "QueueFilter",
+    "TagFilter",
     "TerminalStateFilter",
     "storable",
 ]
@@ -127,3 +129,23 @@ class KindFilter(_ChoiceFilter):
         if not storable(value, KIND_MAX_LENGTH):
             return queryset.none()
         return queryset.filter(kind=value)
+
+
+class TagFilter(_ChoiceFilter):
+    """Jobs carrying one tag. Choices: the default tags of the kinds registered in this
+    process; any other tag through ``?tag=``."""
+
+    title = "tag"
+    parameter_name = "tag"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        tags = {tag for job in registered_kinds().values() for tag in job.options.tags}
+        return [(tag, tag) for tag in sorted(tags)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value is None:
+            return queryset
+        if not storable(value, MAX_TEXT):
+            return queryset.none()
+        return queryset.filter(tags__has_tag=value)

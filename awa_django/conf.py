@@ -100,6 +100,9 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     # looks for due fires.
     "PERIODIC": _Spec(MappingProxyType({}), _Kind.SCHEDULES),
     "CRON_EVAL_INTERVAL": _Spec(1.0, _Kind.SECONDS),
+    # OpenTelemetry (the awa-django[otel] extra; docs/observability.md): off, nothing imported.
+    "OTEL_METRICS": _Spec(False, _Kind.BOOL),
+    "OTEL_TRACES": _Spec(False, _Kind.BOOL),
     # The signed callback receiver (awa_django.urls, docs/callbacks.md): its keys (the first
     # signs, every one verifies; none: the receiver answers 404), how far a request's timestamp
     # may be from the database clock, and the largest body it reads.
@@ -123,6 +126,7 @@ DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
 _QUEUE_SPECS: Final[Mapping[str, _Spec]] = {
     "concurrency": _Spec(None, _Kind.INT, 1, 10_000),
     "deadline": _Spec(None, _Kind.SECONDS),
+    "dlq": _Spec(None, _Kind.BOOL),
     "global_concurrency": _Spec(None, _Kind.INT, *FLOW_CONCURRENCY_RANGE),
     "rate_limit": _Spec(None, _Kind.RATE, 0, FLOW_RATE_MAX),
     "rate_burst": _Spec(None, _Kind.INT, *FLOW_BURST_RANGE),
@@ -136,7 +140,10 @@ class QueueSettings:
     ``concurrency`` caps the jobs of this queue one worker process runs at once, within the
     process's ``CONCURRENCY`` (which counts jobs across all its queues; a higher cap is held to
     it, and ``manage.py check`` warns: awa.W001). ``deadline`` is the hard limit in seconds on
-    one attempt, after which the attempt is rescued. A queue needs no entry to be served.
+    one attempt, after which the attempt is rescued. ``dlq`` turns the queue's dead letter queue
+    on or off (jobs that fail for good go to the DLQ, or to history as failed); every worker and
+    maintenance process writes it to the database when it starts. A queue needs no entry to be
+    served.
 
     Flow limits across every worker process and host (docs/flow.md): ``global_concurrency``
     is the most attempts of the queue running at once, counted by job weight;
@@ -147,6 +154,7 @@ class QueueSettings:
 
     concurrency: int | None = None
     deadline: float | None = None
+    dlq: bool | None = None
     global_concurrency: int | None = None
     rate_limit: float | None = None
     rate_burst: int | None = None
@@ -205,6 +213,8 @@ class AwaSettings:
     NOTIFY: bool
     PERIODIC: Mapping[str, Mapping[str, object]]
     CRON_EVAL_INTERVAL: float
+    OTEL_METRICS: bool
+    OTEL_TRACES: bool
     CALLBACK_KEYS: tuple[str, ...]
     CALLBACK_TIMESTAMP_TOLERANCE: float
     CALLBACK_MAX_BYTES: int
@@ -275,6 +285,8 @@ def _validate(label: str, value: object, spec: _Spec) -> object:
     """Check one value against its spec; return it in its stored form."""
     kind = spec.kind
     if kind is _Kind.BOOL:
+        if value is None and spec.default is None:
+            return None
         if not isinstance(value, bool):
             raise _wrong_type(label, kind, value)
         return value

@@ -9,7 +9,7 @@ raise ``ReadOnlyError``. Every change goes through an SQL function of the engine
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -88,6 +88,28 @@ class TagsField(models.Field):  # type: ignore[type-arg]
         return name, "django.db.models.JSONField", args, kwargs
 
 
+if TYPE_CHECKING:
+    _Lookup = models.Lookup[bool]
+else:  # Lookup is generic to the type checker only
+    _Lookup = models.Lookup
+
+
+@TagsField.register_lookup
+class HasTag(_Lookup):
+    """``tags__has_tag="billing"``: the job carries that tag (``tags @> ARRAY[tag]``)."""
+
+    lookup_name = "has_tag"
+    prepare_rhs = False
+
+    def get_db_prep_lookup(self, value: Any, connection: BaseDatabaseWrapper) -> Any:
+        return ("%s", [str(value)])
+
+    def as_sql(self, compiler: Any, connection: BaseDatabaseWrapper) -> Any:
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        rhs, rhs_params = self.process_rhs(compiler, connection)
+        return f"{lhs} @> ARRAY[{rhs}]::text[]", (*lhs_params, *rhs_params)
+
+
 class _JobFields(ReadOnlyModel):
     id = models.BigIntegerField(primary_key=True)
     kind = models.TextField()
@@ -140,6 +162,7 @@ class TerminalJob(_JobFields):
         db_table = 'awa"."terminal_jobs'
         ordering = ["-finalized_at", "-id"]
         default_permissions = ("view",)
+        permissions = [("retry_job", "Can retry failed and cancelled jobs from history")]
         verbose_name = "terminal job"
 
     def __str__(self) -> str:

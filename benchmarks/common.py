@@ -65,7 +65,13 @@ def enqueue(handle: Any, count: int) -> int:
 
 
 def drain(
-    queue: str, count: int, first_id: int, *, processes: int, concurrency: int | None
+    queue: str,
+    count: int,
+    first_id: int,
+    *,
+    processes: int,
+    concurrency: int | None,
+    extra: tuple[str, ...] = (),
 ) -> tuple[float, float]:
     """Run ``awa_worker --burst`` until the queue is empty; verify ``count`` completions.
 
@@ -87,6 +93,7 @@ def drain(
     ]
     if concurrency is not None:
         command += ["--queue", f"{queue}={concurrency}"]
+    command += extra
     start = time.perf_counter()
     subprocess.run(
         command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -1,7 +1,7 @@
 """Drain throughput of ``awa_worker`` (embedded PostgreSQL 18 unless DATABASE_URL).
 
     .venv/dj52/bin/python benchmarks/drain.py [--jobs 50000] [--processes 2] [--rounds 3]
-        [--concurrency 512 | --default] [--sync]
+        [--concurrency 512 | --default] [--sync] [--compare-otel]
 
 Each round pre-enqueues N no-op jobs (async by default), then runs
 ``manage.py awa_worker --burst --processes P --queue Q=C`` (with ``--default``: no ``--queue``,
@@ -9,13 +9,22 @@ the default settings, as a new user runs it) and measures, on the database clock
 the time from the first claim to the last completion (and the wall time of the whole command,
 start-up included). Every round verifies that all N jobs completed exactly once. Durability is
 untouched (fsync and synchronous_commit on). Prints JSON.
+
+``--compare-otel`` runs each round twice, interleaved (the order alternates): once as above,
+once with OpenTelemetry metrics on and served for Prometheus (``--metrics-port``: the SDK, its
+Prometheus reader and the HTTP server in every worker process), scraped every second during the
+drain, and reports both medians and the difference (docs/observability.md, "What it costs").
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
+import socket
 import statistics
+import threading
+import urllib.request
 
 from common import drain, enqueue, with_server
 
@@ -34,11 +43,118 @@ def main() -> None:
         help="run awa_worker without --queue: every queue, the default AWA settings",
     )
     parser.add_argument("--sync", action="store_true", help="sync no-op handlers (thread pool)")
+    parser.add_argument(
+        "--compare-otel",
+        action="store_true",
+        help="each round without and with OpenTelemetry metrics (--metrics-port), interleaved",
+    )
+    parser.add_argument(
+        "--otel-first",
+        action="store_true",
+        help="with --compare-otel: start the first round with metrics on",
+    )
     args = parser.parse_args()
     with_server("bench", lambda: run(args))
 
 
+def _free_port(count: int) -> int:
+    """A port such that ``count`` consecutive ports from it were free a moment ago."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = int(probe.getsockname()[1])
+        if base + count >= 65535:
+            continue
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+
+
+def _scrape_every_second(ports: list[int], stop: threading.Event, scraped: list[int]) -> None:
+    while not stop.wait(1.0):
+        for port in ports:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    r.read()
+                scraped.append(port)
+            except OSError:
+                pass  # not serving yet, or already gone
+
+
+def compare_otel(args: argparse.Namespace) -> None:
+    from benchmarks import benchjobs
+
+    handle = benchjobs.noop if args.sync else benchjobs.anoop
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
+    scraped: list[int] = []
+    for index in range(args.rounds):
+        order = ("off", "on") if (index + args.otel_first) % 2 == 0 else ("on", "off")
+        for mode in order:
+            first = enqueue(handle, args.jobs)
+            extra: tuple[str, ...] = ()
+            stop = threading.Event()
+            scraper = None
+            if mode == "on":
+                port = _free_port(args.processes)
+                extra = ("--metrics-port", str(port), "--metrics-host", "127.0.0.1")
+                ports = list(range(port, port + args.processes))
+                scraper = threading.Thread(
+                    target=_scrape_every_second, args=(ports, stop, scraped), daemon=True
+                )
+                scraper.start()
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            try:
+                rate, _wall = drain(
+                    handle.options.queue,
+                    args.jobs,
+                    first,
+                    processes=args.processes,
+                    concurrency=None if args.default else args.concurrency,
+                    extra=extra,
+                )
+            finally:
+                stop.set()
+                if scraper is not None:
+                    scraper.join()
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            rates[mode].append(rate)
+            # CPU time of the worker processes (supervisor and children, start-up included) per
+            # job: what the metrics cost the worker, whatever else the machine is doing.
+            used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            cpu[mode].append(used / args.jobs * 1e6)
+    off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    cpu_off, cpu_on = statistics.median(cpu["off"]), statistics.median(cpu["on"])
+    print(
+        json.dumps(
+            {
+                "jobs": args.jobs,
+                "processes": args.processes,
+                "concurrency": "default" if args.default else args.concurrency,
+                "handlers": "sync" if args.sync else "async",
+                "otel_off_jobs_per_s_rounds": [round(r) for r in rates["off"]],
+                "otel_on_jobs_per_s_rounds": [round(r) for r in rates["on"]],
+                "otel_off_median": round(off),
+                "otel_on_median": round(on),
+                "otel_cost_percent": round(100 * (off - on) / off, 1),
+                "worker_cpu_us_per_job_off_rounds": [round(c, 1) for c in cpu["off"]],
+                "worker_cpu_us_per_job_on_rounds": [round(c, 1) for c in cpu["on"]],
+                "worker_cpu_cost_percent": round(100 * (cpu_on - cpu_off) / cpu_off, 1),
+                "scrapes": len(scraped),
+            },
+            indent=2,
+        )
+    )
+
+
 def run(args: argparse.Namespace) -> None:
+    if args.compare_otel:
+        compare_otel(args)
+        return
     from benchmarks import benchjobs
 
     handle = benchjobs.noop if args.sync else benchjobs.anoop

@@ -126,7 +126,12 @@ BAD_ARGUMENTS = [
     (("awa_job", "show", "x"), "'x' is not a job id"),
     (("awa_job", "show", "987654321"), "job 987654321 not found"),
     (("awa_job", "bogus", "1"), "invalid choice: 'bogus'"),
-    (("awa_job", "show"), "the following arguments are required: job_id"),
+    (("awa_job", "show"), "show needs a job id"),
+    (("awa_job", "list", "5"), "list takes no job id"),
+    (("awa_job", "show", "5", "--queue", "q"), "--queue is for list only"),
+    (("awa_job", "list", "--state", "lost"), "invalid choice: 'lost'"),
+    (("awa_job", "list", "--limit", "0"), "'0' is out of range: the limit"),
+    (("awa_job", "list", "--tag", "a\x00b"), "tag"),
     # awa_queue
     (("awa_queue", "pause", "Not Valid"), "'Not Valid' is not a valid queue name"),
     (("awa_queue", "pause", "x" * 64), "is not a valid queue name"),

@@ -46,6 +46,8 @@ from awa_django.limits import (
 )
 from awa_django.retry import RETRY_KEY, check_retry
 from awa_django.sql import query
+from awa_django.telemetry.metrics import active_metrics
+from awa_django.telemetry.tracing import active_tracing
 from awa_django.types import SEAL, EnqueuedJob, JobOptions, JobRequest
 from awa_django.unique import UniqueSpec, unique_spec
 
@@ -106,7 +108,15 @@ def build_request(
     retry = check_retry(options.retry)
     weight = check_weight(options.weight)
     serial_key = None if options.serial_key is None else check_serial_key(options.serial_key)
-    if options.metadata is not None or retry is not None or weight != 1 or serial_key is not None:
+    tracing = active_tracing()  # None unless OpenTelemetry traces are on
+    trace = tracing.metadata() if tracing is not None else None
+    if (
+        options.metadata is not None
+        or retry is not None
+        or weight != 1
+        or serial_key is not None
+        or trace
+    ):
         metadata: dict[Any, Any] = {}
         if options.metadata is not None:
             if not isinstance(options.metadata, Mapping):
@@ -121,6 +131,9 @@ def build_request(
         if serial_key is not None:
             # Read by awa.claim_v3: one job of the key (in its queue) runs at a time.
             metadata[SERIAL_KEY] = serial_key
+        if trace:
+            # The enqueuing trace, for the handler's span (awa_django/telemetry/tracing.py).
+            metadata.update(trace)
         metadata_json = serialization.dumps(
             metadata,
             "metadata",
@@ -223,6 +236,14 @@ def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJo
     """Write validated requests on ``using``'s Django connection; return handles in order."""
     if not requests:
         return []
+    sent = _send_requests(requests, using)
+    metrics = active_metrics()
+    if metrics is not None:  # OpenTelemetry metrics on: count what was written
+        metrics.count("enqueued", [(job.queue, job.kind) for job in sent if not job.duplicate])
+    return sent
+
+
+def _send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJob]:
     _ensure_lanes(using, {(r.queue, r.priority) for r in requests})
     if any(r.unique is not None for r in requests):
         return _send_unique(requests, using)

@@ -30,8 +30,10 @@ import psycopg
 
 from awa_django.cron import due_fires
 from awa_django.db.enqueue import sql_limit_values
+from awa_django.maintenance.queues import sync_queue_settings
 from awa_django.periodic import sync_payload
 from awa_django.sql import query
+from awa_django.telemetry.logs import job_fields
 from awa_django.worker.links import first_line, is_connection_lost
 
 __all__ = ["CronFirer", "sync_schedules"]
@@ -44,13 +46,17 @@ _LOG_EVERY = 60.0
 
 async def sync_schedules(conn: psycopg.AsyncConnection[Any]) -> None:
     """Replace the stored schedules with the ones declared in code (one statement). Schedules
-    that do not validate are logged at ERROR and left out, so they do not fire."""
+    that do not validate are logged at ERROR and left out, so they do not fire. Then write the
+    queue settings of ``AWA["QUEUES"]`` that live in the database (``sync_queue_settings``)."""
     payload, problems = sync_payload()
     for problem in problems:
         log.error("awa cron: %s; this schedule is not synced and does not fire", problem)
     cursor = await conn.execute(query("cron_sync"), [payload])
     for name, change in await cursor.fetchall():
         log.info("awa cron: schedule %r %s", name, change)
+    # The queue settings declared in AWA["QUEUES"] that live in the database, at the same
+    # moments (every process's start, retried until it works).
+    await sync_queue_settings(conn)
 
 
 #: The most jobs one evaluation fires (the rest of a long catch-up waits for the next pass).
@@ -72,7 +78,7 @@ class CronFirer:
         cursor = await conn.execute(query("cron_due"))
         rows = await cursor.fetchall()
         fired = 0
-        for now, name, expression, timezone, catch_up, fire_after in rows:
+        for now, name, expression, timezone, catch_up, fire_after, kind, queue in rows:
             try:
                 fires = due_fires(expression, timezone, fire_after, now, catch_up)
             except Exception as exc:  # a bad stored expression or zone must not stop others
@@ -80,7 +86,9 @@ class CronFirer:
                 continue
             # A long catch-up is spread over passes, so that promotion and rescue keep their
             # pace: the oldest missed fires first, at most FIRES_PER_PASS in all per pass.
-            fired += await self._fire(conn, name, fire_after, fires[: FIRES_PER_PASS - fired])
+            fired += await self._fire(
+                conn, name, fire_after, fires[: FIRES_PER_PASS - fired], kind=kind, queue=queue
+            )
             if fired >= FIRES_PER_PASS:
                 break
         self.fired += fired
@@ -92,6 +100,9 @@ class CronFirer:
         name: str,
         after: datetime,
         fires: list[datetime],
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
     ) -> int:
         fired = 0
         limits = sql_limit_values()
@@ -115,7 +126,16 @@ class CronFirer:
                 # Fired by another leader, paused, changed or removed meanwhile: re-read.
                 log.debug("awa cron: schedule %r did not fire at %s", name, fire_at)
                 return fired
-            log.info("awa cron: schedule %r fired at %s: job %s", name, fire_at, job_id)
+            log.info(
+                "awa cron: schedule %r fired at %s: job %s",
+                name,
+                fire_at,
+                job_id,
+                extra={
+                    **job_fields(job_id, kind=kind, queue=queue, attempt=0, run_lease=0),
+                    "schedule": name,
+                },
+            )
             after = fire_at
             fired += 1
         return fired

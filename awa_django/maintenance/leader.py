@@ -35,6 +35,7 @@ import dataclasses
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -44,6 +45,8 @@ import psycopg
 from awa_django.conf import AwaSettings, get_awa_settings
 from awa_django.maintenance.cron import CronFirer, sync_schedules
 from awa_django.sql import query
+from awa_django.telemetry.logs import job_fields
+from awa_django.telemetry.metrics import QueueSnapshot, active_metrics
 from awa_django.worker.links import Link, first_line, is_connection_lost, is_transient
 
 __all__ = ["Maintenance", "MaintenanceSettings"]
@@ -123,6 +126,10 @@ class Maintenance:
         self._sync_retry_at = 0.0
         if register:
             self.tasks.append(("runtime", s.awa.RUNTIME_REFRESH_INTERVAL, self._upsert_runtime))
+        self.metrics = active_metrics()  # None unless OpenTelemetry metrics are on
+        if self.metrics is not None:
+            self.metrics.watch(self)
+            self.tasks.append(("metrics", s.awa.RUNTIME_REFRESH_INTERVAL, self._read_gauges))
         self._due: dict[str, float] = {}
         # Where the sweep of unique keys goes on from (in memory: a new leader starts over).
         self._unique_after: tuple[Any, Any] = (None, None)
@@ -321,10 +328,24 @@ class Maintenance:
         rows = await cursor.fetchall()
         if rows:
             self.count("rescued", len(rows))
-            for job_id, lease, reason in rows:
-                log.warning(
-                    "awa maintenance: rescued job %s attempt lease %s: %s", job_id, lease, reason
+            known = await _jobs_brief(conn, [int(row[0]) for row in rows])
+            if self.metrics is not None:
+                self.metrics.count(
+                    "rescued",
+                    [(known[r[0]][1], known[r[0]][0]) for r in rows if r[0] in known],
                 )
+            for job_id, lease, reason in rows:
+                kind, queue, attempt = known.get(job_id, (None, None, None))
+                log.warning(
+                    "awa maintenance: rescued job %s attempt lease %s: %s",
+                    job_id,
+                    lease,
+                    reason,
+                    extra=job_fields(
+                        job_id, kind=kind, queue=queue, attempt=attempt, run_lease=lease
+                    ),
+                )
+
         # Global-concurrency permits held by sessions of workers that are gone (docs/flow.md).
         cursor = await conn.execute(query("flow_reap"), [self.settings.leader_staleness])
         for pid, instance, action in await cursor.fetchall():
@@ -351,6 +372,19 @@ class Maintenance:
                 len(handed),
                 ", ".join(str(job_id) for job_id in handed[:20]) + ("..." * (len(handed) > 20)),
             )
+
+    async def _read_gauges(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The leader's snapshot for the metrics' gauges: depth and lag per queue
+        (``awa.queue_lag_v1``) and live workers; a scrape reads it, never the database."""
+        assert self.metrics is not None
+        cursor = await conn.execute(query("queue_lag"))
+        queues = {
+            str(queue): (int(depth or 0), None if lag is None else float(lag))
+            for queue, depth, lag, _paused in await cursor.fetchall()
+        }
+        cursor = await conn.execute(query("workers_alive"), [self.settings.leader_staleness])
+        row = await cursor.fetchone()
+        self.metrics.snapshot = QueueSnapshot(queues, int(row[0]) if row else 0, time.monotonic())
 
     async def _rotate(self, conn: psycopg.AsyncConnection[Any]) -> None:
         s = self.settings
@@ -410,6 +444,19 @@ class Maintenance:
             self._unique_after = (next_taken, next_key)
             if next_taken is None:
                 return
+
+
+async def _jobs_brief(
+    conn: psycopg.AsyncConnection[Any], ids: list[int]
+) -> dict[int, tuple[str, str, int]]:
+    """``{job_id: (kind, queue, attempt)}`` of a few jobs; empty when the look-up fails (it only
+    adds detail to log lines: a lost connection shows up on the next task)."""
+    try:
+        cursor = await conn.execute(query("jobs_brief"), {"ids": ids})
+        return {int(i): (kind, queue, int(a)) for i, kind, queue, a in await cursor.fetchall()}
+    except Exception as exc:
+        log.debug("awa maintenance: could not look up rescued jobs (%s)", first_line(exc))
+        return {}
 
 
 async def _leader_session(conn: psycopg.AsyncConnection[Any]) -> None:

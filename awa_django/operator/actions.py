@@ -24,6 +24,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import uuid
@@ -54,14 +55,18 @@ from awa_django.operator.reads import QueueLimits
 from awa_django.operator.rows import alias, cursor, fetch_one
 from awa_django.sql import query
 from awa_django.states import JobState
+from awa_django.telemetry.logs import job_fields
 
 __all__ = [
     "DRAIN_BATCH",
+    "HistoryRetry",
     "cancel",
     "clear_queue_limits",
     "dlq_purge",
     "dlq_retry",
     "extend_callback",
+    "history_retry",
+    "queue_dlq",
     "queue_drain",
     "queue_pause",
     "resolve_callback",
@@ -74,6 +79,25 @@ log = logging.getLogger("awa_django.operator")
 
 #: Jobs one drain transaction cancels at most (each holds the queue's lanes only that long).
 DRAIN_BATCH = 1000
+
+log = logging.getLogger("awa_django.operator")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HistoryRetry:
+    """What :func:`history_retry` did with one requested job.
+
+    ``outcome``: ``retried`` (``retry_job_id`` is the new job), ``already_retried`` (an earlier
+    retry made ``retry_job_id``), ``refused`` (a unique job whose key ``retry_job_id`` holds),
+    ``not_retryable`` (it completed) or ``not_found`` (not in history: unknown, not finished
+    yet, dead-lettered, or aged out). ``kind`` and ``queue`` are None when not found.
+    """
+
+    job_id: int
+    outcome: Literal["retried", "already_retried", "refused", "not_retryable", "not_found"]
+    retry_job_id: int | None
+    kind: str | None
+    queue: str | None
 
 
 def cancel(job_id: int, *, reason: str = "cancelled", using: str | None = None) -> JobState | None:
@@ -127,6 +151,77 @@ def dlq_retry(
     ):
         c.execute(query("dlq_retry"), [ids, queue, priority, on_unique_conflict])
         return [int(job_id) for job_id, outcome in c.fetchall() if outcome == "retried"]
+
+
+def history_retry(
+    job_ids: Sequence[int],
+    *,
+    by: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    using: str | None = None,
+) -> list[HistoryRetry]:
+    """Retry failed and cancelled jobs from terminal history, in the caller's transaction;
+    one :class:`HistoryRetry` per distinct requested id, by id.
+
+    Each is enqueued again as a new job (new id, attempt 0, available at once) with the
+    original's kind, arguments, queue, priority, ``max_attempts``, tags, metadata and per-job
+    deadline; ``queue`` and ``priority`` optionally send it elsewhere. Its metadata gets
+    ``awa:retried_from`` (the original id), ``awa:retried_by`` (``by``, text of at most 255
+    characters: who asked) and ``awa:retried_at``. The original stays in history as it was. A
+    job is retried from history at most once (a second call returns ``already_retried`` and
+    the first retry's id), however many callers race. A unique job takes its key again; when
+    another job holds it the retry is ``refused``. Each retry is logged at INFO on
+    ``awa_django.operator`` with the job fields and ``retried_by``.
+    """
+    ids = check_ids("job_ids", job_ids)
+    if queue is not None:
+        check_queue_name(queue)
+    if priority is not None:
+        check_priority(priority)
+    if by is not None:
+        check_text("by", by, max_length=255)
+    cfg = get_awa_settings()
+    keep = 2 * float(cfg.HISTORY_RETENTION)  # past this, the original has left history
+    with (
+        write_transaction(alias(using), read_committed=True) as connection,
+        connection.cursor() as c,
+    ):
+        c.execute(query("history_retry"), [ids, by, queue, priority, keep, *sql_limit_values()])
+        rows = [HistoryRetry(int(r[0]), r[1], _maybe_int(r[2]), r[3], r[4]) for r in c.fetchall()]
+    rows.sort(key=lambda r: r.job_id)
+    for row in rows:
+        if row.outcome == "retried":
+            log.info(
+                "awa: job %s retried from history as job %s by %s",
+                row.job_id,
+                row.retry_job_id,
+                by or "(unknown)",
+                extra={
+                    **job_fields(row.job_id, kind=row.kind, queue=row.queue),
+                    "retry_job_id": row.retry_job_id,
+                    "retried_by": by,
+                },
+            )
+    return rows
+
+
+def _maybe_int(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]
+
+
+def queue_dlq(queue: str, enabled: bool = True, *, using: str | None = None) -> bool:
+    """Turn ``queue``'s dead letter queue on or off: whether its jobs that fail for good go to
+    the DLQ or to history as failed, from the next failure on (every worker reads it when a
+    job fails). Returns whether the setting changed. ``AWA["QUEUES"][queue]["dlq"]``, when
+    set, is written again by every process that starts."""
+    check_queue_name(queue)
+    if type(enabled) is not bool:
+        raise InvalidOptionError("enabled", f"must be True or False, got {enabled!r}")
+    with write_transaction(alias(using), statements=1) as connection, connection.cursor() as c:
+        c.execute(query("queue_dlq"), [queue, enabled])
+        row = c.fetchone()
+    return bool(row and row[0])  # one column: whether it changed
 
 
 def dlq_purge(job_ids: Sequence[int], *, using: str | None = None) -> list[int]:

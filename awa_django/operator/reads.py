@@ -23,7 +23,7 @@ from typing import Literal
 from awa_django.cron import next_fire
 from awa_django.db.storage import QueueCounts
 from awa_django.exceptions import InvalidOptionError
-from awa_django.limits import check_id, check_queue_name, check_text
+from awa_django.limits import check_id, check_queue_name, check_text, show
 from awa_django.operator.rows import Json, Param, cursor, fetch, fetch_one, json_value
 from awa_django.sql import query
 from awa_django.states import JobState
@@ -31,13 +31,16 @@ from awa_django.states import JobState
 __all__ = [
     "DlqEntry",
     "JobDetail",
+    "JobSummary",
     "QueueLimits",
     "QueueStats",
     "RingState",
     "ScheduleStatus",
     "WorkerStatus",
     "dlq_list",
+    "job_list",
     "job_show",
+    "queue_dlq_enabled",
     "queue_limits",
     "queue_stats",
     "rings",
@@ -155,6 +158,25 @@ class JobDetail:
     tags: list[str] | None
     in_dlq: bool
     dlq_reason: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobSummary:
+    """One job as :func:`job_list` lists it (``awa.jobs``; a dead-lettered job is ``failed``
+    with ``in_dlq``)."""
+
+    id: int
+    kind: str
+    queue: str
+    state: JobState
+    priority: int
+    attempt: int
+    max_attempts: int
+    run_at: datetime | None
+    created_at: datetime | None
+    finalized_at: datetime | None
+    tags: list[str] | None
+    in_dlq: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -296,3 +318,54 @@ def dlq_list(
             check_text(field, value, max_length=255)
     params: dict[str, Param] = {"queue": queue, "kind": kind, "limit": limit}
     return fetch(DlqEntry, "dlq_list", params, using=using)
+
+
+def job_list(
+    *,
+    state: JobState | str | None = None,
+    queue: str | None = None,
+    kind: str | None = None,
+    tag: str | None = None,
+    in_dlq: bool | None = None,
+    limit: int = 100,
+    using: str | None = None,
+) -> list[JobSummary]:
+    """Jobs from every plane, newest (highest id) first, at most ``limit`` (1 to 100,000),
+    filtered by ``state`` (a :class:`~awa_django.states.JobState` value), ``queue``, ``kind``
+    (exactly), ``tag`` (jobs carrying it) and ``in_dlq``.
+
+    A queue, kind or terminal state narrows history to an index range; a tag alone does not:
+    history is read newest first until ``limit`` jobs carry it (docs/observability.md).
+    """
+    if type(limit) is not int or not 1 <= limit <= 100_000:
+        raise InvalidOptionError("limit", f"must be an int from 1 to 100000, got {limit!r}")
+    if state is not None and state not in JobState.values:
+        raise InvalidOptionError(
+            "state", f"{show(state)} is not one of {', '.join(JobState.values)}"
+        )
+    if queue is not None:
+        check_queue_name(queue)
+    for field, value in (("kind", kind), ("tag", tag)):
+        if value is not None:
+            check_text(field, value, max_length=255)
+    if in_dlq is not None and type(in_dlq) is not bool:
+        raise InvalidOptionError("in_dlq", f"must be True, False or None, got {in_dlq!r}")
+    params: dict[str, Param] = {
+        "state": None if state is None else str(state),
+        "queue": queue,
+        "kind": kind,
+        "tag": tag,
+        "dlq": None if in_dlq is None else int(in_dlq),
+        "limit": limit,
+    }
+    return fetch(JobSummary, "job_list", params, using=using, convert={"state": JobState})
+
+
+def queue_dlq_enabled(queue: str, *, using: str | None = None) -> bool:
+    """Whether ``queue``'s jobs that fail for good go to the dead letter queue (true for a
+    queue never set otherwise)."""
+    check_queue_name(queue)
+    with cursor(using) as c:
+        c.execute(query("queue_dlq_enabled"), [queue])
+        row = c.fetchone()
+    return True if row is None else bool(row[0])  # one column

@@ -2,7 +2,7 @@
 -- Do not edit: change a migration, then regenerate. tests/test_schema.py compares it with a
 -- freshly migrated database. Catalog definitions, sorted; not a script to run.
 
--- relation (106)
+-- relation (107)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
 TABLE attempt_state WITH (fillfactor=80)
@@ -47,6 +47,7 @@ TABLE done_entries_8 PARTITION OF done_entries FOR VALUES IN (8)
 TABLE done_entries_9 PARTITION OF done_entries FOR VALUES IN (9)
 TABLE flow_limits
 TABLE flow_rate_state WITH (fillfactor=50)
+TABLE history_retries
 TABLE lane_floors
 TABLE leases PARTITION BY LIST (lease_slot)
 TABLE leases_0 PARTITION OF leases FOR VALUES IN (0)
@@ -110,7 +111,7 @@ VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (368)
+-- column (372)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -285,6 +286,10 @@ flow_limits.007 updated_by text
 flow_limits.008 updated_at timestamp with time zone NOT NULL DEFAULT now()
 flow_rate_state.001 queue text NOT NULL
 flow_rate_state.002 tat timestamp with time zone NOT NULL
+history_retries.001 job_id bigint NOT NULL
+history_retries.002 retry_job_id bigint
+history_retries.003 retried_by text
+history_retries.004 retried_at timestamp with time zone NOT NULL DEFAULT now()
 job_body.001 job_id bigint
 job_body.002 kind text
 job_body.003 queue text
@@ -484,7 +489,7 @@ unique_keys.007 taken_at timestamp with time zone NOT NULL DEFAULT clock_timesta
 job_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 lane_id_seq AS integer START 1 INCREMENT 1 MIN 1 MAX 2147483647 CACHE 1
 
--- constraint (51)
+-- constraint (52)
 attempt_state attempt_state_pkey PRIMARY KEY (job_id, run_lease)
 callback_receipts callback_receipts_action_check CHECK ((action = ANY (ARRAY['resolve'::text, 'heartbeat'::text])))
 callback_receipts callback_receipts_pkey PRIMARY KEY (callback_id, request_digest)
@@ -514,6 +519,7 @@ flow_limits flow_limits_queue_check CHECK (awa.valid_queue_name(queue))
 flow_limits flow_limits_rate_check CHECK (((rate >= (0.001)::double precision) AND (rate <= (1000000)::double precision)))
 flow_limits flow_limits_source_check CHECK ((source = ANY (ARRAY['settings'::text, 'operator'::text])))
 flow_rate_state flow_rate_state_pkey PRIMARY KEY (queue)
+history_retries history_retries_pkey PRIMARY KEY (job_id)
 lane_floors lane_floors_pkey PRIMARY KEY (lane_id)
 leases leases_pkey PRIMARY KEY (job_id, run_lease, lease_slot)
 leases leases_state_check CHECK ((state = ANY (ARRAY['running'::text, 'waiting_external'::text])))
@@ -537,7 +543,7 @@ schema_migrations schema_migrations_pkey PRIMARY KEY (name)
 serial_waiting serial_waiting_pkey PRIMARY KEY (job_id)
 unique_keys unique_keys_pkey PRIMARY KEY (unique_key)
 
--- index (47)
+-- index (49)
 CREATE INDEX attempt_state_callback_idx ON awa.attempt_state USING btree (callback_id) WHERE (callback_id IS NOT NULL)
 CREATE INDEX callback_receipts_received_idx ON awa.callback_receipts USING btree (received_at)
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at)
@@ -553,6 +559,7 @@ CREATE INDEX done_entries_job_idx ON ONLY awa.done_entries USING btree (job_id)
 CREATE INDEX done_entries_kind_idx ON ONLY awa.done_entries USING btree (kind, finalized_at, job_id)
 CREATE INDEX done_entries_outcome_idx ON ONLY awa.done_entries USING btree (state, finalized_at, job_id) WHERE (state <> 'completed'::text)
 CREATE INDEX done_entries_queue_state_idx ON ONLY awa.done_entries USING btree (queue, state, finalized_at)
+CREATE INDEX history_retries_at_idx ON awa.history_retries USING btree (retried_at)
 CREATE INDEX leases_callback_idx ON ONLY awa.leases USING btree (callback_id) WHERE (callback_id IS NOT NULL)
 CREATE INDEX ready_entries_job_idx ON ONLY awa.ready_entries USING btree (job_id)
 CREATE INDEX ready_entries_serial_idx ON ONLY awa.ready_entries USING btree (awa._serial_lock_v1(queue, (metadata ->> 'awa:serial'::text)), lane_id, lane_seq, job_id) WHERE (metadata ? 'awa:serial'::text)
@@ -572,6 +579,7 @@ CREATE UNIQUE INDEX deferred_jobs_pkey ON awa.deferred_jobs USING btree (job_id)
 CREATE UNIQUE INDEX dlq_entries_pkey ON awa.dlq_entries USING btree (job_id)
 CREATE UNIQUE INDEX flow_limits_pkey ON awa.flow_limits USING btree (queue)
 CREATE UNIQUE INDEX flow_rate_state_pkey ON awa.flow_rate_state USING btree (queue)
+CREATE UNIQUE INDEX history_retries_pkey ON awa.history_retries USING btree (job_id)
 CREATE UNIQUE INDEX lane_floors_pkey ON awa.lane_floors USING btree (lane_id)
 CREATE UNIQUE INDEX leases_pkey ON ONLY awa.leases USING btree (job_id, run_lease, lease_slot)
 CREATE UNIQUE INDEX queue_lanes_pkey ON awa.queue_lanes USING btree (lane_id)
@@ -660,7 +668,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (130)
+-- function (133)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -4586,6 +4594,104 @@ AS $function$
     WHERE NOT EXISTS (SELECT 1 FROM live l WHERE l.id = i.id AND l.lease = i.lease)
 $function$
 
+CREATE OR REPLACE FUNCTION awa.history_retry_v1(p_job_ids bigint[], p_by text DEFAULT NULL::text, p_queue text DEFAULT NULL::text, p_priority integer DEFAULT NULL::integer, p_keep double precision DEFAULT 172800, p_args_max_bytes integer DEFAULT 1048576, p_metadata_max_bytes integer DEFAULT 65536, p_json_max_depth integer DEFAULT 32, p_max_tags integer DEFAULT 20, p_tag_max_length integer DEFAULT 100)
+ RETURNS TABLE(job_id bigint, outcome text, retry_job_id bigint, kind text, queue text)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_variable
+DECLARE
+    d record;
+    v_spec jsonb;
+    v_new record;
+    v_metadata jsonb;
+    v_done bigint[] := '{}';
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.history_retry_v1');
+    IF p_queue IS NOT NULL AND NOT awa.valid_queue_name(p_queue) THEN
+        RAISE EXCEPTION 'queue: % is not a valid queue name ([a-z0-9_.-]{1,63})', quote_nullable(p_queue)
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_priority IS NOT NULL AND NOT awa.valid_priority(p_priority) THEN
+        RAISE EXCEPTION 'priority: % is outside -100..100', p_priority USING ERRCODE = '22023';
+    END IF;
+    IF p_by IS NOT NULL AND length(p_by) > 255 THEN
+        RAISE EXCEPTION 'by: at most 255 characters' USING ERRCODE = '22023';
+    END IF;
+    DELETE FROM awa.history_retries h
+    WHERE h.retried_at < now() - make_interval(secs => LEAST(GREATEST(p_keep, 0), awa._max_seconds_v1()));
+    FOR d IN
+        SELECT x.job_id, x.state, x.kind, x.queue,
+               COALESCE(x.priority, r.priority) AS priority,
+               COALESCE(x.args, r.args) AS args,
+               COALESCE(x.max_attempts, r.max_attempts) AS max_attempts,
+               COALESCE(x.metadata, r.metadata) AS metadata,
+               COALESCE(x.tags, r.tags) AS tags,
+               r.deadline_secs
+        FROM awa.done_entries x
+        LEFT JOIN awa.ready_entries r
+               ON r.lane_id = x.lane_id AND r.lane_seq = x.lane_seq AND r.ready_slot = x.ready_slot
+        WHERE x.job_id = ANY (p_job_ids)
+        ORDER BY x.job_id
+    LOOP
+        v_done := v_done || d.job_id;
+        job_id := d.job_id;
+        kind := d.kind;
+        queue := d.queue;
+        IF d.state NOT IN ('failed', 'cancelled') THEN
+            outcome := 'not_retryable';
+            retry_job_id := NULL;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        -- Waits for a concurrent retry of the same job to commit or roll back.
+        INSERT INTO awa.history_retries AS h (job_id, retry_job_id, retried_by)
+        VALUES (d.job_id, NULL, p_by)
+        ON CONFLICT ON CONSTRAINT history_retries_pkey DO NOTHING;
+        IF NOT FOUND THEN
+            outcome := 'already_retried';
+            SELECT h.retry_job_id INTO retry_job_id FROM awa.history_retries h
+            WHERE h.job_id = d.job_id;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        v_spec := d.metadata -> 'awa:unique';
+        v_metadata := (COALESCE(d.metadata, '{}'::jsonb) - 'awa:unique' - 'awa:retried_from'
+                       - 'awa:retried_by' - 'awa:retried_at')
+                      || jsonb_build_object('awa:retried_from', d.job_id, 'awa:retried_by', p_by,
+                                            'awa:retried_at', now());
+        IF jsonb_typeof(v_spec) <> 'object' THEN
+            v_spec := NULL;
+        END IF;
+        SELECT e.job_id, e.duplicate INTO v_new
+        FROM awa.enqueue_one_v3(
+            d.kind, COALESCE(p_queue, d.queue), COALESCE(p_priority, d.priority), d.args,
+            d.max_attempts, NULL, NULL, d.deadline_secs, v_metadata, d.tags,
+            p_args_max_bytes, p_metadata_max_bytes, p_json_max_depth, p_max_tags,
+            p_tag_max_length,
+            v_spec IS NOT NULL,
+            CASE WHEN jsonb_typeof(v_spec -> 'key') = 'string' THEN v_spec ->> 'key' END,
+            CASE WHEN jsonb_typeof(v_spec -> 'for') = 'number'
+                 THEN LEAST((v_spec ->> 'for')::double precision, 3155760000) END,
+            CASE WHEN jsonb_typeof(v_spec -> 'states') = 'array'
+                 THEN (SELECT array_agg(DISTINCT s) FROM jsonb_array_elements_text(v_spec -> 'states') s
+                       WHERE s = ANY (awa.unique_states_v1())) END) e;
+        IF v_new.duplicate THEN
+            DELETE FROM awa.history_retries h WHERE h.job_id = d.job_id;
+            outcome := 'refused';
+        ELSE
+            UPDATE awa.history_retries h SET retry_job_id = v_new.job_id WHERE h.job_id = d.job_id;
+            outcome := 'retried';
+            queue := COALESCE(p_queue, d.queue);
+        END IF;
+        retry_job_id := v_new.job_id;
+        RETURN NEXT;
+    END LOOP;
+    RETURN QUERY
+    SELECT u.id, 'not_found'::text, NULL::bigint, NULL::text, NULL::text
+    FROM unnest(p_job_ids) AS u(id) WHERE u.id <> ALL (v_done) GROUP BY u.id;
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa.lane_cursor_v1(p_lane_id integer)
  RETURNS bigint
  LANGUAGE sql
@@ -4828,6 +4934,28 @@ AS $function$
     ORDER BY l.queue
 $function$
 
+CREATE OR REPLACE FUNCTION awa.queue_dlq_v1(p_queue text, p_enabled boolean)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_old boolean;
+BEGIN
+    IF NOT awa.valid_queue_name(p_queue) THEN
+        RAISE EXCEPTION 'queue: % is not a valid queue name ([a-z0-9_.-]{1,63})', quote_nullable(p_queue)
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_enabled IS NULL THEN
+        RAISE EXCEPTION 'enabled: must be true or false' USING ERRCODE = '22023';
+    END IF;
+    SELECT m.dlq_enabled INTO v_old FROM awa.queue_meta m WHERE m.queue = p_queue;
+    INSERT INTO awa.queue_meta AS m (queue, dlq_enabled) VALUES (p_queue, p_enabled)
+    ON CONFLICT (queue) DO UPDATE SET dlq_enabled = EXCLUDED.dlq_enabled, updated_at = now()
+    WHERE m.dlq_enabled IS DISTINCT FROM EXCLUDED.dlq_enabled;
+    RETURN COALESCE(v_old, true) IS DISTINCT FROM p_enabled;
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa.queue_drain_v2(p_queue text, p_limit integer DEFAULT 1000, p_max_job_id bigint DEFAULT NULL::bigint)
  RETURNS integer
  LANGUAGE plpgsql
@@ -4929,6 +5057,36 @@ BEGIN
     END LOOP;
     RETURN v_n;
 END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.queue_lag_v1()
+ RETURNS TABLE(queue text, available bigint, lag_seconds double precision, paused boolean)
+ LANGUAGE sql
+ STABLE
+AS $function$
+    WITH lanes AS (
+        SELECT l.queue, l.lane_id, awa.lane_cursor_v1(l.lane_id) AS cursor,
+               COALESCE(pg_sequence_last_value(l.enqueue_seq), 0) AS last_seq
+        FROM awa.queue_lanes l
+    )
+    SELECT x.queue,
+           sum(GREATEST(x.last_seq - x.cursor, 0))::bigint,
+           extract(epoch FROM now() - min(h.run_at))::double precision,
+           COALESCE(bool_or(m.paused), false)
+    FROM lanes x
+    LEFT JOIN LATERAL (
+        SELECT e.run_at FROM awa.ready_entries e
+        WHERE x.last_seq > x.cursor AND e.lane_id = x.lane_id AND e.lane_seq > x.cursor
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.ready_tombstones t
+              WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                AND t.ready_slot = e.ready_slot)
+        ORDER BY e.lane_seq
+        LIMIT 1
+    ) h ON true
+    LEFT JOIN awa.queue_meta m ON m.queue = x.queue
+    GROUP BY x.queue
+    ORDER BY x.queue
 $function$
 
 CREATE OR REPLACE FUNCTION awa.queue_pause_v1(p_queue text, p_paused boolean)

@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
+from typing import Any
 
-from awa_django.db.storage import Finalization, afinalize
+from awa_django.db.storage import ClaimedJob, Finalization, afinalize
 from awa_django.limits import clean_text
+from awa_django.sql import query
+from awa_django.telemetry.logs import job_fields, job_log_fields
+from awa_django.telemetry.metrics import Metrics
 from awa_django.worker.links import Link, first_line, is_connection_lost
 
 __all__ = ["CompletionBatcher"]
@@ -41,12 +46,18 @@ class CompletionBatcher:
         batch_size: int,
         flush_interval: float,
         give_up: Callable[[], bool] = lambda: False,
+        metrics: Metrics | None = None,
     ) -> None:
         self.link = link
+        #: Counts each written outcome (docs/observability.md, "Metrics"), when metrics are on.
+        self.metrics = metrics
         self.batch_size = batch_size
         self.flush_interval = flush_interval
         self.give_up = give_up
         self.pending: list[Finalization] = []
+        # The attempt of each pending outcome (None when not known), for the job fields of
+        # the log records of a stale or refused one.
+        self.pending_jobs: list[ClaimedJob | None] = []
         self.written = 0
         self.stale = 0
         self.refused = 0
@@ -55,9 +66,10 @@ class CompletionBatcher:
         self._idle.set()
         self._closing = False
 
-    def add(self, item: Finalization) -> None:
-        """Queue one outcome (non-blocking)."""
+    def add(self, item: Finalization, job: ClaimedJob | None = None) -> None:
+        """Queue one outcome (non-blocking); ``job`` is its attempt, when known."""
         self.pending.append(item)
+        self.pending_jobs.append(job)
         self._idle.clear()
         if len(self.pending) >= self.batch_size or len(self.pending) == 1:
             self._wake.set()
@@ -76,9 +88,11 @@ class CompletionBatcher:
                 await asyncio.sleep(self.flush_interval)
             while self.pending:
                 batch = self.pending[: self.batch_size]
+                jobs = self.pending_jobs[: len(batch)]
                 del self.pending[: len(batch)]
+                del self.pending_jobs[: len(batch)]
                 try:
-                    await self._write(batch)
+                    await self._write(batch, jobs)
                 except Exception:  # pragma: no cover - _write handles its own errors
                     log.exception(
                         "awa worker: %d outcome(s) could not be written; their attempts will "
@@ -89,7 +103,7 @@ class CompletionBatcher:
             if self._closing:
                 return
 
-    async def _write(self, batch: list[Finalization]) -> None:
+    async def _write(self, batch: list[Finalization], jobs: list[ClaimedJob | None]) -> None:
         tries = 0
 
         async def write(conn: object) -> list[tuple[int, int]]:
@@ -108,9 +122,11 @@ class CompletionBatcher:
                     first_line(exc),
                 )
                 return
-            await self._isolate(batch, exc)
+            await self._isolate(batch, jobs, exc)
             return
         self.written += len(batch) - len(stale)
+        if self.metrics is not None:
+            await self._count(batch, jobs, stale)
         if stale:
             if tries > 1:
                 # A retried batch may find attempts its interrupted first try already closed.
@@ -120,22 +136,51 @@ class CompletionBatcher:
                 )
             else:
                 self.stale += len(stale)
+                known = {(j.job_id, j.run_lease): j for j in jobs if j is not None}
                 for job_id, lease in stale:
                     log.warning(
                         "awa worker: stale finalization of job %s attempt lease %s ignored "
                         "(rescued, cancelled or closed elsewhere)",
                         job_id,
                         lease,
+                        extra=_fields(known.get((job_id, lease)), job_id, lease),
                     )
 
-    async def _isolate(self, batch: list[Finalization], exc: Exception) -> None:
+    async def _count(
+        self,
+        batch: list[Finalization],
+        jobs: list[ClaimedJob | None],
+        stale: list[tuple[int, int]],
+    ) -> None:
+        """Count a written batch's outcomes; first read which queues have their DLQ off, when
+        that was read more than 10 s ago (failures are told from dead letters with it)."""
+        metrics = self.metrics
+        assert metrics is not None
+        if metrics.dlq_due(time.monotonic()):
+
+            async def read(conn: object) -> list[str]:
+                cursor = await conn.execute(query("queues_dlq_off"))  # type: ignore[attr-defined]
+                return [row[0] for row in await cursor.fetchall()]
+
+            try:
+                metrics.set_dlq_off(
+                    await self.link.run(read, give_up=self.give_up), time.monotonic()
+                )
+            except Exception as exc:  # only the metrics' detail: never the outcomes
+                log.debug("awa worker: could not read the queues' DLQ policy (%s)", exc)
+        metrics.written(batch, jobs, set(stale))
+
+    async def _isolate(
+        self, batch: list[Finalization], jobs: list[ClaimedJob | None], exc: Exception
+    ) -> None:
         """Write a refused batch in halves until the refused outcome is alone, then fail it."""
         if len(batch) > 1:
             middle = len(batch) // 2
-            await self._write(batch[:middle])
-            await self._write(batch[middle:])
+            await self._write(batch[:middle], jobs[:middle])
+            await self._write(batch[middle:], jobs[middle:])
             return
         [item] = batch
+        [job] = jobs
         self.refused += 1
         reason = clean_text(f"{type(exc).__name__}: {first_line(exc)}", 1000)
         log.error(
@@ -145,6 +190,7 @@ class CompletionBatcher:
             item.job_id,
             item.run_lease,
             reason,
+            extra=_fields(job, item.job_id, item.run_lease),
         )
         if item.outcome == "fail" and (item.error or {}).get("type") == "awa_django.OutcomeRefused":
             return  # the replacement itself was refused: leave the attempt to rescue
@@ -159,7 +205,7 @@ class CompletionBatcher:
             },
             has_state=True,
         )
-        await self._write([replacement])
+        await self._write([replacement], [job])
 
     async def drain(self) -> None:
         """Wait until everything queued so far is written."""
@@ -171,3 +217,7 @@ class CompletionBatcher:
         """Stop the loop after the pending outcomes are written."""
         self._closing = True
         self._wake.set()
+
+
+def _fields(job: ClaimedJob | None, job_id: int, lease: int) -> dict[str, Any]:
+    return job_fields(job_id, run_lease=lease) if job is None else job_log_fields(job)

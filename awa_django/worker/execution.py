@@ -26,6 +26,9 @@ from django.db import close_old_connections, connections
 from awa_django.db.storage import ClaimedJob, Finalization
 from awa_django.exceptions import TransactionLeftOpen
 from awa_django.sql import query
+from awa_django.telemetry.logs import job_fields, job_log_fields, set_current_job
+from awa_django.telemetry.metrics import Metrics
+from awa_django.telemetry.tracing import Tracing, attach_span, detach_span
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.context import JobContext
@@ -65,6 +68,7 @@ class Running:
         "exc",
         "has_state",
         "queue",
+        "span",
         "started",
         "stop_timer",
         "task",
@@ -90,6 +94,8 @@ class Running:
         self.thread: threading.Thread | None = None
         self.value: Any = None
         self.exc: BaseException | None = None
+        # The attempt's OpenTelemetry span, when traces are on.
+        self.span: Any = None
 
 
 class Execution:
@@ -114,6 +120,8 @@ class Execution:
     _all_done: asyncio.Event
     _loop: asyncio.AbstractEventLoop | None
     _loop_thread: int | None
+    _metrics: Metrics | None
+    _tracing: Tracing | None
 
     def stop(self) -> None:  # pragma: no cover - provided by WorkerRuntime
         raise NotImplementedError
@@ -161,6 +169,9 @@ class Execution:
                 "awa_django.InvalidJob", f"job {job.job_id} could not be prepared: {safe_str(exc)}"
             )
         run = Running(attempt, queue, loop.time())
+        if self._tracing is not None:
+            with contextlib.suppress(Exception):  # a broken tracer must not lose the job
+                run.span = self._tracing.start(job)
         self.inflight[(job.job_id, job.run_lease)] = run
         self.slots.start(queue.name, job.weight)
         if job.permits or job.serial_lock is not None:
@@ -168,7 +179,13 @@ class Execution:
                 job.permits, f"job {job.job_id} (lease {job.run_lease})", job.serial_lock
             )
         if self._debug:
-            log.debug("job %s %s attempt %s started", job.job_id, job.kind, job.attempt)
+            log.debug(
+                "job %s %s attempt %s started",
+                job.job_id,
+                job.kind,
+                job.attempt,
+                extra=job_log_fields(job),
+            )
         if attempt.failure is not None:
             self._finish(run, None, None)
             return
@@ -235,7 +252,10 @@ class Execution:
             attempt = run.attempt
             handle = attempt.handle
             assert handle is not None
+            set_current_job(attempt.job)  # copied into its context: JobFieldsFilter reads it
             context = contextvars.copy_context()
+            if run.span is not None:
+                context.run(attach_span, run.span)  # its own context: no detach needed
             try:
                 coro = handle.func(*attempt.call_args(), **attempt.kwargs)
                 step = context.run(coro.send, None)
@@ -299,14 +319,23 @@ class Execution:
             outcome = Finalization(
                 job.job_id, job.run_lease, job.claim_slot, "fail", error=error_info(error)
             )
-        self.batcher.add(outcome)
+        self.batcher.add(outcome, job)
         self.finished += 1
+        if self._metrics is not None and self._loop is not None:
+            now = self._loop.time()
+            self._metrics.handler_done(job, now - run.started, now)
+        if run.span is not None and self._tracing is not None:
+            self._tracing.end(run.span, outcome, exc)
         if not run.abandoned:
             self._release(run)
         try:
             self._log_outcome(run, outcome)
         except Exception:  # pragma: no cover - logging must not break the loop
-            log.exception("awa worker: could not log the outcome of job %s", job.job_id)
+            log.exception(
+                "awa worker: could not log the outcome of job %s",
+                job.job_id,
+                extra=job_log_fields(job),
+            )
 
     def _release(self, run: Running) -> None:
         """Free a run's slot and wake its dispatcher."""
@@ -345,6 +374,7 @@ class Execution:
             job.run_lease,
             self.config.settings.ABANDON_AFTER,
             why,
+            extra=job_log_fields(job),
         )
         self.abandoned_total += 1
         handle = run.attempt.handle
@@ -389,6 +419,7 @@ class Execution:
                     job.kind,
                     job.attempt,
                     elapsed,
+                    extra=job_log_fields(job),
                 )
             return
         error = outcome.error or {}
@@ -406,6 +437,7 @@ class Execution:
             elapsed,
             error.get("type", "-"),
             error.get("message", ""),
+            extra=job_log_fields(job),
         )
 
     # -- callbacks ---------------------------------------------------------------------------
@@ -440,6 +472,13 @@ class Execution:
                 "job %s attempt lease %s is no longer open; its callback was not registered",
                 ctx.id,
                 ctx.run_lease,
+                extra=job_fields(
+                    ctx.id,
+                    kind=ctx.kind,
+                    queue=ctx.queue,
+                    attempt=ctx.attempt,
+                    run_lease=ctx.run_lease,
+                ),
             )
             ctx.cancel()
 
@@ -498,9 +537,16 @@ def run_sync(run: Running) -> None:
     try:
         if getattr(_thread_state, "orm", True) and connections.all(initialized_only=True):
             close_old_connections()
-        value = attempt.handle.func(*attempt.call_args(), **attempt.kwargs)
+        set_current_job(attempt.job)  # the job fields of its log records (JobFieldsFilter)
+        token = None if run.span is None else attach_span(run.span)
+        try:
+            value = attempt.handle.func(*attempt.call_args(), **attempt.kwargs)
+        finally:
+            if token is not None:
+                detach_span(token)
     except BaseException as exc:
         error = exc
+    set_current_job(None)
     leaked: list[str] = []
     orm = True
     try:
@@ -511,7 +557,9 @@ def run_sync(run: Running) -> None:
             orm = False
     except BaseException:
         log.exception(
-            "awa worker: closing the ORM connections after job %s failed", attempt.job.job_id
+            "awa worker: closing the ORM connections after job %s failed",
+            attempt.job.job_id,
+            extra=job_log_fields(attempt.job),
         )
     if leaked:
         if error is None:
@@ -524,6 +572,7 @@ def run_sync(run: Running) -> None:
                 "awa worker: job %s left a transaction open on %s; rolled back and reconnected",
                 attempt.job.job_id,
                 ", ".join(leaked),
+                extra=job_log_fields(attempt.job),
             )
     _thread_state.orm = orm
     run.value = value

@@ -50,6 +50,9 @@ from awa_django.limits import QUEUE_NAME_RE
 from awa_django.maintenance.cron import sync_schedules
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.sql import query
+from awa_django.telemetry.logs import job_fields, job_log_fields
+from awa_django.telemetry.metrics import active_metrics
+from awa_django.telemetry.tracing import active_tracing
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Execution, Running, run_sync
@@ -95,11 +98,14 @@ class WorkerRuntime(Execution):
         )
         self.finalize_link = Link(config.settings.DATABASE_ALIAS, "finalize", name)
         self.control_link = Link(config.settings.DATABASE_ALIAS, "heartbeat", name)
+        self._metrics = active_metrics()  # None unless OpenTelemetry metrics are on
+        self._tracing = active_tracing()  # None unless OpenTelemetry traces are on
         self.batcher = CompletionBatcher(
             self.finalize_link,
             batch_size=config.settings.COMPLETION_BATCH_SIZE,
             flush_interval=config.settings.COMPLETION_FLUSH_INTERVAL,
             give_up=self._shutdown_overdue,
+            metrics=self._metrics,
         )
         self.inflight: dict[tuple[int, int], Running] = {}
         self.abandoned: list[Running] = []
@@ -541,6 +547,8 @@ class WorkerRuntime(Execution):
             failures = 0
             jobs = claimed.jobs
             units = sum(job.weight for job in jobs)
+            if jobs and self._metrics is not None:
+                self._metrics.claimed(queue.name, jobs)
             self.claimed += len(jobs)
             self.slots.unreserve(want, units)
             self._start_batch(jobs, queue)  # counted as running from here on
@@ -634,6 +642,7 @@ class WorkerRuntime(Execution):
                     "its handler is told to stop",
                     key[0],
                     key[1],
+                    extra=job_log_fields(closed.attempt.job),
                 )
                 self._tell_stop(closed, "its attempt is no longer open")
 
@@ -664,8 +673,16 @@ class WorkerRuntime(Execution):
                         lease,
                         first_line(error),
                         "; retrying without its progress" if attempt[2] is not None else "",
+                        extra=self._job_fields(job_id, lease),
                     )
         return gone
+
+    def _job_fields(self, job_id: int, lease: int) -> dict[str, Any]:
+        """The log fields of an in-flight attempt (only its identity once it has ended)."""
+        run = self.inflight.get((job_id, lease))
+        if run is None:
+            return job_fields(job_id, run_lease=lease)
+        return job_log_fields(run.attempt.job)
 
     async def _refresh_loop(self) -> None:
         """Every ``RUNTIME_REFRESH_INTERVAL``: find new queues (without ``--queue``), refresh

@@ -96,6 +96,22 @@ class Command(BaseCommand):
                 "autoreloader, like runserver); one process only."
             ),
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=integer("the metrics port", 1, 65535),
+            default=None,
+            metavar="PORT",
+            help=(
+                "Serve this worker's OpenTelemetry metrics for Prometheus on PORT (/metrics; "
+                "with --processes N, ports PORT to PORT+N-1). Needs awa-django[otel]."
+            ),
+        )
+        parser.add_argument(
+            "--metrics-host",
+            default="0.0.0.0",
+            metavar="ADDRESS",
+            help="The address --metrics-port listens on (default 0.0.0.0).",
+        )
         # One process of a --processes N fleet, started by the supervisor.
         parser.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)
 
@@ -126,6 +142,8 @@ class Command(BaseCommand):
             return
         autodiscover_jobs()
         config = self._config(processes, queues, options)
+        if options["metrics_port"] is not None:
+            self._serve_metrics(options["metrics_port"], options["metrics_host"])
         try:
             code = asyncio.run(WorkerRuntime(config).run())
         except BaseException as exc:
@@ -144,6 +162,17 @@ class Command(BaseCommand):
             burst=options["burst"],
             maintenance=not options["no_maintenance"],
         )
+
+    @staticmethod
+    def _serve_metrics(port: int, host: str) -> None:
+        from awa_django.telemetry.prometheus import serve, slot_port
+
+        port = slot_port(port)
+        try:
+            serve(port, host)
+        except (ImportError, OSError) as exc:
+            raise CommandError(f"--metrics-port: {exc}") from exc
+        log.info("awa worker: metrics for Prometheus on http://%s:%d/metrics", host, port)
 
     def _supervise(self, processes: int, options: dict[str, Any]) -> None:
         """Run ``processes`` children, each this command with the same options."""
@@ -189,6 +218,8 @@ class Command(BaseCommand):
 
         def serve() -> None:
             autodiscover_jobs()
+            if options["metrics_port"] is not None:
+                self._serve_metrics(options["metrics_port"], options["metrics_host"])
             runtime = WorkerRuntime(self._config(processes, queues, options), handle_signals=False)
             reloading.runtime = runtime
             try:
@@ -304,6 +335,9 @@ def _forwarded(options: dict[str, Any], processes: int) -> list[str]:
     for flag in ("burst", "no_maintenance", "traceback", "no_color", "force_color", "skip_checks"):
         if options.get(flag):
             args.append("--" + flag.replace("_", "-"))
+    if options.get("metrics_port") is not None:
+        args += ["--metrics-port", str(options["metrics_port"])]
+        args += ["--metrics-host", str(options["metrics_host"])]
     for name in ("settings", "pythonpath"):
         if options.get(name):
             args += [f"--{name}", str(options[name])]

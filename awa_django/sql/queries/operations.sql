@@ -73,3 +73,29 @@ SET TRANSACTION ISOLATION LEVEL READ COMMITTED
 
 -- name: isolation
 SELECT current_setting('transaction_isolation')
+
+-- name: queue_dlq
+-- Returns whether the queue's DLQ setting changed.
+SELECT awa.queue_dlq_v1(%s, %s)
+
+-- name: queue_dlq_enabled
+-- One column: whether the queue's DLQ is on (no row: the queue has no metadata yet; it is on).
+SELECT dlq_enabled FROM awa.queue_meta WHERE queue = %s
+
+-- name: history_retry
+SELECT job_id, outcome, retry_job_id, kind, queue
+FROM awa.history_retry_v1(%s::bigint[], %s, %s, %s, %s, %s, %s, %s, %s, %s)
+
+-- name: job_list
+-- Newest first. Each filter is pushed into every plane of awa.jobs (history: the kind, queue
+-- and state indexes of done_entries; a tag alone filters history rows as they are read).
+SELECT id, kind, queue, state, priority, attempt, max_attempts, run_at, created_at,
+       finalized_at, tags, in_dlq
+FROM awa.jobs
+WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
+  AND (%(dlq)s::integer IS NULL OR in_dlq = (%(dlq)s::integer = 1))
+ORDER BY id DESC
+LIMIT %(limit)s

@@ -6,7 +6,7 @@ SELECT name, change FROM awa.cron_sync_v1(%s::jsonb)
 
 -- name: cron_due
 -- What the leader evaluates: unpaused schedules and the database clock's now().
-SELECT now() AS now, name, cron_expr, timezone, catch_up, fire_after
+SELECT now() AS now, name, cron_expr, timezone, catch_up, fire_after, kind, queue
 FROM awa.cron_schedules WHERE paused_at IS NULL ORDER BY name
 
 -- name: cron_fire

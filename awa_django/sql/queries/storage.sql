@@ -124,3 +124,12 @@ SELECT awa.callback_register_v1(%s, %s, %s)
 
 -- name: queues_known
 SELECT DISTINCT queue FROM awa.queue_lanes ORDER BY queue
+
+-- name: jobs_brief
+-- Kind, queue and attempt of rescued jobs, for their log fields and metrics: a rescue sends a
+-- job to retryable (deferred), failed (history) or the DLQ; each plane is read by job id index.
+SELECT job_id, kind, queue, attempt FROM awa.deferred_jobs WHERE job_id = ANY(%(ids)s::bigint[])
+UNION ALL
+SELECT job_id, kind, queue, attempt FROM awa.dlq_entries WHERE job_id = ANY(%(ids)s::bigint[])
+UNION ALL
+SELECT id, kind, queue, attempt FROM awa.terminal_jobs WHERE id = ANY(%(ids)s::bigint[])

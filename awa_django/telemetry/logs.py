@@ -1,0 +1,163 @@
+"""Structured logs: the job fields every log record about a job carries, a filter that adds them
+to the records a handler logs, and a JSON formatter.
+
+Guarantees:
+
+* Every record awa_django logs about one job (its start and end at DEBUG, a retry, a failure,
+  an abandoned handler, a stale or refused finalization, a rescue, a periodic fire) carries the
+  :data:`JOB_FIELDS` as attributes (logging's ``extra``): ``job_id``, ``kind``, ``queue``,
+  ``attempt`` and ``run_lease``. A field that is not known where the line is logged is ``None``
+  (a periodic fire has no attempt yet), never missing.
+* :class:`JobFieldsFilter`, added to a handler (or a logger), gives the same fields to the
+  records a job's own handler code logs while it runs, sync or async; records logged outside
+  any job are left as they are.
+* :class:`JsonFormatter` writes one JSON object per record on one line, whatever the record
+  holds (a value JSON cannot encode is written as its ``repr``).
+
+docs/observability.md, "Structured logs", shows a ``LOGGING`` setting that uses both.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime
+import json
+import logging
+from typing import Any, Final, Protocol
+
+__all__ = [
+    "JOB_FIELDS",
+    "JobFieldsFilter",
+    "JsonFormatter",
+    "current_job_fields",
+    "job_fields",
+    "job_log_fields",
+    "set_current_job",
+]
+
+#: The attributes a record about a job carries (the ``extra`` keys).
+JOB_FIELDS: Final = ("job_id", "kind", "queue", "attempt", "run_lease")
+
+
+class _Job(Protocol):
+    """What :func:`job_log_fields` reads: a claimed attempt (``ClaimedJob``)."""
+
+    @property
+    def job_id(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def run_lease(self) -> int: ...
+
+
+def job_fields(
+    job_id: int | None,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+    attempt: int | None = None,
+    run_lease: int | None = None,
+) -> dict[str, Any]:
+    """The ``extra`` dict of a record about one job; every one of :data:`JOB_FIELDS` is set."""
+    return {
+        "job_id": job_id,
+        "kind": kind,
+        "queue": queue,
+        "attempt": attempt,
+        "run_lease": run_lease,
+    }
+
+
+def job_log_fields(job: _Job) -> dict[str, Any]:
+    """The ``extra`` dict of a record about one claimed attempt."""
+    return {
+        "job_id": job.job_id,
+        "kind": job.kind,
+        "queue": job.queue,
+        "attempt": job.attempt,
+        "run_lease": job.run_lease,
+    }
+
+
+#: The attempt whose handler runs in this context (set by the worker for each attempt: in the
+#: handler's own context when async, on its pool thread when sync). The attempt itself, not
+#: its fields: setting it costs one ``ContextVar.set`` per job, and only a record that passes
+#: through :class:`JobFieldsFilter` pays for the fields.
+_current: contextvars.ContextVar[_Job | None] = contextvars.ContextVar(
+    "awa_current_job", default=None
+)
+
+#: Set the attempt whose handler runs in this context (None: no job). For the worker.
+set_current_job = _current.set
+
+
+def current_job_fields() -> dict[str, Any] | None:
+    """The job fields of the handler running in this context, or None outside a job."""
+    job = _current.get()
+    return None if job is None else job_log_fields(job)
+
+
+class JobFieldsFilter(logging.Filter):
+    """Adds the :data:`JOB_FIELDS` of the running job to each record logged inside a handler
+    (a field the record already has is kept). Never drops a record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        job = _current.get()
+        if job is not None:
+            values = record.__dict__
+            for name, value in job_log_fields(job).items():
+                values.setdefault(name, value)
+        return True
+
+
+# The attributes every LogRecord has: anything else on a record came from ``extra``.
+_STANDARD: Final = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line.
+
+    Keys: ``time`` (ISO 8601, UTC, milliseconds), ``level``, ``logger``, ``message`` (the
+    formatted message), then every field the record got through ``extra`` or
+    :class:`JobFieldsFilter` (the :data:`JOB_FIELDS` first, when present), then ``exception``
+    and ``stack`` (text) when the record has them. ``fields`` (a sequence of attribute names)
+    adds standard record attributes too, e.g. ``("process", "threadName")``.
+    """
+
+    def __init__(self, *args: Any, fields: tuple[str, ...] | list[str] = (), **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.fields = tuple(fields)
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        values = record.__dict__
+        for name in JOB_FIELDS:
+            if name in values:
+                out[name] = values[name]
+        for name, value in values.items():
+            if name not in _STANDARD and name not in out:
+                out[name] = value
+        for name in self.fields:
+            out[name] = values.get(name)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            out["exception"] = record.exc_text
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(out, default=repr, ensure_ascii=False)
