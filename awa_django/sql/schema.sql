@@ -5124,7 +5124,10 @@ CREATE OR REPLACE FUNCTION awa.queues_idle_v1(p_queues text[])
 AS $function$
     SELECT NOT EXISTS (
         SELECT 1 FROM awa.queue_lanes l
-        CROSS JOIN LATERAL (SELECT awa.lane_cursor_v1(l.lane_id) AS c) k
+        -- OFFSET 0: the cursor is computed once per lane. Flattened, the call became a filter
+        -- evaluated per row of every ready partition the planner chose to scan (470 s for one
+        -- call over 450,000 retained rows without maintenance).
+        CROSS JOIN LATERAL (SELECT awa.lane_cursor_v1(l.lane_id) AS c OFFSET 0) k
         WHERE l.queue = ANY (p_queues)
           AND NOT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = l.queue AND m.paused)
           AND EXISTS (
