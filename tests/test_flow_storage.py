@@ -4,7 +4,6 @@ the permit bookkeeping functions and the settings/operator rows. docs/flow.md.""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import psycopg
@@ -13,7 +12,7 @@ import pytest
 from awa_django.db import storage
 from awa_django.sql import query
 from tests.factories import WORKER, enqueue_sql
-from tests.helpers import pg
+from tests.helpers import pg, wait_for
 
 pytestmark = [pytest.mark.storage, pytest.mark.usefixtures("clean_awa")]
 
@@ -36,6 +35,22 @@ def claim(
     with conn.cursor(row_factory=storage._claimed_job) as cursor:
         got = storage._claimed(cursor.execute(query("claim"), params).fetchall())
     return got.jobs, got.limited, got.wait
+
+
+def db_clock_passes(conn: psycopg.Connection[Any], seconds: float) -> None:
+    """Wait (with a timeout) until ``seconds`` have passed on the database clock, the clock the
+    rate limit reads."""
+    row = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    start = row[0]
+
+    def passed() -> bool:
+        done = conn.execute(
+            "SELECT clock_timestamp() >= %s + make_interval(secs => %s)", [start, seconds]
+        ).fetchone()
+        return bool(done and done[0])
+
+    wait_for(passed, timeout=5 + seconds, interval=0.01, message=f"{seconds} s of database time")
 
 
 def set_limits(
@@ -126,7 +141,7 @@ def test_rate_limit_gives_the_burst_then_one_job_per_period_with_the_wait() -> N
         assert wait is not None and 0.0 < wait <= 0.05 + 1e-6
         jobs, limited, wait = claim(conn, "r", 50)
         assert jobs == [] and limited and wait is not None and 0.0 < wait <= 0.05 + 1e-6
-        time.sleep(0.25)  # 5 periods of 50 ms
+        db_clock_passes(conn, 0.25)  # 5 periods of 50 ms
         jobs, _, _ = claim(conn, "r", 50)
         assert 4 <= len(jobs) <= 5
         # One row, updated once per claim that took jobs: no row per job.
@@ -215,10 +230,7 @@ def test_reap_terminates_stale_worker_sessions_holding_permits() -> None:
             assert len(claim(live, "reap", 1)[0]) == 1  # not an awa worker: never reaped
             rows = conn.execute(query("flow_reap"), [30.0]).fetchall()
             assert [(r[1], r[2]) for r in rows] == [(f"awa:worker:{instance}", "terminated")]
-            for _ in range(100):
-                if in_use(conn, "reap") == 1:
-                    break
-                time.sleep(0.02)
+            wait_for(lambda: in_use(conn, "reap") == 1, message="the reaped session's permit")
             assert in_use(conn, "reap") == 1
             with pytest.raises(psycopg.OperationalError):
                 stale.execute("SELECT 1")
@@ -297,11 +309,11 @@ def test_a_raised_rate_takes_effect_at_once() -> None:
         set_limits(conn, "rr", rate=100, burst=5)
         jobs, limited, wait = claim(conn, "rr", 20)
         assert len(jobs) <= 1 and limited and wait is not None and wait <= 0.0101
-        time.sleep(0.06)
+        db_clock_passes(conn, 0.06)
         assert len(claim(conn, "rr", 20)[0]) == 5
         conn.execute("SELECT * FROM awa.flow_set_v1('rr', NULL, NULL, NULL, 'op', true)")
         set_limits(conn, "rr", rate=50, burst=3)
-        time.sleep(0.06)
+        db_clock_passes(conn, 0.06)
         assert len(claim(conn, "rr", 20)[0]) == 3
 
 
