@@ -246,6 +246,10 @@ def _watch_and_restart() -> int:
     except Exception as exc:
         extra.update(_error_files(exc))
     while True:
+        # Taken before the child starts: a file saved while the failed child was still starting
+        # (or in the instant before the wait began) restarts it at once instead of being missed.
+        # At worst one futile restart follows an edit made during a long run.
+        before = _stamps(extra)
         code = autoreload.restart_with_reloader()
         if code == 0 or code < 0 or code >= 128:
             return code
@@ -256,7 +260,7 @@ def _watch_and_restart() -> int:
         )
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
-            _wait_for_a_change(extra)
+            _wait_for_a_change(extra, before)
         except KeyboardInterrupt:
             return 130
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -272,24 +276,25 @@ def _error_files(exc: BaseException) -> set[Path]:
     return {f for f in files if f.suffix == ".py"}
 
 
-def _wait_for_a_change(extra: set[Path], interval: float = 1.0) -> None:
-    """Returns once a Python module file this process loaded, or one of ``extra``, changes
-    (or goes)."""
+def _stamps(extra: set[Path]) -> dict[str, float | None]:
+    """The modification time of every Python module file this process loaded and of
+    ``extra`` (None for a file that is gone)."""
+    found: dict[str, float | None] = {}
+    for path in {*autoreload.iter_all_python_module_files(), *extra}:
+        try:
+            found[str(path)] = path.stat().st_mtime
+        except OSError:
+            found[str(path)] = None
+    return found
 
-    def stamps() -> dict[str, float | None]:
-        found: dict[str, float | None] = {}
-        for path in {*autoreload.iter_all_python_module_files(), *extra}:
-            try:
-                found[str(path)] = path.stat().st_mtime
-            except OSError:
-                found[str(path)] = None
-        return found
 
-    before = stamps()
-    while True:
+def _wait_for_a_change(
+    extra: set[Path], before: dict[str, float | None], interval: float = 1.0
+) -> None:
+    """Returns once a Python module file this process loaded, or one of ``extra``, differs
+    from ``before`` (changed, appeared or gone)."""
+    while _stamps(extra) == before:
         time.sleep(interval)
-        if stamps() != before:
-            return
 
 
 class _Reloading:
