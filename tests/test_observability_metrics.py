@@ -18,11 +18,13 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client.parser import text_string_to_metric_families
 
+from awa_django.db import storage
 from awa_django.operator import queue_dlq
 from awa_django.telemetry.metrics import use_meter_provider
 from awa_django.worker.config import build_config
 from awa_django.worker.runtime import WorkerRuntime
 from tests import obsjobs, testjobs
+from tests.factories import WORKER, enqueue_sql
 from tests.helpers import ManagedProcess, pg, wait_for
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
@@ -149,6 +151,12 @@ def test_metrics_after_a_known_workload_match_it_exactly(reader: InMemoryMetricR
         job_key(*pair): n for pair, n in claimed.items()
     }
     assert all(p.min >= 0 and p.sum < 30 for p in durations.values())
+    # One queue wait per claimed attempt, measured on the database clock.
+    waits = found["awa.queue.wait"]
+    assert {k: p.count for k, p in waits.items()} == {
+        job_key(*pair): n for pair, n in claimed.items()
+    }
+    assert all(p.min >= 0 and p.sum < 60 for p in waits.values())
     claims = found["awa.claim.batch_size"]
     assert sum(p.sum for p in claims.values()) == sum(claimed.values())
     assert sum(p.sum for p in found["awa.finalize.batch_size"].values()) == sum(claimed.values())
@@ -257,3 +265,22 @@ def test_nothing_of_opentelemetry_is_imported_while_it_is_off(manage_py: Start) 
     )
     assert proc.wait(60) == 0, proc.output()
     assert "loaded: []" in proc.output(), proc.output()
+
+
+@pytest.mark.storage
+def test_a_claim_reports_each_jobs_queue_wait_on_the_database_clock() -> None:
+    """``wait_secs`` (the queue-wait histogram's value) runs from when the job was due (its
+    ``run_at``, never before its enqueue) to the claim, on the database clock."""
+    with pg() as conn:
+        enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "obs-wait"}]))
+        [(enqueued_at,)] = conn.execute("SELECT clock_timestamp()").fetchall()
+        wait_for(
+            lambda: conn.execute(
+                "SELECT clock_timestamp() > %s + interval '0.5 seconds'", [enqueued_at]
+            ).fetchone()[0],
+            message="half a second on the database clock",
+        )
+        enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "obs-wait"}]))
+        older, fresh = storage.claim(conn, "obs-wait", 2, WORKER)
+    assert older.wait_secs is not None and 0.5 <= older.wait_secs < 30
+    assert fresh.wait_secs is not None and 0 <= fresh.wait_secs < older.wait_secs

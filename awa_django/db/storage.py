@@ -40,7 +40,7 @@ __all__ = [
 class ClaimedJob(NamedTuple):
     """One claimed attempt. ``(job_id, run_lease)`` is its identity for every later write.
 
-    Built from a row of ``awa.claim_v1`` by column name (the ``claim`` query names each column
+    Built from a row of ``awa.claim_v3`` by column name (the ``claim`` query names each column
     after a field). ``args_json`` is left undecoded: the executor decodes it once, where it
     needs it. ``metadata``, ``tags`` and ``errors`` (of the previous attempts) are the job's,
     for its context.
@@ -67,6 +67,9 @@ class ClaimedJob(NamedTuple):
     weight: int = 1
     permits: list[int] | None = None
     serial_lock: int | None = None
+    #: Seconds from when the job was due (its ``run_at``) to this claim, on the database
+    #: clock: its queue wait (None on rows built elsewhere).
+    wait_secs: float | None = None
 
 
 class Claimed(NamedTuple):

@@ -111,7 +111,7 @@ VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (372)
+-- column (373)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -166,6 +166,7 @@ claimed_v3.015 errors jsonb
 claimed_v3.016 weight integer
 claimed_v3.017 permits integer[]
 claimed_v3.018 serial_lock integer
+claimed_v3.019 wait_secs double precision
 claims.001 claim_slot integer NOT NULL
 claims.002 claim_generation bigint NOT NULL
 claims.003 job_id bigint NOT NULL
@@ -1047,7 +1048,9 @@ BEGIN
             o_rows := o_rows || ROW(e.job_id, v_lease, (e.attempt + 1)::smallint,
                                     e.max_attempts, p_cslot, e.kind, e.args, e.queue,
                                     e.priority, v_deadline, e.timeout, e.progress, e.metadata,
-                                    e.tags, e.errors, e.w, NULL, v_lock)::awa.claimed_v3;
+                                    e.tags, e.errors, e.w, NULL, v_lock,
+                                    extract(epoch FROM now() - e.run_at)::double precision
+                                   )::awa.claimed_v3;
             o_units := o_units + e.w;
             v_jobs := v_jobs + 1;
             IF v_lock IS NOT NULL THEN
@@ -3145,7 +3148,7 @@ BEGIN
         v_remaining := cardinality(v_keys);
         IF v_remaining = 0 THEN
             RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, NULL,
-                            NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+                            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
             RETURN;
         END IF;
     END IF;
@@ -3174,7 +3177,7 @@ BEGIN
                                            GREATEST(1, ceil(v_limit.rate / 10)::integer)) - 1)
                                  * v_period, 0.001);
             RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, v_wait,
-                            NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+                            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
             RETURN;
         END IF;
     END IF;
@@ -3270,7 +3273,9 @@ BEGIN
         SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                              p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                              now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                             p.metadata, p.tags, p.errors, p.w, NULL, NULL)::awa.claimed_v3
+                             p.metadata, p.tags, p.errors, p.w, NULL, NULL,
+                             extract(epoch FROM now() - p.run_at)::double precision
+                            )::awa.claimed_v3
                          ORDER BY p.lane_seq),
                COALESCE(sum(p.w), 0), (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
         INTO v_part, v_weight, v_serial_at
@@ -3338,7 +3343,9 @@ BEGIN
         SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                              p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                              now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                             p.metadata, p.tags, p.errors, p.w, NULL, NULL)::awa.claimed_v3
+                             p.metadata, p.tags, p.errors, p.w, NULL, NULL,
+                             extract(epoch FROM now() - p.run_at)::double precision
+                            )::awa.claimed_v3
                          ORDER BY p.lane_seq),
                COALESCE(sum(p.w), 0), (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
         INTO v_part, v_weight, v_serial_at
@@ -3408,7 +3415,7 @@ BEGIN
     END IF;
     IF v_bound THEN
         RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, v_wait,
-                        NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+                        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
     END IF;
 END
 $function$

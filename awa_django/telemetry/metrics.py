@@ -11,7 +11,7 @@ whole per-job budget), so:
 * the job counters are plain dicts updated once per claim or finalize batch (per distinct
   queue and kind), read by **observable** counters when a reader collects: their values are
   exact cumulative counts;
-* the handler-duration histogram records every job up to a budget per queue and kind (a
+* the handler-duration and queue-wait histograms record every job up to a budget per queue and kind (a
   token bucket: :data:`SAMPLE_BURST` values at once, :data:`SAMPLE_RATE` per second after
   that), so under heavy load it is a sample whose count is below the counters' (rates come
   from the counters; quantiles from the sample);
@@ -149,6 +149,13 @@ class Metrics:
             description="How long handlers ran (sampled under heavy load: see the docs)",
             explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
         )
+        self.queue_wait = meter.create_histogram(
+            "awa.queue.wait",
+            unit="s",
+            description="How long jobs waited from when they were due to their claim (database "
+            "clock; sampled under heavy load like the duration)",
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+        )
         self.claim_batch = meter.create_histogram(
             "awa.claim.batch_size",
             unit="{job}",
@@ -239,8 +246,16 @@ class Metrics:
         else:
             for kind, n in Counter(map(_KIND, jobs)).items():  # counted in C
                 self._add("claimed", (queue, kind), n)
-        if self._sampled(("\x00claim", queue), time.monotonic()):
+        now = time.monotonic()
+        if self._sampled(("\x00claim", queue), now):
             self.claim_batch.record(len(jobs), {"messaging.destination.name": queue})
+        for job in jobs:
+            # Within the budget of the job's series (one comparison per job under load).
+            if now < self._quiet_until:
+                return
+            key = ("\x00wait\x00" + job.queue, job.kind)
+            if job.wait_secs is not None and self._sampled(key, now):
+                self.queue_wait.record(max(job.wait_secs, 0.0), _attributes((job.queue, job.kind)))
 
     def handler_done(self, job: ClaimedJob, seconds: float, now: float) -> None:
         """A handler ended after ``seconds``, at ``now`` (a monotonic clock in seconds: the

@@ -65,7 +65,7 @@ BEGIN
         claim_slot integer, kind text, args jsonb, queue text, priority smallint,
         deadline_at timestamptz, timeout_secs double precision, progress jsonb,
         metadata jsonb, tags text[], errors jsonb, weight integer, permits integer[],
-        serial_lock integer);
+        serial_lock integer, wait_secs double precision);
 EXCEPTION WHEN duplicate_object THEN
     NULL;  -- migrated forward again after a reversal (types stay, like tables)
 END
@@ -560,7 +560,9 @@ BEGIN
             o_rows := o_rows || ROW(e.job_id, v_lease, (e.attempt + 1)::smallint,
                                     e.max_attempts, p_cslot, e.kind, e.args, e.queue,
                                     e.priority, v_deadline, e.timeout, e.progress, e.metadata,
-                                    e.tags, e.errors, e.w, NULL, v_lock)::awa.claimed_v3;
+                                    e.tags, e.errors, e.w, NULL, v_lock,
+                                    extract(epoch FROM now() - e.run_at)::double precision
+                                   )::awa.claimed_v3;
             o_units := o_units + e.w;
             v_jobs := v_jobs + 1;
             IF v_lock IS NOT NULL THEN
@@ -585,7 +587,8 @@ $$;
 -- Each job row carries its weight and, on a queue with a concurrency limit, the permit keys it
 -- holds (hand them back with p_release, or awa.flow_release_v1, when its handler ends); a job
 -- with a serial key carries its run lock in serial_lock (hand it back with p_serial_release,
--- or awa.serial_release_v1). A marker row (job_id NULL) ends the result when a flow limit held
+-- or awa.serial_release_v1); wait_secs is how long it waited since it was due (run_at), on the
+-- database clock (the queue-wait histogram). A marker row (job_id NULL) ends the result when a flow limit held
 -- the claim back (see the file's header), or with timeout_secs 0.02 when a serial key being
 -- decided by another claim stopped a lane. Also with p_max = 0, p_release and p_serial_release
 -- are applied.
@@ -700,7 +703,7 @@ BEGIN
         v_remaining := cardinality(v_keys);
         IF v_remaining = 0 THEN
             RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, NULL,
-                            NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+                            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
             RETURN;
         END IF;
     END IF;
@@ -729,7 +732,7 @@ BEGIN
                                            GREATEST(1, ceil(v_limit.rate / 10)::integer)) - 1)
                                  * v_period, 0.001);
             RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, v_wait,
-                            NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+                            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
             RETURN;
         END IF;
     END IF;
@@ -825,7 +828,9 @@ BEGIN
         SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                              p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                              now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                             p.metadata, p.tags, p.errors, p.w, NULL, NULL)::awa.claimed_v3
+                             p.metadata, p.tags, p.errors, p.w, NULL, NULL,
+                             extract(epoch FROM now() - p.run_at)::double precision
+                            )::awa.claimed_v3
                          ORDER BY p.lane_seq),
                COALESCE(sum(p.w), 0), (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
         INTO v_part, v_weight, v_serial_at
@@ -893,7 +898,9 @@ BEGIN
         SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                              p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                              now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                             p.metadata, p.tags, p.errors, p.w, NULL, NULL)::awa.claimed_v3
+                             p.metadata, p.tags, p.errors, p.w, NULL, NULL,
+                             extract(epoch FROM now() - p.run_at)::double precision
+                            )::awa.claimed_v3
                          ORDER BY p.lane_seq),
                COALESCE(sum(p.w), 0), (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
         INTO v_part, v_weight, v_serial_at
@@ -963,7 +970,7 @@ BEGIN
     END IF;
     IF v_bound THEN
         RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, v_wait,
-                        NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+                        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
     END IF;
 END
 $$;

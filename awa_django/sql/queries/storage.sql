@@ -12,7 +12,7 @@ SELECT set_config('default_transaction_isolation', 'read committed', false),
 -- Each column is named after a field of ClaimedJob, which is built by column name.
 SELECT job_id, run_lease, attempt, max_attempts, claim_slot, kind, args::text AS args_json,
        queue, priority, deadline_at, timeout_secs, progress, metadata, tags, errors, weight,
-       permits, serial_lock
+       permits, serial_lock, wait_secs
 -- The lock-key arrays come as text ('{1,2}'): psycopg adapts a list of 1,000 ints in ~0.6 ms.
 FROM awa.claim_v3(%s, %s, %s, %s, %s, %s, %s::integer[], %s::integer[], %s::integer[],
                   %s::integer[])
