@@ -374,11 +374,11 @@ def _validate_queues(label: str, value: object) -> Mapping[str, QueueSettings]:
         }
         if checked["rate_burst"] is not None and checked["rate_limit"] is None:
             raise ImproperlyConfigured(f"{where}['rate_burst'] needs a 'rate_limit'.")
-        limited = checked["global_concurrency"] is not None or checked["rate_limit"] is not None
-        if limited and not QUEUE_NAME_RE.fullmatch(queue):
+        if not QUEUE_NAME_RE.fullmatch(queue):
+            # No job can be enqueued into it; its dlq or flow limits could not be written (and
+            # one bad name would stop the start-up sync of every other queue's).
             raise ImproperlyConfigured(
-                f"{label} key {queue!r} is not a valid queue name, so it cannot have flow "
-                "limits (docs/jobs.md, queue names)."
+                f"{label} key {queue[:80]!r} is not a valid queue name (docs/jobs.md, queue names)."
             )
         queues[queue] = QueueSettings(**checked)  # type: ignore[arg-type]
     return MappingProxyType(queues)

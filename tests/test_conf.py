@@ -142,7 +142,7 @@ def test_settings_are_read_only() -> None:
         ),
         (
             {"QUEUES": {"Bad Name": {"global_concurrency": 2}}},
-            "AWA['QUEUES'] key 'Bad Name' is not a valid queue name, so it cannot have flow limits",
+            "AWA['QUEUES'] key 'Bad Name' is not a valid queue name",
         ),
         (
             {"HEARTBEAT_INTERVAL": 10, "HEARTBEAT_STALENESS": 10},

@@ -330,12 +330,17 @@ class Maintenance:
             self.count("rescued", len(rows))
             known = await _jobs_brief(conn, [int(row[0]) for row in rows])
             if self.metrics is not None:
-                self.metrics.count(
-                    "rescued",
-                    [(known[r[0]][1], known[r[0]][0]) for r in rows if r[0] in known],
-                )
+                pairs = [(known[r[0]][1], known[r[0]][0]) for r in rows if r[0] in known]
+                self.metrics.count("rescued", pairs)
+                # And where each rescue sent its job: retried, or failed for good.
+                for fate in ("retried", "dead_lettered", "failed"):
+                    self.metrics.count(
+                        fate,
+                        [(known[r[0]][1], known[r[0]][0]) for r in rows
+                         if r[0] in known and known[r[0]][3] == fate],
+                    )  # fmt: skip
             for job_id, lease, reason in rows:
-                kind, queue, attempt = known.get(job_id, (None, None, None))
+                kind, queue, attempt, _fate = known.get(job_id, (None, None, None, None))
                 log.warning(
                     "awa maintenance: rescued job %s attempt lease %s: %s",
                     job_id,
@@ -448,12 +453,16 @@ class Maintenance:
 
 async def _jobs_brief(
     conn: psycopg.AsyncConnection[Any], ids: list[int]
-) -> dict[int, tuple[str, str, int]]:
-    """``{job_id: (kind, queue, attempt)}`` of a few jobs; empty when the look-up fails (it only
-    adds detail to log lines: a lost connection shows up on the next task)."""
+) -> dict[int, tuple[str, str, int, str | None]]:
+    """``{job_id: (kind, queue, attempt, fate)}`` of a few rescued jobs (fate: ``retried``,
+    ``dead_lettered`` or ``failed``); empty when the look-up fails (it only adds detail to log
+    lines and metrics: a lost connection shows up on the next task)."""
     try:
         cursor = await conn.execute(query("jobs_brief"), {"ids": ids})
-        return {int(i): (kind, queue, int(a)) for i, kind, queue, a in await cursor.fetchall()}
+        return {
+            int(i): (kind, queue, int(a), fate)
+            for i, kind, queue, a, fate in await cursor.fetchall()
+        }
     except Exception as exc:
         log.debug("awa maintenance: could not look up rescued jobs (%s)", first_line(exc))
         return {}

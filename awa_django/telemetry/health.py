@@ -2,7 +2,10 @@
 (``awa_django.urls``) both call :func:`check_health`.
 
 Three checks, each one cheap statement on small control tables (never a scan of the rings or of
-history), run in one short transaction with a 5 s statement timeout and a 1 s lock timeout:
+history), run in one short transaction with a 5 s statement timeout and a 1 s lock timeout, on
+a connection of the probe's own (unless the caller is inside a transaction: then on its
+connection) that gives up connecting after 5 s and the whole probe after 10 s, also against a
+server that accepts connections and never answers:
 
 * ``worker``: a worker process registered from ``host`` (this host by default) was seen within
   ``stale_after`` seconds. Workers refresh their row in ``awa.runtime_instances`` every
@@ -21,18 +24,29 @@ before anything is sent (``InvalidOptionError``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import socket
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+import psycopg
+from django.db import DatabaseError, connections
 
 from awa_django.conf import get_awa_settings
+from awa_django.db.connection import connection_kwargs
 from awa_django.exceptions import InvalidOptionError
 from awa_django.limits import QUEUE_NAME_RE
 from awa_django.sql import query
+
+#: Seconds a probe waits for a connection, and for the whole probe (connection included).
+CONNECT_TIMEOUT = 5
+PROBE_DEADLINE = 10.0
+#: The largest ``stale_after`` accepted: about a hundred years.
+MAX_STALE_AFTER = 3.2e9
 
 __all__ = [
     "HealthCheck",
@@ -151,34 +165,95 @@ def check_health(
         or not isinstance(stale_after, int | float)
         or not math.isfinite(stale_after)
         or stale_after <= 0
+        or stale_after > MAX_STALE_AFTER
     ):
-        raise InvalidOptionError("stale_after", f"must be seconds above 0, got {stale_after!r}")
+        raise InvalidOptionError(
+            "stale_after",
+            f"must be seconds above 0 and at most {MAX_STALE_AFTER:g}, got {stale_after!r}",
+        )
     host = socket.gethostname() if host is None else host
     alias = using or get_awa_settings().DATABASE_ALIAS
-    connection = connections[alias]
     checks: list[HealthCheck] = []
-    # Inside a caller's transaction its settings are left alone (SET LOCAL would outlive the
-    # checks); otherwise the checks' own transaction is bounded by the timeouts.
-    bounded = not connection.in_atomic_block
     try:
-        with transaction.atomic(using=alias), connection.cursor() as cursor:
-            if bounded:
+        if connections[alias].in_atomic_block:
+            # Inside a caller's transaction: its connection, its view of the data, and its
+            # settings left alone (SET LOCAL would outlive the checks).
+            with connections[alias].cursor() as cursor:
+                _run_checks(cursor, checks, worker, host, leader, max_lag, stale_after)
+        else:
+            with _bounded_connection(alias) as conn, conn.cursor() as cursor:
                 cursor.execute(query("health_session"))
-            if worker:
-                cursor.execute(query("health_workers"), {"host": host, "stale": stale_after})
-                checks.append(_worker_check(cursor.fetchone(), host, stale_after))
-            if leader:
-                cursor.execute(query("health_leader"))
-                checks.append(_leader_check(cursor.fetchone(), stale_after))
-            if max_lag:
-                cursor.execute(query("queue_lag"))
-                checks.append(_lag_check(cursor.fetchall(), max_lag))
-    except DatabaseError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                _run_checks(cursor, checks, worker, host, leader, max_lag, stale_after)
+    except (DatabaseError, psycopg.Error) as exc:
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
         return HealthReport((HealthCheck("database", False, f"database error: {first}"),))
     if not checks:
         checks.append(HealthCheck("database", True, "database reachable"))
     return HealthReport(tuple(checks))
+
+
+def _run_checks(
+    cursor: Any,
+    checks: list[HealthCheck],
+    worker: bool,
+    host: str,
+    leader: bool,
+    max_lag: LagThresholds | None,
+    stale_after: float,
+) -> None:
+    if not (worker or leader or max_lag):
+        cursor.execute(query("health_schema"))
+        row = cursor.fetchone()
+        if not (row and row[0]):
+            checks.append(
+                HealthCheck(
+                    "database", False, "the awa schema is not installed (run manage.py migrate)"
+                )
+            )
+        return
+    if worker:
+        cursor.execute(query("health_workers"), {"host": host, "stale": stale_after})
+        checks.append(_worker_check(cursor.fetchone(), host, stale_after))
+    if leader:
+        cursor.execute(query("health_leader"))
+        checks.append(_leader_check(cursor.fetchone(), stale_after))
+    if max_lag:
+        cursor.execute(query("queue_lag"))
+        checks.append(_lag_check(cursor.fetchall(), max_lag))
+
+
+@contextlib.contextmanager
+def _bounded_connection(alias: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection of its own for one probe, which never hangs: connecting gives up after
+    :data:`CONNECT_TIMEOUT` seconds, and the whole probe after :data:`PROBE_DEADLINE` (a server
+    that accepts connections but never answers, frozen or behind a stuck proxy, never applies
+    its own statement_timeout: the socket is shut down under the waiting read instead). Its
+    one transaction is rolled back: nothing is written."""
+    kwargs = connection_kwargs(alias, application_name="awa:health")
+    kwargs["connect_timeout"] = CONNECT_TIMEOUT
+    kwargs.pop("isolation_level", None)
+    conn = psycopg.connect(**kwargs)
+    timer = threading.Timer(PROBE_DEADLINE, _cut, [conn])
+    timer.daemon = True
+    timer.start()
+    try:
+        yield conn
+    finally:
+        timer.cancel()
+        with contextlib.suppress(Exception):
+            conn.rollback()
+        conn.close()
+
+
+def _cut(conn: psycopg.Connection[Any]) -> None:
+    """Shut the probe's socket down: a read waiting on it ends with an error at once."""
+    with contextlib.suppress(OSError, psycopg.Error):
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
 
 
 def _ago(seconds: float | None) -> str:

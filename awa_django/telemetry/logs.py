@@ -11,8 +11,13 @@ Guarantees:
 * :class:`JobFieldsFilter`, added to a handler (or a logger), gives the same fields to the
   records a job's own handler code logs while it runs, sync or async; records logged outside
   any job are left as they are.
-* :class:`JsonFormatter` writes one JSON object per record on one line, whatever the record
-  holds (a value JSON cannot encode is written as its ``repr``).
+* :class:`JsonFormatter` writes one valid JSON object per record on one line, whatever the
+  record holds: a value JSON cannot encode (an object, NaN or infinity) is written as its
+  ``repr``, a lone surrogate as a ``\\udcXX`` escape, a cycle or nesting deeper than 32 as a
+  short stand-in; a message whose arguments do not fit its format string is written as both.
+* awa_django's own one-line records about a job write the job's kind and error message with
+  control characters escaped (:func:`one_line`): a kind or message with a newline cannot
+  forge a log line.
 
 docs/observability.md, "Structured logs", shows a ``LOGGING`` setting that uses both.
 """
@@ -23,6 +28,7 @@ import contextvars
 import datetime
 import json
 import logging
+import math
 from typing import Any, Final, Protocol
 
 __all__ = [
@@ -32,6 +38,7 @@ __all__ = [
     "current_job_fields",
     "job_fields",
     "job_log_fields",
+    "one_line",
     "set_current_job",
 ]
 
@@ -137,27 +144,94 @@ class JsonFormatter(logging.Formatter):
         self.fields = tuple(fields)
 
     def format(self, record: logging.LogRecord) -> str:
+        try:
+            message = record.getMessage()
+        except Exception:  # a format string and arguments that do not match
+            message = f"{_repr(record.msg)} % {_repr(record.args)} (could not be formatted)"
         out: dict[str, Any] = {
             "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
                 timespec="milliseconds"
             ),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": _text(message),
         }
         values = record.__dict__
         for name in JOB_FIELDS:
             if name in values:
-                out[name] = values[name]
+                out[name] = _jsonable(values[name])
         for name, value in values.items():
             if name not in _STANDARD and name not in out:
-                out[name] = value
+                out[_text(str(name))] = _jsonable(value)
         for name in self.fields:
-            out[name] = values.get(name)
+            out[name] = _jsonable(values.get(name))
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
-            out["exception"] = record.exc_text
+            out["exception"] = _text(record.exc_text)
         if record.stack_info:
-            out["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(out, default=repr, ensure_ascii=False)
+            out["stack"] = _text(self.formatStack(record.stack_info))
+        return json.dumps(out, ensure_ascii=False, allow_nan=False)
+
+
+#: How deep :func:`_jsonable` follows nested containers before writing the rest as a repr.
+_MAX_DEPTH: Final = 32
+
+
+def _text(value: str) -> str:
+    """``value`` if it encodes as UTF-8; else with each lone surrogate as a ``\\udcXX`` escape
+    (a UTF-8 stream could not write it)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
+def _repr(value: object) -> str:
+    try:
+        return _text(repr(value))
+    except Exception:
+        return f"<{type(value).__name__} whose repr failed>"
+
+
+def _jsonable(value: object, depth: int = 0, seen: frozenset[int] = frozenset()) -> Any:
+    """``value`` as JSON can hold it: strings made writable, non-finite floats and anything
+    else JSON has no form for as text (a ``repr``), cycles and nesting past
+    :data:`_MAX_DEPTH` cut off as a ``repr``. Never raises."""
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, dict | list | tuple):
+        if depth >= _MAX_DEPTH or id(value) in seen:
+            return _repr_short(value)
+        inner = seen | {id(value)}
+        if isinstance(value, dict):
+            return {
+                _text(k) if isinstance(k, str) else _repr(k): _jsonable(v, depth + 1, inner)
+                for k, v in value.items()
+            }
+        return [_jsonable(v, depth + 1, inner) for v in value]
+    return _repr(value)
+
+
+def _repr_short(value: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> str:
+    """A bounded stand-in for a container too deep (or cyclic) to write out."""
+    return f"<{type(value).__name__} of {len(value)} item(s), nested too deep or cyclic>"
+
+
+_CONTROL: Final = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)} | {
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+    0x85: "\\x85",
+}
+
+
+def one_line(value: object) -> str:
+    """``str(value)`` on one line: control characters (newlines included) as ``\\xNN``
+    escapes, so that a value from a producer or a handler (a job kind, an error message)
+    cannot start a log line of its own."""
+    return _text(str(value)).translate(_CONTROL)

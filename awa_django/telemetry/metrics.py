@@ -11,10 +11,10 @@ whole per-job budget), so:
 * the job counters are plain dicts updated once per claim or finalize batch (per distinct
   queue and kind), read by **observable** counters when a reader collects: their values are
   exact cumulative counts;
-* the handler-duration and queue-wait histograms record every job up to a budget per queue and kind (a
-  token bucket: :data:`SAMPLE_BURST` values at once, :data:`SAMPLE_RATE` per second after
-  that), so under heavy load it is a sample whose count is below the counters' (rates come
-  from the counters; quantiles from the sample);
+* the handler-duration and queue-wait histograms record every job up to a budget per queue
+  and kind (a token bucket: :data:`SAMPLE_BURST` values at once, :data:`SAMPLE_RATE` per
+  second after that), so under heavy load each is a sample whose count is below the
+  counters' (rates come from the counters; quantiles from the sample);
 * batch sizes are recorded once per batch;
 * queue depth, lag and live workers are observable gauges over a snapshot the maintenance
   leader reads from the database every ``RUNTIME_REFRESH_INTERVAL`` (``awa.queue_lag_v1``:
@@ -135,6 +135,8 @@ class Metrics:
         self.snapshot_ttl = 3 * float(get_awa_settings().RUNTIME_REFRESH_INTERVAL)
         #: Queues whose DLQ is off, and when that was read (``time.monotonic()``).
         self.dlq_off: frozenset[str] = frozenset()
+        #: The fates of the retry outcomes of the batch being counted (see :meth:`written`).
+        self._fates: Mapping[tuple[int, int], str] | None = None
         self.dlq_read_at: float | None = None
         for event, name in COUNTERS.items():
             meter.create_observable_counter(
@@ -271,9 +273,14 @@ class Metrics:
         batch: list[Finalization],
         jobs: list[ClaimedJob | None],
         stale: set[tuple[int, int]],
+        fates: Mapping[tuple[int, int], str] | None = None,
     ) -> None:
         """A finalize batch was written, from the worker's event loop: count each outcome that
-        was not stale (and whose attempt is known)."""
+        was not stale (and whose attempt is known). ``fates`` maps ``(job_id, attempt)`` of the
+        retry and fail outcomes that failed for good to ``dead_lettered`` or ``failed`` (the
+        other retries were retried); without it they are told apart by attempt and
+        :attr:`dlq_off`."""
+        self._fates = fates
         if self._sampled(("\x00finalize", ""), time.monotonic()):
             self.finalize_batch.record(len(batch))
         if stale or len(batch) < 8:
@@ -293,8 +300,8 @@ class Metrics:
             return
         retries = False
         for (outcome, queue, kind), n in keys.items():
-            if outcome == "retry":
-                retries = True  # retried, or failed for good: each job's attempt tells
+            if outcome in ("retry", "fail"):
+                retries = True  # retried, dead-lettered or failed: each job's fate tells
                 continue
             event = _EVENTS.get(outcome)
             if event is None:
@@ -304,11 +311,17 @@ class Metrics:
             self._add(event, (queue, kind), n)
         if retries:
             for item, job in zip(batch, jobs, strict=True):
-                if item.outcome == "retry" and job is not None:
-                    self._outcome("retry", job)
+                if item.outcome in ("retry", "fail") and job is not None:
+                    self._outcome(item.outcome, job)
 
     def _outcome(self, outcome: str, job: ClaimedJob) -> None:
         """Count one written outcome."""
+        fates = self._fates
+        if fates is not None and outcome in ("retry", "fail"):
+            found_fate = fates.get((job.job_id, job.attempt))
+            if found_fate is not None or outcome == "retry":
+                self._add(found_fate or "retried", (job.queue, job.kind))
+                return
         if outcome == "retry":
             if job.attempt < job.max_attempts:
                 event = "retried"

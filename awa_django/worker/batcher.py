@@ -152,11 +152,35 @@ class CompletionBatcher:
         jobs: list[ClaimedJob | None],
         stale: list[tuple[int, int]],
     ) -> None:
-        """Count a written batch's outcomes; first read which queues have their DLQ off, when
-        that was read more than 10 s ago (failures are told from dead letters with it)."""
+        """Count a written batch's outcomes. A batch with retry or fail outcomes first reads
+        which of them failed for good, and where they went (the database decides:
+        max_attempts, a retry policy's max_age, the queue's DLQ policy as of the write), in one
+        statement by job id; should that read fail, they are told apart by attempt and the
+        DLQ policy read last."""
         metrics = self.metrics
         assert metrics is not None
-        if metrics.dlq_due(time.monotonic()):
+        closed = set(stale)
+        retried = [
+            job.job_id
+            for item, job in zip(batch, jobs, strict=True)
+            if item.outcome in ("retry", "fail")
+            and job is not None
+            and (item.job_id, item.run_lease) not in closed
+        ]
+        fates: dict[tuple[int, int], str] | None = None
+        if retried:
+
+            async def read_fates(conn: object) -> dict[tuple[int, int], str]:
+                cursor = await conn.execute(  # type: ignore[attr-defined]
+                    query("failure_fates"), {"ids": retried}
+                )
+                return {(int(i), int(a)): fate for i, a, fate in await cursor.fetchall()}
+
+            try:
+                fates = await self.link.run(read_fates, give_up=self.give_up)
+            except Exception as exc:  # only the metrics' detail: never the outcomes
+                log.debug("awa worker: could not read where failures went (%s)", exc)
+        if fates is None and metrics.dlq_due(time.monotonic()):
 
             async def read(conn: object) -> list[str]:
                 cursor = await conn.execute(query("queues_dlq_off"))  # type: ignore[attr-defined]
@@ -168,7 +192,7 @@ class CompletionBatcher:
                 )
             except Exception as exc:  # only the metrics' detail: never the outcomes
                 log.debug("awa worker: could not read the queues' DLQ policy (%s)", exc)
-        metrics.written(batch, jobs, set(stale))
+        metrics.written(batch, jobs, closed, fates)
 
     async def _isolate(
         self, batch: list[Finalization], jobs: list[ClaimedJob | None], exc: Exception

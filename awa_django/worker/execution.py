@@ -26,7 +26,7 @@ from django.db import close_old_connections, connections
 from awa_django.db.storage import ClaimedJob, Finalization
 from awa_django.exceptions import TransactionLeftOpen
 from awa_django.sql import query
-from awa_django.telemetry.logs import job_fields, job_log_fields, set_current_job
+from awa_django.telemetry.logs import job_fields, job_log_fields, one_line, set_current_job
 from awa_django.telemetry.metrics import Metrics
 from awa_django.telemetry.tracing import Tracing, attach_span, detach_span
 from awa_django.worker.batcher import CompletionBatcher
@@ -182,7 +182,7 @@ class Execution:
             log.debug(
                 "job %s %s attempt %s started",
                 job.job_id,
-                job.kind,
+                one_line(job.kind),
                 job.attempt,
                 extra=job_log_fields(job),
             )
@@ -416,7 +416,7 @@ class Execution:
                 log.debug(
                     "job %s %s attempt %s completed in %.1f ms",
                     job.job_id,
-                    job.kind,
+                    one_line(job.kind),
                     job.attempt,
                     elapsed,
                     extra=job_log_fields(job),
@@ -431,12 +431,12 @@ class Execution:
             level,
             "job %s %s attempt %s %s after %.1f ms: %s: %s",
             job.job_id,
-            job.kind,
+            one_line(job.kind),
             job.attempt,
             what,
             elapsed,
-            error.get("type", "-"),
-            error.get("message", ""),
+            one_line(error.get("type", "-")),
+            one_line(error.get("message", "")),
             extra=job_log_fields(job),
         )
 

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from awa_django.exceptions import JobValidationError
 from awa_django.management.commands._cli import text
-from awa_django.telemetry.health import check_health, parse_lag_thresholds
+from awa_django.telemetry.health import MAX_STALE_AFTER, check_health, parse_lag_thresholds
 
 
 def _seconds(value: str) -> float:
@@ -25,8 +25,10 @@ def _seconds(value: str) -> float:
         seconds = float(value)
     except ValueError:
         seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{value[:40]!r} is not a number of seconds above 0")
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_STALE_AFTER:
+        raise argparse.ArgumentTypeError(
+            f"{value[:40]!r} is not a number of seconds above 0 and at most {MAX_STALE_AFTER:g}"
+        )
     return seconds
 
 

@@ -129,6 +129,13 @@ class Command(BaseCommand):
                 f"--reload runs one worker process; it cannot be combined with {given}",
                 returncode=2,  # a usage error, like argparse's
             )
+        port = options["metrics_port"]
+        if port is not None and port + processes - 1 > 65535:
+            raise CommandError(
+                f"--metrics-port {port} with {processes} processes needs ports {port} to "
+                f"{port + processes - 1}; the highest port is 65535",
+                returncode=2,
+            )
         configure_logging(options["verbosity"], self.stderr, self.style)
         try:  # contradictions between options, before any process starts
             build_config(queues=queues or None, concurrency=options["concurrency"])
@@ -170,7 +177,7 @@ class Command(BaseCommand):
         port = slot_port(port)
         try:
             serve(port, host)
-        except (ImportError, OSError) as exc:
+        except (ImportError, OSError, OverflowError) as exc:
             raise CommandError(f"--metrics-port: {exc}") from exc
         log.info("awa worker: metrics for Prometheus on http://%s:%d/metrics", host, port)
 

@@ -5,6 +5,10 @@
 -- The probe never waits long on anything: a lock or a slow server fails it instead.
 SET LOCAL statement_timeout = '5s'; SET LOCAL lock_timeout = '1s'
 
+-- name: health_schema
+-- With no check asked for: whether the awa schema is installed (its control tables exist).
+SELECT to_regclass('awa.runtime_instances') IS NOT NULL
+
 -- name: health_workers
 -- Worker processes (concurrency > 0: not awa_maintenance) registered from one host: how many,
 -- how many were seen within the staleness bound, and how long ago the freshest was seen.

@@ -128,10 +128,24 @@ SELECT awa.callback_register_v1(%s, %s, %s)
 SELECT DISTINCT queue FROM awa.queue_lanes ORDER BY queue
 
 -- name: jobs_brief
--- Kind, queue and attempt of rescued jobs, for their log fields and metrics: a rescue sends a
--- job to retryable (deferred), failed (history) or the DLQ; each plane is read by job id index.
-SELECT job_id, kind, queue, attempt FROM awa.deferred_jobs WHERE job_id = ANY(%(ids)s::bigint[])
+-- Kind, queue, attempt and fate of rescued jobs, for their log fields and metrics: a rescue
+-- sends a job to retryable (deferred), failed (history) or the DLQ; each plane is read by job id
+-- index.
+SELECT job_id, kind, queue, attempt, 'retried' AS fate
+FROM awa.deferred_jobs WHERE job_id = ANY(%(ids)s::bigint[])
 UNION ALL
-SELECT job_id, kind, queue, attempt FROM awa.dlq_entries WHERE job_id = ANY(%(ids)s::bigint[])
+SELECT job_id, kind, queue, attempt, 'dead_lettered'
+FROM awa.dlq_entries WHERE job_id = ANY(%(ids)s::bigint[])
 UNION ALL
-SELECT id, kind, queue, attempt FROM awa.terminal_jobs WHERE id = ANY(%(ids)s::bigint[])
+SELECT id, kind, queue, attempt, CASE WHEN state = 'failed' THEN 'failed' END
+FROM awa.terminal_jobs WHERE id = ANY(%(ids)s::bigint[])
+
+-- name: failure_fates
+-- Which attempts of a finalize batch's retry outcomes failed for good (the database decides:
+-- max_attempts, a retry policy's max_age, the queue's DLQ policy as of the write), read right
+-- after the batch: job id, the attempt that failed for good, and where it went. The others
+-- were retried. Read by job id index.
+SELECT job_id, attempt, 'dead_lettered' FROM awa.dlq_entries WHERE job_id = ANY(%(ids)s::bigint[])
+UNION ALL
+SELECT id, attempt, 'failed' FROM awa.terminal_jobs
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'failed'
