@@ -39,12 +39,32 @@ def job_state(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any] | No
     return {d.name: v for d, v in zip(cur.description, row, strict=True)}
 
 
+# Only the relations that were ever written are truncated (a file of 0 bytes holds no tuple,
+# live or dead): TRUNCATE of all the ~150 partitions gives each new files, about 70 ms a call.
 RESET_SQL = """
-TRUNCATE awa.ready_entries, awa.ready_tombstones, awa.done_entries, awa.claims,
-         awa.claim_closures, awa.leases, awa.attempt_state, awa.deferred_jobs, awa.dlq_entries,
-         awa.queue_meta, awa.queue_lanes, awa.lane_floors, awa.ring_rotations, awa.ring_prunes,
-         awa.runtime_instances, awa.unique_keys, awa.cron_schedules, awa.flow_limits,
-         awa.flow_rate_state, awa.callback_receipts, awa.serial_waiting;
+DO $$
+DECLARE
+    v_tables text;
+    v_reset text[] := ARRAY[
+        'ready_entries', 'ready_tombstones', 'done_entries', 'claims', 'claim_closures',
+        'leases', 'attempt_state', 'deferred_jobs', 'dlq_entries', 'queue_meta', 'queue_lanes',
+        'lane_floors', 'ring_rotations', 'ring_prunes', 'runtime_instances', 'unique_keys',
+        'cron_schedules', 'flow_limits', 'flow_rate_state', 'callback_receipts',
+        'serial_waiting'];
+BEGIN
+    SELECT string_agg(format('awa.%I', c.relname), ', ') INTO v_tables
+    FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = 'awa' AND c.relkind = 'r'
+      AND pg_relation_size(c.oid) > 0
+      AND (c.relname = ANY (v_reset)
+           OR EXISTS (SELECT 1 FROM pg_partition_ancestors(c.oid) a
+                      JOIN pg_class p ON p.oid = a.relid
+                      WHERE p.relname = ANY (v_reset)));
+    IF v_tables IS NOT NULL THEN
+        EXECUTE 'TRUNCATE ' || v_tables;
+    END IF;
+END $$;
 INSERT INTO awa.ring_rotations (ring, generation, slot)
 VALUES ('queue', 0, 0), ('claim', 0, 0), ('lease', 0, 0);
 DO $$
