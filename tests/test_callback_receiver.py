@@ -563,7 +563,9 @@ def test_only_the_receiver_is_csrf_exempt() -> None:
         for path in (REPO / "awa_django").rglob("*.py")
         if "csrf_exempt" in path.read_text()
     )
-    assert users == ["awa_django/callbacks/views.py"]
+    # And the health view, which never acts (GET and HEAD only: other methods get 405).
+    assert users == ["awa_django/callbacks/views.py", "awa_django/views.py"]
+    assert client().post("/awa/health/").status_code == 405
     # The admin's actions still need the CSRF token (a browser-less POST is refused).
     user = staff("cancel_job", "resolve_callback").session
     strict = client()
