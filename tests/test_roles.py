@@ -168,7 +168,12 @@ def test_print_sql_names_every_role_as_a_quoted_identifier() -> None:
     assert 'GRANT TRUNCATE ON "awa"."claim_closures_0", ' in script
     assert '"awa"."ready_entries_15"' in script and 'TO "Shop_Maint";' in script
     assert "awa.enqueue_one_v2(" in script
-    assert "INSERT" not in script.split("-- The maintenance")[0].split("TO \"shop_app\"")[-1]
+    app_grants = [
+        line
+        for line in script.split("-- The maintenance")[0].splitlines()
+        if line.startswith("GRANT") and "awa" in line
+    ]
+    assert app_grants and not any("INSERT" in g or "TRUNCATE" in g for g in app_grants)
     assert "--worker" not in script and '"shop_worker"' not in script
 
 
@@ -198,9 +203,7 @@ def test_the_script_converges_when_run_again(roles_db: RolesDB) -> None:
         *[arg for kind in ROLE_KINDS[1:] for arg in (f"--{kind}", roles_db.names[kind])],
     )
     with roles_db.connect("owner") as conn:
-        row = conn.execute(
-            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
-        ).fetchone()
+        row = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
         assert row == (False,)  # the entry points run as a plain role, not a superuser
         definer = conn.execute(
             "SELECT array_agg(p.proname::text ORDER BY p.proname) FROM pg_proc p "
@@ -327,7 +330,7 @@ def test_a_forged_lane_record_does_not_let_an_enqueue_skip_the_lane_lock(
                 app.execute("SELECT set_config('awa.xact_lanes', %s, true)", [str(lanes[0])])
                 app.execute(
                     "SELECT * FROM awa.enqueue_one_v2('tests.testjobs.noop', 'app-forged', 0, "
-                    "'{\"args\": [], \"kwargs\": {}}', 1)"
+                    '\'{"args": [], "kwargs": {}}\', 1)'
                 )
 
 

@@ -82,7 +82,8 @@ class RoleNames:
                 check_role_name(f"--{kind}", value)
         if all(getattr(self, kind) is None for kind in ROLE_KINDS):
             raise InvalidOptionError(
-                "roles", "name at least one role (--owner, --app, --worker, --maintenance, --operator)"
+                "roles",
+                "name at least one role (--owner, --app, --worker, --maintenance, --operator)",
             )
 
 

@@ -32,9 +32,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         mode = parser.add_mutually_exclusive_group(required=True)
         mode.add_argument("--print-sql", action="store_true", help="print the script")
-        mode.add_argument(
-            "--apply", action="store_true", help="run the script in one transaction"
-        )
+        mode.add_argument("--apply", action="store_true", help="run the script in one transaction")
         for kind in ROLE_KINDS:
             parser.add_argument(f"--{kind}", metavar="ROLE", help=_HELP[kind])
         parser.add_argument(

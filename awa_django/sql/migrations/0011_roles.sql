@@ -46,8 +46,9 @@ BEGIN
         -- A held lane's lock is taken again at once (the transaction holds it); a lane named
         -- but not held is taken only when free (then it is held), else passed over.
         FOR v_lane IN
-            SELECT h::integer FROM unnest(string_to_array(v_held, ',')) WITH ORDINALITY AS x(h, ord)
-            WHERE h::integer = ANY (v_lanes)
+            SELECT x.h::integer
+            FROM unnest(string_to_array(v_held, ',')) WITH ORDINALITY AS x(h, ord)
+            WHERE x.h::integer = ANY (v_lanes)
             ORDER BY x.ord
         LOOP
             IF pg_try_advisory_xact_lock(4282177, v_lane) THEN
