@@ -92,7 +92,9 @@ def enqueue_many(requests: Iterable[JobRequest], using: str | None = None) -> li
     """Enqueue prepared requests (``Job.prepare``) in the caller's transaction, in bulk.
 
     Requests that run at once are written with COPY, 10,000 per statement (a batch with any
-    ``run_after`` goes through ``awa.enqueue_v1`` instead). Order within a lane follows the
+    ``run_after``, or a connection whose role may not write the ready ring, such as the
+    application role of ``manage.py awa_roles``, goes through ``awa.enqueue_v1`` instead,
+    at less than half the speed). Order within a lane follows the
     input. All requests must target ``using`` (default ``AWA["DATABASE_ALIAS"]``). Returns
     handles in input order.
 

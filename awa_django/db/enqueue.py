@@ -258,9 +258,13 @@ def _send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJ
             row = cursor.fetchone()
             return [EnqueuedJob(row[0], r.kind, r.queue, r.priority, row[1], using)]
         results: list[EnqueuedJob] = []
+        copy_allowed: bool | None = None
         for start in range(0, len(requests), _CHUNK):
             chunk = requests[start : start + _CHUNK]
-            if all(r.run_at is None and r.delay is None for r in chunk):
+            immediate = all(r.run_at is None and r.delay is None for r in chunk)
+            if immediate and copy_allowed is None:
+                copy_allowed = _copy_allowed(cursor)
+            if immediate and copy_allowed:
                 # Everything runs now: reserve lanes and ids, then COPY (about twice as fast).
                 # The raw psycopg cursor's errors become Django's, as for any ORM query.
                 with connection.wrap_database_errors:
@@ -270,7 +274,8 @@ def _send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJ
                     for r, job_id in zip(chunk, ids, strict=True)
                 )
                 continue
-            # Timed requests: the server splits them into ready and deferred on its own clock.
+            # Timed requests (or a role that may not write the ring, docs/roles.md): the server
+            # validates them and splits them into ready and deferred on its own clock.
             payload = serialization.encode([r.payload_value() for r in chunk])
             cursor.execute(query("enqueue"), [payload, _sql_limits()])
             rows = cursor.fetchall()
@@ -279,6 +284,16 @@ def _send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJ
                 for r, row in zip(chunk, rows, strict=True)
             )
     return results
+
+
+def _copy_allowed(cursor: Any) -> bool:
+    """Whether the connection's role may COPY into the ready ring itself. A least-privilege
+    application role (manage.py awa_roles) may not: its batches go through ``awa.enqueue_v1``,
+    which runs as its owner and validates every request. Asked once per batch: the role of a
+    connection can change between transactions (``SET ROLE``)."""
+    cursor.execute(query("copy_allowed"))
+    row = cursor.fetchone()
+    return bool(row is not None and row[0])
 
 
 #: How many times a batch with unique requests is sent again after a deadlock (two producers

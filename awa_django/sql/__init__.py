@@ -8,6 +8,8 @@ Two kinds of files live here:
   ``scripts/schema_dump`` (tests/test_schema.py checks it).
 * ``reverse/NNNN_name.sql``: for a migration that redefines earlier functions or adds
   constraints, what unapplying it runs first (``RunAwaSQL(..., reverse=...)``).
+* ``roles.sql``: the GRANT/REVOKE blocks of ``manage.py awa_roles``, one per role, whose
+  placeholders ``awa_django.db.roles`` fills with quoted identifiers.
 * ``queries/*.sql``: named statements (``-- name: foo`` headers) used by the Python code. Python
   refers to them by name and passes every value as a parameter.
 """
@@ -18,7 +20,7 @@ import functools
 import re
 from importlib import resources
 
-__all__ = ["migration_sql", "query", "reverse_sql"]
+__all__ = ["migration_sql", "query", "reverse_sql", "roles_blocks"]
 
 _NAME_RE = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
@@ -33,6 +35,17 @@ def reverse_sql(name: str) -> str:
     return (resources.files(__package__) / "reverse" / name).read_text(encoding="utf-8")
 
 
+def _named_blocks(text: str, source: str, into: dict[str, str], *, strip: bool) -> None:
+    matches = list(_NAME_RE.finditer(text))
+    for index, match in enumerate(matches):
+        end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
+        name = match.group(1)
+        if name in into:
+            raise RuntimeError(f"duplicate query name {name!r} in {source}")
+        block = text[match.end() : end].strip()
+        into[name] = block.rstrip(";") if strip else block
+
+
 @functools.cache
 def _load_queries() -> dict[str, str]:
     queries: dict[str, str] = {}
@@ -40,15 +53,19 @@ def _load_queries() -> dict[str, str]:
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):
             continue
-        text = entry.read_text(encoding="utf-8")
-        matches = list(_NAME_RE.finditer(text))
-        for index, match in enumerate(matches):
-            end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
-            name = match.group(1)
-            if name in queries:
-                raise RuntimeError(f"duplicate query name {name!r} in {entry.name}")
-            queries[name] = text[match.end() : end].strip().rstrip(";")
+        _named_blocks(entry.read_text(encoding="utf-8"), entry.name, queries, strip=True)
     return queries
+
+
+@functools.cache
+def roles_blocks() -> dict[str, str]:
+    """The named blocks of ``roles.sql`` (``owner``, ``app``, ``worker``, ``maintenance``,
+    ``operator``, ``entry_points``), each several statements with ``{placeholders}`` for
+    identifiers only."""
+    blocks: dict[str, str] = {}
+    text = (resources.files(__package__) / "roles.sql").read_text(encoding="utf-8")
+    _named_blocks(text, "roles.sql", blocks, strip=False)
+    return blocks
 
 
 def query(name: str) -> str:

@@ -1763,13 +1763,18 @@ BEGIN
         FROM awa.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority;
     END IF;
     IF v_held <> '' THEN
-        SELECT h::integer INTO v_lane
-        FROM unnest(string_to_array(v_held, ',')) AS h
-        WHERE h::integer = ANY (v_lanes)
-        LIMIT 1;
-        IF v_lane IS NOT NULL THEN
-            RETURN v_lane;
-        END IF;
+        -- A held lane's lock is taken again at once (the transaction holds it); a lane named
+        -- but not held is taken only when free (then it is held), else passed over.
+        FOR v_lane IN
+            SELECT x.h::integer
+            FROM unnest(string_to_array(v_held, ',')) WITH ORDINALITY AS x(h, ord)
+            WHERE x.h::integer = ANY (v_lanes)
+            ORDER BY x.ord
+        LOOP
+            IF pg_try_advisory_xact_lock(4282177, v_lane) THEN
+                RETURN v_lane;
+            END IF;
+        END LOOP;
     END IF;
     v_n := cardinality(v_lanes);
     v_home := pg_backend_pid() % v_n;
@@ -2399,6 +2404,8 @@ $function$
 CREATE OR REPLACE FUNCTION awa.callback_extend_v1(p_callback_id uuid, p_timeout double precision DEFAULT NULL::double precision)
  RETURNS TABLE(outcome text, timeout_at timestamp with time zone)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -2449,6 +2456,8 @@ $function$
 CREATE OR REPLACE FUNCTION awa.callback_receive_v1(p_callback_id uuid, p_sent_at bigint, p_window double precision, p_action text, p_digest bytea, p_result jsonb DEFAULT NULL::jsonb, p_error jsonb DEFAULT NULL::jsonb, p_terminal boolean DEFAULT false, p_timeout double precision DEFAULT NULL::double precision, p_backoff_base double precision DEFAULT 1.0)
  RETURNS TABLE(outcome text, replayed boolean, timeout_at timestamp with time zone)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -2551,6 +2560,8 @@ $function$
 CREATE OR REPLACE FUNCTION awa.callback_resolve_v1(p_callback_id uuid, p_result jsonb DEFAULT NULL::jsonb, p_error jsonb DEFAULT NULL::jsonb, p_terminal boolean DEFAULT false, p_backoff_base double precision DEFAULT 1.0)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     l awa.leases%ROWTYPE;
@@ -2607,6 +2618,8 @@ $function$
 CREATE OR REPLACE FUNCTION awa.callback_resolve_v2(p_callback_id uuid, p_result jsonb DEFAULT NULL::jsonb, p_error jsonb DEFAULT NULL::jsonb, p_terminal boolean DEFAULT false, p_backoff_base double precision DEFAULT 1.0)
  RETURNS TABLE(outcome text, job_id bigint, run_lease bigint)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -3697,6 +3710,8 @@ $function$
 CREATE OR REPLACE FUNCTION awa.enqueue_one_v1(p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer, p_run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_delay double precision DEFAULT NULL::double precision, p_deadline double precision DEFAULT NULL::double precision, p_metadata jsonb DEFAULT NULL::jsonb, p_tags text[] DEFAULT NULL::text[], p_limits jsonb DEFAULT '{}'::jsonb, OUT job_id bigint, OUT state text)
  RETURNS record
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     v_now timestamptz := clock_timestamp();
@@ -3748,6 +3763,8 @@ $function$
 CREATE OR REPLACE FUNCTION awa.enqueue_one_v2(p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer, p_run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_delay double precision DEFAULT NULL::double precision, p_deadline double precision DEFAULT NULL::double precision, p_metadata jsonb DEFAULT NULL::jsonb, p_tags text[] DEFAULT NULL::text[], p_args_max_bytes integer DEFAULT 1048576, p_metadata_max_bytes integer DEFAULT 65536, p_json_max_depth integer DEFAULT 32, p_max_tags integer DEFAULT 20, p_tag_max_length integer DEFAULT 100, OUT job_id bigint, OUT state text)
  RETURNS record
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     v_error text;
@@ -3844,6 +3861,8 @@ $function$
 CREATE OR REPLACE FUNCTION awa.enqueue_one_v3(p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer, p_run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_delay double precision DEFAULT NULL::double precision, p_deadline double precision DEFAULT NULL::double precision, p_metadata jsonb DEFAULT NULL::jsonb, p_tags text[] DEFAULT NULL::text[], p_args_max_bytes integer DEFAULT 1048576, p_metadata_max_bytes integer DEFAULT 65536, p_json_max_depth integer DEFAULT 32, p_max_tags integer DEFAULT 20, p_tag_max_length integer DEFAULT 100, p_unique boolean DEFAULT false, p_unique_key text DEFAULT NULL::text, p_unique_for double precision DEFAULT NULL::double precision, p_unique_states text[] DEFAULT NULL::text[], p_isolation_state boolean DEFAULT false, OUT job_id bigint, OUT state text, OUT queue text, OUT priority integer, OUT duplicate boolean)
  RETURNS record
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_variable
 DECLARE
@@ -3980,6 +3999,8 @@ $function$
 CREATE OR REPLACE FUNCTION awa.enqueue_v1(p_jobs jsonb, p_limits jsonb DEFAULT '{}'::jsonb)
  RETURNS TABLE(job_id bigint, state text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -4109,6 +4130,8 @@ $function$
 CREATE OR REPLACE FUNCTION awa.ensure_lanes_v1(p_queue text, p_priority integer, p_shards integer DEFAULT NULL::integer)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     v_shards integer;

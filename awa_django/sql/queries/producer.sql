@@ -18,6 +18,11 @@ SELECT job_id, state, queue, priority, duplicate
 FROM awa.enqueue_one_v3(%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s,
     %s, %s, %s, %s, %s, %s, %s::text[], true)
 
+-- name: copy_allowed
+-- Whether the current role may write the ready ring with COPY (an application role with the
+-- grants of manage.py awa_roles may not, and enqueues through awa.enqueue_v1 instead).
+SELECT has_table_privilege('awa.ready_entries', 'INSERT')
+
 -- name: reserve
 SELECT lane_ids, first_seqs, ready_slot, ready_generation, job_ids, db_now
 FROM awa.reserve_v1(%s::text[], %s::integer[], %s::integer[], %s)
