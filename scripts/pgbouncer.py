@@ -41,9 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import pgserver  # noqa: E402
+import pgserver  # scripts/ is on sys.path: run as a script, or from pytest (pyproject.toml)
 
 HOST = "127.0.0.1"
 BINARY_CANDIDATES = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
@@ -162,15 +160,20 @@ def start(server_url: str, *, pool_size: int = DEFAULT_POOL_SIZE) -> Bouncer:
             preexec_fn=_parent_death_signal,
         )
         bouncer = Bouncer(process, directory, port, user)
-        if pgserver._wait_until(
-            lambda p=process, n=port: p.poll() is not None or _accepts(n), _START_TIMEOUT
-        ) and process.poll() is None:
+        if _wait_ready(bouncer) and process.poll() is None:
             return bouncer
         log = bouncer.log()
         bouncer.stop()
         if "Address already in use" not in log:
             break
     raise PgBouncerError(f"pgbouncer did not start; its log says:\n{log[-3000:]}")
+
+
+def _wait_ready(bouncer: Bouncer) -> bool:
+    """Wait until ``bouncer`` accepts connections (True) or has exited (False)."""
+    return pgserver._wait_until(
+        lambda: bouncer.process.poll() is not None or _accepts(bouncer.port), _START_TIMEOUT
+    )
 
 
 def _accepts(port: int) -> bool:

@@ -31,7 +31,7 @@ import pgserver
 import psycopg
 import pytest
 
-from tests.helpers import REPO, ManagedProcess, database_url
+from tests.helpers import PGBOUNCER, REPO, ManagedProcess, database_url
 from tests.settings import database_settings, repeatable_settings
 
 pytest_plugins = ["tests.awa_fixtures"]
@@ -101,14 +101,19 @@ def django_db_modify_db_settings(
     must point at the session's server first (``postgres_url`` does that)."""
 
 
-PGBOUNCER = os.environ.get("AWA_TEST_PGBOUNCER") == "1"
-
 #: Parameters PgBouncer tracks per client and sets again on whichever server connection the
 #: client gets: a session-level value of these is not state that leaks between clients.
-_TRACKED = ("client_encoding", "DateStyle", "TimeZone", "standard_conforming_strings",
-            "application_name",
-            # Scoped to one transaction whatever pg_settings says their source is.
-            "transaction_isolation", "transaction_read_only", "transaction_deferrable")
+_TRACKED = (
+    "client_encoding",
+    "DateStyle",
+    "TimeZone",
+    "standard_conforming_strings",
+    "application_name",
+    # Scoped to one transaction whatever pg_settings says their source is.
+    "transaction_isolation",
+    "transaction_read_only",
+    "transaction_deferrable",
+)
 
 _SESSION_STATE = """
 SELECT pg_backend_pid() AS pid,
@@ -195,8 +200,17 @@ def _pooler_left_no_session_state(request: pytest.FixtureRequest) -> Iterator[No
     dirty = [
         s
         for s in states
-        if any(s[k] for k in ("advisory_locks", "listening", "prepared", "cursors",
-                              "temp_relations", "session_settings"))
+        if any(
+            s[k]
+            for k in (
+                "advisory_locks",
+                "listening",
+                "prepared",
+                "cursors",
+                "temp_relations",
+                "session_settings",
+            )
+        )
     ]
     assert not dirty, f"PgBouncer's server connections carry session state: {dirty}"
 

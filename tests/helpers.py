@@ -19,6 +19,10 @@ T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
 
+#: The pgbouncer lane: the tests' Django connections go through PgBouncer in transaction
+#: pooling mode (tests/conftest.py); ``AWA_TEST_DIRECT_URL`` is the server's own address.
+PGBOUNCER = os.environ.get("AWA_TEST_PGBOUNCER") == "1"
+
 
 class WaitTimeout(AssertionError):
     """A condition polled by :func:`wait_for` did not hold before its deadline."""

@@ -25,8 +25,7 @@ from django.db import connection, transaction
 import awa_django
 from tests import tasks_for_tests, testjobs
 from tests.callback_support import job_row, parked
-from tests.conftest import PGBOUNCER
-from tests.helpers import ManagedProcess, pg, wait_for
+from tests.helpers import PGBOUNCER, ManagedProcess, pg, wait_for
 
 pytestmark = [pytest.mark.pooler, pytest.mark.usefixtures("clean_awa")]
 
