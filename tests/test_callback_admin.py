@@ -12,7 +12,7 @@ from tests.callback_support import job_row, parked, scalar
 from tests.factories import staff
 from tests.helpers import pg
 
-pytestmark = [pytest.mark.usefixtures("clean_awa")]
+pytestmark = [pytest.mark.usefixtures("clean_awa"), pytest.mark.pooler]
 
 
 def test_the_list_shows_each_waiting_job_with_its_time_left() -> None:

@@ -21,10 +21,14 @@ from awa_django import (
 )
 from awa_django.jobs import get_job, job
 from tests import testjobs
-from tests.helpers import pg
+from tests.helpers import PGBOUNCER, pg
 from tests.storage_support import count_jobs, job_state
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_awa")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("clean_awa"),
+    pytest.mark.pooler,
+]
 
 
 def test_committed_enqueue_is_available() -> None:
@@ -354,6 +358,9 @@ def _largest_accepted(shape: Any, limit: int, wrap: Any) -> Any:
 
 
 @pytest.mark.parametrize("shape", _DENSE_SHAPES.values(), ids=_DENSE_SHAPES.keys())
+@pytest.mark.skipif(
+    PGBOUNCER, reason="CPU-bound search of the size limits; no connection path of its own"
+)
 @override_settings(AWA={"ARGS_MAX_BYTES": 30_000, "METADATA_MAX_BYTES": 30_000})
 def test_arguments_python_accepts_are_never_refused_by_the_sql_size_check(shape: Any) -> None:
     args = _largest_accepted(shape, 30_000, lambda v: {"args": [v], "kwargs": {}})
