@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from tests.atkjobs import ATK_OVERRIDES
-from tests.helpers import REPO, ManagedProcess, database_url, wait_for
+from tests.helpers import REPO, ManagedProcess, conninfo, database_url, wait_for
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
 
@@ -804,13 +804,7 @@ def test_health_without_checks_on_an_unmigrated_database_is_unhealthy(
     from django.db import connection
 
     db = connection.settings_dict
-    server = psycopg.conninfo.make_conninfo(
-        dbname="postgres",
-        user=db.get("USER") or None,
-        password=db.get("PASSWORD") or None,
-        host=db.get("HOST") or None,
-        port=str(db["PORT"]) if db.get("PORT") else None,
-    )
+    server = psycopg.conninfo.make_conninfo(conninfo(), dbname="postgres")
     name = "awa_health_unmigrated"
     with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

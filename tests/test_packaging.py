@@ -25,7 +25,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.helpers import REPO
+from tests.helpers import REPO, conninfo
 
 pytestmark = [pytest.mark.slow]
 
@@ -157,13 +157,7 @@ def test_a_wheel_built_from_the_repository_works_in_a_new_project(tmp_path: Path
     with (project / "mysite" / "settings.py").open("a") as f:
         f.write('\nINSTALLED_APPS += ["awa_django", "shop"]\n')
         f.write(f"DATABASES = {{'default': {database!r}}}\n")
-    server = psycopg.conninfo.make_conninfo(
-        dbname="postgres",
-        user=db.get("USER") or None,
-        password=db.get("PASSWORD") or None,
-        host=db.get("HOST") or None,
-        port=str(db["PORT"]) if db.get("PORT") else None,
-    )
+    server = psycopg.conninfo.make_conninfo(conninfo(), dbname="postgres")
     with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
