@@ -17,6 +17,11 @@ SELECT job_id, run_lease, attempt, max_attempts, claim_slot, kind, args::text AS
 FROM awa.claim_v3(%s, %s, %s, %s, %s, %s, %s::integer[], %s::integer[], %s::integer[],
                   %s::integer[])
 
+-- name: attempt_open
+-- Whether an attempt is still open (a claim without closure): a cancel note is acted on only
+-- when it is not.
+SELECT awa._attempt_open_v1(%s, %s)
+
 -- name: flow_release
 SELECT awa.flow_release_v1(%s::integer[])
 
