@@ -46,9 +46,8 @@ def _create_roles() -> None:
             )
 
 
-@pytest.fixture
-def as_role(clean_awa: None) -> Iterator[Callable[[str], psycopg.Connection[Any]]]:
-    """Connections as the roles the script grants (``awa_roles --apply``)."""
+def _roles(*extra: str) -> Iterator[Callable[[str], psycopg.Connection[Any]]]:
+    """Connections as the roles the script grants (``awa_roles --apply`` with ``extra``)."""
     _create_roles()
     call_command(
         "awa_roles",
@@ -61,6 +60,7 @@ def as_role(clean_awa: None) -> Iterator[Callable[[str], psycopg.Connection[Any]
         ROLES["maintenance"],
         "--operator",
         ROLES["operator"],
+        *extra,
     )
     opened: list[psycopg.Connection[Any]] = []
 
@@ -72,6 +72,29 @@ def as_role(clean_awa: None) -> Iterator[Callable[[str], psycopg.Connection[Any]
     yield connect
     for conn in opened:
         conn.close()
+
+
+@pytest.fixture
+def as_role(clean_awa: None) -> Iterator[Callable[[str], psycopg.Connection[Any]]]:
+    yield from _roles()
+
+
+@pytest.fixture
+def locked_down(clean_awa: None) -> Iterator[Callable[[str], psycopg.Connection[Any]]]:
+    """As ``as_role``, with ``--lock-advisory`` (docs/roles.md); PUBLIC gets the advisory-lock
+    functions back afterwards (the test database serves the other tests' roles too)."""
+    from awa_django.sql import roles_blocks
+
+    try:
+        yield from _roles("--lock-advisory")
+    finally:
+        functions = "\n".join(
+            line
+            for line in roles_blocks()["advisory_functions"].splitlines()
+            if not line.startswith("--")
+        )
+        with pg() as conn:
+            conn.execute(f"GRANT EXECUTE ON {functions} TO PUBLIC")
 
 
 def schema_owner() -> str:
@@ -87,30 +110,29 @@ def schema_owner() -> str:
 
 
 def test_a_read_only_operator_cannot_keep_the_maintenance_leadership_from_everyone(
-    as_role: Callable[[str], psycopg.Connection[Any]],
+    locked_down: Callable[[str], psycopg.Connection[Any]],
 ) -> None:
-    # The operator role "cannot write anything" (docs/roles.md). Holding the leader's advisory
-    # lock needs no privilege at all, and while it is held no worker or awa_maintenance ever
-    # becomes leader: no rotation, prune, rescue, promotion of scheduled jobs.
-    ops = as_role("operator")
+    # Holding the leader's advisory lock needs no privilege by default: while it is held no
+    # worker or awa_maintenance ever becomes leader. With --lock-advisory the operator (and the
+    # app) can no longer take it; the maintenance role still can.
+    ops = locked_down("operator")
     ops.execute("SET application_name = 'awa:worker:00000000-0000-0000-0000-000000000000'")
-    assert ops.execute("SELECT pg_try_advisory_lock(%s)", [LEADER_KEY]).fetchone() == (True,)
-    maint = as_role("maintenance")
-    # What a would-be leader does when the lock is taken: takeover of a stale holder.
-    maint.execute("SELECT * FROM awa.leader_takeover_v1(0)").fetchall()
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        ops.execute("SELECT pg_try_advisory_lock(%s)", [LEADER_KEY])
+    maint = locked_down("maintenance")
     got = maint.execute("SELECT pg_try_advisory_lock(%s)", [LEADER_KEY]).fetchone()
-    assert got == (True,), "an operator session keeps the maintenance leadership from everyone"
+    assert got == (True,)
 
 
 # --- Finding 2: lane locks are unprivileged advisory locks ---------------------------------
 
 
 def test_a_read_only_operator_cannot_stall_every_enqueue_into_a_queue(
-    as_role: Callable[[str], psycopg.Connection[Any]],
+    locked_down: Callable[[str], psycopg.Connection[Any]],
 ) -> None:
-    app = as_role("app")
+    app = locked_down("app")
     app.execute("SELECT awa.ensure_lanes_v1('victim', 0)")
-    ops = as_role("operator")
+    ops = locked_down("operator")
     lanes = [
         r[0]
         for r in ops.execute(
@@ -118,15 +140,13 @@ def test_a_read_only_operator_cannot_stall_every_enqueue_into_a_queue(
         ).fetchall()
     ]
     assert lanes
-    for lane in lanes:
-        ops.execute("SELECT pg_advisory_lock(%s, %s)", [LANE_LOCK, lane])
-    app.execute("SET lock_timeout = '3s'")
-    try:
-        row = app.execute(
-            "SELECT state FROM awa.enqueue_one_v2('k', 'victim', 0, %s::jsonb, 3)", [ARGS]
-        ).fetchone()
-    except psycopg.errors.LockNotAvailable:
-        pytest.fail("an operator session holding the lane locks blocks every enqueue")
+    for who in ("operator", "app"):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            locked_down(who).execute("SELECT pg_advisory_lock(%s, %s)", [LANE_LOCK, lanes[0]])
+    # The app enqueues all the same: its locks are taken inside the entry point, as the owner.
+    row = app.execute(
+        "SELECT state FROM awa.enqueue_one_v2('k', 'victim', 0, %s::jsonb, 3)", [ARGS]
+    ).fetchone()
     assert row == ("available",)
 
 
@@ -134,18 +154,17 @@ def test_a_read_only_operator_cannot_stall_every_enqueue_into_a_queue(
 
 
 def test_a_read_only_operator_cannot_take_a_queues_flow_permits(
-    as_role: Callable[[str], psycopg.Connection[Any]],
+    locked_down: Callable[[str], psycopg.Connection[Any]],
 ) -> None:
-    ops = as_role("operator")
+    ops = locked_down("operator")
     (key,) = ops.execute("SELECT awa._flow_key_v1('limited', 0)").fetchone() or (None,)
-    assert ops.execute("SELECT pg_try_advisory_lock(%s, %s)", [FLOW_LOCK, key]).fetchone() == (
-        True,
-    )
-    worker = as_role("worker")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        ops.execute("SELECT pg_try_advisory_lock(%s, %s)", [FLOW_LOCK, key])
+    worker = locked_down("worker")
     # A worker of queue "limited" with max_running = 1 asks for its one permit.
     row = worker.execute("SELECT awa._flow_take_v1('limited', 1, NULL, 1, '{}')").fetchone()
     keys = row[0] if row else None
-    assert keys, "an operator session holds the queue's only permit: its workers claim nothing"
+    assert keys, "the worker role keeps the advisory-lock functions"
 
 
 # --- Finding 4: NOTIFY awa_cancel from any role stops a running handler ---------------------

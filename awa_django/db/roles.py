@@ -85,6 +85,17 @@ class RoleNames:
                 "roles",
                 "name at least one role (--owner, --app, --worker, --maintenance, --operator)",
             )
+        seen: dict[str, str] = {}
+        for kind in ROLE_KINDS:
+            value = getattr(self, kind)
+            if value is None:
+                continue
+            if value in seen:
+                # Each block revokes what the others grant: the last one would silently win.
+                raise InvalidOptionError(
+                    f"--{kind}", f"{value!r} is already the {seen[value]} role; one role each"
+                )
+            seen[value] = kind
 
 
 @dataclass(frozen=True)
@@ -110,17 +121,40 @@ def read_schema_facts(cursor: Any) -> SchemaFacts | None:
     return SchemaFacts(row[0], row[1], bool(row[2]), partitions)
 
 
-def _entry_points(blocks: Mapping[str, str]) -> sql.SQL:
-    lines = [line for line in blocks["entry_points"].splitlines() if not line.startswith("--")]
+def _entry_points(blocks: Mapping[str, str], name: str = "entry_points") -> sql.SQL:
+    lines = [line for line in blocks[name].splitlines() if not line.startswith("--")]
     return sql.SQL("\n".join(lines).strip())
 
 
-def roles_script(roles: RoleNames, facts: SchemaFacts) -> sql.Composed:
+def roles_script(
+    roles: RoleNames, facts: SchemaFacts, *, lock_advisory: bool = False
+) -> sql.Composed:
     """The GRANT/REVOKE script for ``roles`` on the database ``facts`` describes: the blocks of
     ``roles.sql`` of the roles given, in :data:`ROLE_KINDS` order, with every name an
-    identifier. Running it twice changes nothing the first run did not."""
+    identifier. Running it twice changes nothing the first run did not. ``lock_advisory``
+    adds the superuser block that takes the advisory-lock functions from ``PUBLIC`` in this
+    database and gives them to the owner and the worker and maintenance roles named."""
+    if lock_advisory and roles.worker is None and roles.maintenance is None:
+        raise InvalidOptionError(
+            "--lock-advisory",
+            "name the --worker and --maintenance roles that keep the advisory-lock functions",
+        )
+    if roles.owner is not None and roles.owner != facts.schema_owner:
+        raise InvalidOptionError(
+            "--owner",
+            f"the awa schema is owned by {facts.schema_owner!r}, not {roles.owner!r} (--owner "
+            "names the role that ran migrate)",
+        )
+    for kind in ROLE_KINDS[1:]:
+        if getattr(roles, kind) == facts.schema_owner:
+            # Its block revokes from the role it names: the owner would lose its own rights,
+            # and with them every SECURITY DEFINER entry point, for every role.
+            raise InvalidOptionError(
+                f"--{kind}",
+                f"{facts.schema_owner!r} owns the awa schema; the {kind} role must be another",
+            )
     blocks = roles_blocks()
-    owner = roles.owner if roles.owner is not None else facts.schema_owner
+    owner = facts.schema_owner
     values: dict[str, sql.Composable] = {
         "database": sql.Identifier(facts.database),
         "owner": sql.Identifier(owner),
@@ -133,6 +167,12 @@ def roles_script(roles: RoleNames, facts: SchemaFacts) -> sql.Composed:
         name = getattr(roles, kind)
         if name is not None:
             values[kind] = sql.Identifier(name)
+    values["advisory_functions"] = _entry_points(blocks, "advisory_functions")
+    values["advisory_roles"] = sql.SQL(", ").join(
+        sql.Identifier(name)
+        for name in (owner, roles.worker, roles.maintenance)
+        if name is not None
+    )
     parts: list[sql.Composable] = []
     for kind in ROLE_KINDS:
         if getattr(roles, kind) is None:
@@ -140,4 +180,6 @@ def roles_script(roles: RoleNames, facts: SchemaFacts) -> sql.Composed:
         if kind == "maintenance" and not facts.ring_partitions:
             raise InvalidOptionError("--maintenance", "the awa schema has no ring partitions")
         parts.append(sql.SQL(blocks[kind].strip() + "\n").format(**values))
+    if lock_advisory:
+        parts.append(sql.SQL(blocks["advisory"].strip() + "\n").format(**values))
     return sql.SQL("\n").join(parts)

@@ -29,6 +29,37 @@ FUNCTION awa.ensure_lanes_v1(text, integer, integer),
     awa.callback_receive_v1(uuid, bigint, double precision, text, bytea, jsonb, jsonb, boolean,
         double precision, double precision)
 
+-- name: advisory_functions
+-- PostgreSQL's advisory-lock functions (every signature): any role may call them by default.
+FUNCTION pg_catalog.pg_advisory_lock(bigint), pg_catalog.pg_advisory_lock(integer, integer),
+    pg_catalog.pg_advisory_lock_shared(bigint),
+    pg_catalog.pg_advisory_lock_shared(integer, integer),
+    pg_catalog.pg_advisory_unlock(bigint), pg_catalog.pg_advisory_unlock(integer, integer),
+    pg_catalog.pg_advisory_unlock_shared(bigint),
+    pg_catalog.pg_advisory_unlock_shared(integer, integer),
+    pg_catalog.pg_advisory_unlock_all(),
+    pg_catalog.pg_advisory_xact_lock(bigint), pg_catalog.pg_advisory_xact_lock(integer, integer),
+    pg_catalog.pg_advisory_xact_lock_shared(bigint),
+    pg_catalog.pg_advisory_xact_lock_shared(integer, integer),
+    pg_catalog.pg_try_advisory_lock(bigint), pg_catalog.pg_try_advisory_lock(integer, integer),
+    pg_catalog.pg_try_advisory_lock_shared(bigint),
+    pg_catalog.pg_try_advisory_lock_shared(integer, integer),
+    pg_catalog.pg_try_advisory_xact_lock(bigint),
+    pg_catalog.pg_try_advisory_xact_lock(integer, integer),
+    pg_catalog.pg_try_advisory_xact_lock_shared(bigint),
+    pg_catalog.pg_try_advisory_xact_lock_shared(integer, integer)
+
+-- name: advisory
+-- (--lock-advisory; run as a superuser.) awa_django's leader election, lane locks, flow
+-- permits and serial keys are advisory locks, which any role may take by default: a session of
+-- the app or operator role could hold one for ever (no leader, a stalled queue). In this
+-- database only, the functions are taken from PUBLIC and given to the owner and the worker
+-- and maintenance roles; the app role takes its locks inside the SECURITY DEFINER entry
+-- points (as the owner). Other software in this database that uses advisory locks needs a
+-- grant too.
+REVOKE EXECUTE ON {advisory_functions} FROM PUBLIC;
+GRANT EXECUTE ON {advisory_functions} TO {advisory_roles};
+
 -- name: owner
 -- The migration owner runs `manage.py migrate`: it creates the awa schema and owns everything
 -- in it, and the entry points run as it. It must not be a superuser (docs/roles.md).

@@ -794,6 +794,12 @@ DECLARE
     v_resume boolean;
     v_stale jsonb;
 BEGIN
+    -- A caller's backoff base (a retry's delay grows from it): a number of seconds from 0 to
+    -- 1e9; NaN, infinities and negatives (a retry in the past) are refused.
+    IF p_backoff_base IS NOT NULL AND NOT (p_backoff_base >= 0 AND p_backoff_base <= 1e9) THEN
+        RAISE EXCEPTION 'backoff_base must be a number of seconds from 0 to 1e9, got %',
+            p_backoff_base USING ERRCODE = '22023';
+    END IF;
     SELECT * INTO l FROM awa.leases ls
     WHERE ls.callback_id = p_callback_id AND ls.job_id = p_job_id
       AND ls.run_lease = p_run_lease AND ls.state = 'waiting_external'
@@ -1768,7 +1774,9 @@ BEGIN
         FOR v_lane IN
             SELECT x.h::integer
             FROM unnest(string_to_array(v_held, ',')) WITH ORDINALITY AS x(h, ord)
-            WHERE x.h::integer = ANY (v_lanes)
+            -- Entries that are not lane ids are passed over (a session-level value, left by
+            -- another client of a pooled connection, or forged, is anyone's to set).
+            WHERE x.h ~ '^[0-9]{1,9}$' AND x.h::integer = ANY (v_lanes)
             ORDER BY x.ord
         LOOP
             IF pg_try_advisory_xact_lock(4282177, v_lane) THEN

@@ -36,6 +36,13 @@ class Command(BaseCommand):
         for kind in ROLE_KINDS:
             parser.add_argument(f"--{kind}", metavar="ROLE", help=_HELP[kind])
         parser.add_argument(
+            "--lock-advisory",
+            action="store_true",
+            help="also take PostgreSQL's advisory-lock functions from PUBLIC in this database "
+            "and give them to the owner, worker and maintenance roles (run as a superuser; "
+            "docs/roles.md)",
+        )
+        parser.add_argument(
             "--database",
             default=None,
             help="database alias (default: AWA['DATABASE_ALIAS'])",
@@ -55,7 +62,10 @@ class Command(BaseCommand):
                     "the awa schema does not exist on this database: run `manage.py migrate` "
                     "(as the migration owner) first"
                 )
-            script = roles_script(roles, facts)
+            try:
+                script = roles_script(roles, facts, lock_advisory=options["lock_advisory"])
+            except JobValidationError as exc:
+                raise CommandError(str(exc)) from exc
             text = script.as_string(cursor.cursor.connection)
             if options["apply"]:
                 cursor.execute(text)

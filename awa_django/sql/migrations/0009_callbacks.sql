@@ -126,6 +126,12 @@ DECLARE
     v_resume boolean;
     v_stale jsonb;
 BEGIN
+    -- A caller's backoff base (a retry's delay grows from it): a number of seconds from 0 to
+    -- 1e9; NaN, infinities and negatives (a retry in the past) are refused.
+    IF p_backoff_base IS NOT NULL AND NOT (p_backoff_base >= 0 AND p_backoff_base <= 1e9) THEN
+        RAISE EXCEPTION 'backoff_base must be a number of seconds from 0 to 1e9, got %',
+            p_backoff_base USING ERRCODE = '22023';
+    END IF;
     SELECT * INTO l FROM awa.leases ls
     WHERE ls.callback_id = p_callback_id AND ls.job_id = p_job_id
       AND ls.run_lease = p_run_lease AND ls.state = 'waiting_external'

@@ -48,7 +48,9 @@ BEGIN
         FOR v_lane IN
             SELECT x.h::integer
             FROM unnest(string_to_array(v_held, ',')) WITH ORDINALITY AS x(h, ord)
-            WHERE x.h::integer = ANY (v_lanes)
+            -- Entries that are not lane ids are passed over (a session-level value, left by
+            -- another client of a pooled connection, or forged, is anyone's to set).
+            WHERE x.h ~ '^[0-9]{1,9}$' AND x.h::integer = ANY (v_lanes)
             ORDER BY x.ord
         LOOP
             IF pg_try_advisory_xact_lock(4282177, v_lane) THEN
