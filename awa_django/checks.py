@@ -216,7 +216,7 @@ def connection_budget_warnings(
             f"max_connections is {maximum}.",
             hint="Lower AWA['CONCURRENCY'] or AWA['PROCESSES'], or raise max_connections; "
             "remember the web processes and every other worker host (docs/deployment.md, "
-            "\"Connection budget\").",
+            '"Connection budget").',
             id="awa.W002",
         )
     ]

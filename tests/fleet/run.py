@@ -10,7 +10,7 @@ load. Then:
    the others within ``HEARTBEAT_STALENESS + RESCUE_INTERVAL`` (+ slack); the link heals and
    its late completions are refused as stale;
 3. the leader's host is cut off: another host takes the maintenance lock (after the frozen
-   leader's runtime row is older than ``max(HEARTBEAT_STALENESS, 3 × RUNTIME_REFRESH_INTERVAL)``)
+   leader's runtime row is older than ``max(HEARTBEAT_STALENESS, 3 * RUNTIME_REFRESH_INTERVAL)``)
    and rescues that host's attempts; the link heals;
 4. the load stops and drains: every committed job completed exactly once, and every execution
    that did not win is a recorded "heartbeat stale" rescue of its attempt.
@@ -22,6 +22,7 @@ import collections
 import contextlib
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from awa_django.worker.config import connection_budget, own_connections
 from tests.fleet import settings
 from tests.fleet.net import Host, unavailable
 from tests.fleet.sql import statement
@@ -53,6 +55,8 @@ RATE = 8.0  # jobs per second
 JOB_SECONDS = 2.0
 STEADY_SECONDS = 6.0
 SLACK = 1.5  # seconds on top of the documented bounds (scheduling on a loaded machine)
+
+STALE_LINE = re.compile(r"stale finalization of job (\d+) attempt lease (\d+)")
 
 AWA = settings.AWA
 RESCUE_BOUND = AWA["HEARTBEAT_STALENESS"] + AWA["RESCUE_INTERVAL"] + SLACK
@@ -178,9 +182,8 @@ class Fleet:
                 host.heal()
         procs = [*self.workers.values(), *([self.producer] if self.producer else [])]
         for proc in procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
+            if proc.poll() is None:  # the supervisor passes SIGTERM on to its processes
+                proc.send_signal(signal.SIGTERM)
         for proc in procs:
             try:
                 proc.wait(timeout=15)
@@ -213,6 +216,11 @@ class Fleet:
         rows = self.q("leader_addr")
         return self.host_of(rows[0][0]) if rows else None
 
+    def stale_logged(self, host: Host) -> set[tuple[int, int]]:
+        """(job, lease) of every finalization ``host``'s workers logged as stale."""
+        text = (self.work_dir / f"{host.name}.log").read_text(errors="replace")
+        return {(int(j), int(lease)) for j, lease in STALE_LINE.findall(text)}
+
     def rescues_after(self, since: datetime) -> dict[tuple[int, int], datetime]:
         return {(job, attempt): at for job, attempt, at in self.q("rescues") if at >= since}
 
@@ -224,7 +232,8 @@ class Fleet:
         _wait(f"jobs running on {host.name}", lambda: self.q("running_on", [host.name]), 10)
         cut_at = self.now()
         host.cut()
-        running = {(job, attempt) for job, _, attempt in self.q("running_on", [host.name])}
+        cut_off = self.q("running_on", [host.name])
+        running = {(job, attempt) for job, _, attempt in cut_off}
 
         def rescued() -> dict[tuple[int, int], datetime] | None:
             found = self.rescues_after(cut_at)
@@ -249,7 +258,7 @@ class Fleet:
                     LEADER_BOUND + 10,
                 )
                 moved = (self.now() - cut_at).total_seconds()
-                report.figures[f"{label}: leader moved"] = (
+                report.figures[f"{label}: leader moved (seen by)"] = (
                     f"{host.name} -> {new.name} in {moved:.2f} s (bound {LEADER_BOUND:.1f})"
                 )
                 if moved > LEADER_BOUND:
@@ -261,9 +270,11 @@ class Fleet:
         try:
             _wait(
                 f"{host.name}'s cut-off executions to end after the heal",
-                lambda: not any(
-                    (job, attempt) in running
-                    for job, _, attempt in self.q("running_on", [host.name])
+                lambda: (
+                    not any(
+                        (job, attempt) in running
+                        for job, _, attempt in self.q("running_on", [host.name])
+                    )
                 ),
                 30,
             )
@@ -272,8 +283,22 @@ class Fleet:
             )
         except TimeoutError as exc:
             report.fail(f"{label}: {exc}")
+        # Each late completion reaches the database and is refused: the host's worker logs it.
+        expected = {(job, lease) for job, lease, _ in cut_off}
+        try:
+            _wait(
+                f"{host.name} to log its late completions as stale",
+                lambda: expected <= self.stale_logged(host),
+                15,
+            )
+        except TimeoutError:
+            missing = sorted(expected - self.stale_logged(host))
+            report.fail(f"{label}: no stale finalization logged for (job, lease) {missing}")
+        report.figures[f"{label}: late completions refused as stale"] = len(
+            expected & self.stale_logged(host)
+        )
 
-    def check(self, report: Report, started: datetime) -> None:
+    def check(self, report: Report) -> None:
         jobs = {job: (state, lease) for job, state, lease in self.q("jobs")}
         committed = [job for (job,) in self.q("committed")]
         execs = self.q("executions")
@@ -302,11 +327,9 @@ class Fleet:
         report.figures["executions per host"] = dict(sorted(per_host.items()))
         report.figures["extra executions (all rescued)"] = extra
         report.figures["rescues"] = sum(rescues.values())
-        stale = {}
-        for host in self.hosts:
-            text = (self.work_dir / f"{host.name}.log").read_text(errors="replace")
-            stale[host.name] = text.count("stale finalization")
-        report.figures["stale finalizations refused (worker logs)"] = stale
+        report.figures["stale finalizations logged"] = {
+            host.name: len(self.stale_logged(host)) for host in self.hosts
+        }
 
 
 def run(work_dir: Path | None = None) -> Report:
@@ -323,7 +346,6 @@ def run(work_dir: Path | None = None) -> Report:
     try:
         fleet.start()
         report.figures["start-up (s)"] = round(time.monotonic() - began, 1)
-        started = fleet.now()
         fleet.start_producer(STEADY_SECONDS + 30)
         time.sleep(STEADY_SECONDS)  # the steady load itself: nothing to wait for
         steady = collections.Counter(host for _, _, _, host, _, _ in fleet.q("executions"))
@@ -332,9 +354,17 @@ def run(work_dir: Path | None = None) -> Report:
         report.figures["connections per host now"] = {
             (h.name): conns.get(h.addr, 0) for h in fleet.hosts
         }
+        even = sum(steady.values()) / HOSTS
         for host in fleet.hosts:
-            if steady[host.name] == 0:
-                report.fail(f"steady load: {host.name} ran nothing")
+            if steady[host.name] < even / 2:
+                report.fail(f"steady load: {host.name} ran {steady[host.name]}, even is {even:.0f}")
+        budget = connection_budget(PROCESSES, settings.CONCURRENCY)
+        report.figures["connection budget per host"] = (
+            f"{PROCESSES} x ({settings.CONCURRENCY} + {own_connections()}) = {budget}"
+        )
+        for host in fleet.hosts:
+            if conns.get(host.addr, 0) > budget:
+                report.fail(f"{host.name} holds {conns[host.addr]} connections > {budget}")
         leader = _wait("a maintenance leader", fleet.leader, 10)
         other = next(h for h in fleet.hosts if h is not leader)
         fleet.cut(other, report, "non-leader cut", RESCUE_BOUND)
@@ -345,7 +375,7 @@ def run(work_dir: Path | None = None) -> Report:
             os.killpg(fleet.producer.pid, signal.SIGTERM)
         fleet.producer.wait(timeout=15)
         _wait("every committed job to end", lambda: fleet.q("unfinished")[0][0] == 0, 60, 0.2)
-        fleet.check(report, started)
+        fleet.check(report)
     except Exception as exc:
         report.fail(f"{type(exc).__name__}: {exc}")
     finally:
