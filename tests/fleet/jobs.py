@@ -18,7 +18,7 @@ from tests.fleet.sql import statement
 HOST = os.environ.get("AWA_FLEET_HOST", "root")
 
 
-def _write(name: str, params: list[object]) -> None:
+def _write(name: str, params: list[str | int]) -> None:
     with connection.cursor() as cursor:
         cursor.execute(statement(name), params)
 

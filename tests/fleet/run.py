@@ -252,10 +252,13 @@ class Fleet:
             report.fail(f"{label}: {exc}")
         if label.startswith("leader"):
             try:
+
+                def other_leader() -> Host | None:
+                    holder = self.leader()
+                    return holder if holder is not host else None
+
                 new = _wait(
-                    "another host to take the maintenance lock",
-                    lambda: (h := self.leader()) is not None and h is not host and h,
-                    LEADER_BOUND + 10,
+                    "another host to take the maintenance lock", other_leader, LEADER_BOUND + 10
                 )
                 moved = (self.now() - cut_at).total_seconds()
                 report.figures[f"{label}: leader moved (seen by)"] = (
