@@ -16,8 +16,8 @@ awa.W001  An ``AWA["QUEUES"]`` concurrency above ``AWA["CONCURRENCY"]``: a worke
           at most ``CONCURRENCY`` jobs at once across its queues, so it can never be reached.
 awa.W004  ``AWA["CALLBACK_MAX_BYTES"]`` above Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE``: the
           callback receiver refuses bodies over the smaller of the two (413).
-awa.W002  ``PROCESSES * (CONCURRENCY + 5)`` connections exceed the server's ``max_connections``
-          (database check).
+awa.W002  ``PROCESSES * (CONCURRENCY + 6)`` connections (``worker.config.connection_budget``)
+          exceed the server's ``max_connections`` (database check).
 awa.W003  The alias's connections JIT-compile expensive statements: every read of awa's views
           (admin, ``get_result``, ``awa_status``) pays 100-300 ms of compilation (database check).
 ========  ======================================================================================
@@ -41,6 +41,7 @@ from django.db.utils import ConnectionHandler
 from awa_django.conf import AwaSettings, get_awa_settings
 from awa_django.cron import declared
 from awa_django.sql import query
+from awa_django.worker.config import connection_budget, own_connections
 
 MIN_SERVER_VERSION = 150000
 """PostgreSQL 15, as ``server_version_num``."""
@@ -194,10 +195,13 @@ def jit_warnings(alias: str, handler: ConnectionHandler) -> list[CheckMessage]:
 def connection_budget_warnings(
     alias: str, handler: ConnectionHandler, cfg: AwaSettings
 ) -> list[CheckMessage]:
-    """W002 when ``PROCESSES`` worker processes of ``CONCURRENCY`` handler threads each (every
-    thread may hold a Django connection, and each process about five of its own) could need
-    more connections than the server's ``max_connections``; connects."""
-    needed = cfg.PROCESSES * (cfg.CONCURRENCY + 5)
+    """W002 when ``PROCESSES`` worker processes of ``CONCURRENCY`` handler threads each could
+    need more connections than the server's ``max_connections``: the count of
+    :func:`awa_django.worker.config.connection_budget` (every handler thread may hold a Django
+    connection, and each process holds its own claim, finalize, heartbeat, LISTEN and
+    election connections plus one for async handlers' ORM calls); connects."""
+    own = own_connections(listen=cfg.NOTIFY)
+    needed = connection_budget(cfg.PROCESSES, cfg.CONCURRENCY, listen=cfg.NOTIFY)
     row = _server_row(alias, handler, "connection_budget")
     if row is None:
         return []  # E006 reports an unreachable server
@@ -208,10 +212,11 @@ def connection_budget_warnings(
         Warning(
             f"AWA['PROCESSES'] = {cfg.PROCESSES} worker processes running AWA['CONCURRENCY'] = "
             f"{cfg.CONCURRENCY} jobs at once each may need {cfg.PROCESSES} x "
-            f"({cfg.CONCURRENCY} + 5) = {needed} connections to database {alias!r}, whose "
+            f"({cfg.CONCURRENCY} + {own}) = {needed} connections to database {alias!r}, whose "
             f"max_connections is {maximum}.",
             hint="Lower AWA['CONCURRENCY'] or AWA['PROCESSES'], or raise max_connections; "
-            "remember the web processes and every other worker host.",
+            "remember the web processes and every other worker host (docs/deployment.md, "
+            '"Connection budget").',
             id="awa.W002",
         )
     ]

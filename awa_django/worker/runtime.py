@@ -54,7 +54,12 @@ from awa_django.telemetry.logs import job_fields, job_log_fields
 from awa_django.telemetry.metrics import active_metrics
 from awa_django.telemetry.tracing import active_tracing
 from awa_django.worker.batcher import CompletionBatcher
-from awa_django.worker.config import QueueConfig, WorkerConfig
+from awa_django.worker.config import (
+    QueueConfig,
+    WorkerConfig,
+    connection_budget,
+    own_connections,
+)
 from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Execution, Running, run_sync
 from awa_django.worker.executor import (
     safe_str,
@@ -390,14 +395,14 @@ class WorkerRuntime(Execution):
         await self.control_link.run(upsert, give_up=lambda: self.stopping)
 
     async def _check_connection_budget(self) -> None:
-        """Warn when this fleet could exhaust the server's max_connections.
-
-        Each process holds about five connections of its own, plus one Django connection per
-        pool thread (``CONCURRENCY`` of them) that runs a sync handler touching the ORM; the
-        fleet is ``--processes`` of them.
-        """
+        """Warn when this fleet could exhaust the server's max_connections: ``--processes``
+        processes of :func:`~awa_django.worker.config.connection_budget` connections each."""
         processes = self.config.processes
-        needed = processes * (5 + self.config.concurrency)
+        listen, maintenance = self.config.settings.NOTIFY, self.config.maintenance
+        own = own_connections(listen=listen, maintenance=maintenance)
+        needed = connection_budget(
+            processes, self.config.concurrency, listen=listen, maintenance=maintenance
+        )
 
         async def limits(conn: psycopg.AsyncConnection[Any]) -> tuple[int, int]:
             cursor = await conn.execute(query("connection_budget"))
@@ -411,11 +416,12 @@ class WorkerRuntime(Execution):
             return
         if needed > maximum - in_use:
             log.warning(
-                "awa worker: %d process(es) x (%d handler threads + 5) may need %d connections, "
+                "awa worker: %d process(es) x (%d handler threads + %d) may need %d connections, "
                 "but the server allows %d and %d are in use; lower the concurrency or raise "
                 "max_connections",
                 processes,
                 self.config.concurrency,
+                own,
                 needed,
                 maximum,
                 in_use,
