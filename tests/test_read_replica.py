@@ -23,7 +23,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pgserver
-import psycopg
 import pytest
 from django.conf import settings
 from django.core.management import call_command
