@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,9 +59,7 @@ def _standby_bins(major: int) -> Path | None:
 
 
 @pytest.fixture(scope="module")
-def replica(
-    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+def replica(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
     """The alias ``replica``: the test database on a hot standby of the test server.
 
     It is a TEST mirror of ``default`` (the standby is read-only: a transactional test flushes
@@ -78,9 +77,9 @@ def replica(
     if bins is None:
         pytest.skip(f"no streaming replica: no pg_basebackup of PostgreSQL {major} here")
     try:
-        server = pgserver.start_standby(
-            int(port), tmp_path_factory.mktemp("standby") / "data", bin_dir=bins
-        )
+        # Not under pytest's basetemp: another pytest session of the same user may delete it.
+        data_dir = tempfile.mkdtemp(prefix="awa-standby-")
+        server = pgserver.start_standby(int(port), data_dir, bin_dir=bins)
     except pgserver.PgServerError as exc:
         pytest.skip(f"no streaming replica: {str(exc)[:500]}")
     config = {
@@ -162,6 +161,17 @@ def test_lists_read_from_the_replica_and_actions_act_on_the_primary(read_replica
     assert any('"live_jobs"' in sql for sql in awa_queries(standby))
     assert not awa_queries(primary), awa_queries(primary)
     assert any("Read from the replica 'replica'" in m for m in messages_of(page))
+
+    with (
+        CaptureQueriesContext(connections["default"]) as primary,
+        CaptureQueriesContext(connections[REPLICA]) as standby,
+    ):
+        queues = client.get(changelist("queuestat"))
+        dashboard = client.get(reverse("admin:awa_django_dashboard"))
+    assert queues.status_code == 200 and dashboard.status_code == 200
+    assert any('"queue_stats"' in sql for sql in awa_queries(standby))
+    # Only the permits in use, which live in the primary's lock table.
+    assert [sql for sql in awa_queries(primary) if "flow_status" not in sql] == []
 
     with (
         CaptureQueriesContext(connections["default"]) as primary,
