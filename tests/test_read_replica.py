@@ -184,6 +184,19 @@ def test_lists_read_from_the_replica_and_actions_act_on_the_primary(read_replica
     assert (on_primary(job) or {}).get("state") == "cancelled"
 
 
+@pytest.mark.parametrize(
+    "model",
+    ["livejob", "terminaljob", "deadletter", "callbackwait", "queuestat", "worker", "cronschedule"],
+)
+def test_every_list_renders_from_the_replica(read_replica: str, model: str) -> None:
+    client = staff()
+    caught_up()
+    with CaptureQueriesContext(connections["default"]) as primary:
+        page = client.get(changelist(model))
+    assert page.status_code == 200
+    assert [sql for sql in awa_queries(primary) if "flow_status" not in sql] == []
+
+
 def test_a_lagging_replica_shows_stale_rows_under_a_banner_and_actions_say_what_is_gone(
     read_replica: str,
 ) -> None:
@@ -219,6 +232,11 @@ def test_a_lagging_replica_shows_stale_rows_under_a_banner_and_actions_say_what_
         assert status["read_from"]["lag_seconds"] >= 0
         default = next(q for q in status["queues"] if q["queue"] == "default")
         assert default["available"] == 1  # the replica's: the primary has only `fresh`
+        out = io.StringIO()
+        call_command("awa_status", stdout=out, no_color=True)
+        first = out.getvalue().splitlines()[0]
+        assert first.startswith("read from the replica 'replica': ")
+        assert first.endswith("behind the primary (WAL replay paused)")
     finally:
         on_replica("SELECT pg_wal_replay_resume()")
     caught_up()
