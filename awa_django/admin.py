@@ -43,7 +43,8 @@ from awa_django.admin_filters import (
     TerminalStateFilter,
 )
 from awa_django.admin_operator import QueueDlqActions, TerminalRetryActions
-from awa_django.admin_readonly import CappedPaginator, JobListAdmin, ReadOnlyAdmin
+from awa_django.admin_readonly import CappedPaginator, JobListAdmin, ReadOnlyAdmin, replica_banner
+from awa_django.conf import awa_settings
 from awa_django.cron import next_fire
 from awa_django.db.storage import HISTORY_EXACT_UP_TO
 from awa_django.exceptions import InvalidOptionError
@@ -392,6 +393,8 @@ class QueueStatAdmin(QueueDlqActions, ReadOnlyAdmin):
 
     def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
         # The flow limits of the page's queues: one read for the whole list, not one per row.
+        # On the primary, even when the list reads a replica: the permits in use are in the
+        # primary's lock table, which a replica does not have.
         changelist = super().get_changelist_instance(request)
         limits = {q.queue: q for q in queue_limits()}
         for stat in changelist.result_list:
@@ -439,15 +442,19 @@ class QueueStatAdmin(QueueDlqActions, ReadOnlyAdmin):
     def dashboard(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
+        read = awa_settings.read_alias  # a replica, or the primary
         rows = [
             {
                 "stat": stat,
                 "completed": stat.shown("completed"),
                 "failed": stat.shown("failed"),
-                "sparkline": sparkline(throughput(stat.queue)),
+                "sparkline": sparkline(throughput(stat.queue, using=read)),
             }
-            for stat in queue_stats()
+            for stat in queue_stats(using=read)
         ]
+        banner = replica_banner()
+        if banner is not None:
+            self.message_user(request, banner[1], banner[0])
         return TemplateResponse(
             request,
             "admin/awa_django/dashboard.html",
@@ -455,7 +462,7 @@ class QueueStatAdmin(QueueDlqActions, ReadOnlyAdmin):
                 **self.admin_site.each_context(request),
                 "title": "Queue dashboard",
                 "rows": rows,
-                "workers": workers(),
+                "workers": workers(using=read),
                 "opts": self.model._meta,
             },
         )

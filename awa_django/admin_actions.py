@@ -14,12 +14,14 @@ hidden field per job would exceed.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import messages
+from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.db import connections, transaction
@@ -116,6 +118,18 @@ def run_atomically(perform: Callable[[], str]) -> str:
             return perform()
 
 
+def _ticked(request: HttpRequest, modeladmin: ReadOnlyAdmin) -> list[Any]:
+    """The keys of the rows ticked on the list (none for "select all"); already checked by
+    ``ReadOnlyAdmin.changelist_view``."""
+    if request.POST.get("select_across") == "1":
+        return []
+    ticked = []
+    for text in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+        with contextlib.suppress(ValueError, AwaError):
+            ticked.append(modeladmin.selection_key(text))
+    return ticked
+
+
 def confirm(
     modeladmin: ReadOnlyAdmin,
     request: HttpRequest,
@@ -129,6 +143,10 @@ def confirm(
     batched: bool = False,
 ) -> HttpResponse | None:
     """Show a confirmation page (with ``form_class``), then run ``perform`` on confirmation.
+
+    The rows are read on ``AWA["DATABASE_ALIAS"]`` (the primary), also when the list reads
+    from a replica: a selected row the primary no longer has is left out, and the user is told
+    so (nothing is changed when none is left).
 
     ``perform(objects, cleaned_data)`` runs in :func:`run_atomically` and returns the message
     shown to the user; it logs what it changed with :func:`log_change`. ``note`` says on the
@@ -145,8 +163,20 @@ def confirm(
             )
             return None
         queryset = queryset.filter(pk__in=keys)
-    objects = list(queryset[: BULK_LIMIT + 1])
+    else:
+        keys = _ticked(request, modeladmin)
+    # The list may read from a replica (AWA["READ_DATABASE_ALIAS"]): the rows are read again
+    # where the action runs, so it names and acts on them as the primary has them now.
+    primary = awa_settings.DATABASE_ALIAS
+    objects = list(queryset.using(primary)[: BULK_LIMIT + 1])
     noun = modeladmin.selection_noun
+    replica = awa_settings.read_alias != primary
+    lagging = (
+        f" (this list reads from the replica {awa_settings.read_alias!r}, which may lag behind "
+        "the primary)"
+        if replica
+        else ""
+    )
     if len(objects) > BULK_LIMIT:
         modeladmin.message_user(
             request,
@@ -157,9 +187,20 @@ def confirm(
         return None
     if not objects:
         modeladmin.message_user(
-            request, f"None of the selected {noun} is left; nothing was changed.", messages.WARNING
+            request,
+            f"None of the selected {noun} is left{lagging}; nothing was changed.",
+            messages.WARNING,
         )
         return None
+    if replica and keys:
+        gone = len(set(keys) - {o.pk for o in objects})
+        if gone:
+            modeladmin.message_user(
+                request,
+                f"{gone} of the selected {noun} no longer exist on the primary{lagging}; "
+                "they are left out.",
+                messages.WARNING,
+            )
     form = form_class(request.POST if confirming else None) if form_class else None
     if confirming and (form is None or form.is_valid()):
         data = form.cleaned_data if form else {}

@@ -19,10 +19,11 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from django.contrib import admin
-from django.db import connections, router
+from django.db import connections
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from awa_django.conf import awa_settings
 from awa_django.exceptions import InvalidOptionError
 from awa_django.jobs import registered_kinds
 from awa_django.limits import MAX_TEXT, QUEUE_NAME_RE, check_text
@@ -99,8 +100,7 @@ class QueueFilter(_ChoiceFilter):
     parameter_name = "queue"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        alias = router.db_for_read(model_admin.model)
-        with connections[alias].cursor() as cursor:
+        with connections[awa_settings.read_alias].cursor() as cursor:
             cursor.execute(query("admin_queue_names"), [QUEUE_CHOICES])
             return [(str(row[0]), str(row[0])) for row in cursor.fetchall()]
 

@@ -8,6 +8,10 @@
 * Search (:class:`JobListAdmin`) and URL filters never raise on any input: a value no row can
   hold (out of ``bigint`` range, NUL, lone surrogates, too long) finds nothing, and a field
   lookup whose value PostgreSQL cannot take is refused (400).
+* Lists and detail pages read from ``AWA["READ_DATABASE_ALIAS"]`` (a streaming replica; by
+  default ``AWA["DATABASE_ALIAS"]``), and a list read from a standby says how far behind its
+  primary it is (:func:`replica_banner`). Actions act on ``AWA["DATABASE_ALIAS"]``, on the rows
+  as the primary has them (``awa_django.admin_actions.confirm``).
 """
 
 from __future__ import annotations
@@ -25,9 +29,41 @@ from django.utils.functional import cached_property
 
 from awa_django.admin_actions import job_id_key, valid_key
 from awa_django.admin_filters import KIND_MAX_LENGTH, storable
+from awa_django.conf import awa_settings
 from awa_django.limits import MAX_BIGINT, MAX_TEXT
+from awa_django.operator import replica_status
 
-__all__ = ["CappedPaginator", "JobListAdmin", "ReadOnlyAdmin", "search_jobs"]
+__all__ = ["CappedPaginator", "JobListAdmin", "ReadOnlyAdmin", "replica_banner", "search_jobs"]
+
+#: A replica further behind than this (seconds) is shown as a warning, not as information.
+LAG_WARNING = 1.0
+
+
+def replica_banner() -> tuple[int, str] | None:
+    """The message level and text a list shows when it reads from a standby
+    (``AWA["READ_DATABASE_ALIAS"]``, see docs/deployment.md): how far behind its primary it is.
+    None when the lists read from ``AWA["DATABASE_ALIAS"]`` or from a database that is not a
+    standby. One short query on the read alias."""
+    read, primary = awa_settings.read_alias, awa_settings.DATABASE_ALIAS
+    if read == primary:
+        return None
+    status = replica_status(using=read)
+    if not status.in_recovery:
+        return None
+    lag = status.lag_seconds
+    paused = " (its WAL replay is paused)" if status.replay_paused else ""
+    if lag is not None and lag < LAG_WARNING and not status.replay_paused:
+        return messages.INFO, (
+            f"Read from the replica {read!r}, up to date with the primary within a second. "
+            "Actions act on the primary."
+        )
+    behind = "an unknown time" if lag is None else f"{lag:,.1f} s"
+    return messages.WARNING, (
+        f"Read from the replica {read!r}, {behind} behind the primary{paused}: changes made "
+        "since are not shown yet, and rows shown may be gone. Actions act on the primary, "
+        "on the rows as it has them."
+    )
+
 
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() is also true for "²" and "٣"
 
@@ -88,6 +124,11 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         """A primary key from its text in a selection (``ValueError`` when it is not one)."""
         return job_id_key(text)
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        # Lists and detail pages read from the read alias (a replica, or the primary).
+        queryset: QuerySet[Any] = super().get_queryset(request).using(awa_settings.read_alias)
+        return queryset
+
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
@@ -142,6 +183,10 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 request, "The selection was not understood; nothing was changed.", messages.ERROR
             )
             return HttpResponseRedirect(request.get_full_path())
+        if request.method == "GET":
+            banner = replica_banner()
+            if banner is not None:
+                self.message_user(request, banner[1], banner[0])
         return super().changelist_view(request, extra_context)
 
     def _checked(self, request: HttpRequest, perm: str) -> None:

@@ -1,7 +1,8 @@
 """System checks for awa_django (``manage.py check``), with stable ids.
 
 ========  ======================================================================================
-awa.E001  ``AWA["DATABASE_ALIAS"]`` names an alias missing from ``DATABASES``.
+awa.E001  ``AWA["DATABASE_ALIAS"]`` (or ``AWA["READ_DATABASE_ALIAS"]``) names an alias missing
+          from ``DATABASES``.
 awa.E002  That alias is not a PostgreSQL database.
 awa.E003  Django's PostgreSQL backend runs on psycopg2; awa_django needs psycopg 3.
 awa.E004  The PostgreSQL server is older than 15 (database check: ``check --database``, migrate).
@@ -132,11 +133,16 @@ def concurrency_warnings(cfg: AwaSettings) -> list[CheckMessage]:
 
 @register()
 def check_database(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
-    """awa.E001-E003: the configured alias exists, is PostgreSQL and runs on psycopg 3."""
+    """awa.E001-E003: the configured aliases (``DATABASE_ALIAS``, and ``READ_DATABASE_ALIAS``
+    when set) exist, are PostgreSQL and run on psycopg 3."""
     alias = _configured_alias()
     if alias is None:
         return []  # invalid settings are awa.E005's to report
-    return database_config_errors(alias, connections)
+    errors = database_config_errors(alias, connections)
+    read = get_awa_settings().READ_DATABASE_ALIAS
+    if read is not None and read != alias:
+        errors += database_config_errors(read, connections, setting="READ_DATABASE_ALIAS")
+    return errors
 
 
 @register(Tags.database)
@@ -222,14 +228,17 @@ def connection_budget_warnings(
     ]
 
 
-def database_config_errors(alias: str, handler: ConnectionHandler) -> list[CheckMessage]:
-    """E001-E003 for ``alias`` in ``handler``, without connecting."""
+def database_config_errors(
+    alias: str, handler: ConnectionHandler, *, setting: str = "DATABASE_ALIAS"
+) -> list[CheckMessage]:
+    """E001-E003 for ``alias`` (the value of ``AWA[setting]``) in ``handler``, without
+    connecting."""
     if alias not in handler.settings:
         return [
             Error(
-                f"AWA['DATABASE_ALIAS'] is {alias!r}, which is not in DATABASES "
+                f"AWA[{setting!r}] is {alias!r}, which is not in DATABASES "
                 f"(aliases: {', '.join(handler.settings) or 'none'}).",
-                hint="Add that alias to DATABASES or point AWA['DATABASE_ALIAS'] at one.",
+                hint=f"Add that alias to DATABASES or point AWA[{setting!r}] at one.",
                 id="awa.E001",
             )
         ]

@@ -60,6 +60,8 @@ class _Spec:
 # One line per key: default, type and bounds. Intervals are in seconds and must be > 0.
 _SPECS: Final[Mapping[str, _Spec]] = {
     "DATABASE_ALIAS": _Spec("default", _Kind.STR),
+    # Where the admin's pages and awa_status read (a streaming replica); None: DATABASE_ALIAS.
+    "READ_DATABASE_ALIAS": _Spec(None, _Kind.STR),
     "JOB_MODULES": _Spec((), _Kind.MODULES),
     "DEFAULT_QUEUE": _Spec("default", _Kind.STR),
     "MAX_ATTEMPTS": _Spec(25, _Kind.INT, *ATTEMPTS_RANGE),
@@ -177,6 +179,7 @@ class AwaSettings:
     """The validated, merged ``AWA`` settings. Intervals are floats in seconds."""
 
     DATABASE_ALIAS: str
+    READ_DATABASE_ALIAS: str | None
     JOB_MODULES: tuple[str, ...]
     DEFAULT_QUEUE: str
     MAX_ATTEMPTS: int
@@ -225,6 +228,12 @@ class AwaSettings:
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("awa_django settings are read-only; change settings.AWA instead")
+
+    @property
+    def read_alias(self) -> str:
+        """Where the admin's pages and ``awa_status`` read: ``READ_DATABASE_ALIAS``, or
+        ``DATABASE_ALIAS`` when it is None. Every write goes to ``DATABASE_ALIAS``."""
+        return self.READ_DATABASE_ALIAS or self.DATABASE_ALIAS
 
     def __repr__(self) -> str:
         shown = (
@@ -291,6 +300,8 @@ def _validate(label: str, value: object, spec: _Spec) -> object:
             raise _wrong_type(label, kind, value)
         return value
     if kind is _Kind.STR:
+        if value is None and spec.default is None:
+            return None
         if not isinstance(value, str) or not value:
             raise _wrong_type(label, kind, value)
         return value

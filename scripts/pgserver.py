@@ -200,6 +200,48 @@ def start_server(
     return server
 
 
+def start_standby(
+    primary_port: int,
+    data_dir: Path | str,
+    *,
+    bin_dir: Path | str | None = None,
+    fsync: bool = False,
+    settings: Mapping[str, str] | None = None,
+) -> Server:
+    """A hot standby of the server on ``primary_port`` (on :data:`HOST`): ``pg_basebackup -R``
+    into ``data_dir`` (wiped first, removed on stop), started on a port of its own, streaming
+    from the primary. ``PgServerError`` when the backup or the start fails (e.g. the primary
+    refuses replication connections). The binaries must be of the primary's major version."""
+    data_dir = Path(data_dir).resolve()
+    bins = Path(bin_dir).resolve() if bin_dir else embedded_bin_dir()
+    account = _service_account()
+    stop(data_dir, remove=True)
+    data_dir.mkdir(parents=True)  # empty, as pg_basebackup wants it, and ours to give away
+    data_dir.chmod(0o700)
+    if account is not None:
+        os.chown(data_dir, *account)
+        _grant_traverse(data_dir.parent, account)
+        _grant_traverse(bins, account)
+    cmd = [str(bins / "pg_basebackup"), "-h", HOST, "-p", str(primary_port), "-U", SUPERUSER]
+    cmd += ["-D", str(data_dir), "-R", "-X", "stream", "-c", "fast"]
+    if not fsync:
+        cmd.append("--no-sync")
+    _run(cmd, account)
+    # The standby's own settings; a hot standby needs max_connections >= the primary's.
+    options = {
+        **DEFAULT_SETTINGS,
+        **({} if fsync else NO_FSYNC_SETTINGS),
+        "hot_standby": "on",
+        **(settings or {}),
+    }
+    for leftover in ("postmaster.pid", _OWNER_FILE, "server.log"):
+        with contextlib.suppress(FileNotFoundError):
+            (data_dir / leftover).unlink()
+    server = _launch(data_dir, bins, account, options, DEFAULT_DATABASE)
+    server.remove_on_stop = True
+    return server
+
+
 def stop(
     data_dir: Path | str = DEFAULT_DATA_DIR, *, remove: bool = False, timeout: float = 30.0
 ) -> None:

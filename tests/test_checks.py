@@ -33,6 +33,15 @@ def test_e001_alias_missing_from_databases() -> None:
     assert "'queue', which is not in DATABASES (aliases: default, repeatable)" in messages[-1].msg
 
 
+def test_e001_read_alias_missing_from_databases() -> None:
+    with override_settings(AWA={"READ_DATABASE_ALIAS": "replica"}):
+        messages = run_checks()
+    assert awa_ids(messages) == ["awa.E001"]
+    assert messages[-1].msg.startswith("AWA['READ_DATABASE_ALIAS'] is 'replica', which is not")
+    with override_settings(AWA={"READ_DATABASE_ALIAS": "repeatable"}):
+        assert awa_ids(run_checks()) == []
+
+
 def test_e002_alias_is_not_postgresql() -> None:
     dbs = handler(other={"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"})
     messages = checks.database_config_errors("other", dbs)

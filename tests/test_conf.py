@@ -65,6 +65,14 @@ def test_flow_limits_are_parsed() -> None:
     assert not loaded.QUEUES["plain"].has_flow_limits
 
 
+def test_reads_go_to_the_read_alias_or_else_to_the_database_alias() -> None:
+    assert load_settings({}).READ_DATABASE_ALIAS is None
+    assert load_settings({}).read_alias == "default"
+    assert load_settings({"DATABASE_ALIAS": "queue"}).read_alias == "queue"
+    loaded = load_settings({"DATABASE_ALIAS": "queue", "READ_DATABASE_ALIAS": "replica"})
+    assert (loaded.DATABASE_ALIAS, loaded.read_alias) == ("queue", "replica")
+
+
 def test_settings_are_read_only() -> None:
     with pytest.raises(AttributeError):
         load_settings({}).POLL_INTERVAL = 1.0  # type: ignore[misc]
@@ -96,6 +104,8 @@ def test_settings_are_read_only() -> None:
         ({"JSON_MAX_DEPTH": 257}, "AWA['JSON_MAX_DEPTH'] must be between 1 and 256, got 257."),
         ({"CONCURRENCY": 0}, "AWA['CONCURRENCY'] must be between 1 and 10000, got 0."),
         ({"DATABASE_ALIAS": ""}, "AWA['DATABASE_ALIAS'] must be a non-empty str, got str ('')."),
+        ({"READ_DATABASE_ALIAS": ""}, "AWA['READ_DATABASE_ALIAS'] must be a non-empty str"),
+        ({"READ_DATABASE_ALIAS": 1}, "AWA['READ_DATABASE_ALIAS'] must be a non-empty str"),
         ({"JOB_MODULES": "a.jobs"}, "AWA['JOB_MODULES'] must be a list of dotted module paths"),
         ({"QUEUES": []}, "AWA['QUEUES'] must be a dict of queue name to a dict of queue settings"),
         (

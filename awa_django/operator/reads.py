@@ -34,6 +34,7 @@ __all__ = [
     "JobSummary",
     "QueueLimits",
     "QueueStats",
+    "ReplicaStatus",
     "RingState",
     "ScheduleStatus",
     "WorkerStatus",
@@ -43,6 +44,7 @@ __all__ = [
     "queue_dlq_enabled",
     "queue_limits",
     "queue_stats",
+    "replica_status",
     "rings",
     "schedules",
     "throughput",
@@ -359,6 +361,32 @@ def job_list(
         "limit": limit,
     }
     return fetch(JobSummary, "job_list", params, using=using, convert={"state": JobState})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicaStatus:
+    """Whether a database is a standby (``in_recovery``) and, if so, how far behind its primary.
+
+    ``lag_seconds`` is 0 when the standby has replayed every change it received; otherwise the
+    age of the last transaction it replayed (``last_replayed_at``), by its own clock: an upper
+    bound, as the primary may have committed nothing for a while before. ``replay_paused``:
+    WAL replay is paused (``pg_wal_replay_pause()``), so the lag grows until it is resumed.
+    All None/False for a database that is not a standby.
+    """
+
+    in_recovery: bool
+    lag_seconds: float | None
+    replay_paused: bool
+    last_replayed_at: datetime | None
+
+
+def replica_status(using: str | None = None) -> ReplicaStatus:
+    """Whether ``using``'s database is a streaming replica, and its lag (see
+    :class:`ReplicaStatus`); the admin and ``awa_status`` show it for
+    ``AWA["READ_DATABASE_ALIAS"]``."""
+    status = fetch_one(ReplicaStatus, "replica_status", using=using)
+    assert status is not None  # one row, always
+    return status
 
 
 def queue_dlq_enabled(queue: str, *, using: str | None = None) -> bool:

@@ -1,5 +1,9 @@
 """``manage.py awa_status [--json]``: queues, flow limits, workers, the leader and the rings
-(thin)."""
+(thin).
+
+Queues, workers and rings are read from ``AWA["READ_DATABASE_ALIAS"]`` (a streaming replica; by
+default ``AWA["DATABASE_ALIAS"]``), with the replica's lag; flow limits from the primary (the
+permits in use are in its lock table)."""
 
 from __future__ import annotations
 
@@ -9,8 +13,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from awa_django.conf import awa_settings
 from awa_django.management.commands._cli import database_errors
-from awa_django.operator import queue_limits, queue_stats, rings, workers
+from awa_django.operator import queue_limits, queue_stats, replica_status, rings, workers
 
 
 class Command(BaseCommand):
@@ -23,15 +28,24 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="machine-readable output")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        read = awa_settings.read_alias
         with database_errors():
-            queues = queue_stats()
-            limits = queue_limits()
-            processes = workers()
-            ring_states = rings()
+            queues = queue_stats(using=read)
+            limits = queue_limits()  # the primary's lock table holds the permits in use
+            processes = workers(using=read)
+            ring_states = rings(using=read)
+            replica = None if read == awa_settings.DATABASE_ALIAS else replica_status(using=read)
+        read_from = {
+            "alias": read,
+            "replica": bool(replica and replica.in_recovery),
+            "lag_seconds": replica.lag_seconds if replica else None,
+            "replay_paused": bool(replica and replica.replay_paused),
+        }
         if options["json"]:
             self.stdout.write(
                 json.dumps(
                     {
+                        "read_from": read_from,
                         "queues": [
                             {**dataclasses.asdict(q), "estimated": q.estimated} for q in queues
                         ],
@@ -48,6 +62,13 @@ class Command(BaseCommand):
                 )
             )
             return
+        if replica is not None and replica.in_recovery:
+            behind = replica.lag_seconds
+            self.stdout.write(
+                f"read from the replica {read!r}: "
+                f"{'lag unknown' if behind is None else f'{behind:.1f}s behind the primary'}"
+                f"{' (WAL replay paused)' if replica.replay_paused else ''}"
+            )
         self.stdout.write(self.style.MIGRATE_HEADING("queues:"))
         for q in queues:
             lag = "-" if q.lag_seconds is None else f"{q.lag_seconds:.1f}s"

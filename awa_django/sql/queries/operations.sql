@@ -99,3 +99,17 @@ WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(dlq)s::integer IS NULL OR in_dlq = (%(dlq)s::integer = 1))
 ORDER BY id DESC
 LIMIT %(limit)s
+
+-- name: replica_status
+-- Read on the database the admin and awa_status read from. Caught up (everything received is
+-- replayed): no lag. Otherwise the age of the last transaction replayed, as the replica's clock
+-- sees it: an upper bound (the primary may have committed nothing for a while before).
+SELECT pg_is_in_recovery() AS in_recovery,
+       CASE
+           WHEN NOT pg_is_in_recovery() THEN NULL
+           WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0.0
+           ELSE greatest(
+               extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp()), 0.0)
+       END::float8 AS lag_seconds,
+       pg_is_in_recovery() AND pg_get_wal_replay_pause_state() <> 'not paused' AS replay_paused,
+       pg_last_xact_replay_timestamp() AS last_replayed_at
