@@ -33,6 +33,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 
 from awa_django.admin_actions import BULK_LIMIT, confirm, log_change
+from awa_django.admin_alias import admin_read_alias, choose_read_alias
 from awa_django.admin_callbacks import CallbackWaitAdmin
 from awa_django.admin_display import JobDetail, error_timeline, pretty, sparkline
 from awa_django.admin_filters import (
@@ -43,8 +44,7 @@ from awa_django.admin_filters import (
     TerminalStateFilter,
 )
 from awa_django.admin_operator import QueueDlqActions, TerminalRetryActions
-from awa_django.admin_readonly import CappedPaginator, JobListAdmin, ReadOnlyAdmin, replica_banner
-from awa_django.conf import awa_settings
+from awa_django.admin_readonly import CappedPaginator, JobListAdmin, ReadOnlyAdmin
 from awa_django.cron import next_fire
 from awa_django.db.storage import HISTORY_EXACT_UP_TO
 from awa_django.exceptions import InvalidOptionError
@@ -442,7 +442,8 @@ class QueueStatAdmin(QueueDlqActions, ReadOnlyAdmin):
     def dashboard(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        read = awa_settings.read_alias  # a replica, or the primary
+        banner = choose_read_alias()
+        read = admin_read_alias()  # a replica, or the primary when it cannot be read
         rows = [
             {
                 "stat": stat,
@@ -452,7 +453,6 @@ class QueueStatAdmin(QueueDlqActions, ReadOnlyAdmin):
             }
             for stat in queue_stats(using=read)
         ]
-        banner = replica_banner()
         if banner is not None:
             self.message_user(request, banner[1], banner[0])
         return TemplateResponse(

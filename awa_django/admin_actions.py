@@ -29,6 +29,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from awa_django.admin_alias import admin_read_alias
 from awa_django.conf import awa_settings
 from awa_django.exceptions import AwaError
 from awa_django.limits import MAX_BIGINT
@@ -170,10 +171,10 @@ def confirm(
     primary = awa_settings.DATABASE_ALIAS
     objects = list(queryset.using(primary)[: BULK_LIMIT + 1])
     noun = modeladmin.selection_noun
-    replica = awa_settings.read_alias != primary
+    read = admin_read_alias()
+    replica = read != primary
     lagging = (
-        f" (this list reads from the replica {awa_settings.read_alias!r}, which may lag behind "
-        "the primary)"
+        f" (this list reads from the replica {read!r}, which may lag behind the primary)"
         if replica
         else ""
     )
@@ -199,6 +200,17 @@ def confirm(
                 request,
                 f"{gone} of the selected {noun} no longer exist on the primary{lagging}; "
                 "they are left out.",
+                messages.WARNING,
+            )
+    elif replica and not confirming:
+        # "Select all" of a (filtered) list: what matches on the primary now may differ from
+        # what the list showed. The confirmation page names the primary's rows; say so.
+        shown = len(queryset.using(read).values_list("pk", flat=True)[: BULK_LIMIT + 1])
+        if shown != len(objects):
+            modeladmin.message_user(
+                request,
+                f"The list showed {shown} {noun}{lagging}; {len(objects)} match on the primary "
+                "now, and those are the ones named below.",
                 messages.WARNING,
             )
     form = form_class(request.POST if confirming else None) if form_class else None

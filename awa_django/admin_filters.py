@@ -23,7 +23,7 @@ from django.db import connections
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from awa_django.conf import awa_settings
+from awa_django.admin_alias import admin_read_alias
 from awa_django.exceptions import InvalidOptionError
 from awa_django.jobs import registered_kinds
 from awa_django.limits import MAX_TEXT, QUEUE_NAME_RE, check_text
@@ -100,7 +100,7 @@ class QueueFilter(_ChoiceFilter):
     parameter_name = "queue"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        with connections[awa_settings.read_alias].cursor() as cursor:
+        with connections[admin_read_alias()].cursor() as cursor:
             cursor.execute(query("admin_queue_names"), [QUEUE_CHOICES])
             return [(str(row[0]), str(row[0])) for row in cursor.fetchall()]
 

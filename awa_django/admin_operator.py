@@ -16,7 +16,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
 from awa_django.admin_actions import confirm, log_change
-from awa_django.conf import awa_settings
+from awa_django.admin_alias import admin_read_alias
 from awa_django.maintenance.queues import declared_dlq
 from awa_django.models import QueueStat
 from awa_django.operator import history_retry, queue_dlq, queue_dlq_enabled
@@ -96,7 +96,7 @@ class QueueDlqActions:
 
     @admin.display(description="DLQ", boolean=True)
     def dlq_enabled(self, obj: QueueStat) -> bool:
-        return queue_dlq_enabled(obj.queue, using=awa_settings.read_alias)  # as the list
+        return queue_dlq_enabled(obj.queue, using=admin_read_alias())  # as the list
 
     def _dlq(self, request: HttpRequest, queryset: QuerySet[Any], enabled: bool) -> Any:
         page: Any = self

@@ -28,42 +28,19 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.functional import cached_property
 
 from awa_django.admin_actions import job_id_key, valid_key
+from awa_django.admin_alias import admin_read_alias, choose_read_alias, replica_banner
 from awa_django.admin_filters import KIND_MAX_LENGTH, storable
-from awa_django.conf import awa_settings
 from awa_django.limits import MAX_BIGINT, MAX_TEXT
-from awa_django.operator import replica_status
 
-__all__ = ["CappedPaginator", "JobListAdmin", "ReadOnlyAdmin", "replica_banner", "search_jobs"]
-
-#: A replica further behind than this (seconds) is shown as a warning, not as information.
-LAG_WARNING = 1.0
-
-
-def replica_banner() -> tuple[int, str] | None:
-    """The message level and text a list shows when it reads from a standby
-    (``AWA["READ_DATABASE_ALIAS"]``, see docs/deployment.md): how far behind its primary it is.
-    None when the lists read from ``AWA["DATABASE_ALIAS"]`` or from a database that is not a
-    standby. One short query on the read alias."""
-    read, primary = awa_settings.read_alias, awa_settings.DATABASE_ALIAS
-    if read == primary:
-        return None
-    status = replica_status(using=read)
-    if not status.in_recovery:
-        return None
-    lag = status.lag_seconds
-    paused = " (its WAL replay is paused)" if status.replay_paused else ""
-    if lag is not None and lag < LAG_WARNING and not status.replay_paused:
-        return messages.INFO, (
-            f"Read from the replica {read!r}, up to date with the primary within a second. "
-            "Actions act on the primary."
-        )
-    behind = "an unknown time" if lag is None else f"{lag:,.1f} s"
-    return messages.WARNING, (
-        f"Read from the replica {read!r}, {behind} behind the primary{paused}: changes made "
-        "since are not shown yet, and rows shown may be gone. Actions act on the primary, "
-        "on the rows as it has them."
-    )
-
+__all__ = [
+    "CappedPaginator",
+    "JobListAdmin",
+    "ReadOnlyAdmin",
+    "admin_read_alias",
+    "choose_read_alias",
+    "replica_banner",
+    "search_jobs",
+]
 
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() is also true for "²" and "٣"
 
@@ -126,7 +103,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         # Lists and detail pages read from the read alias (a replica, or the primary).
-        queryset: QuerySet[Any] = super().get_queryset(request).using(awa_settings.read_alias)
+        queryset: QuerySet[Any] = super().get_queryset(request).using(admin_read_alias())
         return queryset
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -183,11 +160,22 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 request, "The selection was not understood; nothing was changed.", messages.ERROR
             )
             return HttpResponseRedirect(request.get_full_path())
-        if request.method == "GET":
-            banner = replica_banner()
-            if banner is not None:
-                self.message_user(request, banner[1], banner[0])
+        banner = choose_read_alias()
+        if banner is not None and request.method == "GET":
+            self.message_user(request, banner[1], banner[0])
         return super().changelist_view(request, extra_context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        banner = choose_read_alias()
+        if banner is not None and banner[0] >= messages.WARNING and request.method == "GET":
+            self.message_user(request, banner[1], banner[0])
+        return super().change_view(request, object_id, form_url, extra_context)
 
     def _checked(self, request: HttpRequest, perm: str) -> None:
         # The action list already hides actions without permission; a forged POST is refused.

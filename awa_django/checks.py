@@ -167,12 +167,14 @@ def check_server_version(
     ]
 
 
-def _server_row(alias: str, handler: ConnectionHandler, name: str) -> tuple[Any, ...] | None:
+def _server_row(
+    alias: str, handler: ConnectionHandler, name: str, params: Any = None
+) -> tuple[Any, ...] | None:
     """The one row of the named query on ``alias``'s connection; None when there is none or
     the server cannot be reached (E006 reports that)."""
     try:
         with handler[alias].cursor() as cursor:
-            cursor.execute(query(name))
+            cursor.execute(query(name), params)
             row = cursor.fetchone()
     except DatabaseError:
         return None
@@ -208,18 +210,18 @@ def connection_budget_warnings(
     election connections plus one for async handlers' ORM calls); connects."""
     own = own_connections(listen=cfg.NOTIFY)
     needed = connection_budget(cfg.PROCESSES, cfg.CONCURRENCY, listen=cfg.NOTIFY)
-    row = _server_row(alias, handler, "connection_budget")
+    row = _server_row(alias, handler, "connection_budget", {"mine": None})
     if row is None:
         return []  # E006 reports an unreachable server
-    maximum = int(row[0])
+    maximum = int(row[0])  # max_connections less the reserved slots
     if needed <= maximum:
         return []
     return [
         Warning(
             f"AWA['PROCESSES'] = {cfg.PROCESSES} worker processes running AWA['CONCURRENCY'] = "
             f"{cfg.CONCURRENCY} jobs at once each may need {cfg.PROCESSES} x "
-            f"({cfg.CONCURRENCY} + {own}) = {needed} connections to database {alias!r}, whose "
-            f"max_connections is {maximum}.",
+            f"({cfg.CONCURRENCY} + {own}) = {needed} connections to database {alias!r}, which "
+            f"allows {maximum} (max_connections less its reserved slots).",
             hint="Lower AWA['CONCURRENCY'] or AWA['PROCESSES'], or raise max_connections; "
             "remember the web processes and every other worker host (docs/deployment.md, "
             '"Connection budget").',

@@ -64,7 +64,14 @@ def connection_budget(
     (a thread opens it only if its sync handlers use the ORM, and keeps it for
     ``CONN_MAX_AGE``) plus :func:`own_connections`. The ``awa.W002`` check, the worker's
     start-up warning and docs/deployment.md all use this count; it assumes handlers open no
-    connections of their own (other aliases, ``sync_to_async(thread_sensitive=False)``)."""
+    connections of their own (other aliases, ``sync_to_async(thread_sensitive=False)``).
+    ``processes`` must be an int of at least 1 and ``concurrency`` one of at least 0
+    (``TypeError``, ``ValueError``)."""
+    for name, value, least in (("processes", processes, 1), ("concurrency", concurrency, 0)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < least:
+            raise ValueError(f"{name} must be at least {least}, got {value}")
     return processes * (concurrency + own_connections(listen=listen, maintenance=maintenance))
 
 

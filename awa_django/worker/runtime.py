@@ -405,7 +405,9 @@ class WorkerRuntime(Execution):
         )
 
         async def limits(conn: psycopg.AsyncConnection[Any]) -> tuple[int, int]:
-            cursor = await conn.execute(query("connection_budget"))
+            cursor = await conn.execute(
+                query("connection_budget"), {"mine": f"awa:worker:{self.instance_id}"}
+            )
             row = await cursor.fetchone()
             return (int(row[0]), int(row[1])) if row else (0, 0)
 
@@ -417,8 +419,8 @@ class WorkerRuntime(Execution):
         if needed > maximum - in_use:
             log.warning(
                 "awa worker: %d process(es) x (%d handler threads + %d) may need %d connections, "
-                "but the server allows %d and %d are in use; lower the concurrency or raise "
-                "max_connections",
+                "but the server allows %d (max_connections less its reserved slots) and %d "
+                "others are in use; lower the concurrency or raise max_connections",
                 processes,
                 self.config.concurrency,
                 own,

@@ -123,15 +123,22 @@ def text(what: str, max_length: int = 255) -> Callable[[str], str]:
 
 
 @contextlib.contextmanager
-def database_errors() -> Iterator[None]:
+def database_errors(read_alias: str | None = None) -> Iterator[None]:
     """Turn a ``JobValidationError`` or a database error into a ``CommandError`` that says what
-    failed (and, when the awa schema is missing, that ``migrate`` has not run)."""
+    failed (and, when the awa schema is missing, that ``migrate`` has not run). ``read_alias``:
+    the block reads from ``AWA["READ_DATABASE_ALIAS"]`` (a replica), which the message names;
+    no migrate hint then (a standby cannot be migrated)."""
     try:
         yield
     except JobValidationError as exc:
         raise CommandError(str(exc)) from exc
     except DatabaseError as exc:
         message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if read_alias is not None:
+            raise CommandError(
+                f"database error reading from the replica {read_alias!r} "
+                f"(AWA['READ_DATABASE_ALIAS']): {message}"
+            ) from exc
         hint = ""
         if "awa" in message and "does not exist" in message:
             hint = " (has `manage.py migrate` run on this database?)"

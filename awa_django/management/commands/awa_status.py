@@ -29,12 +29,14 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         read = awa_settings.read_alias
-        with database_errors():
+        elsewhere = read if read != awa_settings.DATABASE_ALIAS else None
+        with database_errors(elsewhere):
             queues = queue_stats(using=read)
-            limits = queue_limits()  # the primary's lock table holds the permits in use
             processes = workers(using=read)
             ring_states = rings(using=read)
-            replica = None if read == awa_settings.DATABASE_ALIAS else replica_status(using=read)
+            replica = None if elsewhere is None else replica_status(using=read)
+        with database_errors():
+            limits = queue_limits()  # the primary's lock table holds the permits in use
         read_from = {
             "alias": read,
             "replica": bool(replica and replica.in_recovery),

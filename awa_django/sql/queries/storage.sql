@@ -120,7 +120,15 @@ SELECT awa.cleanup_v1(%s)
 SELECT deleted, next_taken, next_key FROM awa.unique_sweep_v1(%s, %s, %s)
 
 -- name: connection_budget
-SELECT current_setting('max_connections')::integer, (SELECT count(*) FROM pg_stat_activity)
+-- The connections an ordinary role may open (max_connections less the slots reserved for
+-- superusers and, from PostgreSQL 16, for roles with pg_use_reserved_connections), and how many
+-- client connections are open, those named by the parameter mine (a worker's own) left out.
+SELECT current_setting('max_connections')::integer
+       - current_setting('superuser_reserved_connections')::integer
+       - COALESCE(NULLIF(current_setting('reserved_connections', true), ''), '0')::integer,
+       (SELECT count(*) FROM pg_stat_activity
+        WHERE backend_type = 'client backend'
+          AND application_name IS DISTINCT FROM %(mine)s)
 
 -- name: jit_in_use
 -- Whether this session would JIT-compile expensive statements (awa.W003).
