@@ -44,15 +44,16 @@ SERVER_SETTINGS = {
 SIZES = {
     # name: (single enqueues, bulk enqueues, drain jobs, drain cap s, pickup rate/s, pickup s,
     #        steady rate/s, steady s, rounds)
+    # A smoke run (the test suite's bench lane): every metric measured, none meaningful.
     "quick": {
         "jobs": 300,
-        "bulk_jobs": 3_000,
-        "drain_jobs": 3_000,
-        "cap": 15.0,
+        "bulk_jobs": 2_000,
+        "drain_jobs": 1_000,
+        "cap": 6.0,
         "pickup_rate": 40.0,
-        "pickup_seconds": 2.5,
+        "pickup_seconds": 1.5,
         "steady_rate": 200.0,
-        "steady_seconds": 3.0,
+        "steady_seconds": 2.0,
         "rounds": 1,
         "sweep": [],
         "sync_concurrency": 64,
