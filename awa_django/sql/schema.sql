@@ -3106,6 +3106,11 @@ DECLARE
     v_serial_at bigint;
     v_taken integer[] := '{}';
     v_retry boolean := false;
+    -- The claim's time: now(), or for a rate-limited queue the clock once its rate state is
+    -- locked (claims of the queue are serialised there, so their times only move forward:
+    -- a claim whose transaction began before the last one committed never sees the state
+    -- "ahead" and gives tokens back). Written as the attempts' claimed_at.
+    v_now timestamptz := now();
     v_srows awa.claimed_v3[];
     v_sunits integer;
     v_sretry boolean;
@@ -3178,22 +3183,23 @@ BEGIN
         INSERT INTO awa.flow_rate_state (queue, tat) VALUES (p_queue, now())
         ON CONFLICT (queue) DO NOTHING;
         SELECT s.tat INTO v_tat FROM awa.flow_rate_state s WHERE s.queue = p_queue FOR UPDATE;
+        v_now := clock_timestamp();
         -- Never further ahead than the current limits allow (burst × T): a state left by a
         -- slower rate, or by a cleared one, holds nothing back once the limit is raised.
-        IF v_tat > now() + make_interval(secs => COALESCE(
+        IF v_tat > v_now + make_interval(secs => COALESCE(
                 v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer)) * v_period) THEN
-            v_tat := now() + make_interval(secs => COALESCE(
+            v_tat := v_now + make_interval(secs => COALESCE(
                 v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer)) * v_period);
             UPDATE awa.flow_rate_state s SET tat = v_tat WHERE s.queue = p_queue;
         END IF;
-        v_tat := GREATEST(v_tat, now());
-        v_jobs := floor((extract(epoch FROM now() - v_tat)
+        v_tat := GREATEST(v_tat, v_now);
+        v_jobs := floor((extract(epoch FROM v_now - v_tat)
                          + COALESCE(v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer))
                            * v_period) / v_period + 1e-9)::integer;
         v_jobs_left := GREATEST(v_jobs, 0);
         IF v_jobs_left = 0 THEN
             PERFORM awa.flow_release_v1(v_keys);
-            v_wait := GREATEST(extract(epoch FROM v_tat - now())
+            v_wait := GREATEST(extract(epoch FROM v_tat - v_now)
                                - (COALESCE(v_limit.burst,
                                            GREATEST(1, ceil(v_limit.rate / 10)::integer)) - 1)
                                  * v_period, 0.001);
@@ -3282,10 +3288,10 @@ BEGIN
         ), ins AS (
             INSERT INTO awa.claims (
                 claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
+                lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
             SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                    p.lane_id, p.lane_seq, p.attempt + 1,
-                   now() + make_interval(secs => p.timeout), p_worker, p.kind
+                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
             FROM picked p
         )
         -- The rows of picked, not a join with ins (the planner, expecting one row from each,
@@ -3352,10 +3358,10 @@ BEGIN
         ), ins AS (
             INSERT INTO awa.claims (
                 claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
+                lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
             SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                    p.lane_id, p.lane_seq, p.attempt + 1,
-                   now() + make_interval(secs => p.timeout), p_worker, p.kind
+                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
             FROM picked p
         )
         -- The rows of picked, not a join with ins (the planner, expecting one row from each,
@@ -3406,7 +3412,7 @@ BEGIN
         END IF;
         IF v_jobs_left <= 0 THEN
             v_bound := true;
-            v_wait := GREATEST(extract(epoch FROM v_tat - now()) + v_jobs * v_period
+            v_wait := GREATEST(extract(epoch FROM v_tat - v_now) + v_jobs * v_period
                                - (COALESCE(v_limit.burst,
                                            GREATEST(1, ceil(v_limit.rate / 10)::integer)) - 1)
                                  * v_period, 0.001);
