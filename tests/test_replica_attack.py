@@ -247,7 +247,9 @@ def _on_standby(server: Any, sql: str) -> Any:
 
 def _caught_up(server: Any) -> None:
     with pg() as conn:
-        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        # The insert position: with synchronous_commit off (the test server's), the last
+        # commit may still be in WAL buffers, past pg_current_wal_lsn().
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
     assert row is not None
     lsn = row[0]
     wait_for(
