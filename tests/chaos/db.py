@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-__all__ = ["CONNECTION_ERRORS", "LedgerConn", "composed", "statement"]
+__all__ = ["CONNECTION_ERRORS", "LedgerConn", "composed", "named_statements", "statement"]
 
 LEDGER_SQL = Path(__file__).with_name("ledger.sql")
 _NAME_RE = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
@@ -22,14 +22,20 @@ CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
 @functools.cache
-def _statements() -> dict[str, str]:
-    text = LEDGER_SQL.read_text(encoding="utf-8")
+def named_statements(path: Path) -> dict[str, str]:
+    """The statements of a .sql file, each after a ``-- name: NAME`` line (the chaos lane's
+    ledger.sql, the fleet test's fleet.sql)."""
+    text = path.read_text(encoding="utf-8")
     matches = list(_NAME_RE.finditer(text))
     found: dict[str, str] = {}
     for index, match in enumerate(matches):
         end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
         found[match.group(1)] = text[match.end() : end].strip().rstrip(";")
     return found
+
+
+def _statements() -> dict[str, str]:
+    return named_statements(LEDGER_SQL)
 
 
 def statement(name: str) -> str:
