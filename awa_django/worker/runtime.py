@@ -756,50 +756,6 @@ class WorkerRuntime(Execution):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    def _on_cancel_note(self, payload: str) -> None:
-        try:
-            data = json.loads(payload)
-            key = (int(data["id"]), int(data["lease"]))
-        except Exception:  # not ours, or garbled: NOTIFY payloads are anyone's to send
-            return
-        if key in self.inflight and self._loop is not None and not self._loop.is_closed():
-            # Any session may NOTIFY: the handler is told to stop only once the database says
-            # its attempt was closed (cancelled or rescued), never on a note alone.
-            task = self._loop.create_task(self._confirm_cancel(key))
-            self._async_batches.add(task)
-            task.add_done_callback(self._async_batches.discard)
-
-    async def _confirm_cancel(self, key: tuple[int, int]) -> None:
-        async def still_open(conn: psycopg.AsyncConnection[Any]) -> bool:
-            cursor = await conn.execute(query("attempt_open"), list(key))
-            row = await cursor.fetchone()
-            return bool(row and row[0])
-
-        try:
-            open_now = await self.control_link.run(still_open)
-        except Exception as exc:  # the next heartbeat finds a closed attempt anyway
-            log.warning(
-                "awa worker: could not check a cancel note for job %s lease %s (%s); the next "
-                "heartbeat will",
-                key[0],
-                key[1],
-                first_line(exc),
-            )
-            return
-        run = self.inflight.get(key)
-        if run is None:
-            return
-        if open_now:
-            log.warning(
-                "awa worker: ignored a cancel note for job %s attempt lease %s, whose attempt "
-                "is still open (a NOTIFY on awa_cancel not sent by awa_django)",
-                key[0],
-                key[1],
-                extra=job_log_fields(run.attempt.job),
-            )
-            return
-        self._tell_stop(run, "cancelled or rescued")
-
     async def _burst_loop(self) -> None:
         async def idle(conn: psycopg.AsyncConnection[Any]) -> bool:
             cursor = await conn.execute(query("queues_idle"), [list(self.queues)])

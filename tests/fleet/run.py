@@ -40,6 +40,7 @@ from awa_django.worker.config import connection_budget, own_connections
 from tests.fleet import settings
 from tests.fleet.net import Host, unavailable
 from tests.fleet.sql import statement
+from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -85,14 +86,8 @@ class Report:
 
 
 def _wait(what: str, fn: Callable[[], T | None], timeout: float, step: float = 0.1) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(step)
+    """``tests.helpers.wait_for`` (the one place tests sleep), with the fleet's argument order."""
+    return wait_for(fn, timeout=timeout, interval=step, message=what)  # type: ignore[arg-type]
 
 
 class Fleet:
@@ -350,7 +345,13 @@ def run(work_dir: Path | None = None) -> Report:
         fleet.start()
         report.figures["start-up (s)"] = round(time.monotonic() - began, 1)
         fleet.start_producer(STEADY_SECONDS + 30)
-        time.sleep(STEADY_SECONDS)  # the steady load itself: nothing to wait for
+        # The steady load: as many executions as it starts in STEADY_SECONDS.
+        _wait(
+            "the steady load's executions",
+            lambda: len(fleet.q("executions")) >= int(RATE * STEADY_SECONDS) or None,
+            STEADY_SECONDS + 30,
+            0.2,
+        )
         steady = collections.Counter(host for _, _, _, host, _, _ in fleet.q("executions"))
         report.figures["steady: executions per host"] = dict(sorted(steady.items()))
         conns = dict(fleet.q("worker_hosts"))
