@@ -2,7 +2,7 @@
 -- Do not edit: change a migration, then regenerate. tests/test_schema.py compares it with a
 -- freshly migrated database. Catalog definitions, sorted; not a script to run.
 
--- relation (107)
+-- relation (110)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
 TABLE attempt_state WITH (fillfactor=80)
@@ -45,8 +45,11 @@ TABLE done_entries_6 PARTITION OF done_entries FOR VALUES IN (6)
 TABLE done_entries_7 PARTITION OF done_entries FOR VALUES IN (7)
 TABLE done_entries_8 PARTITION OF done_entries FOR VALUES IN (8)
 TABLE done_entries_9 PARTITION OF done_entries FOR VALUES IN (9)
+TABLE flow_kind_limits
+TABLE flow_kind_rate_state WITH (fillfactor=50)
 TABLE flow_limits
 TABLE flow_rate_state WITH (fillfactor=50)
+TABLE flow_waiting
 TABLE history_retries
 TABLE lane_floors
 TABLE leases PARTITION BY LIST (lease_slot)
@@ -111,7 +114,7 @@ VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (373)
+-- column (400)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -277,6 +280,16 @@ done_entries.019 run_at timestamp with time zone
 done_entries.020 created_at timestamp with time zone
 done_entries.021 metadata jsonb
 done_entries.022 tags text[]
+flow_kind_limits.001 kind text NOT NULL
+flow_kind_limits.002 max_running integer
+flow_kind_limits.003 rate double precision
+flow_kind_limits.004 burst integer
+flow_kind_limits.005 max_seen integer
+flow_kind_limits.006 source text NOT NULL DEFAULT 'settings'::text
+flow_kind_limits.007 updated_by text
+flow_kind_limits.008 updated_at timestamp with time zone NOT NULL DEFAULT now()
+flow_kind_rate_state.001 kind text NOT NULL
+flow_kind_rate_state.002 tat timestamp with time zone NOT NULL
 flow_limits.001 queue text NOT NULL
 flow_limits.002 max_running integer
 flow_limits.003 rate double precision
@@ -287,6 +300,23 @@ flow_limits.007 updated_by text
 flow_limits.008 updated_at timestamp with time zone NOT NULL DEFAULT now()
 flow_rate_state.001 queue text NOT NULL
 flow_rate_state.002 tat timestamp with time zone NOT NULL
+flow_waiting.001 job_id bigint NOT NULL
+flow_waiting.002 serial_lock integer
+flow_waiting.003 queue text NOT NULL
+flow_waiting.004 priority smallint NOT NULL
+flow_waiting.005 kind text NOT NULL
+flow_waiting.006 args jsonb NOT NULL
+flow_waiting.007 attempt smallint NOT NULL
+flow_waiting.008 max_attempts smallint NOT NULL
+flow_waiting.009 run_lease bigint NOT NULL
+flow_waiting.010 run_at timestamp with time zone NOT NULL
+flow_waiting.011 created_at timestamp with time zone NOT NULL
+flow_waiting.012 deadline_secs double precision
+flow_waiting.013 metadata jsonb
+flow_waiting.014 tags text[]
+flow_waiting.015 errors jsonb
+flow_waiting.016 progress jsonb
+flow_waiting.017 parked_at timestamp with time zone NOT NULL DEFAULT now()
 history_retries.001 job_id bigint NOT NULL
 history_retries.002 retry_job_id bigint
 history_retries.003 retried_by text
@@ -490,7 +520,7 @@ unique_keys.007 taken_at timestamp with time zone NOT NULL DEFAULT clock_timesta
 job_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 lane_id_seq AS integer START 1 INCREMENT 1 MIN 1 MAX 2147483647 CACHE 1
 
--- constraint (52)
+-- constraint (62)
 attempt_state attempt_state_pkey PRIMARY KEY (job_id, run_lease)
 callback_receipts callback_receipts_action_check CHECK ((action = ANY (ARRAY['resolve'::text, 'heartbeat'::text])))
 callback_receipts callback_receipts_pkey PRIMARY KEY (callback_id, request_digest)
@@ -511,6 +541,15 @@ deferred_jobs deferred_jobs_retry_policy_check CHECK (((run_lease > 0) OR (metad
 deferred_jobs deferred_jobs_state_check CHECK ((state = ANY (ARRAY['scheduled'::text, 'retryable'::text])))
 dlq_entries dlq_entries_pkey PRIMARY KEY (job_id)
 done_entries done_entries_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
+flow_kind_limits flow_kind_limits_burst_check CHECK (((burst >= 1) AND (burst <= 1000000)))
+flow_kind_limits flow_kind_limits_check CHECK (((burst IS NULL) OR (rate IS NOT NULL)))
+flow_kind_limits flow_kind_limits_kind_check CHECK (((length(kind) >= 1) AND (length(kind) <= 255)))
+flow_kind_limits flow_kind_limits_max_running_check CHECK (((max_running >= 1) AND (max_running <= 10000)))
+flow_kind_limits flow_kind_limits_max_seen_check CHECK (((max_seen >= 1) AND (max_seen <= 10000)))
+flow_kind_limits flow_kind_limits_pkey PRIMARY KEY (kind)
+flow_kind_limits flow_kind_limits_rate_check CHECK (((rate >= (0.001)::double precision) AND (rate <= (1000000)::double precision)))
+flow_kind_limits flow_kind_limits_source_check CHECK ((source = ANY (ARRAY['settings'::text, 'operator'::text])))
+flow_kind_rate_state flow_kind_rate_state_pkey PRIMARY KEY (kind)
 flow_limits flow_limits_burst_check CHECK (((burst >= 1) AND (burst <= 1000000)))
 flow_limits flow_limits_check CHECK (((burst IS NULL) OR (rate IS NOT NULL)))
 flow_limits flow_limits_max_running_check CHECK (((max_running >= 1) AND (max_running <= 10000)))
@@ -520,6 +559,7 @@ flow_limits flow_limits_queue_check CHECK (awa.valid_queue_name(queue))
 flow_limits flow_limits_rate_check CHECK (((rate >= (0.001)::double precision) AND (rate <= (1000000)::double precision)))
 flow_limits flow_limits_source_check CHECK ((source = ANY (ARRAY['settings'::text, 'operator'::text])))
 flow_rate_state flow_rate_state_pkey PRIMARY KEY (queue)
+flow_waiting flow_waiting_pkey PRIMARY KEY (job_id)
 history_retries history_retries_pkey PRIMARY KEY (job_id)
 lane_floors lane_floors_pkey PRIMARY KEY (lane_id)
 leases leases_pkey PRIMARY KEY (job_id, run_lease, lease_slot)
@@ -528,7 +568,7 @@ queue_lanes queue_lanes_pkey PRIMARY KEY (lane_id)
 queue_lanes queue_lanes_priority_check CHECK (awa.valid_priority((priority)::integer))
 queue_lanes queue_lanes_queue_check CHECK (awa.valid_queue_name(queue))
 queue_lanes queue_lanes_queue_priority_shard_key UNIQUE (queue, priority, shard)
-queue_lanes queue_lanes_shard_check CHECK (((shard >= 0) AND (shard <= 63)))
+queue_lanes queue_lanes_shard_check CHECK (((shard >= 0) AND (shard <= 64)))
 queue_meta queue_meta_enqueue_shards_check CHECK (((enqueue_shards >= 1) AND (enqueue_shards <= 64)))
 queue_meta queue_meta_pkey PRIMARY KEY (queue)
 queue_meta queue_meta_queue_check CHECK (awa.valid_queue_name(queue))
@@ -544,7 +584,7 @@ schema_migrations schema_migrations_pkey PRIMARY KEY (name)
 serial_waiting serial_waiting_pkey PRIMARY KEY (job_id)
 unique_keys unique_keys_pkey PRIMARY KEY (unique_key)
 
--- index (49)
+-- index (55)
 CREATE INDEX attempt_state_callback_idx ON awa.attempt_state USING btree (callback_id) WHERE (callback_id IS NOT NULL)
 CREATE INDEX callback_receipts_received_idx ON awa.callback_receipts USING btree (received_at)
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at)
@@ -560,6 +600,9 @@ CREATE INDEX done_entries_job_idx ON ONLY awa.done_entries USING btree (job_id)
 CREATE INDEX done_entries_kind_idx ON ONLY awa.done_entries USING btree (kind, finalized_at, job_id)
 CREATE INDEX done_entries_outcome_idx ON ONLY awa.done_entries USING btree (state, finalized_at, job_id) WHERE (state <> 'completed'::text)
 CREATE INDEX done_entries_queue_state_idx ON ONLY awa.done_entries USING btree (queue, state, finalized_at)
+CREATE INDEX flow_waiting_kind_idx ON awa.flow_waiting USING btree (kind, job_id)
+CREATE INDEX flow_waiting_queue_idx ON awa.flow_waiting USING btree (queue, kind, job_id)
+CREATE INDEX flow_waiting_serial_idx ON awa.flow_waiting USING btree (serial_lock, job_id) WHERE (serial_lock IS NOT NULL)
 CREATE INDEX history_retries_at_idx ON awa.history_retries USING btree (retried_at)
 CREATE INDEX leases_callback_idx ON ONLY awa.leases USING btree (callback_id) WHERE (callback_id IS NOT NULL)
 CREATE INDEX ready_entries_job_idx ON ONLY awa.ready_entries USING btree (job_id)
@@ -578,8 +621,11 @@ CREATE UNIQUE INDEX claims_pkey ON ONLY awa.claims USING btree (job_id, run_leas
 CREATE UNIQUE INDEX cron_schedules_pkey ON awa.cron_schedules USING btree (name)
 CREATE UNIQUE INDEX deferred_jobs_pkey ON awa.deferred_jobs USING btree (job_id)
 CREATE UNIQUE INDEX dlq_entries_pkey ON awa.dlq_entries USING btree (job_id)
+CREATE UNIQUE INDEX flow_kind_limits_pkey ON awa.flow_kind_limits USING btree (kind)
+CREATE UNIQUE INDEX flow_kind_rate_state_pkey ON awa.flow_kind_rate_state USING btree (kind)
 CREATE UNIQUE INDEX flow_limits_pkey ON awa.flow_limits USING btree (queue)
 CREATE UNIQUE INDEX flow_rate_state_pkey ON awa.flow_rate_state USING btree (queue)
+CREATE UNIQUE INDEX flow_waiting_pkey ON awa.flow_waiting USING btree (job_id)
 CREATE UNIQUE INDEX history_retries_pkey ON awa.history_retries USING btree (job_id)
 CREATE UNIQUE INDEX lane_floors_pkey ON awa.lane_floors USING btree (lane_id)
 CREATE UNIQUE INDEX leases_pkey ON ONLY awa.leases USING btree (job_id, run_lease, lease_slot)
@@ -669,7 +715,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (133)
+-- function (142)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -973,6 +1019,200 @@ BEGIN
         RAISE EXCEPTION 'metadata: awa:retry: %', v_error USING ERRCODE = '22023';
     END IF;
     RETURN true;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._claim_kind_v1(p_lane integer, p_cursor bigint, p_cslot integer, p_cgen bigint, p_worker uuid, p_units integer, p_jobs integer, p_wcap integer, p_default double precision, p_held integer[], p_taken integer[], p_lanes integer[], p_bounds bigint[], p_kinds text[], p_pheld integer[], p_kkeys integer[], p_rkinds text[], p_rtats timestamp with time zone[], p_rleft integer[], p_rused integer[], OUT o_rows awa.claimed_v3[], OUT o_taken integer[], OUT o_units integer, OUT o_retry boolean, OUT o_kkeys integer[], OUT o_rkinds text[], OUT o_rtats timestamp with time zone[], OUT o_rleft integer[], OUT o_rused integer[], OUT o_wait double precision)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    e record;
+    kl awa.flow_kind_limits%ROWTYPE;
+    v_lock integer;
+    v_park boolean;
+    v_kpark boolean;
+    v_kk integer[];
+    v_i integer;
+    v_tat timestamptz;
+    v_know timestamptz;
+    v_tokens integer;
+    v_period double precision;
+    v_burst integer;
+    v_w double precision;
+    v_lease bigint;
+    v_deadline timestamptz;
+    v_scan integer := LEAST(LEAST(p_units, p_jobs) * 2 + 64, 512);
+    v_seen integer := 0;
+    v_jobs integer := 0;
+BEGIN
+    o_rows := '{}';
+    o_taken := COALESCE(p_taken, '{}');
+    o_units := 0;
+    o_retry := false;
+    o_kkeys := COALESCE(p_kkeys, '{}');
+    o_rkinds := COALESCE(p_rkinds, '{}');
+    o_rtats := COALESCE(p_rtats, '{}');
+    o_rleft := COALESCE(p_rleft, '{}');
+    o_rused := COALESCE(p_rused, '{}');
+    FOR e IN
+        SELECT x.*, COALESCE(awa._deadline_secs_v1(x.deadline_secs), p_default) AS timeout,
+               awa._job_weight_v1(x.metadata, p_wcap) AS w,
+               x.metadata ->> 'awa:serial' AS skey,
+               COALESCE(x.kind = ANY (p_kinds), false) AS limited
+        FROM awa.ready_entries x
+        WHERE x.lane_id = p_lane AND x.lane_seq > p_cursor
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.ready_tombstones t
+              WHERE t.lane_id = x.lane_id AND t.lane_seq = x.lane_seq
+                AND t.ready_slot = x.ready_slot)
+        ORDER BY x.lane_seq
+        LIMIT v_scan
+    LOOP
+        v_seen := v_seen + 1;
+        v_park := false;
+        v_kpark := false;
+        v_kk := NULL;
+        v_i := NULL;
+        v_lock := CASE WHEN e.skey IS NOT NULL THEN awa._serial_lock_v1(e.queue, e.skey) END;
+        IF e.limited THEN
+            -- Its kind first. A job that would not fit stops the lane (in order) before it
+            -- takes anything.
+            EXIT WHEN e.w > p_units - o_units OR v_jobs >= p_jobs;
+            kl := NULL;
+            SELECT * INTO kl FROM awa.flow_kind_limits f WHERE f.kind = e.kind;
+            IF kl.rate IS NOT NULL THEN
+                v_period := 1.0 / kl.rate;
+                v_burst := COALESCE(kl.burst, GREATEST(1, ceil(kl.rate / 10)::integer));
+                v_i := array_position(o_rkinds, e.kind);
+                IF v_i IS NULL THEN
+                    INSERT INTO awa.flow_kind_rate_state (kind, tat) VALUES (e.kind, now())
+                    ON CONFLICT (kind) DO NOTHING;
+                    IF cardinality(o_rkinds) = 0 THEN
+                        SELECT s.tat INTO v_tat FROM awa.flow_kind_rate_state s
+                        WHERE s.kind = e.kind FOR UPDATE;
+                    ELSE
+                        SELECT s.tat INTO v_tat FROM awa.flow_kind_rate_state s
+                        WHERE s.kind = e.kind FOR UPDATE SKIP LOCKED;
+                        IF NOT FOUND THEN
+                            o_retry := true;  -- another claim holds it: claim again soon
+                            EXIT;
+                        END IF;
+                    END IF;
+                    -- As the queue's rate: the time is the clock once the state is locked.
+                    v_know := clock_timestamp();
+                    v_tokens := (awa._flow_kind_tokens_v1(kl.rate, kl.burst, v_tat, v_know)).o_tokens;
+                    o_rkinds := o_rkinds || e.kind;
+                    o_rtats := o_rtats || GREATEST(LEAST(v_tat, v_know + make_interval(
+                                                       secs => v_burst * v_period)), v_know);
+                    o_rleft := o_rleft || v_tokens;
+                    o_rused := o_rused || 0;
+                    v_i := cardinality(o_rkinds);
+                END IF;
+                IF o_rleft[v_i] <= 0 THEN
+                    v_kpark := true;  -- no token now: it waits for one
+                    v_w := GREATEST(extract(epoch FROM o_rtats[v_i]
+                                            + make_interval(secs => o_rused[v_i] * v_period)
+                                            - clock_timestamp())
+                                    - (v_burst - 1) * v_period, 0.001);
+                    o_wait := LEAST(COALESCE(o_wait, v_w), v_w);
+                END IF;
+            END IF;
+            IF NOT v_kpark AND kl.max_running IS NOT NULL THEN
+                v_kk := awa._flow_kind_take_v1(e.kind, kl.max_running, kl.max_seen,
+                                               LEAST(e.w, kl.max_running),
+                                               COALESCE(p_pheld, '{}') || o_kkeys);
+                IF cardinality(v_kk) < LEAST(e.w, kl.max_running) THEN
+                    PERFORM awa.flow_release_v1(v_kk);
+                    v_kk := NULL;
+                    v_kpark := true;  -- the kind's permits are taken: it waits for one
+                END IF;
+            END IF;
+        END IF;
+        IF v_kpark THEN
+            NULL;  -- parked by its kind, before (and without) its serial key
+        ELSIF e.skey IS NULL THEN
+            EXIT WHEN e.w > p_units - o_units OR v_jobs >= p_jobs;
+        ELSE
+            IF v_lock = ANY (COALESCE(p_held, '{}')) OR v_lock = ANY (o_taken) THEN
+                v_park := true;  -- a job of the key runs (here, or from this claim)
+            ELSIF NOT pg_try_advisory_xact_lock(4282184, v_lock) THEN
+                PERFORM awa.flow_release_v1(v_kk);
+                o_retry := true;  -- another claim or a release decides about the key now
+                EXIT;
+            ELSIF EXISTS (SELECT 1 FROM awa.serial_waiting w
+                          WHERE w.lock_key = v_lock AND w.job_id < e.job_id)
+               OR EXISTS (SELECT 1 FROM awa.flow_waiting w
+                          WHERE w.serial_lock = v_lock AND w.job_id < e.job_id) THEN
+                v_park := true;  -- older jobs of the key wait (behind the key or their kind)
+            ELSIF NOT pg_try_advisory_lock(4282183, v_lock) THEN
+                v_park := true;  -- a job of the key runs elsewhere
+            ELSIF awa._serial_older_ready_v1(e.queue, v_lock, e.job_id, p_lanes, p_bounds) THEN
+                PERFORM pg_advisory_unlock(4282183, v_lock);
+                v_park := true;  -- an older job of the key is ready: it goes first
+            ELSIF e.w > p_units - o_units OR v_jobs >= p_jobs THEN
+                PERFORM pg_advisory_unlock(4282183, v_lock);
+                PERFORM awa.flow_release_v1(v_kk);
+                EXIT;  -- it would run, but does not fit: the lane stops here, in order
+            END IF;
+            IF v_park AND v_kk IS NOT NULL THEN
+                PERFORM awa.flow_release_v1(v_kk);  -- parked behind its key: no kind permits
+                v_kk := NULL;
+            END IF;
+        END IF;
+        v_lease := e.run_lease + 1;
+        INSERT INTO awa.claims (
+            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+            lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
+        VALUES (p_cslot, p_cgen, e.job_id, v_lease, e.ready_slot, e.ready_generation, e.lane_id,
+                e.lane_seq, e.attempt + 1, now() + make_interval(secs => e.timeout), p_worker,
+                e.kind)
+        RETURNING deadline_at INTO v_deadline;
+        IF v_kpark THEN
+            INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+            VALUES (p_cslot, e.job_id, v_lease, 'parked');
+            INSERT INTO awa.flow_waiting (
+                job_id, serial_lock, queue, priority, kind, args, attempt, max_attempts,
+                run_lease, run_at, created_at, deadline_secs, metadata, tags, errors, progress)
+            VALUES (e.job_id, v_lock, e.queue, e.priority, e.kind, e.args, e.attempt,
+                    e.max_attempts, v_lease, e.run_at, e.created_at, e.deadline_secs,
+                    e.metadata, e.tags, e.errors, e.progress);
+        ELSIF v_park THEN
+            INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+            VALUES (p_cslot, e.job_id, v_lease, 'parked');
+            INSERT INTO awa.serial_waiting (
+                job_id, lock_key, serial_key, queue, priority, kind, args, attempt, max_attempts,
+                run_lease, run_at, created_at, deadline_secs, metadata, tags, errors, progress)
+            VALUES (e.job_id, v_lock, e.skey, e.queue, e.priority, e.kind, e.args, e.attempt,
+                    e.max_attempts, v_lease, e.run_at, e.created_at, e.deadline_secs,
+                    e.metadata, e.tags, e.errors, e.progress);
+        ELSE
+            o_rows := o_rows || ROW(e.job_id, v_lease, (e.attempt + 1)::smallint,
+                                    e.max_attempts, p_cslot, e.kind, e.args, e.queue,
+                                    e.priority, v_deadline, e.timeout, e.progress, e.metadata,
+                                    e.tags, e.errors, e.w, v_kk,
+                                    CASE WHEN e.skey IS NOT NULL THEN v_lock END,
+                                    extract(epoch FROM now() - e.run_at)::double precision
+                                   )::awa.claimed_v3;
+            o_units := o_units + e.w;
+            v_jobs := v_jobs + 1;
+            IF e.skey IS NOT NULL THEN
+                o_taken := o_taken || v_lock;
+            END IF;
+            IF v_kk IS NOT NULL THEN
+                o_kkeys := o_kkeys || v_kk;
+            END IF;
+            IF v_i IS NOT NULL THEN
+                o_rleft[v_i] := o_rleft[v_i] - 1;
+                o_rused[v_i] := o_rused[v_i] + 1;
+            END IF;
+            EXIT WHEN o_units >= p_units OR v_jobs >= p_jobs;
+        END IF;
+    END LOOP;
+    IF v_seen >= v_scan AND o_units < p_units AND v_jobs < p_jobs THEN
+        o_retry := true;  -- looked at as many rows as allowed: the rest next claim, soon
+    END IF;
 END
 $function$
 
@@ -1439,6 +1679,83 @@ AS $function$
     SELECT hashtext(p_queue || '/' || p_i::text)
 $function$
 
+CREATE OR REPLACE FUNCTION awa._flow_kind_key_v1(p_kind text, p_i integer)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT hashtext('kind:' || p_kind || '/' || p_i::text)
+$function$
+
+CREATE OR REPLACE FUNCTION awa._flow_kind_take_v1(p_kind text, p_limit integer, p_seen integer, p_want integer, p_held integer[])
+ RETURNS integer[]
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_keys integer[] := '{}';
+    v_start integer;
+    v_room integer := LEAST(p_want, p_limit);
+    v_busy integer;
+BEGIN
+    IF v_room <= 0 THEN
+        RETURN v_keys;
+    END IF;
+    IF p_seen IS NOT NULL AND p_seen > p_limit THEN
+        -- The limit was lowered: permits above it may still be held. Count every held one.
+        SELECT count(*) INTO v_busy
+        FROM generate_series(0, p_seen - 1) AS g(i)
+        JOIN pg_locks l
+          ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+         AND l.classid = 4282182::oid
+         AND l.objid = (awa._flow_kind_key_v1(p_kind, g.i)::bigint & 4294967295)::oid
+         AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database());
+        IF NOT EXISTS (
+            SELECT 1 FROM generate_series(p_limit, p_seen - 1) AS g(i)
+            JOIN pg_locks l
+              ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+             AND l.classid = 4282182::oid
+             AND l.objid = (awa._flow_kind_key_v1(p_kind, g.i)::bigint & 4294967295)::oid) THEN
+            UPDATE awa.flow_kind_limits f SET max_seen = f.max_running
+            WHERE f.kind = p_kind AND f.max_seen > f.max_running;
+        END IF;
+        v_room := LEAST(v_room, p_limit - v_busy);
+        IF v_room <= 0 THEN
+            RETURN v_keys;
+        END IF;
+    END IF;
+    v_start := floor(random() * p_limit)::integer;
+    SELECT COALESCE(array_agg(t.k), '{}') INTO v_keys
+    FROM (
+        SELECT c.k
+        FROM (SELECT awa._flow_kind_key_v1(p_kind, (v_start + generate_series(0, p_limit - 1))
+                                                   % p_limit) AS k) c
+        WHERE CASE WHEN c.k IN (SELECT h.k FROM unnest(p_held) AS h(k)) THEN false
+                   ELSE pg_try_advisory_lock(4282182, c.k) END
+        LIMIT v_room) t;
+    RETURN v_keys;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._flow_kind_tokens_v1(p_rate double precision, p_burst integer, p_tat timestamp with time zone, p_now timestamp with time zone, OUT o_tokens integer, OUT o_wait double precision)
+ RETURNS record
+ LANGUAGE plpgsql
+ IMMUTABLE
+AS $function$
+DECLARE
+    v_period double precision := 1.0 / p_rate;
+    v_burst integer := COALESCE(p_burst, GREATEST(1, ceil(p_rate / 10)::integer));
+    v_tat timestamptz := LEAST(COALESCE(p_tat, p_now),
+                               p_now + make_interval(secs => v_burst * v_period));
+BEGIN
+    v_tat := GREATEST(v_tat, p_now);
+    o_tokens := GREATEST(floor((extract(epoch FROM p_now - v_tat) + v_burst * v_period)
+                               / v_period + 1e-9)::integer, 0);
+    IF o_tokens = 0 THEN
+        o_wait := GREATEST(extract(epoch FROM v_tat - p_now) - (v_burst - 1) * v_period, 0.001);
+    END IF;
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa._flow_take_v1(p_queue text, p_limit integer, p_seen integer, p_want integer, p_held integer[])
  RETURNS integer[]
  LANGUAGE plpgsql
@@ -1490,6 +1807,111 @@ BEGIN
                    ELSE pg_try_advisory_lock(4282182, c.k) END
         LIMIT v_room) t;
     RETURN v_keys;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._flow_unpark_v1(p_queue text, p_max integer, p_held integer[], OUT o_moved integer, OUT o_wait double precision)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    k record;
+    lim awa.flow_kind_limits%ROWTYPE;
+    v_room integer;
+    v_keys integer[];
+    v_tat timestamptz;
+    v_tokens integer;
+    v_wait double precision;
+    v_lane integer;
+    p record;
+    v_moved integer;
+    v_bodies awa.job_body[];
+BEGIN
+    o_moved := 0;
+    FOR k IN
+        WITH RECURSIVE kinds AS (
+            (SELECT w.kind FROM awa.flow_waiting w WHERE w.queue = p_queue
+             ORDER BY w.kind LIMIT 1)
+            UNION ALL
+            SELECT (SELECT w.kind FROM awa.flow_waiting w
+                    WHERE w.queue = p_queue AND w.kind > s.kind ORDER BY w.kind LIMIT 1)
+            FROM kinds s WHERE s.kind IS NOT NULL
+        )
+        SELECT s.kind FROM kinds s WHERE s.kind IS NOT NULL
+    LOOP
+        EXIT WHEN o_moved >= p_max;
+        v_room := p_max - o_moved;
+        lim := NULL;
+        SELECT * INTO lim FROM awa.flow_kind_limits f WHERE f.kind = k.kind;
+        IF lim.rate IS NOT NULL THEN
+            SELECT s.tat INTO v_tat FROM awa.flow_kind_rate_state s WHERE s.kind = k.kind;
+            SELECT t.o_tokens, t.o_wait INTO v_tokens, v_wait
+            FROM awa._flow_kind_tokens_v1(lim.rate, lim.burst, v_tat, clock_timestamp()) t;
+            IF v_tokens = 0 THEN
+                o_wait := LEAST(COALESCE(o_wait, v_wait), v_wait);
+                CONTINUE;
+            END IF;
+            v_room := LEAST(v_room, v_tokens);
+        END IF;
+        IF lim.max_running IS NOT NULL THEN
+            v_keys := awa._flow_kind_take_v1(k.kind, lim.max_running, lim.max_seen,
+                                             LEAST(v_room, lim.max_running), p_held);
+            PERFORM awa.flow_release_v1(v_keys);
+            v_room := LEAST(v_room, cardinality(v_keys));
+            CONTINUE WHEN v_room <= 0;
+        END IF;
+        -- The oldest waiting jobs of the kind in the queue while their weights (as the claim
+        -- counts them against the kind) fit the free permits; by priority, one hand-off lane
+        -- each.
+        FOR p IN
+            SELECT DISTINCT x.priority FROM (
+                SELECT w.priority, w.job_id,
+                       sum(awa._job_weight_v1(w.metadata, lim.max_running))
+                           OVER (ORDER BY w.job_id) AS cw,
+                       row_number() OVER (ORDER BY w.job_id) AS n
+                FROM awa.flow_waiting w
+                WHERE w.queue = p_queue AND w.kind = k.kind
+                ORDER BY w.job_id
+                LIMIT v_room) x
+            WHERE (lim.max_running IS NULL OR x.cw <= v_room OR x.n = 1)
+        LOOP
+            v_lane := awa.flow_handoff_lane_v1(p_queue, p.priority);
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(4282177, v_lane);
+            WITH picked AS MATERIALIZED (
+                SELECT x.job_id FROM (
+                    SELECT w.job_id, w.priority,
+                           sum(awa._job_weight_v1(w.metadata, lim.max_running))
+                               OVER (ORDER BY w.job_id) AS cw,
+                           row_number() OVER (ORDER BY w.job_id) AS n
+                    FROM awa.flow_waiting w
+                    WHERE w.queue = p_queue AND w.kind = k.kind
+                    ORDER BY w.job_id
+                    LIMIT v_room) x
+                WHERE x.priority = p.priority
+                  AND (lim.max_running IS NULL OR x.cw <= v_room OR x.n = 1)
+            ), gone AS (
+                -- SKIP LOCKED: a job being cancelled is passed over.
+                DELETE FROM awa.flow_waiting w
+                WHERE w.job_id IN (
+                    SELECT w2.job_id FROM awa.flow_waiting w2
+                    WHERE w2.job_id IN (SELECT job_id FROM picked)
+                    FOR UPDATE SKIP LOCKED)
+                RETURNING w.*
+            )
+            SELECT array_agg(ROW(
+                       g.job_id, g.kind, g.queue, g.priority, g.args, g.attempt, g.max_attempts,
+                       g.run_lease, g.run_at, g.created_at, g.deadline_secs, g.metadata, g.tags,
+                       g.errors, g.progress)::awa.job_body ORDER BY g.job_id)
+            INTO v_bodies
+            FROM gone g;
+            v_moved := COALESCE(cardinality(v_bodies), 0);
+            IF v_moved > 0 THEN
+                PERFORM awa._append_ready_v1(v_lane, v_bodies);
+                o_moved := o_moved + v_moved;
+            END IF;
+        END LOOP;
+    END LOOP;
 END
 $function$
 
@@ -1556,6 +1978,9 @@ AS $function$
         UNION ALL
         SELECT 2, 'available', w.queue, w.priority::integer
         FROM awa.serial_waiting w WHERE w.job_id = p_job_id
+        UNION ALL
+        SELECT 2, 'available', w.queue, w.priority::integer
+        FROM awa.flow_waiting w WHERE w.job_id = p_job_id
         UNION ALL
         (SELECT 3, CASE WHEN EXISTS (
                         SELECT 1 FROM awa.leases ls
@@ -1762,11 +2187,11 @@ DECLARE
     i integer;
 BEGIN
     SELECT array_agg(l.lane_id ORDER BY l.shard) INTO v_lanes
-    FROM awa.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority;
+    FROM awa.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority AND l.shard < 64;
     IF v_lanes IS NULL THEN
         PERFORM awa.ensure_lanes_v1(p_queue, p_priority);
         SELECT array_agg(l.lane_id ORDER BY l.shard) INTO v_lanes
-        FROM awa.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority;
+        FROM awa.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority AND l.shard < 64;
     END IF;
     IF v_held <> '' THEN
         -- A held lane's lock is taken again at once (the transaction holds it); a lane named
@@ -2664,6 +3089,7 @@ DECLARE
     v_state text;
     d awa.deferred_jobs%ROWTYPE;
     w awa.serial_waiting%ROWTYPE;
+    fw awa.flow_waiting%ROWTYPE;
     c awa.claims%ROWTYPE;
     r awa.ready_entries%ROWTYPE;
     v_error jsonb;
@@ -2710,6 +3136,23 @@ BEGIN
                     || jsonb_build_array(v_error || jsonb_build_object('attempt', w.attempt, 'at', now())),
                     w.progress, w.kind, w.queue, w.priority, w.args, w.max_attempts, w.run_at,
                     w.created_at, w.metadata, w.tags);
+            RETURN 'available';
+        END IF;
+
+        -- Parked by its kind's flow limits: the same.
+        DELETE FROM awa.flow_waiting WHERE job_id = p_job_id RETURNING * INTO fw;
+        IF FOUND THEN
+            SELECT generation, slot INTO v_gen, v_slot
+            FROM awa.ring_rotations WHERE ring = 'queue' ORDER BY generation DESC LIMIT 1;
+            INSERT INTO awa.done_entries (
+                ready_slot, ready_generation, job_id, run_lease, state, attempt, attempted_at,
+                errors, progress, kind, queue, priority, args, max_attempts, run_at, created_at,
+                metadata, tags)
+            VALUES (v_slot, v_gen, fw.job_id, fw.run_lease, 'cancelled', fw.attempt, NULL,
+                    COALESCE(fw.errors, '[]'::jsonb)
+                    || jsonb_build_array(v_error || jsonb_build_object('attempt', fw.attempt, 'at', now())),
+                    fw.progress, fw.kind, fw.queue, fw.priority, fw.args, fw.max_attempts,
+                    fw.run_at, fw.created_at, fw.metadata, fw.tags);
             RETURN 'available';
         END IF;
 
@@ -3115,6 +3558,17 @@ DECLARE
     v_sunits integer;
     v_sretry boolean;
     r record;
+    v_waiting boolean;
+    v_kinds text[];
+    v_pheld integer[];
+    v_kkeys integer[] := '{}';
+    v_rkinds text[] := '{}';
+    v_rtats timestamptz[] := '{}';
+    v_rleft integer[] := '{}';
+    v_rused integer[] := '{}';
+    v_kwait double precision;
+    v_soft double precision;
+    v_kperiod double precision;
 BEGIN
     IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
         RAISE EXCEPTION 'awa.claim_v3 needs READ COMMITTED isolation' USING ERRCODE = '25000';
@@ -3130,14 +3584,20 @@ BEGIN
     END IF;
     v_remaining := p_max;
     SELECT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused),
-           c.generation, c.slot, q.slot
-    INTO v_paused, v_cgen, v_cslot, v_qslot
+           c.generation, c.slot, q.slot,
+           EXISTS (SELECT 1 FROM awa.flow_waiting w WHERE w.queue = p_queue)
+    INTO v_paused, v_cgen, v_cslot, v_qslot, v_waiting
     FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
           WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c,
          (SELECT r2.slot FROM awa.ring_rotations r2
           WHERE r2.ring = 'queue' ORDER BY r2.generation DESC LIMIT 1) q;
     IF v_paused THEN
         RETURN;
+    END IF;
+    IF v_waiting THEN
+        -- Jobs their kind parked: as many as their kinds let run now go back to the ready
+        -- ring (hand-off lanes), before the lanes are read, so that this claim may take them.
+        SELECT u.o_wait INTO v_soft FROM awa._flow_unpark_v1(p_queue, p_max, p_held) u;
     END IF;
 
     -- Lanes with work (as claim_v2): the flow limits are looked at only when there is some.
@@ -3160,11 +3620,22 @@ BEGIN
         WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
     ) b0) b;
     IF v_lanes IS NULL THEN
+        IF v_soft IS NOT NULL THEN
+            -- Nothing ready, but jobs of a kind wait for its next rate token.
+            RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, NULL,
+                            NULL, NULL, NULL, NULL, NULL, NULL, NULL, v_soft)::awa.claimed_v3;
+        END IF;
         RETURN;
     END IF;
 
-    SELECT * INTO v_limit FROM awa.flow_limits f WHERE f.queue = p_queue;
-    IF FOUND AND v_limit.max_running IS NOT NULL THEN
+    -- The queue's limits and the kinds with limits, in one statement.
+    SELECT f.max_running, f.max_seen, f.rate, f.burst,
+           COALESCE((SELECT array_agg(k.kind) FROM awa.flow_kind_limits k
+                     WHERE k.max_running IS NOT NULL OR k.rate IS NOT NULL), '{}')
+    INTO v_limit.max_running, v_limit.max_seen, v_limit.rate, v_limit.burst, v_kinds
+    FROM (SELECT p_queue AS queue) one
+    LEFT JOIN awa.flow_limits f ON f.queue = one.queue;
+    IF v_limit.max_running IS NOT NULL THEN
         v_wcap := LEAST(v_wcap, v_limit.max_running);
         v_keys := awa._flow_take_v1(p_queue, v_limit.max_running, v_limit.max_seen, p_max,
                                     p_held);
@@ -3209,6 +3680,7 @@ BEGIN
         END IF;
     END IF;
     v_units := v_remaining;
+    v_pheld := COALESCE(p_held, '{}') || COALESCE(v_keys, '{}');
 
     -- Lane heads and order: as claim_v2.
     IF cardinality(v_lanes) > 1 THEN
@@ -3274,7 +3746,7 @@ BEGIN
         ), weighed AS MATERIALIZED (
             SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
                    awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                   COALESCE(f.metadata ? 'awa:serial', false) AS s
+                   COALESCE(f.metadata ? 'awa:serial' OR f.kind = ANY (v_kinds), false) AS s
             FROM found f
             WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
         ), picked AS MATERIALIZED (
@@ -3316,12 +3788,16 @@ BEGIN
         EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
         IF v_serial_at IS NOT NULL THEN
             -- A job with a serial key is next: the rest of this lane takes the slow path.
-            SELECT x.o_rows, x.o_taken, x.o_units, x.o_retry
-            INTO v_srows, v_taken, v_sunits, v_sretry
-            FROM awa._claim_serial_v1(r.lane_id, awa.lane_cursor_v1(r.lane_id), v_cslot, v_cgen,
-                                      p_worker, v_remaining, v_jobs_left, v_wcap, v_default,
-                                      p_serial_held, v_taken, v_all_lanes, v_all_cursors) x;
+            SELECT x.o_rows, x.o_taken, x.o_units, x.o_retry, x.o_kkeys, x.o_rkinds, x.o_rtats,
+                   x.o_rleft, x.o_rused, x.o_wait
+            INTO v_srows, v_taken, v_sunits, v_sretry, v_kkeys, v_rkinds, v_rtats, v_rleft,
+                 v_rused, v_kwait
+            FROM awa._claim_kind_v1(r.lane_id, awa.lane_cursor_v1(r.lane_id), v_cslot, v_cgen,
+                                    p_worker, v_remaining, v_jobs_left, v_wcap, v_default,
+                                    p_serial_held, v_taken, v_all_lanes, v_all_cursors, v_kinds,
+                                    v_pheld, v_kkeys, v_rkinds, v_rtats, v_rleft, v_rused) x;
             v_retry := v_retry OR v_sretry;
+            v_soft := LEAST(COALESCE(v_soft, v_kwait), v_kwait);
             IF cardinality(v_srows) > 0 THEN
                 v_batch := v_batch || v_srows;
                 v_remaining := v_remaining - v_sunits;
@@ -3338,7 +3814,7 @@ BEGIN
         WITH weighed AS MATERIALIZED (
             SELECT e.*, COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default) AS timeout,
                    awa._job_weight_v1(e.metadata, v_wcap) AS w,
-                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                   COALESCE(e.metadata ? 'awa:serial' OR e.kind = ANY (v_kinds), false) AS s
             FROM awa.ready_entries e
             WHERE e.lane_id = r.lane_id AND e.lane_seq > v_cursor
               AND NOT EXISTS (
@@ -3386,12 +3862,16 @@ BEGIN
         EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
         IF v_serial_at IS NOT NULL THEN
             -- A job with a serial key is next: the rest of this lane takes the slow path.
-            SELECT x.o_rows, x.o_taken, x.o_units, x.o_retry
-            INTO v_srows, v_taken, v_sunits, v_sretry
-            FROM awa._claim_serial_v1(r.lane_id, awa.lane_cursor_v1(r.lane_id), v_cslot, v_cgen,
-                                      p_worker, v_remaining, v_jobs_left, v_wcap, v_default,
-                                      p_serial_held, v_taken, v_all_lanes, v_all_cursors) x;
+            SELECT x.o_rows, x.o_taken, x.o_units, x.o_retry, x.o_kkeys, x.o_rkinds, x.o_rtats,
+                   x.o_rleft, x.o_rused, x.o_wait
+            INTO v_srows, v_taken, v_sunits, v_sretry, v_kkeys, v_rkinds, v_rtats, v_rleft,
+                 v_rused, v_kwait
+            FROM awa._claim_kind_v1(r.lane_id, awa.lane_cursor_v1(r.lane_id), v_cslot, v_cgen,
+                                    p_worker, v_remaining, v_jobs_left, v_wcap, v_default,
+                                    p_serial_held, v_taken, v_all_lanes, v_all_cursors, v_kinds,
+                                    v_pheld, v_kkeys, v_rkinds, v_rtats, v_rleft, v_rused) x;
             v_retry := v_retry OR v_sretry;
+            v_soft := LEAST(COALESCE(v_soft, v_kwait), v_kwait);
             IF cardinality(v_srows) > 0 THEN
                 v_batch := v_batch || v_srows;
                 v_remaining := v_remaining - v_sunits;
@@ -3404,6 +3884,14 @@ BEGIN
 
     v_jobs := cardinality(v_batch);
     v_used := v_units - v_remaining;
+    -- Each rate-limited kind's state moves once for the claim, by its jobs started.
+    FOR i IN 1..COALESCE(cardinality(v_rkinds), 0) LOOP
+        CONTINUE WHEN v_rused[i] = 0;
+        SELECT 1.0 / k.rate INTO v_kperiod FROM awa.flow_kind_limits k WHERE k.kind = v_rkinds[i];
+        UPDATE awa.flow_kind_rate_state s
+        SET tat = v_rtats[i] + make_interval(secs => v_rused[i] * COALESCE(v_kperiod, 0))
+        WHERE s.kind = v_rkinds[i];
+    END LOOP;
     IF v_limit.rate IS NOT NULL THEN
         IF v_jobs > 0 THEN
             UPDATE awa.flow_rate_state s
@@ -3429,7 +3917,9 @@ BEGIN
     v_used := 0;
     FOREACH v_row IN ARRAY v_batch LOOP
         IF v_keys IS NOT NULL THEN
-            v_row.permits := v_keys[v_used + 1:v_used + v_row.weight];
+            -- The queue's permits, then the kind's (from the slow path).
+            v_row.permits := v_keys[v_used + 1:v_used + v_row.weight]
+                             || COALESCE(v_row.permits, '{}');
             v_used := v_used + v_row.weight;
         END IF;
         RETURN NEXT v_row;
@@ -3440,11 +3930,12 @@ BEGIN
         v_bound := true;
         v_wait := 0.02;
     END IF;
-    IF v_bound THEN
+    IF v_bound OR v_soft IS NOT NULL AND v_remaining > 0 AND v_jobs_left > 0 THEN
         RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, v_wait,
-                        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+                        NULL, NULL, NULL, NULL, NULL, NULL, NULL, v_soft)::awa.claimed_v3;
     END IF;
 END
+
 $function$
 
 CREATE OR REPLACE FUNCTION awa.cleanup_v1(p_retention double precision)
@@ -3835,7 +4326,8 @@ BEGIN
     IF COALESCE(current_setting('awa.xact_lanes', true), '') = '' THEN
         SELECT array_agg(l.lane_id ORDER BY l.shard), array_agg(l.enqueue_seq ORDER BY l.shard)
         INTO v_lanes, v_seqs
-        FROM awa.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority;
+        FROM awa.queue_lanes l
+        WHERE l.queue = p_queue AND l.priority = p_priority AND l.shard < 64;
     END IF;
     IF v_lanes IS NULL THEN
         v_lane := awa._lane_for_v1(p_queue, p_priority, true);
@@ -3973,7 +4465,8 @@ BEGIN
     IF COALESCE(current_setting('awa.xact_lanes', true), '') = '' THEN
         SELECT array_agg(l.lane_id ORDER BY l.shard), array_agg(l.enqueue_seq ORDER BY l.shard)
         INTO v_lanes, v_seqs
-        FROM awa.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority;
+        FROM awa.queue_lanes l
+        WHERE l.queue = p_queue AND l.priority = p_priority AND l.shard < 64;
     END IF;
     IF v_lanes IS NULL THEN
         v_lane := awa._lane_for_v1(p_queue, p_priority, true);
@@ -4428,6 +4921,40 @@ BEGIN
 END
 $function$
 
+CREATE OR REPLACE FUNCTION awa.flow_handoff_lane_v1(p_queue text, p_priority integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_id integer;
+    v_seq text;
+BEGIN
+    SELECT l.lane_id INTO v_id FROM awa.queue_lanes l
+    WHERE l.queue = p_queue AND l.priority = p_priority AND l.shard = 64;
+    IF FOUND THEN
+        RETURN v_id;
+    END IF;
+    IF NOT awa.valid_queue_name(p_queue) OR NOT awa.valid_priority(p_priority) THEN
+        RAISE EXCEPTION 'hand-off lane: % / % is not a valid queue and priority',
+            quote_nullable(p_queue), p_priority USING ERRCODE = '22023';
+    END IF;
+    v_id := nextval('awa.lane_id_seq');
+    v_seq := 'lane_seq_' || v_id;
+    EXECUTE format('CREATE SEQUENCE awa.%I AS bigint', v_seq);
+    INSERT INTO awa.queue_lanes (lane_id, queue, priority, shard, enqueue_seq)
+    VALUES (v_id, p_queue, p_priority, 64, format('awa.%I', v_seq)::regclass)
+    ON CONFLICT (queue, priority, shard) DO NOTHING;
+    IF NOT FOUND THEN
+        EXECUTE format('DROP SEQUENCE awa.%I', v_seq);
+        SELECT l.lane_id INTO v_id FROM awa.queue_lanes l
+        WHERE l.queue = p_queue AND l.priority = p_priority AND l.shard = 64;
+    END IF;
+    RETURN v_id;
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa.flow_in_use_v1()
  RETURNS TABLE(queue text, in_use integer)
  LANGUAGE sql
@@ -4444,6 +4971,110 @@ AS $function$
      AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
     WHERE f.max_running IS NOT NULL
     GROUP BY f.queue
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_kind_set_v1(p_kind text, p_max_running integer, p_rate double precision, p_burst integer, p_actor text, p_clear boolean, p_settings jsonb DEFAULT NULL::jsonb)
+ RETURNS SETOF awa.flow_kind_limits
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF p_kind IS NULL OR length(p_kind) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'kind: % is not a job kind (1-255 characters)', quote_nullable(p_kind)
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_clear THEN
+        IF p_settings IS NULL OR jsonb_typeof(p_settings) <> 'object'
+           OR (p_settings ->> 'max_running') IS NULL AND (p_settings ->> 'rate') IS NULL THEN
+            UPDATE awa.flow_kind_limits f
+            SET max_running = NULL, rate = NULL, burst = NULL, source = 'settings',
+                updated_by = p_actor, updated_at = now()
+            WHERE f.kind = p_kind;
+            RETURN;
+        END IF;
+        INSERT INTO awa.flow_kind_limits AS f (kind, max_running, rate, burst, max_seen, source,
+                                               updated_by)
+        VALUES (p_kind, (p_settings ->> 'max_running')::integer,
+                (p_settings ->> 'rate')::double precision,
+                (p_settings ->> 'burst')::integer, (p_settings ->> 'max_running')::integer,
+                'settings', p_actor)
+        ON CONFLICT (kind) DO UPDATE
+        SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst,
+            max_seen = GREATEST(f.max_running, f.max_seen, excluded.max_running),
+            source = 'settings', updated_by = p_actor, updated_at = now();
+    ELSE
+        INSERT INTO awa.flow_kind_limits AS f (kind, max_running, rate, burst, max_seen, source,
+                                               updated_by)
+        VALUES (p_kind, p_max_running, p_rate, p_burst, p_max_running, 'operator', p_actor)
+        ON CONFLICT (kind) DO UPDATE
+        SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst,
+            max_seen = GREATEST(f.max_running, f.max_seen, excluded.max_running),
+            source = 'operator', updated_by = p_actor, updated_at = now();
+    END IF;
+    RETURN QUERY SELECT * FROM awa.flow_kind_limits f
+                 WHERE f.kind = p_kind AND (f.max_running IS NOT NULL OR f.rate IS NOT NULL);
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_kind_status_v1()
+ RETURNS TABLE(kind text, max_running integer, in_use integer, rate double precision, burst integer, waiting bigint, source text, updated_by text, updated_at timestamp with time zone)
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT f.kind, f.max_running,
+           CASE WHEN f.max_running IS NOT NULL THEN (
+               SELECT count(l.pid)::integer
+               FROM generate_series(0, GREATEST(f.max_running, COALESCE(f.max_seen, 0)) - 1)
+                   AS g(i)
+               JOIN pg_locks l
+                 ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+                AND l.classid = 4282182::oid
+                AND l.objid = (awa._flow_kind_key_v1(f.kind, g.i)::bigint & 4294967295)::oid
+                AND l.database = (SELECT d.oid FROM pg_database d
+                                  WHERE d.datname = current_database())) END,
+           f.rate, f.burst,
+           (SELECT count(*) FROM awa.flow_waiting w WHERE w.kind = f.kind),
+           f.source, f.updated_by, f.updated_at
+    FROM awa.flow_kind_limits f
+    WHERE f.max_running IS NOT NULL OR f.rate IS NOT NULL
+       OR EXISTS (SELECT 1 FROM awa.flow_waiting w WHERE w.kind = f.kind)
+    ORDER BY f.kind
+$function$
+
+CREATE OR REPLACE FUNCTION awa.flow_kind_sync_v1(p_limits jsonb, p_prune boolean DEFAULT true)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_changed integer := 0;
+    v_n integer;
+BEGIN
+    IF p_limits IS NULL OR jsonb_typeof(p_limits) <> 'object' THEN
+        RAISE EXCEPTION 'kind flow limits: expected a JSON object' USING ERRCODE = '22023';
+    END IF;
+    IF p_prune THEN
+        UPDATE awa.flow_kind_limits f SET max_running = NULL, rate = NULL, burst = NULL,
+                                          updated_by = 'settings', updated_at = now()
+        WHERE f.source = 'settings' AND NOT p_limits ? f.kind
+          AND (f.max_running IS NOT NULL OR f.rate IS NOT NULL);
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        v_changed := v_changed + v_n;
+    END IF;
+    INSERT INTO awa.flow_kind_limits AS f (kind, max_running, rate, burst, max_seen, source,
+                                           updated_by)
+    SELECT e.key, (e.value ->> 'max_running')::integer, (e.value ->> 'rate')::double precision,
+           (e.value ->> 'burst')::integer, (e.value ->> 'max_running')::integer, 'settings',
+           'settings'
+    FROM jsonb_each(p_limits) e
+    ON CONFLICT (kind) DO UPDATE
+    SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst,
+        max_seen = GREATEST(f.max_running, f.max_seen, excluded.max_running),
+        updated_by = 'settings', updated_at = now()
+    WHERE f.source = 'settings'
+      AND (f.max_running, f.rate, f.burst) IS DISTINCT FROM
+          (excluded.max_running, excluded.rate, excluded.burst);
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_changed + v_n;
+END
 $function$
 
 CREATE OR REPLACE FUNCTION awa.flow_reap_v1(p_staleness double precision)
@@ -5063,6 +5694,27 @@ BEGIN
     FROM gone g;
     GET DIAGNOSTICS v_got = ROW_COUNT;
     v_n := v_n + v_got;
+    -- Jobs parked by their kind's flow limits.
+    WITH gone AS (
+        DELETE FROM awa.flow_waiting w
+        WHERE w.job_id IN (
+            SELECT w2.job_id FROM awa.flow_waiting w2
+            WHERE w2.queue = p_queue AND (p_max_job_id IS NULL OR w2.job_id <= p_max_job_id)
+            ORDER BY w2.job_id LIMIT GREATEST(p_limit - v_n, 0)
+            FOR UPDATE SKIP LOCKED)
+        RETURNING w.*
+    )
+    INSERT INTO awa.done_entries (
+        ready_slot, ready_generation, job_id, run_lease, state, attempt, errors, progress, kind,
+        queue, priority, args, max_attempts, run_at, created_at, metadata, tags)
+    SELECT v_slot, v_gen, g.job_id, g.run_lease, 'cancelled', g.attempt,
+           COALESCE(g.errors, '[]'::jsonb)
+           || jsonb_build_array(v_error || jsonb_build_object('attempt', g.attempt, 'at', now())),
+           g.progress, g.kind, g.queue, g.priority, g.args, g.max_attempts, g.run_at, g.created_at,
+           g.metadata, g.tags
+    FROM gone g;
+    GET DIAGNOSTICS v_got = ROW_COUNT;
+    v_n := v_n + v_got;
 
     FOR v_lane IN SELECT l.lane_id FROM awa.queue_lanes l WHERE l.queue = p_queue ORDER BY l.lane_id
     LOOP
@@ -5191,6 +5843,10 @@ AS $function$
                 AND z.claim_slot = c.claim_slot))
     AND NOT EXISTS (
         SELECT 1 FROM awa.serial_waiting w
+        WHERE w.queue = ANY (p_queues)
+          AND NOT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = w.queue AND m.paused))
+    AND NOT EXISTS (
+        SELECT 1 FROM awa.flow_waiting w
         WHERE w.queue = ANY (p_queues)
           AND NOT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = w.queue AND m.paused))
 $function$
@@ -6004,7 +6660,31 @@ UNION ALL
     tags,
     false AS in_dlq,
     NULL::text AS dlq_reason
-   FROM awa.serial_waiting w;
+   FROM awa.serial_waiting w
+UNION ALL
+ SELECT job_id AS id,
+    kind,
+    queue,
+    'available'::text AS state,
+    priority,
+    attempt,
+    max_attempts,
+    run_lease,
+    args,
+    run_at,
+    created_at,
+    NULL::timestamp with time zone AS attempted_at,
+    NULL::timestamp with time zone AS finalized_at,
+    NULL::timestamp with time zone AS deadline_at,
+    NULL::timestamp with time zone AS heartbeat_at,
+    errors,
+    NULL::jsonb AS result,
+    progress,
+    metadata,
+    tags,
+    false AS in_dlq,
+    NULL::text AS dlq_reason
+   FROM awa.flow_waiting w;
 
 CREATE VIEW awa.queue_stats AS
  WITH s AS MATERIALIZED (

@@ -1,0 +1,1106 @@
+-- Unapplies awa_django migration 0012 (sql/migrations/0012_kind_limits.sql): the bodies of
+-- awa.claim_v3 (0008), awa._lane_for_v1 (0011), awa.enqueue_one_v2 (0003) and
+-- awa.enqueue_one_v3 (0005), both still run as their owner (0011), and the read surfaces of
+-- 0008 (awa._job_brief_v1, cancel_v1, queue_drain_v2, queues_idle_v1, live_jobs) come back.
+-- Tables stay, as for every reversal: awa.flow_kind_limits, flow_kind_rate_state and
+-- flow_waiting (jobs parked there are no longer claimed or shown: migrate forward again, or
+-- cancel them first), and the hand-off lanes (shard 64) with the widened shard check.
+
+-- Claim jobs of one queue within its flow limits: the contract and lane order of claim_v2 (see
+-- its comment), with weights, permits and the rate limit.
+--   p_max         execution units the worker has free (a job takes its weight)
+--   p_max_weight  the most units the worker could ever give one job (weights are capped to it)
+--   p_held        permits this session holds for attempts still running (never taken twice)
+--   p_release     permits to hand back first (attempts that ended)
+--   p_serial_held, p_serial_release   the same for serial keys' run locks
+-- Each job row carries its weight and, on a queue with a concurrency limit, the permit keys it
+-- holds (hand them back with p_release, or awa.flow_release_v1, when its handler ends); a job
+-- with a serial key carries its run lock in serial_lock (hand it back with p_serial_release,
+-- or awa.serial_release_v1); wait_secs is how long it waited since it was due (run_at), on the
+-- database clock (the queue-wait histogram). A marker row (job_id NULL) ends the result when a flow limit held
+-- the claim back (see the file's header), or with timeout_secs 0.02 when a serial key being
+-- decided by another claim stopped a lane. Also with p_max = 0, p_release and p_serial_release
+-- are applied.
+CREATE OR REPLACE FUNCTION awa.claim_v3(
+    p_queue text, p_max integer, p_worker uuid DEFAULT NULL,
+    p_aging_secs double precision DEFAULT 60, p_default_deadline double precision DEFAULT NULL,
+    p_max_weight integer DEFAULT NULL, p_held integer[] DEFAULT NULL,
+    p_release integer[] DEFAULT NULL, p_serial_held integer[] DEFAULT NULL,
+    p_serial_release integer[] DEFAULT NULL)
+RETURNS SETOF awa.claimed_v3
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_remaining integer;
+    v_jobs_left integer := 2147483647;
+    v_got integer;
+    v_units integer;
+    v_batch awa.claimed_v3[] := '{}';
+    v_part awa.claimed_v3[];
+    v_row awa.claimed_v3;
+    v_weight integer;
+    v_paused boolean;
+    v_cursor bigint;
+    v_cslot integer;
+    v_cgen bigint;
+    v_lanes integer[];
+    v_priorities integer[];
+    v_cursors bigint[];
+    v_heads timestamptz[];
+    v_head timestamptz;
+    v_qslot integer;
+    v_seq regclass;
+    v_aging double precision := GREATEST(COALESCE(p_aging_secs, 60), 0.001);
+    v_default double precision := awa._deadline_secs_v1(p_default_deadline);
+    v_wcap integer := LEAST(GREATEST(COALESCE(p_max_weight, 10000), 1), 10000);
+    v_limit awa.flow_limits%ROWTYPE;
+    v_keys integer[];
+    v_tat timestamptz;
+    v_period double precision;
+    v_wait double precision;
+    v_bound boolean := false;
+    v_jobs integer;
+    v_used integer;
+    v_all_lanes integer[];
+    v_all_cursors bigint[];
+    v_serial_at bigint;
+    v_taken integer[] := '{}';
+    v_retry boolean := false;
+    -- The claim's time: now(), or for a rate-limited queue the clock once its rate state is
+    -- locked (claims of the queue are serialised there, so their times only move forward:
+    -- a claim whose transaction began before the last one committed never sees the state
+    -- "ahead" and gives tokens back). Written as the attempts' claimed_at.
+    v_now timestamptz := now();
+    v_srows awa.claimed_v3[];
+    v_sunits integer;
+    v_sretry boolean;
+    r record;
+BEGIN
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION 'awa.claim_v3 needs READ COMMITTED isolation' USING ERRCODE = '25000';
+    END IF;
+    IF p_release IS NOT NULL THEN
+        PERFORM awa.flow_release_v1(p_release);
+    END IF;
+    IF p_serial_release IS NOT NULL THEN
+        PERFORM awa.serial_release_v1(p_serial_release);
+    END IF;
+    IF p_max IS NULL OR p_max <= 0 THEN
+        RETURN;
+    END IF;
+    v_remaining := p_max;
+    SELECT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused),
+           c.generation, c.slot, q.slot
+    INTO v_paused, v_cgen, v_cslot, v_qslot
+    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c,
+         (SELECT r2.slot FROM awa.ring_rotations r2
+          WHERE r2.ring = 'queue' ORDER BY r2.generation DESC LIMIT 1) q;
+    IF v_paused THEN
+        RETURN;
+    END IF;
+
+    -- Lanes with work (as claim_v2): the flow limits are looked at only when there is some.
+    -- Every lane's cursor is kept too: a lower bound of it for the serial-key tests below.
+    SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
+           array_agg(b.priority ORDER BY b.lane_id) FILTER (WHERE b.work),
+           array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
+           array_agg(b.lane_id), array_agg(b.c)
+    INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
+    FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+          FROM (
+        SELECT l.lane_id, l.priority, l.enqueue_seq,
+               COALESCE(x.fast, awa.lane_cursor_v1(l.lane_id)) AS c
+        FROM awa.queue_lanes l
+        LEFT JOIN LATERAL (
+            SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
+            FROM awa.claims c
+            WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+            ORDER BY c.lane_seq DESC LIMIT 1) x ON true
+        WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+    ) b0) b;
+    IF v_lanes IS NULL THEN
+        RETURN;
+    END IF;
+
+    SELECT * INTO v_limit FROM awa.flow_limits f WHERE f.queue = p_queue;
+    IF FOUND AND v_limit.max_running IS NOT NULL THEN
+        v_wcap := LEAST(v_wcap, v_limit.max_running);
+        v_keys := awa._flow_take_v1(p_queue, v_limit.max_running, v_limit.max_seen, p_max,
+                                    p_held);
+        IF cardinality(v_keys) < p_max THEN
+            v_bound := true;
+        END IF;
+        v_remaining := cardinality(v_keys);
+        IF v_remaining = 0 THEN
+            RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, NULL,
+                            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+            RETURN;
+        END IF;
+    END IF;
+    IF v_limit.rate IS NOT NULL THEN
+        v_period := 1.0 / v_limit.rate;
+        INSERT INTO awa.flow_rate_state (queue, tat) VALUES (p_queue, now())
+        ON CONFLICT (queue) DO NOTHING;
+        SELECT s.tat INTO v_tat FROM awa.flow_rate_state s WHERE s.queue = p_queue FOR UPDATE;
+        v_now := clock_timestamp();
+        -- Never further ahead than the current limits allow (burst × T): a state left by a
+        -- slower rate, or by a cleared one, holds nothing back once the limit is raised.
+        IF v_tat > v_now + make_interval(secs => COALESCE(
+                v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer)) * v_period) THEN
+            v_tat := v_now + make_interval(secs => COALESCE(
+                v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer)) * v_period);
+            UPDATE awa.flow_rate_state s SET tat = v_tat WHERE s.queue = p_queue;
+        END IF;
+        v_tat := GREATEST(v_tat, v_now);
+        v_jobs := floor((extract(epoch FROM v_now - v_tat)
+                         + COALESCE(v_limit.burst, GREATEST(1, ceil(v_limit.rate / 10)::integer))
+                           * v_period) / v_period + 1e-9)::integer;
+        v_jobs_left := GREATEST(v_jobs, 0);
+        IF v_jobs_left = 0 THEN
+            PERFORM awa.flow_release_v1(v_keys);
+            v_wait := GREATEST(extract(epoch FROM v_tat - v_now)
+                               - (COALESCE(v_limit.burst,
+                                           GREATEST(1, ceil(v_limit.rate / 10)::integer)) - 1)
+                                 * v_period, 0.001);
+            RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, v_wait,
+                            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+            RETURN;
+        END IF;
+    END IF;
+    v_units := v_remaining;
+
+    -- Lane heads and order: as claim_v2.
+    IF cardinality(v_lanes) > 1 THEN
+        SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
+        FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+        LEFT JOIN LATERAL (
+            SELECT e.run_at FROM awa.ready_entries e
+            WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                    AND t.lane_seq = e.lane_seq)
+            ORDER BY e.lane_seq
+            LIMIT 1) h ON true;
+        FOR i IN 1..cardinality(v_lanes) LOOP
+            CONTINUE WHEN v_heads[i] IS NOT NULL;
+            SELECT e.run_at INTO v_head FROM awa.ready_entries e
+            WHERE e.lane_id = v_lanes[i] AND e.lane_seq > v_cursors[i]
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                    AND t.ready_slot = e.ready_slot)
+            ORDER BY e.lane_seq
+            LIMIT 1;
+            v_heads[i] := v_head;
+        END LOOP;
+    END IF;
+
+    FOR r IN
+        SELECT u.lane_id
+        FROM unnest(v_lanes, v_priorities, v_heads) AS u(lane_id, priority, head)
+        ORDER BY u.priority + floor(extract(epoch FROM now() - u.head) / v_aging) DESC NULLS LAST,
+                 u.head, u.lane_id
+    LOOP
+        SELECT l.enqueue_seq INTO v_seq
+        FROM awa.queue_lanes l WHERE l.lane_id = r.lane_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        SELECT c.generation, c.slot,
+               CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+        INTO v_cgen, v_cslot, v_cursor
+        FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+              WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+        LEFT JOIN LATERAL (
+            SELECT cl.lane_seq, cl.claim_generation FROM awa.claims cl
+            WHERE cl.claim_slot = c.slot AND cl.lane_id = r.lane_id
+            ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+        IF v_cursor IS NULL THEN
+            v_cursor := awa.lane_cursor_v1(r.lane_id);
+        END IF;
+        -- The run of positions right after the cursor in the current queue slot, as claim_v2,
+        -- taken while the running sum of weights fits the units left (a prefix: a job that
+        -- does not fit stops the lane here, in order).
+        WITH found AS MATERIALIZED (
+            SELECT e.*,
+                   EXISTS (SELECT 1 FROM awa.ready_tombstones t
+                           WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                             AND t.lane_seq = e.lane_seq) AS dead,
+                   row_number() OVER (ORDER BY e.lane_seq) AS n
+            FROM awa.ready_entries e
+            WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+            ORDER BY e.lane_seq
+            LIMIT v_remaining
+        ), weighed AS MATERIALIZED (
+            SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                   awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                   COALESCE(f.metadata ? 'awa:serial', false) AS s
+            FROM found f
+            WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+        ), picked AS MATERIALIZED (
+            -- Up to the first job with a serial key (the slow path below decides about it).
+            SELECT z.* FROM (
+                SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                       row_number() OVER (ORDER BY g.lane_seq) AS k,
+                       bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                FROM weighed g) z
+            WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+        ), ins AS (
+            INSERT INTO awa.claims (
+                claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                   p.lane_id, p.lane_seq, p.attempt + 1,
+                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+            FROM picked p
+        )
+        -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+        -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+        -- now() is the statement's, so the deadline is the one written.
+        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                             p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                             now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                             p.metadata, p.tags, p.errors, p.w, NULL, NULL,
+                             extract(epoch FROM now() - p.run_at)::double precision
+                            )::awa.claimed_v3
+                         ORDER BY p.lane_seq),
+               COALESCE(sum(p.w), 0), (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
+        INTO v_part, v_weight, v_serial_at
+        FROM picked p;
+        v_got := COALESCE(cardinality(v_part), 0);
+        IF v_got > 0 THEN
+            v_batch := v_batch || v_part;
+            v_remaining := v_remaining - v_weight;
+            v_jobs_left := v_jobs_left - v_got;
+        END IF;
+        EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
+        IF v_serial_at IS NOT NULL THEN
+            -- A job with a serial key is next: the rest of this lane takes the slow path.
+            SELECT x.o_rows, x.o_taken, x.o_units, x.o_retry
+            INTO v_srows, v_taken, v_sunits, v_sretry
+            FROM awa._claim_serial_v1(r.lane_id, awa.lane_cursor_v1(r.lane_id), v_cslot, v_cgen,
+                                      p_worker, v_remaining, v_jobs_left, v_wcap, v_default,
+                                      p_serial_held, v_taken, v_all_lanes, v_all_cursors) x;
+            v_retry := v_retry OR v_sretry;
+            IF cardinality(v_srows) > 0 THEN
+                v_batch := v_batch || v_srows;
+                v_remaining := v_remaining - v_sunits;
+                v_jobs_left := v_jobs_left - cardinality(v_srows);
+            END IF;
+            EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
+            CONTINUE;
+        END IF;
+        -- Then, when the lane may hold more, from every ready slot (as claim_v2).
+        CONTINUE WHEN COALESCE(pg_sequence_last_value(v_seq), 0) <= v_cursor + v_got;
+        IF v_got > 0 THEN
+            v_cursor := awa.lane_cursor_v1(r.lane_id);  -- sees the claims just made
+        END IF;
+        WITH weighed AS MATERIALIZED (
+            SELECT e.*, COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default) AS timeout,
+                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+            FROM awa.ready_entries e
+            WHERE e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                    AND t.ready_slot = e.ready_slot)
+            ORDER BY e.lane_seq
+            LIMIT v_remaining
+        ), picked AS MATERIALIZED (
+            -- Up to the first job with a serial key (the slow path below decides about it).
+            SELECT z.* FROM (
+                SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                       row_number() OVER (ORDER BY g.lane_seq) AS k,
+                       bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                FROM weighed g) z
+            WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+        ), ins AS (
+            INSERT INTO awa.claims (
+                claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                   p.lane_id, p.lane_seq, p.attempt + 1,
+                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+            FROM picked p
+        )
+        -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+        -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+        -- now() is the statement's, so the deadline is the one written.
+        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                             p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                             now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                             p.metadata, p.tags, p.errors, p.w, NULL, NULL,
+                             extract(epoch FROM now() - p.run_at)::double precision
+                            )::awa.claimed_v3
+                         ORDER BY p.lane_seq),
+               COALESCE(sum(p.w), 0), (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
+        INTO v_part, v_weight, v_serial_at
+        FROM picked p;
+        v_got := COALESCE(cardinality(v_part), 0);
+        IF v_got > 0 THEN
+            v_batch := v_batch || v_part;
+            v_remaining := v_remaining - v_weight;
+            v_jobs_left := v_jobs_left - v_got;
+        END IF;
+        EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
+        IF v_serial_at IS NOT NULL THEN
+            -- A job with a serial key is next: the rest of this lane takes the slow path.
+            SELECT x.o_rows, x.o_taken, x.o_units, x.o_retry
+            INTO v_srows, v_taken, v_sunits, v_sretry
+            FROM awa._claim_serial_v1(r.lane_id, awa.lane_cursor_v1(r.lane_id), v_cslot, v_cgen,
+                                      p_worker, v_remaining, v_jobs_left, v_wcap, v_default,
+                                      p_serial_held, v_taken, v_all_lanes, v_all_cursors) x;
+            v_retry := v_retry OR v_sretry;
+            IF cardinality(v_srows) > 0 THEN
+                v_batch := v_batch || v_srows;
+                v_remaining := v_remaining - v_sunits;
+                v_jobs_left := v_jobs_left - cardinality(v_srows);
+            END IF;
+            EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
+            CONTINUE;
+        END IF;
+    END LOOP;
+
+    v_jobs := cardinality(v_batch);
+    v_used := v_units - v_remaining;
+    IF v_limit.rate IS NOT NULL THEN
+        IF v_jobs > 0 THEN
+            UPDATE awa.flow_rate_state s
+            SET tat = v_tat + make_interval(secs => v_jobs * v_period)
+            WHERE s.queue = p_queue;
+        END IF;
+        IF v_jobs_left <= 0 THEN
+            v_bound := true;
+            v_wait := GREATEST(extract(epoch FROM v_tat - v_now) + v_jobs * v_period
+                               - (COALESCE(v_limit.burst,
+                                           GREATEST(1, ceil(v_limit.rate / 10)::integer)) - 1)
+                                 * v_period, 0.001);
+        END IF;
+    END IF;
+    IF v_keys IS NOT NULL THEN
+        -- Permits not needed after all (fewer or lighter jobs than units) go back at once.
+        PERFORM awa.flow_release_v1(v_keys[v_used + 1:]);
+        IF v_used < v_units THEN
+            v_bound := v_bound AND v_jobs_left <= 0;  -- the lanes ran dry, not the permits
+        END IF;
+    END IF;
+    -- Each job with its share of the permits, in claim order (no SQL statement: a loop).
+    v_used := 0;
+    FOREACH v_row IN ARRAY v_batch LOOP
+        IF v_keys IS NOT NULL THEN
+            v_row.permits := v_keys[v_used + 1:v_used + v_row.weight];
+            v_used := v_used + v_row.weight;
+        END IF;
+        RETURN NEXT v_row;
+    END LOOP;
+    IF v_retry AND v_remaining > 0 AND v_jobs_left > 0 THEN
+        -- A serial key was being decided by another claim, or rows are left to look at: claim
+        -- again soon rather than after a poll interval.
+        v_bound := true;
+        v_wait := 0.02;
+    END IF;
+    IF v_bound THEN
+        RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, p_queue, NULL, NULL, v_wait,
+                        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.claimed_v3;
+    END IF;
+END
+
+$$;
+
+CREATE OR REPLACE FUNCTION awa._lane_for_v1(p_queue text, p_priority integer, p_wait boolean)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_lanes integer[];
+    v_held text := COALESCE(current_setting('awa.xact_lanes', true), '');
+    v_n integer;
+    v_home integer;
+    v_lane integer;
+    i integer;
+BEGIN
+    SELECT array_agg(l.lane_id ORDER BY l.shard) INTO v_lanes
+    FROM awa.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority;
+    IF v_lanes IS NULL THEN
+        PERFORM awa.ensure_lanes_v1(p_queue, p_priority);
+        SELECT array_agg(l.lane_id ORDER BY l.shard) INTO v_lanes
+        FROM awa.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority;
+    END IF;
+    IF v_held <> '' THEN
+        -- A held lane's lock is taken again at once (the transaction holds it); a lane named
+        -- but not held is taken only when free (then it is held), else passed over.
+        FOR v_lane IN
+            SELECT x.h::integer
+            FROM unnest(string_to_array(v_held, ',')) WITH ORDINALITY AS x(h, ord)
+            -- Entries that are not lane ids are passed over (a session-level value, left by
+            -- another client of a pooled connection, or forged, is anyone's to set).
+            WHERE x.h ~ '^[0-9]{1,9}$' AND x.h::integer = ANY (v_lanes)
+            ORDER BY x.ord
+        LOOP
+            IF pg_try_advisory_xact_lock(4282177, v_lane) THEN
+                RETURN v_lane;
+            END IF;
+        END LOOP;
+    END IF;
+    v_n := cardinality(v_lanes);
+    v_home := pg_backend_pid() % v_n;
+    v_lane := NULL;
+    FOR i IN 0..(v_n - 1) LOOP
+        IF pg_try_advisory_xact_lock(4282177, v_lanes[((v_home + i) % v_n) + 1]) THEN
+            v_lane := v_lanes[((v_home + i) % v_n) + 1];
+            EXIT;
+        END IF;
+    END LOOP;
+    IF v_lane IS NULL THEN
+        IF NOT p_wait THEN
+            RETURN NULL;
+        END IF;
+        v_lane := v_lanes[v_home + 1];
+        PERFORM pg_advisory_xact_lock(4282177, v_lane);
+    END IF;
+    PERFORM set_config('awa.xact_lanes',
+                       CASE WHEN v_held = '' THEN v_lane::text ELSE v_held || ',' || v_lane END,
+                       true);
+    RETURN v_lane;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION awa.enqueue_one_v2(
+    p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer,
+    p_run_at timestamptz DEFAULT NULL, p_delay double precision DEFAULT NULL,
+    p_deadline double precision DEFAULT NULL, p_metadata jsonb DEFAULT NULL,
+    p_tags text[] DEFAULT NULL,
+    p_args_max_bytes integer DEFAULT 1048576, p_metadata_max_bytes integer DEFAULT 65536,
+    p_json_max_depth integer DEFAULT 32, p_max_tags integer DEFAULT 20,
+    p_tag_max_length integer DEFAULT 100,
+    OUT job_id bigint, OUT state text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_error text;
+    v_now timestamptz;
+    v_run_at timestamptz;
+    v_lanes integer[];
+    v_seqs regclass[];
+    v_n integer;
+    v_home integer;
+    v_lane integer;
+    v_seq regclass;
+    i integer;
+BEGIN
+    -- Enough to be valid (the depth bound: n bytes of jsonb nest at most about n / 4 levels).
+    IF NOT COALESCE(
+        p_json_max_depth BETWEEN 1 AND 256 AND p_args_max_bytes >= 1
+        AND p_metadata_max_bytes >= 1 AND p_max_tags >= 0 AND p_tag_max_length >= 1
+        AND p_kind <> '' AND length(p_kind) <= 255 AND awa.valid_queue_name(p_queue)
+        AND p_priority BETWEEN -100 AND 100 AND p_max_attempts BETWEEN 1 AND 1000
+        AND pg_column_size(p_args) <= LEAST(p_args_max_bytes, 4 * (p_json_max_depth + 2))
+        AND jsonb_typeof(p_args) = 'object' AND jsonb_typeof(p_args -> 'args') = 'array'
+        AND jsonb_typeof(p_args -> 'kwargs') = 'object'
+        AND (p_deadline IS NULL OR (p_deadline > 0 AND p_deadline <= 3155760000))
+        AND (p_metadata IS NULL
+             OR (jsonb_typeof(p_metadata) = 'object'
+                 AND pg_column_size(p_metadata) <= LEAST(p_metadata_max_bytes, 4 * p_json_max_depth)))
+        AND p_tags IS NULL AND p_run_at IS NULL AND p_delay IS NULL, false)
+    THEN
+        v_error := awa._enqueue_one_error_v2(
+            p_kind, p_queue, p_priority, p_args, p_max_attempts, p_run_at, p_delay, p_deadline,
+            p_metadata, p_tags, p_args_max_bytes, p_metadata_max_bytes, p_json_max_depth,
+            p_max_tags, p_tag_max_length);
+        IF v_error IS NOT NULL THEN
+            RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+        END IF;
+        IF p_run_at IS NOT NULL OR p_delay > 0 THEN
+            v_now := clock_timestamp();
+            v_run_at := GREATEST(COALESCE(p_run_at, v_now + make_interval(secs => COALESCE(p_delay, 0))), v_now);
+            IF v_run_at > v_now THEN
+                job_id := nextval('awa.job_id_seq');
+                INSERT INTO awa.deferred_jobs (
+                    job_id, state, queue, priority, kind, args, attempt, max_attempts, run_lease,
+                    run_at, created_at, deadline_secs, metadata, tags)
+                VALUES (job_id, 'scheduled', p_queue, p_priority, p_kind, p_args, 0,
+                        p_max_attempts, 0, v_run_at, v_now, p_deadline, p_metadata, p_tags);
+                state := 'scheduled';
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
+    -- The lane protocol of awa._lane_for_v1 (same lock class, home shard and awa.xact_lanes
+    -- record), inline for its common case: this transaction holds no lane yet and the lanes
+    -- exist. Otherwise awa._lane_for_v1 itself.
+    IF COALESCE(current_setting('awa.xact_lanes', true), '') = '' THEN
+        SELECT array_agg(l.lane_id ORDER BY l.shard), array_agg(l.enqueue_seq ORDER BY l.shard)
+        INTO v_lanes, v_seqs
+        FROM awa.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority;
+    END IF;
+    IF v_lanes IS NULL THEN
+        v_lane := awa._lane_for_v1(p_queue, p_priority, true);
+        SELECT l.enqueue_seq INTO v_seq FROM awa.queue_lanes l WHERE l.lane_id = v_lane;
+    ELSE
+        v_n := cardinality(v_lanes);
+        v_home := pg_backend_pid() % v_n;
+        FOR i IN 0..(v_n - 1) LOOP
+            v_lane := v_lanes[((v_home + i) % v_n) + 1];
+            EXIT WHEN pg_try_advisory_xact_lock(4282177, v_lane);
+            v_lane := NULL;
+        END LOOP;
+        IF v_lane IS NULL THEN
+            v_lane := v_lanes[v_home + 1];
+            PERFORM pg_advisory_xact_lock(4282177, v_lane);
+        END IF;
+        v_seq := v_seqs[array_position(v_lanes, v_lane)];
+        PERFORM set_config('awa.xact_lanes', v_lane::text, true);
+    END IF;
+    -- The ring slot and the clock are read after the lane lock is held (the wait may have
+    -- spanned a rotation).
+    INSERT INTO awa.ready_entries AS e (
+        ready_slot, ready_generation, lane_id, lane_seq, job_id, priority, attempt, max_attempts,
+        run_lease, queue, kind, args, run_at, created_at, deadline_secs, metadata, tags)
+    SELECT r.slot, r.generation, v_lane, nextval(v_seq), nextval('awa.job_id_seq'), p_priority,
+           0, p_max_attempts, 0, p_queue, p_kind, p_args, n.now, n.now, p_deadline, p_metadata,
+           p_tags
+    FROM (SELECT clock_timestamp() AS now) n,
+         (SELECT r.slot, r.generation FROM awa.ring_rotations r WHERE r.ring = 'queue'
+          ORDER BY r.generation DESC LIMIT 1) r
+    RETURNING e.job_id INTO job_id;
+    PERFORM pg_notify('awa_jobs', p_queue);
+    state := 'available';
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION awa.enqueue_one_v3(
+    p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer,
+    p_run_at timestamptz DEFAULT NULL, p_delay double precision DEFAULT NULL,
+    p_deadline double precision DEFAULT NULL, p_metadata jsonb DEFAULT NULL,
+    p_tags text[] DEFAULT NULL,
+    p_args_max_bytes integer DEFAULT 1048576, p_metadata_max_bytes integer DEFAULT 65536,
+    p_json_max_depth integer DEFAULT 32, p_max_tags integer DEFAULT 20,
+    p_tag_max_length integer DEFAULT 100,
+    p_unique boolean DEFAULT false, p_unique_key text DEFAULT NULL,
+    p_unique_for double precision DEFAULT NULL, p_unique_states text[] DEFAULT NULL,
+    p_isolation_state boolean DEFAULT false,
+    OUT job_id bigint, OUT state text, OUT queue text, OUT priority integer,
+    OUT duplicate boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    v_error text;
+    v_now timestamptz;
+    v_run_at timestamptz;
+    v_lanes integer[];
+    v_seqs regclass[];
+    v_n integer;
+    v_home integer;
+    v_lane integer;
+    v_seq regclass;
+    v_id bigint;
+    v_key text;
+    v_digest bytea;
+    v_states text[];
+    v_holder bigint;
+    v_metadata jsonb := p_metadata;
+    i integer;
+BEGIN
+    queue := p_queue;
+    priority := p_priority;
+    duplicate := false;
+    -- Enough to be valid (the depth bound: n bytes of jsonb nest at most about n / 4 levels).
+    IF NOT COALESCE(
+        p_json_max_depth BETWEEN 1 AND 256 AND p_args_max_bytes >= 1
+        AND p_metadata_max_bytes >= 1 AND p_max_tags >= 0 AND p_tag_max_length >= 1
+        AND p_kind <> '' AND length(p_kind) <= 255 AND awa.valid_queue_name(p_queue)
+        AND p_priority BETWEEN -100 AND 100 AND p_max_attempts BETWEEN 1 AND 1000
+        AND pg_column_size(p_args) <= LEAST(p_args_max_bytes, 4 * (p_json_max_depth + 2))
+        AND jsonb_typeof(p_args) = 'object' AND jsonb_typeof(p_args -> 'args') = 'array'
+        AND jsonb_typeof(p_args -> 'kwargs') = 'object'
+        AND (p_deadline IS NULL OR (p_deadline > 0 AND p_deadline <= 3155760000))
+        AND (p_metadata IS NULL
+             OR (jsonb_typeof(p_metadata) = 'object'
+                 AND pg_column_size(p_metadata) <= LEAST(p_metadata_max_bytes, 4 * p_json_max_depth)))
+        AND p_tags IS NULL AND p_run_at IS NULL AND p_delay IS NULL, false)
+    THEN
+        v_error := awa._enqueue_one_error_v2(
+            p_kind, p_queue, p_priority, p_args, p_max_attempts, p_run_at, p_delay, p_deadline,
+            p_metadata, p_tags, p_args_max_bytes, p_metadata_max_bytes, p_json_max_depth,
+            p_max_tags, p_tag_max_length);
+        IF v_error IS NOT NULL THEN
+            RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+        END IF;
+    END IF;
+    IF p_unique OR p_unique_key IS NOT NULL OR p_unique_for IS NOT NULL
+       OR p_unique_states IS NOT NULL THEN
+        v_error := awa._unique_error_v1(p_unique_key, p_unique_for, p_unique_states);
+        IF v_error IS NOT NULL THEN
+            RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+        END IF;
+        IF p_isolation_state
+           AND current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+            state := current_setting('transaction_isolation');
+            RETURN;  -- nothing written, the transaction usable: the caller raises
+        END IF;
+        v_key := awa.unique_key_text_v1(p_unique_key, p_args);
+        v_digest := awa.unique_digest_v1(p_kind, v_key);
+        v_states := COALESCE(p_unique_states, awa.unique_default_states_v1());
+        v_id := nextval('awa.job_id_seq');
+        -- The key first, the lane after: a producer waiting for a key holds no lane.
+        SELECT t.holder, t.holder_state, t.holder_queue, t.holder_priority
+        INTO v_holder, state, queue, priority
+        FROM awa._unique_take_v1(v_digest, v_id, p_kind, v_key, v_states, p_unique_for) t;
+        IF v_holder IS NOT NULL THEN
+            job_id := v_holder;
+            duplicate := true;
+            RETURN;
+        END IF;
+        queue := p_queue;
+        priority := p_priority;
+        v_metadata := COALESCE(p_metadata, '{}'::jsonb) || jsonb_build_object(
+            'awa:unique', jsonb_build_object('key', p_unique_key, 'states', v_states,
+                                             'for', p_unique_for));
+    END IF;
+    IF p_run_at IS NOT NULL OR p_delay > 0 THEN
+        v_now := clock_timestamp();
+        v_run_at := GREATEST(COALESCE(p_run_at, v_now + make_interval(secs => COALESCE(p_delay, 0))), v_now);
+        IF v_run_at > v_now THEN
+            job_id := COALESCE(v_id, nextval('awa.job_id_seq'));
+            INSERT INTO awa.deferred_jobs (
+                job_id, state, queue, priority, kind, args, attempt, max_attempts, run_lease,
+                run_at, created_at, deadline_secs, metadata, tags)
+            VALUES (job_id, 'scheduled', p_queue, p_priority, p_kind, p_args, 0,
+                    p_max_attempts, 0, v_run_at, v_now, p_deadline, v_metadata, p_tags);
+            state := 'scheduled';
+            RETURN;
+        END IF;
+    END IF;
+    -- The lane protocol of awa._lane_for_v1 (same lock class, home shard and awa.xact_lanes
+    -- record), inline for its common case: this transaction holds no lane yet and the lanes
+    -- exist. Otherwise awa._lane_for_v1 itself.
+    IF COALESCE(current_setting('awa.xact_lanes', true), '') = '' THEN
+        SELECT array_agg(l.lane_id ORDER BY l.shard), array_agg(l.enqueue_seq ORDER BY l.shard)
+        INTO v_lanes, v_seqs
+        FROM awa.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority;
+    END IF;
+    IF v_lanes IS NULL THEN
+        v_lane := awa._lane_for_v1(p_queue, p_priority, true);
+        SELECT l.enqueue_seq INTO v_seq FROM awa.queue_lanes l WHERE l.lane_id = v_lane;
+    ELSE
+        v_n := cardinality(v_lanes);
+        v_home := pg_backend_pid() % v_n;
+        FOR i IN 0..(v_n - 1) LOOP
+            v_lane := v_lanes[((v_home + i) % v_n) + 1];
+            EXIT WHEN pg_try_advisory_xact_lock(4282177, v_lane);
+            v_lane := NULL;
+        END LOOP;
+        IF v_lane IS NULL THEN
+            v_lane := v_lanes[v_home + 1];
+            PERFORM pg_advisory_xact_lock(4282177, v_lane);
+        END IF;
+        v_seq := v_seqs[array_position(v_lanes, v_lane)];
+        PERFORM set_config('awa.xact_lanes', v_lane::text, true);
+    END IF;
+    -- The ring slot and the clock are read after the lane lock is held (the wait may have
+    -- spanned a rotation).
+    INSERT INTO awa.ready_entries AS e (
+        ready_slot, ready_generation, lane_id, lane_seq, job_id, priority, attempt, max_attempts,
+        run_lease, queue, kind, args, run_at, created_at, deadline_secs, metadata, tags)
+    SELECT r.slot, r.generation, v_lane, nextval(v_seq), COALESCE(v_id, nextval('awa.job_id_seq')),
+           p_priority, 0, p_max_attempts, 0, p_queue, p_kind, p_args, n.now, n.now, p_deadline,
+           v_metadata, p_tags
+    FROM (SELECT clock_timestamp() AS now) n,
+         (SELECT r.slot, r.generation FROM awa.ring_rotations r WHERE r.ring = 'queue'
+          ORDER BY r.generation DESC LIMIT 1) r
+    RETURNING e.job_id INTO job_id;
+    PERFORM pg_notify('awa_jobs', p_queue);
+    state := 'available';
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION awa._job_brief_v1(p_job_id bigint)
+RETURNS TABLE (state text, queue text, priority integer)
+LANGUAGE sql STABLE AS $$
+    SELECT b.state, b.queue, b.priority FROM (
+        SELECT 1 AS o, d.state, d.queue, d.priority::integer
+        FROM awa.deferred_jobs d WHERE d.job_id = p_job_id
+        UNION ALL
+        SELECT 2, 'failed', q.queue, q.priority::integer
+        FROM awa.dlq_entries q WHERE q.job_id = p_job_id
+        UNION ALL
+        SELECT 2, 'available', w.queue, w.priority::integer
+        FROM awa.serial_waiting w WHERE w.job_id = p_job_id
+        UNION ALL
+        (SELECT 3, CASE WHEN EXISTS (
+                        SELECT 1 FROM awa.leases ls
+                        WHERE ls.job_id = c.job_id AND ls.run_lease = c.run_lease
+                          AND ls.state = 'waiting_external')
+                   THEN 'waiting_external' ELSE 'running' END,
+                l.queue, l.priority::integer
+         FROM awa.claims c JOIN awa.queue_lanes l ON l.lane_id = c.lane_id
+         WHERE c.job_id = p_job_id
+           AND NOT EXISTS (
+               SELECT 1 FROM awa.claim_closures z
+               WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                 AND z.claim_slot = c.claim_slot)
+         ORDER BY c.run_lease DESC LIMIT 1)
+        UNION ALL
+        (SELECT 4, 'available', l.queue, l.priority::integer
+         FROM awa.ready_entries e JOIN awa.queue_lanes l ON l.lane_id = e.lane_id
+         WHERE e.job_id = p_job_id
+           AND e.lane_seq > awa.lane_cursor_v1(e.lane_id)
+           AND NOT EXISTS (
+               SELECT 1 FROM awa.ready_tombstones t
+               WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                 AND t.ready_slot = e.ready_slot)
+         LIMIT 1)
+        UNION ALL
+        (SELECT 5, t.state, t.queue, l.priority::integer
+         FROM awa.done_entries t LEFT JOIN awa.queue_lanes l ON l.lane_id = t.lane_id
+         WHERE t.job_id = p_job_id
+         ORDER BY t.finalized_at DESC LIMIT 1)
+    ) b
+    ORDER BY b.o
+    LIMIT 1
+$$;
+
+CREATE OR REPLACE FUNCTION awa.cancel_v1(p_job_id bigint, p_reason text DEFAULT 'cancelled')
+RETURNS text
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_try integer := 0;
+    v_gen bigint;
+    v_slot integer;
+    v_state text;
+    d awa.deferred_jobs%ROWTYPE;
+    w awa.serial_waiting%ROWTYPE;
+    c awa.claims%ROWTYPE;
+    r awa.ready_entries%ROWTYPE;
+    v_error jsonb;
+BEGIN
+    -- The bounds of awa_django.cancel (limits.MAX_TEXT), for callers that skip Python.
+    IF p_reason IS NULL THEN
+        RAISE EXCEPTION 'reason: must be text, not NULL' USING ERRCODE = '22023';
+    ELSIF length(p_reason) > 10000 THEN
+        RAISE EXCEPTION 'reason: % characters exceeds the limit of 10000', length(p_reason)
+            USING ERRCODE = '22023';
+    END IF;
+    v_error := jsonb_build_object('type', 'Cancelled', 'message', p_reason);
+    PERFORM awa._require_read_committed_v1('awa.cancel_v1');
+    WHILE v_try < 5 LOOP
+        v_try := v_try + 1;
+
+        DELETE FROM awa.deferred_jobs WHERE job_id = p_job_id RETURNING * INTO d;
+        IF FOUND THEN
+            SELECT generation, slot INTO v_gen, v_slot
+            FROM awa.ring_rotations WHERE ring = 'queue' ORDER BY generation DESC LIMIT 1;
+            INSERT INTO awa.done_entries (
+                ready_slot, ready_generation, job_id, run_lease, state, attempt, attempted_at,
+                errors, progress, kind, queue, priority, args, max_attempts, run_at, created_at,
+                metadata, tags)
+            VALUES (v_slot, v_gen, d.job_id, d.run_lease, 'cancelled', d.attempt, d.attempted_at,
+                    COALESCE(d.errors, '[]'::jsonb)
+                    || jsonb_build_array(v_error || jsonb_build_object('attempt', d.attempt, 'at', now())),
+                    d.progress, d.kind, d.queue, d.priority, d.args, d.max_attempts, d.run_at,
+                    d.created_at, d.metadata, d.tags);
+            RETURN d.state;
+        END IF;
+
+        -- Parked behind its serial key: available, in the eyes of everyone but the claim.
+        DELETE FROM awa.serial_waiting WHERE job_id = p_job_id RETURNING * INTO w;
+        IF FOUND THEN
+            SELECT generation, slot INTO v_gen, v_slot
+            FROM awa.ring_rotations WHERE ring = 'queue' ORDER BY generation DESC LIMIT 1;
+            INSERT INTO awa.done_entries (
+                ready_slot, ready_generation, job_id, run_lease, state, attempt, attempted_at,
+                errors, progress, kind, queue, priority, args, max_attempts, run_at, created_at,
+                metadata, tags)
+            VALUES (v_slot, v_gen, w.job_id, w.run_lease, 'cancelled', w.attempt, NULL,
+                    COALESCE(w.errors, '[]'::jsonb)
+                    || jsonb_build_array(v_error || jsonb_build_object('attempt', w.attempt, 'at', now())),
+                    w.progress, w.kind, w.queue, w.priority, w.args, w.max_attempts, w.run_at,
+                    w.created_at, w.metadata, w.tags);
+            RETURN 'available';
+        END IF;
+
+        SELECT * INTO c FROM awa.claims cl
+        WHERE cl.job_id = p_job_id
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.claim_closures z
+              WHERE z.job_id = cl.job_id AND z.run_lease = cl.run_lease AND z.claim_slot = cl.claim_slot)
+        ORDER BY cl.run_lease DESC LIMIT 1;
+        IF FOUND THEN
+            INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+            VALUES (c.claim_slot, c.job_id, c.run_lease, 'cancel')
+            ON CONFLICT DO NOTHING;
+            IF NOT FOUND THEN
+                CONTINUE;  -- another closer won; look again
+            END IF;
+            v_state := CASE WHEN EXISTS (
+                SELECT 1 FROM awa.leases ls
+                WHERE ls.job_id = c.job_id AND ls.run_lease = c.run_lease
+                  AND ls.state = 'waiting_external') THEN 'waiting_external' ELSE 'running' END;
+            INSERT INTO awa.done_entries (
+                ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                attempted_at, errors, progress, queue, kind)
+            SELECT c.ready_slot, c.ready_generation, c.job_id, c.run_lease, c.lane_id, c.lane_seq,
+                   'cancelled', c.attempt, c.claimed_at,
+                   COALESCE(e.errors, '[]'::jsonb)
+                   || jsonb_build_array(v_error || jsonb_build_object('attempt', c.attempt, 'at', now())),
+                   COALESCE(s.progress, e.progress), e.queue, e.kind
+            FROM awa.ready_entries e
+            LEFT JOIN awa.attempt_state s ON s.job_id = c.job_id AND s.run_lease = c.run_lease
+            WHERE e.lane_id = c.lane_id AND e.lane_seq = c.lane_seq AND e.ready_slot = c.ready_slot;
+            DELETE FROM awa.attempt_state WHERE job_id = c.job_id AND run_lease = c.run_lease;
+            PERFORM pg_notify('awa_cancel',
+                              json_build_object('id', c.job_id, 'lease', c.run_lease)::text);
+            RETURN v_state;
+        END IF;
+
+        SELECT * INTO r FROM awa.ready_entries e
+        WHERE e.job_id = p_job_id
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.ready_tombstones t
+              WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.ready_slot = e.ready_slot)
+        ORDER BY e.run_lease DESC, e.lane_seq DESC LIMIT 1;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        -- Serialise with claimers of the lane, then look again with a fresh snapshot.
+        PERFORM 1 FROM awa.queue_lanes l WHERE l.lane_id = r.lane_id FOR UPDATE;
+        IF r.lane_seq <= awa.lane_cursor_v1(r.lane_id) THEN
+            CONTINUE;  -- claimed meanwhile (or long ago): look for the open claim
+        END IF;
+        INSERT INTO awa.ready_tombstones (ready_slot, ready_generation, lane_id, lane_seq, job_id)
+        VALUES (r.ready_slot, r.ready_generation, r.lane_id, r.lane_seq, r.job_id)
+        ON CONFLICT DO NOTHING;
+        IF NOT FOUND THEN
+            RETURN NULL;  -- cancelled concurrently
+        END IF;
+        INSERT INTO awa.done_entries (
+            ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+            errors, progress, queue, kind)
+        VALUES (r.ready_slot, r.ready_generation, r.job_id, r.run_lease, r.lane_id, r.lane_seq,
+                'cancelled', r.attempt,
+                COALESCE(r.errors, '[]'::jsonb)
+                || jsonb_build_array(v_error || jsonb_build_object('attempt', r.attempt, 'at', now())),
+                r.progress, r.queue, r.kind);
+        PERFORM awa._lane_skip_v1(r.lane_id);
+        RETURN 'available';
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION awa.queue_drain_v2(p_queue text, p_limit integer DEFAULT 1000,
+                                   p_max_job_id bigint DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_error jsonb := jsonb_build_object('type', 'Cancelled', 'message', 'queue drained');
+    v_gen bigint;
+    v_slot integer;
+    v_lane integer;
+    v_cursor bigint;
+    v_n integer := 0;
+    v_got integer;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.queue_drain_v2');
+    IF NOT awa.valid_queue_name(p_queue) THEN
+        RAISE EXCEPTION 'queue: % is not a valid queue name ([a-z0-9_.-]{1,63})', quote_nullable(p_queue)
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        RAISE EXCEPTION 'limit: must be at least 1' USING ERRCODE = '22023';
+    END IF;
+    SELECT generation, slot INTO v_gen, v_slot
+    FROM awa.ring_rotations WHERE ring = 'queue' ORDER BY generation DESC LIMIT 1;
+    WITH gone AS (
+        DELETE FROM awa.deferred_jobs d
+        WHERE d.job_id IN (
+            SELECT d2.job_id FROM awa.deferred_jobs d2
+            WHERE d2.queue = p_queue AND (p_max_job_id IS NULL OR d2.job_id <= p_max_job_id)
+            ORDER BY d2.job_id LIMIT p_limit
+            FOR UPDATE SKIP LOCKED)
+        RETURNING d.*
+    )
+    INSERT INTO awa.done_entries (
+        ready_slot, ready_generation, job_id, run_lease, state, attempt, attempted_at, errors,
+        progress, kind, queue, priority, args, max_attempts, run_at, created_at, metadata, tags)
+    SELECT v_slot, v_gen, g.job_id, g.run_lease, 'cancelled', g.attempt, g.attempted_at,
+           COALESCE(g.errors, '[]'::jsonb)
+           || jsonb_build_array(v_error || jsonb_build_object('attempt', g.attempt, 'at', now())),
+           g.progress, g.kind, g.queue, g.priority, g.args, g.max_attempts, g.run_at, g.created_at,
+           g.metadata, g.tags
+    FROM gone g;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    -- Jobs parked behind their serial keys.
+    WITH gone AS (
+        DELETE FROM awa.serial_waiting w
+        WHERE w.job_id IN (
+            SELECT w2.job_id FROM awa.serial_waiting w2
+            WHERE w2.queue = p_queue AND (p_max_job_id IS NULL OR w2.job_id <= p_max_job_id)
+            ORDER BY w2.job_id LIMIT GREATEST(p_limit - v_n, 0)
+            FOR UPDATE SKIP LOCKED)
+        RETURNING w.*
+    )
+    INSERT INTO awa.done_entries (
+        ready_slot, ready_generation, job_id, run_lease, state, attempt, errors, progress, kind,
+        queue, priority, args, max_attempts, run_at, created_at, metadata, tags)
+    SELECT v_slot, v_gen, g.job_id, g.run_lease, 'cancelled', g.attempt,
+           COALESCE(g.errors, '[]'::jsonb)
+           || jsonb_build_array(v_error || jsonb_build_object('attempt', g.attempt, 'at', now())),
+           g.progress, g.kind, g.queue, g.priority, g.args, g.max_attempts, g.run_at, g.created_at,
+           g.metadata, g.tags
+    FROM gone g;
+    GET DIAGNOSTICS v_got = ROW_COUNT;
+    v_n := v_n + v_got;
+
+    FOR v_lane IN SELECT l.lane_id FROM awa.queue_lanes l WHERE l.queue = p_queue ORDER BY l.lane_id
+    LOOP
+        EXIT WHEN v_n >= p_limit;
+        PERFORM 1 FROM awa.queue_lanes l WHERE l.lane_id = v_lane FOR UPDATE;
+        v_cursor := awa.lane_cursor_v1(v_lane);
+        WITH picked AS MATERIALIZED (
+            SELECT e.* FROM awa.ready_entries e
+            WHERE e.lane_id = v_lane AND e.lane_seq > v_cursor
+              AND (p_max_job_id IS NULL OR e.job_id <= p_max_job_id)
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                    AND t.ready_slot = e.ready_slot)
+            ORDER BY e.lane_seq
+            LIMIT p_limit - v_n
+        ), tomb AS (
+            INSERT INTO awa.ready_tombstones (ready_slot, ready_generation, lane_id, lane_seq, job_id)
+            SELECT p.ready_slot, p.ready_generation, p.lane_id, p.lane_seq, p.job_id FROM picked p
+            ON CONFLICT DO NOTHING
+            RETURNING lane_id, lane_seq, ready_slot
+        )
+        INSERT INTO awa.done_entries (
+            ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+            errors, progress, queue, kind)
+        SELECT p.ready_slot, p.ready_generation, p.job_id, p.run_lease, p.lane_id, p.lane_seq,
+               'cancelled', p.attempt,
+               COALESCE(p.errors, '[]'::jsonb)
+               || jsonb_build_array(v_error || jsonb_build_object('attempt', p.attempt, 'at', now())),
+               p.progress, p.queue, p.kind
+        FROM picked p
+        JOIN tomb t ON t.lane_id = p.lane_id AND t.lane_seq = p.lane_seq AND t.ready_slot = p.ready_slot;
+        GET DIAGNOSTICS v_got = ROW_COUNT;
+        v_n := v_n + v_got;
+        PERFORM awa._lane_skip_v1(v_lane);
+    END LOOP;
+    RETURN v_n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION awa.queues_idle_v1(p_queues text[])
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT NOT EXISTS (
+        SELECT 1 FROM awa.queue_lanes l
+        -- OFFSET 0: the cursor is computed once per lane. Flattened, the call became a filter
+        -- evaluated per row of every ready partition the planner chose to scan (470 s for one
+        -- call over 450,000 retained rows without maintenance).
+        CROSS JOIN LATERAL (SELECT awa.lane_cursor_v1(l.lane_id) AS c OFFSET 0) k
+        WHERE l.queue = ANY (p_queues)
+          AND NOT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = l.queue AND m.paused)
+          AND EXISTS (
+              SELECT 1 FROM awa.ready_entries e
+              WHERE e.lane_id = l.lane_id AND e.lane_seq > k.c
+                AND NOT EXISTS (
+                    SELECT 1 FROM awa.ready_tombstones t
+                    WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                      AND t.ready_slot = e.ready_slot)))
+    AND NOT EXISTS (
+        SELECT 1 FROM awa.claims c
+        JOIN awa.queue_lanes l ON l.lane_id = c.lane_id
+        WHERE l.queue = ANY (p_queues)
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.claim_closures z
+              WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                AND z.claim_slot = c.claim_slot))
+    AND NOT EXISTS (
+        SELECT 1 FROM awa.serial_waiting w
+        WHERE w.queue = ANY (p_queues)
+          AND NOT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = w.queue AND m.paused))
+$$;
+
+CREATE OR REPLACE VIEW awa.live_jobs AS
+SELECT r.job_id AS id, r.kind, l.queue, 'available'::text AS state, r.priority, r.attempt,
+       r.max_attempts, r.run_lease, r.args, r.run_at, r.created_at,
+       NULL::timestamptz AS attempted_at, NULL::timestamptz AS finalized_at,
+       NULL::timestamptz AS deadline_at, NULL::timestamptz AS heartbeat_at,
+       r.errors, NULL::jsonb AS result, r.progress, r.metadata, r.tags,
+       false AS in_dlq, NULL::text AS dlq_reason
+FROM awa.queue_lanes l
+CROSS JOIN LATERAL (
+    SELECT e.job_id, e.kind, e.priority, e.attempt, e.max_attempts, e.run_lease, e.args,
+           e.run_at, e.created_at, e.errors, e.progress, e.metadata, e.tags,
+           random() AS plan_fence
+    FROM awa.ready_entries e
+    WHERE e.lane_id = l.lane_id
+      AND e.lane_seq > (SELECT awa.lane_cursor_v1(l.lane_id))
+      AND e.lane_seq <= (SELECT max(x.lane_seq) FROM awa.ready_entries x
+                         WHERE x.lane_id = l.lane_id)
+      AND NOT EXISTS (
+          SELECT 1 FROM awa.ready_tombstones t
+          WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.ready_slot = e.ready_slot)
+) r
+UNION ALL
+SELECT c.job_id, r.kind, l.queue, 'running', r.priority, c.attempt, r.max_attempts, c.run_lease,
+       r.args, r.run_at, r.created_at, c.claimed_at, NULL, c.deadline_at, s.heartbeat_at,
+       r.errors, NULL, COALESCE(s.progress, r.progress), r.metadata, r.tags, false, NULL
+FROM (
+    SELECT c.job_id, c.run_lease, c.lane_id, c.lane_seq, c.ready_slot, c.attempt, c.claimed_at,
+           c.deadline_at, random() AS plan_fence
+    FROM awa.claims c
+    WHERE NOT EXISTS (
+              SELECT 1 FROM awa.claim_closures z
+              WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                AND z.claim_slot = c.claim_slot)
+      AND NOT EXISTS (
+              SELECT 1 FROM awa.leases ls
+              WHERE ls.job_id = c.job_id AND ls.run_lease = c.run_lease
+                AND ls.state = 'waiting_external')
+) c
+JOIN awa.queue_lanes l ON l.lane_id = c.lane_id
+CROSS JOIN LATERAL (
+    SELECT e.kind, e.priority, e.max_attempts, e.args, e.run_at, e.created_at, e.errors,
+           e.progress, e.metadata, e.tags, random() AS plan_fence
+    FROM awa.ready_entries e
+    WHERE e.lane_id = c.lane_id AND e.lane_seq = c.lane_seq AND e.ready_slot = c.ready_slot
+) r
+LEFT JOIN awa.attempt_state s ON s.job_id = c.job_id AND s.run_lease = c.run_lease
+UNION ALL
+SELECT c.job_id, r.kind, l.queue, 'waiting_external', r.priority, c.attempt, r.max_attempts,
+       c.run_lease, r.args, r.run_at, r.created_at, c.claimed_at, NULL, c.deadline_at,
+       s.heartbeat_at, r.errors, NULL, COALESCE(s.progress, r.progress), r.metadata, r.tags,
+       false, NULL
+FROM (SELECT DISTINCT ls.job_id, ls.run_lease FROM awa.leases ls
+      WHERE ls.state = 'waiting_external') w
+JOIN awa.claims c ON c.job_id = w.job_id AND c.run_lease = w.run_lease
+JOIN awa.queue_lanes l ON l.lane_id = c.lane_id
+CROSS JOIN LATERAL (
+    SELECT e.kind, e.priority, e.max_attempts, e.args, e.run_at, e.created_at, e.errors,
+           e.progress, e.metadata, e.tags, random() AS plan_fence
+    FROM awa.ready_entries e
+    WHERE e.lane_id = c.lane_id AND e.lane_seq = c.lane_seq AND e.ready_slot = c.ready_slot
+) r
+LEFT JOIN awa.attempt_state s ON s.job_id = c.job_id AND s.run_lease = c.run_lease
+WHERE NOT EXISTS (
+          SELECT 1 FROM awa.claim_closures z
+          WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease AND z.claim_slot = c.claim_slot)
+UNION ALL
+SELECT d.job_id, d.kind, d.queue, d.state, d.priority, d.attempt, d.max_attempts, d.run_lease,
+       d.args, d.run_at, d.created_at, d.attempted_at, NULL, NULL, NULL, d.errors, NULL,
+       d.progress, d.metadata, d.tags, false, NULL
+FROM awa.deferred_jobs d
+UNION ALL
+SELECT w.job_id, w.kind, w.queue, 'available', w.priority, w.attempt, w.max_attempts,
+       w.run_lease, w.args, w.run_at, w.created_at, NULL, NULL, NULL, NULL, w.errors, NULL,
+       w.progress, w.metadata, w.tags, false, NULL
+FROM awa.serial_waiting w;
