@@ -76,14 +76,17 @@ class Claimed(NamedTuple):
     """What one claim returned (``aclaim_units``).
 
     ``jobs`` are the attempts claimed, in claim order. ``limited`` tells that a flow limit of
-    the queue (global concurrency or rate, docs/flow.md) held the claim back; ``wait`` is then
-    the seconds until the rate limit lets the next job through (None: permits ran out, or no
-    rate limit bound).
+    the queue (global concurrency or rate, docs/flow.md) or of a job kind held the claim back;
+    ``wait`` is then the seconds until the queue's rate limit lets the next job through (None:
+    permits ran out, or no queue rate limit bound): claim no sooner. ``soft_wait`` is the
+    seconds until the rate limit of a kind whose jobs are parked lets the next one through:
+    claim again then, or sooner when woken (other jobs of the queue may arrive meanwhile).
     """
 
     jobs: list[ClaimedJob]
     limited: bool = False
     wait: float | None = None
+    soft_wait: float | None = None
 
 
 class Finalization(NamedTuple):
@@ -295,7 +298,7 @@ def _claimed(rows: list[ClaimedJob]) -> Claimed:
     last: Any = rows[-1].job_id if rows else 0  # None on the marker row only
     if last is None:
         marker = rows.pop()
-        return Claimed(rows, True, marker.timeout_secs)
+        return Claimed(rows, True, marker.timeout_secs, marker.wait_secs)
     return Claimed(rows)
 
 

@@ -480,7 +480,8 @@ class WorkerRuntime(Execution):
         A claim a flow limit held back (docs/flow.md) waits: for the rate limit's next job
         (at most ``POLL_INTERVAL``, so that a changed limit takes effect within it), or, when
         permits ran out, for a local attempt to end or ``POLL_INTERVAL``; a claim that a serial
-        key being decided elsewhere stopped claims again after 20 ms.
+        key being decided elsewhere stopped claims again after 20 ms. Jobs parked by their
+        kind's rate limit shorten the wait to their next token, and wake-ups still end it.
         """
         wake = self.slots.wake[queue.name]
         cfg = self.config
@@ -569,8 +570,11 @@ class WorkerRuntime(Execution):
                         self._stop.wait(), min(claimed.wait, cfg.settings.POLL_INTERVAL)
                     )
             elif units < want:
+                # A kind's next rate token (soft_wait) ends the wait early, as a wake-up does.
+                poll = cfg.settings.POLL_INTERVAL
+                poll = min(claimed.soft_wait or poll, poll)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), cfg.settings.POLL_INTERVAL)
+                    await asyncio.wait_for(wake.wait(), poll)
 
     def _permits_returned(self, queue: str) -> None:
         """An attempt holding permits ended: its queue's dispatcher hands them back with its

@@ -1,0 +1,220 @@
+"""Flow limits per job kind in SQL (migration 0012): kind permits and rate, parking in
+awa.flow_waiting without head-of-line blocking, un-parking into the hand-off lane, limits shared
+across queues, serial keys, and the read and operator surfaces. docs/flow.md, "Per kind"."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import pytest
+
+from awa_django.db import storage
+from awa_django.sql import query
+from tests.factories import WORKER, enqueue_sql
+from tests.helpers import pg, wait_for
+
+pytestmark = [pytest.mark.storage, pytest.mark.usefixtures("clean_awa")]
+
+
+def enqueue(
+    conn: psycopg.Connection[Any], queue: str, kinds: list[str], **meta: Any
+) -> list[int]:
+    rows = [{"kind": k, "queue": queue, "metadata": dict(meta)} for k in kinds]
+    return [job_id for job_id, _ in enqueue_sql(conn, json.dumps(rows))]
+
+
+def claim(
+    conn: psycopg.Connection[Any],
+    queue: str,
+    units: int,
+    *,
+    held: list[int] | None = None,
+    release: list[int] | None = None,
+    serial_held: list[int] | None = None,
+) -> storage.Claimed:
+    params = storage._claim_params(
+        queue, units, WORKER, 60.0, None, None, held, release, serial_held, None
+    )
+    with conn.cursor(row_factory=storage._claimed_job) as cursor:
+        return storage._claimed(cursor.execute(query("claim"), params).fetchall())
+
+
+def set_kind(
+    conn: psycopg.Connection[Any],
+    kind: str,
+    max_running: int | None = None,
+    rate: float | None = None,
+    burst: int | None = None,
+) -> None:
+    conn.execute(
+        "SELECT * FROM awa.flow_kind_set_v1(%s, %s, %s, %s, 'test', false)",
+        [kind, max_running, rate, burst],
+    )
+
+
+def parked(conn: psycopg.Connection[Any], kind: str | None = None) -> list[int]:
+    rows = conn.execute(
+        "SELECT job_id FROM awa.flow_waiting WHERE %s::text IS NULL OR kind = %s ORDER BY job_id",
+        [kind, kind],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def kind_in_use(conn: psycopg.Connection[Any], kind: str) -> int:
+    row = conn.execute(
+        "SELECT in_use FROM awa.flow_kind_status_v1() WHERE kind = %s", [kind]
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_kind_limit_parks_the_rest_and_the_lane_moves_on() -> None:
+    with pg() as conn:
+        set_kind(conn, "k", max_running=2)
+        ids = enqueue(conn, "q", ["k", "o", "k", "o", "k", "o", "k", "o"])
+        got = claim(conn, "q", 10)
+        kinds = [j.kind for j in got.jobs]
+        assert kinds.count("k") == 2 and kinds.count("o") == 4  # no head-of-line blocking
+        assert [j.job_id for j in got.jobs if j.kind == "k"] == [ids[0], ids[2]]
+        assert parked(conn, "k") == [ids[4], ids[6]]
+        assert kind_in_use(conn, "k") == 2
+        k_jobs = [j for j in got.jobs if j.kind == "k"]
+        assert all(j.permits is not None and len(j.permits) == 1 for j in k_jobs)
+        assert all(not j.permits for j in got.jobs if j.kind == "o")
+        # Parked jobs are available to everyone but the claim.
+        row = conn.execute(
+            "SELECT count(*) FROM awa.jobs WHERE queue = 'q' AND state = 'available'"
+        ).fetchone()
+        assert row == (2,)
+        counts = conn.execute(
+            "SELECT available, running FROM awa.queue_counts_v1() WHERE queue = 'q'"
+        ).fetchone()
+        assert counts == (2, 6)
+        assert conn.execute("SELECT awa.queues_idle_v1(ARRAY['q'])").fetchone() == (False,)
+        # Nothing else to claim while both permits are held.
+        held = [p for j in k_jobs for p in (j.permits or [])]
+        assert claim(conn, "q", 10, held=held).jobs == []
+        # One ends: the next claim un-parks the oldest parked job and takes it.
+        again = claim(conn, "q", 10, held=held[1:], release=held[:1])
+        assert [j.job_id for j in again.jobs] == [ids[4]]
+        assert parked(conn, "k") == [ids[6]]
+        shard = conn.execute(
+            "SELECT l.shard FROM awa.claims c JOIN awa.queue_lanes l ON l.lane_id = c.lane_id "
+            "WHERE c.job_id = %s ORDER BY c.run_lease DESC LIMIT 1",
+            [ids[4]],
+        ).fetchone()
+        assert shard == (64,)  # the hand-off lane
+        conn.execute("SELECT awa.flow_release_v1(%s)", [held[1:] + list(again.jobs[0].permits or [])])
+        assert kind_in_use(conn, "k") == 0
+
+
+def test_producers_never_pick_the_hand_off_lane() -> None:
+    with pg() as conn:
+        set_kind(conn, "k", max_running=1)
+        enqueue(conn, "q", ["k", "k", "k"])
+        first = claim(conn, "q", 5).jobs
+        again = claim(conn, "q", 5, release=list(first[0].permits or [])).jobs
+        assert len(again) == 1
+        for _ in range(20):  # several sessions: several home shards
+            with pg() as producer:
+                enqueue(producer, "q", ["o"])
+        row = conn.execute(
+            "SELECT count(*) FROM awa.ready_entries e JOIN awa.queue_lanes l "
+            "ON l.lane_id = e.lane_id WHERE l.shard = 64 AND e.kind = 'o'"
+        ).fetchone()
+        assert row == (0,)
+
+
+def test_weights_count_against_the_kind() -> None:
+    with pg() as conn:
+        set_kind(conn, "k", max_running=3)
+        enqueue(conn, "q", ["k", "k"], **{"awa:weight": 2})
+        got = claim(conn, "q", 10).jobs
+        assert len(got) == 1 and got[0].weight == 2 and len(got[0].permits or []) == 2
+        assert len(parked(conn, "k")) == 1
+        assert kind_in_use(conn, "k") == 2
+
+
+def test_a_kind_in_two_queues_shares_its_limit() -> None:
+    with pg() as a, pg() as b:
+        set_kind(a, "k", max_running=2)
+        enqueue(a, "q1", ["k", "k", "k"])
+        enqueue(a, "q2", ["k", "k", "o"])
+        assert len(claim(a, "q1", 10).jobs) == 2
+        got = claim(b, "q2", 10).jobs
+        assert [j.kind for j in got] == ["o"]
+        assert len(parked(a, "k")) == 3
+
+
+def test_kind_rate_tokens_and_soft_wait() -> None:
+    with pg() as conn:
+        set_kind(conn, "k", rate=2, burst=2)
+        enqueue(conn, "q", ["k"] * 5 + ["o"])
+        got = claim(conn, "q", 10)
+        assert [j.kind for j in got.jobs] == ["k", "k", "o"]
+        assert got.wait is None and got.soft_wait is not None and 0 < got.soft_wait <= 0.5
+        assert len(parked(conn, "k")) == 3
+        row = conn.execute("SELECT count(*) FROM awa.flow_kind_rate_state").fetchone()
+        assert row == (1,)
+        # Before the next token nothing comes back; once it is due, one does.
+        assert claim(conn, "q", 10).jobs == []
+
+        def one_more() -> bool:
+            return len(claim(conn, "q", 10).jobs) == 1
+
+        wait_for(one_more, timeout=5, interval=0.05, message="the next token")
+        assert len(parked(conn, "k")) == 2
+
+
+def test_cancel_and_drain_see_parked_jobs() -> None:
+    with pg() as conn:
+        set_kind(conn, "k", max_running=1)
+        ids = enqueue(conn, "q", ["k", "k", "k", "k"])
+        claim(conn, "q", 10)
+        assert parked(conn) == ids[1:]
+        assert conn.execute("SELECT awa.cancel_v1(%s)", [ids[1]]).fetchone() == ("available",)
+        state = conn.execute("SELECT state FROM awa.jobs WHERE id = %s", [ids[1]]).fetchone()
+        assert state == ("cancelled",)
+        assert conn.execute("SELECT awa.queue_drain_v2('q')").fetchone() == (2,)
+        assert parked(conn) == []
+
+
+def test_serial_key_order_holds_behind_a_kind_parked_job() -> None:
+    with pg() as conn:
+        set_kind(conn, "k", max_running=1)
+        blocker = enqueue(conn, "q", ["k"])
+        first = claim(conn, "q", 10).jobs
+        assert [j.job_id for j in first] == blocker
+        # An older job of key s waits for its kind; a younger one of the same key, of an
+        # unlimited kind, must not overtake it.
+        old = enqueue(conn, "q", ["k"], **{"awa:serial": "s"})
+        young = enqueue(conn, "q", ["o"], **{"awa:serial": "s"})
+        got = claim(conn, "q", 10, held=list(first[0].permits or []))
+        assert got.jobs == []
+        assert parked(conn) == old
+        row = conn.execute("SELECT job_id FROM awa.serial_waiting").fetchall()
+        assert [r[0] for r in row] == young
+        # The kind's permit comes back: the old job runs (taking the key), then hands it on.
+        got = claim(conn, "q", 10, release=list(first[0].permits or []))
+        assert [j.job_id for j in got.jobs] == old
+        lock = got.jobs[0].serial_lock
+        assert lock is not None
+        params = storage._claim_params(
+            "q", 10, WORKER, 60.0, None, None, None, list(got.jobs[0].permits or []), None, [lock]
+        )
+        with conn.cursor(row_factory=storage._claimed_job) as cursor:
+            after = storage._claimed(cursor.execute(query("claim"), params).fetchall())
+        assert [j.job_id for j in after.jobs] == young
+
+
+def test_a_cleared_kind_limit_unparks_its_jobs() -> None:
+    with pg() as conn:
+        set_kind(conn, "k", max_running=1)
+        enqueue(conn, "q", ["k", "k", "k"])
+        first = claim(conn, "q", 10).jobs
+        assert len(parked(conn)) == 2
+        conn.execute("SELECT * FROM awa.flow_kind_set_v1('k', NULL, NULL, NULL, 'test', true)")
+        got = claim(conn, "q", 10, held=list(first[0].permits or [])).jobs
+        assert len(got) == 2 and parked(conn) == []
