@@ -25,6 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from awa_django.exceptions import InvalidOptionError
 from awa_django.limits import (
     ATTEMPTS_RANGE,
     FLOW_BURST_RANGE,
@@ -32,9 +33,17 @@ from awa_django.limits import (
     FLOW_RATE_MAX,
     FLOW_RATE_MIN,
     QUEUE_NAME_RE,
+    check_kind_name,
 )
 
-__all__ = ["DEFAULTS", "AwaSettings", "QueueSettings", "awa_settings", "load_settings"]
+__all__ = [
+    "DEFAULTS",
+    "AwaSettings",
+    "KindSettings",
+    "QueueSettings",
+    "awa_settings",
+    "load_settings",
+]
 
 
 class _Kind(Enum):
@@ -45,6 +54,7 @@ class _Kind(Enum):
     BOOL = "a bool (True or False)"
     MODULES = "a list of dotted module paths (str)"
     QUEUES = "a dict of queue name to a dict of queue settings"
+    KINDS = "a dict of job kind to a dict of its flow limits"
     SCHEDULES = "a dict of schedule name to a dict (docs/periodic.md)"
     KEYS = "a list of secret keys (str of at least 32 characters each)"
 
@@ -96,6 +106,8 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     "CONCURRENCY": _Spec(32, _Kind.INT, 1, 10_000),
     "PROCESSES": _Spec(1, _Kind.INT, 1, 256),
     "QUEUES": _Spec(MappingProxyType({}), _Kind.QUEUES),
+    # Flow limits of job kinds (docs/flow.md, "Per kind"), beside @job(global_concurrency=...).
+    "KINDS": _Spec(MappingProxyType({}), _Kind.KINDS),
     "NOTIFY": _Spec(True, _Kind.BOOL),
     # Periodic jobs: named schedules (each entry is checked by awa.E007, not here, so that
     # one bad schedule never makes the other settings unusable), and how often the leader
@@ -175,6 +187,39 @@ class QueueSettings:
         }
 
 
+# Keys of one AWA["KINDS"][kind] dict: the flow limits of the queue settings.
+_KIND_SPECS: Final[Mapping[str, _Spec]] = {
+    key: _QUEUE_SPECS[key] for key in ("global_concurrency", "rate_limit", "rate_burst")
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KindSettings:
+    """Flow limits of one job kind across every queue, worker process and host (docs/flow.md,
+    "Per kind"), from ``AWA["KINDS"][kind]`` or ``@job(global_concurrency=..., rate_limit=...,
+    rate_burst=...)``: the most attempts of the kind running at once, counted by job weight;
+    the most started per second, with bursts of up to ``rate_burst``. Workers write them to
+    the database when they start; an operator may override them (``awa_queue limit --kind``,
+    the admin)."""
+
+    global_concurrency: int | None = None
+    rate_limit: float | None = None
+    rate_burst: int | None = None
+
+    @property
+    def has_flow_limits(self) -> bool:
+        """Whether any limit is set."""
+        return self.global_concurrency is not None or self.rate_limit is not None
+
+    def flow_limits(self) -> dict[str, float | int | None]:
+        """The limits as ``awa.flow_kind_sync_v1`` takes them for one kind."""
+        return {
+            "max_running": self.global_concurrency,
+            "rate": self.rate_limit,
+            "burst": self.rate_burst,
+        }
+
+
 class AwaSettings:
     """The validated, merged ``AWA`` settings. Intervals are floats in seconds."""
 
@@ -213,6 +258,7 @@ class AwaSettings:
     CONCURRENCY: int
     PROCESSES: int
     QUEUES: Mapping[str, QueueSettings]
+    KINDS: Mapping[str, KindSettings]
     NOTIFY: bool
     PERIODIC: Mapping[str, Mapping[str, object]]
     CRON_EVAL_INTERVAL: float
@@ -342,6 +388,8 @@ def _validate(label: str, value: object, spec: _Spec) -> object:
         if not isinstance(value, Mapping):
             raise _wrong_type(label, kind, value)
         return MappingProxyType(dict(value))
+    if kind is _Kind.KINDS:
+        return _validate_kinds(label, value)
     return _validate_queues(label, value)
 
 
@@ -393,6 +441,29 @@ def _validate_queues(label: str, value: object) -> Mapping[str, QueueSettings]:
             )
         queues[queue] = QueueSettings(**checked)  # type: ignore[arg-type]
     return MappingProxyType(queues)
+
+
+def _validate_kinds(label: str, value: object) -> Mapping[str, KindSettings]:
+    if not isinstance(value, Mapping):
+        raise _wrong_type(label, _Kind.KINDS, value)
+    kinds = {}
+    for kind, options in value.items():
+        try:
+            check_kind_name(kind)
+        except InvalidOptionError as exc:
+            raise ImproperlyConfigured(f"{label} key {reprlib.repr(kind)}: {exc}") from None
+        where = f"{label}[{kind!r}]"
+        if not isinstance(options, Mapping):
+            raise ImproperlyConfigured(f"{where} must be a dict, got {_describe(options)}.")
+        _reject_unknown(where, options, _KIND_SPECS)
+        checked = {
+            key: _validate(f"{where}[{key!r}]", options.get(key), spec)
+            for key, spec in _KIND_SPECS.items()
+        }
+        if checked["rate_burst"] is not None and checked["rate_limit"] is None:
+            raise ImproperlyConfigured(f"{where}['rate_burst'] needs a 'rate_limit'.")
+        kinds[kind] = KindSettings(**checked)  # type: ignore[arg-type]
+    return MappingProxyType(kinds)
 
 
 def _check_range(label: str, value: int, spec: _Spec) -> None:

@@ -16,15 +16,24 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
 from awa_django import cron as _cron
+from awa_django.conf import KindSettings
 from awa_django.db.enqueue import build_request, send_requests
 from awa_django.exceptions import UnknownKindError
-from awa_django.limits import check_weight, tag_tuple
+from awa_django.limits import check_flow_limits, check_weight, tag_tuple
 from awa_django.retry import RetryPolicy, check_retry
 from awa_django.types import EnqueuedJob, JobOptions, JobRequest
 from awa_django.unique import states_tuple
 from awa_django.worker.context import JobContext
 
-__all__ = ["Job", "JobOptions", "autodiscover_jobs", "get_job", "job", "registered_kinds"]
+__all__ = [
+    "Job",
+    "JobOptions",
+    "autodiscover_jobs",
+    "get_job",
+    "job",
+    "kind_flow_limits",
+    "registered_kinds",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -50,10 +59,14 @@ class Job(Generic[P, R]):
         options: JobOptions,
         *,
         takes_context: bool = False,
+        limits: KindSettings | None = None,
     ) -> None:
         self.func = func
         self.kind = kind
         self.options = options
+        #: The kind's flow limits from ``@job(global_concurrency=, rate_limit=, rate_burst=)``
+        #: (None: none; docs/flow.md, "Per kind").
+        self.limits = limits
         self.is_async = inspect.iscoroutinefunction(func)
         #: The function's first parameter is the attempt's ``JobContext``.
         self.takes_context = takes_context
@@ -121,6 +134,7 @@ class Job(Generic[P, R]):
             self.kind,
             dataclasses.replace(self.options, **changes),
             takes_context=self.takes_context,
+            limits=self.limits,
         )
 
     def prepare(self, *args: P.args, **kwargs: P.kwargs) -> JobRequest:
@@ -202,6 +216,9 @@ def job(
     catch_up: str | int = "latest",
     retry: RetryPolicy | None = None,
     weight: int = 1,
+    global_concurrency: int | None = None,
+    rate_limit: float | None = None,
+    rate_burst: int | None = None,
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Job[P, R]]: ...
 
 
@@ -228,6 +245,9 @@ def job(
     catch_up: str | int = "latest",
     retry: RetryPolicy | None = None,
     weight: int = 1,
+    global_concurrency: int | None = None,
+    rate_limit: float | None = None,
+    rate_burst: int | None = None,
 ) -> Callable[[Callable[P, R]], Job[P, R]]: ...
 
 
@@ -255,6 +275,9 @@ def job(
     catch_up: str | int = "latest",
     retry: RetryPolicy | None = None,
     weight: int = 1,
+    global_concurrency: int | None = None,
+    rate_limit: float | None = None,
+    rate_burst: int | None = None,
 ) -> Any:
     """Register a function (sync or async) as a job kind; usable bare or with options.
 
@@ -268,6 +291,11 @@ def job(
     docs/jobs.md, "Unique jobs"). Options are validated when a job is enqueued (a ``retry``
     that is not a ``RetryPolicy`` and a bad ``weight`` at once). ``weight`` (1-10,000) is how
     many execution slots and global-concurrency permits one attempt takes (docs/flow.md).
+    ``global_concurrency`` (1-10,000), ``rate_limit`` (jobs per second, 0.001-1,000,000) and
+    ``rate_burst`` (1-1,000,000, with a rate) limit the kind across every queue, worker process
+    and host (docs/flow.md, "Per kind"); workers write them to the database when they start
+    (``AWA["KINDS"]`` wins for a kind it names), and bad values raise ``InvalidOptionError``
+    at once.
 
     ``cron=`` makes it periodic (docs/periodic.md): the maintenance leader enqueues it with
     ``args`` and ``kwargs`` at each fire time of the expression in ``timezone``, exactly once
@@ -293,6 +321,10 @@ def job(
         weight=check_weight(weight),
     )
 
+    limits = None
+    if global_concurrency is not None or rate_limit is not None or rate_burst is not None:
+        limits = KindSettings(*check_flow_limits(global_concurrency, rate_limit, rate_burst))
+
     if cron is None and (args or kwargs or timezone != "UTC" or catch_up != "latest"):
         raise ImproperlyConfigured(
             "@job(args=, kwargs=, timezone=, catch_up=) describe a periodic job and need cron="
@@ -313,7 +345,7 @@ def job(
             )
         if takes_context:
             _check_takes_context(f, kind)
-        handle: Job[Any, Any] = Job(f, kind, options, takes_context=takes_context)
+        handle: Job[Any, Any] = Job(f, kind, options, takes_context=takes_context, limits=limits)
         _registry[kind] = handle
         if cron is not None:
             _cron.declare(
@@ -360,6 +392,22 @@ def autodiscover_jobs() -> None:
     autodiscover_modules("jobs")
     for module in get_awa_settings().JOB_MODULES:
         import_module(module)
+
+
+def kind_flow_limits() -> dict[str, dict[str, float | int | None]]:
+    """The flow limits this project's code and settings give job kinds, as
+    ``awa.flow_kind_sync_v1`` takes them: ``@job(global_concurrency=, rate_limit=,
+    rate_burst=)`` of the registered kinds, and ``AWA["KINDS"]``, which wins for a kind it
+    names (also one no ``@job`` registers here: kinds enqueued by name). Kinds without limits
+    are left out."""
+    from awa_django.conf import get_awa_settings
+
+    limits: dict[str, KindSettings] = {}
+    for kind, handle in _registry.items():
+        if handle.limits is not None:
+            limits[kind] = handle.limits
+    limits.update(get_awa_settings().KINDS)
+    return {kind: lim.flow_limits() for kind, lim in sorted(limits.items()) if lim.has_flow_limits}
 
 
 def registered_kinds() -> dict[str, Job[Any, Any]]:

@@ -25,6 +25,7 @@ __all__ = [
     "FLOW_CONCURRENCY_RANGE",
     "FLOW_RATE_MAX",
     "FLOW_RATE_MIN",
+    "KIND_NAME_MAX_LENGTH",
     "MAX_BIGINT",
     "MAX_SECONDS",
     "MAX_TEXT",
@@ -38,6 +39,7 @@ __all__ = [
     "check_flow_limits",
     "check_id",
     "check_ids",
+    "check_kind_name",
     "check_max_attempts",
     "check_metadata_keys",
     "check_priority",
@@ -160,6 +162,20 @@ def check_flow_limits(
             "limits", "give a global_concurrency, a rate_limit, or both (or clear them)"
         )
     return concurrency, rate, burst
+
+
+#: The longest job kind name (characters), as ``awa.enqueue_v1`` and ``awa.flow_kind_limits``
+#: have it.
+KIND_NAME_MAX_LENGTH = 255
+
+
+def check_kind_name(value: object, field: str = "kind") -> str:
+    """``value`` if it can name a job kind: a ``str`` of 1 to :data:`KIND_NAME_MAX_LENGTH`
+    characters that PostgreSQL can store (no NUL, no lone surrogate) and that is not blank."""
+    kind = check_text(field, value, max_length=KIND_NAME_MAX_LENGTH)
+    if not kind.strip():
+        raise InvalidOptionError(field, "must name a job kind (not empty or blank)")
+    return kind
 
 
 def check_metadata_keys(metadata: Mapping[str, object]) -> None:

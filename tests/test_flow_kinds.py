@@ -18,9 +18,7 @@ from tests.helpers import pg, wait_for
 pytestmark = [pytest.mark.storage, pytest.mark.usefixtures("clean_awa")]
 
 
-def enqueue(
-    conn: psycopg.Connection[Any], queue: str, kinds: list[str], **meta: Any
-) -> list[int]:
+def enqueue(conn: psycopg.Connection[Any], queue: str, kinds: list[str], **meta: Any) -> list[int]:
     rows = [{"kind": k, "queue": queue, "metadata": dict(meta)} for k in kinds]
     return [job_id for job_id, _ in enqueue_sql(conn, json.dumps(rows))]
 
@@ -106,7 +104,9 @@ def test_kind_limit_parks_the_rest_and_the_lane_moves_on() -> None:
             [ids[4]],
         ).fetchone()
         assert shard == (64,)  # the hand-off lane
-        conn.execute("SELECT awa.flow_release_v1(%s)", [held[1:] + list(again.jobs[0].permits or [])])
+        conn.execute(
+            "SELECT awa.flow_release_v1(%s)", [held[1:] + list(again.jobs[0].permits or [])]
+        )
         assert kind_in_use(conn, "k") == 0
 
 

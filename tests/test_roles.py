@@ -221,6 +221,7 @@ def test_the_script_converges_when_run_again(roles_db: RolesDB) -> None:
             "enqueue_one_v3",
             "enqueue_v1",
             "ensure_lanes_v1",
+            "flow_handoff_lane_v1",
         ],
     )
 

@@ -25,6 +25,12 @@ from awa_django.operator.actions import (
     schedule_trigger,
     set_queue_limits,
 )
+from awa_django.operator.kinds import (
+    KindLimits,
+    clear_kind_limits,
+    kind_limits,
+    set_kind_limits,
+)
 from awa_django.operator.reads import (
     DlqEntry,
     JobDetail,
@@ -54,6 +60,7 @@ __all__ = [
     "HistoryRetry",
     "JobDetail",
     "JobSummary",
+    "KindLimits",
     "QueueLimits",
     "QueueStats",
     "ReplicaStatus",
@@ -61,6 +68,7 @@ __all__ = [
     "ScheduleStatus",
     "WorkerStatus",
     "cancel",
+    "clear_kind_limits",
     "clear_queue_limits",
     "dlq_list",
     "dlq_purge",
@@ -69,6 +77,7 @@ __all__ = [
     "history_retry",
     "job_list",
     "job_show",
+    "kind_limits",
     "queue_dlq",
     "queue_dlq_enabled",
     "queue_drain",
@@ -81,6 +90,7 @@ __all__ = [
     "schedule_pause",
     "schedule_trigger",
     "schedules",
+    "set_kind_limits",
     "set_queue_limits",
     "throughput",
     "workers",

@@ -12,9 +12,11 @@
 -- (awa.ensure_lanes_v1, run as the owner), are covered by default privileges of the owner.
 
 -- name: entry_points
--- The SECURITY DEFINER functions of migration 0011: run as the owner, EXECUTE revoked from
--- PUBLIC, granted to the roles that enqueue or resolve callbacks.
+-- The SECURITY DEFINER functions of migrations 0011 and 0012: run as the owner, EXECUTE
+-- revoked from PUBLIC, granted to the roles that enqueue or resolve callbacks (and claim:
+-- awa.flow_handoff_lane_v1 creates the hand-off lane a claim un-parks jobs into).
 FUNCTION awa.ensure_lanes_v1(text, integer, integer),
+    awa.flow_handoff_lane_v1(text, integer),
     awa.enqueue_one_v1(text, text, integer, jsonb, integer, timestamptz, double precision,
         double precision, jsonb, text[], jsonb),
     awa.enqueue_one_v2(text, text, integer, jsonb, integer, timestamptz, double precision,

@@ -45,7 +45,7 @@ from typing import Any
 import psycopg
 
 from awa_django.db.storage import Claimed, aclaim_units, aheartbeat
-from awa_django.jobs import registered_kinds
+from awa_django.jobs import kind_flow_limits, registered_kinds
 from awa_django.limits import QUEUE_NAME_RE
 from awa_django.maintenance.cron import sync_schedules
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
@@ -349,18 +349,23 @@ class WorkerRuntime(Execution):
             log.warning("awa worker: could not sync periodic schedules (%s)", first_line(exc))
 
     async def _sync_flow_limits(self) -> None:
-        """Write the queues' flow limits from ``AWA["QUEUES"]`` (docs/flow.md): operator
-        overrides stay; a failure is logged (the limits in the database stay in force)."""
+        """Write the queues' flow limits from ``AWA["QUEUES"]`` and the job kinds' from
+        ``@job`` and ``AWA["KINDS"]`` (docs/flow.md): operator overrides stay; a failure is
+        logged (the limits in the database stay in force)."""
         limits = {
             name: queue.flow_limits()
             for name, queue in self.config.settings.QUEUES.items()
             if queue.has_flow_limits
         }
+        kinds = kind_flow_limits()
 
         async def sync(conn: psycopg.AsyncConnection[Any]) -> int:
-            cursor = await conn.execute(query("flow_sync"), [json.dumps(limits)])
-            row = await cursor.fetchone()
-            return int(row[0]) if row else 0
+            changed = 0
+            for name, value in (("flow_sync", limits), ("flow_kind_sync", kinds)):
+                cursor = await conn.execute(query(name), [json.dumps(value)])
+                row = await cursor.fetchone()
+                changed += int(row[0]) if row else 0
+            return changed
 
         try:
             changed = await self.control_link.run(sync, give_up=lambda: self.stopping)
@@ -369,9 +374,10 @@ class WorkerRuntime(Execution):
             return
         if changed:
             log.info(
-                "awa worker: flow limits from settings written for %d queue(s): %s",
+                "awa worker: flow limits from settings written (%d change(s)): queues %s, kinds %s",
                 changed,
                 json.dumps(limits, sort_keys=True),
+                json.dumps(kinds, sort_keys=True),
             )
 
     async def _register(self) -> None:

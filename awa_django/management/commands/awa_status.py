@@ -1,5 +1,5 @@
-"""``manage.py awa_status [--json]``: queues, flow limits, workers, the leader and the rings
-(thin).
+"""``manage.py awa_status [--json]``: queues, flow limits (of queues and job kinds), workers,
+the leader and the rings (thin).
 
 Queues, workers and rings are read from ``AWA["READ_DATABASE_ALIAS"]`` (a streaming replica; by
 default ``AWA["DATABASE_ALIAS"]``), with the replica's lag; flow limits from the primary (the
@@ -15,7 +15,14 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from awa_django.conf import awa_settings
 from awa_django.management.commands._cli import database_errors
-from awa_django.operator import queue_limits, queue_stats, replica_status, rings, workers
+from awa_django.operator import (
+    kind_limits,
+    queue_limits,
+    queue_stats,
+    replica_status,
+    rings,
+    workers,
+)
 
 
 class Command(BaseCommand):
@@ -37,6 +44,7 @@ class Command(BaseCommand):
             replica = None if elsewhere is None else replica_status(using=read)
         with database_errors():
             limits = queue_limits()  # the primary's lock table holds the permits in use
+            kinds = kind_limits()
         read_from = {
             "alias": read,
             "replica": bool(replica and replica.in_recovery),
@@ -54,6 +62,10 @@ class Command(BaseCommand):
                         "flow_limits": [
                             {**dataclasses.asdict(q), "burst_in_force": q.burst_in_force}
                             for q in limits
+                        ],
+                        "kind_limits": [
+                            {**dataclasses.asdict(k), "burst_in_force": k.burst_in_force}
+                            for k in kinds
                         ],
                         "workers": [dataclasses.asdict(w) for w in processes],
                         "leader": next((w.instance_id for w in processes if w.is_leader), None),
@@ -82,10 +94,12 @@ class Command(BaseCommand):
                 f"{q.completed_last_hour} completed in the last hour"
             )
         self.stdout.write(self.style.MIGRATE_HEADING("flow limits:"))
-        if not limits:
+        if not limits and not kinds:
             self.stdout.write("  none")
         for f in limits:
             self.stdout.write(f"  {f.queue}: {f.summary()} (by {f.updated_by or '?'})")
+        for k in kinds:
+            self.stdout.write(f"  kind {k.kind}: {k.summary()} (by {k.updated_by or '?'})")
         self.stdout.write(self.style.MIGRATE_HEADING("workers:"))
         for w in processes:
             self.stdout.write(

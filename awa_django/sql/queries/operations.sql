@@ -43,6 +43,21 @@ FROM awa.flow_status_v1() WHERE queue = %s
 -- Set (source 'operator') or clear one queue's limits; clearing writes p_settings back.
 SELECT queue FROM awa.flow_set_v1(%s, %s, %s, %s, %s, %s, %s::jsonb)
 
+-- name: kind_limits
+SELECT kind, max_running AS global_concurrency, in_use, rate AS rate_limit, burst AS rate_burst,
+       waiting, source, updated_by, updated_at
+FROM awa.flow_kind_status_v1()
+
+-- name: kind_limits_of
+SELECT kind, max_running AS global_concurrency, in_use, rate AS rate_limit, burst AS rate_burst,
+       waiting, source, updated_by, updated_at
+FROM awa.flow_kind_status_v1()
+WHERE kind = %s AND (max_running IS NOT NULL OR rate IS NOT NULL)
+
+-- name: flow_kind_set
+-- Set (source 'operator') or clear one job kind's limits; clearing writes p_settings back.
+SELECT kind FROM awa.flow_kind_set_v1(%s, %s, %s, %s, %s, %s, %s::jsonb)
+
 -- name: workers
 SELECT instance_id, hostname, pid, queues, concurrency, is_leader, started_at, last_seen_at,
        extract(epoch FROM now() - last_seen_at) AS seen_seconds_ago

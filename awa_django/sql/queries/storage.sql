@@ -49,6 +49,9 @@ SELECT job_id FROM awa.serial_sweep_v1(%s) AS s(job_id)
 -- name: flow_sync
 SELECT awa.flow_sync_v1(%s::jsonb)
 
+-- name: flow_kind_sync
+SELECT awa.flow_kind_sync_v1(%s::jsonb)
+
 -- name: finalize
 SELECT job_id, run_lease FROM awa.finalize_v2(%s::jsonb)
 
