@@ -444,6 +444,28 @@ async def flow_tick(ctx: Any) -> None:
     """A no-op that records nothing: its start time is the attempt's attempted_at."""
 
 
+@job(takes_context=True, queue="flow")
+def kind_free(ctx: Any, seconds: float) -> None:
+    """A kind without flow limits beside flow_sleep in queue "flow": notes "free-start" and
+    "free-end" (which tests.test_flow_workers.max_overlap does not count)."""
+    import time
+
+    _record(ctx, "free-start")
+    time.sleep(seconds)
+    _record(ctx, "free-end")
+
+
+@job(takes_context=True, queue="flow-kind", global_concurrency=2)
+def kind_capped(ctx: Any, seconds: float) -> None:
+    """A kind limited by its @job options (2 at once across the fleet): notes like
+    flow_sleep."""
+    import time
+
+    _record(ctx, "start:1")
+    time.sleep(seconds)
+    _record(ctx, "end")
+
+
 # Sequential callbacks (tests/test_callback_waits.py) ----------------------------------------------
 
 

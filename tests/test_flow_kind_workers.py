@@ -1,0 +1,148 @@
+"""Flow limits per job kind with real worker processes (docs/flow.md, "Per kind"): a kind's
+global limit across four processes, also while one is SIGKILLed, with an unlimited kind of the
+same queue flowing past; a kind's rate over ~10 s without busy polling; a limit from @job; a
+limit changed at runtime. Overlap is read from the ledger (database clock)."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+
+import awa_django
+from awa_django.operator import set_kind_limits
+from tests import testjobs
+from tests.helpers import ManagedProcess, pg, wait_for
+from tests.test_flow_workers import completed, max_overlap, running_now
+from tests.test_worker import Start, count, exited, worker
+
+pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
+
+SLEEP = testjobs.flow_sleep.kind
+TICK = testjobs.flow_tick.kind
+
+
+def kinds(**limits: dict[str, Any]) -> dict[str, Any]:
+    return {"KINDS": {kind: value for kind, value in limits.items()}}
+
+
+def done(kind: str) -> int:
+    return count("SELECT count(*) FROM awa.jobs WHERE kind = %s AND state = 'completed'", kind)
+
+
+def stop(procs: list[ManagedProcess]) -> None:
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        assert exited(proc, 30) == 0, proc.output()
+
+
+def test_kind_limit_holds_across_four_processes_and_a_sigkill(manage_py: Start) -> None:
+    requests = []
+    for _ in range(30):
+        requests.append(testjobs.flow_sleep.prepare(0.15))
+        requests.append(testjobs.kind_free.prepare(0.02))
+    awa_django.enqueue_many(requests)
+    settings = {"KINDS": {SLEEP: {"global_concurrency": 3}}}
+    procs = [worker(manage_py, "--queue", "flow=4", overrides=settings) for _ in range(4)]
+    wait_for(lambda: done(SLEEP) >= 6, timeout=60, message="the first limited jobs")
+    # The unlimited kind of the same queue is not held behind the limited one.
+    wait_for(lambda: done(testjobs.kind_free.kind) == 30, timeout=30, message="the free kind")
+    assert done(SLEEP) < 30
+    with pg() as conn:
+        running = conn.execute(
+            "SELECT DISTINCT c.worker_id FROM awa.jobs j JOIN awa.claims c ON c.job_id = j.id "
+            "AND c.run_lease = j.run_lease WHERE j.state = 'running' AND j.kind = %s",
+            [SLEEP],
+        ).fetchall()
+        instances = dict(
+            conn.execute("SELECT instance_id, pid FROM awa.runtime_instances").fetchall()
+        )
+    pids = {instances.get(r[0]) for r in running}
+    victim = next((p for p in procs if p.pid in pids), None)
+    assert victim is not None, "no worker was running a limited job"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    with pg() as conn:
+        row = conn.execute("SELECT now()").fetchone()
+    assert row is not None
+    from tests.testapp.models import Ledger
+
+    killed = {
+        (j, lease): row[0]
+        for j, lease in Ledger.objects.values_list("job_id", "run_lease").distinct()
+    }
+    wait_for(lambda: done(SLEEP) == 30, timeout=90, message="every limited job to complete")
+    assert max_overlap(killed) == 3
+    stop([p for p in procs if p is not victim])
+    with pg() as conn:
+        assert conn.execute(
+            "SELECT in_use, waiting FROM awa.flow_kind_status_v1() WHERE kind = %s", [SLEEP]
+        ).fetchone() == (0, 0)
+        assert conn.execute("SELECT count(*) FROM awa.flow_waiting").fetchone() == (0,)
+
+
+def test_a_kind_limit_from_job_options(manage_py: Start) -> None:
+    awa_django.enqueue_many([testjobs.kind_capped.prepare(0.1) for _ in range(12)])
+    procs = [worker(manage_py, "--queue", "flow-kind=8") for _ in range(2)]
+    wait_for(lambda: completed("flow-kind") == 12, timeout=60, message="every job to complete")
+    assert max_overlap(queue="flow-kind") == 2
+    stop(procs)
+    with pg() as conn:
+        row = conn.execute(
+            "SELECT max_running, source FROM awa.flow_kind_limits WHERE kind = %s",
+            [testjobs.kind_capped.kind],
+        ).fetchone()
+    assert row == (2, "settings")
+
+
+@pytest.mark.slow
+def test_kind_rate_over_ten_seconds_without_busy_polling(manage_py: Start) -> None:
+    with pg() as conn:
+        dbname = conn.execute("SELECT current_database()").fetchone()
+        assert dbname is not None
+        conn.execute(f"ALTER DATABASE \"{dbname[0]}\" SET track_functions = 'pl'")
+    awa_django.enqueue_many([testjobs.flow_tick.prepare() for _ in range(560)])
+    settings = {"KINDS": {TICK: {"rate_limit": 50, "rate_burst": 10}}}
+    procs = [worker(manage_py, "--queue", "flow-rate=64", overrides=settings) for _ in range(2)]
+    wait_for(lambda: done(TICK) == 560, timeout=90, message="every job to complete")
+    stop(procs)
+    with pg() as conn:
+        # Starts in any window of t seconds (t = 1, 5, 10): at most 50 t + 10.
+        for seconds in (1, 5, 10):
+            row = conn.execute(
+                "WITH a AS (SELECT attempted_at AS t FROM awa.terminal_jobs WHERE kind = %s) "
+                "SELECT max((SELECT count(*) FROM a b WHERE b.t >= a.t "
+                "AND b.t < a.t + make_interval(secs => %s))) FROM a",
+                [TICK, seconds],
+            ).fetchone()
+            assert row is not None and row[0] <= 50 * seconds + 10, (seconds, row)
+        span = conn.execute(
+            "SELECT extract(epoch FROM max(attempted_at) - min(attempted_at)) "
+            "FROM awa.terminal_jobs WHERE kind = %s",
+            [TICK],
+        ).fetchone()
+        assert span is not None and 10.0 <= float(span[0]) <= 14.0, span  # about 550 / 50
+        calls = conn.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions "
+            "WHERE schemaname = 'awa' AND funcname = 'claim_v3'"
+        ).fetchone()
+        assert calls is not None
+        # Without the soft wait a worker would claim every POLL_INTERVAL (0.05 s) at most, or
+        # busy-poll; about one claim per token per worker plus wake-ups is the bound here.
+        assert 0 < calls[0] <= 3000, calls
+
+
+def test_a_kind_limit_changed_at_runtime_takes_effect_within_a_poll_interval(
+    manage_py: Start,
+) -> None:
+    awa_django.enqueue_many([testjobs.flow_sleep.prepare(1.5) for _ in range(12)])
+    settings = {"KINDS": {SLEEP: {"global_concurrency": 1}}}
+    procs = [worker(manage_py, "--queue", "flow=8", overrides=settings) for _ in range(2)]
+    wait_for(lambda: running_now() == 1, timeout=30, message="one job running")
+    set_kind_limits(SLEEP, global_concurrency=5, actor="test")
+    # POLL_INTERVAL is 0.05 s here; a claim and a handler start take a few ms more.
+    wait_for(lambda: running_now() == 5, timeout=1.0, interval=0.01, message="five running")
+    wait_for(lambda: completed("flow") == 12, timeout=60, message="every job to complete")
+    assert max_overlap() == 5
+    stop(procs)
