@@ -43,6 +43,7 @@ from awa_django.admin_filters import (
     TagFilter,
     TerminalStateFilter,
 )
+from awa_django.admin_kinds import KindLimitAdmin
 from awa_django.admin_operator import QueueDlqActions, TerminalRetryActions
 from awa_django.admin_readonly import CappedPaginator, JobListAdmin, ReadOnlyAdmin
 from awa_django.cron import next_fire
@@ -56,7 +57,15 @@ from awa_django.limits import (
     check_text,
     check_uuid,
 )
-from awa_django.models import CronSchedule, DeadLetter, LiveJob, QueueStat, TerminalJob, Worker
+from awa_django.models import (
+    CronSchedule,
+    DeadLetter,
+    KindLimit,
+    LiveJob,
+    QueueStat,
+    TerminalJob,
+    Worker,
+)
 from awa_django.operator import (
     QueueLimits,
     cancel,
@@ -82,6 +91,7 @@ __all__ = [
     "DeadLetterAdmin",
     "FlowLimitsForm",
     "JobAdmin",
+    "KindLimitAdmin",
     "QueueStatAdmin",
     "TerminalJobAdmin",
     "WorkerAdmin",
@@ -773,3 +783,7 @@ class CronScheduleAdmin(ReadOnlyAdmin):
 
     def has_manage_schedule_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("awa_django.manage_schedule"))
+
+
+# Job kinds' flow limits (awa_django.admin_kinds).
+admin.site.register(KindLimit, KindLimitAdmin)

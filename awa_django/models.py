@@ -20,6 +20,7 @@ __all__ = [
     "CallbackWait",
     "CronSchedule",
     "DeadLetter",
+    "KindLimit",
     "LiveJob",
     "QueueStat",
     "ReadOnlyError",
@@ -234,6 +235,30 @@ class QueueStat(ReadOnlyModel):
 
     def __str__(self) -> str:
         return self.queue
+
+
+class KindLimit(ReadOnlyModel):
+    """One job kind's flow limits (``awa.flow_kind_limits``, docs/flow.md "Per kind"): a row
+    without limits is a cleared settings row. Changed through ``awa_django.operator``
+    (``set_kind_limits``, ``clear_kind_limits``), never saved."""
+
+    kind = models.TextField(primary_key=True)
+    max_running = models.IntegerField(null=True)
+    rate = models.FloatField(null=True)
+    burst = models.IntegerField(null=True)
+    source = models.TextField()
+    updated_by = models.TextField(null=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = 'awa"."flow_kind_limits'
+        ordering = ["kind"]
+        default_permissions = ("view",)
+        verbose_name = "job kind flow limit"
+
+    def __str__(self) -> str:
+        return self.kind
 
 
 class Worker(ReadOnlyModel):

@@ -1,0 +1,248 @@
+"""The admin page of job kinds' flow limits (docs/flow.md, "Per kind"): every kind with a row
+in ``awa.flow_kind_limits``, with its limit, permits in use, rate, parked jobs and who set
+them; the "Set flow limits of selected kinds" action and the "limit a kind" page (for a kind
+that has no row yet). Both need the ``manage_queue`` permission, call the operator API
+(``set_kind_limits``, ``clear_kind_limits``) and log one ``LogEntry`` per kind they changed,
+as the queue list's "Set flow limits" does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from awa_django.admin_actions import confirm, log_change, run_atomically
+from awa_django.admin_readonly import ReadOnlyAdmin
+from awa_django.conf import awa_settings
+from awa_django.exceptions import InvalidOptionError
+from awa_django.jobs import registered_kinds
+from awa_django.limits import (
+    FLOW_BURST_RANGE,
+    FLOW_CONCURRENCY_RANGE,
+    check_flow_limits,
+    check_kind_name,
+)
+from awa_django.models import KindLimit
+from awa_django.operator import KindLimits, clear_kind_limits, kind_limits, set_kind_limits
+
+__all__ = ["KindFlowLimitsForm", "KindLimitAdmin", "LimitKindForm"]
+
+
+class KindFlowLimitsForm(forms.Form):
+    """The limits that replace each selected kind's, or ``clear`` (its ``@job`` options and
+    ``AWA["KINDS"]`` apply again); checked like ``set_kind_limits`` checks them."""
+
+    global_concurrency = forms.IntegerField(
+        required=False,
+        min_value=FLOW_CONCURRENCY_RANGE[0],
+        max_value=FLOW_CONCURRENCY_RANGE[1],
+        help_text="The most attempts of the kind running at once, in every queue and across "
+        "every worker (counted by job weight). Empty: no concurrency limit.",
+    )
+    rate_limit = forms.FloatField(
+        required=False,
+        help_text="The most jobs of the kind started per second across every worker (from "
+        "0.001 to 1,000,000). Empty: no rate limit.",
+    )
+    rate_burst = forms.IntegerField(
+        required=False,
+        min_value=FLOW_BURST_RANGE[0],
+        max_value=FLOW_BURST_RANGE[1],
+        help_text="Jobs the rate lets through at once (with a rate; empty: a tenth of a "
+        "second's worth).",
+    )
+    clear = forms.BooleanField(
+        required=False,
+        help_text="Drop the operator's limits instead: the kind's @job options and "
+        "AWA['KINDS'] apply again (leave the fields above empty).",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data: dict[str, Any] = super().clean() or {}
+        if self.errors:
+            return data
+        limits = [data.get(f) for f in ("global_concurrency", "rate_limit", "rate_burst")]
+        if data.get("clear"):
+            if any(v is not None for v in limits):
+                raise ValidationError("Clear takes no limits: leave the fields empty or untick it.")
+            return data
+        try:
+            check_flow_limits(*limits)
+        except InvalidOptionError as exc:
+            raise ValidationError(str(exc)) from None
+        return data
+
+
+class LimitKindForm(KindFlowLimitsForm):
+    """The "limit a kind" page: a kind this project knows (registered by ``@job`` or named in
+    ``AWA["KINDS"]``) and its limits."""
+
+    field_order = ["kind", "global_concurrency", "rate_limit", "rate_burst"]
+    kind = forms.CharField(
+        max_length=255,
+        strip=False,
+        help_text="The job kind (registered by @job in this project, or named in AWA['KINDS']).",
+    )
+    clear = None  # type: ignore[assignment]
+
+    def clean_kind(self) -> str:
+        kind = self.cleaned_data["kind"]
+        try:
+            check_kind_name(kind)
+        except InvalidOptionError as exc:
+            raise ValidationError(str(exc)) from None
+        if kind not in registered_kinds() and kind not in awa_settings.KINDS:
+            raise ValidationError(
+                f"Unknown job kind {kind!r}: not registered by @job in this project and not "
+                "named in AWA['KINDS']."
+            )
+        return str(kind)
+
+
+class KindLimitAdmin(ReadOnlyAdmin):
+    list_display = ("kind", "global_limit", "limit_in_use", "rate", "parked", "limits_by")
+    actions = ("limit_kinds",)
+    selection_noun = "kinds"
+
+    @staticmethod
+    def selection_key(text: str) -> Any:
+        return check_kind_name(text)
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        # Permits in use and parked jobs of the page's kinds in one read, on the primary (its
+        # lock table holds the permits), as the queue list does.
+        changelist = super().get_changelist_instance(request)
+        status = {k.kind: k for k in kind_limits()}
+        for row in changelist.result_list:
+            row.flow_status = status.get(row.kind)
+        return changelist
+
+    @admin.display(description="global limit")
+    def global_limit(self, obj: KindLimit) -> str:
+        return "-" if obj.max_running is None else str(obj.max_running)
+
+    @admin.display(description="in use")
+    def limit_in_use(self, obj: KindLimit) -> str:
+        status = _status(obj)
+        if status is None or status.global_concurrency is None:
+            return "-"
+        return str(status.in_use or 0)
+
+    @admin.display(description="rate")
+    def rate(self, obj: KindLimit) -> str:
+        status = _status(obj)
+        if status is None or status.rate_limit is None:
+            return "-"
+        return f"{status.rate_limit:g}/s (burst {status.burst_in_force})"
+
+    @admin.display(description="parked")
+    def parked(self, obj: KindLimit) -> str:
+        status = _status(obj)
+        return "0" if status is None else str(status.waiting)
+
+    @admin.display(description="limits by")
+    def limits_by(self, obj: KindLimit) -> str:
+        return f"{obj.source}: {obj.updated_by or '?'}"
+
+    @admin.action(description="Set flow limits of selected kinds", permissions=["manage_queue"])
+    def limit_kinds(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        self._checked(request, "manage_queue")
+        by = _actor(request)
+        current = {k.kind: k for k in kind_limits()}
+
+        def perform(objects: list[Any], data: dict[str, Any]) -> str:
+            done = []
+            for row in objects:
+                if data.get("clear"):
+                    now = clear_kind_limits(row.kind, actor=by)
+                    verb = "cleared"
+                else:
+                    now = set_kind_limits(
+                        row.kind,
+                        global_concurrency=data.get("global_concurrency"),
+                        rate_limit=data.get("rate_limit"),
+                        rate_burst=data.get("rate_burst"),
+                        actor=by,
+                    )
+                    verb = "set"
+                shown = "no limits" if now is None else now.summary(in_use=False)
+                message = f"flow limits {verb}: {shown}"
+                log_change(request, [row], message)
+                done.append(f"{row.kind} {message}")
+            return "Set flow limits: " + "; ".join(done)
+
+        def describe(row: KindLimit) -> str:
+            limits = current.get(row.kind)
+            return f"{row.kind}: {limits.summary() if limits else 'no flow limits'} now"
+
+        return confirm(
+            self,
+            request,
+            queryset,
+            title="Set flow limits of job kinds",
+            note=(
+                "The limits given replace each kind's flow limits in every queue and across "
+                "every worker: a limit left empty is lifted, also one @job or AWA['KINDS'] "
+                "sets, until cleared. Workers apply them from their next claim. docs/flow.md."
+            ),
+            form_class=KindFlowLimitsForm,
+            perform=perform,
+            describe=describe,
+        )
+
+    def has_manage_queue_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("awa_django.manage_queue"))
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # "Add" is the "limit a kind" page (a kind with no row yet): an operator override.
+        return self.has_manage_queue_permission(request)
+
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        form = LimitKindForm(request.POST if request.method == "POST" else None)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            kind = data["kind"]
+
+            def perform() -> str:
+                now = set_kind_limits(
+                    kind,
+                    global_concurrency=data.get("global_concurrency"),
+                    rate_limit=data.get("rate_limit"),
+                    rate_burst=data.get("rate_burst"),
+                    actor=_actor(request),
+                )
+                message = f"flow limits set: {now.summary(in_use=False)}"
+                row = KindLimit.objects.using(awa_settings.DATABASE_ALIAS).get(pk=kind)
+                log_change(request, [row], message)
+                return f"{kind} {message}"
+
+            self.message_user(request, run_atomically(perform), messages.SUCCESS)
+            return HttpResponseRedirect(reverse("admin:awa_django_kindlimit_changelist"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Limit a job kind",
+            "opts": self.model._meta,
+            "form": form,
+        }
+        return TemplateResponse(request, "admin/awa_django/kindlimit/limit_kind.html", context)
+
+
+def _status(obj: KindLimit) -> KindLimits | None:
+    status = getattr(obj, "flow_status", None)
+    return status if isinstance(status, KindLimits) else None
+
+
+def _actor(request: HttpRequest) -> str:
+    return f"admin ({request.user.get_username()})"
