@@ -33,6 +33,7 @@ MODELS = (
     "worker",
     "cronschedule",
     "callbackwait",
+    "kindlimit",
 )
 JOB_MODELS = ("deadletter", "terminaljob", "livejob")
 
