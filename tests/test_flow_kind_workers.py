@@ -9,9 +9,9 @@ import signal
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 
 import awa_django
-from awa_django.operator import set_kind_limits
 from tests import testjobs
 from tests.helpers import ManagedProcess, pg, wait_for
 from tests.test_flow_workers import completed, max_overlap, running_now
@@ -140,7 +140,7 @@ def test_a_kind_limit_changed_at_runtime_takes_effect_within_a_poll_interval(
     settings = {"KINDS": {SLEEP: {"global_concurrency": 1}}}
     procs = [worker(manage_py, "--queue", "flow=8", overrides=settings) for _ in range(2)]
     wait_for(lambda: running_now() == 1, timeout=30, message="one job running")
-    set_kind_limits(SLEEP, global_concurrency=5, actor="test")
+    call_command("awa_queue", "limit", "--kind", SLEEP, "--global-concurrency", "5", verbosity=0)
     # POLL_INTERVAL is 0.05 s here; a claim and a handler start take a few ms more.
     wait_for(lambda: running_now() == 5, timeout=1.0, interval=0.01, message="five running")
     wait_for(lambda: completed("flow") == 12, timeout=60, message="every job to complete")

@@ -4,7 +4,7 @@
 SELECT job_id, state FROM awa.enqueue_v1(%s::jsonb, %s::jsonb)
 
 -- name: lanes_known
-SELECT count(*) FROM awa.queue_lanes WHERE queue = %s AND priority = %s
+SELECT count(*) FROM awa.queue_lanes WHERE queue = %s AND priority = %s AND shard < 64
 
 -- name: ensure_lanes
 SELECT awa.ensure_lanes_v1(%s, %s, %s)
