@@ -218,3 +218,32 @@ def test_a_cleared_kind_limit_unparks_its_jobs() -> None:
         conn.execute("SELECT * FROM awa.flow_kind_set_v1('k', NULL, NULL, NULL, 'test', true)")
         got = claim(conn, "q", 10, held=list(first[0].permits or [])).jobs
         assert len(got) == 2 and parked(conn) == []
+
+
+def test_a_lowered_kind_limit_holds_at_once() -> None:
+    with pg() as conn:
+        set_kind(conn, "k", max_running=3)
+        enqueue(conn, "q", ["k"] * 6)
+        got = claim(conn, "q", 10).jobs
+        assert len(got) == 3
+        set_kind(conn, "k", max_running=1)
+        held = [p for j in got for p in (j.permits or [])]
+        # Two of three end: one is still held, which is the new limit.
+        assert claim(conn, "q", 10, held=held[2:], release=held[:2]).jobs == []
+        again = claim(conn, "q", 10, release=held[2:]).jobs
+        assert len(again) == 1
+        assert kind_in_use(conn, "k") == 1
+
+
+def test_a_heavy_parked_job_is_not_moved_until_it_fits() -> None:
+    with pg() as conn:
+        set_kind(conn, "k", max_running=4)
+        enqueue(conn, "q", ["k", "k"], **{"awa:weight": 3})
+        first = claim(conn, "q", 10).jobs
+        assert len(first) == 1 and len(parked(conn)) == 1
+        before = conn.execute("SELECT count(*) FROM awa.claims").fetchone()
+        for _ in range(5):  # one permit free: the heavy job stays parked, nothing is written
+            assert claim(conn, "q", 10, held=list(first[0].permits or [])).jobs == []
+        assert conn.execute("SELECT count(*) FROM awa.claims").fetchone() == before
+        got = claim(conn, "q", 10, release=list(first[0].permits or [])).jobs
+        assert len(got) == 1 and got[0].weight == 3 and parked(conn) == []

@@ -254,19 +254,20 @@ BEGIN
             CONTINUE WHEN v_room <= 0;
         END IF;
         -- The oldest waiting jobs of the kind in the queue while their weights (as the claim
-        -- counts them against the kind) fit the free permits; by priority, one hand-off lane
-        -- each.
+        -- counts them against the kind: at most its limit) fit the free permits, in job order:
+        -- a heavy job waits, parked, until enough are free at once (never moved only to be
+        -- parked again), and younger jobs of its kind wait behind it. By priority, one
+        -- hand-off lane each.
         FOR p IN
             SELECT DISTINCT x.priority FROM (
                 SELECT w.priority, w.job_id,
                        sum(awa._job_weight_v1(w.metadata, lim.max_running))
-                           OVER (ORDER BY w.job_id) AS cw,
-                       row_number() OVER (ORDER BY w.job_id) AS n
+                           OVER (ORDER BY w.job_id) AS cw
                 FROM awa.flow_waiting w
                 WHERE w.queue = p_queue AND w.kind = k.kind
                 ORDER BY w.job_id
                 LIMIT v_room) x
-            WHERE (lim.max_running IS NULL OR x.cw <= v_room OR x.n = 1)
+            WHERE (lim.max_running IS NULL OR x.cw <= v_room)
         LOOP
             v_lane := awa.flow_handoff_lane_v1(p_queue, p.priority);
             CONTINUE WHEN NOT pg_try_advisory_xact_lock(4282177, v_lane);
@@ -274,14 +275,13 @@ BEGIN
                 SELECT x.job_id FROM (
                     SELECT w.job_id, w.priority,
                            sum(awa._job_weight_v1(w.metadata, lim.max_running))
-                               OVER (ORDER BY w.job_id) AS cw,
-                           row_number() OVER (ORDER BY w.job_id) AS n
+                               OVER (ORDER BY w.job_id) AS cw
                     FROM awa.flow_waiting w
                     WHERE w.queue = p_queue AND w.kind = k.kind
                     ORDER BY w.job_id
                     LIMIT v_room) x
                 WHERE x.priority = p.priority
-                  AND (lim.max_running IS NULL OR x.cw <= v_room OR x.n = 1)
+                  AND (lim.max_running IS NULL OR x.cw <= v_room)
             ), gone AS (
                 -- SKIP LOCKED: a job being cancelled is passed over.
                 DELETE FROM awa.flow_waiting w
