@@ -57,9 +57,10 @@ def drain(
     """Run every available job of ``queues`` (default: all) in-process until none is left or
     ``max_jobs`` ran; return what happened to each, in the order they ran.
 
-    A queue's flow limits (docs/flow.md) apply: a job's permits and serial key are handed back
-    when it ends (the key to its next job, which a later round runs), and a queue its rate
-    limit holds back is left with its jobs for a later call."""
+    A queue's and a job kind's flow limits (docs/flow.md) apply: a job's permits and serial
+    key are handed back when it ends (the key to its next job, which a later round runs), and
+    jobs a rate limit holds back (of a queue, or parked by their kind's) are left for a later
+    call."""
     cfg = get_awa_settings()
     connection = connections[using or cfg.DATABASE_ALIAS]
     names = [queues] if isinstance(queues, str) else list(queues) if queues else None
