@@ -163,3 +163,42 @@ def test_a_kind_limit_changed_at_runtime_takes_effect_within_a_poll_interval(
     wait_for(lambda: completed("flow") == 12, timeout=60, message="every job to complete")
     assert max_overlap() == 5
     stop(procs)
+
+
+def test_serial_keys_of_a_limited_kind_keep_their_order(manage_py: Start) -> None:
+    """Jobs with serial keys, of a kind limited to 2: within a key one at a time and in enqueue
+    order (a job its kind parks takes no key, and younger jobs of its key wait behind it);
+    never more than 2 of the kind at once."""
+    from tests.test_serial_workers import assert_one_at_a_time, runs_by_key
+
+    keys = ["customer:1", "customer:2", "customer:3"]
+    serial = testjobs.serial_sleep
+    requests = [serial.using(serial_key=keys[i % 3]).prepare(0.02) for i in range(60)]
+    requests += [serial.prepare(0.02) for _ in range(10)]
+    handles = awa_django.enqueue_many(requests)
+    expected = {key: [h.id for h in handles[i:60:3]] for i, key in enumerate(keys)}
+    settings = {"KINDS": {serial.kind: {"global_concurrency": 2}}}
+    procs = [worker(manage_py, "--queue", "serial=4", overrides=settings) for _ in range(4)]
+    wait_for(lambda: completed("serial") == 70, timeout=120, message="every job to complete")
+    stop(procs)
+    runs = runs_by_key()
+    for key in keys:
+        assert [run[2] for run in runs[key]] == expected[key], key
+        assert_one_at_a_time(runs[key])
+    events = sorted(
+        [(start, 1) for key_runs in runs.values() for start, _, _, _ in key_runs]
+        + [(end, -1) for key_runs in runs.values() for _, end, _, _ in key_runs],
+        key=lambda e: (e[0], e[1]),  # at equal times, ends before starts
+    )
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    assert peak == 2
+    with pg() as conn:
+        for table in ("flow_waiting", "serial_waiting"):
+            assert conn.execute(f"SELECT count(*) FROM awa.{table}").fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+            "AND classid IN (4282182, 4282183)"
+        ).fetchone() == (0,)
