@@ -12,6 +12,7 @@ from awa_django.operator.actions import (
     DRAIN_BATCH,
     HistoryRetry,
     cancel,
+    clear_kind_limits,
     clear_queue_limits,
     dlq_purge,
     dlq_retry,
@@ -23,18 +24,14 @@ from awa_django.operator.actions import (
     resolve_callback,
     schedule_pause,
     schedule_trigger,
-    set_queue_limits,
-)
-from awa_django.operator.kinds import (
-    KindLimits,
-    clear_kind_limits,
-    kind_limits,
     set_kind_limits,
+    set_queue_limits,
 )
 from awa_django.operator.reads import (
     DlqEntry,
     JobDetail,
     JobSummary,
+    KindLimits,
     QueueLimits,
     QueueStats,
     ReplicaStatus,
@@ -44,6 +41,7 @@ from awa_django.operator.reads import (
     dlq_list,
     job_list,
     job_show,
+    kind_limits,
     queue_dlq_enabled,
     queue_limits,
     queue_stats,

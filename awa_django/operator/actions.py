@@ -44,6 +44,7 @@ from awa_django.limits import (
     check_flow_limits,
     check_id,
     check_ids,
+    check_kind_name,
     check_priority,
     check_queue_name,
     check_seconds,
@@ -51,7 +52,7 @@ from awa_django.limits import (
     check_uuid,
     show,
 )
-from awa_django.operator.reads import QueueLimits
+from awa_django.operator.reads import KindLimits, QueueLimits
 from awa_django.operator.rows import alias, cursor, fetch_one
 from awa_django.sql import query
 from awa_django.states import JobState
@@ -61,6 +62,7 @@ __all__ = [
     "DRAIN_BATCH",
     "HistoryRetry",
     "cancel",
+    "clear_kind_limits",
     "clear_queue_limits",
     "dlq_purge",
     "dlq_retry",
@@ -72,6 +74,7 @@ __all__ = [
     "resolve_callback",
     "schedule_pause",
     "schedule_trigger",
+    "set_kind_limits",
     "set_queue_limits",
 ]
 
@@ -470,5 +473,74 @@ def _flow_write(
         if connection.in_atomic_block:
             transaction.on_commit(record, using=database)
         else:  # autocommit turned off by the caller: Django keeps no commit hooks there
+            record()
+    return limits
+
+
+def set_kind_limits(
+    kind: str,
+    *,
+    global_concurrency: int | None = None,
+    rate_limit: float | None = None,
+    rate_burst: int | None = None,
+    actor: str,
+    using: str | None = None,
+) -> KindLimits:
+    """Set job kind ``kind``'s flow limits across the fleet as an operator override; return the
+    limits now in force.
+
+    As :func:`~awa_django.operator.set_queue_limits` for a queue: the given limits replace the
+    kind's as a whole (one left out is lifted, also when ``@job`` or ``AWA["KINDS"]`` sets it,
+    until :func:`clear_kind_limits`); the same bounds; ``actor`` (text, at most 255
+    characters) is recorded. ``kind`` is any job kind name (1-255 characters): kinds are names
+    in the database, so one no process registers may be limited too. Bad input raises
+    ``InvalidOptionError`` before anything is written; workers apply the limits from their
+    next claim (within a poll interval) once the transaction commits.
+    """
+    check_kind_name(kind)
+    limits = check_flow_limits(global_concurrency, rate_limit, rate_burst)
+    who = _actor(actor)
+    now = _kind_write(using, [kind, *limits, who, False, None], kind, who, "set")
+    if now is None:  # flow_kind_set_v1 returns the row it wrote, in the same transaction
+        raise RuntimeError(f"awa.flow_kind_set_v1 wrote no limits for kind {kind!r}")
+    return now
+
+
+def clear_kind_limits(kind: str, *, actor: str, using: str | None = None) -> KindLimits | None:
+    """Remove the operator's override of ``kind``'s flow limits; return the limits now in
+    force (what this project's ``@job`` and ``AWA["KINDS"]`` give the kind, written as its
+    ``"settings"`` row), or None when it has none. One transaction."""
+    from awa_django.jobs import kind_flow_limits
+
+    check_kind_name(kind)
+    who = _actor(actor)
+    configured = kind_flow_limits().get(kind)
+    settings = json.dumps(configured) if configured is not None else None
+    return _kind_write(using, [kind, None, None, None, who, True, settings], kind, who, "cleared")
+
+
+def _kind_write(
+    using: str | None,
+    params: list[int | float | str | bool | None],
+    kind: str,
+    actor: str,
+    done: str,
+) -> KindLimits | None:
+    """``awa.flow_kind_set_v1`` then the kind's limits now in force, in one transaction;
+    logged once it commits."""
+    database = alias(using)
+    with write_transaction(database, statements=2) as connection:
+        with connection.cursor() as c:
+            c.execute(query("flow_kind_set"), params)
+            c.fetchall()
+        limits = fetch_one(KindLimits, "kind_limits_of", [kind], using=database)
+        now = "no limits" if limits is None else limits.summary(in_use=False)
+
+        def record() -> None:
+            log.info("flow limits of kind %s %s by %s: %s", kind, done, actor, now)
+
+        if connection.in_atomic_block:
+            transaction.on_commit(record, using=database)
+        else:
             record()
     return limits

@@ -32,6 +32,7 @@ __all__ = [
     "DlqEntry",
     "JobDetail",
     "JobSummary",
+    "KindLimits",
     "QueueLimits",
     "QueueStats",
     "ReplicaStatus",
@@ -41,6 +42,7 @@ __all__ = [
     "dlq_list",
     "job_list",
     "job_show",
+    "kind_limits",
     "queue_dlq_enabled",
     "queue_limits",
     "queue_stats",
@@ -103,6 +105,56 @@ class QueueLimits:
         if self.rate_limit is not None:
             parts.append(f"rate {self.rate_limit:g}/s burst {self.burst_in_force}")
         return ", ".join([*(parts or ["no limits"]), self.source])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KindLimits:
+    """One job kind's flow limits in force across the fleet (``awa.flow_kind_limits``).
+
+    ``global_concurrency`` is the most attempts of the kind running at once, in every queue,
+    counted by job weight, and ``in_use`` the kind's permits held now (read from the server's
+    lock table; None without a concurrency limit). ``rate_limit`` is jobs of the kind started
+    per second and ``rate_burst`` the burst as set (None: the default,
+    :attr:`burst_in_force`). ``waiting`` counts the jobs its limits hold parked now (shown as
+    available everywhere). ``source`` is ``"settings"`` (from ``@job`` and ``AWA["KINDS"]``,
+    written by the workers) or ``"operator"`` (the admin or ``awa_queue limit --kind``);
+    ``updated_by`` says who wrote it.
+    """
+
+    kind: str
+    global_concurrency: int | None
+    in_use: int | None
+    rate_limit: float | None
+    rate_burst: int | None
+    waiting: int
+    source: Literal["settings", "operator"]
+    updated_by: str | None
+    updated_at: datetime
+
+    @property
+    def burst_in_force(self) -> int | None:
+        """The burst the claim applies: ``rate_burst``, or a tenth of a second's worth of jobs,
+        at least 1 (None without a rate)."""
+        if self.rate_limit is None:
+            return None
+        if self.rate_burst is not None:
+            return self.rate_burst
+        return max(1, math.ceil(self.rate_limit / 10))
+
+    def summary(self, *, in_use: bool = True) -> str:
+        """One line: ``limit N (in use M), rate R/s burst B, W parked, source`` (the parts it
+        has; what is in use and parked only with ``in_use``)."""
+        parts = []
+        if self.global_concurrency is not None:
+            used = f" (in use {self.in_use or 0})" if in_use else ""
+            parts.append(f"limit {self.global_concurrency}{used}")
+        if self.rate_limit is not None:
+            parts.append(f"rate {self.rate_limit:g}/s burst {self.burst_in_force}")
+        if not parts:
+            parts.append("no limits")
+        if in_use and self.waiting:
+            parts.append(f"{self.waiting} parked")
+        return ", ".join([*parts, self.source])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -253,6 +305,13 @@ def queue_limits(using: str | None = None) -> list[QueueLimits]:
     now (``awa.flow_status_v1()``; it reads the server's lock table: for operators, not for
     the hot path). Queues without a row have no fleet-wide limit."""
     return fetch(QueueLimits, "queue_limits", using=using)
+
+
+def kind_limits(using: str | None = None) -> list[KindLimits]:
+    """The flow limits of every job kind that has some (or jobs parked by them), by kind, with
+    the permits in use and the jobs parked now (``awa.flow_kind_status_v1()``: it reads the
+    server's lock table, for operators, not for the hot path)."""
+    return fetch(KindLimits, "kind_limits", using=using)
 
 
 def throughput(queue: str | None = None, *, using: str | None = None) -> list[int]:
