@@ -12,10 +12,11 @@ Guarantees:
   their own is set to READ COMMITTED whatever the alias's default, and a caller's transaction
   at another level gets ``IsolationLevelError`` before anything is written (it stays usable).
   ``dlq_retry`` too (a unique job takes its key again). ``queue_pause``, ``dlq_purge`` and
-  the flow-limit writes (``set_queue_limits``, ``clear_queue_limits``) run at any level.
+  the flow-limit writes (``set_queue_limits``, ``clear_queue_limits``, ``set_kind_limits``,
+  ``clear_kind_limits``) run at any level.
 * **Checked first.** Bad input raises a ``JobValidationError`` before anything is sent to the
   database, so the caller's transaction stays usable.
-* **Logged.** A change of a queue's flow limits is logged (INFO, logger
+* **Logged.** A change of a queue's or a job kind's flow limits is logged (INFO, logger
   ``awa_django.operator``) with who made it, once it commits.
 * Every write is an engine SQL function (``awa_django/sql/queries/operations.sql``) on the
   Django connection of ``using`` (default ``AWA["DATABASE_ALIAS"]``); reads live in
