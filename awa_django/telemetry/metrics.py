@@ -135,8 +135,6 @@ class Metrics:
         self.snapshot_ttl = 3 * float(get_awa_settings().RUNTIME_REFRESH_INTERVAL)
         #: Queues whose DLQ is off, and when that was read (``time.monotonic()``).
         self.dlq_off: frozenset[str] = frozenset()
-        #: The fates of the retry outcomes of the batch being counted (see :meth:`written`).
-        self._fates: Mapping[tuple[int, int], str] | None = None
         self.dlq_read_at: float | None = None
         for event, name in COUNTERS.items():
             meter.create_observable_counter(
@@ -280,13 +278,12 @@ class Metrics:
         retry and fail outcomes that failed for good to ``dead_lettered`` or ``failed`` (the
         other retries were retried); without it they are told apart by attempt and
         :attr:`dlq_off`."""
-        self._fates = fates
         if self._sampled(("\x00finalize", ""), time.monotonic()):
             self.finalize_batch.record(len(batch))
         if stale or len(batch) < 8:
             for item, job in zip(batch, jobs, strict=True):
                 if job is not None and (item.job_id, item.run_lease) not in stale:
-                    self._outcome(item.outcome, job)
+                    self._outcome(item.outcome, job, fates)
             return
         try:
             # Counted in C (Counter over attribute getters): no Python code per job.
@@ -296,7 +293,7 @@ class Metrics:
         except AttributeError:  # an outcome without its attempt (None): not counted
             for item, job in zip(batch, jobs, strict=True):
                 if job is not None:
-                    self._outcome(item.outcome, job)
+                    self._outcome(item.outcome, job, fates)
             return
         retries = False
         for (outcome, queue, kind), n in keys.items():
@@ -312,11 +309,15 @@ class Metrics:
         if retries:
             for item, job in zip(batch, jobs, strict=True):
                 if item.outcome in ("retry", "fail") and job is not None:
-                    self._outcome(item.outcome, job)
+                    self._outcome(item.outcome, job, fates)
 
-    def _outcome(self, outcome: str, job: ClaimedJob) -> None:
-        """Count one written outcome."""
-        fates = self._fates
+    def _outcome(
+        self,
+        outcome: str,
+        job: ClaimedJob,
+        fates: Mapping[tuple[int, int], str] | None = None,
+    ) -> None:
+        """Count one written outcome (``fates`` as for :meth:`written`)."""
         if fates is not None and outcome in ("retry", "fail"):
             found_fate = fates.get((job.job_id, job.attempt))
             if found_fate is not None or outcome == "retry":
