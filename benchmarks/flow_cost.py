@@ -5,7 +5,8 @@
 
 Interleaved rounds of the drain of ``drain.py`` (async no-op jobs, ``awa_worker --burst``) on
 one queue: with no flow limits, then with limits set but not binding (a global concurrency of
-10,000 and a rate limit of 1,000,000/s, far above what two processes reach). Then a drain of
+10,000 and a rate limit of 1,000,000/s, far above what two processes reach), on the queue and
+then on the job kind instead (``@job``'s ``global_concurrency`` / ``rate_limit``). Then a drain of
 sleeping jobs (``--sleep`` seconds each) under a binding global limit (``--limit``): the
 achieved concurrency is jobs x sleep / elapsed (Little's law), and the most permits seen in use
 by a sampler polling ``awa.flow_status_v1()``. Prints JSON with medians.
@@ -52,18 +53,28 @@ def set_limits(queue: str, max_running: int | None, rate: float | None) -> None:
             )
 
 
+def set_kind_limits(kind: str, max_running: int | None, rate: float | None) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM awa.flow_kind_set_v1(%s, %s, %s, NULL, 'bench', %s)",
+            [kind, max_running, rate, max_running is None and rate is None],
+        )
+
+
 def run(args: argparse.Namespace) -> None:
     from benchmarks import benchjobs
 
     handle = benchjobs.anoop
     queue = handle.options.queue
-    rates: dict[str, list[float]] = {"none": [], "not_binding": []}
+    rates: dict[str, list[float]] = {"none": [], "not_binding": [], "kind_not_binding": []}
     for _ in range(args.rounds):
-        for mode in ("none", "not_binding"):
-            if mode == "none":
-                set_limits(queue, None, None)
-            else:
-                set_limits(queue, 10_000, 1_000_000.0)
+        for mode in rates:
+            set_limits(queue, *((10_000, 1_000_000.0) if mode == "not_binding" else (None, None)))
+            set_kind_limits(
+                handle.kind, *((10_000, 1_000_000.0) if mode == "kind_not_binding" else (None, None))
+            )
             first = enqueue(handle, args.jobs)
             rate, _ = drain(
                 queue, args.jobs, first, processes=args.processes, concurrency=args.concurrency
@@ -71,6 +82,7 @@ def run(args: argparse.Namespace) -> None:
             rates[mode].append(rate)
     none = statistics.median(rates["none"])
     limited = statistics.median(rates["not_binding"])
+    kind_limited = statistics.median(rates["kind_not_binding"])
     binding = bound_run(args)
     print(
         json.dumps(
@@ -81,6 +93,8 @@ def run(args: argparse.Namespace) -> None:
                 "drain_no_limits": round(none),
                 "drain_limits_not_binding": round(limited),
                 "cost": round(1 - limited / none, 4),
+                "drain_kind_limits_not_binding": round(kind_limited),
+                "kind_cost": round(1 - kind_limited / none, 4),
                 "rounds": {k: [round(v) for v in vs] for k, vs in rates.items()},
                 "binding": binding,
             },
