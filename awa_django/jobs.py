@@ -19,7 +19,7 @@ from awa_django import cron as _cron
 from awa_django.conf import KindSettings
 from awa_django.db.enqueue import build_request, send_requests
 from awa_django.exceptions import UnknownKindError
-from awa_django.limits import check_flow_limits, check_weight, tag_tuple
+from awa_django.limits import check_flow_limits, check_kind_name, check_weight, tag_tuple
 from awa_django.retry import RetryPolicy, check_retry
 from awa_django.types import EnqueuedJob, JobOptions, JobRequest
 from awa_django.unique import states_tuple
@@ -338,6 +338,8 @@ def job(
                 "module level or pass name="
             )
         kind = name or f"{f.__module__}.{qualname}"
+        if limits is not None:
+            check_kind_name(kind, "name")  # the limits' row is named by it (docs/flow.md)
         existing = _registry.get(kind)
         if existing is not None and _origin(existing.func) != _origin(f):
             raise ImproperlyConfigured(

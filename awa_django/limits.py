@@ -42,6 +42,7 @@ __all__ = [
     "check_kind_name",
     "check_max_attempts",
     "check_metadata_keys",
+    "check_no_control",
     "check_priority",
     "check_queue_name",
     "check_seconds",
@@ -170,12 +171,30 @@ KIND_NAME_MAX_LENGTH = 255
 
 
 def check_kind_name(value: object, field: str = "kind") -> str:
-    """``value`` if it can name a job kind: a ``str`` of 1 to :data:`KIND_NAME_MAX_LENGTH`
-    characters that PostgreSQL can store (no NUL, no lone surrogate) and that is not blank."""
+    """``value`` if it can name a job kind that flow limits are set on: a ``str`` of 1 to
+    :data:`KIND_NAME_MAX_LENGTH` characters that PostgreSQL can store (no NUL, no lone
+    surrogate), not blank and without control characters (a name is printed on one line by
+    ``awa_queue limits`` and ``awa_status``)."""
     kind = check_text(field, value, max_length=KIND_NAME_MAX_LENGTH)
     if not kind.strip():
         raise InvalidOptionError(field, "must name a job kind (not empty or blank)")
+    check_no_control(field, kind)
     return kind
+
+
+#: Control characters: C0, DEL, C1 and the Unicode line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def check_no_control(field: str, value: str) -> str:
+    """``value`` if it holds no control character (newline, carriage return, escape, ...):
+    ``InvalidOptionError`` otherwise. For names shown one per line (kinds, actors)."""
+    found = _CONTROL.search(value)
+    if found is not None:
+        raise InvalidOptionError(
+            field, f"contains the control character {found.group()!r} at {found.start()}"
+        )
+    return value
 
 
 def check_metadata_keys(metadata: Mapping[str, object]) -> None:

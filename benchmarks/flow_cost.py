@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> None:
         for mode in rates:
             set_limits(queue, *((10_000, 1_000_000.0) if mode == "not_binding" else (None, None)))
             set_kind_limits(
-                handle.kind, *((10_000, 1_000_000.0) if mode == "kind_not_binding" else (None, None))
+                handle.kind,
+                *((10_000, 1_000_000.0) if mode == "kind_not_binding" else (None, None)),
             )
             first = enqueue(handle, args.jobs)
             rate, _ = drain(

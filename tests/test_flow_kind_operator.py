@@ -124,6 +124,9 @@ def test_bad_kind_limits_are_refused_and_nothing_is_written(
         ("\ud800", "kind: contains a lone surrogate"),
         (None, "kind: must be a str, got NoneType"),
         (5, "kind: must be a str, got int"),
+        ("a\nkind:b limit 9", "kind: contains the control character '\\n' at 1"),
+        ("a\x1b[2J", "kind: contains the control character '\\x1b' at 1"),
+        ("a\u2028b", "kind: contains the control character '\\u2028' at 1"),
     ],
 )
 def test_bad_kind_names_are_refused_and_nothing_is_written(kind: Any, message: str) -> None:
@@ -218,6 +221,33 @@ def test_awa_status_shows_kind_limits_in_text_and_json() -> None:
         1,
         0,
     )
+
+
+def test_a_control_character_in_an_actor_is_refused_and_listings_escape_raw_sql_rows() -> None:
+    with pytest.raises(InvalidOptionError) as excinfo:
+        set_kind_limits(KIND, global_concurrency=2, actor="eve\nkind:forged limit 1")
+    assert "actor: contains the control character '\\n' at 3" in str(excinfo.value)
+    assert rows() == []
+    with pg() as conn:  # raw SQL is not held to the Python rules: listings escape what it wrote
+        conn.execute(
+            "SELECT 1 FROM awa.flow_set_v1('q1', 2, NULL, NULL, %s, false)",
+            ["eve\nforged limit 99\x1b[2J"],
+        )
+        conn.execute(
+            "SELECT 1 FROM awa.flow_kind_set_v1(%s, 2, NULL, NULL, %s, false)",
+            [KIND, "eve\rkind:forged"],
+        )
+        with pytest.raises(Exception) as refused:
+            conn.execute(
+                "SELECT 1 FROM awa.flow_kind_set_v1(%s, 2, NULL, NULL, 'eve', false)",
+                ["k\nkind:forged"],
+            )
+        assert "no control characters" in str(refused.value)
+    for text in (run("awa_queue", "limits"), run("awa_status")):
+        assert "\x1b" not in text and "\r" not in text
+        assert not any(line.startswith(("forged", "kind:forged")) for line in text.splitlines())
+        assert "eve\\x0aforged limit 99\\x1b[2J" in text
+        assert "eve\\x0dkind:forged" in text
 
 
 # The admin ------------------------------------------------------------------------------------

@@ -209,6 +209,29 @@ def test_serial_key_order_holds_behind_a_kind_parked_job() -> None:
         assert [j.job_id for j in after.jobs] == young
 
 
+def test_a_raised_kind_rate_takes_effect_at_once() -> None:
+    """A state left by a slower rate (the next token 20 s away) holds nothing back once the
+    rate is raised: one job starts at once, then the new rate; the state is never further
+    ahead than the new limits allow once a claim started a job."""
+    with pg() as conn:
+        set_kind(conn, "k", rate=0.05, burst=1)
+        enqueue(conn, "q", ["k"] * 4)
+        assert len(claim(conn, "q", 10).jobs) == 1  # the one token; the next in 20 s
+        assert claim(conn, "q", 10).jobs == [] and len(parked(conn, "k")) == 3
+        set_kind(conn, "k", rate=1000, burst=2)
+        assert len(claim(conn, "q", 10).jobs) == 1  # at once, not after 20 s
+        row = conn.execute(
+            "SELECT extract(epoch FROM tat - clock_timestamp()) FROM awa.flow_kind_rate_state"
+        ).fetchone()
+        assert row is not None and float(row[0]) <= 0.002  # within burst x T of now
+
+        def rest() -> bool:
+            claim(conn, "q", 10)
+            return parked(conn, "k") == []
+
+        wait_for(rest, timeout=5, interval=0.01, message="the rest at the new rate")
+
+
 def test_a_cleared_kind_limit_unparks_its_jobs() -> None:
     with pg() as conn:
         set_kind(conn, "k", max_running=1)

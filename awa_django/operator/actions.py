@@ -46,6 +46,7 @@ from awa_django.limits import (
     check_id,
     check_ids,
     check_kind_name,
+    check_no_control,
     check_priority,
     check_queue_name,
     check_seconds,
@@ -448,7 +449,7 @@ def _actor(actor: object) -> str:
     who = check_text("actor", actor, max_length=255)
     if not who.strip():
         raise InvalidOptionError("actor", "must name who made the change")
-    return who
+    return check_no_control("actor", who)
 
 
 def _flow_write(

@@ -543,7 +543,7 @@ dlq_entries dlq_entries_pkey PRIMARY KEY (job_id)
 done_entries done_entries_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
 flow_kind_limits flow_kind_limits_burst_check CHECK (((burst >= 1) AND (burst <= 1000000)))
 flow_kind_limits flow_kind_limits_check CHECK (((burst IS NULL) OR (rate IS NOT NULL)))
-flow_kind_limits flow_kind_limits_kind_check CHECK (((length(kind) >= 1) AND (length(kind) <= 255)))
+flow_kind_limits flow_kind_limits_kind_check CHECK ((((length(kind) >= 1) AND (length(kind) <= 255)) AND (kind !~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]'::text)))
 flow_kind_limits flow_kind_limits_max_running_check CHECK (((max_running >= 1) AND (max_running <= 10000)))
 flow_kind_limits flow_kind_limits_max_seen_check CHECK (((max_seen >= 1) AND (max_seen <= 10000)))
 flow_kind_limits flow_kind_limits_pkey PRIMARY KEY (kind)
@@ -715,7 +715,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (142)
+-- function (143)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1104,8 +1104,8 @@ BEGIN
                     v_know := clock_timestamp();
                     v_tokens := (awa._flow_kind_tokens_v1(kl.rate, kl.burst, v_tat, v_know)).o_tokens;
                     o_rkinds := o_rkinds || e.kind;
-                    o_rtats := o_rtats || GREATEST(LEAST(v_tat, v_know + make_interval(
-                                                       secs => v_burst * v_period)), v_know);
+                    o_rtats := o_rtats || awa._flow_kind_tat_v1(kl.rate, kl.burst, v_tat,
+                                                                 v_know);
                     o_rleft := o_rleft || v_tokens;
                     o_rused := o_rused || 0;
                     v_i := cardinality(o_rkinds);
@@ -1736,6 +1736,20 @@ BEGIN
 END
 $function$
 
+CREATE OR REPLACE FUNCTION awa._flow_kind_tat_v1(p_rate double precision, p_burst integer, p_tat timestamp with time zone, p_now timestamp with time zone)
+ RETURNS timestamp with time zone
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT CASE
+        WHEN p_tat IS NULL OR p_tat < p_now THEN p_now
+        WHEN p_tat > p_now + make_interval(secs => b.n / p_rate)
+            THEN p_now + make_interval(secs => (b.n - 1) / p_rate)
+        ELSE p_tat END
+    FROM (SELECT COALESCE(p_burst, GREATEST(1, ceil(p_rate / 10)::integer))::double precision
+                 AS n) b
+$function$
+
 CREATE OR REPLACE FUNCTION awa._flow_kind_tokens_v1(p_rate double precision, p_burst integer, p_tat timestamp with time zone, p_now timestamp with time zone, OUT o_tokens integer, OUT o_wait double precision)
  RETURNS record
  LANGUAGE plpgsql
@@ -1744,10 +1758,8 @@ AS $function$
 DECLARE
     v_period double precision := 1.0 / p_rate;
     v_burst integer := COALESCE(p_burst, GREATEST(1, ceil(p_rate / 10)::integer));
-    v_tat timestamptz := LEAST(COALESCE(p_tat, p_now),
-                               p_now + make_interval(secs => v_burst * v_period));
+    v_tat timestamptz := awa._flow_kind_tat_v1(p_rate, p_burst, p_tat, p_now);
 BEGIN
-    v_tat := GREATEST(v_tat, p_now);
     o_tokens := GREATEST(floor((extract(epoch FROM p_now - v_tat) + v_burst * v_period)
                                / v_period + 1e-9)::integer, 0);
     IF o_tokens = 0 THEN
@@ -4978,9 +4990,10 @@ CREATE OR REPLACE FUNCTION awa.flow_kind_set_v1(p_kind text, p_max_running integ
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    IF p_kind IS NULL OR length(p_kind) NOT BETWEEN 1 AND 255 THEN
-        RAISE EXCEPTION 'kind: % is not a job kind (1-255 characters)', quote_nullable(p_kind)
-            USING ERRCODE = '22023';
+    IF p_kind IS NULL OR length(p_kind) NOT BETWEEN 1 AND 255
+       OR p_kind ~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]' THEN
+        RAISE EXCEPTION 'kind: % is not a job kind (1-255 characters, no control characters)',
+            quote_nullable(p_kind) USING ERRCODE = '22023';
     END IF;
     IF p_clear THEN
         IF p_settings IS NULL OR jsonb_typeof(p_settings) <> 'object'

@@ -38,6 +38,7 @@ from awa_django.operator import (
     set_kind_limits,
     set_queue_limits,
 )
+from awa_django.telemetry.logs import one_line
 
 _LIMIT_OPTIONS = ("global_concurrency", "rate", "burst", "clear", "kind")
 
@@ -194,19 +195,21 @@ class Command(BaseCommand):
             )
         if loud:
             shown = "no flow limits" if now is None else now.summary()
-            self.stdout.write(self.style.SUCCESS(f"kind {kind} flow limits: {shown}"))
+            self.stdout.write(self.style.SUCCESS(f"kind {one_line(kind)} flow limits: {shown}"))
 
     def _list(self, rows: list[QueueLimits], kinds: list[KindLimits]) -> None:
         if not rows:
             self.stdout.write("no queue has flow limits")
+        # Names and actors written by raw SQL may hold anything: one_line escapes control
+        # characters, so no value starts a line of its own or drives the terminal.
         for q in rows:
             self.stdout.write(
-                f"{q.queue}\t{q.summary()}\tby {q.updated_by or '?'} at "
+                f"{q.queue}\t{q.summary()}\tby {one_line(q.updated_by or '?')} at "
                 f"{q.updated_at:%Y-%m-%d %H:%M:%S%z}"
             )
         # A queue name holds no ':', so "kind:" never starts a queue's line.
         for k in kinds:
             self.stdout.write(
-                f"kind:{k.kind}\t{k.summary()}\tby {k.updated_by or '?'} at "
-                f"{k.updated_at:%Y-%m-%d %H:%M:%S%z}"
+                f"kind:{one_line(k.kind)}\t{k.summary()}\tby {one_line(k.updated_by or '?')} "
+                f"at {k.updated_at:%Y-%m-%d %H:%M:%S%z}"
             )

@@ -23,6 +23,7 @@ from awa_django.operator import (
     rings,
     workers,
 )
+from awa_django.telemetry.logs import one_line
 
 
 class Command(BaseCommand):
@@ -96,10 +97,12 @@ class Command(BaseCommand):
         self.stdout.write(self.style.MIGRATE_HEADING("flow limits:"))
         if not limits and not kinds:
             self.stdout.write("  none")
-        for f in limits:
-            self.stdout.write(f"  {f.queue}: {f.summary()} (by {f.updated_by or '?'})")
+        for f in limits:  # names and actors from raw SQL: one line each, whatever they hold
+            self.stdout.write(f"  {f.queue}: {f.summary()} (by {one_line(f.updated_by or '?')})")
         for k in kinds:
-            self.stdout.write(f"  kind {k.kind}: {k.summary()} (by {k.updated_by or '?'})")
+            self.stdout.write(
+                f"  kind {one_line(k.kind)}: {k.summary()} (by {one_line(k.updated_by or '?')})"
+            )
         self.stdout.write(self.style.MIGRATE_HEADING("workers:"))
         for w in processes:
             self.stdout.write(

@@ -33,7 +33,9 @@
 -- remains the queue rate's hard wait).
 
 CREATE TABLE IF NOT EXISTS awa.flow_kind_limits (
-    kind text PRIMARY KEY CHECK (length(kind) BETWEEN 1 AND 255),
+    -- A name with a control character is refused: listings print one kind per line.
+    kind text PRIMARY KEY CHECK (length(kind) BETWEEN 1 AND 255
+                                 AND kind !~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]'),
     max_running integer CHECK (max_running BETWEEN 1 AND 10000),
     rate double precision CHECK (rate >= 0.001 AND rate <= 1000000),
     burst integer CHECK (burst BETWEEN 1 AND 1000000),
@@ -141,8 +143,28 @@ BEGIN
 END
 $$;
 
+-- The state time a kind's rate counts from at p_now: p_tat (NULL: none yet) but never in the
+-- past, and, when p_tat is further ahead than the current limits allow (burst x T: it was
+-- left by a slower rate, or by a limit since cleared), p_now + (burst - 1) x T: one token now,
+-- then the current rate. So a raised rate takes effect at once, and a state no claim writes
+-- (jobs of the kind all parked) never holds the kind back for what an old rate accumulated.
+-- A state within the limits is never moved: no token is given early.
+CREATE FUNCTION awa._flow_kind_tat_v1(p_rate double precision, p_burst integer,
+                                      p_tat timestamptz, p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN p_tat IS NULL OR p_tat < p_now THEN p_now
+        WHEN p_tat > p_now + make_interval(secs => b.n / p_rate)
+            THEN p_now + make_interval(secs => (b.n - 1) / p_rate)
+        ELSE p_tat END
+    FROM (SELECT COALESCE(p_burst, GREATEST(1, ceil(p_rate / 10)::integer))::double precision
+                 AS n) b
+$$;
+
 -- The rate tokens kind limits row p_limit allows now given state p_tat (no lock, no write), and
--- the seconds until the next one when none (else NULL). As the queue rate of awa.claim_v3.
+-- the seconds until the next one when none (else NULL). As the queue rate of awa.claim_v3,
+-- from the state time awa._flow_kind_tat_v1 gives.
 CREATE FUNCTION awa._flow_kind_tokens_v1(p_rate double precision, p_burst integer,
                                          p_tat timestamptz, p_now timestamptz,
                                          OUT o_tokens integer, OUT o_wait double precision)
@@ -150,10 +172,8 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     v_period double precision := 1.0 / p_rate;
     v_burst integer := COALESCE(p_burst, GREATEST(1, ceil(p_rate / 10)::integer));
-    v_tat timestamptz := LEAST(COALESCE(p_tat, p_now),
-                               p_now + make_interval(secs => v_burst * v_period));
+    v_tat timestamptz := awa._flow_kind_tat_v1(p_rate, p_burst, p_tat, p_now);
 BEGIN
-    v_tat := GREATEST(v_tat, p_now);
     o_tokens := GREATEST(floor((extract(epoch FROM p_now - v_tat) + v_burst * v_period)
                                / v_period + 1e-9)::integer, 0);
     IF o_tokens = 0 THEN
@@ -406,8 +426,8 @@ BEGIN
                     v_know := clock_timestamp();
                     v_tokens := (awa._flow_kind_tokens_v1(kl.rate, kl.burst, v_tat, v_know)).o_tokens;
                     o_rkinds := o_rkinds || e.kind;
-                    o_rtats := o_rtats || GREATEST(LEAST(v_tat, v_know + make_interval(
-                                                       secs => v_burst * v_period)), v_know);
+                    o_rtats := o_rtats || awa._flow_kind_tat_v1(kl.rate, kl.burst, v_tat,
+                                                                 v_know);
                     o_rleft := o_rleft || v_tokens;
                     o_rused := o_rused || 0;
                     v_i := cardinality(o_rkinds);
@@ -1025,9 +1045,10 @@ CREATE FUNCTION awa.flow_kind_set_v1(p_kind text, p_max_running integer,
 RETURNS SETOF awa.flow_kind_limits
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF p_kind IS NULL OR length(p_kind) NOT BETWEEN 1 AND 255 THEN
-        RAISE EXCEPTION 'kind: % is not a job kind (1-255 characters)', quote_nullable(p_kind)
-            USING ERRCODE = '22023';
+    IF p_kind IS NULL OR length(p_kind) NOT BETWEEN 1 AND 255
+       OR p_kind ~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]' THEN
+        RAISE EXCEPTION 'kind: % is not a job kind (1-255 characters, no control characters)',
+            quote_nullable(p_kind) USING ERRCODE = '22023';
     END IF;
     IF p_clear THEN
         IF p_settings IS NULL OR jsonb_typeof(p_settings) <> 'object'
