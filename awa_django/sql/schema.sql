@@ -1046,6 +1046,36 @@ DECLARE
     v_scan integer := LEAST(LEAST(p_units, p_jobs) * 2 + 64, 512);
     v_seen integer := 0;
     v_jobs integer := 0;
+    -- The window, in lane order: the rows, their kinds, weights and whether the kind is limited.
+    v_win awa.ready_entries[];
+    v_wkind text[];
+    v_ww integer[];
+    v_wlim boolean[];
+    v_serial boolean;
+    -- Per limited kind of the window: its limits, its index in o_rkinds (when rate-limited),
+    -- and its pool of permits v_pool[v_pfrom:v_pto], of which v_pnext is the next to draw.
+    v_kinds text[];
+    v_lmax integer[];
+    v_lseen integer[];
+    v_lrate double precision[];
+    v_lburst integer[];
+    v_rix integer[];
+    v_pool integer[] := '{}';
+    v_pfrom integer[];
+    v_pnext integer[];
+    v_pto integer[];
+    -- Per decided row (rows 1 .. v_m): parked by its kind, or taken with the v_kn keys of the
+    -- pool from v_kfrom (NULL: none).
+    v_parked boolean[] := '{}';
+    v_kfrom integer[] := '{}';
+    v_kn integer[] := '{}';
+    v_m integer := 0;
+    v_k integer;
+    v_need integer;
+    v_want integer;
+    v_cap integer;
+    v_left integer;
+    v_free integer[] := '{}';
 BEGIN
     o_rows := '{}';
     o_taken := COALESCE(p_taken, '{}');
@@ -1056,19 +1086,34 @@ BEGIN
     o_rtats := COALESCE(p_rtats, '{}');
     o_rleft := COALESCE(p_rleft, '{}');
     o_rused := COALESCE(p_rused, '{}');
+    SELECT array_agg(s.r ORDER BY s.lane_seq), array_agg(s.kind ORDER BY s.lane_seq),
+           array_agg(awa._job_weight_v1(s.metadata, p_wcap) ORDER BY s.lane_seq),
+           array_agg(COALESCE(s.kind = ANY (p_kinds), false) ORDER BY s.lane_seq),
+           COALESCE(bool_or(s.metadata ->> 'awa:serial' IS NOT NULL), false),
+           array_agg(DISTINCT s.kind) FILTER (WHERE s.kind = ANY (p_kinds))
+    INTO v_win, v_wkind, v_ww, v_wlim, v_serial, v_kinds
+    FROM (SELECT x AS r, x.lane_seq, x.kind, x.metadata
+          FROM awa.ready_entries x
+          WHERE x.lane_id = p_lane AND x.lane_seq > p_cursor
+            AND NOT EXISTS (
+                SELECT 1 FROM awa.ready_tombstones t
+                WHERE t.lane_id = x.lane_id AND t.lane_seq = x.lane_seq
+                  AND t.ready_slot = x.ready_slot)
+          ORDER BY x.lane_seq
+          LIMIT v_scan) s;
+    IF v_win IS NULL THEN
+        RETURN;
+    END IF;
+
+    IF v_serial THEN
+    -- Row by row, a statement per row (the rows of 0012 before the bulk path).
     FOR e IN
         SELECT x.*, COALESCE(awa._deadline_secs_v1(x.deadline_secs), p_default) AS timeout,
                awa._job_weight_v1(x.metadata, p_wcap) AS w,
                x.metadata ->> 'awa:serial' AS skey,
                COALESCE(x.kind = ANY (p_kinds), false) AS limited
-        FROM awa.ready_entries x
-        WHERE x.lane_id = p_lane AND x.lane_seq > p_cursor
-          AND NOT EXISTS (
-              SELECT 1 FROM awa.ready_tombstones t
-              WHERE t.lane_id = x.lane_id AND t.lane_seq = x.lane_seq
-                AND t.ready_slot = x.ready_slot)
-        ORDER BY x.lane_seq
-        LIMIT v_scan
+        FROM unnest(v_win) WITH ORDINALITY AS x
+        ORDER BY x.ordinality
     LOOP
         v_seen := v_seen + 1;
         v_park := false;
@@ -1210,6 +1255,172 @@ BEGIN
             EXIT WHEN o_units >= p_units OR v_jobs >= p_jobs;
         END IF;
     END LOOP;
+    IF v_seen >= v_scan AND o_units < p_units AND v_jobs < p_jobs THEN
+        o_retry := true;  -- looked at as many rows as allowed: the rest next claim, soon
+    END IF;
+    RETURN;
+    END IF;
+
+    -- No serial key in the window: decisions on arrays, then one statement writes them.
+    IF v_kinds IS NOT NULL THEN
+        SELECT array_agg(f.max_running ORDER BY u.i), array_agg(f.max_seen ORDER BY u.i),
+               array_agg(f.rate ORDER BY u.i), array_agg(f.burst ORDER BY u.i)
+        INTO v_lmax, v_lseen, v_lrate, v_lburst
+        FROM unnest(v_kinds) WITH ORDINALITY AS u(kind, i)
+        LEFT JOIN awa.flow_kind_limits f ON f.kind = u.kind;
+        v_rix := array_fill(NULL::integer, ARRAY[cardinality(v_kinds)]);
+        v_pfrom := v_rix;
+        v_pnext := v_rix;
+        v_pto := v_rix;
+    END IF;
+    FOR i IN 1..cardinality(v_win) LOOP
+        v_seen := i;
+        v_kpark := false;
+        v_need := NULL;
+        v_i := NULL;
+        -- A job that would not fit stops the lane (in order) before it takes anything.
+        EXIT WHEN v_ww[i] > p_units - o_units OR v_jobs >= p_jobs;
+        IF v_wlim[i] THEN
+            -- Its kind decides: a rate token, then its permits, or it is parked.
+            v_k := array_position(v_kinds, v_wkind[i]);
+            IF v_lrate[v_k] IS NOT NULL THEN
+                v_period := 1.0 / v_lrate[v_k];
+                v_burst := COALESCE(v_lburst[v_k], GREATEST(1, ceil(v_lrate[v_k] / 10)::integer));
+                v_i := COALESCE(v_rix[v_k], array_position(o_rkinds, v_wkind[i]));
+                IF v_i IS NULL THEN
+                    INSERT INTO awa.flow_kind_rate_state (kind, tat) VALUES (v_wkind[i], now())
+                    ON CONFLICT (kind) DO NOTHING;
+                    IF cardinality(o_rkinds) = 0 THEN
+                        SELECT s.tat INTO v_tat FROM awa.flow_kind_rate_state s
+                        WHERE s.kind = v_wkind[i] FOR UPDATE;
+                    ELSE
+                        SELECT s.tat INTO v_tat FROM awa.flow_kind_rate_state s
+                        WHERE s.kind = v_wkind[i] FOR UPDATE SKIP LOCKED;
+                        IF NOT FOUND THEN
+                            o_retry := true;  -- another claim holds it: claim again soon
+                            EXIT;
+                        END IF;
+                    END IF;
+                    -- As the queue's rate: the time is the clock once the state is locked.
+                    v_know := clock_timestamp();
+                    v_tokens := (awa._flow_kind_tokens_v1(v_lrate[v_k], v_lburst[v_k], v_tat,
+                                                          v_know)).o_tokens;
+                    o_rkinds := o_rkinds || v_wkind[i];
+                    o_rtats := o_rtats || GREATEST(LEAST(v_tat, v_know + make_interval(
+                                                       secs => v_burst * v_period)), v_know);
+                    o_rleft := o_rleft || v_tokens;
+                    o_rused := o_rused || 0;
+                    v_i := cardinality(o_rkinds);
+                END IF;
+                v_rix[v_k] := v_i;
+                IF o_rleft[v_i] <= 0 THEN
+                    v_kpark := true;  -- no token now: it waits for one
+                    v_w := GREATEST(extract(epoch FROM o_rtats[v_i]
+                                            + make_interval(secs => o_rused[v_i] * v_period)
+                                            - clock_timestamp())
+                                    - (v_burst - 1) * v_period, 0.001);
+                    o_wait := LEAST(COALESCE(o_wait, v_w), v_w);
+                END IF;
+            END IF;
+            IF NOT v_kpark AND v_lmax[v_k] IS NOT NULL THEN
+                v_need := LEAST(v_ww[i], v_lmax[v_k]);
+                IF v_pfrom[v_k] IS NULL THEN
+                    -- The kind's first row that needs permits: take what its rows here could
+                    -- use, at once.
+                    v_cap := LEAST(v_lmax[v_k], p_units - o_units);
+                    v_left := p_jobs - v_jobs;
+                    IF v_i IS NOT NULL THEN
+                        v_left := LEAST(v_left, o_rleft[v_i]);
+                    END IF;
+                    v_want := 0;
+                    FOR j IN i..cardinality(v_win) LOOP
+                        CONTINUE WHEN v_wkind[j] <> v_wkind[i];
+                        v_want := v_want + LEAST(v_ww[j], v_lmax[v_k]);
+                        v_left := v_left - 1;
+                        EXIT WHEN v_want >= v_cap OR v_left <= 0;
+                    END LOOP;
+                    v_kk := awa._flow_kind_take_v1(v_wkind[i], v_lmax[v_k], v_lseen[v_k],
+                                                   LEAST(v_want, v_cap),
+                                                   COALESCE(p_pheld, '{}') || o_kkeys || v_pool);
+                    v_pfrom[v_k] := cardinality(v_pool) + 1;
+                    v_pnext[v_k] := v_pfrom[v_k];
+                    v_pool := v_pool || v_kk;
+                    v_pto[v_k] := cardinality(v_pool);
+                END IF;
+                IF v_pto[v_k] - v_pnext[v_k] + 1 < v_need THEN
+                    v_kpark := true;  -- the kind's permits are taken: it waits for one
+                    v_need := NULL;
+                END IF;
+            END IF;
+        END IF;
+        v_m := i;
+        v_parked[i] := v_kpark;
+        v_kfrom[i] := CASE WHEN v_need IS NOT NULL THEN v_pnext[v_k] END;
+        v_kn[i] := v_need;
+        IF NOT v_kpark THEN
+            IF v_need IS NOT NULL THEN
+                v_pnext[v_k] := v_pnext[v_k] + v_need;
+            END IF;
+            o_units := o_units + v_ww[i];
+            v_jobs := v_jobs + 1;
+            IF v_i IS NOT NULL THEN
+                o_rleft[v_i] := o_rleft[v_i] - 1;
+                o_rused[v_i] := o_rused[v_i] + 1;
+            END IF;
+            EXIT WHEN o_units >= p_units OR v_jobs >= p_jobs;
+        END IF;
+    END LOOP;
+    IF v_m > 0 THEN
+        -- Every decided row's claim (a parked one's closed at once, its body in flow_waiting),
+        -- and the taken rows, each with the keys it drew.
+        WITH d AS MATERIALIZED (
+            SELECT u.*, COALESCE(awa._deadline_secs_v1(u.deadline_secs), p_default) AS timeout,
+                   now() + make_interval(secs => COALESCE(awa._deadline_secs_v1(u.deadline_secs),
+                                                          p_default)) AS deadline
+            FROM ROWS FROM (unnest(v_parked), unnest(v_kfrom), unnest(v_kn),
+                            unnest(v_ww[1:v_m]), unnest(v_win[1:v_m]))
+                 WITH ORDINALITY AS u(parked, kfrom, kn, w)
+        ), claimed AS (
+            INSERT INTO awa.claims (
+                claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
+            SELECT p_cslot, p_cgen, d.job_id, d.run_lease + 1, d.ready_slot, d.ready_generation,
+                   d.lane_id, d.lane_seq, d.attempt + 1, d.deadline, p_worker, d.kind
+            FROM d
+        ), closed AS (
+            INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+            SELECT p_cslot, d.job_id, d.run_lease + 1, 'parked' FROM d WHERE d.parked
+        ), waiting AS (
+            INSERT INTO awa.flow_waiting (
+                job_id, serial_lock, queue, priority, kind, args, attempt, max_attempts,
+                run_lease, run_at, created_at, deadline_secs, metadata, tags, errors, progress)
+            SELECT d.job_id, NULL, d.queue, d.priority, d.kind, d.args, d.attempt,
+                   d.max_attempts, d.run_lease + 1, d.run_at, d.created_at, d.deadline_secs,
+                   d.metadata, d.tags, d.errors, d.progress
+            FROM d WHERE d.parked
+        )
+        SELECT COALESCE(array_agg(ROW(d.job_id, d.run_lease + 1, (d.attempt + 1)::smallint,
+                                      d.max_attempts, p_cslot, d.kind, d.args, d.queue,
+                                      d.priority, d.deadline, d.timeout, d.progress, d.metadata,
+                                      d.tags, d.errors, d.w,
+                                      CASE WHEN d.kn IS NOT NULL
+                                           THEN v_pool[d.kfrom:d.kfrom + d.kn - 1] END,
+                                      NULL,
+                                      extract(epoch FROM now() - d.run_at)::double precision
+                                     )::awa.claimed_v3 ORDER BY d.ordinality)
+                            FILTER (WHERE NOT d.parked), '{}')
+        INTO o_rows
+        FROM d;
+    END IF;
+    -- The keys drawn are the claim's; the rest of each pool goes back.
+    FOR k IN 1..COALESCE(cardinality(v_kinds), 0) LOOP
+        CONTINUE WHEN v_pfrom[k] IS NULL;
+        o_kkeys := o_kkeys || v_pool[v_pfrom[k]:v_pnext[k] - 1];
+        v_free := v_free || v_pool[v_pnext[k]:v_pto[k]];
+    END LOOP;
+    IF cardinality(v_free) > 0 THEN
+        PERFORM awa.flow_release_v1(v_free);
+    END IF;
     IF v_seen >= v_scan AND o_units < p_units AND v_jobs < p_jobs THEN
         o_retry := true;  -- looked at as many rows as allowed: the rest next claim, soon
     END IF;
