@@ -406,3 +406,47 @@ def test_bulk_rows_carry_queue_permits_then_kind_permits() -> None:
         assert set(first[3:]) == set(kind_keys[0])  # min(3, 2) of the kind's, after the queue's
         assert len(second) == 2 and set(second) <= set(queue_keys[0])
         assert session_permits(conn) == as_oids(first + second)
+
+
+def test_bulk_limits_that_do_not_bind_take_the_prefix_at_once() -> None:
+    with pg(autocommit=False) as conn:
+        set_kind(conn, "a", max_running=10)
+        set_kind(conn, "b", max_running=30, rate=1000, burst=100)
+        set_kind(conn, "c", max_running=3)
+        rows = [("c", 5), ("b", 1), ("o", 3), ("b", 20), ("a", 1), ("b", 2), ("o", 1), ("a", 1)]
+        ids = enqueue_weighted(conn, "q", rows)
+        conn.commit()
+        got = claim(conn, "q", 33)
+        # Units 5+1+3+20+1+2 = 32: the seventh row (1) fits, the eighth (1) does not.
+        assert [j.job_id for j in got.jobs] == ids[:7]
+        assert parked(conn) == []
+        want = {0: 3, 1: 1, 3: 20, 4: 1, 5: 2}  # min(weight, limit)
+        for i, job in enumerate(got.jobs):
+            assert (len(job.permits) if job.permits is not None else None) == want.get(i)
+        keys = [k for j in got.jobs for k in (j.permits or [])]
+        assert len(set(keys)) == len(keys) == 27
+        assert session_permits(conn) == as_oids(keys)
+        row = conn.execute(
+            "SELECT n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables "
+            "WHERE schemaname = 'awa' AND relname = 'flow_kind_rate_state'"
+        ).fetchone()
+        assert row == (1, 1)
+        tat = conn.execute(
+            "SELECT extract(epoch FROM tat - now())::float FROM awa.flow_kind_rate_state"
+        ).fetchone()
+        assert tat is not None and 0.003 - 0.001 < tat[0] < 0.5  # 3 tokens of 1 ms
+        assert set(claims_of(conn, ids)) == set(ids[:7])
+        conn.commit()
+
+
+def test_bulk_a_binding_kind_reads_the_rest_of_the_window() -> None:
+    with pg() as conn:
+        set_kind(conn, "k", max_running=1)
+        ids = enqueue(conn, "q", ["k", "k", "k", "k", "o", "o", "o"])
+        got = claim(conn, "q", 3)
+        # The first three rows (as many as 3 units could take) are all of k, which binds: the
+        # rest of the window is read and decided in lane order.
+        assert [j.job_id for j in got.jobs] == [ids[0], ids[4], ids[5]]
+        assert parked(conn) == ids[1:4]
+        assert session_permits(conn) == as_oids(list(got.jobs[0].permits or []))
+        assert set(claims_of(conn, ids)) == set(ids[:6])
