@@ -964,6 +964,7 @@ DECLARE
     v_all_lanes integer[];
     v_all_cursors bigint[];
     v_serial_at bigint;
+    v_slow boolean;
     v_taken integer[] := '{}';
     v_retry boolean := false;
     -- The claim's time: now(), or for a rate-limited queue the clock once its rate state is
@@ -1147,6 +1148,19 @@ BEGIN
         IF v_cursor IS NULL THEN
             v_cursor := awa.lane_cursor_v1(r.lane_id);
         END IF;
+        v_slow := false;
+        IF cardinality(v_kinds) > 0 THEN
+            -- When the lane's next job takes the slow path (a limited kind, a serial key), the
+            -- statement below would read the lane's rows only to stop at the first: one probe.
+            SELECT COALESCE(e.metadata ? 'awa:serial' OR e.kind = ANY (v_kinds), false)
+            INTO v_slow
+            FROM awa.ready_entries e
+            WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq = v_cursor + 1
+              AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones t
+                              WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                AND t.lane_seq = e.lane_seq);
+            v_slow := COALESCE(v_slow, false);
+        END IF;
         -- The run of positions right after the cursor in the current queue slot, as claim_v2,
         -- taken while the running sum of weights fits the units left (a prefix: a job that
         -- does not fit stops the lane here, in order).
@@ -1157,7 +1171,8 @@ BEGIN
                              AND t.lane_seq = e.lane_seq) AS dead,
                    row_number() OVER (ORDER BY e.lane_seq) AS n
             FROM awa.ready_entries e
-            WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+            WHERE NOT v_slow
+              AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
             ORDER BY e.lane_seq
             LIMIT v_remaining
         ), weighed AS MATERIALIZED (
@@ -1193,7 +1208,9 @@ BEGIN
                              extract(epoch FROM now() - p.run_at)::double precision
                             )::awa.claimed_v3
                          ORDER BY p.lane_seq),
-               COALESCE(sum(p.w), 0), (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
+               COALESCE(sum(p.w), 0),
+               CASE WHEN v_slow THEN v_cursor + 1
+                    ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END
         INTO v_part, v_weight, v_serial_at
         FROM picked p;
         v_got := COALESCE(cardinality(v_part), 0);
