@@ -318,22 +318,23 @@ $$;
 -- waiting for each other). o_kkeys: kind permits taken by the claim so far; o_wait: the
 -- seconds until the next token of a kind whose job the rate parked (NULL: none).
 --
--- How (the decisions are those of a row-by-row pass in lane order; only the statements
--- differ). The lane's next rows (at most v_scan) are read into arrays, first as many as could
--- be taken (min(p_units, p_jobs)). Without a serial key among them, the limits bind nowhere
--- in the common case: the prefix of rows that fits the units and jobs is looked at per kind
--- (one statement), each of its limited kinds' rate state is read and its permits taken in bulk
--- (one awa._flow_kind_take_v1 call: the sum of min(weight, limit) over its rows), and when every
--- kind has the tokens and permits for all its rows there, that prefix is taken. Else (a kind
--- binds: its permits go back) the rest of the window is read; with a serial key in it, the rows
--- are decided one by one with statements per row (the serial tests read claims and waiting
--- rows this claim may just have written); without, in lane order on the arrays: a kind's
--- permits are taken at its first row that needs them, as many as its rows here could use (at
--- most the limit, the units left, and over no more rows than the jobs and rate tokens left),
--- its rows draw their keys from that pool in lane order, a row the pool cannot serve is parked
--- (the kind is not asked again in this call), and keys no taken row drew go back before the
--- function returns. Either way one statement then writes the claims of the rows decided, the
--- closures and awa.flow_waiting rows of the parked ones, and builds the rows taken.
+-- How (the decisions are those of one pass over the rows in lane order; only the statements
+-- differ). The lane's next rows are read into arrays, first as many as could be taken
+-- (min(p_units, p_jobs, 512)). When none of them has a serial key, the run of them that fits
+-- the units and jobs is looked at per limited kind (one statement); each kind's rate state is
+-- read and its permits are taken in bulk (one awa._flow_kind_take_v1 call, for the sum of
+-- min(weight, limit) over its rows in the run); when every kind has the tokens and permits for
+-- all its rows there (the common case: no limit binds), the run is taken. Else every permit
+-- taken goes back (rate states read stay, no token used) and the rest of the window (v_scan
+-- rows in all) is read. With a serial key in the window, its rows are decided one by one with
+-- statements per row (the serial tests read claims and waiting rows this claim may just have
+-- written). Without, in lane order on the arrays: a kind's permits are taken at its first row
+-- that needs them, as many as its rows here could use (at most the limit and the units left,
+-- over no more rows than the jobs and rate tokens left); its rows draw their keys from that
+-- pool in lane order, a row the pool cannot serve is parked (the kind is not asked again in
+-- this call), and keys no taken row drew go back before the function returns. Either way one
+-- statement then writes the claims of the rows decided, the closures and awa.flow_waiting rows
+-- of the parked ones, and builds the rows taken.
 CREATE FUNCTION awa._claim_kind_v1(
     p_lane integer, p_cursor bigint, p_cslot integer, p_cgen bigint, p_worker uuid,
     p_units integer, p_jobs integer, p_wcap integer, p_default double precision,
