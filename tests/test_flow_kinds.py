@@ -270,3 +270,206 @@ def test_a_heavy_parked_job_is_not_moved_until_it_fits() -> None:
         assert conn.execute("SELECT count(*) FROM awa.claims").fetchone() == before
         got = claim(conn, "q", 10, release=list(first[0].permits or [])).jobs
         assert len(got) == 1 and got[0].weight == 3 and parked(conn) == []
+
+
+# The bulk path of awa._claim_kind_v1 (a window without serial keys): decisions on arrays, a
+# kind's permits taken at once and drawn in lane order, one statement writing the claims.
+
+
+def enqueue_weighted(
+    conn: psycopg.Connection[Any], queue: str, rows: list[tuple[str, int]]
+) -> list[int]:
+    jobs = [{"kind": k, "queue": queue, "metadata": {"awa:weight": w}} for k, w in rows]
+    return [job_id for job_id, _ in enqueue_sql(conn, json.dumps(jobs))]
+
+
+def session_permits(conn: psycopg.Connection[Any]) -> list[int]:
+    """The permit keys (class 4282182) this session holds, as the oids pg_locks shows."""
+    rows = conn.execute(
+        "SELECT l.objid::bigint FROM pg_locks l WHERE l.pid = pg_backend_pid() "
+        "AND l.locktype = 'advisory' AND l.classid = 4282182::oid AND l.objsubid = 2 "
+        "AND l.granted ORDER BY 1"
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def as_oids(keys: list[int]) -> list[int]:
+    return sorted(k & 0xFFFFFFFF for k in keys)
+
+
+def claims_of(conn: psycopg.Connection[Any], ids: list[int]) -> dict[int, str | None]:
+    """Per job of ``ids`` with a claim: its closure outcome (None: open)."""
+    rows = conn.execute(
+        "SELECT c.job_id, x.outcome FROM awa.claims c LEFT JOIN awa.claim_closures x "
+        "ON x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.claim_slot = c.claim_slot "
+        "WHERE c.job_id = ANY(%s)",
+        [ids],
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def test_bulk_window_of_two_limited_kinds_and_an_unlimited_one_with_weights() -> None:
+    with pg() as conn:
+        set_kind(conn, "a", max_running=3)
+        set_kind(conn, "b", max_running=4)
+        set_kind(conn, "c", max_running=10)
+        set_kind(conn, "d", max_running=2)
+        rows = [
+            ("a", 2), ("o", 1), ("b", 3), ("a", 2), ("b", 1), ("d", 3), ("a", 1),
+            ("b", 5), ("o", 2), ("c", 1), ("o", 1), ("c", 1), ("c", 1), ("o", 1),
+        ]  # fmt: skip
+        ids = enqueue_weighted(conn, "q", rows)
+        got = claim(conn, "q", 16)
+        # a: pool 3 (its rows want 2+2+1), rows 0 and 6 draw 2 and 1, row 3 (2) is parked.
+        # b: pool 4 (3+1+min(5, 4)), rows 2 and 4 draw 3 and 1, row 7 (4 of 5) is parked.
+        # d: one row of weight 3 over a limit of 2 carries 2 permits. c: pool 3, rows 9 and 11
+        # draw one each, then the 16 units are used: rows 12 and 13 are left in the lane and
+        # c's third key goes back.
+        taken = [0, 1, 2, 4, 5, 6, 8, 9, 10, 11]
+        assert [j.job_id for j in got.jobs] == [ids[i] for i in taken]
+        assert parked(conn) == [ids[3], ids[7]]
+        want = {0: 2, 2: 3, 4: 1, 5: 2, 6: 1, 9: 1, 11: 1}
+        for i, job in zip(taken, got.jobs, strict=True):
+            assert job.weight == rows[i][1] and job.serial_lock is None
+            assert (len(job.permits) if job.permits is not None else None) == want.get(i)
+        keys = [k for j in got.jobs for k in (j.permits or [])]
+        assert len(set(keys)) == len(keys) == 11
+        assert session_permits(conn) == as_oids(keys)  # leftovers released, nothing else held
+        for kind, n in (("a", 3), ("b", 4), ("c", 2), ("d", 2)):
+            assert kind_in_use(conn, kind) == n
+        closures = claims_of(conn, ids)
+        assert closures == {
+            **{ids[i]: None for i in taken},
+            ids[3]: "parked",
+            ids[7]: "parked",
+        }
+        # The rows left are claimed next.
+        held = keys
+        again = claim(conn, "q", 2, held=held)
+        assert [j.job_id for j in again.jobs] == [ids[12], ids[13]]
+        assert session_permits(conn) == as_oids(held + list(again.jobs[0].permits or []))
+
+
+def test_bulk_pool_short_mid_window_parks_the_kind_and_takes_the_others() -> None:
+    with pg() as conn, pg() as other:
+        set_kind(conn, "k", max_running=3)
+        set_kind(conn, "m", max_running=5)
+        enqueue(other, "q2", ["k"])
+        theirs = claim(other, "q2", 1).jobs
+        assert len(theirs) == 1 and len(theirs[0].permits or []) == 1
+        ids = enqueue(conn, "q", ["k", "o", "k", "m", "k", "o", "k", "m"])
+        got = claim(conn, "q", 10)
+        # k wants 4 of its limit 3, one held elsewhere: a pool of 2 for its first two rows.
+        assert [j.job_id for j in got.jobs] == [ids[i] for i in (0, 1, 2, 3, 5, 7)]
+        assert parked(conn) == [ids[4], ids[6]]
+        keys = [k for j in got.jobs for k in (j.permits or [])]
+        assert len(set(keys)) == 4
+        assert session_permits(conn) == as_oids(keys)
+        assert not set(keys) & set(theirs[0].permits or [])
+        assert kind_in_use(conn, "k") == 3 and kind_in_use(conn, "m") == 2
+
+
+def test_bulk_a_row_that_does_not_fit_stops_the_lane() -> None:
+    with pg() as conn:
+        set_kind(conn, "a", max_running=5)
+        ids = enqueue_weighted(conn, "q", [("a", 1), ("o", 1), ("a", 3), ("a", 1), ("o", 1)])
+        got = claim(conn, "q", 4)
+        # Row 2 (3 units) does not fit the 2 left: nothing after it is claimed or parked, and
+        # of a's pool (4: 1+3+1 capped at the 4 units) only row 0's key is kept.
+        assert [j.job_id for j in got.jobs] == [ids[0], ids[1]]
+        assert parked(conn) == []
+        assert set(claims_of(conn, ids)) == {ids[0], ids[1]}
+        assert session_permits(conn) == as_oids(list(got.jobs[0].permits or []))
+        assert kind_in_use(conn, "a") == 1
+
+
+def test_bulk_rate_tokens_consumed_by_the_jobs_taken_and_state_written_once() -> None:
+    with pg(autocommit=False) as conn:
+        set_kind(conn, "r", rate=1, burst=3)
+        set_kind(conn, "s", rate=1, burst=2)
+        ids = enqueue(conn, "q", ["r", "o", "s", "r", "r", "s", "r", "s", "r", "o"])
+        conn.commit()
+        got = claim(conn, "q", 20)
+        assert [j.job_id for j in got.jobs] == [ids[i] for i in (0, 1, 2, 3, 4, 5, 9)]
+        assert parked(conn) == [ids[6], ids[7], ids[8]]
+        assert got.soft_wait is not None and 0 < got.soft_wait <= 1
+        assert all(j.permits is None for j in got.jobs)  # a rate takes no permits
+        # In the claim's transaction: one insert and one update of each kind's state row.
+        row = conn.execute(
+            "SELECT n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables "
+            "WHERE schemaname = 'awa' AND relname = 'flow_kind_rate_state'"
+        ).fetchone()
+        assert row == (2, 2)
+        tats = dict(
+            conn.execute(
+                "SELECT kind, extract(epoch FROM tat - now())::float FROM awa.flow_kind_rate_state"
+            ).fetchall()
+        )
+        assert 2.9 < tats["r"] < 3.5 and 1.9 < tats["s"] < 2.5  # 3 and 2 tokens used
+        conn.commit()
+
+
+def test_bulk_rows_carry_queue_permits_then_kind_permits() -> None:
+    with pg() as conn:
+        conn.execute("SELECT 1 FROM awa.flow_set_v1('q', 20, NULL, NULL, 'test', false)")
+        set_kind(conn, "a", max_running=2)
+        ids = enqueue_weighted(conn, "q", [("a", 3), ("o", 2), ("a", 1)])
+        got = claim(conn, "q", 10)
+        assert [j.job_id for j in got.jobs] == [ids[0], ids[1]]
+        assert parked(conn) == [ids[2]]
+        queue_keys = conn.execute(
+            "SELECT array_agg(awa._flow_key_v1('q', g)) FROM generate_series(0, 19) g"
+        ).fetchone()
+        kind_keys = conn.execute(
+            "SELECT array_agg(awa._flow_kind_key_v1('a', g)) FROM generate_series(0, 1) g"
+        ).fetchone()
+        assert queue_keys is not None and kind_keys is not None
+        first, second = (list(j.permits or []) for j in got.jobs)
+        assert len(first) == 5 and set(first[:3]) <= set(queue_keys[0])
+        assert set(first[3:]) == set(kind_keys[0])  # min(3, 2) of the kind's, after the queue's
+        assert len(second) == 2 and set(second) <= set(queue_keys[0])
+        assert session_permits(conn) == as_oids(first + second)
+
+
+def test_bulk_limits_that_do_not_bind_take_the_prefix_at_once() -> None:
+    with pg(autocommit=False) as conn:
+        set_kind(conn, "a", max_running=10)
+        set_kind(conn, "b", max_running=30, rate=1000, burst=100)
+        set_kind(conn, "c", max_running=3)
+        rows = [("c", 5), ("b", 1), ("o", 3), ("b", 20), ("a", 1), ("b", 2), ("o", 1), ("a", 1)]
+        ids = enqueue_weighted(conn, "q", rows)
+        conn.commit()
+        got = claim(conn, "q", 33)
+        # Units 5+1+3+20+1+2 = 32: the seventh row (1) fits, the eighth (1) does not.
+        assert [j.job_id for j in got.jobs] == ids[:7]
+        assert parked(conn) == []
+        want = {0: 3, 1: 1, 3: 20, 4: 1, 5: 2}  # min(weight, limit)
+        for i, job in enumerate(got.jobs):
+            assert (len(job.permits) if job.permits is not None else None) == want.get(i)
+        keys = [k for j in got.jobs for k in (j.permits or [])]
+        assert len(set(keys)) == len(keys) == 27
+        assert session_permits(conn) == as_oids(keys)
+        row = conn.execute(
+            "SELECT n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables "
+            "WHERE schemaname = 'awa' AND relname = 'flow_kind_rate_state'"
+        ).fetchone()
+        assert row == (1, 1)
+        tat = conn.execute(
+            "SELECT extract(epoch FROM tat - now())::float FROM awa.flow_kind_rate_state"
+        ).fetchone()
+        assert tat is not None and 0.003 - 0.001 < tat[0] < 0.5  # 3 tokens of 1 ms
+        assert set(claims_of(conn, ids)) == set(ids[:7])
+        conn.commit()
+
+
+def test_bulk_a_binding_kind_reads_the_rest_of_the_window() -> None:
+    with pg() as conn:
+        set_kind(conn, "k", max_running=1)
+        ids = enqueue(conn, "q", ["k", "k", "k", "k", "o", "o", "o"])
+        got = claim(conn, "q", 3)
+        # The first three rows (as many as 3 units could take) are all of k, which binds: the
+        # rest of the window is read and decided in lane order.
+        assert [j.job_id for j in got.jobs] == [ids[0], ids[4], ids[5]]
+        assert parked(conn) == ids[1:4]
+        assert session_permits(conn) == as_oids(list(got.jobs[0].permits or []))
+        assert set(claims_of(conn, ids)) == set(ids[:6])

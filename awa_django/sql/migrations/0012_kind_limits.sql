@@ -337,6 +337,24 @@ $$;
 -- later ones do not (another claim holding one stops the lane with o_retry: never two claims
 -- waiting for each other). o_kkeys: kind permits taken by the claim so far; o_wait: the
 -- seconds until the next token of a kind whose job the rate parked (NULL: none).
+--
+-- How (the decisions are those of one pass over the rows in lane order; only the statements
+-- differ). The lane's next rows are read into arrays, first as many as could be taken
+-- (min(p_units, p_jobs, 512)). When none of them has a serial key, the run of them that fits
+-- the units and jobs is looked at per limited kind (one statement); each kind's rate state is
+-- read and its permits are taken in bulk (one awa._flow_kind_take_v1 call, for the sum of
+-- min(weight, limit) over its rows in the run); when every kind has the tokens and permits for
+-- all its rows there (the common case: no limit binds), the run is taken. Else every permit
+-- taken goes back (rate states read stay, no token used) and the rest of the window (v_scan
+-- rows in all) is read. With a serial key in the window, its rows are decided one by one with
+-- statements per row (the serial tests read claims and waiting rows this claim may just have
+-- written). Without, in lane order on the arrays: a kind's permits are taken at its first row
+-- that needs them, as many as its rows here could use (at most the limit and the units left,
+-- over no more rows than the jobs and rate tokens left); its rows draw their keys from that
+-- pool in lane order, a row the pool cannot serve is parked (the kind is not asked again in
+-- this call), and keys no taken row drew go back before the function returns. Either way one
+-- statement then writes the claims of the rows decided, the closures and awa.flow_waiting rows
+-- of the parked ones, and builds the rows taken.
 CREATE FUNCTION awa._claim_kind_v1(
     p_lane integer, p_cursor bigint, p_cslot integer, p_cgen bigint, p_worker uuid,
     p_units integer, p_jobs integer, p_wcap integer, p_default double precision,
@@ -366,8 +384,49 @@ DECLARE
     v_lease bigint;
     v_deadline timestamptz;
     v_scan integer := LEAST(LEAST(p_units, p_jobs) * 2 + 64, 512);
+    v_first integer := LEAST(p_units, p_jobs, 512);
     v_seen integer := 0;
     v_jobs integer := 0;
+    -- The window, in lane order: the rows, their kinds, weights and whether the kind is limited.
+    v_win awa.ready_entries[];
+    v_wkind text[];
+    v_ww integer[];
+    v_wlim boolean[];
+    v_serial boolean;
+    -- The rest of the window, when read.
+    v_more awa.ready_entries[];
+    v_mkind text[];
+    v_mw integer[];
+    v_mlim boolean[];
+    v_mserial boolean;
+    -- The prefix that fits: its rows and units.
+    v_fit integer;
+    v_fitw integer;
+    v_fast boolean := false;
+    -- Per limited kind (of the prefix, then of the window): its limits, its rows in the prefix
+    -- and the permits they want, its index in o_rkinds (when rate-limited), and its pool of
+    -- permits v_pool[v_pfrom:v_pto], of which v_pnext is the next to draw.
+    v_kinds text[];
+    v_lmax integer[];
+    v_lseen integer[];
+    v_lrate double precision[];
+    v_lburst integer[];
+    v_kc integer[];
+    v_kwant integer[];
+    v_rix integer[];
+    v_pool integer[] := '{}';
+    v_pfrom integer[];
+    v_pnext integer[];
+    v_pto integer[];
+    -- Rows 1 .. v_m are decided: all taken, or (the loop) parked by their kind when v_parked.
+    v_parked boolean[] := '{}';
+    v_m integer := 0;
+    v_k integer;
+    v_need integer;
+    v_want integer;
+    v_cap integer;
+    v_left integer;
+    v_free integer[] := '{}';
 BEGIN
     o_rows := '{}';
     o_taken := COALESCE(p_taken, '{}');
@@ -378,160 +437,483 @@ BEGIN
     o_rtats := COALESCE(p_rtats, '{}');
     o_rleft := COALESCE(p_rleft, '{}');
     o_rused := COALESCE(p_rused, '{}');
-    FOR e IN
-        SELECT x.*, COALESCE(awa._deadline_secs_v1(x.deadline_secs), p_default) AS timeout,
-               awa._job_weight_v1(x.metadata, p_wcap) AS w,
-               x.metadata ->> 'awa:serial' AS skey,
-               COALESCE(x.kind = ANY (p_kinds), false) AS limited
-        FROM awa.ready_entries x
-        WHERE x.lane_id = p_lane AND x.lane_seq > p_cursor
-          AND NOT EXISTS (
-              SELECT 1 FROM awa.ready_tombstones t
-              WHERE t.lane_id = x.lane_id AND t.lane_seq = x.lane_seq
-                AND t.ready_slot = x.ready_slot)
-        ORDER BY x.lane_seq
-        LIMIT v_scan
-    LOOP
-        v_seen := v_seen + 1;
-        v_park := false;
-        v_kpark := false;
-        v_kk := NULL;
-        v_i := NULL;
-        v_lock := CASE WHEN e.skey IS NOT NULL THEN awa._serial_lock_v1(e.queue, e.skey) END;
-        IF e.limited THEN
-            -- Its kind first. A job that would not fit stops the lane (in order) before it
-            -- takes anything.
-            EXIT WHEN e.w > p_units - o_units OR v_jobs >= p_jobs;
-            kl := NULL;
-            SELECT * INTO kl FROM awa.flow_kind_limits f WHERE f.kind = e.kind;
-            IF kl.rate IS NOT NULL THEN
-                v_period := 1.0 / kl.rate;
-                v_burst := COALESCE(kl.burst, GREATEST(1, ceil(kl.rate / 10)::integer));
-                v_i := array_position(o_rkinds, e.kind);
+    SELECT array_agg(s.r ORDER BY s.lane_seq), array_agg(s.kind ORDER BY s.lane_seq),
+           array_agg(s.w ORDER BY s.lane_seq), array_agg(s.lim ORDER BY s.lane_seq),
+           COALESCE(bool_or(s.skey), false),
+           count(*) FILTER (WHERE s.cw <= p_units AND s.n <= p_jobs),
+           max(s.cw) FILTER (WHERE s.cw <= p_units AND s.n <= p_jobs)
+    INTO v_win, v_wkind, v_ww, v_wlim, v_serial, v_fit, v_fitw
+    FROM (SELECT y.*, sum(y.w) OVER (ORDER BY y.lane_seq) AS cw,
+                 row_number() OVER (ORDER BY y.lane_seq) AS n
+          FROM (SELECT x AS r, x.lane_seq, x.kind, awa._job_weight_v1(x.metadata, p_wcap) AS w,
+                       COALESCE(x.kind = ANY (p_kinds), false) AS lim,
+                       x.metadata ->> 'awa:serial' IS NOT NULL AS skey
+                FROM awa.ready_entries x
+                WHERE x.lane_id = p_lane AND x.lane_seq > p_cursor
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones t
+                      WHERE t.lane_id = x.lane_id AND t.lane_seq = x.lane_seq
+                        AND t.ready_slot = x.ready_slot)
+                ORDER BY x.lane_seq
+                LIMIT v_first) y) s;
+    IF v_win IS NULL THEN
+        RETURN;
+    END IF;
+
+    IF NOT v_serial THEN
+        -- The prefix that fits, when no kind binds there. Its limited kinds in the order of
+        -- their first rows, with their limits, rows and permits wanted.
+        v_fast := true;
+        SELECT array_agg(g.kind ORDER BY g.first), array_agg(f.max_running ORDER BY g.first),
+               array_agg(f.max_seen ORDER BY g.first), array_agg(f.rate ORDER BY g.first),
+               array_agg(f.burst ORDER BY g.first), array_agg(g.c ORDER BY g.first),
+               array_agg((SELECT sum(LEAST(x.w, f.max_running)) FROM unnest(g.ws) AS x(w))::integer
+                         ORDER BY g.first)
+        INTO v_kinds, v_lmax, v_lseen, v_lrate, v_lburst, v_kc, v_kwant
+        FROM (SELECT u.kind, min(u.i) AS first, count(*)::integer AS c, array_agg(u.w) AS ws
+              FROM unnest(v_wkind[1:v_fit], v_ww[1:v_fit], v_wlim[1:v_fit])
+                   WITH ORDINALITY AS u(kind, w, lim, i)
+              WHERE u.lim
+              GROUP BY u.kind) g
+        LEFT JOIN awa.flow_kind_limits f ON f.kind = g.kind;
+        IF v_kinds IS NOT NULL THEN
+            v_rix := array_fill(NULL::integer, ARRAY[cardinality(v_kinds)]);
+            v_pfrom := v_rix;
+            v_pnext := v_rix;
+            v_pto := v_rix;
+        END IF;
+        FOR k IN 1..COALESCE(cardinality(v_kinds), 0) LOOP
+            IF v_lrate[k] IS NOT NULL THEN
+                v_i := array_position(o_rkinds, v_kinds[k]);
                 IF v_i IS NULL THEN
-                    INSERT INTO awa.flow_kind_rate_state (kind, tat) VALUES (e.kind, now())
+                    -- As in the loop below: the first rate-limited kind of the claim waits for
+                    -- its state, a later one held by another claim makes the loop decide.
+                    v_period := 1.0 / v_lrate[k];
+                    v_burst := COALESCE(v_lburst[k], GREATEST(1, ceil(v_lrate[k] / 10)::integer));
+                    INSERT INTO awa.flow_kind_rate_state (kind, tat) VALUES (v_kinds[k], now())
                     ON CONFLICT (kind) DO NOTHING;
                     IF cardinality(o_rkinds) = 0 THEN
                         SELECT s.tat INTO v_tat FROM awa.flow_kind_rate_state s
-                        WHERE s.kind = e.kind FOR UPDATE;
+                        WHERE s.kind = v_kinds[k] FOR UPDATE;
                     ELSE
                         SELECT s.tat INTO v_tat FROM awa.flow_kind_rate_state s
-                        WHERE s.kind = e.kind FOR UPDATE SKIP LOCKED;
+                        WHERE s.kind = v_kinds[k] FOR UPDATE SKIP LOCKED;
                         IF NOT FOUND THEN
-                            o_retry := true;  -- another claim holds it: claim again soon
+                            v_fast := false;
                             EXIT;
                         END IF;
                     END IF;
-                    -- As the queue's rate: the time is the clock once the state is locked.
                     v_know := clock_timestamp();
-                    v_tokens := (awa._flow_kind_tokens_v1(kl.rate, kl.burst, v_tat, v_know)).o_tokens;
-                    o_rkinds := o_rkinds || e.kind;
-                    o_rtats := o_rtats || awa._flow_kind_tat_v1(kl.rate, kl.burst, v_tat,
+                    v_tokens := (awa._flow_kind_tokens_v1(v_lrate[k], v_lburst[k], v_tat,
+                                                          v_know)).o_tokens;
+                    o_rkinds := o_rkinds || v_kinds[k];
+                    o_rtats := o_rtats || awa._flow_kind_tat_v1(v_lrate[k], v_lburst[k], v_tat,
                                                                  v_know);
                     o_rleft := o_rleft || v_tokens;
                     o_rused := o_rused || 0;
                     v_i := cardinality(o_rkinds);
                 END IF;
-                IF o_rleft[v_i] <= 0 THEN
-                    v_kpark := true;  -- no token now: it waits for one
-                    v_w := GREATEST(extract(epoch FROM o_rtats[v_i]
-                                            + make_interval(secs => o_rused[v_i] * v_period)
-                                            - clock_timestamp())
-                                    - (v_burst - 1) * v_period, 0.001);
-                    o_wait := LEAST(COALESCE(o_wait, v_w), v_w);
+                v_rix[k] := v_i;
+                IF o_rleft[v_i] < v_kc[k] THEN
+                    v_fast := false;  -- the rate binds
+                    EXIT;
                 END IF;
             END IF;
-            IF NOT v_kpark AND kl.max_running IS NOT NULL THEN
-                v_kk := awa._flow_kind_take_v1(e.kind, kl.max_running, kl.max_seen,
-                                               LEAST(e.w, kl.max_running),
-                                               COALESCE(p_pheld, '{}') || o_kkeys);
-                IF cardinality(v_kk) < LEAST(e.w, kl.max_running) THEN
-                    PERFORM awa.flow_release_v1(v_kk);
-                    v_kk := NULL;
-                    v_kpark := true;  -- the kind's permits are taken: it waits for one
+            IF v_lmax[k] IS NOT NULL THEN
+                IF v_kwant[k] > v_lmax[k] THEN
+                    v_fast := false;  -- more than the limit
+                    EXIT;
+                END IF;
+                v_kk := awa._flow_kind_take_v1(v_kinds[k], v_lmax[k], v_lseen[k], v_kwant[k],
+                                               COALESCE(p_pheld, '{}') || o_kkeys || v_pool);
+                v_pfrom[k] := cardinality(v_pool) + 1;
+                v_pool := v_pool || v_kk;
+                v_pto[k] := cardinality(v_pool);
+                v_pnext[k] := v_pto[k] + 1;  -- all drawn, when the prefix is taken
+                IF cardinality(v_kk) < v_kwant[k] THEN
+                    v_fast := false;  -- the permits bind
+                    EXIT;
                 END IF;
             END IF;
-        END IF;
-        IF v_kpark THEN
-            NULL;  -- parked by its kind, before (and without) its serial key
-        ELSIF e.skey IS NULL THEN
-            EXIT WHEN e.w > p_units - o_units OR v_jobs >= p_jobs;
+        END LOOP;
+        IF v_fast THEN
+            v_m := v_fit;
+            o_units := COALESCE(v_fitw, 0);
+            v_jobs := v_fit;
+            v_seen := LEAST(v_fit + 1, cardinality(v_win));
+            FOR k IN 1..COALESCE(cardinality(v_kinds), 0) LOOP
+                CONTINUE WHEN v_rix[k] IS NULL;
+                o_rleft[v_rix[k]] := o_rleft[v_rix[k]] - v_kc[k];
+                o_rused[v_rix[k]] := o_rused[v_rix[k]] + v_kc[k];
+            END LOOP;
         ELSE
-            IF v_lock = ANY (COALESCE(p_held, '{}')) OR v_lock = ANY (o_taken) THEN
-                v_park := true;  -- a job of the key runs (here, or from this claim)
-            ELSIF NOT pg_try_advisory_xact_lock(4282184, v_lock) THEN
-                PERFORM awa.flow_release_v1(v_kk);
-                o_retry := true;  -- another claim or a release decides about the key now
-                EXIT;
-            ELSIF EXISTS (SELECT 1 FROM awa.serial_waiting w
-                          WHERE w.lock_key = v_lock AND w.job_id < e.job_id)
-               OR EXISTS (SELECT 1 FROM awa.flow_waiting w
-                          WHERE w.serial_lock = v_lock AND w.job_id < e.job_id) THEN
-                v_park := true;  -- older jobs of the key wait (behind the key or their kind)
-            ELSIF NOT pg_try_advisory_lock(4282183, v_lock) THEN
-                v_park := true;  -- a job of the key runs elsewhere
-            ELSIF awa._serial_older_ready_v1(e.queue, v_lock, e.job_id, p_lanes, p_bounds) THEN
-                PERFORM pg_advisory_unlock(4282183, v_lock);
-                v_park := true;  -- an older job of the key is ready: it goes first
-            ELSIF e.w > p_units - o_units OR v_jobs >= p_jobs THEN
-                PERFORM pg_advisory_unlock(4282183, v_lock);
-                PERFORM awa.flow_release_v1(v_kk);
-                EXIT;  -- it would run, but does not fit: the lane stops here, in order
-            END IF;
-            IF v_park AND v_kk IS NOT NULL THEN
-                PERFORM awa.flow_release_v1(v_kk);  -- parked behind its key: no kind permits
-                v_kk := NULL;
+            -- A kind binds: its permits and the others' go back, the loop decides. Rate states
+            -- read stay in o_r* (no token used), as the loop would have read them.
+            PERFORM awa.flow_release_v1(v_pool);
+            v_pool := '{}';
+        END IF;
+    END IF;
+
+    IF NOT v_fast THEN
+        -- The rest of the window.
+        IF cardinality(v_win) = v_first AND v_first < v_scan THEN
+            SELECT array_agg(y.r ORDER BY y.lane_seq), array_agg(y.kind ORDER BY y.lane_seq),
+                   array_agg(y.w ORDER BY y.lane_seq), array_agg(y.lim ORDER BY y.lane_seq),
+                   COALESCE(bool_or(y.skey), false)
+            INTO v_more, v_mkind, v_mw, v_mlim, v_mserial
+            FROM (SELECT x AS r, x.lane_seq, x.kind,
+                         awa._job_weight_v1(x.metadata, p_wcap) AS w,
+                         COALESCE(x.kind = ANY (p_kinds), false) AS lim,
+                         x.metadata ->> 'awa:serial' IS NOT NULL AS skey
+                  FROM awa.ready_entries x
+                  WHERE x.lane_id = p_lane
+                    AND x.lane_seq > (v_win[cardinality(v_win)]).lane_seq
+                    AND NOT EXISTS (
+                        SELECT 1 FROM awa.ready_tombstones t
+                        WHERE t.lane_id = x.lane_id AND t.lane_seq = x.lane_seq
+                          AND t.ready_slot = x.ready_slot)
+                  ORDER BY x.lane_seq
+                  LIMIT v_scan - v_first) y;
+            IF v_more IS NOT NULL THEN
+                v_win := v_win || v_more;
+                v_wkind := v_wkind || v_mkind;
+                v_ww := v_ww || v_mw;
+                v_wlim := v_wlim || v_mlim;
+                v_serial := v_serial OR v_mserial;
             END IF;
         END IF;
-        v_lease := e.run_lease + 1;
-        INSERT INTO awa.claims (
-            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-            lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
-        VALUES (p_cslot, p_cgen, e.job_id, v_lease, e.ready_slot, e.ready_generation, e.lane_id,
-                e.lane_seq, e.attempt + 1, now() + make_interval(secs => e.timeout), p_worker,
-                e.kind)
-        RETURNING deadline_at INTO v_deadline;
-        IF v_kpark THEN
+    END IF;
+
+    IF v_serial THEN
+        -- Row by row, statements per row.
+        FOR e IN
+            SELECT x.*, COALESCE(awa._deadline_secs_v1(x.deadline_secs), p_default) AS timeout,
+                   awa._job_weight_v1(x.metadata, p_wcap) AS w,
+                   x.metadata ->> 'awa:serial' AS skey,
+                   COALESCE(x.kind = ANY (p_kinds), false) AS limited
+            FROM unnest(v_win) WITH ORDINALITY AS x
+            ORDER BY x.ordinality
+        LOOP
+            v_seen := v_seen + 1;
+            v_park := false;
+            v_kpark := false;
+            v_kk := NULL;
+            v_i := NULL;
+            v_lock := CASE WHEN e.skey IS NOT NULL THEN awa._serial_lock_v1(e.queue, e.skey) END;
+            IF e.limited THEN
+                -- Its kind first. A job that would not fit stops the lane (in order) before it
+                -- takes anything.
+                EXIT WHEN e.w > p_units - o_units OR v_jobs >= p_jobs;
+                kl := NULL;
+                SELECT * INTO kl FROM awa.flow_kind_limits f WHERE f.kind = e.kind;
+                IF kl.rate IS NOT NULL THEN
+                    v_period := 1.0 / kl.rate;
+                    v_burst := COALESCE(kl.burst, GREATEST(1, ceil(kl.rate / 10)::integer));
+                    v_i := array_position(o_rkinds, e.kind);
+                    IF v_i IS NULL THEN
+                        INSERT INTO awa.flow_kind_rate_state (kind, tat) VALUES (e.kind, now())
+                        ON CONFLICT (kind) DO NOTHING;
+                        IF cardinality(o_rkinds) = 0 THEN
+                            SELECT s.tat INTO v_tat FROM awa.flow_kind_rate_state s
+                            WHERE s.kind = e.kind FOR UPDATE;
+                        ELSE
+                            SELECT s.tat INTO v_tat FROM awa.flow_kind_rate_state s
+                            WHERE s.kind = e.kind FOR UPDATE SKIP LOCKED;
+                            IF NOT FOUND THEN
+                                o_retry := true;  -- another claim holds it: claim again soon
+                                EXIT;
+                            END IF;
+                        END IF;
+                        -- As the queue's rate: the time is the clock once the state is locked.
+                        v_know := clock_timestamp();
+                        v_tokens := (awa._flow_kind_tokens_v1(kl.rate, kl.burst, v_tat,
+                                                          v_know)).o_tokens;
+                        o_rkinds := o_rkinds || e.kind;
+                        o_rtats := o_rtats || awa._flow_kind_tat_v1(kl.rate, kl.burst, v_tat,
+                                                                     v_know);
+                        o_rleft := o_rleft || v_tokens;
+                        o_rused := o_rused || 0;
+                        v_i := cardinality(o_rkinds);
+                    END IF;
+                    IF o_rleft[v_i] <= 0 THEN
+                        v_kpark := true;  -- no token now: it waits for one
+                        v_w := GREATEST(extract(epoch FROM o_rtats[v_i]
+                                                + make_interval(secs => o_rused[v_i] * v_period)
+                                                - clock_timestamp())
+                                        - (v_burst - 1) * v_period, 0.001);
+                        o_wait := LEAST(COALESCE(o_wait, v_w), v_w);
+                    END IF;
+                END IF;
+                IF NOT v_kpark AND kl.max_running IS NOT NULL THEN
+                    v_kk := awa._flow_kind_take_v1(e.kind, kl.max_running, kl.max_seen,
+                                                   LEAST(e.w, kl.max_running),
+                                                   COALESCE(p_pheld, '{}') || o_kkeys);
+                    IF cardinality(v_kk) < LEAST(e.w, kl.max_running) THEN
+                        PERFORM awa.flow_release_v1(v_kk);
+                        v_kk := NULL;
+                        v_kpark := true;  -- the kind's permits are taken: it waits for one
+                    END IF;
+                END IF;
+            END IF;
+            IF v_kpark THEN
+                NULL;  -- parked by its kind, before (and without) its serial key
+            ELSIF e.skey IS NULL THEN
+                EXIT WHEN e.w > p_units - o_units OR v_jobs >= p_jobs;
+            ELSE
+                IF v_lock = ANY (COALESCE(p_held, '{}')) OR v_lock = ANY (o_taken) THEN
+                    v_park := true;  -- a job of the key runs (here, or from this claim)
+                ELSIF NOT pg_try_advisory_xact_lock(4282184, v_lock) THEN
+                    PERFORM awa.flow_release_v1(v_kk);
+                    o_retry := true;  -- another claim or a release decides about the key now
+                    EXIT;
+                ELSIF EXISTS (SELECT 1 FROM awa.serial_waiting w
+                              WHERE w.lock_key = v_lock AND w.job_id < e.job_id)
+                   OR EXISTS (SELECT 1 FROM awa.flow_waiting w
+                              WHERE w.serial_lock = v_lock AND w.job_id < e.job_id) THEN
+                    v_park := true;  -- older jobs of the key wait (behind the key or their kind)
+                ELSIF NOT pg_try_advisory_lock(4282183, v_lock) THEN
+                    v_park := true;  -- a job of the key runs elsewhere
+                ELSIF awa._serial_older_ready_v1(e.queue, v_lock, e.job_id, p_lanes, p_bounds) THEN
+                    PERFORM pg_advisory_unlock(4282183, v_lock);
+                    v_park := true;  -- an older job of the key is ready: it goes first
+                ELSIF e.w > p_units - o_units OR v_jobs >= p_jobs THEN
+                    PERFORM pg_advisory_unlock(4282183, v_lock);
+                    PERFORM awa.flow_release_v1(v_kk);
+                    EXIT;  -- it would run, but does not fit: the lane stops here, in order
+                END IF;
+                IF v_park AND v_kk IS NOT NULL THEN
+                    PERFORM awa.flow_release_v1(v_kk);  -- parked behind its key: no kind permits
+                    v_kk := NULL;
+                END IF;
+            END IF;
+            v_lease := e.run_lease + 1;
+            INSERT INTO awa.claims (
+                claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
+            VALUES (p_cslot, p_cgen, e.job_id, v_lease, e.ready_slot, e.ready_generation, e.lane_id,
+                    e.lane_seq, e.attempt + 1, now() + make_interval(secs => e.timeout), p_worker,
+                    e.kind)
+            RETURNING deadline_at INTO v_deadline;
+            IF v_kpark THEN
+                INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+                VALUES (p_cslot, e.job_id, v_lease, 'parked');
+                INSERT INTO awa.flow_waiting (
+                    job_id, serial_lock, queue, priority, kind, args, attempt, max_attempts,
+                    run_lease, run_at, created_at, deadline_secs, metadata, tags, errors, progress)
+                VALUES (e.job_id, v_lock, e.queue, e.priority, e.kind, e.args, e.attempt,
+                        e.max_attempts, v_lease, e.run_at, e.created_at, e.deadline_secs,
+                        e.metadata, e.tags, e.errors, e.progress);
+            ELSIF v_park THEN
+                INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+                VALUES (p_cslot, e.job_id, v_lease, 'parked');
+                INSERT INTO awa.serial_waiting (
+                    job_id, lock_key, serial_key, queue, priority, kind, args, attempt,
+                    max_attempts, run_lease, run_at, created_at, deadline_secs, metadata, tags,
+                    errors, progress)
+                VALUES (e.job_id, v_lock, e.skey, e.queue, e.priority, e.kind, e.args, e.attempt,
+                        e.max_attempts, v_lease, e.run_at, e.created_at, e.deadline_secs,
+                        e.metadata, e.tags, e.errors, e.progress);
+            ELSE
+                o_rows := o_rows || ROW(e.job_id, v_lease, (e.attempt + 1)::smallint,
+                                        e.max_attempts, p_cslot, e.kind, e.args, e.queue,
+                                        e.priority, v_deadline, e.timeout, e.progress, e.metadata,
+                                        e.tags, e.errors, e.w, v_kk,
+                                        CASE WHEN e.skey IS NOT NULL THEN v_lock END,
+                                        extract(epoch FROM now() - e.run_at)::double precision
+                                       )::awa.claimed_v3;
+                o_units := o_units + e.w;
+                v_jobs := v_jobs + 1;
+                IF e.skey IS NOT NULL THEN
+                    o_taken := o_taken || v_lock;
+                END IF;
+                IF v_kk IS NOT NULL THEN
+                    o_kkeys := o_kkeys || v_kk;
+                END IF;
+                IF v_i IS NOT NULL THEN
+                    o_rleft[v_i] := o_rleft[v_i] - 1;
+                    o_rused[v_i] := o_rused[v_i] + 1;
+                END IF;
+                EXIT WHEN o_units >= p_units OR v_jobs >= p_jobs;
+            END IF;
+        END LOOP;
+        IF v_seen >= v_scan AND o_units < p_units AND v_jobs < p_jobs THEN
+            o_retry := true;  -- looked at as many rows as allowed: the rest next claim, soon
+        END IF;
+        RETURN;
+    END IF;
+
+    IF NOT v_fast THEN
+        -- In lane order on the arrays. The window's limited kinds and their limits.
+        SELECT array_agg(u.kind ORDER BY u.kind), array_agg(f.max_running ORDER BY u.kind),
+               array_agg(f.max_seen ORDER BY u.kind), array_agg(f.rate ORDER BY u.kind),
+               array_agg(f.burst ORDER BY u.kind)
+        INTO v_kinds, v_lmax, v_lseen, v_lrate, v_lburst
+        FROM (SELECT DISTINCT w.kind FROM unnest(v_wkind) AS w(kind)
+              WHERE w.kind = ANY (p_kinds)) u
+        LEFT JOIN awa.flow_kind_limits f ON f.kind = u.kind;
+        IF v_kinds IS NOT NULL THEN
+            v_rix := array_fill(NULL::integer, ARRAY[cardinality(v_kinds)]);
+            v_pfrom := v_rix;
+            v_pnext := v_rix;
+            v_pto := v_rix;
+        END IF;
+        FOR i IN 1..cardinality(v_win) LOOP
+            v_seen := i;
+            v_kpark := false;
+            v_need := NULL;
+            v_i := NULL;
+            -- A job that would not fit stops the lane (in order) before it takes anything.
+            EXIT WHEN v_ww[i] > p_units - o_units OR v_jobs >= p_jobs;
+            IF v_wlim[i] THEN
+                -- Its kind decides: a rate token, then its permits, or it is parked.
+                v_k := array_position(v_kinds, v_wkind[i]);
+                IF v_lrate[v_k] IS NOT NULL THEN
+                    v_period := 1.0 / v_lrate[v_k];
+                    v_burst := COALESCE(v_lburst[v_k],
+                                        GREATEST(1, ceil(v_lrate[v_k] / 10)::integer));
+                    v_i := COALESCE(v_rix[v_k], array_position(o_rkinds, v_wkind[i]));
+                    IF v_i IS NULL THEN
+                        INSERT INTO awa.flow_kind_rate_state (kind, tat)
+                        VALUES (v_wkind[i], now())
+                        ON CONFLICT (kind) DO NOTHING;
+                        IF cardinality(o_rkinds) = 0 THEN
+                            SELECT s.tat INTO v_tat FROM awa.flow_kind_rate_state s
+                            WHERE s.kind = v_wkind[i] FOR UPDATE;
+                        ELSE
+                            SELECT s.tat INTO v_tat FROM awa.flow_kind_rate_state s
+                            WHERE s.kind = v_wkind[i] FOR UPDATE SKIP LOCKED;
+                            IF NOT FOUND THEN
+                                o_retry := true;  -- another claim holds it: claim again soon
+                                EXIT;
+                            END IF;
+                        END IF;
+                        -- As the queue's rate: the time is the clock once the state is locked.
+                        v_know := clock_timestamp();
+                        v_tokens := (awa._flow_kind_tokens_v1(v_lrate[v_k], v_lburst[v_k],
+                                                              v_tat, v_know)).o_tokens;
+                        o_rkinds := o_rkinds || v_wkind[i];
+                        o_rtats := o_rtats || awa._flow_kind_tat_v1(v_lrate[v_k], v_lburst[v_k],
+                                                                     v_tat, v_know);
+                        o_rleft := o_rleft || v_tokens;
+                        o_rused := o_rused || 0;
+                        v_i := cardinality(o_rkinds);
+                    END IF;
+                    v_rix[v_k] := v_i;
+                    IF o_rleft[v_i] <= 0 THEN
+                        v_kpark := true;  -- no token now: it waits for one
+                        v_w := GREATEST(extract(epoch FROM o_rtats[v_i]
+                                                + make_interval(secs => o_rused[v_i] * v_period)
+                                                - clock_timestamp())
+                                        - (v_burst - 1) * v_period, 0.001);
+                        o_wait := LEAST(COALESCE(o_wait, v_w), v_w);
+                    END IF;
+                END IF;
+                IF NOT v_kpark AND v_lmax[v_k] IS NOT NULL THEN
+                    v_need := LEAST(v_ww[i], v_lmax[v_k]);
+                    IF v_pfrom[v_k] IS NULL THEN
+                        -- The kind's first row that needs permits: take what its rows here
+                        -- could use, at once.
+                        v_cap := LEAST(v_lmax[v_k], p_units - o_units);
+                        v_left := p_jobs - v_jobs;
+                        IF v_i IS NOT NULL THEN
+                            v_left := LEAST(v_left, o_rleft[v_i]);
+                        END IF;
+                        v_want := 0;
+                        FOR j IN i..cardinality(v_win) LOOP
+                            CONTINUE WHEN v_wkind[j] <> v_wkind[i];
+                            v_want := v_want + LEAST(v_ww[j], v_lmax[v_k]);
+                            v_left := v_left - 1;
+                            EXIT WHEN v_want >= v_cap OR v_left <= 0;
+                        END LOOP;
+                        v_kk := awa._flow_kind_take_v1(v_wkind[i], v_lmax[v_k], v_lseen[v_k],
+                                                       LEAST(v_want, v_cap),
+                                                       COALESCE(p_pheld, '{}') || o_kkeys
+                                                       || v_pool);
+                        v_pfrom[v_k] := cardinality(v_pool) + 1;
+                        v_pnext[v_k] := v_pfrom[v_k];
+                        v_pool := v_pool || v_kk;
+                        v_pto[v_k] := cardinality(v_pool);
+                    END IF;
+                    IF v_pto[v_k] - v_pnext[v_k] + 1 < v_need THEN
+                        v_kpark := true;  -- the kind's permits are taken: it waits for one
+                    END IF;
+                END IF;
+            END IF;
+            v_m := i;
+            v_parked[i] := v_kpark;
+            IF NOT v_kpark THEN
+                IF v_need IS NOT NULL THEN
+                    v_pnext[v_k] := v_pnext[v_k] + v_need;
+                END IF;
+                o_units := o_units + v_ww[i];
+                v_jobs := v_jobs + 1;
+                IF v_i IS NOT NULL THEN
+                    o_rleft[v_i] := o_rleft[v_i] - 1;
+                    o_rused[v_i] := o_rused[v_i] + 1;
+                END IF;
+                EXIT WHEN o_units >= p_units OR v_jobs >= p_jobs;
+            END IF;
+        END LOOP;
+    END IF;
+
+    IF v_m > 0 THEN
+        -- Every decided row's claim (a parked one's closed at once, its body in flow_waiting),
+        -- and the taken rows, each with its min(weight, limit) keys of its kind's pool: a
+        -- kind's taken rows drew them in lane order.
+        WITH r AS (
+            SELECT u.*, COALESCE(u.parked, false) AS pk, array_position(v_kinds, u.kind) AS k
+            FROM ROWS FROM (unnest(v_parked), unnest(v_ww[1:v_m]), unnest(v_win[1:v_m]))
+                 WITH ORDINALITY AS u(parked, w)
+        ), d AS MATERIALIZED (
+            SELECT n.*, v_pfrom[n.k] + sum(n.kn) OVER (PARTITION BY n.k ORDER BY n.ordinality)
+                        - n.kn AS kfrom,
+                   now() + make_interval(secs => n.timeout) AS deadline
+            FROM (SELECT r.*,
+                         CASE WHEN NOT r.pk AND v_lmax[r.k] IS NOT NULL
+                              THEN LEAST(r.w, v_lmax[r.k]) END AS kn,
+                         COALESCE(awa._deadline_secs_v1(r.deadline_secs), p_default) AS timeout
+                  FROM r) n
+        ), claimed AS (
+            INSERT INTO awa.claims (
+                claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                lane_id, lane_seq, attempt, deadline_at, worker_id, kind)
+            SELECT p_cslot, p_cgen, d.job_id, d.run_lease + 1, d.ready_slot, d.ready_generation,
+                   d.lane_id, d.lane_seq, d.attempt + 1, d.deadline, p_worker, d.kind
+            FROM d
+        ), closed AS (
             INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
-            VALUES (p_cslot, e.job_id, v_lease, 'parked');
+            SELECT p_cslot, d.job_id, d.run_lease + 1, 'parked' FROM d WHERE d.pk
+        ), waiting AS (
             INSERT INTO awa.flow_waiting (
                 job_id, serial_lock, queue, priority, kind, args, attempt, max_attempts,
                 run_lease, run_at, created_at, deadline_secs, metadata, tags, errors, progress)
-            VALUES (e.job_id, v_lock, e.queue, e.priority, e.kind, e.args, e.attempt,
-                    e.max_attempts, v_lease, e.run_at, e.created_at, e.deadline_secs,
-                    e.metadata, e.tags, e.errors, e.progress);
-        ELSIF v_park THEN
-            INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
-            VALUES (p_cslot, e.job_id, v_lease, 'parked');
-            INSERT INTO awa.serial_waiting (
-                job_id, lock_key, serial_key, queue, priority, kind, args, attempt, max_attempts,
-                run_lease, run_at, created_at, deadline_secs, metadata, tags, errors, progress)
-            VALUES (e.job_id, v_lock, e.skey, e.queue, e.priority, e.kind, e.args, e.attempt,
-                    e.max_attempts, v_lease, e.run_at, e.created_at, e.deadline_secs,
-                    e.metadata, e.tags, e.errors, e.progress);
-        ELSE
-            o_rows := o_rows || ROW(e.job_id, v_lease, (e.attempt + 1)::smallint,
-                                    e.max_attempts, p_cslot, e.kind, e.args, e.queue,
-                                    e.priority, v_deadline, e.timeout, e.progress, e.metadata,
-                                    e.tags, e.errors, e.w, v_kk,
-                                    CASE WHEN e.skey IS NOT NULL THEN v_lock END,
-                                    extract(epoch FROM now() - e.run_at)::double precision
-                                   )::awa.claimed_v3;
-            o_units := o_units + e.w;
-            v_jobs := v_jobs + 1;
-            IF e.skey IS NOT NULL THEN
-                o_taken := o_taken || v_lock;
-            END IF;
-            IF v_kk IS NOT NULL THEN
-                o_kkeys := o_kkeys || v_kk;
-            END IF;
-            IF v_i IS NOT NULL THEN
-                o_rleft[v_i] := o_rleft[v_i] - 1;
-                o_rused[v_i] := o_rused[v_i] + 1;
-            END IF;
-            EXIT WHEN o_units >= p_units OR v_jobs >= p_jobs;
-        END IF;
+            SELECT d.job_id, NULL, d.queue, d.priority, d.kind, d.args, d.attempt,
+                   d.max_attempts, d.run_lease + 1, d.run_at, d.created_at, d.deadline_secs,
+                   d.metadata, d.tags, d.errors, d.progress
+            FROM d WHERE d.pk
+        )
+        SELECT COALESCE(array_agg(ROW(d.job_id, d.run_lease + 1, (d.attempt + 1)::smallint,
+                                      d.max_attempts, p_cslot, d.kind, d.args, d.queue,
+                                      d.priority, d.deadline, d.timeout, d.progress, d.metadata,
+                                      d.tags, d.errors, d.w,
+                                      CASE WHEN d.kn IS NOT NULL
+                                           THEN v_pool[d.kfrom:d.kfrom + d.kn - 1] END,
+                                      NULL,
+                                      extract(epoch FROM now() - d.run_at)::double precision
+                                     )::awa.claimed_v3 ORDER BY d.ordinality)
+                            FILTER (WHERE NOT d.pk), '{}')
+        INTO o_rows
+        FROM d;
+    END IF;
+    -- The keys drawn are the claim's; the rest of each pool goes back.
+    FOR k IN 1..COALESCE(cardinality(v_kinds), 0) LOOP
+        CONTINUE WHEN v_pfrom[k] IS NULL;
+        o_kkeys := o_kkeys || v_pool[v_pfrom[k]:v_pnext[k] - 1];
+        v_free := v_free || v_pool[v_pnext[k]:v_pto[k]];
     END LOOP;
+    IF cardinality(v_free) > 0 THEN
+        PERFORM awa.flow_release_v1(v_free);
+    END IF;
     IF v_seen >= v_scan AND o_units < p_units AND v_jobs < p_jobs THEN
         o_retry := true;  -- looked at as many rows as allowed: the rest next claim, soon
     END IF;
@@ -603,6 +985,7 @@ DECLARE
     v_all_lanes integer[];
     v_all_cursors bigint[];
     v_serial_at bigint;
+    v_slow boolean;
     v_taken integer[] := '{}';
     v_retry boolean := false;
     -- The claim's time: now(), or for a rate-limited queue the clock once its rate state is
@@ -786,6 +1169,19 @@ BEGIN
         IF v_cursor IS NULL THEN
             v_cursor := awa.lane_cursor_v1(r.lane_id);
         END IF;
+        v_slow := false;
+        IF cardinality(v_kinds) > 0 THEN
+            -- When the lane's next job takes the slow path (a limited kind, a serial key), the
+            -- statement below would read the lane's rows only to stop at the first: one probe.
+            SELECT COALESCE(e.metadata ? 'awa:serial' OR e.kind = ANY (v_kinds), false)
+            INTO v_slow
+            FROM awa.ready_entries e
+            WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq = v_cursor + 1
+              AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones t
+                              WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                AND t.lane_seq = e.lane_seq);
+            v_slow := COALESCE(v_slow, false);
+        END IF;
         -- The run of positions right after the cursor in the current queue slot, as claim_v2,
         -- taken while the running sum of weights fits the units left (a prefix: a job that
         -- does not fit stops the lane here, in order).
@@ -796,7 +1192,8 @@ BEGIN
                              AND t.lane_seq = e.lane_seq) AS dead,
                    row_number() OVER (ORDER BY e.lane_seq) AS n
             FROM awa.ready_entries e
-            WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+            WHERE NOT v_slow
+              AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
             ORDER BY e.lane_seq
             LIMIT v_remaining
         ), weighed AS MATERIALIZED (
@@ -832,7 +1229,9 @@ BEGIN
                              extract(epoch FROM now() - p.run_at)::double precision
                             )::awa.claimed_v3
                          ORDER BY p.lane_seq),
-               COALESCE(sum(p.w), 0), (SELECT min(g.lane_seq) FROM weighed g WHERE g.s)
+               COALESCE(sum(p.w), 0),
+               CASE WHEN v_slow THEN v_cursor + 1
+                    ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END
         INTO v_part, v_weight, v_serial_at
         FROM picked p;
         v_got := COALESCE(cardinality(v_part), 0);
