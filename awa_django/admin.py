@@ -24,7 +24,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
@@ -43,16 +43,13 @@ from awa_django.admin_filters import (
     TagFilter,
     TerminalStateFilter,
 )
+from awa_django.admin_flow import FlowLimitsForm
 from awa_django.admin_kinds import KindLimitAdmin
 from awa_django.admin_operator import QueueDlqActions, TerminalRetryActions
 from awa_django.admin_readonly import CappedPaginator, JobListAdmin, ReadOnlyAdmin
 from awa_django.cron import next_fire
 from awa_django.db.storage import HISTORY_EXACT_UP_TO
-from awa_django.exceptions import InvalidOptionError
 from awa_django.limits import (
-    FLOW_BURST_RANGE,
-    FLOW_CONCURRENCY_RANGE,
-    check_flow_limits,
     check_queue_name,
     check_text,
     check_uuid,
@@ -110,52 +107,6 @@ class RetryForm(forms.Form):
         max_value=100,
         help_text="Retry with another priority (optional).",
     )
-
-
-class FlowLimitsForm(forms.Form):
-    """The "Set flow limits" action's form: the limits that replace each selected queue's, or
-    ``clear`` (the queue's ``AWA["QUEUES"]`` settings apply again). Checked like
-    ``set_queue_limits`` checks them: a bad value is shown on the page and nothing changes."""
-
-    global_concurrency = forms.IntegerField(
-        required=False,
-        min_value=FLOW_CONCURRENCY_RANGE[0],
-        max_value=FLOW_CONCURRENCY_RANGE[1],
-        help_text="The most attempts of the queue running at once across every worker "
-        "(counted by job weight). Empty: no concurrency limit.",
-    )
-    rate_limit = forms.FloatField(
-        required=False,
-        help_text="The most jobs started per second across every worker (from 0.001 to "
-        "1,000,000). Empty: no rate limit.",
-    )
-    rate_burst = forms.IntegerField(
-        required=False,
-        min_value=FLOW_BURST_RANGE[0],
-        max_value=FLOW_BURST_RANGE[1],
-        help_text="Jobs the rate lets through at once (with a rate; empty: a tenth of a "
-        "second's worth).",
-    )
-    clear = forms.BooleanField(
-        required=False,
-        help_text="Drop the operator's limits instead: the queue's AWA['QUEUES'] settings "
-        "apply again (leave the fields above empty).",
-    )
-
-    def clean(self) -> dict[str, Any]:
-        data: dict[str, Any] = super().clean() or {}
-        if self.errors:
-            return data
-        limits = [data.get(f) for f in ("global_concurrency", "rate_limit", "rate_burst")]
-        if data.get("clear"):
-            if any(v is not None for v in limits):
-                raise ValidationError("Clear takes no limits: leave the fields empty or untick it.")
-            return data
-        try:
-            check_flow_limits(*limits)
-        except InvalidOptionError as exc:
-            raise ValidationError(str(exc)) from None
-        return data
 
 
 def _history_count(n: int) -> str:

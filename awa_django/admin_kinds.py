@@ -20,65 +20,18 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from awa_django.admin_actions import confirm, log_change, run_atomically
+from awa_django.admin_flow import KindFlowLimitsForm
 from awa_django.admin_readonly import ReadOnlyAdmin
 from awa_django.conf import awa_settings
 from awa_django.exceptions import InvalidOptionError
 from awa_django.jobs import registered_kinds
 from awa_django.limits import (
-    FLOW_BURST_RANGE,
-    FLOW_CONCURRENCY_RANGE,
-    check_flow_limits,
     check_kind_name,
 )
 from awa_django.models import KindLimit
 from awa_django.operator import KindLimits, clear_kind_limits, kind_limits, set_kind_limits
 
 __all__ = ["KindFlowLimitsForm", "KindLimitAdmin", "LimitKindForm"]
-
-
-class KindFlowLimitsForm(forms.Form):
-    """The limits that replace each selected kind's, or ``clear`` (its ``@job`` options and
-    ``AWA["KINDS"]`` apply again); checked like ``set_kind_limits`` checks them."""
-
-    global_concurrency = forms.IntegerField(
-        required=False,
-        min_value=FLOW_CONCURRENCY_RANGE[0],
-        max_value=FLOW_CONCURRENCY_RANGE[1],
-        help_text="The most attempts of the kind running at once, in every queue and across "
-        "every worker (counted by job weight). Empty: no concurrency limit.",
-    )
-    rate_limit = forms.FloatField(
-        required=False,
-        help_text="The most jobs of the kind started per second across every worker (from "
-        "0.001 to 1,000,000). Empty: no rate limit.",
-    )
-    rate_burst = forms.IntegerField(
-        required=False,
-        min_value=FLOW_BURST_RANGE[0],
-        max_value=FLOW_BURST_RANGE[1],
-        help_text="Jobs the rate lets through at once (with a rate; empty: a tenth of a "
-        "second's worth).",
-    )
-    clear = forms.BooleanField(
-        required=False,
-        help_text="Drop the operator's limits instead: the kind's @job options and "
-        "AWA['KINDS'] apply again (leave the fields above empty).",
-    )
-
-    def clean(self) -> dict[str, Any]:
-        data: dict[str, Any] = super().clean() or {}
-        if self.errors:
-            return data
-        limits = [data.get(f) for f in ("global_concurrency", "rate_limit", "rate_burst")]
-        if data.get("clear"):
-            if any(v is not None for v in limits):
-                raise ValidationError("Clear takes no limits: leave the fields empty or untick it.")
-            return data
-        try:
-            check_flow_limits(*limits)
-        except InvalidOptionError as exc:
-            raise ValidationError(str(exc)) from None
-        return data
 
 
 class LimitKindForm(KindFlowLimitsForm):

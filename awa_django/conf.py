@@ -147,8 +147,31 @@ _QUEUE_SPECS: Final[Mapping[str, _Spec]] = {
 }
 
 
+class _FlowLimits:
+    """What queue and kind settings share: their fleet-wide flow limits (docs/flow.md)."""
+
+    __slots__ = ()
+    global_concurrency: int | None
+    rate_limit: float | None
+    rate_burst: int | None
+
+    @property
+    def has_flow_limits(self) -> bool:
+        """Whether any fleet-wide flow limit is set."""
+        return self.global_concurrency is not None or self.rate_limit is not None
+
+    def flow_limits(self) -> dict[str, float | int | None]:
+        """The limits as ``awa.flow_sync_v1`` (queues) and ``awa.flow_kind_sync_v1`` (kinds)
+        take them for one name."""
+        return {
+            "max_running": self.global_concurrency,
+            "rate": self.rate_limit,
+            "burst": self.rate_burst,
+        }
+
+
 @dataclass(frozen=True, slots=True)
-class QueueSettings:
+class QueueSettings(_FlowLimits):
     """Overrides for one queue, from ``AWA["QUEUES"][name]``; None means "use the default".
 
     ``concurrency`` caps the jobs of this queue one worker process runs at once, within the
@@ -173,19 +196,6 @@ class QueueSettings:
     rate_limit: float | None = None
     rate_burst: int | None = None
 
-    @property
-    def has_flow_limits(self) -> bool:
-        """Whether any fleet-wide flow limit is set for the queue."""
-        return self.global_concurrency is not None or self.rate_limit is not None
-
-    def flow_limits(self) -> dict[str, float | int | None]:
-        """The flow limits as ``awa.flow_sync_v1`` takes them for one queue."""
-        return {
-            "max_running": self.global_concurrency,
-            "rate": self.rate_limit,
-            "burst": self.rate_burst,
-        }
-
 
 # Keys of one AWA["KINDS"][kind] dict: the flow limits of the queue settings.
 _KIND_SPECS: Final[Mapping[str, _Spec]] = {
@@ -194,7 +204,7 @@ _KIND_SPECS: Final[Mapping[str, _Spec]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class KindSettings:
+class KindSettings(_FlowLimits):
     """Flow limits of one job kind across every queue, worker process and host (docs/flow.md,
     "Per kind"), from ``AWA["KINDS"][kind]`` or ``@job(global_concurrency=..., rate_limit=...,
     rate_burst=...)``: the most attempts of the kind running at once, counted by job weight;
@@ -205,19 +215,6 @@ class KindSettings:
     global_concurrency: int | None = None
     rate_limit: float | None = None
     rate_burst: int | None = None
-
-    @property
-    def has_flow_limits(self) -> bool:
-        """Whether any limit is set."""
-        return self.global_concurrency is not None or self.rate_limit is not None
-
-    def flow_limits(self) -> dict[str, float | int | None]:
-        """The limits as ``awa.flow_kind_sync_v1`` takes them for one kind."""
-        return {
-            "max_running": self.global_concurrency,
-            "rate": self.rate_limit,
-            "burst": self.rate_burst,
-        }
 
 
 class AwaSettings:

@@ -199,23 +199,6 @@ def test_weight_above_kind_limit_still_runs(manage_py: Any) -> None:
     no_leak("katk.lim2")
 
 
-def test_sigkill_worker_mid_run_kind_limit_holds_and_all_complete(manage_py: Any) -> None:
-    procs = [worker(manage_py, "--concurrency", "4") for _ in range(3)]
-    wait_kind_limit("katk.lim1", 1)
-    first = lim1.enqueue(block="never").id
-    ids = [lim1.enqueue(seconds=0.05).id for _ in range(10)]
-    wait_for(lambda: one("SELECT pid FROM katk_runs WHERE job_id = %s", [first]), timeout=20)
-    victim_pid = one("SELECT pid FROM katk_runs WHERE job_id = %s", [first])
-    victim = next(p for p in procs if p.pid == victim_pid or victim_pid in _children(p.pid))
-    victim.kill()
-    kill_at = one("SELECT clock_timestamp()")
-    # the blocked job will be rescued and retried: let its retry pass
-    release("never")
-    wait_completed([first, *ids], [p for p in procs if p is not victim], timeout=60)
-    assert max_overlap("katk.lim1", kill_at=kill_at) <= 1
-    no_leak("katk.lim1")
-
-
 def _children(pid: int) -> set[int]:
     import subprocess
 
@@ -347,59 +330,6 @@ def _window_violations(starts: list[float], rate: float, burst: int) -> list[str
             if n > rate * t + burst + 1:
                 bad.append(f"{n} starts in {t}s from {s}")
     return bad
-
-
-def test_kind_rate_sliding_windows_two_workers(manage_py: Any) -> None:
-    procs = [worker(manage_py, "--concurrency", "8") for _ in range(2)]
-    wait_kind_limit("katk.rated")
-    from tests.kindatkjobs import rated
-
-    ids = [rated.using(queue="katk-rate" if i % 2 else "katk").enqueue().id for i in range(80)]
-    wait_completed(ids, procs, timeout=30)
-    starts = _starts("katk.rated")
-    assert not _window_violations(starts, 20, 5)[:5]
-    span = starts[-1] - starts[0]
-    assert span >= (80 - 5) / 20 - 0.5, f"80 jobs at 20/s burst 5 started over {span:.2f}s"
-    no_leak("katk.rated")
-
-
-@pytest.mark.parametrize("poll", [0.2])
-def test_kind_rate_no_busy_polling(manage_py: Any, poll: float) -> None:
-    all_queues = False  # a worker without --queue polls every queue of the project (26 here)
-    with pg() as c:
-        db = c.info.dbname
-        c.execute(f"ALTER DATABASE \"{db}\" SET track_functions = 'all'")
-    try:
-        qargs = [] if all_queues else ["--queue", "katk-rate"]
-        procs = [
-            worker(manage_py, "--concurrency", "8", *qargs, overrides={"POLL_INTERVAL": poll})
-            for _ in range(2)
-        ]
-        wait_kind_limit("katk.rated")
-        from tests.kindatkjobs import rated
-
-        ids = [rated.enqueue().id for _ in range(100)]
-        before = one(
-            "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions"
-            " WHERE schemaname = 'awa' AND funcname = 'claim_v3'"
-        )
-        t0 = time.monotonic()
-        wait_completed(ids, procs, timeout=30)
-        took = time.monotonic() - t0
-        time.sleep(0.6)  # stats are flushed by backends at most every 0.5 s (not a result wait)
-        after = one(
-            "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions"
-            " WHERE schemaname = 'awa' AND funcname = 'claim_v3'"
-        )
-        calls = after - before
-        if after == 0:
-            pytest.skip("claim_v3 calls not tracked")
-        # docs: about two per worker per token (+ idle polls at POLL_INTERVAL 1)
-        budget = 100 * 2 * 2 + took * 2 / poll * 1.5 + 100
-        assert calls < budget, f"{calls} claim_v3 calls for 100 jobs over {took:.1f}s"
-    finally:
-        with pg() as c:
-            c.execute(f'ALTER DATABASE "{db}" RESET track_functions')
 
 
 def test_rate_limited_backlog_does_not_delay_other_kinds_notify(manage_py: Any) -> None:
@@ -706,17 +636,6 @@ def test_bad_kind_names_refused(name: Any) -> None:
     ],
     ids=lambda a: " ".join(a)[:60],
 )
-def test_command_bad_input_clear_error_nothing_written(args: list[str], manage_py: Any) -> None:
-    p = manage_py(
-        "awa_queue", "limit", *args, extra_env={"AWA_TEST_OVERRIDES": json.dumps(KATK_OVERRIDES)}
-    )
-    rc = p.wait(60)
-    out = p.output()
-    assert rc != 0, out
-    assert "Traceback" not in out, out
-    assert one("SELECT count(*) FROM awa.flow_kind_limits") == 0
-
-
 def test_command_clear_restores_job_decorator_limits(manage_py: Any) -> None:
     env = {"AWA_TEST_OVERRIDES": json.dumps(KATK_OVERRIDES)}
     p = manage_py(
@@ -1302,30 +1221,6 @@ def test_huge_concurrency_and_weight_within_bounds_runs(manage_py: Any) -> None:
     assert procs[0].proc.poll() is None
 
 
-def test_many_running_with_huge_kind_limit(manage_py: Any) -> None:
-    from awa_django.operator.actions import set_kind_limits
-
-    set_kind_limits("katk.plain", global_concurrency=10_000, actor="atk")
-    procs = [worker(manage_py, "--concurrency", "32") for _ in range(2)]
-    ids = [plain.using(weight=300).enqueue(seconds=0.3).id for _ in range(40)]
-    wait_completed(ids, procs, timeout=60)
-    no_leak("katk.plain")
-
-
-def test_limited_kind_throughput_with_short_jobs(manage_py: Any) -> None:
-    from awa_django import enqueue_many
-
-    procs = [worker(manage_py, "--concurrency", "8") for _ in range(2)]
-    wait_kind_limit("katk.lim2", 2)
-    ids = [j.id for j in enqueue_many([lim2.prepare(seconds=0) for _ in range(1000)])]
-    t0 = time.monotonic()
-    wait_completed(ids, procs, timeout=120)
-    took = time.monotonic() - t0
-    assert took < 30, f"1000 zero-length jobs of a kind limited to 2 took {took:.1f}s"
-    assert set(r[0] for r in q("SELECT DISTINCT attempt FROM katk_runs")) == {1}
-    no_leak("katk.lim2")
-
-
 @pytest.mark.parametrize("change", ["raise", "clear", "to_concurrency"])
 def test_slow_rate_changed_takes_effect_within_poll_interval(manage_py: Any, change: str) -> None:
     """A kind parked by a slow rate (one job per 20 s): raising or clearing the rate must take
@@ -1519,25 +1414,6 @@ def test_parked_job_deadline_counts_from_its_run(manage_py: Any) -> None:
     wait_for(lambda: time.monotonic() > t_end, timeout=3)  # parked longer than their deadline
     release("dl")
     wait_completed([first, *parked], [proc], timeout=20)
-
-
-@pytest.mark.parametrize("sub", ["pause", "resume", "drain", "stats"])
-def test_command_kind_option_refused_outside_limit(manage_py: Any, sub: str) -> None:
-    """`--kind` (and the limit options) mean something only to `limit`: given to another
-    subcommand they must be refused, not silently ignored while the queue is changed."""
-    j = free.enqueue(seconds=0).id
-    p = manage_py(
-        "awa_queue",
-        sub,
-        "katk",
-        "--kind",
-        "katk.plain",
-        extra_env={"AWA_TEST_OVERRIDES": json.dumps(KATK_OVERRIDES)},
-    )
-    rc = p.wait(60)
-    assert rc != 0, f"awa_queue {sub} katk --kind katk.plain accepted: {p.output()}"
-    assert states([j])[j] == "available"
-    assert not one("SELECT count(*) FROM awa.queue_stats WHERE queue = 'katk' AND paused")
 
 
 def test_queue_concurrency_one_with_parked_kind(manage_py: Any) -> None:

@@ -117,21 +117,35 @@ def test_a_sigkilled_worker_frees_its_key_and_every_job_completes(manage_py: Sta
     procs = [worker(manage_py, "--queue", "serial=2") for _ in range(3)]
     wait_for(lambda: completed("serial") >= 4, timeout=60, message="the first jobs")
 
+    ledger = Ledger._meta.db_table
+
     def victim() -> ManagedProcess | None:
-        """The worker running a job with a key right now, if any."""
+        """The worker inside a handler right now, if any: its start is in the ledger (less
+        than 0.15 s ago: the handler sleeps 0.3 s) and its end is not. A job the database
+        still shows running may have ended its handler already (its completion not written
+        yet), and a kill then cuts nothing short."""
         with pg() as conn:
             rows = conn.execute(
-                "SELECT r.pid FROM awa.jobs j "
-                "JOIN awa.claims c ON c.job_id = j.id AND c.run_lease = j.run_lease "
+                "SELECT r.pid FROM awa.claims c "
+                f"JOIN {ledger} s ON s.job_id = c.job_id AND s.run_lease = c.run_lease "
                 "JOIN awa.runtime_instances r ON r.instance_id = c.worker_id "
-                "WHERE j.state = 'running' AND j.queue = 'serial'"
+                "WHERE s.note LIKE 'start:%%' AND s.created_at > now() - interval '0.15 s' "
+                f"AND NOT EXISTS (SELECT 1 FROM {ledger} e WHERE e.job_id = c.job_id "
+                "AND e.run_lease = c.run_lease AND e.note = 'end')"
             ).fetchall()
         pids = {row[0] for row in rows}
         return next((p for p in procs if p.pid in pids), None)
 
-    wait_for(lambda: victim() is not None, timeout=30, message="a worker running a job")
-    killed = victim()
-    assert killed is not None
+    found: list[ManagedProcess] = []
+
+    def picked() -> bool:
+        chosen = victim()
+        if chosen is not None:
+            found.append(chosen)
+        return chosen is not None
+
+    wait_for(picked, timeout=30, interval=0.02, message="a worker inside a handler")
+    killed = found[0]
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     with pg() as conn:

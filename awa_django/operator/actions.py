@@ -31,7 +31,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Literal
+from typing import Literal, TypeVar
 
 from django.db import transaction
 
@@ -459,18 +459,39 @@ def _flow_write(
     actor: str,
     done: str,
 ) -> QueueLimits | None:
-    """``awa.flow_set_v1`` then the queue's limits now in force, in one transaction; logged
-    once it commits."""
+    """``awa.flow_set_v1`` then the queue's limits now in force (see :func:`_write_limits`)."""
+    return _write_limits(
+        QueueLimits, "flow_set", "queue_limits_of", "queue", using, params, queue, actor, done
+    )
+
+
+_Limits = TypeVar("_Limits", QueueLimits, KindLimits)
+
+
+def _write_limits(
+    model: type[_Limits],
+    statement: str,
+    read: str,
+    noun: str,
+    using: str | None,
+    params: list[int | float | str | bool | None],
+    name: str,
+    actor: str,
+    done: str,
+) -> _Limits | None:
+    """Query ``statement`` (``awa.flow_set_v1`` or ``awa.flow_kind_set_v1``) then, by query
+    ``read``, the limits of ``name`` now in force, in one transaction; logged once it
+    commits."""
     database = alias(using)
     with write_transaction(database, statements=2) as connection:
         with connection.cursor() as c:
-            c.execute(query("flow_set"), params)
+            c.execute(query(statement), params)
             c.fetchall()
-        limits = fetch_one(QueueLimits, "queue_limits_of", [queue], using=database)
+        limits = fetch_one(model, read, [name], using=database)
         now = "no limits" if limits is None else limits.summary(in_use=False)
 
         def record() -> None:
-            log.info("flow limits of queue %s %s by %s: %s", queue, done, actor, now)
+            log.info("flow limits of %s %s %s by %s: %s", noun, name, done, actor, now)
 
         if connection.in_atomic_block:
             transaction.on_commit(record, using=database)
@@ -528,21 +549,8 @@ def _kind_write(
     actor: str,
     done: str,
 ) -> KindLimits | None:
-    """``awa.flow_kind_set_v1`` then the kind's limits now in force, in one transaction;
-    logged once it commits."""
-    database = alias(using)
-    with write_transaction(database, statements=2) as connection:
-        with connection.cursor() as c:
-            c.execute(query("flow_kind_set"), params)
-            c.fetchall()
-        limits = fetch_one(KindLimits, "kind_limits_of", [kind], using=database)
-        now = "no limits" if limits is None else limits.summary(in_use=False)
-
-        def record() -> None:
-            log.info("flow limits of kind %s %s by %s: %s", kind, done, actor, now)
-
-        if connection.in_atomic_block:
-            transaction.on_commit(record, using=database)
-        else:
-            record()
-    return limits
+    """``awa.flow_kind_set_v1`` then the kind's limits now in force (see
+    :func:`_write_limits`)."""
+    return _write_limits(
+        KindLimits, "flow_kind_set", "kind_limits_of", "kind", using, params, kind, actor, done
+    )
