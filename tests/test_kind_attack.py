@@ -617,25 +617,6 @@ def test_bad_kind_names_refused(name: Any) -> None:
     assert one("SELECT count(*) FROM awa.flow_kind_limits") == 0
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["--kind", "katk.plain", "--global-concurrency", "0"],
-        ["--kind", "katk.plain", "--global-concurrency", "nan"],
-        ["--kind", "katk.plain", "--rate", "nan"],
-        ["--kind", "katk.plain", "--rate", "inf"],
-        ["--kind", "katk.plain", "--rate", "1e300"],
-        ["--kind", "katk.plain", "--burst", "5"],
-        ["--kind", "katk.plain", "--rate", "5", "--burst", "0"],
-        ["--kind", "", "--global-concurrency", "1"],
-        ["--kind", "x" * 300, "--global-concurrency", "1"],
-        ["--kind", "not.a.known.kind", "--global-concurrency", "1"],
-        ["--kind", "katk.plain"],
-        ["--kind", "katk.plain", "--global-concurrency", "2", "--clear"],
-        ["katk", "--kind", "katk.plain", "--global-concurrency", "2"],
-    ],
-    ids=lambda a: " ".join(a)[:60],
-)
 def test_command_clear_restores_job_decorator_limits(manage_py: Any) -> None:
     env = {"AWA_TEST_OVERRIDES": json.dumps(KATK_OVERRIDES)}
     p = manage_py(
