@@ -32,7 +32,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path
 
-from awa_django.admin_actions import BULK_LIMIT, confirm, log_change
+from awa_django.admin_actions import BULK_LIMIT, admin_actor, confirm, log_change
 from awa_django.admin_alias import admin_read_alias, choose_read_alias
 from awa_django.admin_callbacks import CallbackWaitAdmin
 from awa_django.admin_display import JobDetail, error_timeline, pretty, sparkline
@@ -520,7 +520,7 @@ class QueueStatAdmin(QueueDlqActions, ReadOnlyAdmin):
     @admin.action(description="Set flow limits of selected queues", permissions=["manage_queue"])
     def limit_queues(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         self._checked(request, "manage_queue")
-        by = f"admin ({request.user.get_username()})"
+        by = admin_actor(request)
         current = {q.queue: q for q in queue_limits()}
 
         def perform(objects: list[Any], data: dict[str, Any]) -> str:
@@ -694,7 +694,7 @@ class CronScheduleAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Pause selected schedules", permissions=["manage_schedule"])
     def pause_schedules(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        by = f"admin ({request.user.get_username()})"
+        by = admin_actor(request)
         return self._schedules(
             request,
             queryset,

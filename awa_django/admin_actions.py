@@ -34,6 +34,7 @@ from awa_django.conf import awa_settings
 from awa_django.exceptions import AwaError
 from awa_django.limits import MAX_BIGINT
 from awa_django.sql import query
+from awa_django.telemetry.logs import one_line
 
 if TYPE_CHECKING:
     from awa_django.admin_readonly import ReadOnlyAdmin
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BULK_LIMIT",
     "SELECTION_FIELD",
+    "admin_actor",
     "confirm",
     "job_id_key",
     "log_change",
@@ -57,6 +59,13 @@ SELECTION_FIELD = "awa_selected"
 
 #: How many selected rows the confirmation page names (the rest are counted).
 SHOWN = 50
+
+
+def admin_actor(request: HttpRequest) -> str:
+    """Who an admin change is recorded as: ``admin (<username>)``, on one line (control
+    characters escaped, as operator actors must have none) and at most 255 characters."""
+    return f"admin ({one_line(request.user.get_username())})"[:255]
+
 
 _JOB_ID = re.compile(r"[0-9]{1,19}")
 

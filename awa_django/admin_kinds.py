@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from awa_django.admin_actions import confirm, log_change, run_atomically
+from awa_django.admin_actions import admin_actor, confirm, log_change, run_atomically
 from awa_django.admin_flow import KindFlowLimitsForm
 from awa_django.admin_readonly import ReadOnlyAdmin
 from awa_django.conf import awa_settings
@@ -108,7 +108,7 @@ class KindLimitAdmin(ReadOnlyAdmin):
     @admin.action(description="Set flow limits of selected kinds", permissions=["manage_queue"])
     def limit_kinds(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         self._checked(request, "manage_queue")
-        by = _actor(request)
+        by = admin_actor(request)
         current = {k.kind: k for k in kind_limits()}
 
         def perform(objects: list[Any], data: dict[str, Any]) -> str:
@@ -174,7 +174,7 @@ class KindLimitAdmin(ReadOnlyAdmin):
                     global_concurrency=data.get("global_concurrency"),
                     rate_limit=data.get("rate_limit"),
                     rate_burst=data.get("rate_burst"),
-                    actor=_actor(request),
+                    actor=admin_actor(request),
                 )
                 message = f"flow limits set: {now.summary(in_use=False)}"
                 row = KindLimit.objects.using(awa_settings.DATABASE_ALIAS).get(pk=kind)
@@ -195,7 +195,3 @@ class KindLimitAdmin(ReadOnlyAdmin):
 def _status(obj: KindLimit) -> KindLimits | None:
     status = getattr(obj, "flow_status", None)
     return status if isinstance(status, KindLimits) else None
-
-
-def _actor(request: HttpRequest) -> str:
-    return f"admin ({request.user.get_username()})"

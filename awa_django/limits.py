@@ -21,6 +21,7 @@ from awa_django.exceptions import InvalidOptionError
 
 __all__ = [
     "ATTEMPTS_RANGE",
+    "CONTROL_CHARACTERS",
     "FLOW_BURST_RANGE",
     "FLOW_CONCURRENCY_RANGE",
     "FLOW_RATE_MAX",
@@ -182,8 +183,11 @@ def check_kind_name(value: object, field: str = "kind") -> str:
     return kind
 
 
-#: Control characters: C0, DEL, C1 and the Unicode line and paragraph separators.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+#: Control characters (code points): C0, DEL, C1 and the Unicode line and paragraph
+#: separators. Names shown one per line refuse them (:func:`check_no_control`); log lines and
+#: listings escape them (``awa_django.telemetry.logs.one_line``).
+CONTROL_CHARACTERS: frozenset[int] = frozenset((*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029))
+_CONTROL = re.compile("[" + "".join(re.escape(chr(c)) for c in sorted(CONTROL_CHARACTERS)) + "]")
 
 
 def check_no_control(field: str, value: str) -> str:

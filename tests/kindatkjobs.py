@@ -8,6 +8,7 @@ that the test sees them while the handler still runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -16,6 +17,7 @@ from typing import Any
 import psycopg
 
 from awa_django import JobContext, job
+from tests.helpers import WaitTimeout, wait_for
 
 KATK_OVERRIDES: dict[str, Any] = {
     "JOB_MODULES": ["tests.testjobs", "tests.tasks_for_tests", "tests.kindatkjobs"],
@@ -47,12 +49,13 @@ def _run(ctx: JobContext, gauge: str, seconds: float, block: str | None = None) 
     )
     try:
         if block is not None:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                row = c.execute("SELECT 1 FROM katk_flags WHERE name = %s", [block]).fetchone()
-                if row:
-                    break
-                time.sleep(0.02)
+            # Until the test raises the flag (a row): a handler held open on database state.
+            wait_for(
+                lambda: c.execute("SELECT 1 FROM katk_flags WHERE name = %s", [block]).fetchone(),
+                timeout=60,
+                interval=0.02,
+                message=f"flag {block}",
+            )
         elif seconds:
             time.sleep(seconds)
     finally:
@@ -173,9 +176,8 @@ def coop(ctx: JobContext, block: str | None = None) -> None:
         " VALUES (%s, %s, %s, %s, %s, clock_timestamp())",
         [ctx.id, ctx.kind, ctx.queue, ctx.attempt, os.getpid()],
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not ctx.is_cancelled():
-        time.sleep(0.02)
+    with contextlib.suppress(WaitTimeout):  # at most 30 s, cancelled or not
+        wait_for(ctx.is_cancelled, timeout=30, interval=0.02, message="a cancel")
     c.execute("UPDATE katk_runs SET ended = clock_timestamp() WHERE job_id = %s", [ctx.id])
 
 

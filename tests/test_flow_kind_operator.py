@@ -286,3 +286,17 @@ def test_the_kinds_page_action_and_limit_page_are_gated_checked_and_logged() -> 
             (testjobs.noop.kind, "flow limits set: limit 2, operator"),
         ]
     )
+
+
+def test_an_admin_actor_is_one_line_and_fits_the_actor_column() -> None:
+    from django.contrib.auth.models import User
+    from django.test import RequestFactory
+
+    from awa_django.admin_actions import admin_actor
+
+    request = RequestFactory().get("/")
+    request.user = User(username="eve\nkind:forged" + "x" * 300)
+    who = admin_actor(request)
+    assert who.startswith("admin (eve\\x0akind:forged") and len(who) == 255
+    set_kind_limits(KIND, global_concurrency=2, actor=who)  # accepted as it is
+    assert rows() == [(KIND, 2, None, None, "operator", who)]

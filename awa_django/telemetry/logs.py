@@ -31,6 +31,8 @@ import logging
 import math
 from typing import Any, Final, Protocol
 
+from awa_django.limits import CONTROL_CHARACTERS
+
 __all__ = [
     "JOB_FIELDS",
     "JobFieldsFilter",
@@ -223,11 +225,7 @@ def _repr_short(value: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> str:
     return f"<{type(value).__name__} of {len(value)} item(s), nested too deep or cyclic>"
 
 
-_CONTROL: Final = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)} | {
-    0x2028: "\\u2028",
-    0x2029: "\\u2029",
-    0x85: "\\x85",
-}
+_CONTROL: Final = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" for c in CONTROL_CHARACTERS}
 
 
 def one_line(value: object) -> str:
