@@ -473,3 +473,112 @@ def test_bulk_a_binding_kind_reads_the_rest_of_the_window() -> None:
         assert parked(conn) == ids[1:4]
         assert session_permits(conn) == as_oids(list(got.jobs[0].permits or []))
         assert set(claims_of(conn, ids)) == set(ids[:6])
+
+
+# Migration 0013: jobs of kinds that do not bind go through claim_v3's one statement.
+
+
+def slow_path_calls(conn: psycopg.Connection[Any]) -> int:
+    """Calls of awa._claim_kind_v1 in the current transaction (track_functions is on)."""
+    row = conn.execute(
+        "SELECT COALESCE(sum(calls), 0) FROM pg_stat_xact_user_functions "
+        "WHERE schemaname = 'awa' AND funcname = '_claim_kind_v1'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_kinds_that_do_not_bind_skip_the_slow_path() -> None:
+    with pg(autocommit=False) as conn:
+        set_kind(conn, "a", max_running=50)
+        set_kind(conn, "b", max_running=40, rate=1000, burst=100)
+        set_kind(conn, "r", rate=1000, burst=100)
+        kinds = ["a", "o", "b", "r", "a", "b"] * 5
+        ids = enqueue_weighted(
+            conn, "q", [(k, 2 if i % 7 == 0 else 1) for i, k in enumerate(kinds)]
+        )
+        conn.commit()
+        conn.execute("SET LOCAL track_functions = 'all'")
+        got = claim(conn, "q", 100)
+        assert [j.job_id for j in got.jobs] == ids
+        assert slow_path_calls(conn) == 0
+        for job in got.jobs:
+            expected = job.weight if job.kind in ("a", "b") else None
+            assert (len(job.permits) if job.permits is not None else None) == expected
+        keys = [k for j in got.jobs for k in (j.permits or [])]
+        assert len(set(keys)) == len(keys)
+        assert session_permits(conn) == as_oids(keys)
+        a_keys = {k for j in got.jobs if j.kind == "a" for k in j.permits or []}
+        assert a_keys <= {
+            k[0]
+            for k in conn.execute(
+                "SELECT awa._flow_kind_key_v1('a', g) FROM generate_series(0, 49) g"
+            ).fetchall()
+        }
+        assert kind_in_use(conn, "a") == sum(j.weight for j in got.jobs if j.kind == "a")
+        tats = dict(
+            conn.execute(
+                "SELECT kind, extract(epoch FROM tat - now())::float FROM awa.flow_kind_rate_state"
+            ).fetchall()
+        )
+        assert 0.009 < tats["b"] < 0.5 and 0.004 < tats["r"] < 0.5  # 10 and 5 tokens of 1 ms
+        conn.commit()
+
+
+def test_a_cancelled_job_in_the_run_gives_its_kind_key_back() -> None:
+    with pg() as conn:
+        set_kind(conn, "k", max_running=10)
+        ids = enqueue(conn, "q", ["k", "k", "k", "o", "k"])
+        assert conn.execute("SELECT awa.cancel_v1(%s)", [ids[2]]).fetchone() == ("available",)
+        got = claim(conn, "q", 10)
+        assert [j.job_id for j in got.jobs] == [ids[0], ids[1], ids[3], ids[4]]
+        keys = [k for j in got.jobs for k in (j.permits or [])]
+        assert len(set(keys)) == len(keys) == 3
+        assert session_permits(conn) == as_oids(keys)  # the cancelled row's key went back
+        assert kind_in_use(conn, "k") == 3
+
+
+def test_a_gap_in_the_lane_leaves_the_rows_after_it_to_the_other_paths() -> None:
+    with pg(autocommit=False) as conn:
+        set_kind(conn, "k", max_running=10)
+        first = enqueue(conn, "q", ["k", "k"])
+        conn.commit()
+        enqueue(conn, "q", ["k"])
+        conn.rollback()  # its lane position stays empty for good
+        later = enqueue(conn, "q", ["k", "o", "k"])
+        conn.commit()
+        got = claim(conn, "q", 10)
+        assert sorted(j.job_id for j in got.jobs) == sorted(first + later)
+        for job in got.jobs:
+            assert len(job.permits or []) == (1 if job.kind == "k" else 0)
+        keys = [k for j in got.jobs for k in (j.permits or [])]
+        assert len(set(keys)) == len(keys) == 4
+        assert session_permits(conn) == as_oids(keys)
+        assert kind_in_use(conn, "k") == 4
+        conn.commit()
+
+
+def test_keys_taken_for_rows_after_a_serial_key_go_back() -> None:
+    with pg() as conn:
+        set_kind(conn, "k", max_running=3)
+        ids = enqueue(conn, "q", ["k", "o"])
+        ids += enqueue(conn, "q", ["k"], **{"awa:serial": "s1"})
+        ids += enqueue(conn, "q", ["k", "k"])
+        got = claim(conn, "q", 10)
+        # Four rows of k want 4 of its 3 permits: the kind binds, so it is decided in lane
+        # order by the slow path: three run, the last is parked.
+        assert [j.job_id for j in got.jobs] == ids[:4]
+        assert parked(conn) == [ids[4]]
+        keys = [k for j in got.jobs for k in (j.permits or [])]
+        assert len(set(keys)) == len(keys) == 3
+        assert session_permits(conn) == as_oids(keys)
+        set_kind(conn, "k", max_running=10)
+        more = enqueue(conn, "q", ["k", "o"]) + enqueue(conn, "q", ["k"], **{"awa:serial": "s2"})
+        more += enqueue(conn, "q", ["k"])
+        again = claim(conn, "q", 10, held=keys)
+        # Not binding now: the first two go through the statement, the serial job and the one
+        # after it through the slow path; no key is held twice or left over.
+        assert {j.job_id for j in again.jobs} >= set(more)
+        keys2 = [k for j in again.jobs for k in (j.permits or [])]
+        assert len(set(keys + keys2)) == len(keys + keys2)
+        assert session_permits(conn) == as_oids(keys + keys2)

@@ -77,6 +77,8 @@ REDEFINED = {
 #: Functions redefined a second time: 0012_kind_limits.sql shows jobs parked by their kind
 #: (awa.flow_waiting) where 0008 shows serial-parked ones, and keeps producers off shard 64.
 REDEFINED_AGAIN = {
+    # 0013_kind_fast_claim.sql: jobs of kinds that do not bind go through the claim's statement.
+    "awa.claim_v3": "0013_kind_fast_claim.sql",
     "awa._job_brief_v1": "0012_kind_limits.sql",
     "awa.cancel_v1": "0012_kind_limits.sql",
     "awa.queue_drain_v2": "0012_kind_limits.sql",
