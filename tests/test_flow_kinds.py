@@ -582,3 +582,19 @@ def test_keys_taken_for_rows_after_a_serial_key_go_back() -> None:
         keys2 = [k for j in again.jobs for k in (j.permits or [])]
         assert len(set(keys + keys2)) == len(keys + keys2)
         assert session_permits(conn) == as_oids(keys + keys2)
+
+
+def test_a_run_that_starts_with_an_unlimited_job_clears_the_kinds_after_it() -> None:
+    with pg(autocommit=False) as conn:
+        set_kind(conn, "k", max_running=10)
+        ids = enqueue(conn, "q", ["o", "o", "k", "o", "k", "k"])
+        conn.commit()
+        conn.execute("SET LOCAL track_functions = 'all'")
+        got = claim(conn, "q", 10)
+        # The statement stops at the first job of k, reads the kinds from there and runs again.
+        assert [j.job_id for j in got.jobs] == ids
+        assert slow_path_calls(conn) == 0
+        assert [len(j.permits or []) for j in got.jobs] == [0, 0, 1, 0, 1, 1]
+        keys = [k for j in got.jobs for k in (j.permits or [])]
+        assert session_permits(conn) == as_oids(keys) and len(set(keys)) == 3
+        conn.commit()
