@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from awa_django.exceptions import InvalidArgumentsError, LimitExceededError
@@ -141,7 +142,7 @@ _ENCODER = json.JSONEncoder(
 )
 
 
-def _make_encode() -> Any:
+def _make_encode() -> Callable[[Any], str]:
     """``_ENCODER.encode``, or the same C encoder made once instead of on every call (the
     stdlib builds one per ``encode``: about half the time of encoding a small document)."""
     make = getattr(json.encoder, "c_make_encoder", None)
@@ -155,7 +156,8 @@ def _make_encode() -> Any:
     join = "".join
 
     def encode(value: Any) -> str:
-        return join(c_encode(value, 0))
+        text: str = join(c_encode(value, 0))
+        return text
 
     return encode
 

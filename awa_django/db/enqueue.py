@@ -157,7 +157,21 @@ def build_request(
             and not isinstance(options.run_after, datetime)
             and active_tracing() is None
         ):
-            memo.entry = (cfg, _OptionParts(*request[1:5], *request[6:11], request.unique))
+            memo.entry = (
+                cfg,
+                _OptionParts(
+                    request.queue,
+                    request.priority,
+                    request.using,
+                    request.max_attempts,
+                    request.run_at,
+                    request.delay,
+                    request.deadline,
+                    request.metadata_json,
+                    request.tags,
+                    request.unique,
+                ),
+            )
         return request
     return _build_request(kind, args, kwargs, options, cfg, task_backend, task_options)
 
