@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from awa_django import cron as _cron
 from awa_django.conf import KindSettings
-from awa_django.db.enqueue import build_request, send_requests
+from awa_django.db.enqueue import OptionsMemo, build_request, send_requests
 from awa_django.exceptions import UnknownKindError
 from awa_django.limits import check_flow_limits, check_kind_name, check_weight, tag_tuple
 from awa_django.retry import RetryPolicy, check_retry
@@ -70,6 +70,9 @@ class Job(Generic[P, R]):
         self.is_async = inspect.iscoroutinefunction(func)
         #: The function's first parameter is the attempt's ``JobContext``.
         self.takes_context = takes_context
+        # The options as checked at the first enqueue (they never change: ``using`` makes a
+        # new handle), so that later ones check only their arguments.
+        self._memo = OptionsMemo()
         self.__doc__ = func.__doc__
         self.__name__ = getattr(func, "__name__", kind)
         self.__module__ = func.__module__
@@ -142,11 +145,11 @@ class Job(Generic[P, R]):
 
         Raises ``JobValidationError`` at once for bad arguments or options.
         """
-        return build_request(self.kind, args, kwargs, self.options)
+        return build_request(self.kind, args, kwargs, self.options, memo=self._memo)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> EnqueuedJob:
         """Enqueue one job in the caller's transaction and return its handle (with ``.id``)."""
-        request = build_request(self.kind, args, kwargs, self.options)
+        request = build_request(self.kind, args, kwargs, self.options, memo=self._memo)
         return send_requests([request], request.using)[0]
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> EnqueuedJob:

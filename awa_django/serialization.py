@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from awa_django.exceptions import InvalidArgumentsError, LimitExceededError
@@ -139,7 +140,29 @@ def _plain(value: Any, limit: int) -> bool:
 _ENCODER = json.JSONEncoder(
     separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False
 )
-_encode = _ENCODER.encode
+
+
+def _make_encode() -> Callable[[Any], str]:
+    """``_ENCODER.encode``, or the same C encoder made once instead of on every call (the
+    stdlib builds one per ``encode``: about half the time of encoding a small document)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython without the _json accelerator
+        return _ENCODER.encode
+    # The arguments JSONEncoder.iterencode passes for the options above (no circular markers,
+    # no indent, no key sorting or skipping, NaN and infinity refused).
+    c_encode = make(
+        None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+    join = "".join
+
+    def encode(value: Any) -> str:
+        text: str = join(c_encode(value, 0))
+        return text
+
+    return encode
+
+
+_encode = _make_encode()
 
 
 def encode(value: Any) -> str:

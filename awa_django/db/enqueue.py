@@ -15,7 +15,7 @@ import json
 import threading
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import OperationalError, connections, transaction
@@ -52,6 +52,7 @@ from awa_django.types import SEAL, EnqueuedJob, JobOptions, JobRequest
 from awa_django.unique import UniqueSpec, unique_spec
 
 __all__ = [
+    "OptionsMemo",
     "build_request",
     "forget_known_lanes",
     "send_requests",
@@ -70,6 +71,39 @@ _known_lanes: set[tuple[str, str, int]] = set()
 _known_lanes_lock = threading.Lock()
 
 
+class OptionsMemo:
+    """What ``build_request`` learnt from one ``JobOptions`` under one settings object: every
+    option checked and encoded, so that the next request with the same options checks only its
+    arguments. Held by a ``Job`` (whose options never change) and passed as ``memo``.
+
+    Only options whose checked form cannot change between calls are remembered: none with
+    ``metadata`` (a mapping the caller may mutate), a ``datetime`` ``run_after`` (its meaning
+    depends on the active time zone) or while traces are on (each request carries its trace).
+    A new ``AWA`` setting (a new settings object) forgets them.
+    """
+
+    __slots__ = ("entry",)
+
+    def __init__(self) -> None:
+        #: (settings, the request's option fields from ``queue`` to ``unique``) or None.
+        self.entry: tuple[Any, _OptionParts] | None = None
+
+
+class _OptionParts(NamedTuple):
+    """The checked option fields of a request (``JobRequest`` order, ``using`` unchecked)."""
+
+    queue: str
+    priority: int
+    using: str
+    max_attempts: int
+    run_at: datetime | None
+    delay: float | None
+    deadline: float | None
+    metadata_json: str | None
+    tags: tuple[str, ...] | None
+    unique: UniqueSpec | None
+
+
 def build_request(
     kind: str,
     args: Sequence[Any],
@@ -78,14 +112,79 @@ def build_request(
     *,
     task_backend: str | None = None,
     task_options: Mapping[str, Any] | None = None,
+    memo: OptionsMemo | None = None,
 ) -> JobRequest:
     """Validate one request and encode it; raise a ``JobValidationError`` subclass if it is bad.
 
     ``task_backend`` marks a django.tasks task (the backend's alias is stored with the
     arguments, so the worker resolves the kind as a task of that backend); ``task_options``
-    (JSON) are stored beside it (awa_django/backends/stored.py).
+    (JSON) are stored beside it (awa_django/backends/stored.py). ``memo`` (the same one for
+    the same ``options`` only) skips checking options that were checked before: the request
+    is the same, and so is the error for a bad one (the options are checked in full until
+    they have passed once; the arguments and ``using`` every time, in the same order).
     """
     cfg = get_awa_settings()
+    if memo is not None and task_backend is None:
+        entry = memo.entry
+        if entry is not None and entry[0] is cfg and active_tracing() is None:
+            parts = entry[1]
+            using = checked_alias(parts.using)
+            args_json = serialization.dumps(
+                {"args": args, "kwargs": kwargs},
+                "args",
+                max_bytes=cfg.ARGS_MAX_BYTES,
+                max_depth=cfg.JSON_MAX_DEPTH,
+                envelope=2,
+            )
+            return JobRequest(
+                kind,
+                parts.queue,
+                parts.priority,
+                using,
+                parts.max_attempts,
+                args_json,
+                parts.run_at,
+                parts.delay,
+                parts.deadline,
+                parts.metadata_json,
+                parts.tags,
+                SEAL,
+                parts.unique,
+            )
+        request = _build_request(kind, args, kwargs, options, cfg, None, None)
+        if (
+            options.metadata is None
+            and not isinstance(options.run_after, datetime)
+            and active_tracing() is None
+        ):
+            memo.entry = (
+                cfg,
+                _OptionParts(
+                    request.queue,
+                    request.priority,
+                    request.using,
+                    request.max_attempts,
+                    request.run_at,
+                    request.delay,
+                    request.deadline,
+                    request.metadata_json,
+                    request.tags,
+                    request.unique,
+                ),
+            )
+        return request
+    return _build_request(kind, args, kwargs, options, cfg, task_backend, task_options)
+
+
+def _build_request(
+    kind: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    options: JobOptions,
+    cfg: Any,
+    task_backend: str | None,
+    task_options: Mapping[str, Any] | None,
+) -> JobRequest:
     queue = options.queue if options.queue is not None else cfg.DEFAULT_QUEUE
     check_queue_name(queue)
     priority = check_priority(options.priority)
