@@ -133,6 +133,7 @@ DECLARE
     v_fkind text;
     v_apass boolean;
     v_need_a boolean;
+    v_npk integer;
     v_ok boolean;
     v_pool integer[];
     v_tkix integer[];
@@ -307,6 +308,7 @@ BEGIN
         END IF;
         v_slow := false;
         v_okinds := '{}';
+        v_npk := 0;
         v_apass := false;
         v_need_a := false;
         IF cardinality(v_kinds) > 0 THEN
@@ -335,118 +337,125 @@ BEGIN
                 v_okto := '{}';
                 v_pool := '{}';
                 v_alast := v_cursor;
-              -- The limited kinds among the rows the statement below could take (as many as units
-              -- are left, from the cursor on; jobs after a serial key or beyond the units count
-              -- too: keys they would draw go back below): per kind its limits, rows and the
-              -- permits they want (min(weight, limit) each); and the first row's serial key and
-              -- kind, the rows read and the last one's position.
-              WITH a AS MATERIALIZED (
-                  SELECT e.lane_seq, e.kind, awa._job_weight_v1(e.metadata, v_wcap) AS w,
-                         COALESCE(e.metadata ? 'awa:serial', false) AS skey
-                  FROM awa.ready_entries e
-                  WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
-                  ORDER BY e.lane_seq
-                  LIMIT v_remaining
-              ), g0 AS (
-                  -- By kind and weight first (a few groups), then the limits of each kind.
-                  SELECT a.kind, a.w, min(a.lane_seq) AS first, count(*)::integer AS c
-                  FROM a WHERE a.kind = ANY (v_kinds)
-                  GROUP BY a.kind, a.w
-              ), g AS (
-                  SELECT g0.kind, min(g0.first) AS first, sum(g0.c)::integer AS c,
-                         sum(g0.c * LEAST(g0.w, f.max_running))::integer AS want,
-                         f.max_running, f.max_seen, f.rate, f.burst
-                  FROM g0 JOIN awa.flow_kind_limits f ON f.kind = g0.kind
-                  GROUP BY g0.kind, f.max_running, f.max_seen, f.rate, f.burst
-              ), h AS (
-                  SELECT bool_or(a.skey) FILTER (WHERE a.lane_seq = v_cursor + 1) AS skey,
-                         min(a.kind) FILTER (WHERE a.lane_seq = v_cursor + 1) AS kind,
-                         count(*)::integer AS c, max(a.lane_seq) AS last
-                  FROM a
-              )
-              SELECT (SELECT h.skey FROM h), (SELECT h.kind FROM h), (SELECT h.c FROM h),
-                     (SELECT h.last FROM h),
-                     array_agg(g.kind ORDER BY g.first), array_agg(g.max_running ORDER BY g.first),
-                     array_agg(g.max_seen ORDER BY g.first), array_agg(g.rate ORDER BY g.first),
-                     array_agg(g.burst ORDER BY g.first), array_agg(g.c ORDER BY g.first),
-                     array_agg(g.want ORDER BY g.first)
-              INTO v_fskey, v_fkind, v_acount, v_alast, v_akinds, v_amax, v_aseen, v_arate,
-                   v_aburst, v_ac, v_awant
-              FROM g;
-              IF v_alast - v_cursor > v_acount THEN
-                  -- A gap (a producer's rows not committed yet): only the run before it may go
-                  -- through the statement (a row committed in the gap since was not counted).
-                  SELECT min(x.lane_seq) - 1 INTO v_alast
-                  FROM (SELECT e.lane_seq, row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries e
-                        WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id
-                          AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining) x
-                  WHERE x.lane_seq <> v_cursor + x.n;
-              END IF;
-              v_alast := COALESCE(v_alast, v_cursor);
-              -- Each kind, in the order of its first row: a rate token per row (its state locked
-              -- as the slow path locks it), then all the permits its rows want, or it is not
-              -- cleared (what it took goes back; tokens are counted for rows taken only).
-              FOR k IN 1..COALESCE(cardinality(v_akinds), 0) LOOP
-                  v_ok := true;
-                  v_ri := NULL;
-                  IF v_arate[k] IS NOT NULL THEN
-                      v_ri := array_position(v_rkinds, v_akinds[k]);
-                      IF v_ri IS NULL THEN
-                          INSERT INTO awa.flow_kind_rate_state (kind, tat)
-                          VALUES (v_akinds[k], now())
-                          ON CONFLICT (kind) DO NOTHING;
-                          IF cardinality(v_rkinds) = 0 THEN
-                              SELECT s.tat INTO v_ktat FROM awa.flow_kind_rate_state s
-                              WHERE s.kind = v_akinds[k] FOR UPDATE;
-                          ELSE
-                              -- Only the claim's first rate-limited kind waits for its state: never
-                              -- two claims waiting for each other. Held: the slow path decides.
-                              SELECT s.tat INTO v_ktat FROM awa.flow_kind_rate_state s
-                              WHERE s.kind = v_akinds[k] FOR UPDATE SKIP LOCKED;
-                              v_ok := FOUND;
-                          END IF;
-                          IF v_ok THEN
-                              -- As the queue's rate: the time is the clock once the state is locked.
-                              v_know := clock_timestamp();
-                              v_rkinds := v_rkinds || v_akinds[k];
-                              v_rtats := v_rtats || awa._flow_kind_tat_v1(v_arate[k], v_aburst[k],
-                                                                           v_ktat, v_know);
-                              v_rleft := v_rleft || (awa._flow_kind_tokens_v1(
-                                  v_arate[k], v_aburst[k], v_ktat, v_know)).o_tokens;
-                              v_rused := v_rused || 0;
-                              v_ri := cardinality(v_rkinds);
-                          END IF;
-                      END IF;
-                      v_ok := v_ok AND v_rleft[v_ri] >= v_ac[k];  -- else the rate binds
-                  END IF;
-                  v_kk := NULL;
-                  IF v_ok AND v_amax[k] IS NOT NULL THEN
-                      IF v_awant[k] > v_amax[k] THEN
-                          v_ok := false;  -- more than the limit
-                      ELSE
-                          v_kk := awa._flow_kind_take_v1(v_akinds[k], v_amax[k], v_aseen[k],
-                                                         v_awant[k], v_pheld || v_kkeys || v_pool);
-                          IF cardinality(v_kk) < v_awant[k] THEN
-                              PERFORM awa.flow_release_v1(v_kk);
-                              v_ok := false;  -- the permits bind
-                          END IF;
-                      END IF;
-                  END IF;
-                  IF v_ok THEN
-                      v_okinds := v_okinds || v_akinds[k];
-                      v_okmax := array_append(v_okmax, v_amax[k]);
-                      v_okri := array_append(v_okri, v_ri);
-                      v_okfrom := array_append(v_okfrom, CASE WHEN v_kk IS NOT NULL
-                                                              THEN cardinality(v_pool) + 1 END);
-                      v_pool := v_pool || COALESCE(v_kk, '{}');
-                      v_okto := array_append(v_okto, cardinality(v_pool));
-                  END IF;
-              END LOOP;
-              v_slow := COALESCE(v_fskey, false)
-                        OR v_fkind = ANY (v_kinds) AND NOT v_fkind = ANY (v_okinds);
+                -- The limited kinds among the rows the statement below could take (as many as units
+                -- are left, from the cursor on; jobs after a serial key or beyond the units count
+                -- too: keys they would draw go back below): per kind its limits, rows and the
+                -- permits they want (min(weight, limit) each); and the first row's serial key and
+                -- kind, the rows read and the last one's position.
+                WITH a AS MATERIALIZED (
+                    SELECT e.lane_seq, e.kind, awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                           COALESCE(e.metadata ? 'awa:serial', false) AS skey
+                    FROM awa.ready_entries e
+                    WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                    ORDER BY e.lane_seq
+                    LIMIT v_remaining
+                ), g0 AS (
+                    -- By kind and weight first (a few groups), then the limits of each kind.
+                    SELECT a.kind, a.w, min(a.lane_seq) AS first, count(*)::integer AS c
+                    FROM a WHERE a.kind = ANY (v_kinds)
+                    GROUP BY a.kind, a.w
+                ), g AS (
+                    SELECT g0.kind, min(g0.first) AS first, sum(g0.c)::integer AS c,
+                           sum(g0.c * LEAST(g0.w, f.max_running))::integer AS want,
+                           f.max_running, f.max_seen, f.rate, f.burst
+                    FROM g0 JOIN awa.flow_kind_limits f ON f.kind = g0.kind
+                    GROUP BY g0.kind, f.max_running, f.max_seen, f.rate, f.burst
+                ), h AS (
+                    SELECT bool_or(a.skey) FILTER (WHERE a.lane_seq = v_cursor + 1) AS skey,
+                           min(a.kind) FILTER (WHERE a.lane_seq = v_cursor + 1) AS kind,
+                           count(*)::integer AS c, max(a.lane_seq) AS last
+                    FROM a
+                )
+                SELECT (SELECT h.skey FROM h), (SELECT h.kind FROM h), (SELECT h.c FROM h),
+                       (SELECT h.last FROM h),
+                       array_agg(g.kind ORDER BY g.first),
+                       array_agg(g.max_running ORDER BY g.first),
+                       array_agg(g.max_seen ORDER BY g.first), array_agg(g.rate ORDER BY g.first),
+                       array_agg(g.burst ORDER BY g.first), array_agg(g.c ORDER BY g.first),
+                       array_agg(g.want ORDER BY g.first)
+                INTO v_fskey, v_fkind, v_acount, v_alast, v_akinds, v_amax, v_aseen, v_arate,
+                     v_aburst, v_ac, v_awant
+                FROM g;
+                IF v_alast - v_cursor > v_acount THEN
+                    -- A gap (a producer's rows not committed yet): only the run before it may go
+                    -- through the statement (a row committed in the gap since was not counted).
+                    SELECT min(x.lane_seq) - 1 INTO v_alast
+                    FROM (SELECT e.lane_seq, row_number() OVER (ORDER BY e.lane_seq) AS n
+                          FROM awa.ready_entries e
+                          WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id
+                            AND e.lane_seq > v_cursor
+                          ORDER BY e.lane_seq
+                          LIMIT v_remaining) x
+                    WHERE x.lane_seq <> v_cursor + x.n;
+                END IF;
+                v_alast := COALESCE(v_alast, v_cursor);
+                -- Each kind, in the order of its first row: a rate token per row (its state locked
+                -- as the slow path locks it), then all the permits its rows want, or it is not
+                -- cleared (what it took goes back; tokens are counted for rows taken only).
+                FOR k IN 1..COALESCE(cardinality(v_akinds), 0) LOOP
+                    v_ok := true;
+                    v_ri := NULL;
+                    IF v_arate[k] IS NOT NULL THEN
+                        v_ri := array_position(v_rkinds, v_akinds[k]);
+                        IF v_ri IS NULL THEN
+                            -- Only the claim's first rate-limited kind waits for its state (never
+                            -- two claims waiting for each other; held, the slow path decides). The
+                            -- row is made when missing.
+                            FOR i IN 1..2 LOOP
+                                IF cardinality(v_rkinds) = 0 THEN
+                                    SELECT s.tat INTO v_ktat FROM awa.flow_kind_rate_state s
+                                    WHERE s.kind = v_akinds[k] FOR UPDATE;
+                                ELSE
+                                    SELECT s.tat INTO v_ktat FROM awa.flow_kind_rate_state s
+                                    WHERE s.kind = v_akinds[k] FOR UPDATE SKIP LOCKED;
+                                END IF;
+                                v_ok := FOUND;
+                                EXIT WHEN v_ok OR i = 2;
+                                INSERT INTO awa.flow_kind_rate_state (kind, tat)
+                                VALUES (v_akinds[k], now())
+                                ON CONFLICT (kind) DO NOTHING;
+                            END LOOP;
+                            IF v_ok THEN
+                                -- As the queue's rate: the clock once the state is locked.
+                                v_know := clock_timestamp();
+                                v_rkinds := v_rkinds || v_akinds[k];
+                                v_rtats := v_rtats || awa._flow_kind_tat_v1(v_arate[k], v_aburst[k],
+                                                                             v_ktat, v_know);
+                                v_rleft := v_rleft || (awa._flow_kind_tokens_v1(
+                                    v_arate[k], v_aburst[k], v_ktat, v_know)).o_tokens;
+                                v_rused := v_rused || 0;
+                                v_ri := cardinality(v_rkinds);
+                            END IF;
+                        END IF;
+                        v_ok := v_ok AND v_rleft[v_ri] >= v_ac[k];  -- else the rate binds
+                    END IF;
+                    v_kk := NULL;
+                    IF v_ok AND v_amax[k] IS NOT NULL THEN
+                        IF v_awant[k] > v_amax[k] THEN
+                            v_ok := false;  -- more than the limit
+                        ELSE
+                            v_kk := awa._flow_kind_take_v1(v_akinds[k], v_amax[k], v_aseen[k],
+                                                           v_awant[k],
+                                                           v_pheld || v_kkeys || v_pool);
+                            IF cardinality(v_kk) < v_awant[k] THEN
+                                PERFORM awa.flow_release_v1(v_kk);
+                                v_ok := false;  -- the permits bind
+                            END IF;
+                        END IF;
+                    END IF;
+                    IF v_ok THEN
+                        v_okinds := v_okinds || v_akinds[k];
+                        v_okmax := array_append(v_okmax, v_amax[k]);
+                        v_okri := array_append(v_okri, v_ri);
+                        v_okfrom := array_append(v_okfrom, CASE WHEN v_kk IS NOT NULL
+                                                                THEN cardinality(v_pool) + 1 END);
+                        v_pool := v_pool || COALESCE(v_kk, '{}');
+                        v_okto := array_append(v_okto, cardinality(v_pool));
+                    END IF;
+                END LOOP;
+                v_npk := cardinality(array_remove(v_okfrom, NULL));
+                v_slow := COALESCE(v_fskey, false)
+                          OR v_fkind = ANY (v_kinds) AND NOT v_fkind = ANY (v_okinds);
             END IF;
             -- The run of positions right after the cursor in the current queue slot, as claim_v2,
             -- taken while the running sum of weights fits the units left (a prefix: a job that
@@ -471,7 +480,12 @@ BEGIN
                                    AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
                                 false) AS s,
                        CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                            THEN array_position(v_okinds, f.kind) END AS kix
+                            THEN array_position(v_okinds, f.kind) END AS kix,
+                       -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                       CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                 AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                            THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                       v_okmax[array_position(v_okinds, f.kind)]) END AS kn
                 FROM found f
                 WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
             ), picked AS MATERIALIZED (
@@ -480,8 +494,7 @@ BEGIN
                     SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
                            row_number() OVER (ORDER BY g.lane_seq) AS k,
                            bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                           CASE WHEN v_okmax[g.kix] IS NOT NULL THEN LEAST(g.w, v_okmax[g.kix]) END
-                               AS kn
+                           sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
                     FROM weighed g) z
                 WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
             ), ins AS (
@@ -507,11 +520,13 @@ BEGIN
                                  p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                  now() + make_interval(secs => p.timeout), p.timeout, p.progress,
                                  p.metadata, p.tags, p.errors, p.w,
-                                 -- A cleared kind's keys: its rows draw them in lane order
-                                 -- (the offsets, an init plan, are computed only if one does).
-                                 CASE WHEN p.kn IS NOT NULL
-                                      THEN v_pool[v_okfrom[p.kix] + ((SELECT o.a FROM offs o))[p.k]
-                                                  : v_okfrom[p.kix] + ((SELECT o.a FROM offs o))[p.k]
+                                 -- A cleared kind's keys: its rows draw them in lane order. With
+                                 -- one such kind, the pool's in lane order; with more, by
+                                 -- offsets per kind (an init plan, computed only then).
+                                 CASE WHEN p.kn IS NULL THEN NULL
+                                      WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                      ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                  : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
                                                     + p.kn - 1] END,
                                  NULL,
                                  extract(epoch FROM now() - p.run_at)::double precision
