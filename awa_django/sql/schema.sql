@@ -5112,6 +5112,7 @@ CREATE OR REPLACE FUNCTION awa.finalize_v2(p_items jsonb)
  RETURNS TABLE(job_id bigint, run_lease bigint)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
