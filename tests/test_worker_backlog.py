@@ -1,6 +1,6 @@
 """A worker whose claim came back empty because another session's claim held the lane (claims
 skip locked lanes) claims again within milliseconds when its last claims found a backlog, not
-after POLL_INTERVAL (awa_django/worker/runtime.py, ``WorkerRuntime._dispatch``), as a real
+after POLL_INTERVAL (awa_django/worker/slots.py, ``BacklogRetry``): its pauses, and a real
 `manage.py awa_worker` subprocess against real Postgres."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 
 import awa_django
+from awa_django.worker.slots import BACKLOG_RETRY, BacklogRetry
 from tests import testjobs
 from tests.helpers import ManagedProcess, pg, wait_for
 
@@ -26,6 +27,40 @@ def states(ids: list[int]) -> list[str]:
             conn.execute("SELECT id, state FROM awa.jobs WHERE id = ANY(%s)", [ids]).fetchall()
         )
     return [rows.get(i, "missing") for i in ids]
+
+
+def test_pauses_double_from_the_first_retry_up_to_the_poll_interval() -> None:
+    retry = BacklogRetry(8)
+    assert retry.pause(0.2) == 0.2  # no backlog seen yet: the poll interval
+    retry.claimed(7)
+    assert retry.pause(0.2) == 0.2  # fewer than a quarter of the slots: not a backlog
+    retry.claimed(8)
+    pauses = [retry.pause(0.2) for _ in range(10)]
+    expected = [BACKLOG_RETRY * 2**i for i in range(8)]  # 1 ms ... 128 ms, then 0.2 s
+    for pause, nominal in zip(pauses, expected, strict=False):
+        assert nominal * 0.5 <= pause <= nominal * 1.5
+    assert pauses[8:] == [0.2, 0.2]
+    retry.claimed(3)
+    assert retry.pause(0.2) == 0.2  # a small claim does not start the retries again
+    retry.claimed(32)
+    assert retry.pause(0.2) <= BACKLOG_RETRY * 1.5  # a full one does
+
+
+def test_a_queue_of_one_or_two_slots_needs_two_jobs_for_a_backlog() -> None:
+    retry = BacklogRetry(1)
+    retry.claimed(1)
+    assert retry.pause(0.2) == 0.2
+    retry.claimed(2)
+    assert retry.pause(0.2) <= BACKLOG_RETRY * 1.5
+    assert BacklogRetry(0).mark == 2
+
+
+def test_pauses_never_exceed_a_short_poll_interval() -> None:
+    retry = BacklogRetry(2)
+    retry.claimed(2)
+    pauses = [retry.pause(0.001) for _ in range(3)]
+    assert all(pause <= 0.001 for pause in pauses)
+    assert pauses[1:] == [0.001, 0.001]  # the retries reached the poll interval at once
 
 
 def test_an_empty_claim_on_a_held_lane_after_a_backlog_claim_is_retried_soon(

@@ -36,7 +36,6 @@ import contextlib
 import json
 import logging
 import os
-import random
 import signal
 import socket
 import threading
@@ -72,7 +71,7 @@ from awa_django.worker.guards import (
     hard_exit,
 )
 from awa_django.worker.links import Link, first_line, is_connection_lost
-from awa_django.worker.slots import Slots
+from awa_django.worker.slots import BacklogRetry, Slots
 from awa_django.worker.threads import HandlerThreads
 
 __all__ = ["EXIT_LOOP_FAILED", "EXIT_STUCK_HANDLERS", "WorkerRuntime"]
@@ -80,11 +79,6 @@ __all__ = ["EXIT_LOOP_FAILED", "EXIT_STUCK_HANDLERS", "WorkerRuntime"]
 log = logging.getLogger("awa_django.worker")
 
 _TICK = 0.5
-
-#: The first pause before claiming again after a claim came back empty although this
-#: dispatcher's last claims found a backlog (``WorkerRuntime._dispatch``); it doubles on each
-#: empty claim in a row, up to ``POLL_INTERVAL``.
-BACKLOG_RETRY = 0.001
 
 
 class WorkerRuntime(Execution):
@@ -495,21 +489,13 @@ class WorkerRuntime(Execution):
         key being decided elsewhere stopped claims again after 20 ms. Jobs parked by their
         kind's rate limit shorten the wait to their next token, and wake-ups still end it.
 
-        A claim skips lanes another session's claim holds (``FOR UPDATE SKIP LOCKED``), so on a
-        backlog in one lane (one producer's jobs) a claim can come back empty while thousands
-        of jobs wait. After a claim that took at least a quarter batch (``Slots.low_water``,
-        two jobs at least), an empty claim is therefore retried after ``BACKLOG_RETRY``
-        (jittered), doubling on each empty claim in a row up to ``POLL_INTERVAL``: the other
-        claim commits within milliseconds, and this process does not sit idle for a whole poll
-        interval. A queue that really ran dry costs about eight extra empty claims, once.
+        An empty claim right after one that found a backlog is retried within milliseconds
+        (``BacklogRetry``): it most likely met lanes another process's claim held.
         """
         wake = self.slots.wake[queue.name]
         cfg = self.config
         failures = 0
-        # The pause before the next claim after an empty one, while a backlog was seen lately
-        # (None: none was, or the retries reached POLL_INTERVAL).
-        backlog_retry: float | None = None
-        backlog_mark = max(2, self.slots.low_water[queue.name])
+        backlog = BacklogRetry(self.slots.low_water[queue.name])
         while not self.stopping:
             want = self.slots.claimable(queue.name)
             release = self.permits.release_batch()
@@ -587,8 +573,7 @@ class WorkerRuntime(Execution):
             self._start_batch(jobs, queue)  # counted as running from here on
             if want == 0 or self.stopping:
                 continue
-            if units >= backlog_mark:
-                backlog_retry = BACKLOG_RETRY
+            backlog.claimed(units)
             if claimed.wait is not None:
                 # Rate-limited: no claim before the next job may start (a stop ends the wait).
                 with contextlib.suppress(TimeoutError):
@@ -599,12 +584,8 @@ class WorkerRuntime(Execution):
                 # A kind's next rate token (soft_wait) ends the wait early, as a wake-up does.
                 poll = cfg.settings.POLL_INTERVAL
                 poll = min(claimed.soft_wait or poll, poll)
-                if not jobs and backlog_retry is not None:
-                    # Most likely another process's claim held the lanes: try again soon.
-                    poll = min(poll, backlog_retry * random.uniform(0.5, 1.5))
-                    backlog_retry *= 2
-                    if backlog_retry >= cfg.settings.POLL_INTERVAL:
-                        backlog_retry = None
+                if not jobs and not claimed.limited and claimed.soft_wait is None:
+                    poll = backlog.pause(poll)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), poll)
 
