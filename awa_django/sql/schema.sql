@@ -715,7 +715,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (143)
+-- function (144)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -5349,6 +5349,7 @@ CREATE OR REPLACE FUNCTION awa.finalize_v2(p_items jsonb)
  RETURNS TABLE(job_id bigint, run_lease bigint)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -6480,6 +6481,79 @@ AS $function$
         SELECT 1 FROM awa.flow_waiting w
         WHERE w.queue = ANY (p_queues)
           AND NOT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = w.queue AND m.paused))
+$function$
+
+CREATE OR REPLACE FUNCTION awa.queues_idle_v2(p_queues text[])
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+ SET enable_seqscan TO 'off'
+ SET max_parallel_workers_per_gather TO '0'
+AS $function$
+DECLARE
+    v_lanes integer[];
+    v_open integer[];
+    v_cursors bigint[];
+BEGIN
+    SELECT array_agg(l.lane_id),
+           array_agg(l.lane_id) FILTER (WHERE NOT EXISTS (
+               SELECT 1 FROM awa.queue_meta m WHERE m.queue = l.queue AND m.paused))
+    INTO v_lanes, v_open
+    FROM awa.queue_lanes l
+    WHERE l.queue = ANY (p_queues);
+    -- 1. Available. The cursors first, in a statement of their own: inside the probe below the
+    -- planner would evaluate lane_cursor_v1 once per ready row.
+    SELECT array_agg(awa.lane_cursor_v1(u.lane_id) ORDER BY u.i) INTO v_cursors
+    FROM unnest(v_open) WITH ORDINALITY AS u(lane_id, i);
+    IF EXISTS (
+        SELECT 1
+        FROM unnest(v_open, v_cursors) AS u(lane_id, c)
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM awa.ready_entries e
+            WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                    AND t.ready_slot = e.ready_slot)
+            LIMIT 1) x) THEN
+        RETURN false;
+    END IF;
+    -- 2. Parked.
+    IF EXISTS (
+        SELECT 1 FROM awa.serial_waiting w
+        WHERE w.queue = ANY (p_queues)
+          AND NOT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = w.queue AND m.paused))
+    OR EXISTS (
+        SELECT 1 FROM awa.flow_waiting w
+        WHERE w.queue = ANY (p_queues)
+          AND NOT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = w.queue AND m.paused))
+    THEN
+        RETURN false;
+    END IF;
+    -- 3. Running, where an attempt in flight nearly always is: among its lane's latest claims.
+    IF EXISTS (
+        SELECT 1
+        FROM unnest(v_lanes) AS u(lane_id)
+        CROSS JOIN LATERAL (
+            SELECT c.job_id, c.run_lease, c.claim_slot FROM awa.claims c
+            WHERE c.lane_id = u.lane_id
+            ORDER BY c.lane_seq DESC
+            LIMIT 128) c
+        WHERE NOT EXISTS (
+            SELECT 1 FROM awa.claim_closures z
+            WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+              AND z.claim_slot = c.claim_slot)) THEN
+        RETURN false;
+    END IF;
+    -- 4. Running, anywhere in the lanes' claims.
+    RETURN NOT EXISTS (
+        SELECT 1 FROM awa.claims c
+        WHERE c.lane_id = ANY (v_lanes)
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.claim_closures z
+              WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                AND z.claim_slot = c.claim_slot));
+END
 $function$
 
 CREATE OR REPLACE FUNCTION awa.rescue_v1(p_staleness double precision, p_limit integer DEFAULT 500, p_backoff_base double precision DEFAULT 1.0)

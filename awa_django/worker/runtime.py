@@ -71,7 +71,7 @@ from awa_django.worker.guards import (
     hard_exit,
 )
 from awa_django.worker.links import Link, first_line, is_connection_lost
-from awa_django.worker.slots import Slots
+from awa_django.worker.slots import BacklogRetry, Slots
 from awa_django.worker.threads import HandlerThreads
 
 __all__ = ["EXIT_LOOP_FAILED", "EXIT_STUCK_HANDLERS", "WorkerRuntime"]
@@ -488,10 +488,14 @@ class WorkerRuntime(Execution):
         permits ran out, for a local attempt to end or ``POLL_INTERVAL``; a claim that a serial
         key being decided elsewhere stopped claims again after 20 ms. Jobs parked by their
         kind's rate limit shorten the wait to their next token, and wake-ups still end it.
+
+        An empty claim right after one that found a backlog is retried within milliseconds
+        (``BacklogRetry``): it most likely met lanes another process's claim held.
         """
         wake = self.slots.wake[queue.name]
         cfg = self.config
         failures = 0
+        backlog = BacklogRetry(self.slots.low_water[queue.name])
         while not self.stopping:
             want = self.slots.claimable(queue.name)
             release = self.permits.release_batch()
@@ -569,6 +573,7 @@ class WorkerRuntime(Execution):
             self._start_batch(jobs, queue)  # counted as running from here on
             if want == 0 or self.stopping:
                 continue
+            backlog.claimed(units)
             if claimed.wait is not None:
                 # Rate-limited: no claim before the next job may start (a stop ends the wait).
                 with contextlib.suppress(TimeoutError):
@@ -579,6 +584,8 @@ class WorkerRuntime(Execution):
                 # A kind's next rate token (soft_wait) ends the wait early, as a wake-up does.
                 poll = cfg.settings.POLL_INTERVAL
                 poll = min(claimed.soft_wait or poll, poll)
+                if not jobs and not claimed.limited and claimed.soft_wait is None:
+                    poll = backlog.pause(poll)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), poll)
 

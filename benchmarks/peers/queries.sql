@@ -81,6 +81,11 @@ FROM awa.done_entries d
 JOIN awa.claims c ON c.job_id = d.job_id AND c.run_lease = d.run_lease
 WHERE d.state = 'completed'
 
+-- name: awa_django_finished
+-- Polled during a drain: the window's join of every completion with its claim cost 60-80 ms
+-- at 20,000 jobs, a third of a CPU of the two the workers run on, every 0.2 s.
+SELECT count(*) FROM awa.done_entries WHERE state = 'completed'
+
 -- name: awa_django_count
 SELECT count(*) FROM awa.jobs
 

@@ -80,7 +80,7 @@ SELECT awa.runtime_upsert_v1(%s, %s, %s, %s::jsonb, %s, %s)
 SELECT awa.runtime_remove_v1(%s)
 
 -- name: queues_idle
-SELECT awa.queues_idle_v1(%s::text[])
+SELECT awa.queues_idle_v2(%s::text[])
 
 -- name: listen_jobs
 LISTEN awa_jobs
