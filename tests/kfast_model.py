@@ -266,7 +266,9 @@ class World:
             self.fail(f"job {job_id} claimed as kind {row['kind']!r}, enqueued as {job.kind!r}")
         job.state = "running"
         self.starts.append(job_id)
-        weight = min(job.weight, max_weight) if max_weight else job.weight
+        # A weight above what could ever fit counts as that bound (docs/flow.md, "Weights"):
+        # the claimer's max_weight and the queue's global limit.
+        weight = min(job.weight, max_weight or job.weight, self.queue_limit or job.weight)
         permits = list(row["permits"] or [])
         meta = row["metadata"] or {}
         key = meta.get("awa:serial") if isinstance(meta, dict) else None
@@ -275,7 +277,7 @@ class World:
             row["run_lease"],
             row["claim_slot"],
             row["kind"],
-            job.weight,
+            weight,
             permits,
             row["serial_lock"],
             job.serial_key,
@@ -367,8 +369,11 @@ class World:
             ).fetchone()
             if row is not None and row[0] is not None and row[0] > limit:
                 self.fail(f"kind {kind}: {row[0]} permits in use, limit {limit}")
+            # Attempts started while the kind had no limit carry no permits and do not count
+            # (docs/flow.md); the others count the kind permits they carry.
+            own = set(self.kind_keys(kind, 64))
             units = sum(
-                min(a.weight, limit)
+                len([k for k in a.permits if k in own])
                 for c in self.claimers
                 for a in c.running.values()
                 if a.kind == kind
