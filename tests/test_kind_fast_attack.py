@@ -76,6 +76,12 @@ def stuck(w: World) -> str:
 
 def assert_clean(w: World) -> None:
     assert not w.violations, "\n".join(w.violations[:20])
+    leaked = {c.index: sorted(c.locks()) for c in w.claimers if c.locks()}
+    names = {}
+    for kind in (A, B, C, R, F):
+        names.update({k: f"{kind}/{i}" for i, k in enumerate(w.kind_keys(kind, 16))})
+    names.update({k: f"queue/{i}" for i, k in enumerate(w.queue_keys(16))})
+    assert not leaked, {i: [names.get(k, k) for k in keys] for i, keys in leaked.items()}
     with pg() as conn:
         assert conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s",
@@ -329,3 +335,151 @@ def test_concurrent_raw_claimers_while_limits_change(world: World) -> None:
 
 def _unused(*_: Any) -> None:
     pass
+
+
+# ---- the worker fleet ------------------------------------------------------------------------
+
+KA, KB, KF = "tests.kfastjobs.kfast_a", "tests.kfastjobs.kfast_b", "tests.kfastjobs.kfast_free"
+
+
+def fleet_runs() -> list[dict[str, Any]]:
+    """One entry per attempt that started: kind letter, weight, key, start, end (None if it
+    never recorded one), from the ledger (database clock)."""
+    from tests.testapp.models import Ledger
+
+    runs: dict[tuple[int, int], dict[str, Any]] = {}
+    for job_id, lease, note, at in Ledger.objects.filter(queue="kfast").values_list(
+        "job_id", "run_lease", "note", "created_at"
+    ):
+        run = runs.setdefault((job_id, lease), {"job": job_id, "start": None, "end": None})
+        if note.startswith("start:"):
+            _, letter, weight, key = note.split(":", 3)
+            run.update(start=at, letter=letter, weight=int(weight), key=key or None)
+        elif note == "end":
+            run["end"] = at
+    return [r for r in runs.values() if r["start"] is not None]
+
+
+def peak(runs: list[dict[str, Any]], letter: str, cap: int, killed_at: Any, after: Any = None) -> int:
+    """The most permits of kind ``letter`` in use at once (weight capped at ``cap``), counting
+    only instants after ``after``; an attempt that never ended ends at ``killed_at``."""
+    events = []
+    for r in runs:
+        if r["letter"] != letter:
+            continue
+        end = r["end"] or killed_at
+        w = min(r["weight"], cap)
+        events += [(r["start"], 1, w), (end, 0, -w)]
+    running = top = 0
+    for at, _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+        running += delta
+        if after is None or at > after:
+            top = max(top, running)
+    return top
+
+
+@pytest.mark.worker
+def test_four_workers_a_sigkill_and_limits_moving_under_mixed_weights(manage_py: Any) -> None:
+    """Four worker processes drain kinds A (limit 3) and B (limit 2, serial keys inside its runs)
+    beside a free kind, mixed weights, in one lane; a worker running A is SIGKILLed; then A is
+    lowered to 1 by an operator. Per kind never more permits at once than the limit, serial keys
+    one at a time in enqueue order, every job completes once, nothing leaks."""
+    import signal
+
+    from django.core.management import call_command
+
+    from tests.kfastjobs import KFAST_OVERRIDES
+    from tests.test_worker import exited, worker
+
+    rng = random.Random(11)
+    jobs = []
+    for i in range(90):
+        kind = [KA, KA, KB, KF][i % 4]
+        meta: dict[str, Any] = {}
+        weight = rng.choice([1, 1, 2, 3])
+        if weight > 1:
+            meta["awa:weight"] = weight
+        if kind == KB and i % 3 == 0:
+            meta["awa:serial"] = f"s{i % 2}"
+        jobs.append({"kind": kind, "queue": "kfast", "args": {"args": [0.05], "kwargs": {}},
+                     "metadata": meta or None})
+    with pg() as conn:
+        ids = [r[0] for r in conn.execute(
+            "SELECT job_id FROM awa.enqueue_v1(%s::jsonb)", [__import__("json").dumps(jobs)]
+        ).fetchall()]
+    serial_order = {
+        key: [ids[i] for i, j in enumerate(jobs) if (j["metadata"] or {}).get("awa:serial") == key]
+        for key in ("s0", "s1")
+    }
+    settings = {**KFAST_OVERRIDES, "KINDS": {KA: {"global_concurrency": 3},
+                                             KB: {"global_concurrency": 2}}}
+    procs = [worker(manage_py, "--queue", "kfast=4", overrides=settings) for _ in range(4)]
+
+    def done() -> int:
+        with pg() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM awa.jobs WHERE queue = 'kfast' AND state = 'completed'"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    wait_for(lambda: done() >= 15, timeout=60, message="the first jobs")
+    with pg() as conn:
+        running = conn.execute(
+            "SELECT DISTINCT c.worker_id FROM awa.jobs j JOIN awa.claims c ON c.job_id = j.id "
+            "AND c.run_lease = j.run_lease WHERE j.state = 'running' AND j.kind = %s", [KA]
+        ).fetchall()
+        instances = dict(conn.execute("SELECT instance_id, pid FROM awa.runtime_instances").fetchall())
+    pids = {instances.get(r[0]) for r in running}
+    victim = next((p for p in procs if p.pid in pids), procs[0])
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    with pg() as conn:
+        killed_at = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    wait_for(lambda: done() >= 45, timeout=60, message="half the jobs")
+    call_command("awa_queue", "limit", "--kind", KA, "--global-concurrency", "1", verbosity=0)
+    with pg() as conn:
+        lowered_at = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    wait_for(lambda: done() == 90, timeout=90, message="every job to complete")
+    for p in procs:
+        if p is not victim:
+            p.send_signal(signal.SIGTERM)
+            assert exited(p, 30) == 0, p.output()
+    runs = fleet_runs()
+    assert peak(runs, "a", 3, killed_at) <= 3
+    assert peak(runs, "b", 2, killed_at) <= 2
+    # After the lowering, once every attempt claimed before it ended: at most 1.
+    with pg() as conn:
+        claimed_before = {
+            r[0] for r in conn.execute(
+                "SELECT id FROM awa.terminal_jobs WHERE queue = 'kfast' AND attempted_at < %s",
+                [lowered_at],
+            ).fetchall()
+        }
+    old_ends = [r["end"] or killed_at for r in runs if r["job"] in claimed_before and r["letter"] == "a"]
+    settle = max(old_ends) if old_ends else lowered_at
+    assert peak(runs, "a", 1, killed_at, after=settle) <= 1
+    for key, order in serial_order.items():
+        key_runs = sorted((r for r in runs if r["key"] == key), key=lambda r: r["start"])
+        firsts: list[int] = []
+        for r in key_runs:
+            if r["job"] not in firsts:
+                firsts.append(r["job"])
+        assert firsts == order, key
+        for a, b in zip(key_runs, key_runs[1:], strict=False):
+            assert (a["end"] or killed_at) <= b["start"], (key, a, b)
+    with pg() as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM awa.jobs WHERE queue = 'kfast' AND state <> 'completed'"
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s",
+            [PERMIT_CLASS],
+        ).fetchone() == (0,)
+        status = conn.execute(
+            "SELECT kind, in_use, waiting FROM awa.flow_kind_status_v1() ORDER BY kind"
+        ).fetchall()
+        assert all(s[1] in (0, None) and s[2] == 0 for s in status), status
+    from tests.testapp.models import Ledger
+
+    per_job = Ledger.objects.filter(queue="kfast", note="end").values_list("job_id", flat=True)
+    assert sorted(set(per_job)) == sorted(ids)  # every job ended (a killed attempt was retried)
