@@ -11,6 +11,7 @@ SIGKILLed) drain a mixed backlog while a limit moves.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import conninfo, pg, wait_for
+from tests.helpers import WaitTimeout, conninfo, pg, wait_for
 from tests.kfast_model import PERMIT_CLASS, World
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
@@ -84,7 +85,8 @@ def assert_clean(w: World) -> None:
     assert not leaked, {i: [names.get(k, k) for k in keys] for i, keys in leaked.items()}
     with pg() as conn:
         assert conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s",
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             [PERMIT_CLASS],
         ).fetchone() == (0,)
         rows = conn.execute("SELECT kind, in_use, waiting FROM awa.flow_kind_status_v1()").fetchall()
@@ -245,82 +247,145 @@ def test_a_rate_limited_kind_beside_a_concurrency_limited_one(world: World) -> N
             assert row is not None and row[0] <= 50 * seconds + 4, (seconds, row)
 
 
-def test_concurrent_raw_claimers_while_limits_change(world: World) -> None:
-    """Four threads claim and finish through their own connections while a fifth moves the
-    kinds' limits; permits are checked in pg_locks by a sixth, sampling all the time."""
-    from tests.kfast_model import Claimer
+def completed_count() -> int:
+    with pg() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM awa.terminal_jobs WHERE queue = %s AND state = 'completed'",
+            [QUEUE],
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.parametrize("moving", [False, True], ids=["fixed-limits", "moving-limits"])
+def test_concurrent_raw_claimers(world: World, moving: bool) -> None:
+    """Four threads claim and finish through their own connections (p_held/p_release, serial
+    held/release as a worker passes them) while a fifth cancels waiting jobs and holds lanes
+    open in producer transactions that roll back, and (``moving``) limits change. Every claimed
+    row's permits are checked against its kind's keys; a shared table of owners catches a
+    permit or serial key given to two running jobs; a sampler reads flow_kind_status_v1."""
+    import psycopg
+
+    from tests.kfast_model import Attempt, Claimer
 
     w = world
-    w.set_kind(A, 2)
-    w.set_kind(B, 3)
-    w.set_kind(C, 1)
+    limits = {A: 2, B: 3, C: 1}
+    for kind, limit in limits.items():
+        w.set_kind(kind, limit)
     rng = random.Random(7)
-    w.enqueue(random_specs(rng, 400, keys=False))
+    w.enqueue(random_specs(rng, 300))
     stop = threading.Event()
     errors: list[str] = []
     lock = threading.Lock()
     owners: dict[int, int] = {}
+    keys_running: dict[str, int] = {}
+    key_sets = {kind: set(w.kind_keys(kind, 8)) for kind in (A, B, C, R, F)}
+    current = dict(limits)
+
+    def check_row(row: dict[str, Any]) -> None:
+        kind = row["kind"]
+        permits = list(row["permits"] or [])
+        own = [k for k in permits if k in key_sets[kind]]
+        foreign = [
+            (other, k) for k in permits for other, ks in key_sets.items() if other != kind and k in ks
+        ]
+        if foreign:
+            errors.append(f"job {row['job_id']} ({kind}) carries foreign permits {foreign}")
+        lim = current.get(kind)
+        if not moving and lim and len(own) != min(row["weight"] or 1, lim):
+            errors.append(f"job {row['job_id']} ({kind}) carries {len(own)} kind permits")
+        for k in permits:
+            if k in owners:
+                errors.append(f"permit {k} of job {row['job_id']} held by job {owners[k]}")
+            owners[k] = row["job_id"]
+        key = (row["metadata"] or {}).get("awa:serial")
+        if key is not None:
+            if key in keys_running:
+                errors.append(f"key {key}: job {row['job_id']} beside job {keys_running[key]}")
+            keys_running[key] = row["job_id"]
 
     def claimer(i: int) -> None:
         c = Claimer(conninfo(), 10 + i)
         local = random.Random(i)
         try:
             while not stop.is_set():
-                rows = c.claim(QUEUE, local.randint(1, 10))
+                rows = [r for r in c.claim(QUEUE, local.randint(1, 10)) if r["job_id"] is not None]
                 with lock:
                     for row in rows:
-                        if row["job_id"] is None:
-                            continue
-                        for k in row["permits"] or []:
-                            if k in owners:
-                                errors.append(f"permit {k} of {row['job_id']} held by {owners[k]}")
-                            owners[k] = row["job_id"]
+                        check_row(row)
                 for row in rows:
-                    if row["job_id"] is not None:
-                        from tests.kfast_model import Attempt
-
-                        c.running[row["job_id"]] = Attempt(
-                            row["job_id"], row["run_lease"], row["claim_slot"], row["kind"],
-                            row["weight"] or 1, list(row["permits"] or []), row["serial_lock"],
-                            None, c.index,
-                        )
-                done = [j for j in c.running if local.random() < 0.7]
+                    key = (row["metadata"] or {}).get("awa:serial")
+                    c.running[row["job_id"]] = Attempt(
+                        row["job_id"], row["run_lease"], row["claim_slot"], row["kind"],
+                        row["weight"] or 1, list(row["permits"] or []), row["serial_lock"],
+                        key, c.index,
+                    )
+                done = [j for j in c.running if local.random() < 0.6]
                 if done:
                     with lock:
                         for j in done:
                             for k in c.running[j].permits:
                                 owners.pop(k, None)
+                            if c.running[j].serial_key is not None:
+                                keys_running.pop(c.running[j].serial_key, None)
+                    # A permit or key is free for others only after the next claim hands it
+                    # back, so forgetting it here can hide nothing.
                     c.finish(done)
             c.finish(list(c.running))
             c.claim(QUEUE, 0)
-        except Exception as exc:  # noqa: BLE001
-            errors.append(repr(exc))
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            errors.append(f"claimer {i}: {exc!r}")
         finally:
             c.close()
 
     def sampler() -> None:
         with pg() as conn:
             while not stop.is_set():
-                for kind in (A, B, C):
-                    row = conn.execute(
-                        "SELECT max_running, in_use FROM awa.flow_kind_status_v1() WHERE kind = %s",
-                        [kind],
-                    ).fetchone()
-                    # A limit just lowered may still see the old attempts: only flag what no
-                    # limit ever allowed.
-                    if row and row[0] is not None and row[1] is not None and row[1] > 6:
-                        errors.append(f"{kind}: {row[1]} in use")
+                for kind, limit, in_use in conn.execute(
+                    "SELECT kind, max_running, in_use FROM awa.flow_kind_status_v1()"
+                ).fetchall():
+                    bound = 6 if moving else limit
+                    if limit is not None and in_use is not None and in_use > bound:
+                        errors.append(f"{kind}: {in_use} permits in use, limit {limit}")
+
+    def chaos() -> None:
+        local = random.Random(99)
+        with pg() as conn:
+            while not stop.is_set():
+                ids = [j.job_id for j in list(w.jobs.values()) if j.state == "available"]
+                for job_id in local.sample(ids, min(3, len(ids))):
+                    conn.execute("SELECT awa.cancel_v1(%s)", [job_id])
+                # A producer that holds its lane while claims run, then rolls back.
+                with psycopg.connect(conninfo()) as producer:
+                    producer.execute(
+                        "SELECT awa.enqueue_v1(%s::jsonb)",
+                        [__import__("json").dumps(
+                            [{"kind": A, "queue": QUEUE, "metadata": {"awa:weight": 2}}] * 3
+                        )],
+                    )
+                    seen = completed_count()
+                    with contextlib.suppress(WaitTimeout):  # held while claims go on, or 0.3 s
+                        wait_for(lambda s=seen: stop.is_set() or completed_count() > s + 5,
+                                 timeout=0.3, interval=0.01)
+                    producer.rollback()
+                w.admin.execute("SELECT awa.serial_sweep_v1()")
 
     threads = [threading.Thread(target=claimer, args=(i,)) for i in range(4)]
-    threads.append(threading.Thread(target=sampler))
+    threads += [threading.Thread(target=sampler), threading.Thread(target=chaos)]
     for t in threads:
         t.start()
     try:
-        for limit in [1, 4, None, 2, 6, 1, 3]:
-            w.set_kind(rng.choice([A, B, C]), limit)
-            wait_for(lambda: True, timeout=0.1)
-            w.enqueue(random_specs(rng, 30, keys=False), rollback=rng.random() < 0.3)
-        wait_for(lambda: w.live() == 0 or bool(errors), timeout=30, message="the backlog to drain")
+        if moving:
+            for limit in [1, 4, None, 2, 6, 1, 3]:
+                kind = rng.choice([A, B, C])
+                before = completed_count()
+                with lock:
+                    w.set_kind(kind, limit)
+                    current[kind] = limit
+                wait_for(lambda b=before: completed_count() >= b + 10 or w.live() == 0,
+                         timeout=20, message="progress after a limit change")
+                w.enqueue(random_specs(rng, 30), rollback=rng.random() < 0.3)
+        wait_for(lambda: w.live() == 0 or bool(errors), timeout=40,
+                 message=lambda: f"the backlog to drain: {stuck(w)}")
     finally:
         stop.set()
         for t in threads:
@@ -328,7 +393,8 @@ def test_concurrent_raw_claimers_while_limits_change(world: World) -> None:
     assert not errors, errors[:10]
     with pg() as conn:
         assert conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s",
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             [PERMIT_CLASS],
         ).fetchone() == (0,)
 
@@ -472,7 +538,8 @@ def test_four_workers_a_sigkill_and_limits_moving_under_mixed_weights(manage_py:
             "SELECT count(*) FROM awa.jobs WHERE queue = 'kfast' AND state <> 'completed'"
         ).fetchone() == (0,)
         assert conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s",
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             [PERMIT_CLASS],
         ).fetchone() == (0,)
         status = conn.execute(
