@@ -143,7 +143,7 @@ def test_random_walk_of_raw_claims_keeps_every_invariant(world: World, seed: int
     w.set_kind(A, 2)
     w.set_kind(B, 3)
     w.set_kind(C, 1)
-    w.set_kind(R, None, 200.0, 3)
+    w.set_kind(R, 3 if seed % 2 else None, 200.0, 3)
     for step in range(140):
         op = rng.random()
         if op < 0.18:
@@ -268,9 +268,10 @@ def test_concurrent_raw_claimers(world: World, moving: bool) -> None:
     from tests.kfast_model import Attempt, Claimer
 
     w = world
-    limits = {A: 2, B: 3, C: 1}
+    limits = {A: 2, B: 3, C: 1, R: 3}
     for kind, limit in limits.items():
         w.set_kind(kind, limit)
+    w.set_kind(R, 3, 150.0, 4)  # a kind with both limits
     rng = random.Random(7)
     w.enqueue(random_specs(rng, 300))
     stop = threading.Event()
@@ -397,6 +398,8 @@ def test_concurrent_raw_claimers(world: World, moving: bool) -> None:
             "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             [PERMIT_CLASS],
         ).fetchone() == (0,)
+    for seconds in (0.02, 0.1, 0.5):
+        assert max_starts(R, seconds) <= 150 * seconds + 4, seconds
 
 
 def _unused(*_: Any) -> None:
