@@ -432,19 +432,32 @@ def fleet_runs() -> list[dict[str, Any]]:
 def peak(runs: list[dict[str, Any]], letter: str, cap: int, killed_at: Any, after: Any = None) -> int:
     """The most permits of kind ``letter`` in use at once (weight capped at ``cap``), counting
     only instants after ``after``; an attempt that never ended ends at ``killed_at``."""
+    return peak_runs(runs, letter, cap, killed_at, after)[0]
+
+
+def peak_runs(
+    runs: list[dict[str, Any]], letter: str, cap: int, killed_at: Any, after: Any = None
+) -> tuple[int, list[dict[str, Any]]]:
     events = []
-    for r in runs:
+    for n, r in enumerate(runs):
         if r["letter"] != letter:
             continue
         end = r["end"] or killed_at
         w = min(r["weight"], cap)
-        events += [(r["start"], 1, w), (end, 0, -w)]
+        events += [(r["start"], 1, w, n), (end, 0, -w, n)]
     running = top = 0
-    for at, _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+    live: set[int] = set()
+    at_top: list[dict[str, Any]] = []
+    for at, _, delta, n in sorted(events, key=lambda e: (e[0], e[1])):
         running += delta
-        if after is None or at > after:
-            top = max(top, running)
-    return top
+        if delta > 0:
+            live.add(n)
+        else:
+            live.discard(n)
+        if (after is None or at > after) and running > top:
+            top = running
+            at_top = [runs[i] for i in sorted(live)]
+    return top, at_top
 
 
 @pytest.mark.worker
@@ -499,7 +512,9 @@ def test_four_workers_a_sigkill_and_limits_moving_under_mixed_weights(manage_py:
         ).fetchall()
         instances = dict(conn.execute("SELECT instance_id, pid FROM awa.runtime_instances").fetchall())
     pids = {instances.get(r[0]) for r in running}
-    victim = next((p for p in procs if p.pid in pids), procs[0])
+    victim = next((p for p in procs if p.pid in pids), None)
+    assert victim is not None, "no worker was running a job of A"
+
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     with pg() as conn:
@@ -514,8 +529,10 @@ def test_four_workers_a_sigkill_and_limits_moving_under_mixed_weights(manage_py:
             p.send_signal(signal.SIGTERM)
             assert exited(p, 30) == 0, p.output()
     runs = fleet_runs()
-    assert peak(runs, "a", 3, killed_at) <= 3
-    assert peak(runs, "b", 2, killed_at) <= 2
+    top, at_top = peak_runs(runs, "a", 3, killed_at)
+    assert top == 3, (killed_at, lowered_at, at_top)  # reached, never passed
+    top, at_top = peak_runs(runs, "b", 2, killed_at)
+    assert top == 2, (killed_at, at_top)
     # After the lowering, once every attempt claimed before it ended: at most 1.
     with pg() as conn:
         claimed_before = {
