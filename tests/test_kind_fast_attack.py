@@ -417,10 +417,12 @@ def fleet_runs() -> list[dict[str, Any]]:
     from tests.testapp.models import Ledger
 
     runs: dict[tuple[int, int], dict[str, Any]] = {}
-    for job_id, lease, note, at in Ledger.objects.filter(queue="kfast").values_list(
-        "job_id", "run_lease", "note", "created_at"
+    for job_id, lease, attempt, note, at in Ledger.objects.filter(queue="kfast").values_list(
+        "job_id", "run_lease", "attempt", "note", "created_at"
     ):
-        run = runs.setdefault((job_id, lease), {"job": job_id, "start": None, "end": None})
+        run = runs.setdefault(
+            (job_id, lease), {"job": job_id, "attempt": attempt, "start": None, "end": None}
+        )
         if note.startswith("start:"):
             _, letter, weight, key = note.split(":", 3)
             run.update(start=at, letter=letter, weight=int(weight), key=key or None)
@@ -515,10 +517,13 @@ def test_four_workers_a_sigkill_and_limits_moving_under_mixed_weights(manage_py:
     victim = next((p for p in procs if p.pid in pids), None)
     assert victim is not None, "no worker was running a job of A"
 
+    # The killed attempts end at the kill: the database clock read just before it. (Read after
+    # the process is reaped, it lets a job that took the freed permits in those few ms look
+    # like an overlap: a flake seen once in ~12 runs.)
+    with pg() as conn:
+        killed_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
     victim.send_signal(signal.SIGKILL)
     victim.wait()
-    with pg() as conn:
-        killed_at = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
     wait_for(lambda: done() >= 45, timeout=60, message="half the jobs")
     call_command("awa_queue", "limit", "--kind", KA, "--global-concurrency", "1", verbosity=0)
     with pg() as conn:
@@ -546,11 +551,15 @@ def test_four_workers_a_sigkill_and_limits_moving_under_mixed_weights(manage_py:
     assert peak(runs, "a", 1, killed_at, after=settle) <= 1
     for key, order in serial_order.items():
         key_runs = sorted((r for r in runs if r["key"] == key), key=lambda r: r["start"])
+        # A job whose attempt died with the SIGKILL (maybe before its handler wrote a line)
+        # runs again after rescue, behind younger jobs of its key (docs/flow.md, "Crash
+        # safety"): the order is checked for the others.
+        retried = {r["job"] for r in runs if r["attempt"] > 1}
         firsts: list[int] = []
         for r in key_runs:
-            if r["job"] not in firsts:
+            if r["job"] not in firsts and r["job"] not in retried:
                 firsts.append(r["job"])
-        assert firsts == order, key
+        assert firsts == [j for j in order if j not in retried], key
         for a, b in zip(key_runs, key_runs[1:], strict=False):
             assert (a["end"] or killed_at) <= b["start"], (key, a, b)
     with pg() as conn:
