@@ -35,8 +35,7 @@ PERMIT_CLASS = 4282182
 SERIAL_CLASS = 4282183
 
 COLUMNS = (
-    "job_id, run_lease, claim_slot, kind, queue, weight, permits, serial_lock, wait_secs, "
-    "metadata"
+    "job_id, run_lease, claim_slot, kind, queue, weight, permits, serial_lock, wait_secs, metadata"
 )
 
 
@@ -298,7 +297,8 @@ class World:
             others = {
                 other
                 for other, lim in self.limits.items()
-                if other != job.kind and set(self.kind_keys(other, max(lim or 0, 16))) & set(foreign)
+                if other != job.kind
+                and set(self.kind_keys(other, max(lim or 0, 16))) & set(foreign)
             }
             self.fail(
                 f"job {job_id} ({job.kind}, weight {job.weight}) carries foreign permits "
@@ -358,7 +358,9 @@ class World:
             if carry - have:
                 self.fail(f"claimer {c.index} does not hold permits {sorted(carry - have)}")
             if have - carry:
-                self.fail(f"claimer {c.index} holds permits no attempt carries: {sorted(have - carry)}")
+                self.fail(
+                    f"claimer {c.index} holds permits no attempt carries: {sorted(have - carry)}"
+                )
         # Per kind: the keys held never pass the limit after a claim that started the kind.
         for kind in started_kinds:
             limit = self.limits.get(kind)

@@ -12,6 +12,7 @@ SIGKILLed) drain a mixed backlog while a limit moves.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import threading
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import WaitTimeout, conninfo, pg, wait_for
+from tests.helpers import ManagedProcess, WaitTimeout, conninfo, pg, wait_for
 from tests.kfast_model import PERMIT_CLASS, World
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
@@ -89,7 +90,9 @@ def assert_clean(w: World) -> None:
             "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             [PERMIT_CLASS],
         ).fetchone() == (0,)
-        rows = conn.execute("SELECT kind, in_use, waiting FROM awa.flow_kind_status_v1()").fetchall()
+        rows = conn.execute(
+            "SELECT kind, in_use, waiting FROM awa.flow_kind_status_v1()"
+        ).fetchall()
         assert all(r[1] in (0, None) and r[2] == 0 for r in rows), rows
         assert conn.execute("SELECT count(*) FROM awa.flow_waiting").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM awa.serial_waiting").fetchone() == (0,)
@@ -110,7 +113,9 @@ def assert_clean(w: World) -> None:
 KINDS = [A, A, B, B, C, R, F, F]
 
 
-def random_specs(rng: random.Random, n: int, keys: bool = True) -> list[tuple[str, int, str | None]]:
+def random_specs(
+    rng: random.Random, n: int, keys: bool = True
+) -> list[tuple[str, int, str | None]]:
     out = []
     for _ in range(n):
         kind = rng.choice(KINDS)
@@ -183,7 +188,9 @@ def test_kinds_exactly_at_the_edge_of_binding(world: World) -> None:
     w.set_kind(A, 3)
     w.set_kind(B, 4)
     w.set_kind(C, 1)
-    ids = w.enqueue([(A, 2, None), (B, 3, None), (F, 1, None), (A, 1, None), (B, 1, None), (C, 1, None)])
+    ids = w.enqueue(
+        [(A, 2, None), (B, 3, None), (F, 1, None), (A, 1, None), (B, 1, None), (C, 1, None)]
+    )
     got = w.claim(0, 20)
     assert sorted(a.job_id for a in got) == sorted(ids)
     more = w.enqueue([(A, 1, None), (B, 1, None), (C, 1, None), (F, 1, None)])
@@ -287,7 +294,10 @@ def test_concurrent_raw_claimers(world: World, moving: bool) -> None:
         permits = list(row["permits"] or [])
         own = [k for k in permits if k in key_sets[kind]]
         foreign = [
-            (other, k) for k in permits for other, ks in key_sets.items() if other != kind and k in ks
+            (other, k)
+            for k in permits
+            for other, ks in key_sets.items()
+            if other != kind and k in ks
         ]
         if foreign:
             errors.append(f"job {row['job_id']} ({kind}) carries foreign permits {foreign}")
@@ -316,9 +326,15 @@ def test_concurrent_raw_claimers(world: World, moving: bool) -> None:
                 for row in rows:
                     key = (row["metadata"] or {}).get("awa:serial")
                     c.running[row["job_id"]] = Attempt(
-                        row["job_id"], row["run_lease"], row["claim_slot"], row["kind"],
-                        row["weight"] or 1, list(row["permits"] or []), row["serial_lock"],
-                        key, c.index,
+                        row["job_id"],
+                        row["run_lease"],
+                        row["claim_slot"],
+                        row["kind"],
+                        row["weight"] or 1,
+                        list(row["permits"] or []),
+                        row["serial_lock"],
+                        key,
+                        c.index,
                     )
                 done = [j for j in c.running if local.random() < 0.6]
                 if done:
@@ -333,7 +349,7 @@ def test_concurrent_raw_claimers(world: World, moving: bool) -> None:
                     c.finish(done)
             c.finish(list(c.running))
             c.claim(QUEUE, 0)
-        except Exception as exc:  # noqa: BLE001 - reported by the test
+        except Exception as exc:  # reported by the test
             errors.append(f"claimer {i}: {exc!r}")
         finally:
             c.close()
@@ -359,14 +375,19 @@ def test_concurrent_raw_claimers(world: World, moving: bool) -> None:
                 with psycopg.connect(conninfo()) as producer:
                     producer.execute(
                         "SELECT awa.enqueue_v1(%s::jsonb)",
-                        [__import__("json").dumps(
-                            [{"kind": A, "queue": QUEUE, "metadata": {"awa:weight": 2}}] * 3
-                        )],
+                        [
+                            __import__("json").dumps(
+                                [{"kind": A, "queue": QUEUE, "metadata": {"awa:weight": 2}}] * 3
+                            )
+                        ],
                     )
                     seen = completed_count()
                     with contextlib.suppress(WaitTimeout):  # held while claims go on, or 0.3 s
-                        wait_for(lambda s=seen: stop.is_set() or completed_count() > s + 5,
-                                 timeout=0.3, interval=0.01)
+                        wait_for(
+                            lambda s=seen: stop.is_set() or completed_count() > s + 5,
+                            timeout=0.3,
+                            interval=0.01,
+                        )
                     producer.rollback()
                 w.admin.execute("SELECT awa.serial_sweep_v1()")
 
@@ -382,11 +403,17 @@ def test_concurrent_raw_claimers(world: World, moving: bool) -> None:
                 with lock:
                     w.set_kind(kind, limit)
                     current[kind] = limit
-                wait_for(lambda b=before: completed_count() >= b + 10 or w.live() == 0,
-                         timeout=20, message="progress after a limit change")
+                wait_for(
+                    lambda b=before: completed_count() >= b + 10 or w.live() == 0,
+                    timeout=20,
+                    message="progress after a limit change",
+                )
                 w.enqueue(random_specs(rng, 30), rollback=rng.random() < 0.3)
-        wait_for(lambda: w.live() == 0 or bool(errors), timeout=40,
-                 message=lambda: f"the backlog to drain: {stuck(w)}")
+        wait_for(
+            lambda: w.live() == 0 or bool(errors),
+            timeout=40,
+            message=lambda: f"the backlog to drain: {stuck(w)}",
+        )
     finally:
         stop.set()
         for t in threads:
@@ -400,10 +427,6 @@ def test_concurrent_raw_claimers(world: World, moving: bool) -> None:
         ).fetchone() == (0,)
     for seconds in (0.02, 0.1, 0.5):
         assert max_starts(R, seconds) <= 150 * seconds + 4, seconds
-
-
-def _unused(*_: Any) -> None:
-    pass
 
 
 # ---- the worker fleet ------------------------------------------------------------------------
@@ -431,7 +454,9 @@ def fleet_runs() -> list[dict[str, Any]]:
     return [r for r in runs.values() if r["start"] is not None]
 
 
-def peak(runs: list[dict[str, Any]], letter: str, cap: int, killed_at: Any, after: Any = None) -> int:
+def peak(
+    runs: list[dict[str, Any]], letter: str, cap: int, killed_at: Any, after: Any = None
+) -> int:
     """The most permits of kind ``letter`` in use at once (weight capped at ``cap``), counting
     only instants after ``after``; an attempt that never ended ends at ``killed_at``."""
     return peak_runs(runs, letter, cap, killed_at, after)[0]
@@ -485,18 +510,29 @@ def test_four_workers_a_sigkill_and_limits_moving_under_mixed_weights(manage_py:
             meta["awa:weight"] = weight
         if kind == KB and i % 3 == 0:
             meta["awa:serial"] = f"s{i % 2}"
-        jobs.append({"kind": kind, "queue": "kfast", "args": {"args": [0.05], "kwargs": {}},
-                     "metadata": meta or None})
+        jobs.append(
+            {
+                "kind": kind,
+                "queue": "kfast",
+                "args": {"args": [0.05], "kwargs": {}},
+                "metadata": meta or None,
+            }
+        )
     with pg() as conn:
-        ids = [r[0] for r in conn.execute(
-            "SELECT job_id FROM awa.enqueue_v1(%s::jsonb)", [__import__("json").dumps(jobs)]
-        ).fetchall()]
+        ids = [
+            r[0]
+            for r in conn.execute(
+                "SELECT job_id FROM awa.enqueue_v1(%s::jsonb)", [__import__("json").dumps(jobs)]
+            ).fetchall()
+        ]
     serial_order = {
         key: [ids[i] for i, j in enumerate(jobs) if (j["metadata"] or {}).get("awa:serial") == key]
         for key in ("s0", "s1")
     }
-    settings = {**KFAST_OVERRIDES, "KINDS": {KA: {"global_concurrency": 3},
-                                             KB: {"global_concurrency": 2}}}
+    settings = {
+        **KFAST_OVERRIDES,
+        "KINDS": {KA: {"global_concurrency": 3}, KB: {"global_concurrency": 2}},
+    }
     procs = [worker(manage_py, "--queue", "kfast=4", overrides=settings) for _ in range(4)]
 
     def done() -> int:
@@ -507,15 +543,21 @@ def test_four_workers_a_sigkill_and_limits_moving_under_mixed_weights(manage_py:
         return int(row[0]) if row else 0
 
     wait_for(lambda: done() >= 15, timeout=60, message="the first jobs")
-    with pg() as conn:
-        running = conn.execute(
-            "SELECT DISTINCT c.worker_id FROM awa.jobs j JOIN awa.claims c ON c.job_id = j.id "
-            "AND c.run_lease = j.run_lease WHERE j.state = 'running' AND j.kind = %s", [KA]
-        ).fetchall()
-        instances = dict(conn.execute("SELECT instance_id, pid FROM awa.runtime_instances").fetchall())
-    pids = {instances.get(r[0]) for r in running}
-    victim = next((p for p in procs if p.pid in pids), None)
-    assert victim is not None, "no worker was running a job of A"
+
+    def running_a() -> ManagedProcess | None:
+        with pg() as conn:
+            running = conn.execute(
+                "SELECT DISTINCT c.worker_id FROM awa.jobs j JOIN awa.claims c ON c.job_id = j.id "
+                "AND c.run_lease = j.run_lease WHERE j.state = 'running' AND j.kind = %s",
+                [KA],
+            ).fetchall()
+            instances = dict(
+                conn.execute("SELECT instance_id, pid FROM awa.runtime_instances").fetchall()
+            )
+        pids = {instances.get(r[0]) for r in running}
+        return next((p for p in procs if p.pid in pids), None)
+
+    victim = wait_for(running_a, timeout=20, interval=0.01, message="a worker running A")
 
     # The killed attempts end at the kill: the database clock read just before it. (Read after
     # the process is reaped, it lets a job that took the freed permits in those few ms look
@@ -541,12 +583,15 @@ def test_four_workers_a_sigkill_and_limits_moving_under_mixed_weights(manage_py:
     # After the lowering, once every attempt claimed before it ended: at most 1.
     with pg() as conn:
         claimed_before = {
-            r[0] for r in conn.execute(
+            r[0]
+            for r in conn.execute(
                 "SELECT id FROM awa.terminal_jobs WHERE queue = 'kfast' AND attempted_at < %s",
                 [lowered_at],
             ).fetchall()
         }
-    old_ends = [r["end"] or killed_at for r in runs if r["job"] in claimed_before and r["letter"] == "a"]
+    old_ends = [
+        r["end"] or killed_at for r in runs if r["job"] in claimed_before and r["letter"] == "a"
+    ]
     settle = max(old_ends) if old_ends else lowered_at
     assert peak(runs, "a", 1, killed_at, after=settle) <= 1
     for key, order in serial_order.items():
@@ -560,7 +605,7 @@ def test_four_workers_a_sigkill_and_limits_moving_under_mixed_weights(manage_py:
             if r["job"] not in firsts and r["job"] not in retried:
                 firsts.append(r["job"])
         assert firsts == [j for j in order if j not in retried], key
-        for a, b in zip(key_runs, key_runs[1:], strict=False):
+        for a, b in itertools.pairwise(key_runs):
             assert (a["end"] or killed_at) <= b["start"], (key, a, b)
     with pg() as conn:
         assert conn.execute(
