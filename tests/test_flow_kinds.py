@@ -598,3 +598,17 @@ def test_a_run_that_starts_with_an_unlimited_job_clears_the_kinds_after_it() -> 
         keys = [k for j in got.jobs for k in (j.permits or [])]
         assert session_permits(conn) == as_oids(keys) and len(set(keys)) == 3
         conn.commit()
+
+
+def test_a_job_that_does_not_fit_before_a_limited_kind_is_not_skipped() -> None:
+    with pg() as conn:
+        set_kind(conn, "k", max_running=10)
+        ids = enqueue_weighted(conn, "q", [("o", 1), ("o", 5), ("k", 1), ("k", 1)])
+        got = claim(conn, "q", 3)
+        # The job of weight 5 does not fit the 2 units left: the lane stops there, and the jobs
+        # of k after it wait (found by the attack on 0013: a second pass from the first job of a
+        # limited kind skipped it, and the lane's cursor passed it for good).
+        assert [j.job_id for j in got.jobs] == [ids[0]]
+        again = claim(conn, "q", 10)
+        assert [j.job_id for j in again.jobs] == ids[1:]
+        assert [len(j.permits or []) for j in again.jobs] == [0, 1, 1]

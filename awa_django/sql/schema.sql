@@ -3969,6 +3969,7 @@ DECLARE
     v_apass boolean;
     v_need_a boolean;
     v_npk integer;
+    v_left_at bigint;
     v_ok boolean;
     v_pool integer[];
     v_tkix integer[];
@@ -4371,8 +4372,13 @@ BEGIN
                    CASE WHEN v_slow THEN v_cursor + 1
                         ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
                    array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                   array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL)
-            INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn
+                   array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                   -- The first row left (not taken, not dead): whether the job that stopped the
+                   -- statement is the one at v_serial_at, or one before it that did not fit.
+                   (SELECT min(g.lane_seq) FROM weighed g
+                    WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                v_cursor))
+            INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
             FROM picked p;
             v_got := COALESCE(cardinality(v_part), 0);
             IF v_got > 0 THEN
@@ -4404,8 +4410,8 @@ BEGIN
                     PERFORM awa.flow_release_v1(v_free);
                 END IF;
             END IF;
-            IF v_serial_at IS NOT NULL AND NOT v_apass AND NOT v_slow
-               AND v_remaining > 0 AND v_jobs_left > 0 THEN
+            IF v_serial_at IS NOT NULL AND v_left_at = v_serial_at AND NOT v_apass
+               AND NOT v_slow AND v_remaining > 0 AND v_jobs_left > 0 THEN
                 -- A job of a limited kind (or with a serial key) stopped the statement: the
                 -- kinds of the run from it on are read, and the statement runs again from it
                 -- (every position before it is claimed or dead).
