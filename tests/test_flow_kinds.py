@@ -612,3 +612,30 @@ def test_a_job_that_does_not_fit_before_a_limited_kind_is_not_skipped() -> None:
         again = claim(conn, "q", 10)
         assert [j.job_id for j in again.jobs] == ids[1:]
         assert [len(j.permits or []) for j in again.jobs] == [0, 1, 1]
+
+
+def test_a_kind_asked_for_the_units_left_that_cannot_have_them_is_decided_exactly() -> None:
+    with pg(autocommit=False) as conn, pg() as other:
+        set_kind(conn, "k", max_running=10)
+        set_kind(conn, "r", rate=1, burst=5)
+        conn.commit()
+        enqueue(other, "q2", ["k"] * 6)
+        theirs = claim(other, "q2", 6).jobs  # 6 of k's 10 permits held elsewhere
+        assert len(theirs) == 6
+        ids = enqueue(conn, "q", ["k", "k", "o", "k"])
+        rids = enqueue(conn, "q3", ["r", "r", "o"])
+        conn.commit()
+        conn.execute("SET LOCAL track_functions = 'all'")
+        # k's limit (10) covers the 8 units asked, but only 4 permits are free: the run is read
+        # and k's 3 jobs get 3 of them; r has 5 tokens, fewer than the 8 units: read exactly,
+        # its 2 jobs use 2.
+        got = claim(conn, "q", 8)
+        assert [j.job_id for j in got.jobs] == ids
+        assert [len(j.permits or []) for j in got.jobs] == [1, 1, 0, 1]
+        rgot = claim(conn, "q3", 8)
+        assert [j.job_id for j in rgot.jobs] == rids
+        assert slow_path_calls(conn) == 0
+        keys = [k for j in got.jobs for k in (j.permits or [])]
+        assert session_permits(conn) == as_oids(keys)
+        assert kind_in_use(conn, "k") == 9
+        conn.commit()

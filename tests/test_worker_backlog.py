@@ -55,6 +55,16 @@ def test_a_queue_of_one_or_two_slots_needs_two_jobs_for_a_backlog() -> None:
     assert BacklogRetry(0).mark == 2
 
 
+def test_an_armed_retry_starts_as_after_a_backlog() -> None:
+    retry = BacklogRetry(8, armed=True)
+    pauses = [retry.pause(0.2) for _ in range(9)]
+    assert all(
+        BACKLOG_RETRY * 2**i * 0.5 <= pause <= BACKLOG_RETRY * 2**i * 1.5
+        for i, pause in enumerate(pauses[:8])
+    )
+    assert pauses[8] == 0.2  # the sequence ran out: the poll interval again
+
+
 def test_pauses_never_exceed_a_short_poll_interval() -> None:
     retry = BacklogRetry(2)
     retry.claimed(2)

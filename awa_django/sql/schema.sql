@@ -3969,6 +3969,13 @@ DECLARE
     v_apass boolean;
     v_need_a boolean;
     v_npk integer;
+    -- The lane's next job's kind (the probe), and whether to try it without reading the run.
+    v_pkind text;
+    v_guess boolean;
+    v_glimit integer;
+    v_gseen integer;
+    v_grate double precision;
+    v_gburst integer;
     v_left_at bigint;
     v_ok boolean;
     v_pool integer[];
@@ -4147,12 +4154,13 @@ BEGIN
         v_npk := 0;
         v_apass := false;
         v_need_a := false;
+        v_guess := false;
         IF cardinality(v_kinds) > 0 THEN
             -- One probe of the lane's next job: a serial key sends the lane to the slow path; a
             -- limited kind has the kinds of the run read first (below); any other job runs the
             -- statement as on a queue without kind limits, up to the first job of a limited kind.
-            SELECT COALESCE(e.metadata ? 'awa:serial', false), e.kind = ANY (v_kinds)
-            INTO v_fskey, v_need_a
+            SELECT COALESCE(e.metadata ? 'awa:serial', false), e.kind = ANY (v_kinds), e.kind
+            INTO v_fskey, v_need_a, v_pkind
             FROM awa.ready_entries e
             WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq = v_cursor + 1
               AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones t
@@ -4160,6 +4168,7 @@ BEGIN
                                 AND t.lane_seq = e.lane_seq);
             v_slow := COALESCE(v_fskey, false);
             v_need_a := COALESCE(v_need_a, false) AND NOT v_slow;
+            v_guess := v_need_a;
         END IF;
         LOOP
             IF v_need_a THEN
@@ -4173,56 +4182,84 @@ BEGIN
                 v_okto := '{}';
                 v_pool := '{}';
                 v_alast := v_cursor;
-                -- The limited kinds among the rows the statement below could take (as many as units
-                -- are left, from the cursor on; jobs after a serial key or beyond the units count
-                -- too: keys they would draw go back below): per kind its limits, rows and the
-                -- permits they want (min(weight, limit) each); and the first row's serial key and
-                -- kind, the rows read and the last one's position.
-                WITH a AS MATERIALIZED (
-                    SELECT e.lane_seq, e.kind, awa._job_weight_v1(e.metadata, v_wcap) AS w,
-                           COALESCE(e.metadata ? 'awa:serial', false) AS skey
-                    FROM awa.ready_entries e
-                    WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), g0 AS (
-                    -- By kind and weight first (a few groups), then the limits of each kind.
-                    SELECT a.kind, a.w, min(a.lane_seq) AS first, count(*)::integer AS c
-                    FROM a WHERE a.kind = ANY (v_kinds)
-                    GROUP BY a.kind, a.w
-                ), g AS (
-                    SELECT g0.kind, min(g0.first) AS first, sum(g0.c)::integer AS c,
-                           sum(g0.c * LEAST(g0.w, f.max_running))::integer AS want,
-                           f.max_running, f.max_seen, f.rate, f.burst
-                    FROM g0 JOIN awa.flow_kind_limits f ON f.kind = g0.kind
-                    GROUP BY g0.kind, f.max_running, f.max_seen, f.rate, f.burst
-                ), h AS (
-                    SELECT bool_or(a.skey) FILTER (WHERE a.lane_seq = v_cursor + 1) AS skey,
-                           min(a.kind) FILTER (WHERE a.lane_seq = v_cursor + 1) AS kind,
-                           count(*)::integer AS c, max(a.lane_seq) AS last
-                    FROM a
-                )
-                SELECT (SELECT h.skey FROM h), (SELECT h.kind FROM h), (SELECT h.c FROM h),
-                       (SELECT h.last FROM h),
-                       array_agg(g.kind ORDER BY g.first),
-                       array_agg(g.max_running ORDER BY g.first),
-                       array_agg(g.max_seen ORDER BY g.first), array_agg(g.rate ORDER BY g.first),
-                       array_agg(g.burst ORDER BY g.first), array_agg(g.c ORDER BY g.first),
-                       array_agg(g.want ORDER BY g.first)
-                INTO v_fskey, v_fkind, v_acount, v_alast, v_akinds, v_amax, v_aseen, v_arate,
-                     v_aburst, v_ac, v_awant
-                FROM g;
-                IF v_alast - v_cursor > v_acount THEN
-                    -- A gap (a producer's rows not committed yet): only the run before it may go
-                    -- through the statement (a row committed in the gap since was not counted).
-                    SELECT min(x.lane_seq) - 1 INTO v_alast
-                    FROM (SELECT e.lane_seq, row_number() OVER (ORDER BY e.lane_seq) AS n
-                          FROM awa.ready_entries e
-                          WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id
-                            AND e.lane_seq > v_cursor
-                          ORDER BY e.lane_seq
-                          LIMIT v_remaining) x
-                    WHERE x.lane_seq <> v_cursor + x.n;
+                v_glimit := NULL;
+                IF v_guess THEN
+                    SELECT f.max_running, f.max_seen, f.rate, f.burst
+                    INTO v_glimit, v_gseen, v_grate, v_gburst
+                    FROM awa.flow_kind_limits f WHERE f.kind = v_pkind;
+                    v_guess := FOUND AND COALESCE(v_glimit >= v_remaining, true);
+                END IF;
+                IF v_guess THEN
+                    -- The lane's next job is of a limited kind whose limit is at least the units
+                    -- left (or that has only a rate): without reading the run, the kind is
+                    -- asked for as many tokens and permits as the units left, which covers every
+                    -- run of its jobs the statement can take; keys not drawn go back below. If
+                    -- it cannot have them all, the run is read and decided exactly (again).
+                    v_fskey := false;
+                    v_fkind := v_pkind;
+                    v_alast := 9223372036854775807;
+                    v_akinds := ARRAY[v_pkind];
+                    v_amax := ARRAY[v_glimit];
+                    v_aseen := ARRAY[v_gseen];
+                    v_arate := ARRAY[v_grate];
+                    v_aburst := ARRAY[v_gburst];
+                    v_ac := ARRAY[v_remaining];
+                    v_awant := ARRAY[CASE WHEN v_glimit IS NOT NULL THEN v_remaining END];
+                ELSE
+                    -- The limited kinds among the rows the statement below could take (as many
+                    -- as units are left, from the cursor on; jobs after a serial key or beyond the
+                    -- units count too: keys they would draw go back below): per kind its limits,
+                    -- rows and the permits they want (min(weight, limit) each); and the first
+                    -- row's serial key and kind, the rows read and the last one's position.
+                    WITH a AS MATERIALIZED (
+                        SELECT e.lane_seq, e.kind, awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                               COALESCE(e.metadata ? 'awa:serial', false) AS skey
+                        FROM awa.ready_entries e
+                        WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id
+                          AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), g0 AS (
+                        -- By kind and weight first (a few groups), then the limits of each kind.
+                        SELECT a.kind, a.w, min(a.lane_seq) AS first, count(*)::integer AS c
+                        FROM a WHERE a.kind = ANY (v_kinds)
+                        GROUP BY a.kind, a.w
+                    ), g AS (
+                        SELECT g0.kind, min(g0.first) AS first, sum(g0.c)::integer AS c,
+                               sum(g0.c * LEAST(g0.w, f.max_running))::integer AS want,
+                               f.max_running, f.max_seen, f.rate, f.burst
+                        FROM g0 JOIN awa.flow_kind_limits f ON f.kind = g0.kind
+                        GROUP BY g0.kind, f.max_running, f.max_seen, f.rate, f.burst
+                    ), h AS (
+                        SELECT bool_or(a.skey) FILTER (WHERE a.lane_seq = v_cursor + 1) AS skey,
+                               min(a.kind) FILTER (WHERE a.lane_seq = v_cursor + 1) AS kind,
+                               count(*)::integer AS c, max(a.lane_seq) AS last
+                        FROM a
+                    )
+                    SELECT (SELECT h.skey FROM h), (SELECT h.kind FROM h), (SELECT h.c FROM h),
+                           (SELECT h.last FROM h),
+                           array_agg(g.kind ORDER BY g.first),
+                           array_agg(g.max_running ORDER BY g.first),
+                           array_agg(g.max_seen ORDER BY g.first),
+                           array_agg(g.rate ORDER BY g.first),
+                           array_agg(g.burst ORDER BY g.first), array_agg(g.c ORDER BY g.first),
+                           array_agg(g.want ORDER BY g.first)
+                    INTO v_fskey, v_fkind, v_acount, v_alast, v_akinds, v_amax, v_aseen, v_arate,
+                         v_aburst, v_ac, v_awant
+                    FROM g;
+                    IF v_alast - v_cursor > v_acount THEN
+                        -- A gap (a producer's rows not committed yet): only the run before it
+                        -- may go through the statement (a row committed in the gap since was not
+                        -- counted).
+                        SELECT min(x.lane_seq) - 1 INTO v_alast
+                        FROM (SELECT e.lane_seq, row_number() OVER (ORDER BY e.lane_seq) AS n
+                              FROM awa.ready_entries e
+                              WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id
+                                AND e.lane_seq > v_cursor
+                              ORDER BY e.lane_seq
+                              LIMIT v_remaining) x
+                        WHERE x.lane_seq <> v_cursor + x.n;
+                    END IF;
                 END IF;
                 v_alast := COALESCE(v_alast, v_cursor);
                 -- Each kind, in the order of its first row: a rate token per row (its state locked
@@ -4289,6 +4326,14 @@ BEGIN
                         v_okto := array_append(v_okto, cardinality(v_pool));
                     END IF;
                 END LOOP;
+                IF v_guess THEN
+                    v_guess := false;
+                    IF cardinality(v_okinds) = 0 THEN
+                        v_need_a := true;  -- the kind may bind: read the run, decide exactly
+                        CONTINUE;
+                    END IF;
+                    v_apass := false;  -- a job of another limited kind may run a second pass
+                END IF;
                 v_npk := cardinality(array_remove(v_okfrom, NULL));
                 v_slow := COALESCE(v_fskey, false)
                           OR v_fkind = ANY (v_kinds) AND NOT v_fkind = ANY (v_okinds);

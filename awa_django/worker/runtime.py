@@ -489,13 +489,14 @@ class WorkerRuntime(Execution):
         key being decided elsewhere stopped claims again after 20 ms. Jobs parked by their
         kind's rate limit shorten the wait to their next token, and wake-ups still end it.
 
-        An empty claim right after one that found a backlog is retried within milliseconds
-        (``BacklogRetry``): it most likely met lanes another process's claim held.
+        An empty claim right after one that found a backlog, or among the first claims, is
+        retried within milliseconds (``BacklogRetry``): it most likely met lanes another
+        process's claim held.
         """
         wake = self.slots.wake[queue.name]
         cfg = self.config
         failures = 0
-        backlog = BacklogRetry(self.slots.low_water[queue.name])
+        backlog = BacklogRetry(self.slots.low_water[queue.name], armed=True)
         while not self.stopping:
             want = self.slots.claimable(queue.name)
             release = self.permits.release_batch()

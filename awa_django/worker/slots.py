@@ -119,14 +119,18 @@ class BacklogRetry:
     least ``mark`` jobs (a quarter of the queue's slots, two at least), an empty claim is
     retried after ``BACKLOG_RETRY``, then twice that, and so on (each jittered by ±50 %), until
     the pause reaches the poll interval: from then on, and when no such claim came first, the
-    dispatcher waits its poll interval as before. A queue that really ran dry costs about eight
-    extra empty claims, once. Claims a flow limit or a serial key held back are not this
-    class's business (the dispatcher keeps their own waits).
+    dispatcher waits its poll interval as before. ``armed`` starts as if such a claim came
+    first: a dispatcher that starts on a backlog another process is claiming from retries within
+    milliseconds too, instead of sitting out its first poll intervals. A queue that really ran
+    dry (or was empty at the start) costs about eight extra empty claims, once. Claims a flow
+    limit or a serial key held back are not this class's business (the dispatcher keeps their
+    own waits).
     """
 
-    def __init__(self, mark: int) -> None:
+    def __init__(self, mark: int, *, armed: bool = False) -> None:
         self.mark = max(2, mark)
-        self.next: float | None = None  # the next pause; None: wait the poll interval
+        # The next pause; None: wait the poll interval.
+        self.next: float | None = BACKLOG_RETRY if armed else None
 
     def claimed(self, jobs: int) -> None:
         """A claim returned ``jobs`` jobs (units)."""

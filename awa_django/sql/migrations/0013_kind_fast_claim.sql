@@ -1,26 +1,34 @@
 -- awa_django migration 0013: jobs of limited kinds go through the claim's one statement when
 -- their kinds do not bind (issue 16: limits set but not binding cost at most 10 %).
 --
--- Before (0012), a lane whose next rows held a job of a kind with flow limits went to the slow
--- path (awa._claim_kind_v1) from that job on, which reads the rows into arrays, decides on them
--- and writes from them: about twice the claim's cost per job. Now awa.claim_v3 first reads the
--- kinds of the rows its statement could take (the run after the cursor, up to the first job
--- with a serial key, while weights fit the units and jobs left), and for each limited kind
--- there takes up front, in lane order of the kinds' first rows, a rate token for each of its
--- rows (the kind's rate state locked as the slow path locks it) and the permits all its rows
--- want (one awa._flow_kind_take_v1 call). A kind that gets them all is "cleared": its rows go
--- through the statement with the others, each with its min(weight, limit) keys of the kind's
--- pool, drawn in lane order (a window over the kind). A kind that does not (it binds, or its
--- rate state is held by another claim) gives back what it took and stops the statement at its
--- first row; the slow path decides from there, as before. Keys a cleared kind took but its
--- rows did not draw (rows the statement did not take after all: a tombstone, a gap, a job
--- that stopped it) go back before the next lane. The decisions are those of 0012: a cleared
--- kind had the tokens and permits for every row it let through.
---
--- The keys of each row are found by its position after the cursor (lane_seq - cursor), which
--- is the same row in both statements (a lane's rows are immutable, and both statements keep
--- only the run of positions right after the cursor); a queue with no kind limits runs the
--- statement of 0012 (the new terms are NULL there).
+-- Before (0012), a lane whose next job was of a kind with flow limits went to the slow path
+-- (awa._claim_kind_v1) from that job on, which reads the rows into arrays, decides on them and
+-- writes from them. Now, per lane, awa.claim_v3 probes the next job (as 0012 did):
+--   * a serial key: the slow path, as before;
+--   * a job of a kind without limits: the statement runs as on a queue without kind limits, up
+--     to the first job of a limited kind; when such a job is what stopped it (not a job before
+--     it that did not fit the units left), the kinds of the run from that job are read (below)
+--     and the statement runs again from it ("second pass");
+--   * a job of a limited kind whose limit is at least the units left (or that has only a
+--     rate): without reading the run, the kind is asked for as many rate tokens and permits as
+--     the units left, which covers any run of its jobs the statement can take; if it cannot
+--     have them all, the run is read and decided exactly, as for any other limited kind;
+--   * else: the kinds of the run the statement could take are read (one range read of the
+--     lane, up to as many rows as units are left; a row after a serial key, beyond the units or
+--     tombstoned counts too), and each limited kind there is asked, in the order of its first
+--     row, for a rate token per row (its state row locked as the slow path locks it) and the
+--     permits all its rows want (one awa._flow_kind_take_v1 call).
+-- A kind that gets them is "cleared": its rows go through the statement with the others, each
+-- drawing its min(weight, limit) keys from the kind's pool in lane order (one cleared kind
+-- with permits: its slice by a running sum in the statement's window; several: offsets per
+-- kind, an init plan computed only then). A kind that does not (it binds, or another claim
+-- holds its rate state) gives back what it took and stops the statement at its first row; the
+-- slow path decides from there, as before. Keys taken but not drawn (rows the statement did
+-- not take after all) go back before the next lane, and tokens are counted for the rows taken.
+-- The decisions are those of 0012: a cleared kind had the tokens and permits for every row it
+-- let through. Only rows up to the last position the read saw with no gap before it may use a
+-- cleared kind's keys (a row committed in a gap since was not counted); a queue with no kind
+-- limits runs the statement of 0012 (the new terms are NULL there).
 
 -- Claim jobs of one queue within its flow limits: the contract and lane order of claim_v2 (see
 -- its comment), with weights, permits and the rate limit, and (0012) the limits of job kinds:
@@ -134,6 +142,13 @@ DECLARE
     v_apass boolean;
     v_need_a boolean;
     v_npk integer;
+    -- The lane's next job's kind (the probe), and whether to try it without reading the run.
+    v_pkind text;
+    v_guess boolean;
+    v_glimit integer;
+    v_gseen integer;
+    v_grate double precision;
+    v_gburst integer;
     v_left_at bigint;
     v_ok boolean;
     v_pool integer[];
@@ -312,12 +327,13 @@ BEGIN
         v_npk := 0;
         v_apass := false;
         v_need_a := false;
+        v_guess := false;
         IF cardinality(v_kinds) > 0 THEN
             -- One probe of the lane's next job: a serial key sends the lane to the slow path; a
             -- limited kind has the kinds of the run read first (below); any other job runs the
             -- statement as on a queue without kind limits, up to the first job of a limited kind.
-            SELECT COALESCE(e.metadata ? 'awa:serial', false), e.kind = ANY (v_kinds)
-            INTO v_fskey, v_need_a
+            SELECT COALESCE(e.metadata ? 'awa:serial', false), e.kind = ANY (v_kinds), e.kind
+            INTO v_fskey, v_need_a, v_pkind
             FROM awa.ready_entries e
             WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq = v_cursor + 1
               AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones t
@@ -325,6 +341,7 @@ BEGIN
                                 AND t.lane_seq = e.lane_seq);
             v_slow := COALESCE(v_fskey, false);
             v_need_a := COALESCE(v_need_a, false) AND NOT v_slow;
+            v_guess := v_need_a;
         END IF;
         LOOP
             IF v_need_a THEN
@@ -338,56 +355,84 @@ BEGIN
                 v_okto := '{}';
                 v_pool := '{}';
                 v_alast := v_cursor;
-                -- The limited kinds among the rows the statement below could take (as many as units
-                -- are left, from the cursor on; jobs after a serial key or beyond the units count
-                -- too: keys they would draw go back below): per kind its limits, rows and the
-                -- permits they want (min(weight, limit) each); and the first row's serial key and
-                -- kind, the rows read and the last one's position.
-                WITH a AS MATERIALIZED (
-                    SELECT e.lane_seq, e.kind, awa._job_weight_v1(e.metadata, v_wcap) AS w,
-                           COALESCE(e.metadata ? 'awa:serial', false) AS skey
-                    FROM awa.ready_entries e
-                    WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), g0 AS (
-                    -- By kind and weight first (a few groups), then the limits of each kind.
-                    SELECT a.kind, a.w, min(a.lane_seq) AS first, count(*)::integer AS c
-                    FROM a WHERE a.kind = ANY (v_kinds)
-                    GROUP BY a.kind, a.w
-                ), g AS (
-                    SELECT g0.kind, min(g0.first) AS first, sum(g0.c)::integer AS c,
-                           sum(g0.c * LEAST(g0.w, f.max_running))::integer AS want,
-                           f.max_running, f.max_seen, f.rate, f.burst
-                    FROM g0 JOIN awa.flow_kind_limits f ON f.kind = g0.kind
-                    GROUP BY g0.kind, f.max_running, f.max_seen, f.rate, f.burst
-                ), h AS (
-                    SELECT bool_or(a.skey) FILTER (WHERE a.lane_seq = v_cursor + 1) AS skey,
-                           min(a.kind) FILTER (WHERE a.lane_seq = v_cursor + 1) AS kind,
-                           count(*)::integer AS c, max(a.lane_seq) AS last
-                    FROM a
-                )
-                SELECT (SELECT h.skey FROM h), (SELECT h.kind FROM h), (SELECT h.c FROM h),
-                       (SELECT h.last FROM h),
-                       array_agg(g.kind ORDER BY g.first),
-                       array_agg(g.max_running ORDER BY g.first),
-                       array_agg(g.max_seen ORDER BY g.first), array_agg(g.rate ORDER BY g.first),
-                       array_agg(g.burst ORDER BY g.first), array_agg(g.c ORDER BY g.first),
-                       array_agg(g.want ORDER BY g.first)
-                INTO v_fskey, v_fkind, v_acount, v_alast, v_akinds, v_amax, v_aseen, v_arate,
-                     v_aburst, v_ac, v_awant
-                FROM g;
-                IF v_alast - v_cursor > v_acount THEN
-                    -- A gap (a producer's rows not committed yet): only the run before it may go
-                    -- through the statement (a row committed in the gap since was not counted).
-                    SELECT min(x.lane_seq) - 1 INTO v_alast
-                    FROM (SELECT e.lane_seq, row_number() OVER (ORDER BY e.lane_seq) AS n
-                          FROM awa.ready_entries e
-                          WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id
-                            AND e.lane_seq > v_cursor
-                          ORDER BY e.lane_seq
-                          LIMIT v_remaining) x
-                    WHERE x.lane_seq <> v_cursor + x.n;
+                v_glimit := NULL;
+                IF v_guess THEN
+                    SELECT f.max_running, f.max_seen, f.rate, f.burst
+                    INTO v_glimit, v_gseen, v_grate, v_gburst
+                    FROM awa.flow_kind_limits f WHERE f.kind = v_pkind;
+                    v_guess := FOUND AND COALESCE(v_glimit >= v_remaining, true);
+                END IF;
+                IF v_guess THEN
+                    -- The lane's next job is of a limited kind whose limit is at least the units
+                    -- left (or that has only a rate): without reading the run, the kind is
+                    -- asked for as many tokens and permits as the units left, which covers every
+                    -- run of its jobs the statement can take; keys not drawn go back below. If
+                    -- it cannot have them all, the run is read and decided exactly (again).
+                    v_fskey := false;
+                    v_fkind := v_pkind;
+                    v_alast := 9223372036854775807;
+                    v_akinds := ARRAY[v_pkind];
+                    v_amax := ARRAY[v_glimit];
+                    v_aseen := ARRAY[v_gseen];
+                    v_arate := ARRAY[v_grate];
+                    v_aburst := ARRAY[v_gburst];
+                    v_ac := ARRAY[v_remaining];
+                    v_awant := ARRAY[CASE WHEN v_glimit IS NOT NULL THEN v_remaining END];
+                ELSE
+                    -- The limited kinds among the rows the statement below could take (as many
+                    -- as units are left, from the cursor on; jobs after a serial key or beyond the
+                    -- units count too: keys they would draw go back below): per kind its limits,
+                    -- rows and the permits they want (min(weight, limit) each); and the first
+                    -- row's serial key and kind, the rows read and the last one's position.
+                    WITH a AS MATERIALIZED (
+                        SELECT e.lane_seq, e.kind, awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                               COALESCE(e.metadata ? 'awa:serial', false) AS skey
+                        FROM awa.ready_entries e
+                        WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id
+                          AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), g0 AS (
+                        -- By kind and weight first (a few groups), then the limits of each kind.
+                        SELECT a.kind, a.w, min(a.lane_seq) AS first, count(*)::integer AS c
+                        FROM a WHERE a.kind = ANY (v_kinds)
+                        GROUP BY a.kind, a.w
+                    ), g AS (
+                        SELECT g0.kind, min(g0.first) AS first, sum(g0.c)::integer AS c,
+                               sum(g0.c * LEAST(g0.w, f.max_running))::integer AS want,
+                               f.max_running, f.max_seen, f.rate, f.burst
+                        FROM g0 JOIN awa.flow_kind_limits f ON f.kind = g0.kind
+                        GROUP BY g0.kind, f.max_running, f.max_seen, f.rate, f.burst
+                    ), h AS (
+                        SELECT bool_or(a.skey) FILTER (WHERE a.lane_seq = v_cursor + 1) AS skey,
+                               min(a.kind) FILTER (WHERE a.lane_seq = v_cursor + 1) AS kind,
+                               count(*)::integer AS c, max(a.lane_seq) AS last
+                        FROM a
+                    )
+                    SELECT (SELECT h.skey FROM h), (SELECT h.kind FROM h), (SELECT h.c FROM h),
+                           (SELECT h.last FROM h),
+                           array_agg(g.kind ORDER BY g.first),
+                           array_agg(g.max_running ORDER BY g.first),
+                           array_agg(g.max_seen ORDER BY g.first),
+                           array_agg(g.rate ORDER BY g.first),
+                           array_agg(g.burst ORDER BY g.first), array_agg(g.c ORDER BY g.first),
+                           array_agg(g.want ORDER BY g.first)
+                    INTO v_fskey, v_fkind, v_acount, v_alast, v_akinds, v_amax, v_aseen, v_arate,
+                         v_aburst, v_ac, v_awant
+                    FROM g;
+                    IF v_alast - v_cursor > v_acount THEN
+                        -- A gap (a producer's rows not committed yet): only the run before it
+                        -- may go through the statement (a row committed in the gap since was not
+                        -- counted).
+                        SELECT min(x.lane_seq) - 1 INTO v_alast
+                        FROM (SELECT e.lane_seq, row_number() OVER (ORDER BY e.lane_seq) AS n
+                              FROM awa.ready_entries e
+                              WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id
+                                AND e.lane_seq > v_cursor
+                              ORDER BY e.lane_seq
+                              LIMIT v_remaining) x
+                        WHERE x.lane_seq <> v_cursor + x.n;
+                    END IF;
                 END IF;
                 v_alast := COALESCE(v_alast, v_cursor);
                 -- Each kind, in the order of its first row: a rate token per row (its state locked
@@ -454,6 +499,14 @@ BEGIN
                         v_okto := array_append(v_okto, cardinality(v_pool));
                     END IF;
                 END LOOP;
+                IF v_guess THEN
+                    v_guess := false;
+                    IF cardinality(v_okinds) = 0 THEN
+                        v_need_a := true;  -- the kind may bind: read the run, decide exactly
+                        CONTINUE;
+                    END IF;
+                    v_apass := false;  -- a job of another limited kind may run a second pass
+                END IF;
                 v_npk := cardinality(array_remove(v_okfrom, NULL));
                 v_slow := COALESCE(v_fskey, false)
                           OR v_fkind = ANY (v_kinds) AND NOT v_fkind = ANY (v_okinds);
