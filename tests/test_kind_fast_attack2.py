@@ -10,6 +10,7 @@ Raw ``awa.claim_v3`` claimers (tests/kfast_model.py) check every invariant after
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 from collections.abc import Iterator
@@ -120,3 +121,159 @@ def test_two_claims_creating_rate_states_in_opposite_orders_do_not_deadlock() ->
     errors = [str(o["error"]) for o in (x, y) if "error" in o]
     assert not errors, errors
     assert len(x["rows"]) + len(y["rows"]) >= 3
+
+
+# ---- the random walk aimed at the new logic -------------------------------------------------------
+
+
+def lanes(w: World) -> list[list[tuple[str, int, bool]]]:
+    """Per lane of the queue (hand-off lanes too), its rows after the lane's cursor that are
+    not tombstoned, in lane order: (kind, weight, has a serial key)."""
+    rows = w.admin.execute(
+        "SELECT e.lane_id, e.kind, COALESCE((e.metadata ->> 'awa:weight')::int, 1), "
+        "COALESCE(e.metadata ? 'awa:serial', false) FROM awa.ready_entries e "
+        "JOIN awa.queue_lanes l ON l.lane_id = e.lane_id WHERE l.queue = %s "
+        "AND e.lane_seq > awa.lane_cursor_v1(e.lane_id) AND NOT EXISTS (SELECT 1 FROM "
+        "awa.ready_tombstones t WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq "
+        "AND t.ready_slot = e.ready_slot) ORDER BY e.lane_id, e.lane_seq",
+        [w.queue],
+    ).fetchall()
+    out: dict[int, list[tuple[str, int, bool]]] = {}
+    for lane, kind, weight, skey in rows:
+        out.setdefault(lane, []).append((kind, weight, skey))
+    return list(out.values())
+
+
+def edge_units(w: World, rng: random.Random) -> int:
+    """Units that run out exactly at (or one around) the first row of a limited kind or with a
+    serial key in some lane: the second pass's edges."""
+    limited = {k for k, v in w.limits.items() if v} | {k for k, v in w.rates.items() if v}
+    choices = []
+    for lane in lanes(w):
+        before = 0
+        for kind, weight, skey in lane:
+            if kind in limited or skey:
+                choices += [before, before + 1, before + weight, before + weight - 1]
+                break
+            before += weight
+    choices = [c for c in choices if c > 0]
+    return rng.choice(choices) if choices else rng.randint(1, 8)
+
+
+MIXES = [
+    # Unlimited rows, then a limited kind's run, then more: the second pass's shape.
+    lambda rng: [(F, rng.choice([1, 2, 3]), None) for _ in range(rng.randint(1, 3))]
+    + [(rng.choice([A, B]), rng.choice([1, 2, 5]), None) for _ in range(rng.randint(1, 3))]
+    + [(F, 1, None)],
+    # Two limited kinds interleaved (per-kind offsets), one with a serial key inside.
+    lambda rng: [
+        (rng.choice([A, B]), rng.choice([1, 2]), "s1" if rng.random() < 0.2 else None)
+        for _ in range(rng.randint(2, 6))
+    ],
+    # One limited kind beside a rate-only kind (v_npk = 1 with two cleared kinds).
+    lambda rng: [(rng.choice([A, R, F]), rng.choice([1, 1, 3]), None) for _ in range(5)],
+    # A serial key on an unlimited job right before a limited one.
+    lambda rng: [(F, 1, None), (F, 2, "s2"), (A, 1, None), (B, 2, None), (F, 1, "s2")],
+]
+
+
+def rotate(w: World, ring: str) -> None:
+    w.admin.execute("SELECT awa.prune_v1(%s)", [ring])
+    w.admin.execute("SELECT awa.rotate_v3(%s)", [ring])
+
+
+WALK_SEEDS = int(os.environ.get("KFB_SEEDS", "6"))
+
+
+@pytest.mark.parametrize("seed", range(WALK_SEEDS))
+def test_random_walk_at_the_second_pass_edges(world: World, seed: int) -> None:
+    rng = random.Random(1000 + seed)
+    w = world
+    one_lane(w, 0, 5, -5)
+    w.set_kind(A, 3)
+    w.set_kind(B, 4)
+    w.set_kind(C, 1)
+    w.set_kind(R, 4 if seed % 2 else None, 500.0, 6)
+    for step in range(110):
+        op = rng.random()
+        if op < 0.2:
+            w.enqueue(
+                rng.choice(MIXES)(rng),
+                rollback=rng.random() < 0.15,
+                priority=rng.choice([0, 0, 5, -5]),
+            )
+        elif op < 0.26:
+            waiting = [j.job_id for j in w.jobs.values() if j.state == "available"]
+            for job_id in rng.sample(waiting, min(len(waiting), rng.randint(1, 2))):
+                w.cancel(job_id)
+        elif op < 0.3:
+            w.set_kind(rng.choice([A, B, C]), rng.choice([None, 1, 2, 3, 5]))
+        elif op < 0.32:
+            w.set_queue(rng.choice([None, None, 3, 6]))
+        elif op < 0.35:
+            rotate(w, rng.choice(["queue", "claim"]))
+        elif op < 0.75:
+            w.claim(rng.randrange(3), edge_units(w, rng), rng.choice([None, None, 2, 4]))
+        else:
+            index = rng.randrange(3)
+            running = list(w.claimers[index].running)
+            if running:
+                w.finish(index, rng.sample(running, rng.randint(1, len(running))))
+        assert not w.violations, f"step {step}: " + "\n".join(w.violations[:10])
+    drain(w, rng)
+    assert_clean(w)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="claim_v3 pass A takes the permits of the run's kinds in lane order; after a limit "
+    "was lowered (max_seen > max_running) each take resets max_seen with an UPDATE of the "
+    "kind's flow_kind_limits row, held to commit: two claims taking two such kinds in "
+    "opposite orders deadlock. Repro: A and B lowered 3 -> 1; lane X [A, R1, B] (X pauses on "
+    "R1's rate state, held by another claim), lane Y [B, A]: Y waits on A's row, X on B's.",
+)
+def test_two_claims_taking_lowered_kinds_in_opposite_orders_do_not_deadlock() -> None:
+    a, b, r1 = "kfb.la", "kfb.lb", "kfb.r1"
+    with pg() as admin:
+        for kind in (a, b):
+            for limit in (3, 1):
+                admin.execute(
+                    "SELECT * FROM awa.flow_kind_set_v1(%s, %s, NULL, NULL, 'katk3', false)",
+                    [kind, limit],
+                )
+        admin.execute(
+            "SELECT * FROM awa.flow_kind_set_v1(%s, NULL, 1000, 100, 'katk3', false)", [r1]
+        )
+        admin.execute("INSERT INTO awa.flow_kind_rate_state (kind, tat) VALUES (%s, now())", [r1])
+        for queue, kinds in (("kfb.x", [a, r1, b]), ("kfb.y", [b, a])):
+            admin.execute("SELECT awa.ensure_lanes_v1(%s, 0, 1)", [queue])
+            admin.execute(
+                "SELECT awa.enqueue_v1(%s::jsonb)",
+                [json.dumps([{"kind": k, "queue": queue} for k in kinds])],
+            )
+    # Another claim holds R1's rate state (its first rate-limited kind) for a moment.
+    other = psycopg.connect(conninfo())
+    cx = psycopg.connect(conninfo(), autocommit=True)
+    cy = psycopg.connect(conninfo(), autocommit=True)
+    try:
+        other.execute("SELECT 1 FROM awa.flow_kind_rate_state WHERE kind = %s FOR UPDATE", [r1])
+        px = cx.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        py = cy.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        x: dict[str, Any] = {}
+        y: dict[str, Any] = {}
+        tx = threading.Thread(target=_raw_claim, args=(cx, "kfb.x", x))
+        tx.start()
+        wait_for(lambda: _waiting(px), timeout=10, message="X waiting on R1's state")
+        ty = threading.Thread(target=_raw_claim, args=(cy, "kfb.y", y))
+        ty.start()
+        wait_for(lambda: _waiting(py), timeout=10, message="Y waiting on A's limits row")
+        other.rollback()
+        tx.join(20)
+        ty.join(20)
+    finally:
+        other.close()
+        cx.close()
+        cy.close()
+    errors = [str(o["error"]) for o in (x, y) if "error" in o]
+    assert not errors, errors
