@@ -20,6 +20,8 @@ import psycopg
 import pytest
 
 from tests.helpers import conninfo, pg, wait_for
+from awa_django.db import storage
+from awa_django.db.storage import Finalization
 from tests.kfast_model import World
 from tests.test_kind_fast_attack import assert_clean, drain
 
@@ -277,3 +279,102 @@ def test_two_claims_taking_lowered_kinds_in_opposite_orders_do_not_deadlock() ->
         cy.close()
     errors = [str(o["error"]) for o in (x, y) if "error" in o]
     assert not errors, errors
+
+
+# ---- deterministic edges ---------------------------------------------------------------------
+
+
+R0 = "kfa.rate0"
+
+
+def test_a_kind_cleared_in_the_second_pass_whose_rate_state_another_claim_holds(
+    world: World,
+) -> None:
+    """Lane [F, F, R0, R, F]: the first pass stops at R0, the second clears R0 (the claim's
+    first rate-limited kind) but not R, whose state another claim holds (SKIP LOCKED): R waits
+    (a marker asks for a claim soon), nothing is lost, R's state is not moved; once free, R and
+    the rest go."""
+    w = world
+    one_lane(w)
+    w.set_kind(R0, None, 1000.0, 10)
+    w.set_kind(R, 2, 1000.0, 10)
+    w.admin.execute("INSERT INTO awa.flow_kind_rate_state (kind, tat) VALUES (%s, now())", [R])
+    ids = w.enqueue([(F, 1, None), (F, 2, None), (R0, 1, None), (R, 1, None), (F, 1, None)])
+    with pg(autocommit=False) as other:
+        other.execute("SELECT tat FROM awa.flow_kind_rate_state WHERE kind = %s FOR UPDATE", [R])
+        rows = w.claimers[0].conn.execute(
+            "SELECT job_id, wait_secs, timeout_secs FROM awa.claim_v3(p_queue => %s, "
+            "p_max => 10, p_worker => gen_random_uuid())",
+            [QUEUE],
+        ).fetchall()
+        got = [r[0] for r in rows if r[0] is not None]
+        assert got[:3] == ids[:3], rows
+        assert ids[3] not in got, rows
+        other.rollback()
+    # The raw call's attempts end (outside the model's claimers: they carry no kind permits).
+    leases = w.admin.execute(
+        "SELECT c.job_id, c.run_lease, c.claim_slot FROM awa.claims c WHERE c.job_id = ANY(%s)",
+        [got],
+    ).fetchall()
+    assert storage.finalize(
+        w.admin, [Finalization(j, lease, slot, "completed") for j, lease, slot in leases]
+    ) == []
+    for job_id in got:
+        w.jobs[job_id].state = "done"
+        w.starts.append(job_id)
+    rest = w.claim(1, 10)
+    assert sorted(ids_of(rest)) == sorted(set(ids) - set(got)), rest
+    assert not w.violations, w.violations
+    w.finish_all()
+    w.flush()
+    assert_clean(w)
+
+
+def test_parked_jobs_come_back_through_the_hand_off_lane_beside_a_second_pass(
+    world: World,
+) -> None:
+    """A binds (limit 1): its next jobs are parked. When A's permit comes back, a claim
+    un-parks one into the hand-off lane (shard 64) and takes it there with the fast path,
+    beside a producer lane whose first pass stops at a limited kind B (second pass)."""
+    w = world
+    one_lane(w, 0)
+    w.set_kind(A, 1)
+    w.set_kind(B, 2)
+    first = w.enqueue([(A, 1, None), (A, 1, None), (A, 2, None), (F, 1, None)])
+    got = w.claim(0, 10)
+    assert ids_of(got) == [first[0], first[3]]  # A1 runs, A2 and A3 parked, F goes on
+    assert w.admin.execute("SELECT count(*) FROM awa.flow_waiting").fetchone() == (2,)
+    second = w.enqueue([(F, 2, None), (B, 1, None), (B, 1, None), (F, 1, None)])
+    w.finish(0, [first[0]])
+    got = w.claim(0, 6)  # hands A1's permit back, un-parks A2, takes it and the lane's run
+    assert first[1] in ids_of(got), got
+    assert set(ids_of(got)) >= set(second), got
+    lanes_used = w.admin.execute(
+        "SELECT l.shard FROM awa.claims c JOIN awa.queue_lanes l "
+        "ON l.lane_id = c.lane_id WHERE c.job_id = %s ORDER BY c.run_lease DESC LIMIT 1",
+        [first[1]],
+    ).fetchall()
+    assert lanes_used == [(64,)]  # its parked claim was in shard 0
+    assert not w.violations, w.violations
+    drain(w, random.Random(5))
+    assert_clean(w)
+
+
+def test_several_cleared_kinds_draw_keys_by_offsets_in_one_pass(world: World) -> None:
+    """Lane [F w2, A w2, B w1, A w1, B w3(->cap 2), C w1, F]: the second pass clears A, B and
+    C; each row carries its own kind's keys, none twice, exactly min(weight, limit)."""
+    w = world
+    one_lane(w)
+    w.set_kind(A, 3)
+    w.set_kind(B, 4)
+    w.set_kind(C, 1)
+    ids = w.enqueue(
+        [(F, 2, None), (A, 2, None), (B, 1, None), (A, 1, None), (B, 3, None), (C, 1, None),
+         (F, 1, None)]
+    )
+    got = w.claim(0, 11, max_weight=2)
+    assert ids_of(got) == ids, got
+    assert not w.violations, w.violations
+    w.finish_all()
+    w.flush()
+    assert_clean(w)
