@@ -23,7 +23,7 @@ from tests.helpers import conninfo, pg, wait_for
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
 from tests.kfast_model import World
-from tests.test_kind_fast_attack import assert_clean, drain
+from tests.test_kind_fast_attack import assert_clean, drain, stuck
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
 
@@ -164,9 +164,11 @@ def edge_units(w: World, rng: random.Random) -> int:
 
 MIXES = [
     # Unlimited rows, then a limited kind's run, then more: the second pass's shape.
-    lambda rng: [(F, rng.choice([1, 2, 3]), None) for _ in range(rng.randint(1, 3))]
-    + [(rng.choice([A, B]), rng.choice([1, 2, 5]), None) for _ in range(rng.randint(1, 3))]
-    + [(F, 1, None)],
+    lambda rng: (
+        [(F, rng.choice([1, 2, 3]), None) for _ in range(rng.randint(1, 3))]
+        + [(rng.choice([A, B]), rng.choice([1, 2, 5]), None) for _ in range(rng.randint(1, 3))]
+        + [(F, 1, None)]
+    ),
     # Two limited kinds interleaved (per-kind offsets), one with a serial key inside.
     lambda rng: [
         (rng.choice([A, B]), rng.choice([1, 2]), "s1" if rng.random() < 0.2 else None)
@@ -302,11 +304,15 @@ def test_a_kind_cleared_in_the_second_pass_whose_rate_state_another_claim_holds(
     ids = w.enqueue([(F, 1, None), (F, 2, None), (R0, 1, None), (R, 1, None), (F, 1, None)])
     with pg(autocommit=False) as other:
         other.execute("SELECT tat FROM awa.flow_kind_rate_state WHERE kind = %s FOR UPDATE", [R])
-        rows = w.claimers[0].conn.execute(
-            "SELECT job_id, wait_secs, timeout_secs FROM awa.claim_v3(p_queue => %s, "
-            "p_max => 10, p_worker => gen_random_uuid())",
-            [QUEUE],
-        ).fetchall()
+        rows = (
+            w.claimers[0]
+            .conn.execute(
+                "SELECT job_id, wait_secs, timeout_secs FROM awa.claim_v3(p_queue => %s, "
+                "p_max => 10, p_worker => gen_random_uuid())",
+                [QUEUE],
+            )
+            .fetchall()
+        )
         got = [r[0] for r in rows if r[0] is not None]
         assert got[:3] == ids[:3], rows
         assert ids[3] not in got, rows
@@ -316,9 +322,12 @@ def test_a_kind_cleared_in_the_second_pass_whose_rate_state_another_claim_holds(
         "SELECT c.job_id, c.run_lease, c.claim_slot FROM awa.claims c WHERE c.job_id = ANY(%s)",
         [got],
     ).fetchall()
-    assert storage.finalize(
-        w.admin, [Finalization(j, lease, slot, "completed") for j, lease, slot in leases]
-    ) == []
+    assert (
+        storage.finalize(
+            w.admin, [Finalization(j, lease, slot, "completed") for j, lease, slot in leases]
+        )
+        == []
+    )
     for job_id in got:
         w.jobs[job_id].state = "done"
         w.starts.append(job_id)
@@ -369,8 +378,15 @@ def test_several_cleared_kinds_draw_keys_by_offsets_in_one_pass(world: World) ->
     w.set_kind(B, 4)
     w.set_kind(C, 1)
     ids = w.enqueue(
-        [(F, 2, None), (A, 2, None), (B, 1, None), (A, 1, None), (B, 3, None), (C, 1, None),
-         (F, 1, None)]
+        [
+            (F, 2, None),
+            (A, 2, None),
+            (B, 1, None),
+            (A, 1, None),
+            (B, 3, None),
+            (C, 1, None),
+            (F, 1, None),
+        ]
     )
     got = w.claim(0, 11, max_weight=2)
     assert ids_of(got) == ids, got
@@ -378,3 +394,171 @@ def test_several_cleared_kinds_draw_keys_by_offsets_in_one_pass(world: World) ->
     w.finish_all()
     w.flush()
     assert_clean(w)
+
+
+# ---- concurrent claims while limits move, cancels race, rings rotate -------------------------------
+
+
+def test_concurrent_claims_while_kinds_gain_and_lose_limits(world: World) -> None:
+    """Four threads claim (units at the edges, max_weight caps) and finish while a fifth sets
+    and clears kind limits and rates between the probe and the statement of their claims,
+    cancels waiting jobs and rotates the rings. Kept clear of the two deadlocks above: rate
+    states exist, and a kind's limit only toggles between none and one value (never lowered).
+    Every claimed row carries only its own kind's keys, no key is carried twice, no serial key
+    runs twice at once, and at the end every job completed once or was cancelled, nothing is
+    held."""
+    from tests.kfast_model import PERMIT_CLASS, Attempt, Claimer
+
+    w = world
+    one_lane(w, 0, 5)
+    values = {A: 2, B: 3, C: 1}
+    for kind, limit in values.items():
+        w.set_kind(kind, limit)
+    w.set_kind(R, None, 400.0, 5)
+    w.set_kind(R0, 2, 400.0, 5)
+    for kind in (R, R0):
+        w.admin.execute(
+            "INSERT INTO awa.flow_kind_rate_state (kind, tat) VALUES (%s, now()) "
+            "ON CONFLICT DO NOTHING",
+            [kind],
+        )
+    rng = random.Random(77)
+    for _ in range(30):
+        w.enqueue(
+            rng.choice(MIXES + [lambda r: [(R0, 1, None), (F, 2, None), (R, 1, None)]])(rng),
+            priority=rng.choice([0, 5]),
+        )
+    key_sets = {kind: set(w.kind_keys(kind, 8)) for kind in (A, B, C, R, R0, F)}
+    stop = threading.Event()
+    errors: list[str] = []
+    lock = threading.Lock()
+    owners: dict[int, int] = {}
+    keys_running: dict[str, int] = {}
+    starts: list[int] = []
+
+    def claimer(i: int) -> None:
+        c = Claimer(conninfo(), 20 + i)
+        local = random.Random(i)
+        try:
+            while not stop.is_set():
+                rows = [
+                    r
+                    for r in c.claim(
+                        QUEUE, local.choice([1, 2, 3, 4, 6, 9]), local.choice([None, None, 2, 3])
+                    )
+                    if r["job_id"] is not None
+                ]
+                with lock:
+                    for row in rows:
+                        starts.append(row["job_id"])
+                        permits = list(row["permits"] or [])
+                        foreign = [k for k in permits if k not in key_sets[row["kind"]]]
+                        if foreign:
+                            errors.append(f"job {row['job_id']} ({row['kind']}): {foreign}")
+                        if len(set(permits)) != len(permits):
+                            errors.append(f"job {row['job_id']} carries a key twice")
+                        for k in permits:
+                            if k in owners:
+                                errors.append(f"key {k}: job {row['job_id']} and {owners[k]}")
+                            owners[k] = row["job_id"]
+                        key = (row["metadata"] or {}).get("awa:serial")
+                        if key is not None:
+                            if key in keys_running:
+                                errors.append(f"serial {key}: {row['job_id']}, {keys_running[key]}")
+                            keys_running[key] = row["job_id"]
+                for row in rows:
+                    c.running[row["job_id"]] = Attempt(
+                        row["job_id"],
+                        row["run_lease"],
+                        row["claim_slot"],
+                        row["kind"],
+                        row["weight"] or 1,
+                        list(row["permits"] or []),
+                        row["serial_lock"],
+                        (row["metadata"] or {}).get("awa:serial"),
+                        c.index,
+                    )
+                done = [j for j in c.running if local.random() < 0.6]
+                if done:
+                    with lock:
+                        for j in done:
+                            for k in c.running[j].permits:
+                                owners.pop(k, None)
+                            if c.running[j].serial_key is not None:
+                                keys_running.pop(c.running[j].serial_key, None)
+                    c.finish(done)
+            c.finish(list(c.running))
+            c.claim(QUEUE, 0)
+        except Exception as exc:  # reported by the test
+            errors.append(f"claimer {i}: {exc!r}")
+        finally:
+            c.close()
+
+    def chaos() -> None:
+        local = random.Random(5)
+        with pg() as conn:
+            while not stop.is_set():
+                kind = local.choice([A, B, C, R])
+                if kind == R:
+                    rate = local.choice([None, 400.0])
+                    conn.execute(
+                        "SELECT * FROM awa.flow_kind_set_v1(%s, NULL, %s, %s, 'katk3', %s)",
+                        [kind, rate, 5 if rate else None, rate is None],
+                    )
+                else:
+                    on = local.random() < 0.6
+                    conn.execute(
+                        "SELECT * FROM awa.flow_kind_set_v1(%s, %s, NULL, NULL, 'katk3', %s)",
+                        [kind, values[kind] if on else None, not on],
+                    )
+                ids = [
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT id FROM awa.live_jobs WHERE queue = %s AND state = 'available' "
+                        "ORDER BY random() LIMIT 2",
+                        [QUEUE],
+                    ).fetchall()
+                ]
+                for job_id in ids:
+                    conn.execute("SELECT awa.cancel_v1(%s)", [job_id])
+                if local.random() < 0.1:
+                    conn.execute("SELECT awa.prune_v1('queue')")
+                    conn.execute("SELECT awa.rotate_v3(%s)", [local.choice(["queue", "claim"])])
+                conn.execute("SELECT awa.serial_sweep_v1()")
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(4)]
+    threads.append(threading.Thread(target=chaos))
+    for t in threads:
+        t.start()
+    try:
+        for round_ in range(3):
+            if round_:
+                for _ in range(8):
+                    w.enqueue(rng.choice(MIXES)(rng), priority=rng.choice([0, 5]))
+            wait_for(
+                lambda: w.live() == 0 or bool(errors),
+                timeout=30,
+                message=lambda: f"the backlog to drain: {stuck(w)}",
+            )
+            if errors:
+                break
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors[:10]
+    assert len(starts) == len(set(starts))
+    with pg() as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            [PERMIT_CLASS],
+        ).fetchone() == (0,)
+        states = dict(
+            conn.execute("SELECT id, state FROM awa.jobs WHERE queue = %s", [QUEUE]).fetchall()
+        )
+    assert set(states.values()) <= {"completed", "cancelled"}, states
+    # Every job completed once (it started once), or was cancelled (maybe while it ran: a
+    # cancel that raced its claim).
+    assert {j for j, s in states.items() if s == "completed"} <= set(starts)
+    assert set(starts) <= set(states)
