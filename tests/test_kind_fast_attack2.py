@@ -19,9 +19,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers import conninfo, pg, wait_for
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
+from tests.helpers import conninfo, pg, wait_for
 from tests.kfast_model import World
 from tests.test_kind_fast_attack import assert_clean, drain, stuck
 
@@ -125,7 +125,7 @@ def test_two_claims_creating_rate_states_in_opposite_orders_do_not_deadlock() ->
     assert len(x["rows"]) + len(y["rows"]) >= 3
 
 
-# ---- the random walk aimed at the new logic -------------------------------------------------------
+# ---- the random walk aimed at the new logic ----------------------------------------------------
 
 
 def lanes(w: World) -> list[list[tuple[str, int, bool]]]:
@@ -396,7 +396,7 @@ def test_several_cleared_kinds_draw_keys_by_offsets_in_one_pass(world: World) ->
     assert_clean(w)
 
 
-# ---- concurrent claims while limits move, cancels race, rings rotate -------------------------------
+# ---- concurrent claims while limits move, cancels race, rings rotate ----------------------------
 
 
 def test_concurrent_claims_while_kinds_gain_and_lose_limits(world: World) -> None:
@@ -425,7 +425,7 @@ def test_concurrent_claims_while_kinds_gain_and_lose_limits(world: World) -> Non
     rng = random.Random(77)
     for _ in range(30):
         w.enqueue(
-            rng.choice(MIXES + [lambda r: [(R0, 1, None), (F, 2, None), (R, 1, None)]])(rng),
+            rng.choice([*MIXES, lambda r: [(R0, 1, None), (F, 2, None), (R, 1, None)]])(rng),
             priority=rng.choice([0, 5]),
         )
     key_sets = {kind: set(w.kind_keys(kind, 8)) for kind in (A, B, C, R, R0, F)}
