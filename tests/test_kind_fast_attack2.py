@@ -81,9 +81,13 @@ def _raw_claim(conn: psycopg.Connection[Any], queue: str, out: dict[str, Any]) -
     "SKIP LOCKED select before it cannot see it) deadlock: one claim fails with "
     "'deadlock detected'. Repro: kinds R1, R2 (and R0) rate-limited, no state rows yet; "
     "lane X [R1, R0, R2], lane Y [R2, R1]; X pauses after inserting R1 (here: on R0's state "
-    "inserted by a transaction still open), Y inserts R2 and waits on R1, X goes on to R2.",
+    "inserted by a transaction still open), Y inserts R2 and waits on R1, X goes on to R2. "
+    "The slow path (awa._claim_kind_v1, 0012) has it too.",
 )
-def test_two_claims_creating_rate_states_in_opposite_orders_do_not_deadlock() -> None:
+@pytest.mark.parametrize("path", ["fast", "slow"])
+def test_two_claims_creating_rate_states_in_opposite_orders_do_not_deadlock(path: str) -> None:
+    """``slow``: every job has a serial key, so the lanes go to awa._claim_kind_v1 (0012),
+    which inserts the state before it locks it: the same deadlock."""
     r0, r1, r2 = "kfb.r0", "kfb.r1", "kfb.r2"
     with pg() as admin:
         for kind in (r0, r1, r2):
@@ -94,7 +98,18 @@ def test_two_claims_creating_rate_states_in_opposite_orders_do_not_deadlock() ->
             admin.execute("SELECT awa.ensure_lanes_v1(%s, 0, 1)", [queue])
             admin.execute(
                 "SELECT awa.enqueue_v1(%s::jsonb)",
-                [json.dumps([{"kind": k, "queue": queue} for k in kinds])],
+                [
+                    json.dumps(
+                        [
+                            {
+                                "kind": k,
+                                "queue": queue,
+                                "metadata": {"awa:serial": k} if path == "slow" else None,
+                            }
+                            for k in kinds
+                        ]
+                    )
+                ],
             )
         assert admin.execute("SELECT count(*) FROM awa.flow_kind_rate_state").fetchone() == (0,)
     # A claim that has just inserted R0's state (its first rate-limited kind) and not committed.
