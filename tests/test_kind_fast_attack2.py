@@ -308,9 +308,9 @@ def test_a_kind_cleared_in_the_second_pass_whose_rate_state_another_claim_holds(
     world: World,
 ) -> None:
     """Lane [F, F, R0, R, F]: the first pass stops at R0, the second clears R0 (the claim's
-    first rate-limited kind) but not R, whose state another claim holds (SKIP LOCKED): R waits
-    (a marker asks for a claim soon), nothing is lost, R's state is not moved; once free, R and
-    the rest go."""
+    first rate-limited kind) but not R, whose state another claim holds (SKIP LOCKED): the
+    claim takes F, F, R0 and leaves R; nothing is lost: once R's state is free, R and the
+    last F go, and every invariant holds."""
     w = world
     one_lane(w)
     w.set_kind(R0, None, 1000.0, 10)
