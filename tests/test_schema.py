@@ -73,6 +73,8 @@ REDEFINED = {
     "awa.claim_v3": "0012_kind_limits.sql",
     "awa.enqueue_one_v2": "0012_kind_limits.sql",
     "awa.enqueue_one_v3": "0012_kind_limits.sql",
+    # 0013_kind_fast_claim.sql: the reset of a lowered kind limit's max_seen never waits.
+    "awa._flow_kind_take_v1": "0013_kind_fast_claim.sql",
 }
 #: Functions redefined a second time: 0012_kind_limits.sql shows jobs parked by their kind
 #: (awa.flow_waiting) where 0008 shows serial-parked ones, and keeps producers off shard 64.
@@ -143,8 +145,8 @@ def test_backoff_is_one_function_and_callbacks_honour_the_base() -> None:
         # One backoff function: the only jitter is awa._backoff_v2's, and the current bodies of
         # the retry paths (the last definition of each) call it and nothing else.
         # _backoff_v1 in 0002, v2 in 0007; and the first permit to probe of 0008 (queues) and
-        # 0012 (kinds), not backoffs.
-        assert sum(t.count("random() *") for t in texts) == 4
+        # 0012 (kinds, redefined in 0013), not backoffs.
+        assert sum(t.count("random() *") for t in texts) == 5
         retry = (ROOT / "awa_django" / "sql" / "migrations" / "0007_retry.sql").read_text("utf-8")
         assert (
             "random() * COALESCE" in retry and "_backoff_v1(" not in retry.split("-- Finalize")[1]

@@ -715,7 +715,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (144)
+-- function (145)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -2051,6 +2051,19 @@ AS $function$
     SELECT hashtext('kind:' || p_kind || '/' || p_i::text)
 $function$
 
+CREATE OR REPLACE FUNCTION awa._flow_kind_rate_row_v1()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NEW.rate IS NOT NULL THEN
+        INSERT INTO awa.flow_kind_rate_state (kind, tat) VALUES (NEW.kind, now())
+        ON CONFLICT (kind) DO NOTHING;
+    END IF;
+    RETURN NULL;
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa._flow_kind_take_v1(p_kind text, p_limit integer, p_seen integer, p_want integer, p_held integer[])
  RETURNS integer[]
  LANGUAGE plpgsql
@@ -2079,8 +2092,13 @@ BEGIN
               ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
              AND l.classid = 4282182::oid
              AND l.objid = (awa._flow_kind_key_v1(p_kind, g.i)::bigint & 4294967295)::oid) THEN
+            -- Only when no other claim holds the row (it is resetting it too): a claim that
+            -- waited here, holding another kind's row, could deadlock with one taking the two
+            -- kinds in the other order.
             UPDATE awa.flow_kind_limits f SET max_seen = f.max_running
-            WHERE f.kind = p_kind AND f.max_seen > f.max_running;
+            WHERE f.kind = p_kind AND f.max_seen > f.max_running
+              AND f.kind IN (SELECT l.kind FROM awa.flow_kind_limits l
+                             WHERE l.kind = p_kind FOR UPDATE SKIP LOCKED);
         END IF;
         v_room := LEAST(v_room, p_limit - v_busy);
         IF v_room <= 0 THEN
@@ -4251,7 +4269,7 @@ BEGIN
                         -- A gap (a producer's rows not committed yet): only the run before it
                         -- may go through the statement (a row committed in the gap since was not
                         -- counted).
-                        SELECT min(x.lane_seq) - 1 INTO v_alast
+                        SELECT v_cursor + min(x.n) - 1 INTO v_alast
                         FROM (SELECT e.lane_seq, row_number() OVER (ORDER BY e.lane_seq) AS n
                               FROM awa.ready_entries e
                               WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id

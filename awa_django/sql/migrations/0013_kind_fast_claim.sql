@@ -424,7 +424,7 @@ BEGIN
                         -- A gap (a producer's rows not committed yet): only the run before it
                         -- may go through the statement (a row committed in the gap since was not
                         -- counted).
-                        SELECT min(x.lane_seq) - 1 INTO v_alast
+                        SELECT v_cursor + min(x.n) - 1 INTO v_alast
                         FROM (SELECT e.lane_seq, row_number() OVER (ORDER BY e.lane_seq) AS n
                               FROM awa.ready_entries e
                               WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id
@@ -791,3 +791,83 @@ BEGIN
 END
 
 $$;
+
+-- (0013: the reset of max_seen skips a row another claim holds.)
+-- Take up to p_want free permits of kind p_kind (limit p_limit, highest limit in use p_seen)
+-- for this session, skipping keys in p_held (held already: session locks are re-entrant).
+-- As awa._flow_take_v1, for kinds. Returns the keys taken.
+CREATE OR REPLACE FUNCTION awa._flow_kind_take_v1(p_kind text, p_limit integer, p_seen integer,
+                                       p_want integer, p_held integer[])
+RETURNS integer[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_keys integer[] := '{}';
+    v_start integer;
+    v_room integer := LEAST(p_want, p_limit);
+    v_busy integer;
+BEGIN
+    IF v_room <= 0 THEN
+        RETURN v_keys;
+    END IF;
+    IF p_seen IS NOT NULL AND p_seen > p_limit THEN
+        -- The limit was lowered: permits above it may still be held. Count every held one.
+        SELECT count(*) INTO v_busy
+        FROM generate_series(0, p_seen - 1) AS g(i)
+        JOIN pg_locks l
+          ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+         AND l.classid = 4282182::oid
+         AND l.objid = (awa._flow_kind_key_v1(p_kind, g.i)::bigint & 4294967295)::oid
+         AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database());
+        IF NOT EXISTS (
+            SELECT 1 FROM generate_series(p_limit, p_seen - 1) AS g(i)
+            JOIN pg_locks l
+              ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+             AND l.classid = 4282182::oid
+             AND l.objid = (awa._flow_kind_key_v1(p_kind, g.i)::bigint & 4294967295)::oid) THEN
+            -- Only when no other claim holds the row (it is resetting it too): a claim that
+            -- waited here, holding another kind's row, could deadlock with one taking the two
+            -- kinds in the other order.
+            UPDATE awa.flow_kind_limits f SET max_seen = f.max_running
+            WHERE f.kind = p_kind AND f.max_seen > f.max_running
+              AND f.kind IN (SELECT l.kind FROM awa.flow_kind_limits l
+                             WHERE l.kind = p_kind FOR UPDATE SKIP LOCKED);
+        END IF;
+        v_room := LEAST(v_room, p_limit - v_busy);
+        IF v_room <= 0 THEN
+            RETURN v_keys;
+        END IF;
+    END IF;
+    v_start := floor(random() * p_limit)::integer;
+    SELECT COALESCE(array_agg(t.k), '{}') INTO v_keys
+    FROM (
+        SELECT c.k
+        FROM (SELECT awa._flow_kind_key_v1(p_kind, (v_start + generate_series(0, p_limit - 1))
+                                                   % p_limit) AS k) c
+        WHERE CASE WHEN c.k IN (SELECT h.k FROM unnest(p_held) AS h(k)) THEN false
+                   ELSE pg_try_advisory_lock(4282182, c.k) END
+        LIMIT v_room) t;
+    RETURN v_keys;
+END
+$$;
+
+-- Every kind with a rate limit has its rate state row, made when the limit is set (by any
+-- writer: the trigger below) rather than by its first claim. A claim made it before, and two
+-- claims making the states of two kinds in opposite orders could deadlock: the insert of a row
+-- another claim had just inserted (not committed, so invisible to SKIP LOCKED) waits for it.
+INSERT INTO awa.flow_kind_rate_state (kind, tat)
+SELECT f.kind, now() FROM awa.flow_kind_limits f WHERE f.rate IS NOT NULL
+ON CONFLICT (kind) DO NOTHING;
+
+CREATE FUNCTION awa._flow_kind_rate_row_v1() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.rate IS NOT NULL THEN
+        INSERT INTO awa.flow_kind_rate_state (kind, tat) VALUES (NEW.kind, now())
+        ON CONFLICT (kind) DO NOTHING;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER flow_kind_rate_row AFTER INSERT OR UPDATE OF rate ON awa.flow_kind_limits
+FOR EACH ROW EXECUTE FUNCTION awa._flow_kind_rate_row_v1();

@@ -1,5 +1,7 @@
--- Unapplies awa_django migration 0013 (sql/migrations/0013_kind_fast_claim.sql): the body of
--- awa.claim_v3 of migration 0012 comes back.
+-- Unapplies awa_django migration 0013 (sql/migrations/0013_kind_fast_claim.sql): the bodies of
+-- awa.claim_v3 and awa._flow_kind_take_v1 of migration 0012 come back, and the trigger that
+-- makes rate state rows goes (the rows stay).
+DROP TRIGGER IF EXISTS flow_kind_rate_row ON awa.flow_kind_limits;
 
 -- Claim jobs of one queue within its flow limits: the contract and lane order of claim_v2 (see
 -- its comment), with weights, permits and the rate limit, and (0012) the limits of job kinds:
@@ -472,4 +474,56 @@ BEGIN
     END IF;
 END
 
+$$;
+
+-- Take up to p_want free permits of kind p_kind (limit p_limit, highest limit in use p_seen)
+-- for this session, skipping keys in p_held (held already: session locks are re-entrant).
+-- As awa._flow_take_v1, for kinds. Returns the keys taken.
+CREATE OR REPLACE FUNCTION awa._flow_kind_take_v1(p_kind text, p_limit integer, p_seen integer,
+                                       p_want integer, p_held integer[])
+RETURNS integer[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_keys integer[] := '{}';
+    v_start integer;
+    v_room integer := LEAST(p_want, p_limit);
+    v_busy integer;
+BEGIN
+    IF v_room <= 0 THEN
+        RETURN v_keys;
+    END IF;
+    IF p_seen IS NOT NULL AND p_seen > p_limit THEN
+        -- The limit was lowered: permits above it may still be held. Count every held one.
+        SELECT count(*) INTO v_busy
+        FROM generate_series(0, p_seen - 1) AS g(i)
+        JOIN pg_locks l
+          ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+         AND l.classid = 4282182::oid
+         AND l.objid = (awa._flow_kind_key_v1(p_kind, g.i)::bigint & 4294967295)::oid
+         AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database());
+        IF NOT EXISTS (
+            SELECT 1 FROM generate_series(p_limit, p_seen - 1) AS g(i)
+            JOIN pg_locks l
+              ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+             AND l.classid = 4282182::oid
+             AND l.objid = (awa._flow_kind_key_v1(p_kind, g.i)::bigint & 4294967295)::oid) THEN
+            UPDATE awa.flow_kind_limits f SET max_seen = f.max_running
+            WHERE f.kind = p_kind AND f.max_seen > f.max_running;
+        END IF;
+        v_room := LEAST(v_room, p_limit - v_busy);
+        IF v_room <= 0 THEN
+            RETURN v_keys;
+        END IF;
+    END IF;
+    v_start := floor(random() * p_limit)::integer;
+    SELECT COALESCE(array_agg(t.k), '{}') INTO v_keys
+    FROM (
+        SELECT c.k
+        FROM (SELECT awa._flow_kind_key_v1(p_kind, (v_start + generate_series(0, p_limit - 1))
+                                                   % p_limit) AS k) c
+        WHERE CASE WHEN c.k IN (SELECT h.k FROM unnest(p_held) AS h(k)) THEN false
+                   ELSE pg_try_advisory_lock(4282182, c.k) END
+        LIMIT v_room) t;
+    RETURN v_keys;
+END
 $$;
