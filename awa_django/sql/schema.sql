@@ -3987,6 +3987,8 @@ DECLARE
     v_apass boolean;
     v_need_a boolean;
     v_npk integer;
+    v_locked boolean;
+    v_skipped boolean;
     -- The lane's next job's kind (the probe), and whether to try it without reading the run.
     v_pkind text;
     v_guess boolean;
@@ -4152,21 +4154,13 @@ BEGIN
         ORDER BY u.priority + floor(extract(epoch FROM now() - u.head) / v_aging) DESC NULLS LAST,
                  u.head, u.lane_id
     LOOP
-        SELECT l.enqueue_seq INTO v_seq
-        FROM awa.queue_lanes l WHERE l.lane_id = r.lane_id FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        SELECT c.generation, c.slot,
-               CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
-        INTO v_cgen, v_cslot, v_cursor
-        FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
-              WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
-        LEFT JOIN LATERAL (
-            SELECT cl.lane_seq, cl.claim_generation FROM awa.claims cl
-            WHERE cl.claim_slot = c.slot AND cl.lane_id = r.lane_id
-            ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
-        IF v_cursor IS NULL THEN
-            v_cursor := awa.lane_cursor_v1(r.lane_id);
-        END IF;
+        v_locked := false;
+        v_skipped := false;
+        v_pool := '{}';
+        -- The lane's cursor as the lanes statement read it: the probe below runs before the
+        -- lane is locked (the lock is the claims' one serial point on a lane), and may see a
+        -- job another claim has taken since; the statement decides on the lane as locked.
+        v_cursor := v_cursors[array_position(v_lanes, r.lane_id)];
         v_slow := false;
         v_okinds := '{}';
         v_npk := 0;
@@ -4189,6 +4183,27 @@ BEGIN
             v_guess := v_need_a;
         END IF;
         LOOP
+            IF NOT v_locked AND NOT (v_need_a AND v_guess) THEN
+                SELECT l.enqueue_seq INTO v_seq
+                FROM awa.queue_lanes l WHERE l.lane_id = r.lane_id FOR UPDATE SKIP LOCKED;
+                IF NOT FOUND THEN
+                    v_skipped := true;  -- another claim holds the lane
+                    EXIT;
+                END IF;
+                v_locked := true;
+                SELECT c.generation, c.slot,
+                       CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                INTO v_cgen, v_cslot, v_cursor
+                FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                      WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                LEFT JOIN LATERAL (
+                    SELECT cl.lane_seq, cl.claim_generation FROM awa.claims cl
+                    WHERE cl.claim_slot = c.slot AND cl.lane_id = r.lane_id
+                    ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+                IF v_cursor IS NULL THEN
+                    v_cursor := awa.lane_cursor_v1(r.lane_id);
+                END IF;
+            END IF;
             IF v_need_a THEN
                 v_need_a := false;
                 v_apass := true;
@@ -4356,6 +4371,7 @@ BEGIN
                 v_slow := COALESCE(v_fskey, false)
                           OR v_fkind = ANY (v_kinds) AND NOT v_fkind = ANY (v_okinds);
             END IF;
+            CONTINUE WHEN NOT v_locked;  -- the kind was asked before the lane is locked: lock it
             -- The run of positions right after the cursor in the current queue slot, as claim_v2,
             -- taken while the running sum of weights fits the units left (a prefix: a job that
             -- does not fit stops the lane here, in order).
@@ -4484,6 +4500,13 @@ BEGIN
             END IF;
             EXIT;
         END LOOP;
+        IF v_skipped THEN
+            -- Keys the lane's next kind was asked for before its lock go back.
+            IF cardinality(v_pool) > 0 THEN
+                PERFORM awa.flow_release_v1(v_pool);
+            END IF;
+            CONTINUE;
+        END IF;
         EXIT WHEN v_remaining <= 0 OR v_jobs_left <= 0;
         IF v_serial_at IS NOT NULL THEN
             -- A job with a serial key is next: the rest of this lane takes the slow path.
