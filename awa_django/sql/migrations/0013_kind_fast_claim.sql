@@ -3,16 +3,19 @@
 --
 -- Before (0012), a lane whose next job was of a kind with flow limits went to the slow path
 -- (awa._claim_kind_v1) from that job on, which reads the rows into arrays, decides on them and
--- writes from them. Now, per lane, awa.claim_v3 probes the next job (as 0012 did):
+-- writes from them. Now, per lane, awa.claim_v3 probes the next job (as 0012 did, but before
+-- it locks the lane, at the cursor the lanes statement read: the lane's lock is where claims
+-- meet, and a probe that saw a job since taken only asks a kind the statement may not need):
 --   * a serial key: the slow path, as before;
 --   * a job of a kind without limits: the statement runs as on a queue without kind limits, up
 --     to the first job of a limited kind; when such a job is what stopped it (not a job before
 --     it that did not fit the units left), the kinds of the run from that job are read (below)
 --     and the statement runs again from it ("second pass");
 --   * a job of a limited kind whose limit is at least the units left (or that has only a
---     rate): without reading the run, the kind is asked for as many rate tokens and permits as
---     the units left, which covers any run of its jobs the statement can take; if it cannot
---     have them all, the run is read and decided exactly, as for any other limited kind;
+--     rate): without reading the run, and before the lane is locked, the kind is asked for as
+--     many rate tokens and permits as the units left, which covers any run of its jobs the
+--     statement can take (a lane found held gives them back); if it cannot have them all, the
+--     run is read and decided exactly, as for any other limited kind;
 --   * else: the kinds of the run the statement could take are read (one range read of the
 --     lane, up to as many rows as units are left; a row after a serial key, beyond the units or
 --     tombstoned counts too), and each limited kind there is asked, in the order of its first
