@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
+import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -117,6 +119,41 @@ class Claimer:
             if a.serial_lock is not None:
                 self.serial_release.append(a.serial_lock)
         return stale
+
+    def adopt_and_end_some(
+        self,
+        rows: Sequence[dict[str, Any]],
+        chance: random.Random,
+        lock: threading.Lock,
+        owners: dict[int, int],
+        keys_running: dict[str, int],
+    ) -> None:
+        """Take claimed ``rows`` as running attempts, then end about 60 % of all running ones
+        (completed): first, under ``lock``, their permits and serial keys leave ``owners`` and
+        ``keys_running`` (the shared view of who holds what that concurrent tests check claims
+        against; a permit or key is free for others only after the next claim hands it back,
+        so forgetting it here hides nothing)."""
+        for row in rows:
+            self.running[row["job_id"]] = Attempt(
+                row["job_id"],
+                row["run_lease"],
+                row["claim_slot"],
+                row["kind"],
+                row["weight"] or 1,
+                list(row["permits"] or []),
+                row["serial_lock"],
+                (row["metadata"] or {}).get("awa:serial"),
+                self.index,
+            )
+        done = [j for j in self.running if chance.random() < 0.6]
+        if done:
+            with lock:
+                for j in done:
+                    for k in self.running[j].permits:
+                        owners.pop(k, None)
+                    if self.running[j].serial_key is not None:
+                        keys_running.pop(self.running[j].serial_key, None)
+            self.finish(done)
 
     def locks(self) -> set[int]:
         """The permit keys (class 4282182) this claimer's backend holds, as signed int4."""
@@ -412,3 +449,40 @@ class World:
         for c in self.claimers:
             c.close()
         self.admin.close()
+
+
+def open_world(conninfo: str, queue: str) -> Iterator[World]:
+    """A ``World`` of three claimers on ``queue`` for a fixture, closed after the test."""
+    w = World(conninfo, queue, 3)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def assert_no_permit_held(conn: psycopg.Connection[Any]) -> None:
+    """No permit (class 4282182) is held in this database, and every kind with limits shows
+    none in use and none parked."""
+    assert conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        [PERMIT_CLASS],
+    ).fetchone() == (0,)
+    status = conn.execute("SELECT kind, in_use, waiting FROM awa.flow_kind_status_v1()").fetchall()
+    assert all(s[1] in (0, None) and s[2] == 0 for s in status), status
+
+
+def note_holders(
+    row: dict[str, Any], owners: dict[int, int], keys_running: dict[str, int], errors: list[str]
+) -> None:
+    """Record that claimed ``row``'s job holds its permits and serial key, reporting in
+    ``errors`` any held by another running job (call under the test's lock)."""
+    for k in row["permits"] or []:
+        if k in owners:
+            errors.append(f"permit {k}: job {row['job_id']} and job {owners[k]}")
+        owners[k] = row["job_id"]
+    key = (row["metadata"] or {}).get("awa:serial")
+    if key is not None:
+        if key in keys_running:
+            errors.append(f"serial key {key}: job {row['job_id']} and job {keys_running[key]}")
+        keys_running[key] = row["job_id"]

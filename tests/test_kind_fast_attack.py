@@ -22,7 +22,13 @@ from typing import Any
 import pytest
 
 from tests.helpers import ManagedProcess, WaitTimeout, conninfo, pg, wait_for
-from tests.kfast_model import PERMIT_CLASS, World
+from tests.kfast_model import (
+    PERMIT_CLASS,
+    World,
+    assert_no_permit_held,
+    note_holders,
+    open_world,
+)
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
 
@@ -32,11 +38,7 @@ A, B, C, R, F = "kfa.a", "kfa.b", "kfa.c", "kfa.rate", "kfa.free"
 
 @pytest.fixture
 def world() -> Iterator[World]:
-    w = World(conninfo(), QUEUE, 3)
-    try:
-        yield w
-    finally:
-        w.close()
+    yield from open_world(conninfo(), QUEUE)
 
 
 def drain(w: World, rng: random.Random, timeout: float = 20.0) -> None:
@@ -85,15 +87,7 @@ def assert_clean(w: World) -> None:
     names.update({k: f"queue/{i}" for i, k in enumerate(w.queue_keys(16))})
     assert not leaked, {i: [names.get(k, k) for k in keys] for i, keys in leaked.items()}
     with pg() as conn:
-        assert conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
-            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            [PERMIT_CLASS],
-        ).fetchone() == (0,)
-        rows = conn.execute(
-            "SELECT kind, in_use, waiting FROM awa.flow_kind_status_v1()"
-        ).fetchall()
-        assert all(r[1] in (0, None) and r[2] == 0 for r in rows), rows
+        assert_no_permit_held(conn)
         assert conn.execute("SELECT count(*) FROM awa.flow_waiting").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM awa.serial_waiting").fetchone() == (0,)
     done = [j for j in w.jobs.values() if j.state == "done"]
@@ -272,7 +266,7 @@ def test_concurrent_raw_claimers(world: World, moving: bool) -> None:
     permit or serial key given to two running jobs; a sampler reads flow_kind_status_v1."""
     import psycopg
 
-    from tests.kfast_model import Attempt, Claimer
+    from tests.kfast_model import Claimer
 
     w = world
     limits = {A: 2, B: 3, C: 1, R: 3}
@@ -304,15 +298,7 @@ def test_concurrent_raw_claimers(world: World, moving: bool) -> None:
         lim = current.get(kind)
         if not moving and lim and len(own) != min(row["weight"] or 1, lim):
             errors.append(f"job {row['job_id']} ({kind}) carries {len(own)} kind permits")
-        for k in permits:
-            if k in owners:
-                errors.append(f"permit {k} of job {row['job_id']} held by job {owners[k]}")
-            owners[k] = row["job_id"]
-        key = (row["metadata"] or {}).get("awa:serial")
-        if key is not None:
-            if key in keys_running:
-                errors.append(f"key {key}: job {row['job_id']} beside job {keys_running[key]}")
-            keys_running[key] = row["job_id"]
+        note_holders(row, owners, keys_running, errors)
 
     def claimer(i: int) -> None:
         c = Claimer(conninfo(), 10 + i)
@@ -323,30 +309,7 @@ def test_concurrent_raw_claimers(world: World, moving: bool) -> None:
                 with lock:
                     for row in rows:
                         check_row(row)
-                for row in rows:
-                    key = (row["metadata"] or {}).get("awa:serial")
-                    c.running[row["job_id"]] = Attempt(
-                        row["job_id"],
-                        row["run_lease"],
-                        row["claim_slot"],
-                        row["kind"],
-                        row["weight"] or 1,
-                        list(row["permits"] or []),
-                        row["serial_lock"],
-                        key,
-                        c.index,
-                    )
-                done = [j for j in c.running if local.random() < 0.6]
-                if done:
-                    with lock:
-                        for j in done:
-                            for k in c.running[j].permits:
-                                owners.pop(k, None)
-                            if c.running[j].serial_key is not None:
-                                keys_running.pop(c.running[j].serial_key, None)
-                    # A permit or key is free for others only after the next claim hands it
-                    # back, so forgetting it here can hide nothing.
-                    c.finish(done)
+                c.adopt_and_end_some(rows, local, lock, owners, keys_running)
             c.finish(list(c.running))
             c.claim(QUEUE, 0)
         except Exception as exc:  # reported by the test
@@ -611,15 +574,7 @@ def test_four_workers_a_sigkill_and_limits_moving_under_mixed_weights(manage_py:
         assert conn.execute(
             "SELECT count(*) FROM awa.jobs WHERE queue = 'kfast' AND state <> 'completed'"
         ).fetchone() == (0,)
-        assert conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
-            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            [PERMIT_CLASS],
-        ).fetchone() == (0,)
-        status = conn.execute(
-            "SELECT kind, in_use, waiting FROM awa.flow_kind_status_v1() ORDER BY kind"
-        ).fetchall()
-        assert all(s[1] in (0, None) and s[2] == 0 for s in status), status
+        assert_no_permit_held(conn)
     from tests.testapp.models import Ledger
 
     per_job = Ledger.objects.filter(queue="kfast", note="end").values_list("job_id", flat=True)

@@ -22,7 +22,7 @@ import pytest
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
 from tests.helpers import conninfo, pg, wait_for
-from tests.kfast_model import World
+from tests.kfast_model import World, note_holders, open_world
 from tests.test_kind_fast_attack import assert_clean, drain, stuck
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
@@ -33,11 +33,7 @@ A, B, C, R, F = "kfa.a", "kfa.b", "kfa.c", "kfa.rate", "kfa.free"
 
 @pytest.fixture
 def world() -> Iterator[World]:
-    w = World(conninfo(), QUEUE, 3)
-    try:
-        yield w
-    finally:
-        w.close()
+    yield from open_world(conninfo(), QUEUE)
 
 
 def one_lane(w: World, *priorities: int) -> None:
@@ -419,7 +415,7 @@ def test_concurrent_claims_while_kinds_gain_and_lose_limits(world: World) -> Non
     Every claimed row carries only its own kind's keys, no key is carried twice, no serial key
     runs twice at once, and at the end every job completed once or was cancelled, nothing is
     held."""
-    from tests.kfast_model import PERMIT_CLASS, Attempt, Claimer
+    from tests.kfast_model import PERMIT_CLASS, Claimer
 
     w = world
     one_lane(w, 0, 5)
@@ -469,36 +465,8 @@ def test_concurrent_claims_while_kinds_gain_and_lose_limits(world: World) -> Non
                             errors.append(f"job {row['job_id']} ({row['kind']}): {foreign}")
                         if len(set(permits)) != len(permits):
                             errors.append(f"job {row['job_id']} carries a key twice")
-                        for k in permits:
-                            if k in owners:
-                                errors.append(f"key {k}: job {row['job_id']} and {owners[k]}")
-                            owners[k] = row["job_id"]
-                        key = (row["metadata"] or {}).get("awa:serial")
-                        if key is not None:
-                            if key in keys_running:
-                                errors.append(f"serial {key}: {row['job_id']}, {keys_running[key]}")
-                            keys_running[key] = row["job_id"]
-                for row in rows:
-                    c.running[row["job_id"]] = Attempt(
-                        row["job_id"],
-                        row["run_lease"],
-                        row["claim_slot"],
-                        row["kind"],
-                        row["weight"] or 1,
-                        list(row["permits"] or []),
-                        row["serial_lock"],
-                        (row["metadata"] or {}).get("awa:serial"),
-                        c.index,
-                    )
-                done = [j for j in c.running if local.random() < 0.6]
-                if done:
-                    with lock:
-                        for j in done:
-                            for k in c.running[j].permits:
-                                owners.pop(k, None)
-                            if c.running[j].serial_key is not None:
-                                keys_running.pop(c.running[j].serial_key, None)
-                    c.finish(done)
+                        note_holders(row, owners, keys_running, errors)
+                c.adopt_and_end_some(rows, local, lock, owners, keys_running)
             c.finish(list(c.running))
             c.claim(QUEUE, 0)
         except Exception as exc:  # reported by the test
