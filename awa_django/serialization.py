@@ -139,8 +139,6 @@ def _plain(value: Any, limit: int) -> bool:
 _ENCODER = json.JSONEncoder(
     separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False
 )
-
-
 _encode = _ENCODER.encode
 
 

@@ -111,7 +111,14 @@ def test_an_empty_claim_on_a_held_lane_after_a_backlog_claim_is_retried_soon(
             timeout=20,
             message=lambda: f"the slow jobs to complete; output:\n{proc.output()}",
         )
-        time.sleep(0.3)  # the lock is the point here: held while the worker's claims skip it
+        # The lock is the point here: held until a claim of the worker's, started after the
+        # slow jobs ended, has come back (empty: it skipped the lane).
+        ended = holder.execute("SELECT clock_timestamp()").fetchone()
+        wait_for(
+            lambda: claimed_since(ended[0] if ended else None),
+            timeout=20,
+            message=lambda: f"a claim skipping the held lane; output:\n{proc.output()}",
+        )
         assert states(quick) == ["available"] * 20
         holder.commit()
     released = time.monotonic()
@@ -121,3 +128,15 @@ def test_an_empty_claim_on_a_held_lane_after_a_backlog_claim_is_retried_soon(
         message=lambda: f"the quick jobs to complete; output:\n{proc.output()}",
     )
     assert time.monotonic() - released < 4.0  # well within POLL_INTERVAL (10 s)
+
+
+def claimed_since(after: object) -> bool:
+    """Whether some session has finished a claim_v3 call that started after ``after``
+    (pg_stat_activity keeps an idle session's last statement and its start)."""
+    with pg() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state = 'idle' AND query LIKE %s AND query_start > %s",
+            ["%claim_v3%", after],
+        ).fetchone()
+    return bool(row and row[0])
