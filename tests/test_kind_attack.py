@@ -701,10 +701,12 @@ def test_kind_and_serial_key_order_and_one_at_a_time(manage_py: Any) -> None:
     for key, kids in by_key.items():
         for queue in ("katk", "katk-b"):
             rows = q(
-                "SELECT job_id, started, ended FROM katk_runs WHERE job_id = ANY(%s)"
-                " AND queue = %s ORDER BY started",
+                "SELECT job_id, started, ended, attempt, pid FROM katk_runs"
+                " WHERE job_id = ANY(%s) AND queue = %s ORDER BY started",
                 [kids, queue],
             )
+            # With each run's attempt and process in the message: a job seen twice is a retry
+            # (a later attempt) or a second delivery of one attempt (the same attempt twice).
             assert [r[0] for r in rows] == sorted(r[0] for r in rows), (key, queue, rows)
             for a, b in itertools.pairwise(rows):
                 assert b[1] >= a[2], f"key {key} in {queue}: {a[0]} and {b[0]} overlapped"
