@@ -179,7 +179,12 @@ def test_serial_keys_of_a_limited_kind_keep_their_order(manage_py: Start) -> Non
     requests += [serial.prepare(0.02) for _ in range(10)]
     handles = awa_django.enqueue_many(requests)
     expected = {key: [h.id for h in handles[i:60:3]] for i, key in enumerate(keys)}
-    settings = {"KINDS": {serial.kind: {"global_concurrency": 2}}}
+    # A production-like staleness, as in test_serial_workers: a rescued attempt's retry may run
+    # out of its key's order.
+    settings = {
+        "KINDS": {serial.kind: {"global_concurrency": 2}},
+        "HEARTBEAT_STALENESS": 60.0,
+    }
     procs = [worker(manage_py, "--queue", "serial=4", overrides=settings) for _ in range(4)]
     wait_for(lambda: completed("serial") == 70, timeout=120, message="every job to complete")
     stop(procs)
