@@ -708,7 +708,13 @@ def test_kind_and_serial_key_order_and_one_at_a_time(manage_py: Any) -> None:
         " WHERE r.job_id IN (SELECT job_id FROM katk_runs GROUP BY 1 HAVING count(*) > 1)"
         " OR r.attempt > 1 ORDER BY 1, 2"
     )
-    assert again == [], again
+    logged = [
+        line
+        for p in procs
+        for line in p.output().splitlines()
+        if " WARNING " in line or " ERROR " in line
+    ]
+    assert again == [], (again, logged)
     assert max_overlap("katk.lim2") <= 2
     # Serial keys are per queue: order and overlap are checked per (key, queue).
     for key, kids in by_key.items():
