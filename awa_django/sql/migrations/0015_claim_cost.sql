@@ -110,7 +110,8 @@ DECLARE
     v_srows awa.claimed_v3[];
     v_sunits integer;
     v_sretry boolean;
-    r record;
+    v_order integer[];  -- 0015: the lanes in claim order
+    v_rlane integer;  -- 0015: the lane being claimed
     v_waiting boolean;
     v_kinds text[];
     v_pheld integer[];
@@ -430,200 +431,251 @@ BEGIN
     IF cardinality(v_lanes) > 1 THEN
         CASE v_qslot
         WHEN 0 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_0 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_0 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 1 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_1 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_1 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 2 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_2 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_2 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 3 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_3 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_3 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 4 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_4 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_4 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 5 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_5 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_5 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 6 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_6 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_6 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 7 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_7 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_7 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 8 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_8 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_8 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 9 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_9 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_9 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 10 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_10 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_10 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 11 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_11 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_11 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 12 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_12 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_12 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 13 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_13 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_13 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 14 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_14 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_14 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         WHEN 15 THEN
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries_15 e
-                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
                   AND NOT EXISTS (
                       SELECT 1 FROM awa.ready_tombstones_15 t
-                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                      WHERE t.lane_id = e.lane_id
                         AND t.lane_seq = e.lane_seq)
                 ORDER BY e.lane_seq
                 LIMIT 1) h ON true;
         ELSE
-            SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-            FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM awa.ready_entries e
                 WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
@@ -636,6 +688,7 @@ BEGIN
         END CASE;
         FOR i IN 1..cardinality(v_lanes) LOOP
             CONTINUE WHEN v_heads[i] IS NOT NULL;
+            v_order := NULL;  -- 0015: order by the heads found here
             SELECT e.run_at INTO v_head FROM awa.ready_entries e
             WHERE e.lane_id = v_lanes[i] AND e.lane_seq > v_cursors[i]
               AND NOT EXISTS (
@@ -648,19 +701,25 @@ BEGIN
         END LOOP;
     END IF;
 
-    FOR r IN
-        SELECT u.lane_id
-        FROM unnest(v_lanes, v_priorities, v_heads) AS u(lane_id, priority, head)
-        ORDER BY u.priority + floor(extract(epoch FROM now() - u.head) / v_aging) DESC NULLS LAST,
-                 u.head, u.lane_id
-    LOOP
+    -- The lanes in the order of the FOR query of 0013 (one lane: itself; several: the order the
+    -- heads statement gave, or, when a head was looked for in every slot, this query's).
+    IF cardinality(v_lanes) = 1 THEN
+        v_order := v_lanes;
+    ELSIF v_order IS NULL THEN
+        v_order := ARRAY(
+            SELECT u.lane_id
+            FROM unnest(v_lanes, v_priorities, v_heads) AS u(lane_id, priority, head)
+            ORDER BY u.priority + floor(extract(epoch FROM now() - u.head) / v_aging) DESC NULLS LAST,
+                     u.head, u.lane_id);
+    END IF;
+    FOREACH v_rlane IN ARRAY v_order LOOP
         v_locked := false;
         v_skipped := false;
         v_pool := '{}';
         -- The lane's cursor as the lanes statement read it: the probe below runs before the
         -- lane is locked (the lock is the claims' one serial point on a lane), and may see a
         -- job another claim has taken since; the statement decides on the lane as locked.
-        v_cursor := v_cursors[array_position(v_lanes, r.lane_id)];
+        v_cursor := v_cursors[array_position(v_lanes, v_rlane)];
         v_slow := false;
         v_okinds := '{}';
         v_npk := 0;
@@ -674,7 +733,7 @@ BEGIN
             SELECT COALESCE(e.metadata ? 'awa:serial', false), e.kind = ANY (v_kinds), e.kind
             INTO v_fskey, v_need_a, v_pkind
             FROM awa.ready_entries e
-            WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq = v_cursor + 1
+            WHERE e.ready_slot = v_qslot AND e.lane_id = v_rlane AND e.lane_seq = v_cursor + 1
               AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones t
                               WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
                                 AND t.lane_seq = e.lane_seq);
@@ -685,73 +744,106 @@ BEGIN
         LOOP
             IF NOT v_locked AND NOT (v_need_a AND v_guess) THEN
                 SELECT l.enqueue_seq INTO v_seq
-                FROM awa.queue_lanes l WHERE l.lane_id = r.lane_id FOR UPDATE SKIP LOCKED;
+                FROM awa.queue_lanes l WHERE l.lane_id = v_rlane FOR UPDATE SKIP LOCKED;
                 IF NOT FOUND THEN
                     v_skipped := true;  -- another claim holds the lane
                     EXIT;
                 END IF;
                 v_locked := true;
-                SELECT r2.generation, r2.slot INTO v_cgen, v_cslot
-                FROM awa.ring_rotations r2
-                WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1;
                 CASE v_cslot
                 WHEN 0 THEN
-                    SELECT CASE WHEN cl.claim_generation = v_cgen THEN cl.lane_seq END
-                    INTO v_cursor
-                    FROM awa.claims_0 cl
-                    WHERE cl.claim_slot = v_cslot AND cl.lane_id = r.lane_id
-                    ORDER BY cl.lane_seq DESC LIMIT 1;
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_0 cl
+                        WHERE c.slot = 0 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
                 WHEN 1 THEN
-                    SELECT CASE WHEN cl.claim_generation = v_cgen THEN cl.lane_seq END
-                    INTO v_cursor
-                    FROM awa.claims_1 cl
-                    WHERE cl.claim_slot = v_cslot AND cl.lane_id = r.lane_id
-                    ORDER BY cl.lane_seq DESC LIMIT 1;
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_1 cl
+                        WHERE c.slot = 1 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
                 WHEN 2 THEN
-                    SELECT CASE WHEN cl.claim_generation = v_cgen THEN cl.lane_seq END
-                    INTO v_cursor
-                    FROM awa.claims_2 cl
-                    WHERE cl.claim_slot = v_cslot AND cl.lane_id = r.lane_id
-                    ORDER BY cl.lane_seq DESC LIMIT 1;
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_2 cl
+                        WHERE c.slot = 2 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
                 WHEN 3 THEN
-                    SELECT CASE WHEN cl.claim_generation = v_cgen THEN cl.lane_seq END
-                    INTO v_cursor
-                    FROM awa.claims_3 cl
-                    WHERE cl.claim_slot = v_cslot AND cl.lane_id = r.lane_id
-                    ORDER BY cl.lane_seq DESC LIMIT 1;
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_3 cl
+                        WHERE c.slot = 3 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
                 WHEN 4 THEN
-                    SELECT CASE WHEN cl.claim_generation = v_cgen THEN cl.lane_seq END
-                    INTO v_cursor
-                    FROM awa.claims_4 cl
-                    WHERE cl.claim_slot = v_cslot AND cl.lane_id = r.lane_id
-                    ORDER BY cl.lane_seq DESC LIMIT 1;
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_4 cl
+                        WHERE c.slot = 4 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
                 WHEN 5 THEN
-                    SELECT CASE WHEN cl.claim_generation = v_cgen THEN cl.lane_seq END
-                    INTO v_cursor
-                    FROM awa.claims_5 cl
-                    WHERE cl.claim_slot = v_cslot AND cl.lane_id = r.lane_id
-                    ORDER BY cl.lane_seq DESC LIMIT 1;
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_5 cl
+                        WHERE c.slot = 5 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
                 WHEN 6 THEN
-                    SELECT CASE WHEN cl.claim_generation = v_cgen THEN cl.lane_seq END
-                    INTO v_cursor
-                    FROM awa.claims_6 cl
-                    WHERE cl.claim_slot = v_cslot AND cl.lane_id = r.lane_id
-                    ORDER BY cl.lane_seq DESC LIMIT 1;
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_6 cl
+                        WHERE c.slot = 6 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
                 WHEN 7 THEN
-                    SELECT CASE WHEN cl.claim_generation = v_cgen THEN cl.lane_seq END
-                    INTO v_cursor
-                    FROM awa.claims_7 cl
-                    WHERE cl.claim_slot = v_cslot AND cl.lane_id = r.lane_id
-                    ORDER BY cl.lane_seq DESC LIMIT 1;
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_7 cl
+                        WHERE c.slot = 7 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
                 ELSE
-                    SELECT CASE WHEN cl.claim_generation = v_cgen THEN cl.lane_seq END
-                    INTO v_cursor
-                    FROM awa.claims cl
-                    WHERE cl.claim_slot = v_cslot AND cl.lane_id = r.lane_id
-                    ORDER BY cl.lane_seq DESC LIMIT 1;
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims cl
+                        WHERE cl.claim_slot = c.slot AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
                 END CASE;
                 IF v_cursor IS NULL THEN
-                    v_cursor := awa.lane_cursor_v1(r.lane_id);
+                    v_cursor := awa.lane_cursor_v1(v_rlane);
                 END IF;
             END IF;
             IF v_need_a THEN
@@ -798,7 +890,7 @@ BEGIN
                         SELECT e.lane_seq, e.kind, awa._job_weight_v1(e.metadata, v_wcap) AS w,
                                COALESCE(e.metadata ? 'awa:serial', false) AS skey
                         FROM awa.ready_entries e
-                        WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id
+                        WHERE e.ready_slot = v_qslot AND e.lane_id = v_rlane
                           AND e.lane_seq > v_cursor
                         ORDER BY e.lane_seq
                         LIMIT v_remaining
@@ -837,7 +929,7 @@ BEGIN
                         SELECT v_cursor + min(x.n) - 1 INTO v_alast
                         FROM (SELECT e.lane_seq, row_number() OVER (ORDER BY e.lane_seq) AS n
                               FROM awa.ready_entries e
-                              WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id
+                              WHERE e.ready_slot = v_qslot AND e.lane_id = v_rlane
                                 AND e.lane_seq > v_cursor
                               ORDER BY e.lane_seq
                               LIMIT v_remaining) x
@@ -930,12 +1022,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_0 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_0 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -1015,12 +1107,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_1 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_1 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -1100,12 +1192,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_2 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_2 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -1185,12 +1277,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_3 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_3 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -1270,12 +1362,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_4 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_4 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -1355,12 +1447,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_5 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_5 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -1440,12 +1532,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_6 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_6 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -1525,12 +1617,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_7 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_7 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -1610,12 +1702,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_8 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_8 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -1695,12 +1787,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_9 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_9 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -1780,12 +1872,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_10 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_10 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -1865,12 +1957,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_11 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_11 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -1950,12 +2042,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_12 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_12 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -2035,12 +2127,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_13 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_13 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -2120,12 +2212,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_14 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_14 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -2205,12 +2297,12 @@ BEGIN
                 WITH found AS MATERIALIZED (
                     SELECT e.*,
                            EXISTS (SELECT 1 FROM awa.ready_tombstones_15 t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                   WHERE t.lane_id = e.lane_id
                                      AND t.lane_seq = e.lane_seq) AS dead,
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries_15 e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -2295,7 +2387,7 @@ BEGIN
                            row_number() OVER (ORDER BY e.lane_seq) AS n
                     FROM awa.ready_entries e
                     WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+                      AND e.ready_slot = v_qslot AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                     ORDER BY e.lane_seq
                     LIMIT v_remaining
                 ), weighed AS MATERIALIZED (
@@ -2427,7 +2519,7 @@ BEGIN
                    x.o_rleft, x.o_rused, x.o_wait
             INTO v_srows, v_taken, v_sunits, v_sretry, v_kkeys, v_rkinds, v_rtats, v_rleft,
                  v_rused, v_kwait
-            FROM awa._claim_kind_v1(r.lane_id, awa.lane_cursor_v1(r.lane_id), v_cslot, v_cgen,
+            FROM awa._claim_kind_v1(v_rlane, awa.lane_cursor_v1(v_rlane), v_cslot, v_cgen,
                                     p_worker, v_remaining, v_jobs_left, v_wcap, v_default,
                                     p_serial_held, v_taken, v_all_lanes, v_all_cursors, v_kinds,
                                     v_pheld, v_kkeys, v_rkinds, v_rtats, v_rleft, v_rused) x;
@@ -2444,14 +2536,14 @@ BEGIN
         -- Then, when the lane may hold more, from every ready slot (as claim_v2).
         CONTINUE WHEN COALESCE(pg_sequence_last_value(v_seq), 0) <= v_cursor + v_got;
         IF v_got > 0 THEN
-            v_cursor := awa.lane_cursor_v1(r.lane_id);  -- sees the claims just made
+            v_cursor := awa.lane_cursor_v1(v_rlane);  -- sees the claims just made
         END IF;
         WITH weighed AS MATERIALIZED (
             SELECT e.*, COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default) AS timeout,
                    awa._job_weight_v1(e.metadata, v_wcap) AS w,
                    COALESCE(e.metadata ? 'awa:serial' OR e.kind = ANY (v_kinds), false) AS s
             FROM awa.ready_entries e
-            WHERE e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+            WHERE e.lane_id = v_rlane AND e.lane_seq > v_cursor
               AND NOT EXISTS (
                   SELECT 1 FROM awa.ready_tombstones t
                   WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
@@ -2501,7 +2593,7 @@ BEGIN
                    x.o_rleft, x.o_rused, x.o_wait
             INTO v_srows, v_taken, v_sunits, v_sretry, v_kkeys, v_rkinds, v_rtats, v_rleft,
                  v_rused, v_kwait
-            FROM awa._claim_kind_v1(r.lane_id, awa.lane_cursor_v1(r.lane_id), v_cslot, v_cgen,
+            FROM awa._claim_kind_v1(v_rlane, awa.lane_cursor_v1(v_rlane), v_cslot, v_cgen,
                                     p_worker, v_remaining, v_jobs_left, v_wcap, v_default,
                                     p_serial_held, v_taken, v_all_lanes, v_all_cursors, v_kinds,
                                     v_pheld, v_kkeys, v_rkinds, v_rtats, v_rleft, v_rused) x;
