@@ -22,6 +22,14 @@
 -- Each is split into one static branch per slot (CASE on the slot), each branch a statement with
 -- its own cached plan naming one child table; the ELSE branch is the original statement. Rows,
 -- order, limits, weights, serial keys, kind limits and what is written are exactly 0013's.
+-- Besides: the lanes are taken in the order the heads statement computes (the FOR query of 0013
+-- ran as one more statement; it still runs when a head had to be looked for in every slot), and
+-- in a branch the slot's own key is left out of the conditions (redundant in a child; with it,
+-- PostgreSQL 18 read the (lane_id, lane_seq, ready_slot) index as a skip scan).
+--
+-- awa.finalize_v2 (0004's body, with 0014's enable_seqscan = off) likewise: a batch of plain
+-- completions whose items all name one claim slot (a worker's batch, nearly always) is written
+-- by the same statement on that slot's claims_N and claim_closures_N; any other batch as before.
 
 -- The cursor of a lane from every claim slot and its floor: awa.lane_cursor_v1, through
 -- PL/pgSQL so that a statement that falls back to it (rarely) does not carry its plan (and the
@@ -2663,4 +2671,385 @@ BEGIN
     END IF;
 END
 
+$$;
+
+-- Finalize a batch of attempts: the items and results of awa.finalize_v1 (see its comment). A
+-- batch of plain completions (every outcome 'completed', no attempt state, no recorded
+-- closure other than the outcome) is written by one statement over the claim and terminal
+-- planes; any other batch goes through awa.finalize_v1. An item not closed where it was looked
+-- for (a carry-forward may have moved its claim, also while this call waited for it) is looked
+-- for again, up to three more times, each in a new statement that sees what the transactions
+-- it waited for committed; an attempt closed by rescue, cancel or another finalizer stays
+-- stale. Parks ('wait' items) found stale are reported at once, as by finalize_v1.
+CREATE OR REPLACE FUNCTION awa.finalize_v2(p_items jsonb)
+RETURNS TABLE (job_id bigint, run_lease bigint)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_error text;
+    v_stale jsonb;
+    v_pairs jsonb;
+    v_pass integer;
+    v_other boolean;
+    v_slot integer;
+BEGIN
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION 'awa.finalize_v2 needs READ COMMITTED isolation' USING ERRCODE = '25000';
+    END IF;
+    IF p_items IS NULL OR jsonb_typeof(p_items) <> 'array' THEN
+        RAISE EXCEPTION 'items: expected a JSON array' USING ERRCODE = '22023';
+    END IF;
+    v_error := awa._finalize_error_v1(p_items);
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+    END IF;
+    -- 0015: EXISTS as bool_or, and the claim slot shared by every item (else NULL).
+    SELECT bool_or(e.value ->> 'outcome' <> 'completed'
+                   OR COALESCE(e.value -> 'st', 'null') NOT IN ('false', 'null')
+                   OR e.value ? 'closed_as'),
+           CASE WHEN min(e.value ->> 'slot') = max(e.value ->> 'slot')
+                     AND min(e.value ->> 'slot') ~ '^[0-9]$'
+                THEN min(e.value ->> 'slot')::integer END
+    INTO v_other, v_slot
+    FROM jsonb_array_elements(p_items) e;
+    IF v_other THEN
+        SELECT jsonb_agg(jsonb_build_array(f.job_id, f.run_lease)) INTO v_pairs
+        FROM awa.finalize_v1(p_items) f;
+        IF v_pairs IS NULL THEN
+            RETURN;
+        END IF;
+        -- Items (not parks) reported stale are looked for again below; parks are reported.
+        SELECT jsonb_agg(e.value) INTO v_stale
+        FROM jsonb_array_elements(p_items) e
+        WHERE e.value ->> 'outcome' <> 'wait'
+          AND jsonb_build_array((e.value ->> 'id')::bigint, (e.value ->> 'lease')::bigint)
+              IN (SELECT p.value FROM jsonb_array_elements(v_pairs) p);
+        RETURN QUERY
+        SELECT (p.value ->> 0)::bigint, (p.value ->> 1)::bigint
+        FROM jsonb_array_elements(v_pairs) p
+        WHERE NOT EXISTS (
+            SELECT 1 FROM jsonb_array_elements(COALESCE(v_stale, '[]')) e
+            WHERE (e.value ->> 'id')::bigint = (p.value ->> 0)::bigint
+              AND (e.value ->> 'lease')::bigint = (p.value ->> 1)::bigint);
+    ELSE
+        CASE v_slot
+        WHEN 0 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_0 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_0 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        WHEN 1 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_1 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_1 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        WHEN 2 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_2 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_2 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        WHEN 3 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_3 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_3 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        WHEN 4 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_4 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_4 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        WHEN 5 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_5 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_5 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        WHEN 6 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_6 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_6 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        WHEN 7 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_7 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_7 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        ELSE
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        END CASE;
+    END IF;
+    FOR v_pass IN 1..3 LOOP
+        EXIT WHEN v_stale IS NULL;
+        v_stale := awa._finalize_pass_v1(v_stale, false);
+    END LOOP;
+    RETURN QUERY
+    SELECT (e.value ->> 'id')::bigint, (e.value ->> 'lease')::bigint
+    FROM jsonb_array_elements(COALESCE(v_stale, '[]')) e;
+END
 $$;
