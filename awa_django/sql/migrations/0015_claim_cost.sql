@@ -1027,1450 +1027,2555 @@ BEGIN
             -- does not fit stops the lane here, in order).
             CASE v_qslot
             WHEN 0 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_0 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_0 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_0 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_0 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_0 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_0 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 1 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_1 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_1 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_1 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_1 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_1 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_1 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 2 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_2 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_2 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_2 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_2 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_2 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_2 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 3 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_3 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_3 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_3 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_3 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_3 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_3 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 4 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_4 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_4 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_4 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_4 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_4 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_4 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 5 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_5 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_5 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_5 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_5 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_5 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_5 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 6 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_6 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_6 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_6 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_6 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_6 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_6 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 7 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_7 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_7 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_7 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_7 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_7 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_7 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 8 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_8 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_8 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_8 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_8 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_8 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_8 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 9 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_9 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_9 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_9 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_9 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_9 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_9 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 10 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_10 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_10 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_10 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_10 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_10 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_10 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 11 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_11 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_11 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_11 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_11 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_11 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_11 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 12 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_12 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_12 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_12 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_12 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_12 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_12 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 13 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_13 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_13 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_13 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_13 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_13 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_13 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 14 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_14 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_14 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_14 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_14 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_14 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_14 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             WHEN 15 THEN
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones_15 t
-                                   WHERE t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries_15 e
-                    WHERE NOT v_slow
-                      AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_15 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_15 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_15 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_15 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             ELSE
-                WITH found AS MATERIALIZED (
-                    SELECT e.*,
-                           EXISTS (SELECT 1 FROM awa.ready_tombstones t
-                                   WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
-                                     AND t.lane_seq = e.lane_seq) AS dead,
-                           row_number() OVER (ORDER BY e.lane_seq) AS n
-                    FROM awa.ready_entries e
-                    WHERE NOT v_slow
-                      AND e.ready_slot = v_qslot AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                    ORDER BY e.lane_seq
-                    LIMIT v_remaining
-                ), weighed AS MATERIALIZED (
-                    SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                           awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                           -- A job of a limited kind goes on only when its kind was cleared for it.
-                           COALESCE(f.metadata ? 'awa:serial'
-                                    OR f.kind = ANY (v_kinds)
-                                       AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                    false) AS s,
-                           CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                                THEN array_position(v_okinds, f.kind) END AS kix,
-                           -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                           CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                     AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                                THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                           v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                    FROM found f
-                    WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                ), picked AS MATERIALIZED (
-                    -- Up to the first job with a serial key (the slow path below decides about it).
-                    SELECT z.* FROM (
-                        SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                               row_number() OVER (ORDER BY g.lane_seq) AS k,
-                               bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                               sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                        FROM weighed g) z
-                    WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-                ), ins AS (
-                    INSERT INTO awa.claims (
-                        claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                        lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                    SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                           p.lane_id, p.lane_seq, p.attempt + 1,
-                           now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                    FROM picked p
-                ), offs AS (
-                    -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                    -- lane order); read (so computed) only when some row has kind keys.
-                    SELECT array_agg(o.off ORDER BY o.k) AS a
-                    FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                                 AS off
-                          FROM picked p) o
-                )
-                -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                -- now() is the statement's, so the deadline is the one written.
-                SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                     p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                     now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                     p.metadata, p.tags, p.errors, p.w,
-                                     -- A cleared kind's keys: its rows draw them in lane order. With
-                                     -- one such kind, the pool's in lane order; with more, by
-                                     -- offsets per kind (an init plan, computed only then).
-                                     CASE WHEN p.kn IS NULL THEN NULL
-                                          WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                          ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                      : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                        + p.kn - 1] END,
-                                     NULL,
-                                     extract(epoch FROM now() - p.run_at)::double precision
-                                    )::awa.claimed_v3
-                                 ORDER BY p.lane_seq),
-                       COALESCE(sum(p.w), 0),
-                       CASE WHEN v_slow THEN v_cursor + 1
-                            ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                       array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                       array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                       -- The first row left (not taken, not dead): whether the job that stopped the
-                       -- statement is the one at v_serial_at, or one before it that did not fit.
-                       (SELECT min(g.lane_seq) FROM weighed g
-                        WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                    v_cursor))
-                INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                FROM picked p;
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones t
+                                       WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries e
+                        WHERE NOT v_slow
+                          AND e.ready_slot = v_qslot AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones t
+                                       WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries e
+                        WHERE NOT v_slow
+                          AND e.ready_slot = v_qslot AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
             END CASE;
             v_got := COALESCE(cardinality(v_part), 0);
             IF v_got > 0 THEN
