@@ -134,9 +134,8 @@ def test_claims_and_finalizes_equal_the_replaced_bodies_through_every_rotation()
                 assert _both(c, FINALIZE, [items]) == []
             if rnd.random() < 0.35:
                 a.execute("SELECT awa.prune_v1('claim')")
-                out = a.execute(
-                    "SELECT awa.%s('claim')" % rnd.choice(["rotate_v2", "rotate_v3"])
-                ).fetchone()
+                rotate = rnd.choice(["rotate_v2", "rotate_v3"])
+                out = a.execute(f"SELECT awa.{rotate}('claim')").fetchone()
                 claim_wraps += out == ("rotated",)
             if rnd.random() < 0.15:
                 a.execute("SELECT awa.prune_v1('queue')")

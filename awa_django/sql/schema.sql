@@ -4561,7 +4561,8 @@ BEGIN
         v_order := ARRAY(
             SELECT u.lane_id
             FROM unnest(v_lanes, v_priorities, v_heads) AS u(lane_id, priority, head)
-            ORDER BY u.priority + floor(extract(epoch FROM now() - u.head) / v_aging) DESC NULLS LAST,
+            ORDER BY u.priority + floor(extract(epoch FROM now() - u.head) / v_aging)
+                         DESC NULLS LAST,
                      u.head, u.lane_id);
     END IF;
     FOREACH v_rlane IN ARRAY v_order LOOP
