@@ -3914,6 +3914,7 @@ CREATE OR REPLACE FUNCTION awa.claim_v3(p_queue text, p_max integer, p_worker uu
  RETURNS SETOF awa.claimed_v3
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
  SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 #variable_conflict use_column
@@ -4067,7 +4068,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_0 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
@@ -4085,7 +4086,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_1 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
@@ -4103,7 +4104,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_2 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
@@ -4121,7 +4122,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_3 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
@@ -4139,7 +4140,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_4 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
@@ -4157,7 +4158,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_5 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
@@ -4175,7 +4176,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_6 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
@@ -4193,7 +4194,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_7 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;

@@ -22,6 +22,9 @@
 -- Each is split into one static branch per slot (CASE on the slot), each branch a statement with
 -- its own cached plan naming one child table; the ELSE branch is the original statement. Rows,
 -- order, limits, weights, serial keys, kind limits and what is written are exactly 0013's.
+-- claim_v3 also runs with enable_bitmapscan = off: a plan over one child, made while the child
+-- looked empty (a claim slot just rotated to), read the lane's index by bitmap and sorted, so
+-- each claim read every claim of the lane in the slot for as long as the session kept it.
 -- Besides: the lanes are taken in the order the heads statement computes (the FOR query of 0013
 -- ran as one more statement; it still runs when a head had to be looked for in every slot), and
 -- in a branch the slot's own key is left out of the conditions (redundant in a child; with it,
@@ -70,6 +73,7 @@ CREATE OR REPLACE FUNCTION awa.claim_v3(
 RETURNS SETOF awa.claimed_v3
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET enable_bitmapscan = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
@@ -223,7 +227,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_0 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
@@ -241,7 +245,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_1 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
@@ -259,7 +263,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_2 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
@@ -277,7 +281,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_3 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
@@ -295,7 +299,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_4 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
@@ -313,7 +317,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_5 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
@@ -331,7 +335,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_6 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
@@ -349,7 +353,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_7 c
-                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
             WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
         ) b0) b;
