@@ -1,8 +1,14 @@
 """Server time of one claim and one finalize: ``claim_v1``/``finalize_v1`` against ``claim_v2``/
-``finalize_v2``, in one database, interleaved.
+``finalize_v2`` (or, with ``--compare 0014``, the worker's ``claim_v3``/``finalize_v2`` as
+migration 0014 left them against the current ones), in one database, interleaved.
 
     .venv/dj52/bin/python benchmarks/claim_cost.py [--calls 2000] [--rounds 5] [--batch 1]
-        [--producers 4]
+        [--producers 4] [--compare v1|0014]
+
+With ``--compare 0014`` the database is migrated to 0014 first, the bodies of ``claim_v3`` and
+``finalize_v2`` are copied into a schema of their own (``awa_bench0014``, from
+``pg_get_functiondef``), and then it is migrated to the latest: both versions read the same
+tables.
 
 One embedded PostgreSQL 18 (fsync off: this measures CPU, not the disk), migrated. A queue with
 4 enqueue shards gets its jobs from ``--producers`` connections (so as many lanes have work);
@@ -46,15 +52,38 @@ def explain_ms(conn: Any, sql: str, params: list[Any]) -> float:
     return float(match.group(1))
 
 
-def cycle(conn: Any, pid: int, version: int, batch: int, calls: int) -> dict[str, float]:
+#: The claim and finalize functions of each version compared.
+FUNCTIONS = {
+    "v1": ("awa.claim_v1", "awa.finalize_v1"),
+    "v2": ("awa.claim_v2", "awa.finalize_v2"),
+    "0014": ("awa_bench0014.claim_v3", "awa_bench0014.finalize_v2"),
+    "latest": ("awa.claim_v3", "awa.finalize_v2"),
+}
+
+SAVE_0014 = """
+CREATE SCHEMA awa_bench0014;
+DO $$
+DECLARE d text;
+BEGIN
+    d := pg_get_functiondef('awa.claim_v3(text, integer, uuid, double precision,
+        double precision, integer, integer[], integer[], integer[], integer[])'::regprocedure);
+    EXECUTE replace(d, 'FUNCTION awa.claim_v3(', 'FUNCTION awa_bench0014.claim_v3(');
+    d := pg_get_functiondef('awa.finalize_v2(jsonb)'::regprocedure);
+    EXECUTE replace(d, 'FUNCTION awa.finalize_v2(', 'FUNCTION awa_bench0014.finalize_v2(');
+END $$;
+"""
+
+
+def cycle(conn: Any, pid: int, version: str, batch: int, calls: int) -> dict[str, float]:
     """``calls`` claim + finalize cycles with one version, then ``calls // 10`` sampled ones.
 
     The plain cycles give the backend's CPU per cycle. Each sample runs the claim, and then the
     finalize of a real claim, under ``EXPLAIN (ANALYZE)`` in a transaction that is rolled back,
     for the server's execution time of each call.
     """
-    claim_sql = f"SELECT job_id, run_lease, claim_slot FROM awa.claim_v{version}('cost', %s)"
-    finalize_sql = f"SELECT count(*) FROM awa.finalize_v{version}(%s::jsonb)"
+    claim_fn, finalize_fn = FUNCTIONS[version]
+    claim_sql = f"SELECT job_id, run_lease, claim_slot FROM {claim_fn}('cost', %s)"
+    finalize_sql = f"SELECT count(*) FROM {finalize_fn}(%s::jsonb)"
 
     def items(rows: list[tuple[int, int, int]]) -> str:
         return json.dumps(
@@ -95,7 +124,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch", type=int, default=1, help="jobs per claim")
     parser.add_argument("--producers", type=int, default=4, choices=range(1, 5))
+    parser.add_argument(
+        "--compare",
+        choices=["v1", "0014"],
+        default="v1",
+        help="v1: claim_v1/finalize_v1 against claim_v2/finalize_v2; 0014: the worker's "
+        "claim_v3/finalize_v2 of migration 0014 against the current ones",
+    )
     args = parser.parse_args()
+    versions = ("v1", "v2") if args.compare == "v1" else ("0014", "latest")
 
     import pgserver  # type: ignore[import-not-found,unused-ignore]
     import psycopg
@@ -111,6 +148,10 @@ def main() -> None:
         django.setup()
         from django.core.management import call_command
 
+        if args.compare == "0014":
+            call_command("migrate", "awa_django", "0014_drain", verbosity=0)
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(SAVE_0014)
         call_command("migrate", verbosity=0)
         per_round = args.calls * args.batch * 2 * 1.2
         total = int(per_round * (args.rounds + 1)) + 500
@@ -131,15 +172,15 @@ def main() -> None:
             conn.execute("SET jit = off")
             conn.execute("VACUUM ANALYZE")
             pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-            for version in (1, 2):  # warm up both (plan caches, buffers)
+            for version in versions:  # warm up both (plan caches, buffers)
                 cycle(conn, pid, version, args.batch, args.calls // 2)
             # As the maintenance leader does every CLAIM_ROTATE_INTERVAL: a new claim slot
             # (with rotate_v3's cursor markers).
             conn.execute("SELECT awa.rotate_v3('claim')")
-            results: dict[int, list[dict[str, float]]] = {1: [], 2: []}
+            results: dict[str, list[dict[str, float]]] = {v: [] for v in versions}
             started = time.perf_counter()
             for r in range(args.rounds):
-                for version in (1, 2) if r % 2 == 0 else (2, 1):
+                for version in versions if r % 2 == 0 else versions[::-1]:
                     results[version].append(cycle(conn, pid, version, args.batch, args.calls))
             server = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
         print(
@@ -153,14 +194,17 @@ def main() -> None:
             cpu = statistics.median(r["cpu_us"] for r in rounds)
             rate = statistics.median(r["jobs_per_s"] for r in rounds)
             print(
-                f"  v{version}: server time per call: claim {claim:8.1f} us, finalize "
+                f"  {version}: server time per call: claim {claim:8.1f} us, finalize "
                 f"{fin:8.1f} us; backend CPU per claim + finalize {cpu:8.1f} us "
                 f"({cpu / args.batch:.1f} us per job); one connection's loop {rate:,.0f} jobs/s"
             )
-        ratios = [
-            a["claim_ms"] / b["claim_ms"] for a, b in zip(results[2], results[1], strict=True)
-        ]
-        print(f"  claim v2 / v1 per round: {', '.join(f'{x:.2f}' for x in ratios)}")
+        old, new = versions
+        for key in ("claim_ms", "finalize_ms", "cpu_us", "jobs_per_s"):
+            ratios = [b[key] / a[key] for a, b in zip(results[old], results[new], strict=True)]
+            print(
+                f"  {key} {new} / {old} per round: {', '.join(f'{x:.2f}' for x in ratios)}"
+                f" (median {statistics.median(ratios):.2f})"
+            )
     finally:
         stop()
 

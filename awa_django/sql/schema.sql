@@ -715,7 +715,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (145)
+-- function (146)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -2568,6 +2568,16 @@ AS $function$
                 ELSE left(p_value::text, 37) || '...' END
 $function$
 
+CREATE OR REPLACE FUNCTION awa._lane_cursor_v2(p_lane_id integer)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+    RETURN awa.lane_cursor_v1(p_lane_id);
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa._lane_for_v1(p_queue text, p_priority integer, p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -3904,6 +3914,7 @@ CREATE OR REPLACE FUNCTION awa.claim_v3(p_queue text, p_max integer, p_worker uu
  RETURNS SETOF awa.claimed_v3
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
  SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 #variable_conflict use_column
@@ -3952,7 +3963,8 @@ DECLARE
     v_srows awa.claimed_v3[];
     v_sunits integer;
     v_sretry boolean;
-    r record;
+    v_order integer[];  -- 0015: the lanes in claim order
+    v_rlane integer;  -- 0015: the lane being claimed
     v_waiting boolean;
     v_kinds text[];
     v_pheld integer[];
@@ -4041,23 +4053,170 @@ BEGIN
 
     -- Lanes with work (as claim_v2): the flow limits are looked at only when there is some.
     -- Every lane's cursor is kept too: a lower bound of it for the serial-key tests below.
-    SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
-           array_agg(b.priority ORDER BY b.lane_id) FILTER (WHERE b.work),
-           array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
-           array_agg(b.lane_id), array_agg(b.c)
-    INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
-    FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
-          FROM (
-        SELECT l.lane_id, l.priority, l.enqueue_seq,
-               COALESCE(x.fast, awa.lane_cursor_v1(l.lane_id)) AS c
-        FROM awa.queue_lanes l
-        LEFT JOIN LATERAL (
-            SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
-            FROM awa.claims c
-            WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
-            ORDER BY c.lane_seq DESC LIMIT 1) x ON true
-        WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
-    ) b0) b;
+    CASE v_cslot
+    WHEN 0 THEN
+        SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.priority ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.lane_id), array_agg(b.c)
+        INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
+        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+              FROM (
+            SELECT l.lane_id, l.priority, l.enqueue_seq,
+                   COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
+            FROM awa.queue_lanes l
+            LEFT JOIN LATERAL (
+                SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
+                FROM awa.claims_0 c
+                WHERE c.lane_id = l.lane_id
+                ORDER BY c.lane_seq DESC LIMIT 1) x ON true
+            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+        ) b0) b;
+    WHEN 1 THEN
+        SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.priority ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.lane_id), array_agg(b.c)
+        INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
+        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+              FROM (
+            SELECT l.lane_id, l.priority, l.enqueue_seq,
+                   COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
+            FROM awa.queue_lanes l
+            LEFT JOIN LATERAL (
+                SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
+                FROM awa.claims_1 c
+                WHERE c.lane_id = l.lane_id
+                ORDER BY c.lane_seq DESC LIMIT 1) x ON true
+            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+        ) b0) b;
+    WHEN 2 THEN
+        SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.priority ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.lane_id), array_agg(b.c)
+        INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
+        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+              FROM (
+            SELECT l.lane_id, l.priority, l.enqueue_seq,
+                   COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
+            FROM awa.queue_lanes l
+            LEFT JOIN LATERAL (
+                SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
+                FROM awa.claims_2 c
+                WHERE c.lane_id = l.lane_id
+                ORDER BY c.lane_seq DESC LIMIT 1) x ON true
+            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+        ) b0) b;
+    WHEN 3 THEN
+        SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.priority ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.lane_id), array_agg(b.c)
+        INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
+        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+              FROM (
+            SELECT l.lane_id, l.priority, l.enqueue_seq,
+                   COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
+            FROM awa.queue_lanes l
+            LEFT JOIN LATERAL (
+                SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
+                FROM awa.claims_3 c
+                WHERE c.lane_id = l.lane_id
+                ORDER BY c.lane_seq DESC LIMIT 1) x ON true
+            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+        ) b0) b;
+    WHEN 4 THEN
+        SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.priority ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.lane_id), array_agg(b.c)
+        INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
+        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+              FROM (
+            SELECT l.lane_id, l.priority, l.enqueue_seq,
+                   COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
+            FROM awa.queue_lanes l
+            LEFT JOIN LATERAL (
+                SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
+                FROM awa.claims_4 c
+                WHERE c.lane_id = l.lane_id
+                ORDER BY c.lane_seq DESC LIMIT 1) x ON true
+            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+        ) b0) b;
+    WHEN 5 THEN
+        SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.priority ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.lane_id), array_agg(b.c)
+        INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
+        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+              FROM (
+            SELECT l.lane_id, l.priority, l.enqueue_seq,
+                   COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
+            FROM awa.queue_lanes l
+            LEFT JOIN LATERAL (
+                SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
+                FROM awa.claims_5 c
+                WHERE c.lane_id = l.lane_id
+                ORDER BY c.lane_seq DESC LIMIT 1) x ON true
+            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+        ) b0) b;
+    WHEN 6 THEN
+        SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.priority ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.lane_id), array_agg(b.c)
+        INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
+        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+              FROM (
+            SELECT l.lane_id, l.priority, l.enqueue_seq,
+                   COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
+            FROM awa.queue_lanes l
+            LEFT JOIN LATERAL (
+                SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
+                FROM awa.claims_6 c
+                WHERE c.lane_id = l.lane_id
+                ORDER BY c.lane_seq DESC LIMIT 1) x ON true
+            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+        ) b0) b;
+    WHEN 7 THEN
+        SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.priority ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.lane_id), array_agg(b.c)
+        INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
+        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+              FROM (
+            SELECT l.lane_id, l.priority, l.enqueue_seq,
+                   COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
+            FROM awa.queue_lanes l
+            LEFT JOIN LATERAL (
+                SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
+                FROM awa.claims_7 c
+                WHERE c.lane_id = l.lane_id
+                ORDER BY c.lane_seq DESC LIMIT 1) x ON true
+            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+        ) b0) b;
+    ELSE
+        SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.priority ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
+               array_agg(b.lane_id), array_agg(b.c)
+        INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
+        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+              FROM (
+            SELECT l.lane_id, l.priority, l.enqueue_seq,
+                   COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
+            FROM awa.queue_lanes l
+            LEFT JOIN LATERAL (
+                SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
+                FROM awa.claims c
+                WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                ORDER BY c.lane_seq DESC LIMIT 1) x ON true
+            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+        ) b0) b;
+    END CASE;
     IF v_lanes IS NULL THEN
         IF v_soft IS NOT NULL THEN
             -- Nothing ready, but jobs of a kind wait for its next rate token.
@@ -4123,19 +4282,266 @@ BEGIN
 
     -- Lane heads and order: as claim_v2.
     IF cardinality(v_lanes) > 1 THEN
-        SELECT array_agg(h.run_at ORDER BY u.i) INTO v_heads
-        FROM unnest(v_lanes, v_cursors) WITH ORDINALITY AS u(lane_id, c, i)
-        LEFT JOIN LATERAL (
-            SELECT e.run_at FROM awa.ready_entries e
-            WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
-              AND NOT EXISTS (
-                  SELECT 1 FROM awa.ready_tombstones t
-                  WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
-                    AND t.lane_seq = e.lane_seq)
-            ORDER BY e.lane_seq
-            LIMIT 1) h ON true;
+        CASE v_qslot
+        WHEN 0 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_0 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_0 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 1 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_1 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_1 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 2 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_2 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_2 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 3 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_3 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_3 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 4 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_4 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_4 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 5 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_5 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_5 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 6 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_6 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_6 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 7 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_7 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_7 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 8 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_8 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_8 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 9 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_9 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_9 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 10 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_10 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_10 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 11 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_11 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_11 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 12 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_12 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_12 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 13 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_13 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_13 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 14 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_14 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_14 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        WHEN 15 THEN
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries_15 e
+                WHERE e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones_15 t
+                      WHERE t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        ELSE
+            SELECT array_agg(h.run_at ORDER BY u.i),
+                   array_agg(u.lane_id ORDER BY u.priority + floor(extract(epoch FROM now() - h.run_at) / v_aging) DESC NULLS LAST,
+                            h.run_at, u.lane_id)
+            INTO v_heads, v_order
+            FROM unnest(v_lanes, v_cursors, v_priorities) WITH ORDINALITY AS u(lane_id, c, priority, i)
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM awa.ready_entries e
+                WHERE e.ready_slot = v_qslot AND e.lane_id = u.lane_id AND e.lane_seq > u.c
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones t
+                      WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                        AND t.lane_seq = e.lane_seq)
+                ORDER BY e.lane_seq
+                LIMIT 1) h ON true;
+        END CASE;
         FOR i IN 1..cardinality(v_lanes) LOOP
             CONTINUE WHEN v_heads[i] IS NOT NULL;
+            v_order := NULL;  -- 0015: order by the heads found here
             SELECT e.run_at INTO v_head FROM awa.ready_entries e
             WHERE e.lane_id = v_lanes[i] AND e.lane_seq > v_cursors[i]
               AND NOT EXISTS (
@@ -4148,19 +4554,26 @@ BEGIN
         END LOOP;
     END IF;
 
-    FOR r IN
-        SELECT u.lane_id
-        FROM unnest(v_lanes, v_priorities, v_heads) AS u(lane_id, priority, head)
-        ORDER BY u.priority + floor(extract(epoch FROM now() - u.head) / v_aging) DESC NULLS LAST,
-                 u.head, u.lane_id
-    LOOP
+    -- The lanes in the order of the FOR query of 0013 (one lane: itself; several: the order the
+    -- heads statement gave, or, when a head was looked for in every slot, this query's).
+    IF cardinality(v_lanes) = 1 THEN
+        v_order := v_lanes;
+    ELSIF v_order IS NULL THEN
+        v_order := ARRAY(
+            SELECT u.lane_id
+            FROM unnest(v_lanes, v_priorities, v_heads) AS u(lane_id, priority, head)
+            ORDER BY u.priority + floor(extract(epoch FROM now() - u.head) / v_aging)
+                         DESC NULLS LAST,
+                     u.head, u.lane_id);
+    END IF;
+    FOREACH v_rlane IN ARRAY v_order LOOP
         v_locked := false;
         v_skipped := false;
         v_pool := '{}';
         -- The lane's cursor as the lanes statement read it: the probe below runs before the
         -- lane is locked (the lock is the claims' one serial point on a lane), and may see a
         -- job another claim has taken since; the statement decides on the lane as locked.
-        v_cursor := v_cursors[array_position(v_lanes, r.lane_id)];
+        v_cursor := v_cursors[array_position(v_lanes, v_rlane)];
         v_slow := false;
         v_okinds := '{}';
         v_npk := 0;
@@ -4174,7 +4587,7 @@ BEGIN
             SELECT COALESCE(e.metadata ? 'awa:serial', false), e.kind = ANY (v_kinds), e.kind
             INTO v_fskey, v_need_a, v_pkind
             FROM awa.ready_entries e
-            WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq = v_cursor + 1
+            WHERE e.ready_slot = v_qslot AND e.lane_id = v_rlane AND e.lane_seq = v_cursor + 1
               AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones t
                               WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
                                 AND t.lane_seq = e.lane_seq);
@@ -4185,23 +4598,106 @@ BEGIN
         LOOP
             IF NOT v_locked AND NOT (v_need_a AND v_guess) THEN
                 SELECT l.enqueue_seq INTO v_seq
-                FROM awa.queue_lanes l WHERE l.lane_id = r.lane_id FOR UPDATE SKIP LOCKED;
+                FROM awa.queue_lanes l WHERE l.lane_id = v_rlane FOR UPDATE SKIP LOCKED;
                 IF NOT FOUND THEN
                     v_skipped := true;  -- another claim holds the lane
                     EXIT;
                 END IF;
                 v_locked := true;
-                SELECT c.generation, c.slot,
-                       CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
-                INTO v_cgen, v_cslot, v_cursor
-                FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
-                      WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
-                LEFT JOIN LATERAL (
-                    SELECT cl.lane_seq, cl.claim_generation FROM awa.claims cl
-                    WHERE cl.claim_slot = c.slot AND cl.lane_id = r.lane_id
-                    ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+                CASE v_cslot
+                WHEN 0 THEN
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_0 cl
+                        WHERE c.slot = 0 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+                WHEN 1 THEN
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_1 cl
+                        WHERE c.slot = 1 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+                WHEN 2 THEN
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_2 cl
+                        WHERE c.slot = 2 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+                WHEN 3 THEN
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_3 cl
+                        WHERE c.slot = 3 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+                WHEN 4 THEN
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_4 cl
+                        WHERE c.slot = 4 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+                WHEN 5 THEN
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_5 cl
+                        WHERE c.slot = 5 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+                WHEN 6 THEN
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_6 cl
+                        WHERE c.slot = 6 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+                WHEN 7 THEN
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims_7 cl
+                        WHERE c.slot = 7 AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+                ELSE
+                    SELECT c.generation, c.slot,
+                           CASE WHEN x.claim_generation = c.generation THEN x.lane_seq END
+                    INTO v_cgen, v_cslot, v_cursor
+                    FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
+                          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+                    LEFT JOIN LATERAL (
+                        SELECT cl.lane_seq, cl.claim_generation FROM awa.claims cl
+                        WHERE cl.claim_slot = c.slot AND cl.lane_id = v_rlane
+                        ORDER BY cl.lane_seq DESC LIMIT 1) x ON true;
+                END CASE;
                 IF v_cursor IS NULL THEN
-                    v_cursor := awa.lane_cursor_v1(r.lane_id);
+                    v_cursor := awa.lane_cursor_v1(v_rlane);
                 END IF;
             END IF;
             IF v_need_a THEN
@@ -4248,7 +4744,7 @@ BEGIN
                         SELECT e.lane_seq, e.kind, awa._job_weight_v1(e.metadata, v_wcap) AS w,
                                COALESCE(e.metadata ? 'awa:serial', false) AS skey
                         FROM awa.ready_entries e
-                        WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id
+                        WHERE e.ready_slot = v_qslot AND e.lane_id = v_rlane
                           AND e.lane_seq > v_cursor
                         ORDER BY e.lane_seq
                         LIMIT v_remaining
@@ -4287,7 +4783,7 @@ BEGIN
                         SELECT v_cursor + min(x.n) - 1 INTO v_alast
                         FROM (SELECT e.lane_seq, row_number() OVER (ORDER BY e.lane_seq) AS n
                               FROM awa.ready_entries e
-                              WHERE e.ready_slot = v_qslot AND e.lane_id = r.lane_id
+                              WHERE e.ready_slot = v_qslot AND e.lane_id = v_rlane
                                 AND e.lane_seq > v_cursor
                               ORDER BY e.lane_seq
                               LIMIT v_remaining) x
@@ -4375,90 +4871,2558 @@ BEGIN
             -- The run of positions right after the cursor in the current queue slot, as claim_v2,
             -- taken while the running sum of weights fits the units left (a prefix: a job that
             -- does not fit stops the lane here, in order).
-            WITH found AS MATERIALIZED (
-                SELECT e.*,
-                       EXISTS (SELECT 1 FROM awa.ready_tombstones t
-                               WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
-                                 AND t.lane_seq = e.lane_seq) AS dead,
-                       row_number() OVER (ORDER BY e.lane_seq) AS n
-                FROM awa.ready_entries e
-                WHERE NOT v_slow
-                  AND e.ready_slot = v_qslot AND e.lane_id = r.lane_id AND e.lane_seq > v_cursor
-                ORDER BY e.lane_seq
-                LIMIT v_remaining
-            ), weighed AS MATERIALIZED (
-                SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                       awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                       -- A job of a limited kind goes on only when its kind was cleared for it.
-                       COALESCE(f.metadata ? 'awa:serial'
-                                OR f.kind = ANY (v_kinds)
-                                   AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                false) AS s,
-                       CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
-                            THEN array_position(v_okinds, f.kind) END AS kix,
-                       -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
-                       CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
-                                 AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
-                            THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
-                                       v_okmax[array_position(v_okinds, f.kind)]) END AS kn
-                FROM found f
-                WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-            ), picked AS MATERIALIZED (
-                -- Up to the first job with a serial key (the slow path below decides about it).
-                SELECT z.* FROM (
-                    SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                           row_number() OVER (ORDER BY g.lane_seq) AS k,
-                           bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
-                           sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
-                    FROM weighed g) z
-                WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
-            ), ins AS (
-                INSERT INTO awa.claims (
-                    claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                    lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                       p.lane_id, p.lane_seq, p.attempt + 1,
-                       now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                FROM picked p
-            ), offs AS (
-                -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
-                -- lane order); read (so computed) only when some row has kind keys.
-                SELECT array_agg(o.off ORDER BY o.k) AS a
-                FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
-                             AS off
-                      FROM picked p) o
-            )
-            -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-            -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-            -- now() is the statement's, so the deadline is the one written.
-            SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                 p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                 now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                 p.metadata, p.tags, p.errors, p.w,
-                                 -- A cleared kind's keys: its rows draw them in lane order. With
-                                 -- one such kind, the pool's in lane order; with more, by
-                                 -- offsets per kind (an init plan, computed only then).
-                                 CASE WHEN p.kn IS NULL THEN NULL
-                                      WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
-                                      ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                  : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
-                                                    + p.kn - 1] END,
-                                 NULL,
-                                 extract(epoch FROM now() - p.run_at)::double precision
-                                )::awa.claimed_v3
-                             ORDER BY p.lane_seq),
-                   COALESCE(sum(p.w), 0),
-                   CASE WHEN v_slow THEN v_cursor + 1
-                        ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
-                   array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
-                   array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
-                   -- The first row left (not taken, not dead): whether the job that stopped the
-                   -- statement is the one at v_serial_at, or one before it that did not fit.
-                   (SELECT min(g.lane_seq) FROM weighed g
-                    WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                v_cursor))
-            INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-            FROM picked p;
+            CASE v_qslot
+            WHEN 0 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_0 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_0 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_0 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_0 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 1 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_1 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_1 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_1 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_1 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 2 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_2 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_2 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_2 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_2 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 3 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_3 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_3 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_3 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_3 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 4 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_4 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_4 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_4 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_4 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 5 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_5 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_5 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_5 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_5 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 6 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_6 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_6 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_6 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_6 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 7 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_7 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_7 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_7 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_7 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 8 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_8 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_8 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_8 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_8 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 9 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_9 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_9 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_9 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_9 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 10 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_10 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_10 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_10 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_10 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 11 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_11 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_11 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_11 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_11 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 12 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_12 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_12 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_12 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_12 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 13 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_13 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_13 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_13 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_13 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 14 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_14 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_14 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_14 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_14 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            WHEN 15 THEN
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_15 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_15 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones_15 t
+                                       WHERE t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries_15 e
+                        WHERE NOT v_slow
+                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            ELSE
+                IF cardinality(v_kinds) = 0 THEN
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones t
+                                       WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries e
+                        WHERE NOT v_slow
+                          AND e.ready_slot = v_qslot AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         NULL,  -- no kind keys
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           NULL::integer[], NULL::integer[],  -- no kind keys
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                ELSE
+                    WITH found AS MATERIALIZED (
+                        SELECT e.*,
+                               EXISTS (SELECT 1 FROM awa.ready_tombstones t
+                                       WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                         AND t.lane_seq = e.lane_seq) AS dead,
+                               row_number() OVER (ORDER BY e.lane_seq) AS n
+                        FROM awa.ready_entries e
+                        WHERE NOT v_slow
+                          AND e.ready_slot = v_qslot AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                        ORDER BY e.lane_seq
+                        LIMIT v_remaining
+                    ), weighed AS MATERIALIZED (
+                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
+                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
+                               -- A job of a limited kind goes on only when its kind was cleared for it.
+                               COALESCE(f.metadata ? 'awa:serial'
+                                        OR f.kind = ANY (v_kinds)
+                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
+                                        false) AS s,
+                               CASE WHEN cardinality(v_okinds) > 0 AND f.lane_seq <= v_alast
+                                    THEN array_position(v_okinds, f.kind) END AS kix,
+                               -- Its number of keys: min(weight, limit) for a cleared kind with a limit.
+                               CASE WHEN v_npk > 0 AND f.lane_seq <= v_alast
+                                         AND v_okmax[array_position(v_okinds, f.kind)] IS NOT NULL
+                                    THEN LEAST(awa._job_weight_v1(f.metadata, v_wcap),
+                                               v_okmax[array_position(v_okinds, f.kind)]) END AS kn
+                        FROM found f
+                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
+                    ), picked AS MATERIALIZED (
+                        -- Up to the first job with a serial key (the slow path below decides about it).
+                        SELECT z.* FROM (
+                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
+                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
+                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk,
+                                   sum(g.kn) OVER (ORDER BY g.lane_seq) AS kcum
+                            FROM weighed g) z
+                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    ), ins AS (
+                        INSERT INTO awa.claims (
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
+                               p.lane_id, p.lane_seq, p.attempt + 1,
+                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                        FROM picked p
+                    ), offs AS (
+                        -- Each picked row's first key in its cleared kind's pool (rows of a kind draw in
+                        -- lane order); read (so computed) only when some row has kind keys.
+                        SELECT array_agg(o.off ORDER BY o.k) AS a
+                        FROM (SELECT p.k, (sum(p.kn) OVER (PARTITION BY p.kix ORDER BY p.k) - p.kn)::integer
+                                     AS off
+                              FROM picked p) o
+                    )
+                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
+                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
+                    -- now() is the statement's, so the deadline is the one written.
+                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
+                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
+                                         p.metadata, p.tags, p.errors, p.w,
+                                         -- A cleared kind's keys: its rows draw them in lane order. With
+                                         -- one such kind, the pool's in lane order; with more, by
+                                         -- offsets per kind (an init plan, computed only then).
+                                         CASE WHEN p.kn IS NULL THEN NULL
+                                              WHEN v_npk = 1 THEN v_pool[p.kcum - p.kn + 1:p.kcum]
+                                              ELSE v_pool[v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                          : v_okfrom[p.kix] + (SELECT o.a FROM offs o)[p.k]
+                                                            + p.kn - 1] END,
+                                         NULL,
+                                         extract(epoch FROM now() - p.run_at)::double precision
+                                        )::awa.claimed_v3
+                                     ORDER BY p.lane_seq),
+                           COALESCE(sum(p.w), 0),
+                           CASE WHEN v_slow THEN v_cursor + 1
+                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                           array_agg(p.kix) FILTER (WHERE p.kix IS NOT NULL),
+                           array_agg(p.kn) FILTER (WHERE p.kix IS NOT NULL),
+                           -- The first row left (not taken, not dead): whether the job that stopped the
+                           -- statement is the one at v_serial_at, or one before it that did not fit.
+                           (SELECT min(g.lane_seq) FROM weighed g
+                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
+                                                        v_cursor))
+                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                    FROM picked p;
+                END IF;
+            END CASE;
             v_got := COALESCE(cardinality(v_part), 0);
             IF v_got > 0 THEN
                 v_batch := v_batch || v_part;
@@ -4514,7 +7478,7 @@ BEGIN
                    x.o_rleft, x.o_rused, x.o_wait
             INTO v_srows, v_taken, v_sunits, v_sretry, v_kkeys, v_rkinds, v_rtats, v_rleft,
                  v_rused, v_kwait
-            FROM awa._claim_kind_v1(r.lane_id, awa.lane_cursor_v1(r.lane_id), v_cslot, v_cgen,
+            FROM awa._claim_kind_v1(v_rlane, awa.lane_cursor_v1(v_rlane), v_cslot, v_cgen,
                                     p_worker, v_remaining, v_jobs_left, v_wcap, v_default,
                                     p_serial_held, v_taken, v_all_lanes, v_all_cursors, v_kinds,
                                     v_pheld, v_kkeys, v_rkinds, v_rtats, v_rleft, v_rused) x;
@@ -4531,14 +7495,14 @@ BEGIN
         -- Then, when the lane may hold more, from every ready slot (as claim_v2).
         CONTINUE WHEN COALESCE(pg_sequence_last_value(v_seq), 0) <= v_cursor + v_got;
         IF v_got > 0 THEN
-            v_cursor := awa.lane_cursor_v1(r.lane_id);  -- sees the claims just made
+            v_cursor := awa.lane_cursor_v1(v_rlane);  -- sees the claims just made
         END IF;
         WITH weighed AS MATERIALIZED (
             SELECT e.*, COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default) AS timeout,
                    awa._job_weight_v1(e.metadata, v_wcap) AS w,
                    COALESCE(e.metadata ? 'awa:serial' OR e.kind = ANY (v_kinds), false) AS s
             FROM awa.ready_entries e
-            WHERE e.lane_id = r.lane_id AND e.lane_seq > v_cursor
+            WHERE e.lane_id = v_rlane AND e.lane_seq > v_cursor
               AND NOT EXISTS (
                   SELECT 1 FROM awa.ready_tombstones t
                   WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
@@ -4588,7 +7552,7 @@ BEGIN
                    x.o_rleft, x.o_rused, x.o_wait
             INTO v_srows, v_taken, v_sunits, v_sretry, v_kkeys, v_rkinds, v_rtats, v_rleft,
                  v_rused, v_kwait
-            FROM awa._claim_kind_v1(r.lane_id, awa.lane_cursor_v1(r.lane_id), v_cslot, v_cgen,
+            FROM awa._claim_kind_v1(v_rlane, awa.lane_cursor_v1(v_rlane), v_cslot, v_cgen,
                                     p_worker, v_remaining, v_jobs_left, v_wcap, v_default,
                                     p_serial_held, v_taken, v_all_lanes, v_all_cursors, v_kinds,
                                     v_pheld, v_kkeys, v_rkinds, v_rtats, v_rleft, v_rused) x;
@@ -5449,6 +8413,8 @@ DECLARE
     v_stale jsonb;
     v_pairs jsonb;
     v_pass integer;
+    v_other boolean;
+    v_slot integer;
 BEGIN
     IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
         RAISE EXCEPTION 'awa.finalize_v2 needs READ COMMITTED isolation' USING ERRCODE = '25000';
@@ -5460,10 +8426,16 @@ BEGIN
     IF v_error IS NOT NULL THEN
         RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
     END IF;
-    IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) e
-               WHERE e.value ->> 'outcome' <> 'completed'
-                  OR COALESCE(e.value -> 'st', 'null') NOT IN ('false', 'null')
-                  OR e.value ? 'closed_as') THEN
+    -- 0015: EXISTS as bool_or, and the claim slot shared by every item (else NULL).
+    SELECT bool_or(e.value ->> 'outcome' <> 'completed'
+                   OR COALESCE(e.value -> 'st', 'null') NOT IN ('false', 'null')
+                   OR e.value ? 'closed_as'),
+           CASE WHEN min(e.value ->> 'slot') = max(e.value ->> 'slot')
+                     AND min(e.value ->> 'slot') ~ '^[0-9]$'
+                THEN min(e.value ->> 'slot')::integer END
+    INTO v_other, v_slot
+    FROM jsonb_array_elements(p_items) e;
+    IF v_other THEN
         SELECT jsonb_agg(jsonb_build_array(f.job_id, f.run_lease)) INTO v_pairs
         FROM awa.finalize_v1(p_items) f;
         IF v_pairs IS NULL THEN
@@ -5483,39 +8455,314 @@ BEGIN
             WHERE (e.value ->> 'id')::bigint = (p.value ->> 0)::bigint
               AND (e.value ->> 'lease')::bigint = (p.value ->> 1)::bigint);
     ELSE
-        WITH items AS (
-            SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
-            FROM jsonb_array_elements(p_items) AS e(value),
-                 jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
-        ), cl AS MATERIALIZED (
-            SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
-                   c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+        CASE v_slot
+        WHEN 0 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_0 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_0 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
             FROM items i
-            CROSS JOIN LATERAL (
-                SELECT c.* FROM awa.claims c
-                WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
-                LIMIT 1) c
-        ), closed AS (
-            INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
-            SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
-            ON CONFLICT DO NOTHING
-            RETURNING claim_slot, job_id, run_lease
-        ), completed AS (
-            INSERT INTO awa.done_entries (
-                ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
-                attempted_at, result, queue, kind)
-            SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
-                   'completed', w.attempt, w.claimed_at, w.result, l.queue,
-                   -- A claim without a kind (written by raw SQL): read it from the ready row.
-                   COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
-            FROM cl w
-            JOIN closed k
-              ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
-            JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
-        )
-        SELECT jsonb_agg(i.raw) INTO v_stale
-        FROM items i
-        WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        WHEN 1 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_1 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_1 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        WHEN 2 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_2 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_2 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        WHEN 3 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_3 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_3 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        WHEN 4 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_4 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_4 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        WHEN 5 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_5 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_5 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        WHEN 6 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_6 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_6 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        WHEN 7 THEN
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims_7 c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures_7 (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        ELSE
+            WITH items AS (
+                SELECT x.id, x.lease, x.slot, x.result, e.value AS raw
+                FROM jsonb_array_elements(p_items) AS e(value),
+                     jsonb_to_record(e.value) AS x(id bigint, lease bigint, slot integer, result jsonb)
+            ), cl AS MATERIALIZED (
+                SELECT i.id, i.lease, i.result, c.claim_slot, c.ready_slot, c.ready_generation,
+                       c.lane_id, c.lane_seq, c.attempt, c.claimed_at, c.kind
+                FROM items i
+                CROSS JOIN LATERAL (
+                    SELECT c.* FROM awa.claims c
+                    WHERE c.job_id = i.id AND c.run_lease = i.lease AND c.claim_slot = i.slot
+                    LIMIT 1) c
+            ), closed AS (
+                INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+                SELECT cl.claim_slot, cl.id, cl.lease, 'completed' FROM cl
+                ON CONFLICT DO NOTHING
+                RETURNING claim_slot, job_id, run_lease
+            ), completed AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
+                    attempted_at, result, queue, kind)
+                SELECT w.ready_slot, w.ready_generation, w.id, w.lease, w.lane_id, w.lane_seq,
+                       'completed', w.attempt, w.claimed_at, w.result, l.queue,
+                       -- A claim without a kind (written by raw SQL): read it from the ready row.
+                       COALESCE(w.kind, awa._ready_kind_v2(w.lane_id, w.lane_seq, w.ready_slot))
+                FROM cl w
+                JOIN closed k
+                  ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
+                JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+            )
+            SELECT jsonb_agg(i.raw) INTO v_stale
+            FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+        END CASE;
     END IF;
     FOR v_pass IN 1..3 LOOP
         EXIT WHEN v_stale IS NULL;
