@@ -1,4 +1,4 @@
-"""Migration 0015 (a cheaper claim, issue 14): awa.claim_v3 and awa.finalize_v2 with their
+"""Migration 0016 (a cheaper claim, issue 14): awa.claim_v3 and awa.finalize_v2 with their
 statements split into per-slot branches (scripts/gen_claim_cost) decide exactly as the bodies
 they replace, through every kind of ring rotation, and lock what they read, not every ring
 partition (docs/performance.md, "Claim and finalize")."""
@@ -28,11 +28,11 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
-REVERSE = ROOT / "awa_django" / "sql" / "reverse" / "0015_claim_cost.sql"
+REVERSE = ROOT / "awa_django" / "sql" / "reverse" / "0016_claim_cost.sql"
 
 
 def test_the_generated_migration_is_what_the_script_writes() -> None:
-    """0015_claim_cost.sql and its reverse are the output of scripts/gen_claim_cost (which
+    """0016_claim_cost.sql and its reverse are the output of scripts/gen_claim_cost (which
     asserts that each statement it splits matches its released source exactly once)."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gen_claim_cost"), "--check"],
@@ -50,22 +50,22 @@ def _block(text: str, start: str) -> str:
 
 @pytest.fixture
 def reference() -> Iterator[None]:
-    """The bodies 0015 replaced (claim_v3 of 0013, finalize_v2 of 0004), from the reverse
+    """The bodies 0016 replaced (claim_v3 of 0013, finalize_v2 of 0004), from the reverse
     script, as functions of a scratch schema (their statements name the awa tables)."""
     text = REVERSE.read_text(encoding="utf-8")
     claim = _block(text, "-- Claim jobs of one queue within its flow limits")
     finalize = _block(text, "-- Finalize a batch of attempts:")
     with pg() as conn:
-        conn.execute("CREATE SCHEMA awa_ref0015")
-        conn.execute(claim.replace("FUNCTION awa.claim_v3(", "FUNCTION awa_ref0015.claim_v3("))
+        conn.execute("CREATE SCHEMA awa_ref0016")
+        conn.execute(claim.replace("FUNCTION awa.claim_v3(", "FUNCTION awa_ref0016.claim_v3("))
         conn.execute(
-            finalize.replace("FUNCTION awa.finalize_v2(", "FUNCTION awa_ref0015.finalize_v2(")
+            finalize.replace("FUNCTION awa.finalize_v2(", "FUNCTION awa_ref0016.finalize_v2(")
         )
     try:
         yield
     finally:
         with pg() as conn:
-            conn.execute("DROP SCHEMA awa_ref0015 CASCADE")
+            conn.execute("DROP SCHEMA awa_ref0016 CASCADE")
 
 
 def _jobs(n: int, priority: int) -> str:
@@ -82,7 +82,7 @@ def _both(conn: psycopg.Connection[Any], sql: str, params: list[Any]) -> list[tu
     transaction (one now()), so the rows must be equal column for column. Returns awa's."""
     with conn.transaction():
         with conn.transaction() as savepoint:
-            ref = conn.execute(sql.format(schema="awa_ref0015"), params).fetchall()
+            ref = conn.execute(sql.format(schema="awa_ref0016"), params).fetchall()
             raise psycopg.Rollback(savepoint)
         new = conn.execute(sql.format(schema="awa"), params).fetchall()
     assert new == ref

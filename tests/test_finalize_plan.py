@@ -1,5 +1,5 @@
 """finalize_v2 finds each outcome's claim through the claims' index even when its session made
-its (generic, kept) plan while the claim partitions were empty (migration 0015): a plan made
+its (generic, kept) plan while the claim partitions were empty (migration 0014): a plan made
 then scanned the whole partition on every later call, so a drain's finalizes grew with the
 claims already made."""
 

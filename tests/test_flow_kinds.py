@@ -31,9 +31,10 @@ def claim(
     held: list[int] | None = None,
     release: list[int] | None = None,
     serial_held: list[int] | None = None,
+    max_weight: int | None = None,
 ) -> storage.Claimed:
     params = storage._claim_params(
-        queue, units, WORKER, 60.0, None, None, held, release, serial_held, None
+        queue, units, WORKER, 60.0, None, max_weight, held, release, serial_held, None
     )
     with conn.cursor(row_factory=storage._claimed_job) as cursor:
         return storage._claimed(cursor.execute(query("claim"), params).fetchall())
@@ -270,6 +271,23 @@ def test_a_heavy_parked_job_is_not_moved_until_it_fits() -> None:
         assert conn.execute("SELECT count(*) FROM awa.claims").fetchone() == before
         got = claim(conn, "q", 10, release=list(first[0].permits or [])).jobs
         assert len(got) == 1 and got[0].weight == 3 and parked(conn) == []
+
+
+def test_a_parked_job_heavier_than_the_claimers_slots_is_unparked() -> None:
+    """Weight 3, kind limit 3, claimers of 2 units: the claim counts the job as 2 (its process
+    could never run more), and so must the un-parking, or the parked job never fits (it was
+    stranded before migration 0015)."""
+    with pg() as one, pg() as two:
+        set_kind(one, "k", max_running=3)
+        enqueue(one, "q", ["k", "k"], **{"awa:weight": 3})
+        first = claim(one, "q", 2, max_weight=2).jobs
+        assert len(first) == 1 and first[0].weight == 2 and kind_in_use(one, "k") == 2
+        assert claim(two, "q", 2, max_weight=2).jobs == [] and len(parked(two)) == 1
+        claim(one, "q", 0, release=list(first[0].permits or []), max_weight=2)
+        # A claimer with one unit free does not move it only to stop at it: it stays parked.
+        assert claim(two, "q", 1, max_weight=2).jobs == [] and len(parked(two)) == 1
+        got = claim(two, "q", 2, max_weight=2).jobs
+        assert len(got) == 1 and got[0].weight == 2 and parked(two) == []
 
 
 # The bulk path of awa._claim_kind_v1 (a window without serial keys): decisions on arrays, a

@@ -1,4 +1,4 @@
-"""The burst worker's exit check (migration 0015): awa.queues_idle_v2 gives the answer of
+"""The burst worker's exit check (migration 0014): awa.queues_idle_v2 gives the answer of
 awa.queues_idle_v1 in every state a queue's jobs can be in (available, running, parked for a
 serial key or a kind's limit, scheduled, retryable, cancelled, paused), including an attempt
 still open behind more than 128 later closed ones, and over several queues at once."""

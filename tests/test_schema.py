@@ -75,8 +75,8 @@ REDEFINED = {
     "awa.enqueue_one_v3": "0012_kind_limits.sql",
     # 0013_kind_fast_claim.sql: the reset of a lowered kind limit's max_seen never waits.
     "awa._flow_kind_take_v1": "0013_kind_fast_claim.sql",
-    # 0015_claim_cost.sql: a batch of completions of one claim slot names that slot's tables.
-    "awa.finalize_v2": "0015_claim_cost.sql",
+    # 0016_claim_cost.sql: a batch of completions of one claim slot names that slot's tables.
+    "awa.finalize_v2": "0016_claim_cost.sql",
 }
 #: Functions redefined a second time: 0012_kind_limits.sql shows jobs parked by their kind
 #: (awa.flow_waiting) where 0008 shows serial-parked ones, and keeps producers off shard 64.
@@ -91,9 +91,9 @@ REDEFINED_AGAIN = {
 }
 #: Functions redefined a third time.
 REDEFINED_THIRD = {
-    # 0015_claim_cost.sql: the statements of the common path name the ring slot they read
+    # 0016_claim_cost.sql: the statements of the common path name the ring slot they read
     # (generated per-slot branches, scripts/gen_claim_cost), the same decisions at fewer locks.
-    "awa.claim_v3": "0015_claim_cost.sql",
+    "awa.claim_v3": "0016_claim_cost.sql",
 }
 # Views redefined in place (same columns): 0008_flow.sql shows parked jobs as available, and
 # 0012_kind_limits.sql jobs parked by their kind too.

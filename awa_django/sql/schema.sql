@@ -715,7 +715,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (146)
+-- function (147)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -2277,6 +2277,120 @@ BEGIN
                 SELECT x.job_id FROM (
                     SELECT w.job_id, w.priority,
                            sum(awa._job_weight_v1(w.metadata, lim.max_running))
+                               OVER (ORDER BY w.job_id) AS cw
+                    FROM awa.flow_waiting w
+                    WHERE w.queue = p_queue AND w.kind = k.kind
+                    ORDER BY w.job_id
+                    LIMIT v_room) x
+                WHERE x.priority = p.priority
+                  AND (lim.max_running IS NULL OR x.cw <= v_room)
+            ), gone AS (
+                -- SKIP LOCKED: a job being cancelled is passed over.
+                DELETE FROM awa.flow_waiting w
+                WHERE w.job_id IN (
+                    SELECT w2.job_id FROM awa.flow_waiting w2
+                    WHERE w2.job_id IN (SELECT job_id FROM picked)
+                    FOR UPDATE SKIP LOCKED)
+                RETURNING w.*
+            )
+            SELECT array_agg(ROW(
+                       g.job_id, g.kind, g.queue, g.priority, g.args, g.attempt, g.max_attempts,
+                       g.run_lease, g.run_at, g.created_at, g.deadline_secs, g.metadata, g.tags,
+                       g.errors, g.progress)::awa.job_body ORDER BY g.job_id)
+            INTO v_bodies
+            FROM gone g;
+            v_moved := COALESCE(cardinality(v_bodies), 0);
+            IF v_moved > 0 THEN
+                PERFORM awa._append_ready_v1(v_lane, v_bodies);
+                o_moved := o_moved + v_moved;
+            END IF;
+        END LOOP;
+    END LOOP;
+END
+$function$
+
+CREATE OR REPLACE FUNCTION awa._flow_unpark_v2(p_queue text, p_max integer, p_held integer[], p_wcap integer, OUT o_moved integer, OUT o_wait double precision)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    k record;
+    lim awa.flow_kind_limits%ROWTYPE;
+    v_room integer;
+    v_keys integer[];
+    v_tat timestamptz;
+    v_tokens integer;
+    v_wait double precision;
+    v_lane integer;
+    p record;
+    v_moved integer;
+    v_bodies awa.job_body[];
+    v_qcap integer;
+    v_cap integer;
+BEGIN
+    o_moved := 0;
+    -- The claim's cap on one job's weight (0013: the process's most units, then the queue's
+    -- global limit): a parked job counts here as the claim will count it.
+    SELECT LEAST(GREATEST(COALESCE(p_wcap, 10000), 1), 10000, f.max_running)
+    INTO v_qcap
+    FROM (SELECT p_queue AS queue) one
+    LEFT JOIN awa.flow_limits f ON f.queue = one.queue;
+    FOR k IN
+        WITH RECURSIVE kinds AS (
+            (SELECT w.kind FROM awa.flow_waiting w WHERE w.queue = p_queue
+             ORDER BY w.kind LIMIT 1)
+            UNION ALL
+            SELECT (SELECT w.kind FROM awa.flow_waiting w
+                    WHERE w.queue = p_queue AND w.kind > s.kind ORDER BY w.kind LIMIT 1)
+            FROM kinds s WHERE s.kind IS NOT NULL
+        )
+        SELECT s.kind FROM kinds s WHERE s.kind IS NOT NULL
+    LOOP
+        EXIT WHEN o_moved >= p_max;
+        v_room := p_max - o_moved;
+        lim := NULL;
+        SELECT * INTO lim FROM awa.flow_kind_limits f WHERE f.kind = k.kind;
+        v_cap := LEAST(lim.max_running, v_qcap);
+        IF lim.rate IS NOT NULL THEN
+            SELECT s.tat INTO v_tat FROM awa.flow_kind_rate_state s WHERE s.kind = k.kind;
+            SELECT t.o_tokens, t.o_wait INTO v_tokens, v_wait
+            FROM awa._flow_kind_tokens_v1(lim.rate, lim.burst, v_tat, clock_timestamp()) t;
+            IF v_tokens = 0 THEN
+                o_wait := LEAST(COALESCE(o_wait, v_wait), v_wait);
+                CONTINUE;
+            END IF;
+            v_room := LEAST(v_room, v_tokens);
+        END IF;
+        IF lim.max_running IS NOT NULL THEN
+            v_keys := awa._flow_kind_take_v1(k.kind, lim.max_running, lim.max_seen,
+                                             LEAST(v_room, lim.max_running), p_held);
+            PERFORM awa.flow_release_v1(v_keys);
+            v_room := LEAST(v_room, cardinality(v_keys));
+            CONTINUE WHEN v_room <= 0;
+        END IF;
+        -- The oldest waiting jobs of the kind in the queue while their weights (as the claim
+        -- counts them against the kind: at most its limit) fit the free permits, in job order:
+        -- a heavy job waits, parked, until enough are free at once (never moved only to be
+        -- parked again), and younger jobs of its kind wait behind it. By priority, one
+        -- hand-off lane each.
+        FOR p IN
+            SELECT DISTINCT x.priority FROM (
+                SELECT w.priority, w.job_id,
+                       sum(awa._job_weight_v1(w.metadata, v_cap))
+                           OVER (ORDER BY w.job_id) AS cw
+                FROM awa.flow_waiting w
+                WHERE w.queue = p_queue AND w.kind = k.kind
+                ORDER BY w.job_id
+                LIMIT v_room) x
+            WHERE (lim.max_running IS NULL OR x.cw <= v_room)
+        LOOP
+            v_lane := awa.flow_handoff_lane_v1(p_queue, p.priority);
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(4282177, v_lane);
+            WITH picked AS MATERIALIZED (
+                SELECT x.job_id FROM (
+                    SELECT w.job_id, w.priority,
+                           sum(awa._job_weight_v1(w.metadata, v_cap))
                                OVER (ORDER BY w.job_id) AS cw
                     FROM awa.flow_waiting w
                     WHERE w.queue = p_queue AND w.kind = k.kind
@@ -3963,8 +4077,8 @@ DECLARE
     v_srows awa.claimed_v3[];
     v_sunits integer;
     v_sretry boolean;
-    v_order integer[];  -- 0015: the lanes in claim order
-    v_rlane integer;  -- 0015: the lane being claimed
+    v_order integer[];  -- 0016: the lanes in claim order
+    v_rlane integer;  -- 0016: the lane being claimed
     v_waiting boolean;
     v_kinds text[];
     v_pheld integer[];
@@ -4048,7 +4162,7 @@ BEGIN
     IF v_waiting THEN
         -- Jobs their kind parked: as many as their kinds let run now go back to the ready
         -- ring (hand-off lanes), before the lanes are read, so that this claim may take them.
-        SELECT u.o_wait INTO v_soft FROM awa._flow_unpark_v1(p_queue, p_max, p_held) u;
+        SELECT u.o_wait INTO v_soft FROM awa._flow_unpark_v2(p_queue, p_max, p_held, v_wcap) u;
     END IF;
 
     -- Lanes with work (as claim_v2): the flow limits are looked at only when there is some.
@@ -4541,7 +4655,7 @@ BEGIN
         END CASE;
         FOR i IN 1..cardinality(v_lanes) LOOP
             CONTINUE WHEN v_heads[i] IS NOT NULL;
-            v_order := NULL;  -- 0015: order by the heads found here
+            v_order := NULL;  -- 0016: order by the heads found here
             SELECT e.run_at INTO v_head FROM awa.ready_entries e
             WHERE e.lane_id = v_lanes[i] AND e.lane_seq > v_cursors[i]
               AND NOT EXISTS (
@@ -8426,7 +8540,7 @@ BEGIN
     IF v_error IS NOT NULL THEN
         RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
     END IF;
-    -- 0015: EXISTS as bool_or, and the claim slot shared by every item (else NULL).
+    -- 0016: EXISTS as bool_or, and the claim slot shared by every item (else NULL).
     SELECT bool_or(e.value ->> 'outcome' <> 'completed'
                    OR COALESCE(e.value -> 'st', 'null') NOT IN ('false', 'null')
                    OR e.value ? 'closed_as'),

@@ -8,6 +8,6 @@ from awa_django.db.migration import RunAwaSQL
 
 
 class Migration(migrations.Migration):
-    dependencies = [("awa_django", "0014_drain")]
+    dependencies = [("awa_django", "0015_unpark_weight")]
 
-    operations = [RunAwaSQL("0015_claim_cost.sql", reverse="0015_claim_cost.sql")]
+    operations = [RunAwaSQL("0016_claim_cost.sql", reverse="0016_claim_cost.sql")]

@@ -1,0 +1,126 @@
+-- awa_django migration 0015: parked jobs' weights counted as the claim counts them (issue 16).
+--
+-- awa._flow_unpark_v1 (0012) counted a parked job's weight up to its kind's limit only, while
+-- the claim (awa.claim_v3) counts it up to the least of the process's most units (p_max_weight),
+-- the queue's global limit and the kind's limit. A job heavier than what any claiming process
+-- can run, of a kind whose limit is above that (weight 3, kind limit 3, workers of 2 slots), was
+-- parked with the claim's count (2) and then never fit the un-parking's count (3): stranded for
+-- good, against docs/flow.md ("a heavy job can never block its lane for ever"). v2 takes the
+-- claim's cap (p_wcap: the claim's v_wcap, its process bound) and applies the queue's limit
+-- itself; everything else is v1's. awa.claim_v3 calls it from migration 0016 on.
+
+-- Un-park jobs of p_queue parked by their kind (awa._flow_unpark_v1, which see), each job's
+-- weight capped at min(p_wcap, the queue's global limit, its kind's limit) as the claim caps it.
+CREATE FUNCTION awa._flow_unpark_v2(p_queue text, p_max integer, p_held integer[],
+                                    p_wcap integer,
+                                    OUT o_moved integer, OUT o_wait double precision)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    k record;
+    lim awa.flow_kind_limits%ROWTYPE;
+    v_room integer;
+    v_keys integer[];
+    v_tat timestamptz;
+    v_tokens integer;
+    v_wait double precision;
+    v_lane integer;
+    p record;
+    v_moved integer;
+    v_bodies awa.job_body[];
+    v_qcap integer;
+    v_cap integer;
+BEGIN
+    o_moved := 0;
+    -- The claim's cap on one job's weight (0013: the process's most units, then the queue's
+    -- global limit): a parked job counts here as the claim will count it.
+    SELECT LEAST(GREATEST(COALESCE(p_wcap, 10000), 1), 10000, f.max_running)
+    INTO v_qcap
+    FROM (SELECT p_queue AS queue) one
+    LEFT JOIN awa.flow_limits f ON f.queue = one.queue;
+    FOR k IN
+        WITH RECURSIVE kinds AS (
+            (SELECT w.kind FROM awa.flow_waiting w WHERE w.queue = p_queue
+             ORDER BY w.kind LIMIT 1)
+            UNION ALL
+            SELECT (SELECT w.kind FROM awa.flow_waiting w
+                    WHERE w.queue = p_queue AND w.kind > s.kind ORDER BY w.kind LIMIT 1)
+            FROM kinds s WHERE s.kind IS NOT NULL
+        )
+        SELECT s.kind FROM kinds s WHERE s.kind IS NOT NULL
+    LOOP
+        EXIT WHEN o_moved >= p_max;
+        v_room := p_max - o_moved;
+        lim := NULL;
+        SELECT * INTO lim FROM awa.flow_kind_limits f WHERE f.kind = k.kind;
+        v_cap := LEAST(lim.max_running, v_qcap);
+        IF lim.rate IS NOT NULL THEN
+            SELECT s.tat INTO v_tat FROM awa.flow_kind_rate_state s WHERE s.kind = k.kind;
+            SELECT t.o_tokens, t.o_wait INTO v_tokens, v_wait
+            FROM awa._flow_kind_tokens_v1(lim.rate, lim.burst, v_tat, clock_timestamp()) t;
+            IF v_tokens = 0 THEN
+                o_wait := LEAST(COALESCE(o_wait, v_wait), v_wait);
+                CONTINUE;
+            END IF;
+            v_room := LEAST(v_room, v_tokens);
+        END IF;
+        IF lim.max_running IS NOT NULL THEN
+            v_keys := awa._flow_kind_take_v1(k.kind, lim.max_running, lim.max_seen,
+                                             LEAST(v_room, lim.max_running), p_held);
+            PERFORM awa.flow_release_v1(v_keys);
+            v_room := LEAST(v_room, cardinality(v_keys));
+            CONTINUE WHEN v_room <= 0;
+        END IF;
+        -- The oldest waiting jobs of the kind in the queue while their weights (as the claim
+        -- counts them against the kind: at most its limit) fit the free permits, in job order:
+        -- a heavy job waits, parked, until enough are free at once (never moved only to be
+        -- parked again), and younger jobs of its kind wait behind it. By priority, one
+        -- hand-off lane each.
+        FOR p IN
+            SELECT DISTINCT x.priority FROM (
+                SELECT w.priority, w.job_id,
+                       sum(awa._job_weight_v1(w.metadata, v_cap))
+                           OVER (ORDER BY w.job_id) AS cw
+                FROM awa.flow_waiting w
+                WHERE w.queue = p_queue AND w.kind = k.kind
+                ORDER BY w.job_id
+                LIMIT v_room) x
+            WHERE (lim.max_running IS NULL OR x.cw <= v_room)
+        LOOP
+            v_lane := awa.flow_handoff_lane_v1(p_queue, p.priority);
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(4282177, v_lane);
+            WITH picked AS MATERIALIZED (
+                SELECT x.job_id FROM (
+                    SELECT w.job_id, w.priority,
+                           sum(awa._job_weight_v1(w.metadata, v_cap))
+                               OVER (ORDER BY w.job_id) AS cw
+                    FROM awa.flow_waiting w
+                    WHERE w.queue = p_queue AND w.kind = k.kind
+                    ORDER BY w.job_id
+                    LIMIT v_room) x
+                WHERE x.priority = p.priority
+                  AND (lim.max_running IS NULL OR x.cw <= v_room)
+            ), gone AS (
+                -- SKIP LOCKED: a job being cancelled is passed over.
+                DELETE FROM awa.flow_waiting w
+                WHERE w.job_id IN (
+                    SELECT w2.job_id FROM awa.flow_waiting w2
+                    WHERE w2.job_id IN (SELECT job_id FROM picked)
+                    FOR UPDATE SKIP LOCKED)
+                RETURNING w.*
+            )
+            SELECT array_agg(ROW(
+                       g.job_id, g.kind, g.queue, g.priority, g.args, g.attempt, g.max_attempts,
+                       g.run_lease, g.run_at, g.created_at, g.deadline_secs, g.metadata, g.tags,
+                       g.errors, g.progress)::awa.job_body ORDER BY g.job_id)
+            INTO v_bodies
+            FROM gone g;
+            v_moved := COALESCE(cardinality(v_bodies), 0);
+            IF v_moved > 0 THEN
+                PERFORM awa._append_ready_v1(v_lane, v_bodies);
+                o_moved := o_moved + v_moved;
+            END IF;
+        END LOOP;
+    END LOOP;
+END
+$$;
