@@ -290,6 +290,28 @@ def test_a_parked_job_heavier_than_the_claimers_slots_is_unparked() -> None:
         assert len(got) == 1 and got[0].weight == 2 and parked(two) == []
 
 
+def test_a_parked_job_heavier_than_its_kinds_rate_burst_is_unparked() -> None:
+    """Rate tokens count jobs, permits count weight: a job of weight 2 of a kind limited to 3
+    running and 10/s with a burst of 1 (the default burst at that rate) gets one token and two
+    permits once its turn comes (before migration 0015 the un-parking compared its weight with
+    the one token, and it never fit)."""
+    with pg() as one, pg() as two:
+        set_kind(one, "k", max_running=3, rate=10.0, burst=1)
+        enqueue(one, "q", ["k", "k"], **{"awa:weight": 2})
+        first = claim(one, "q", 4).jobs
+        assert len(first) == 1 and first[0].weight == 2
+        assert claim(two, "q", 4).jobs == [] and len(parked(two)) == 1
+        claim(one, "q", 0, release=list(first[0].permits or []))  # the first one ended
+        got: list[Any] = []
+
+        def claimed() -> bool:
+            got.extend(claim(two, "q", 4).jobs)
+            return bool(got)
+
+        wait_for(claimed, timeout=10, interval=0.05, message="the parked job claimed")
+        assert got[0].weight == 2 and parked(two) == []
+
+
 # The bulk path of awa._claim_kind_v1 (a window without serial keys): decisions on arrays, a
 # kind's permits taken at once and drawn in lane order, one statement writing the claims.
 

@@ -7,7 +7,11 @@
 -- parked with the claim's count (2) and then never fit the un-parking's count (3): stranded for
 -- good, against docs/flow.md ("a heavy job can never block its lane for ever"). v2 takes the
 -- claim's cap (p_wcap: the claim's v_wcap, its process bound) and applies the queue's limit
--- itself; everything else is v1's. awa.claim_v3 calls it from migration 0016 on.
+-- itself. And v1 counted a kind's rate tokens (jobs) against the jobs' weights (units): a job of
+-- weight 2 or more of a kind with a rate and a concurrency limit, parked while its burst was 1
+-- token (the default burst at 10 jobs/s or less), never fit either; v2 bounds the number of jobs
+-- moved by the tokens and their weights by the free units and permits. Everything else is
+-- v1's. awa.claim_v3 calls it from migration 0016 on.
 
 -- Un-park jobs of p_queue parked by their kind (awa._flow_unpark_v1, which see), each job's
 -- weight capped at min(p_wcap, the queue's global limit, its kind's limit) as the claim caps it.
@@ -30,6 +34,9 @@ DECLARE
     v_bodies awa.job_body[];
     v_qcap integer;
     v_cap integer;
+    v_jobs integer;
+    v_used integer := 0;
+    v_wmoved integer;
 BEGIN
     o_moved := 0;
     -- The claim's cap on one job's weight (0013: the process's most units, then the queue's
@@ -49,8 +56,11 @@ BEGIN
         )
         SELECT s.kind FROM kinds s WHERE s.kind IS NOT NULL
     LOOP
-        EXIT WHEN o_moved >= p_max;
-        v_room := p_max - o_moved;
+        EXIT WHEN v_used >= p_max;
+        -- v_room: units (weights, as the claim counts them); v_jobs: jobs (rate tokens count
+        -- jobs started, whatever their weight).
+        v_room := p_max - v_used;
+        v_jobs := v_room;
         lim := NULL;
         SELECT * INTO lim FROM awa.flow_kind_limits f WHERE f.kind = k.kind;
         v_cap := LEAST(lim.max_running, v_qcap);
@@ -62,7 +72,7 @@ BEGIN
                 o_wait := LEAST(COALESCE(o_wait, v_wait), v_wait);
                 CONTINUE;
             END IF;
-            v_room := LEAST(v_room, v_tokens);
+            v_jobs := LEAST(v_jobs, v_tokens);
         END IF;
         IF lim.max_running IS NOT NULL THEN
             v_keys := awa._flow_kind_take_v1(k.kind, lim.max_running, lim.max_seen,
@@ -84,7 +94,7 @@ BEGIN
                 FROM awa.flow_waiting w
                 WHERE w.queue = p_queue AND w.kind = k.kind
                 ORDER BY w.job_id
-                LIMIT v_room) x
+                LIMIT v_jobs) x
             WHERE (lim.max_running IS NULL OR x.cw <= v_room)
         LOOP
             v_lane := awa.flow_handoff_lane_v1(p_queue, p.priority);
@@ -97,7 +107,7 @@ BEGIN
                     FROM awa.flow_waiting w
                     WHERE w.queue = p_queue AND w.kind = k.kind
                     ORDER BY w.job_id
-                    LIMIT v_room) x
+                    LIMIT v_jobs) x
                 WHERE x.priority = p.priority
                   AND (lim.max_running IS NULL OR x.cw <= v_room)
             ), gone AS (
@@ -112,13 +122,15 @@ BEGIN
             SELECT array_agg(ROW(
                        g.job_id, g.kind, g.queue, g.priority, g.args, g.attempt, g.max_attempts,
                        g.run_lease, g.run_at, g.created_at, g.deadline_secs, g.metadata, g.tags,
-                       g.errors, g.progress)::awa.job_body ORDER BY g.job_id)
-            INTO v_bodies
+                       g.errors, g.progress)::awa.job_body ORDER BY g.job_id),
+                   sum(awa._job_weight_v1(g.metadata, v_cap))
+            INTO v_bodies, v_wmoved
             FROM gone g;
             v_moved := COALESCE(cardinality(v_bodies), 0);
             IF v_moved > 0 THEN
                 PERFORM awa._append_ready_v1(v_lane, v_bodies);
                 o_moved := o_moved + v_moved;
+                v_used := v_used + v_wmoved;
             END IF;
         END LOOP;
     END LOOP;
