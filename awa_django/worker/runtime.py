@@ -64,6 +64,7 @@ from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Execution, Running,
 from awa_django.worker.executor import (
     safe_str,
 )
+from awa_django.worker.family import FAMILY_ENV, HAND_OFF, Family
 from awa_django.worker.flow import Permits
 from awa_django.worker.guards import (
     EXIT_LOOP_FAILED,
@@ -129,6 +130,9 @@ class WorkerRuntime(Execution):
         self._dispatchers: list[asyncio.Task[None]] = []
         self._handle_signals = handle_signals
         self._rediscover = asyncio.Event()
+        # Which process of an ``awa_worker --processes N`` family answers NOTIFY (family.py).
+        self.family = Family(os.environ.get(FAMILY_ENV))
+        self._handing_off: set[str] = set()
         self._stop = asyncio.Event()
         self._flush = asyncio.Event()
         self._all_done = asyncio.Event()
@@ -221,6 +225,7 @@ class WorkerRuntime(Execution):
     def stop(self) -> None:
         """Begin a graceful stop (what SIGTERM does)."""
         self.stopping = True
+        self.family.release()  # another process of the family answers NOTIFY from now on
         self._stop.set()
         # Past this, the watchdog ends the process (a handler holding the loop, say).
         self._watchdog.stopping(2 * self.config.settings.SHUTDOWN_TIMEOUT + 10.0, self.exit_code)
@@ -508,6 +513,7 @@ class WorkerRuntime(Execution):
             wake.clear()  # before claiming, so a NOTIFY during the claim is not lost
             want = max(want, 0)
             self.slots.reserve(want)
+            self.slots.hush(queue.name)  # a slot freed during the claim: see below
 
             async def claim(
                 conn: psycopg.AsyncConnection[Any],
@@ -544,6 +550,7 @@ class WorkerRuntime(Execution):
             try:
                 claimed = await self.claim_link.run(claim, give_up=lambda: self.stopping)
             except Exception as exc:
+                self.slots.unhush(queue.name)
                 self.slots.unreserve(want)
                 self.permits.claim_failed()
                 if self.is_stopping():
@@ -561,6 +568,7 @@ class WorkerRuntime(Execution):
                 await asyncio.sleep(delay)
                 continue
             except BaseException:
+                self.slots.unhush(queue.name)
                 self.slots.unreserve(want)
                 self.permits.claim_failed()
                 raise
@@ -572,9 +580,20 @@ class WorkerRuntime(Execution):
             self.claimed += len(jobs)
             self.slots.unreserve(want, units)
             self._start_batch(jobs, queue)  # counted as running from here on
+            # Not dry (a full claim, a flow limit, a stop): the next turn of the loop counts the
+            # free slots again, and a limited claim's wait ends on a slot freed meanwhile.
+            dry = (
+                units < want
+                and not claimed.limited
+                and claimed.wait is None
+                and claimed.soft_wait is None
+            )
+            freed = False if dry and not self.stopping else self.slots.unhush(queue.name)
             if want == 0 or self.stopping:
                 continue
             backlog.claimed(units)
+            if units == want and not self.family.alone and self.family.leads():
+                self._hand_off(queue.name)  # a full batch: more may wait (family.py)
             if claimed.wait is not None:
                 # Rate-limited: no claim before the next job may start (a stop ends the wait).
                 with contextlib.suppress(TimeoutError):
@@ -587,8 +606,14 @@ class WorkerRuntime(Execution):
                 poll = min(claimed.soft_wait or poll, poll)
                 if not jobs and not claimed.limited and claimed.soft_wait is None:
                     poll = backlog.pause(poll)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), poll)
+                if freed:
+                    wake.set()
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), poll)
+                finally:
+                    if dry:
+                        self.slots.unhush(queue.name)
 
     def _permits_returned(self, queue: str) -> None:
         """An attempt holding permits ended: its queue's dispatcher hands them back with its
@@ -751,11 +776,7 @@ class WorkerRuntime(Execution):
                     self._rediscover.set()
                 async for note in conn.notifies():
                     if note.channel == "awa_jobs":
-                        target = self.slots.wake.get(note.payload)
-                        if target is not None:
-                            target.set()
-                        elif self.config.discover and QUEUE_NAME_RE.fullmatch(note.payload):
-                            self._rediscover.set()  # a queue this worker does not serve yet
+                        self._on_jobs_note(note.payload)
                     elif note.channel == "awa_cancel":
                         self._on_cancel_note(note.payload)
             except asyncio.CancelledError:
@@ -773,6 +794,45 @@ class WorkerRuntime(Execution):
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    def _on_jobs_note(self, payload: str) -> None:
+        """A note on ``awa_jobs``: wake the queue's dispatcher if this process answers it (in a
+        family, the leader answers plain notes and the others the notes it hands on)."""
+        if payload.startswith(HAND_OFF):
+            name = payload[len(HAND_OFF) :]
+            target = self.slots.wake.get(name)
+            if target is not None and not self.family.leads():
+                target.set()
+            return
+        target = self.slots.wake.get(payload)
+        if target is not None:
+            if self.family.leads():
+                target.set()
+                if not self.family.alone and not self.slots.has_room(payload):
+                    self._hand_off(payload)  # no slot free here: a sibling may have one
+        elif self.config.discover and QUEUE_NAME_RE.fullmatch(payload):
+            self._rediscover.set()  # a queue this worker does not serve yet
+
+    def _hand_off(self, queue: str) -> None:
+        """Wake the rest of the family for ``queue`` (one hand-off in flight per queue)."""
+        loop = self._loop
+        if queue in self._handing_off or self.stopping or loop is None or loop.is_closed():
+            return
+        self._handing_off.add(queue)
+        task = loop.create_task(self._send_hand_off(queue))
+        self._async_batches.add(task)
+        task.add_done_callback(self._async_batches.discard)
+
+    async def _send_hand_off(self, queue: str) -> None:
+        async def send(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(query("hand_off"), [HAND_OFF + queue])
+
+        try:
+            await self.control_link.run(send, give_up=lambda: self.stopping)
+        except Exception as exc:  # the others' poll interval still finds the work
+            log.warning("awa worker: could not hand a wake-up on (%s)", first_line(exc))
+        finally:
+            self._handing_off.discard(queue)
 
     async def _burst_loop(self) -> None:
         async def idle(conn: psycopg.AsyncConnection[Any]) -> bool:
