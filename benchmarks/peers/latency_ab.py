@@ -24,7 +24,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -175,9 +174,7 @@ def main() -> None:
     parser.add_argument("--pickup-seconds", type=float, default=8.0)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=512)
-    parser.add_argument(
-        "--output", type=Path, default=ROOT / "benchmarks/results/latency_ab.json"
-    )
+    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks/results/latency_ab.json")
     args = parser.parse_args()
     args.scenarios = [s for s in args.scenarios.split(",") if s]
     args.output = args.output.resolve()
