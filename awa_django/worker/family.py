@@ -24,12 +24,22 @@ every note, as before.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import logging
 import os
+from typing import Any
 
-__all__ = ["FAMILY_ENV", "HAND_OFF", "Family"]
+import psycopg
+
+from awa_django.limits import QUEUE_NAME_RE
+from awa_django.sql import query
+from awa_django.worker.config import WorkerConfig
+from awa_django.worker.links import Link, first_line
+from awa_django.worker.slots import Slots
+
+__all__ = ["FAMILY_ENV", "HAND_OFF", "Family", "FamilyWakeups"]
 
 log = logging.getLogger("awa_django.worker")
 
@@ -54,6 +64,11 @@ class Family:
     def alone(self) -> bool:
         """Whether this process has no family (it answers every note, hands nothing on)."""
         return self.path is None
+
+    @property
+    def leader(self) -> bool:
+        """Whether this process holds the family lock now (tries nothing)."""
+        return self._leader and not self._closed
 
     def leads(self) -> bool:
         """Whether this process answers plain notes: it holds the family lock, or takes it now
@@ -90,3 +105,56 @@ class Family:
             with contextlib.suppress(OSError):
                 os.close(self._fd)  # frees the flock
             self._fd = None
+
+
+class FamilyWakeups:
+    """The ``awa_jobs`` notes of a worker process (mixed into ``WorkerRuntime``)."""
+
+    config: WorkerConfig
+    family: Family
+    slots: Slots
+    stopping: bool
+    control_link: Link
+    _handing_off: set[str]
+    _rediscover: asyncio.Event
+    _async_batches: set[asyncio.Task[None]]
+    _loop: asyncio.AbstractEventLoop | None
+
+    def _on_jobs_note(self, payload: str) -> None:
+        """A note on ``awa_jobs``: wake the queue's dispatcher if this process answers it (in a
+        family, the leader answers plain notes and the others the notes it hands on)."""
+        if payload.startswith(HAND_OFF):
+            name = payload[len(HAND_OFF) :]
+            target = self.slots.wake.get(name)
+            if target is not None and not self.family.leader:
+                target.set()
+            return
+        target = self.slots.wake.get(payload)
+        if target is not None:
+            if self.family.leads():
+                target.set()
+                if not self.family.alone and not self.slots.has_room(payload):
+                    self._hand_off(payload)  # no slot free here: a sibling may have one
+        elif self.config.discover and QUEUE_NAME_RE.fullmatch(payload):
+            self._rediscover.set()  # a queue this worker does not serve yet
+
+    def _hand_off(self, queue: str) -> None:
+        """Wake the rest of the family for ``queue`` (one hand-off in flight per queue)."""
+        loop = self._loop
+        if queue in self._handing_off or self.stopping or loop is None or loop.is_closed():
+            return
+        self._handing_off.add(queue)
+        task = loop.create_task(self._send_hand_off(queue))
+        self._async_batches.add(task)
+        task.add_done_callback(self._async_batches.discard)
+
+    async def _send_hand_off(self, queue: str) -> None:
+        async def send(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(query("hand_off"), [HAND_OFF + queue])
+
+        try:
+            await self.control_link.run(send, give_up=lambda: self.stopping)
+        except Exception as exc:  # the others' poll interval still finds the work
+            log.warning("awa worker: could not hand a wake-up on (%s)", first_line(exc))
+        finally:
+            self._handing_off.discard(queue)

@@ -64,7 +64,7 @@ from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Execution, Running,
 from awa_django.worker.executor import (
     safe_str,
 )
-from awa_django.worker.family import FAMILY_ENV, HAND_OFF, Family
+from awa_django.worker.family import FAMILY_ENV, Family, FamilyWakeups
 from awa_django.worker.flow import Permits
 from awa_django.worker.guards import (
     EXIT_LOOP_FAILED,
@@ -82,7 +82,7 @@ log = logging.getLogger("awa_django.worker")
 _TICK = 0.5
 
 
-class WorkerRuntime(Execution):
+class WorkerRuntime(Execution, FamilyWakeups):
     """Runs one worker process until it is told to stop (or, in burst mode, runs out of work)."""
 
     def __init__(
@@ -794,45 +794,6 @@ class WorkerRuntime(Execution):
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-
-    def _on_jobs_note(self, payload: str) -> None:
-        """A note on ``awa_jobs``: wake the queue's dispatcher if this process answers it (in a
-        family, the leader answers plain notes and the others the notes it hands on)."""
-        if payload.startswith(HAND_OFF):
-            name = payload[len(HAND_OFF) :]
-            target = self.slots.wake.get(name)
-            if target is not None and not self.family.leads():
-                target.set()
-            return
-        target = self.slots.wake.get(payload)
-        if target is not None:
-            if self.family.leads():
-                target.set()
-                if not self.family.alone and not self.slots.has_room(payload):
-                    self._hand_off(payload)  # no slot free here: a sibling may have one
-        elif self.config.discover and QUEUE_NAME_RE.fullmatch(payload):
-            self._rediscover.set()  # a queue this worker does not serve yet
-
-    def _hand_off(self, queue: str) -> None:
-        """Wake the rest of the family for ``queue`` (one hand-off in flight per queue)."""
-        loop = self._loop
-        if queue in self._handing_off or self.stopping or loop is None or loop.is_closed():
-            return
-        self._handing_off.add(queue)
-        task = loop.create_task(self._send_hand_off(queue))
-        self._async_batches.add(task)
-        task.add_done_callback(self._async_batches.discard)
-
-    async def _send_hand_off(self, queue: str) -> None:
-        async def send(conn: psycopg.AsyncConnection[Any]) -> None:
-            await conn.execute(query("hand_off"), [HAND_OFF + queue])
-
-        try:
-            await self.control_link.run(send, give_up=lambda: self.stopping)
-        except Exception as exc:  # the others' poll interval still finds the work
-            log.warning("awa worker: could not hand a wake-up on (%s)", first_line(exc))
-        finally:
-            self._handing_off.discard(queue)
 
     async def _burst_loop(self) -> None:
         async def idle(conn: psycopg.AsyncConnection[Any]) -> bool:
