@@ -80,6 +80,8 @@ __all__ = ["EXIT_LOOP_FAILED", "EXIT_STUCK_HANDLERS", "WorkerRuntime"]
 log = logging.getLogger("awa_django.worker")
 
 _TICK = 0.5
+#: The pause before claiming again after an empty claim a wake-up started (family members).
+NOTE_RETRY = 0.002
 
 
 class WorkerRuntime(Execution, FamilyWakeups):
@@ -502,6 +504,8 @@ class WorkerRuntime(Execution, FamilyWakeups):
         cfg = self.config
         failures = 0
         backlog = BacklogRetry(self.slots.low_water[queue.name], armed=True)
+        woken = False  # the last wait ended on a wake-up, not on its timeout
+        quick = False  # the next claim is the quick retry of an empty one a wake-up started
         while not self.stopping:
             want = self.slots.claimable(queue.name)
             release = self.permits.release_batch()
@@ -606,11 +610,23 @@ class WorkerRuntime(Execution, FamilyWakeups):
                 poll = min(claimed.soft_wait or poll, poll)
                 if not jobs and not claimed.limited and claimed.soft_wait is None:
                     poll = backlog.pause(poll)
+                    if woken and not quick and not self.family.alone:
+                        # In a family, a wake-up started this claim and it came back empty: a
+                        # poll claim of another process may have held the lane, with a snapshot
+                        # older than the job (docs/performance.md). Once, claim again soon.
+                        poll, quick = min(poll, NOTE_RETRY), True
+                    else:
+                        quick = False
+                else:
+                    quick = False
                 if freed:
                     wake.set()
+                woken = False
                 try:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(wake.wait(), poll)
+                    await asyncio.wait_for(wake.wait(), poll)
+                    woken = True
+                except TimeoutError:
+                    pass
                 finally:
                     if dry:
                         self.slots.unhush(queue.name)
