@@ -5,9 +5,11 @@ prove that a job nobody is woken for is still claimed within it."""
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -92,6 +94,13 @@ def children(count: int, proc: ManagedProcess) -> list[int]:
     return pids
 
 
+def leader_of(proc: ManagedProcess) -> int:
+    """The pid of the family's leader, from its log line (after a first note)."""
+    found = re.findall(r"awa worker pid (\d+) now answers NOTIFY", proc.output())
+    assert len(found) == 1, proc.output()
+    return int(found[0])
+
+
 def run_quick(proc: ManagedProcess, *, within: float) -> tuple[int, float]:
     """Enqueue one quick job on ``slow``; return the pid that claimed it and how long it took
     to complete, failing past ``within`` seconds."""
@@ -114,10 +123,13 @@ def test_one_process_answers_the_notes_of_its_family(manage_py: Start) -> None:
     # POLL_INTERVAL 60 s: a claim within seconds is a wake-up's.
     proc = manage_py("awa_worker", "--processes", "2", "--queue", "slow=4", extra_env=overrides(60))
     children(2, proc)
-    first, _ = run_quick(proc, within=10)  # its note made a process the leader
-    assert "now answers NOTIFY" in proc.output()
-    pids = {run_quick(proc, within=10)[0] for _ in range(15)}
-    assert pids == {first}
+    run_quick(proc, within=10)  # its note made a process the leader
+    first = leader_of(proc)
+    pids = collections.Counter(run_quick(proc, within=10)[0] for _ in range(15))
+    # The leader's, but for what the other's own claims at start-up may take: a dispatcher's
+    # first empty claims are retried after 1 ms, 2, 4, ... up to the poll interval (slots.py,
+    # BacklogRetry). Both processes claiming on every note split them about evenly.
+    assert pids[first] >= 13, pids
     assert len(pids) == 1  # the leader's alone: the other process made no claim for them
 
 
@@ -127,13 +139,15 @@ def test_a_leader_without_a_free_slot_hands_the_note_on(manage_py: Start) -> Non
     testjobs.overlap_sync.enqueue(0)
     proc = manage_py("awa_worker", "--processes", "2", "--queue", "slow=1", extra_env=overrides(60))
     children(2, proc)
-    leader, _ = run_quick(proc, within=10)
-    busy = testjobs.slow_sync.enqueue(30).id  # holds the leader's one slot
+    run_quick(proc, within=10)
+    leader = leader_of(proc)
+    busy = testjobs.slow_sync.enqueue(30).id  # holds the one slot of the process claiming it
     wait_for(lambda: state(busy) == "running", timeout=10, message=proc.output)
-    assert claimed_by(busy) == leader
+    holder = claimed_by(busy)  # the leader's, unless the other's start-up claims took it
     pid, took = run_quick(proc, within=10)
-    assert pid != leader
-    assert took < 10  # a hand-off, not the poll interval (60 s)
+    assert pid != holder
+    assert took < 10  # a hand-off (or the leader's own claim), not the poll interval (60 s)
+    assert leader in (holder, pid)
 
 
 @pytest.mark.worker
@@ -142,7 +156,8 @@ def test_the_next_note_finds_a_new_leader_when_the_leader_dies(manage_py: Start)
     testjobs.overlap_sync.enqueue(0)
     proc = manage_py("awa_worker", "--processes", "2", "--queue", "slow=4", extra_env=overrides(60))
     pids = children(2, proc)
-    leader, _ = run_quick(proc, within=10)
+    run_quick(proc, within=10)
+    leader = leader_of(proc)
     (other,) = [p for p in pids if p != leader]
     os.kill(leader, signal.SIGKILL)  # the supervisor restarts it, a second later at the soonest
     pid, took = run_quick(proc, within=10)
@@ -163,7 +178,8 @@ def test_a_job_no_process_is_woken_for_is_claimed_within_the_poll_interval(
         "awa_worker", "--processes", "2", "--queue", "slow=4", extra_env=overrides(poll)
     )
     pids = children(2, proc)
-    leader, _ = run_quick(proc, within=10)
+    run_quick(proc, within=10)
+    leader = leader_of(proc)
     (other,) = [p for p in pids if p != leader]
     os.kill(leader, signal.SIGSTOP)
     try:
