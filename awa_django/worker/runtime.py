@@ -64,6 +64,7 @@ from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Execution, Running,
 from awa_django.worker.executor import (
     safe_str,
 )
+from awa_django.worker.family import FAMILY_ENV, Family, FamilyWakeups
 from awa_django.worker.flow import Permits
 from awa_django.worker.guards import (
     EXIT_LOOP_FAILED,
@@ -79,9 +80,11 @@ __all__ = ["EXIT_LOOP_FAILED", "EXIT_STUCK_HANDLERS", "WorkerRuntime"]
 log = logging.getLogger("awa_django.worker")
 
 _TICK = 0.5
+#: The pause before claiming again after an empty claim a wake-up started (family members).
+NOTE_RETRY = 0.002
 
 
-class WorkerRuntime(Execution):
+class WorkerRuntime(Execution, FamilyWakeups):
     """Runs one worker process until it is told to stop (or, in burst mode, runs out of work)."""
 
     def __init__(
@@ -129,6 +132,9 @@ class WorkerRuntime(Execution):
         self._dispatchers: list[asyncio.Task[None]] = []
         self._handle_signals = handle_signals
         self._rediscover = asyncio.Event()
+        # Which process of an ``awa_worker --processes N`` family answers NOTIFY (family.py).
+        self.family = Family(os.environ.get(FAMILY_ENV))
+        self._handing_off: set[str] = set()
         self._stop = asyncio.Event()
         self._flush = asyncio.Event()
         self._all_done = asyncio.Event()
@@ -221,6 +227,7 @@ class WorkerRuntime(Execution):
     def stop(self) -> None:
         """Begin a graceful stop (what SIGTERM does)."""
         self.stopping = True
+        self.family.release()  # another process of the family answers NOTIFY from now on
         self._stop.set()
         # Past this, the watchdog ends the process (a handler holding the loop, say).
         self._watchdog.stopping(2 * self.config.settings.SHUTDOWN_TIMEOUT + 10.0, self.exit_code)
@@ -497,6 +504,8 @@ class WorkerRuntime(Execution):
         cfg = self.config
         failures = 0
         backlog = BacklogRetry(self.slots.low_water[queue.name], armed=True)
+        woken = False  # the last wait ended on a wake-up, not on its timeout
+        quick = False  # the next claim is the quick retry of an empty one a wake-up started
         while not self.stopping:
             want = self.slots.claimable(queue.name)
             release = self.permits.release_batch()
@@ -508,6 +517,7 @@ class WorkerRuntime(Execution):
             wake.clear()  # before claiming, so a NOTIFY during the claim is not lost
             want = max(want, 0)
             self.slots.reserve(want)
+            self.slots.hush(queue.name)  # a slot freed during the claim: see below
 
             async def claim(
                 conn: psycopg.AsyncConnection[Any],
@@ -544,6 +554,7 @@ class WorkerRuntime(Execution):
             try:
                 claimed = await self.claim_link.run(claim, give_up=lambda: self.stopping)
             except Exception as exc:
+                self.slots.unhush(queue.name)
                 self.slots.unreserve(want)
                 self.permits.claim_failed()
                 if self.is_stopping():
@@ -561,6 +572,7 @@ class WorkerRuntime(Execution):
                 await asyncio.sleep(delay)
                 continue
             except BaseException:
+                self.slots.unhush(queue.name)
                 self.slots.unreserve(want)
                 self.permits.claim_failed()
                 raise
@@ -572,9 +584,20 @@ class WorkerRuntime(Execution):
             self.claimed += len(jobs)
             self.slots.unreserve(want, units)
             self._start_batch(jobs, queue)  # counted as running from here on
+            # Not dry (a full claim, a flow limit, a stop): the next turn of the loop counts the
+            # free slots again, and a limited claim's wait ends on a slot freed meanwhile.
+            dry = (
+                units < want
+                and not claimed.limited
+                and claimed.wait is None
+                and claimed.soft_wait is None
+            )
+            freed = False if dry and not self.stopping else self.slots.unhush(queue.name)
             if want == 0 or self.stopping:
                 continue
             backlog.claimed(units)
+            if units == want and not self.family.alone and self.family.leads():
+                self._hand_off(queue.name)  # a full batch: more may wait (family.py)
             if claimed.wait is not None:
                 # Rate-limited: no claim before the next job may start (a stop ends the wait).
                 with contextlib.suppress(TimeoutError):
@@ -587,8 +610,26 @@ class WorkerRuntime(Execution):
                 poll = min(claimed.soft_wait or poll, poll)
                 if not jobs and not claimed.limited and claimed.soft_wait is None:
                     poll = backlog.pause(poll)
-                with contextlib.suppress(TimeoutError):
+                    if woken and not quick and not self.family.alone:
+                        # In a family, a wake-up started this claim and it came back empty: a
+                        # poll claim of another process may have held the lane, with a snapshot
+                        # older than the job (docs/performance.md). Once, claim again soon.
+                        poll, quick = min(poll, NOTE_RETRY), True
+                    else:
+                        quick = False
+                else:
+                    quick = False
+                if freed:
+                    wake.set()
+                woken = False
+                try:
                     await asyncio.wait_for(wake.wait(), poll)
+                    woken = True
+                except TimeoutError:
+                    pass
+                finally:
+                    if dry:
+                        self.slots.unhush(queue.name)
 
     def _permits_returned(self, queue: str) -> None:
         """An attempt holding permits ended: its queue's dispatcher hands them back with its
@@ -751,11 +792,7 @@ class WorkerRuntime(Execution):
                     self._rediscover.set()
                 async for note in conn.notifies():
                     if note.channel == "awa_jobs":
-                        target = self.slots.wake.get(note.payload)
-                        if target is not None:
-                            target.set()
-                        elif self.config.discover and QUEUE_NAME_RE.fullmatch(note.payload):
-                            self._rediscover.set()  # a queue this worker does not serve yet
+                        self._on_jobs_note(note.payload)
                     elif note.channel == "awa_cancel":
                         self._on_cancel_note(note.payload)
             except asyncio.CancelledError:

@@ -8,6 +8,13 @@ slots. A dispatcher with no room waits on its wake event. Freeing a slot wakes t
 dispatcher once a quarter of its slots are free (so claims stay batched under load), and every
 dispatcher that was waiting for room in the process.
 
+Freed slots wake a dispatcher only when it waits for room. While it claims, or after a claim
+found its queue dry (fewer jobs than it asked for, no flow limit in the way) it is *hushed*: a
+claim then would find nothing new, so only a NOTIFY, its poll interval, handed-back permits or
+a stop wake it. Under a steady trickle of jobs this saves an empty claim per finished job,
+whose round trip a job arriving meanwhile had to wait behind (docs/performance.md, "Latency
+under load"). A claim that ends otherwise recounts the free slots itself.
+
 A busy queue may take every slot of the process; dispatchers waiting for room are woken
 together and claim in turn. Give a queue a cap to keep room for the others.
 
@@ -47,6 +54,7 @@ class Slots:
         self.low_water: dict[str, int] = {}
         self.wake: dict[str, asyncio.Event] = {}
         self._starved: set[str] = set()
+        self._hushed: dict[str, bool] = {}  # queue -> a slot was freed while hushed
 
     def add(self, queue: QueueConfig) -> None:
         """Serve ``queue`` (its cap is never more than the process total)."""
@@ -59,6 +67,10 @@ class Slots:
     def process_free(self) -> int:
         """Slots of the process neither running an attempt nor reserved by a claim."""
         return self.total - self.active - self.reserved
+
+    def has_room(self, name: str) -> bool:
+        """Whether ``name`` has a slot neither running nor reserved (counts nothing)."""
+        return min(self.caps[name] - self.running[name], self.process_free()) > 0
 
     def claimable(self, name: str) -> int:
         """How many jobs ``name``'s dispatcher may claim now; 0 means it must wait for its wake
@@ -95,8 +107,20 @@ class Slots:
         self.running[name] -= weight
         self.active -= weight
         if stopping or self.caps[name] - self.running[name] >= self.low_water[name]:
-            self.wake[name].set()
+            if not stopping and name in self._hushed:
+                self._hushed[name] = True
+            else:
+                self.wake[name].set()
         self._wake_starved()
+
+    def hush(self, name: str) -> None:
+        """``name``'s dispatcher claims, or waits for work after a claim that found its queue
+        dry: freed slots do not wake it (``unhush`` tells whether one was freed meanwhile)."""
+        self._hushed.setdefault(name, False)
+
+    def unhush(self, name: str) -> bool:
+        """End ``hush``; return whether a slot was freed (enough to wake it) meanwhile."""
+        return self._hushed.pop(name, False)
 
     def wake_all(self) -> None:
         """Wake every dispatcher (to stop, or after a reconnect)."""

@@ -12,6 +12,9 @@ A child that does not exit within ``2 * SHUTDOWN_TIMEOUT + 15`` seconds of a sto
 or wedged process) is continued and killed (its attempts are rescued), and the supervisor exits
 1. Each child gets SIGTERM from the kernel if the supervisor itself dies (even by SIGKILL), so
 no worker outlives it as an orphan.
+
+The children form a *family*: the supervisor makes a lock file for it (``AWA_WORKER_FAMILY``)
+through which one child at a time answers NOTIFY wake-ups (awa_django/worker/family.py).
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+
+from awa_django.worker.family import FAMILY_ENV
 
 __all__ = ["Supervisor", "child_command", "die_with_parent", "launcher"]
 
@@ -85,10 +91,25 @@ class Supervisor:
         self.stopping = False
         self.signals = 0
         self.codes: dict[int, int] = {}
+        self.family = ""
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        # The family's lock file: one child at a time answers NOTIFY (worker/family.py).
+        try:
+            handle, self.family = tempfile.mkstemp(prefix="awa-family-")
+            os.close(handle)
+        except OSError as exc:
+            log.warning("awa supervisor: no family lock file (%s); every child answers NOTIFY", exc)
+        try:
+            return self._supervise()
+        finally:
+            if self.family:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.family)
+
+    def _supervise(self) -> int:
         for slot in range(self.count):
             self._spawn(slot)
         while self.children or (self.restart_at and not self.stopping):
@@ -121,6 +142,7 @@ class Supervisor:
 
     def _spawn(self, slot: int) -> None:
         env = {**os.environ, **(self.env or {}), "AWA_WORKER_SLOT": str(slot)}
+        env[FAMILY_ENV] = self.family
         proc = subprocess.Popen(self.command, env=env, preexec_fn=die_with_parent)
         self.children[slot] = proc
         self.started_at[slot] = time.monotonic()

@@ -88,6 +88,10 @@ LISTEN awa_jobs
 -- name: listen_cancel
 LISTEN awa_cancel
 
+-- name: hand_off
+-- A family leader hands a wake-up on to the rest of its family (awa_django/worker/family.py).
+SELECT pg_notify('awa_jobs', %s)
+
 -- name: leader_try
 -- Session-level: held while this connection lives; Postgres frees it if the leader dies.
 SELECT pg_try_advisory_lock(4708303813012965710)  -- 0x4157415f4d41494e, "AWA_MAIN"

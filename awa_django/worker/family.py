@@ -1,0 +1,160 @@
+"""Which process of an ``awa_worker --processes N`` family answers a NOTIFY.
+
+Every worker process listens on ``awa_jobs``, and PostgreSQL delivers each note to all of them.
+If each one claimed on every note, the N processes of a family would race for each job: one
+gets it, the others pay a claim that comes back empty, on the same CPUs, at the moment the
+winner's handler should start (docs/performance.md, "Latency under load").
+
+So within a family one process, the *leader*, answers plain notes: it holds an exclusive
+``flock`` on a file the supervisor made for the family (``AWA_WORKER_FAMILY``), for as long as it
+runs and is not stopping. The others ignore plain notes, except to try for the lock (one
+non-blocking system call), so that when the leader exits, is killed or stops, the next note
+makes another process the leader at once. The leader hands a note on when it cannot take all the
+work it may announce: when the note finds it without a free slot for that queue, and after a
+claim that filled its batch (more may wait). Handing on is a note on ``awa_jobs`` whose payload
+is the queue name behind ``HAND_OFF`` (never a queue name, so workers that predate it ignore
+it); non-leaders answer it as they would a plain note, the leader ignores it.
+
+Nothing here can lose a job: every process still claims on its poll interval whatever the notes
+do (a job enqueued while every process sleeps is claimed within ``POLL_INTERVAL`` at worst, as
+without NOTIFY), and a worker started alone (no family) answers every note. A family lock file
+that cannot be opened or locked for another reason than a held lock makes the process answer
+every note, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+from typing import Any
+
+import psycopg
+
+from awa_django.limits import QUEUE_NAME_RE
+from awa_django.sql import query
+from awa_django.worker.config import WorkerConfig
+from awa_django.worker.links import Link, first_line
+from awa_django.worker.slots import Slots
+
+__all__ = ["FAMILY_ENV", "HAND_OFF", "Family", "FamilyWakeups"]
+
+log = logging.getLogger("awa_django.worker")
+
+#: The environment variable naming the family's lock file (set by the supervisor).
+FAMILY_ENV = "AWA_WORKER_FAMILY"
+#: The payload prefix of a note handed on by a family's leader (not a queue name character).
+HAND_OFF = "+"
+
+
+class Family:
+    """This process's place in its family: ``leads()`` tells whether it answers plain notes."""
+
+    def __init__(self, path: str | None) -> None:
+        """``path``: the family's lock file; None (or empty) for a process on its own, which
+        always leads."""
+        self.path = path or None
+        self._fd: int | None = None
+        self._leader = self.path is None
+        self._closed = False
+
+    @property
+    def alone(self) -> bool:
+        """Whether this process has no family (it answers every note, hands nothing on)."""
+        return self.path is None
+
+    @property
+    def leader(self) -> bool:
+        """Whether this process holds the family lock now (tries nothing)."""
+        return self._leader and not self._closed
+
+    def leads(self) -> bool:
+        """Whether this process answers plain notes: it holds the family lock, or takes it now
+        (a non-blocking ``flock``). False once ``release`` was called."""
+        if self._leader or self._closed:
+            return self._leader and not self._closed
+        path = self.path
+        assert path is not None
+        try:
+            if self._fd is None:
+                self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            # No usable lock: answer every note, as a process on its own does.
+            log.warning(
+                "awa worker: family lock %s unusable (%s); this process answers every NOTIFY",
+                path,
+                exc,
+            )
+            self._leader = True
+            return True
+        self._leader = True
+        log.info("awa worker pid %s now answers NOTIFY for its family", os.getpid())
+        return True
+
+    def release(self) -> None:
+        """Stop answering notes (a graceful stop): another process of the family takes the
+        lock with the next note."""
+        self._closed = True
+        self._leader = False
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)  # frees the flock
+            self._fd = None
+
+
+class FamilyWakeups:
+    """The ``awa_jobs`` notes of a worker process (mixed into ``WorkerRuntime``)."""
+
+    config: WorkerConfig
+    family: Family
+    slots: Slots
+    stopping: bool
+    control_link: Link
+    _handing_off: set[str]
+    _rediscover: asyncio.Event
+    _async_batches: set[asyncio.Task[None]]
+    _loop: asyncio.AbstractEventLoop | None
+
+    def _on_jobs_note(self, payload: str) -> None:
+        """A note on ``awa_jobs``: wake the queue's dispatcher if this process answers it (in a
+        family, the leader answers plain notes and the others the notes it hands on)."""
+        if payload.startswith(HAND_OFF):
+            name = payload[len(HAND_OFF) :]
+            target = self.slots.wake.get(name)
+            if target is not None and not self.family.leader:
+                target.set()
+            return
+        target = self.slots.wake.get(payload)
+        if target is not None:
+            if self.family.leads():
+                target.set()
+                if not self.family.alone and not self.slots.has_room(payload):
+                    self._hand_off(payload)  # no slot free here: a sibling may have one
+        elif self.config.discover and QUEUE_NAME_RE.fullmatch(payload):
+            self._rediscover.set()  # a queue this worker does not serve yet
+
+    def _hand_off(self, queue: str) -> None:
+        """Wake the rest of the family for ``queue`` (one hand-off in flight per queue)."""
+        loop = self._loop
+        if queue in self._handing_off or self.stopping or loop is None or loop.is_closed():
+            return
+        self._handing_off.add(queue)
+        task = loop.create_task(self._send_hand_off(queue))
+        self._async_batches.add(task)
+        task.add_done_callback(self._async_batches.discard)
+
+    async def _send_hand_off(self, queue: str) -> None:
+        async def send(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(query("hand_off"), [HAND_OFF + queue])
+
+        try:
+            await self.control_link.run(send, give_up=lambda: self.stopping)
+        except Exception as exc:  # the others' poll interval still finds the work
+            log.warning("awa worker: could not hand a wake-up on (%s)", first_line(exc))
+        finally:
+            self._handing_off.discard(queue)
