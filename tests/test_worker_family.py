@@ -161,7 +161,9 @@ def test_the_next_note_finds_a_new_leader_when_the_leader_dies(manage_py: Start)
     (other,) = [p for p in pids if p != leader]
     os.kill(leader, signal.SIGKILL)  # the supervisor restarts it, a second later at the soonest
     pid, took = run_quick(proc, within=10)
-    assert pid == other
+    # The other process (now the leader), or the restarted one if it came up first (its
+    # start-up claims may take the job): in seconds either way, not at the 60 s poll.
+    assert pid != leader, (pid, other)
     assert took < 10
 
 
