@@ -272,19 +272,23 @@ def _set_limit(kind: str, limit: int | None) -> None:
         set_kind_limits(kind, global_concurrency=limit, actor="fa3")
 
 
-def _fuzz(seed: int, steps: int) -> None:
+_RATES = {"fa3.rated": (20.0, 4), "fa3.both": (30.0, 3)}
+
+
+def _fuzz(seed: int, steps: int, slots: Sequence[int], weights: Sequence[int]) -> None:
     import random
 
     rnd = random.Random(seed)
-    kinds = {"fa3.k1": 1, "fa3.k2": 2, "fa3.k3": 3, "fa3.k5": 5}
+    kinds = {"fa3.k1": 1, "fa3.k2": 2, "fa3.k3": 3, "fa3.k5": 5, "fa3.both": 2}
     limits: dict[str, int | None] = dict(kinds)
     for kind, limit in kinds.items():
-        _set_limit(kind, limit)
-    # At least 6 slots each: a session of fewer strands a parked job whose min(weight, limit)
-    # is above them (the bug test_parked_heavy_job_stranded_on_small_workers shows).
-    sessions = [_Session(rnd.choice([6, 8, 10])) for _ in range(3)]
+        if kind not in _RATES:
+            _set_limit(kind, limit)
+    set_kind_limits("fa3.rated", rate_limit=20.0, rate_burst=4, actor="fa3")
+    set_kind_limits("fa3.both", global_concurrency=2, rate_limit=30.0, rate_burst=3, actor="fa3")
+    sessions = [_Session(rnd.choice(slots)) for _ in range(3)]
     try:
-        _fuzz_with(rnd, kinds, limits, sessions, steps)
+        _fuzz_with(rnd, kinds, limits, sessions, steps, weights)
     finally:
         for s in sessions:
             s.conn.close()
@@ -296,7 +300,10 @@ def _fuzz_with(
     limits: dict[str, int | None],
     sessions: list[_Session],
     steps: int,
+    weights: Sequence[int],
 ) -> None:
+    import time
+
     enqueued: list[int] = []
     serial_of: dict[int, str] = {}
     claimed: dict[int, int] = {}
@@ -307,8 +314,8 @@ def _fuzz_with(
         requests = []
         raw = []
         for _ in range(n):
-            kind = rnd.choice([*kinds, "fa3.free", "fa3.free", "fa3.free2"])
-            w = rnd.choice([1, 1, 1, 2, 3, 4, 7, 12])
+            kind = rnd.choice([*kinds, "fa3.rated", "fa3.free", "fa3.free", "fa3.free2"])
+            w = rnd.choice(weights)
             key = rnd.choice([None, None, None, "a", "b", "c"])
             if rnd.random() < 0.25:
                 meta: dict[str, Any] = {"awa:weight": rnd.choice([w, "3", 2.5, 0, -1, 10001])}
@@ -396,14 +403,17 @@ def _fuzz_with(
         if len(problems) > 5:
             break
     # Drain: hand everything back and claim until every job was claimed (or nothing moves).
-    idle = 0
-    while len(claimed) < len(enqueued) and idle < 40 and len(problems) <= 5:
-        moved = False
+    last_move = time.monotonic()
+    while (
+        len(claimed) < len(enqueued)
+        and time.monotonic() - last_move < 3.0
+        and len(problems) <= 5
+    ):
         for s in sessions:
             new = s.claim("fa3", list(s.running))
             check("drain", s, new)
-            moved = moved or bool(new)
-        idle = 0 if moved else idle + 1
+            if new:
+                last_move = time.monotonic()
     missing = sorted(set(enqueued) - set(claimed))
     if missing:
         with pg() as c:
@@ -428,14 +438,39 @@ def _fuzz_with(
             f"(flow_waiting {parked}: {fw}, serial_waiting {sparked}: {sw}; limits {kl}; "
             f"locks {locks}; sessions {[(s.pid, s.slots, list(s.running)) for s in sessions]})"
         )
+    with pg() as c:
+        starts = c.execute(
+            "SELECT kind, extract(epoch FROM attempted_at) FROM awa.jobs"
+            " WHERE kind = ANY(%s) AND attempted_at IS NOT NULL ORDER BY 2",
+            [list(_RATES)],
+        ).fetchall()
+    for kind, (rate, burst) in _RATES.items():
+        times = [float(t) for k, t in starts if k == kind]
+        for i in range(len(times)):
+            for j in range(i + burst, len(times)):
+                span = times[j] - times[i]
+                if j - i + 1 > rate * (span + 0.05) + burst:
+                    problems.append(f"{kind}: {j - i + 1} started within {span:.3f} s")
+                    break
     for key, order in first_claim_order.items():
         if order != sorted(order):
             problems.append(f"key {key} claimed out of order: {order}")
     assert problems == [], "\n".join(problems)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_claim_v3_fuzz_kinds_weights_keys_limits(seed: int) -> None:
+@pytest.mark.parametrize(
+    ("seed", "slots", "weights"),
+    [
+        # At least 6 slots each: a session of fewer strands a parked job whose min(weight,
+        # limit) is above them (test_parked_heavy_job_stranded_on_small_workers).
+        (1, (6, 8, 10), (1, 1, 1, 2, 3, 4, 7, 12)),
+        (2, (6, 8, 10), (1, 1, 1, 2, 3, 4, 7, 12)),
+        (3, (2, 3), (1, 1, 2)),
+    ],
+)
+def test_claim_v3_fuzz_kinds_weights_keys_limits(
+    seed: int, slots: tuple[int, ...], weights: tuple[int, ...]
+) -> None:
     """Three claim sessions of 2-8 slots claim from one queue where kinds limited to 1, 2, 3
     and 5 (some changed at runtime: lowered, raised, cleared), unlimited kinds and serial keys
     mix, with weights 1-12 (and raw-SQL producers' bad weights), new jobs arriving and the claim
@@ -443,7 +478,7 @@ def test_claim_v3_fuzz_kinds_weights_keys_limits(seed: int) -> None:
     kind, a kind's running units never pass its limit, no permit is carried twice or held by a
     session for no running job, a key runs once at a time; at the end every job was claimed
     exactly once and each key's jobs in enqueue order."""
-    _fuzz(seed, 250)
+    _fuzz(seed, 250, slots, weights)
 
 
 @pytest.mark.xfail(
