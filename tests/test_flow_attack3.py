@@ -15,7 +15,7 @@ import signal
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -31,6 +31,10 @@ pytestmark = pytest.mark.usefixtures("clean_awa")
 assert flowatk3jobs  # registers the kinds in this process too (enqueue by name)
 
 Run = dict[str, Any]
+
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+#: How long after a limit change a claim may still have started under the old one.
+_GRACE = timedelta(seconds=0.3)
 
 
 def _tables() -> None:
@@ -508,3 +512,82 @@ def test_parked_heavy_job_stranded_on_small_workers(
         )
     _wait_done([a, b], workers, timeout=12)
     _stop(workers)
+
+
+def _db_now() -> datetime:
+    with pg() as c:
+        row = c.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def _started_since(kind: str, since: datetime) -> int:
+    with pg() as c:
+        row = c.execute(
+            "SELECT count(*) FROM fa3_runs WHERE kind = %s AND started > %s", [kind, since]
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_kind_limit_changed_mid_drain(manage_py: Callable[..., ManagedProcess]) -> None:
+    """A kind without limits drains on two workers of 6 slots beside unlimited jobs in the same
+    lanes while the operator sets its limit to 1, raises it to 4, lowers it to 2, clears it,
+    and sets 1 again (0 is refused, nothing written). docs/flow.md: a change takes effect with
+    the next claim (within POLL_INTERVAL); a lowered limit holds at once. From 0.3 s after each
+    change on, no job of the kind starts while the limit's worth of its jobs run; every job
+    runs once."""
+    _tables()
+    ids = []
+    for i in range(450):
+        kind = "fa3.plain" if i % 3 else "fa3.free"
+        ids.append(awa_django.enqueue(kind, kwargs={"seconds": 0.03}).id)
+    workers = _workers(manage_py, 2, concurrency=6)
+    wait_for(lambda: _started_since("fa3.plain", _EPOCH) >= 20, timeout=15, message="a start")
+    phases: list[tuple[datetime, int | None]] = []
+    befores: list[datetime] = []  # the clock before each change: the previous phase's end
+    for limit in (1, 4, 2, None, 1):
+        befores.append(_db_now())
+        _set_limit("fa3.plain", limit)
+        at = _db_now()
+        phases.append((at, limit))
+        if limit == 1 and len(phases) == 1:
+            with pytest.raises(awa_django.AwaError):
+                set_kind_limits("fa3.plain", global_concurrency=0, actor="fa3")
+            with pg() as c:
+                row = c.execute(
+                    "SELECT max_running FROM awa.flow_kind_limits WHERE kind = 'fa3.plain'"
+                ).fetchone()
+            assert row == (1,)
+        wait_for(
+            lambda at=at: _started_since("fa3.plain", at) >= 15,  # type: ignore[misc]
+            timeout=20,
+            message=f"15 starts under limit {limit}",
+        )
+    befores.append(_db_now())
+    _set_limit("fa3.plain", None)  # the rest drains unlimited (not checked)
+    _wait_done(ids, workers, timeout=60)
+    runs = [r for r in _runs() if r["kind"] == "fa3.plain"]
+    _once(_runs(), ids)
+    bounds = befores[1:]
+    bad = []
+    for (at, limit), until in zip(phases, bounds, strict=True):
+        if limit is None:
+            continue
+        for r in runs:
+            if r["started"] <= at + _GRACE or r["started"] > until:
+                continue
+            running = [o for o in runs if o["started"] <= r["started"] < o["ended"]]
+            if len(running) > limit:
+                bad.append(
+                    f"limit {limit} (set at {at.time()}): job {r['job_id']} started beside "
+                    + ", ".join(
+                        f"job {o['job_id']} (pid {o['pid']}, {o['started'].time()} -"
+                        f" {o['ended'].time()})"
+                        for o in running
+                    )
+                )
+    assert bad == [], (
+        f"phases {[(a.time().isoformat(), lim) for a, lim in phases]}: " + "\n".join(bad[:6])
+    )
+    _stop(workers)
+    _clean_logs(workers)
