@@ -591,3 +591,108 @@ def test_kind_limit_changed_mid_drain(manage_py: Callable[..., ManagedProcess]) 
     )
     _stop(workers)
     _clean_logs(workers)
+
+
+def _running_of(kind: str) -> Run | None:
+    with pg() as c:
+        row = c.execute(
+            "SELECT job_id, pid, started FROM fa3_runs WHERE kind = %s AND ended IS NULL"
+            " ORDER BY id LIMIT 1",
+            [kind],
+        ).fetchone()
+    return {"job_id": row[0], "pid": row[1], "started": row[2]} if row else None
+
+
+def _signal_holder(workers: list[ManagedProcess], pid: int, sig: int) -> ManagedProcess:
+    import os
+
+    for w in workers:
+        if w.pid == pid:
+            w.send_signal(sig)
+            return w
+    os.kill(pid, sig)  # a supervised child: the process that runs the handler
+    return next(w for w in workers if str(pid) in w.output()) if workers else workers[0]
+
+
+def test_sigkill_of_kind_permit_holder_mid_drain(
+    manage_py: Callable[..., ManagedProcess],
+) -> None:
+    """Jobs of a kind limited to 1, serial-keyed jobs of a kind limited to 2 and free jobs on
+    three workers; the worker running the limited kind's job is SIGKILLed. docs/flow.md: its
+    session ends and frees the permits at once, the limit holds throughout (the killed handler
+    counts as running until the kill), the killed attempt is rescued and retried, the key's
+    jobs go on, and every job completes."""
+    _tables()
+    ids, keys = [], {}
+    for i in range(90):
+        if i % 3 == 0:
+            ids.append(awa_django.enqueue("fa3.k1", kwargs={"seconds": 0.1}).id)
+        elif i % 3 == 1:
+            job = awa_django.enqueue("fa3.k2", kwargs={"seconds": 0.05}, serial_key=f"c{i % 2}")
+            ids.append(job.id)
+            keys[job.id] = f"c{i % 2}"
+        else:
+            ids.append(awa_django.enqueue("fa3.free", kwargs={"seconds": 0.02}).id)
+    workers = _workers(
+        manage_py, 3, concurrency=3, overrides={"HEARTBEAT_STALENESS": 2.0, "RESCUE_INTERVAL": 0.2}
+    )
+    wait_for(lambda: _started_since("fa3.k1", _EPOCH) >= 5, timeout=15, message="k1 starts")
+    victim = wait_for(lambda: _running_of("fa3.k1"), timeout=10, message="a k1 job running")
+    _signal_holder(workers, victim["pid"], signal.SIGKILL)
+    killed_at = _db_now()
+    alive = [w for w in workers if w.pid != victim["pid"]]
+    _wait_done(ids, alive, timeout=40)
+    runs = _runs()
+    for r in runs:
+        if r["ended"] is None:
+            assert r["pid"] == victim["pid"], r
+    for kind, limit in (("fa3.k1", 1), ("fa3.k2", 2)):
+        peak, where = _peak(
+            (r for r in runs if r["kind"] == kind), lambda r: 1, end_default=killed_at
+        )
+        assert peak <= limit, f"{kind}: {peak} at once ({where})"
+    first = [r for r in runs if r["attempt"] == 1 and r["pid"] != victim["pid"]]
+    assert _serial_order(first, keys) == []
+    _stop(alive)
+    _clean_logs(alive)
+
+
+def test_sigstop_of_kind_permit_holder(manage_py: Callable[..., ManagedProcess]) -> None:
+    """The worker running a job of a kind limited to 1 is frozen (SIGSTOP). docs/flow.md: while
+    it is frozen its permit stays taken, "fewer than the limit run, never more"; the leader
+    rescues its attempt and terminates its backend (awa.flow_reap_v1), after which the other
+    workers run the kind again. After SIGCONT everything completes."""
+    _tables()
+    ids = [awa_django.enqueue("fa3.k1", kwargs={"seconds": 0.3}).id]
+    ids += [awa_django.enqueue("fa3.k1", kwargs={"seconds": 0.02}).id for _ in range(30)]
+    ids += [awa_django.enqueue("fa3.free", kwargs={"seconds": 0.01}).id for _ in range(30)]
+    overrides = {
+        "HEARTBEAT_STALENESS": 1.0,
+        "RUNTIME_REFRESH_INTERVAL": 0.2,
+        "HEARTBEAT_INTERVAL": 0.1,
+        "RESCUE_INTERVAL": 0.2,
+    }
+    workers = _workers(manage_py, 2, concurrency=2, overrides=overrides)
+    victim = wait_for(lambda: _running_of("fa3.k1"), timeout=15, message="a k1 job running")
+    frozen = _signal_holder(workers, victim["pid"], signal.SIGSTOP)
+    stopped_at = _db_now()
+    try:
+        others = [w for w in workers if w is not frozen]
+        with pg() as c:
+            wait_for(
+                lambda: c.execute(
+                    "SELECT count(*) >= 5 FROM fa3_runs WHERE kind = 'fa3.k1' AND pid <> %s"
+                    " AND started > %s",
+                    [victim["pid"], stopped_at],
+                ).fetchone()[0],  # type: ignore[index]
+                timeout=20,
+                message=lambda: "the kind to run again while its holder is frozen; logs:\n"
+                + "\n".join(w.output()[-3000:] for w in others),
+            )
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    _wait_done(ids, workers, timeout=30)
+    runs = [r for r in _runs() if r["kind"] == "fa3.k1" and r["pid"] != victim["pid"]]
+    peak, where = _peak(runs, lambda r: 1)
+    assert peak <= 1, where
+    _stop(workers)
