@@ -696,3 +696,72 @@ def test_sigstop_of_kind_permit_holder(manage_py: Callable[..., ManagedProcess])
     peak, where = _peak(runs, lambda r: 1)
     assert peak <= 1, where
     _stop(workers)
+
+
+def _window_violations(times: list[float], rate: float, burst: int, slack: float) -> list[str]:
+    bad = []
+    for i in range(len(times)):
+        for j in range(i + burst, len(times)):
+            span = times[j] - times[i]
+            if j - i + 1 > rate * (span + slack) + burst:
+                bad.append(f"{j - i + 1} started within {span:.3f} s (rate {rate}, burst {burst})")
+                break
+    return bad
+
+
+def test_kind_rate_changed_mid_drain_beside_free_jobs(
+    manage_py: Callable[..., ManagedProcess],
+) -> None:
+    """Jobs of a kind limited to 20/s (burst 4) interleaved with free jobs in the same lanes,
+    on two workers; mid-drain the operator lowers the rate to 8/s (burst 2), then raises it to
+    40/s (burst 5). docs/flow.md: over any window of t seconds at most rate × t + burst start
+    (by the claim's database clock), a change takes effect with the next claim, and the other
+    jobs of the queue are not held behind the rate (no head-of-line blocking)."""
+    _tables()
+    rated, free = [], []
+    for _ in range(110):
+        rated.append(awa_django.enqueue("fa3.rated").id)
+        free.append(awa_django.enqueue("fa3.free").id)
+    workers = _workers(manage_py, 2, concurrency=4)
+    phases: list[tuple[datetime, datetime, float, int]] = []
+    start = _db_now()
+    wait_for(lambda: _started_since("fa3.rated", _EPOCH) >= 30, timeout=15, message="30 starts")
+    for rate, burst, n in ((8.0, 2, 15), (40.0, 5, 0)):
+        before = _db_now()
+        set_kind_limits("fa3.rated", rate_limit=rate, rate_burst=burst, actor="fa3")
+        after = _db_now()
+        phases.append((before, after, rate, burst))
+        if n:
+            wait_for(
+                lambda after=after, n=n: _started_since("fa3.rated", after) >= n,  # type: ignore[misc]
+                timeout=15,
+                message=f"{n} starts at {rate}/s",
+            )
+    _wait_done(rated + free, workers, timeout=30)
+    with pg() as c:
+        claims = [
+            t
+            for (t,) in c.execute(
+                "SELECT attempted_at FROM awa.jobs WHERE id = ANY(%s) ORDER BY 1", [rated]
+            ).fetchall()
+        ]
+        free_done = c.execute(
+            "SELECT max(finalized_at) FROM awa.jobs WHERE id = ANY(%s)", [free]
+        ).fetchone()
+    bad: list[str] = []
+    windows = [(start, phases[0][0], 20.0, 4)]
+    windows.append((phases[0][1] + _GRACE, phases[1][0], 8.0, 2))
+    windows.append((phases[1][1] + _GRACE, claims[-1] + _GRACE, 40.0, 5))
+    for lo, hi, rate, burst in windows:
+        times = [t.timestamp() for t in claims if lo <= t <= hi]
+        bad += _window_violations(times, rate, burst, 0.02)
+    assert bad == [], bad[:5]
+    _once(_runs(), rated + free)
+    # The free jobs do not wait behind the rated ones: all done before the rated drain's end
+    # (it takes over 5 s; free jobs alone take well under 1).
+    assert free_done is not None and free_done[0] < claims[-1] - timedelta(seconds=2), (
+        free_done,
+        claims[-1],
+    )
+    _stop(workers)
+    _clean_logs(workers)
