@@ -220,6 +220,7 @@ class _Session:
         self.pid = self.conn.info.backend_pid
         self.slots = slots
         self.running: dict[int, dict[str, Any]] = {}
+        self.overdrawn = False
 
     def units(self) -> int:
         return sum(j["weight"] for j in self.running.values())
@@ -243,6 +244,7 @@ class _Session:
             ],
         ).fetchall()
         new = []
+        self.overdrawn = sum(r[2] for r in rows if r[0] is not None) > self.slots - self.units()
         for job_id, kind, w, permits, slock, key, at in rows:
             if job_id is None:
                 continue
@@ -279,8 +281,12 @@ def _set_limit(kind: str, limit: int | None) -> None:
 _RATES = {"fa3.rated": (20.0, 4), "fa3.both": (30.0, 3)}
 
 
-def _fuzz(seed: int, steps: int, slots: Sequence[int], weights: Sequence[int]) -> None:
+def _fuzz(
+    seed: int, steps: int, slots: Sequence[int], weights: Sequence[int], qlimit: int | None
+) -> None:
     import random
+
+    from awa_django.operator import set_queue_limits
 
     rnd = random.Random(seed)
     kinds = {"fa3.k1": 1, "fa3.k2": 2, "fa3.k3": 3, "fa3.k5": 5, "fa3.both": 2}
@@ -291,8 +297,11 @@ def _fuzz(seed: int, steps: int, slots: Sequence[int], weights: Sequence[int]) -
     set_kind_limits("fa3.rated", rate_limit=20.0, rate_burst=4, actor="fa3")
     set_kind_limits("fa3.both", global_concurrency=2, rate_limit=30.0, rate_burst=3, actor="fa3")
     sessions = [_Session(rnd.choice(slots)) for _ in range(3)]
+    queue = "fa3" if qlimit is None else "fa3ql"
+    if qlimit is not None:
+        set_queue_limits(queue, global_concurrency=qlimit, actor="fa3")
     try:
-        _fuzz_with(rnd, kinds, limits, sessions, steps, weights)
+        _fuzz_with(rnd, kinds, limits, sessions, steps, weights, queue, qlimit)
     finally:
         for s in sessions:
             s.conn.close()
@@ -305,11 +314,14 @@ def _fuzz_with(
     sessions: list[_Session],
     steps: int,
     weights: Sequence[int],
+    queue: str,
+    qlimit: int | None,
 ) -> None:
     import time
 
     enqueued: list[int] = []
     serial_of: dict[int, str] = {}
+    weight_of: dict[int, int] = {}
     claimed: dict[int, int] = {}
     first_claim_order: dict[str, list[int]] = defaultdict(list)
     problems: list[str] = []
@@ -317,25 +329,43 @@ def _fuzz_with(
     def enqueue_some(n: int) -> None:
         requests = []
         raw = []
+        req_w: list[int] = []
+        raw_w: list[int] = []
         for _ in range(n):
             kind = rnd.choice([*kinds, "fa3.rated", "fa3.free", "fa3.free", "fa3.free2"])
             w = rnd.choice(weights)
             key = rnd.choice([None, None, None, "a", "b", "c"])
             if rnd.random() < 0.25:
-                meta: dict[str, Any] = {"awa:weight": rnd.choice([w, "3", 2.5, 0, -1, 10001])}
+                bad_w = rnd.choice([w, "3", 2.5, 0, -1, 10001])
+                meta: dict[str, Any] = {"awa:weight": bad_w}
                 if key is not None:
                     meta["awa:serial"] = key
-                raw.append({"kind": kind, "queue": "fa3", "args": {"args": [], "kwargs": {}}, "metadata": meta})
+                raw_w.append(bad_w if type(bad_w) is int and 1 <= bad_w <= 10000 else 1)
+                raw.append(
+                    {
+                        "kind": kind,
+                        "queue": queue,
+                        "priority": rnd.choice([0, 7]),
+                        "args": {"args": [], "kwargs": {}},
+                        "metadata": meta,
+                    }
+                )
             else:
-                opts: dict[str, Any] = {"weight": w}
+                opts: dict[str, Any] = {
+                    "weight": w,
+                    "priority": rnd.choice([0, 0, 5, 20]),
+                    "queue": queue,
+                }
                 if key is not None:
                     opts["serial_key"] = key
                 requests.append((awa_django.get_job(kind).using(**opts).prepare(), key))
+                req_w.append(w)
         if requests:
             for job, (_, key) in zip(
                 awa_django.enqueue_many([r for r, _ in requests]), requests, strict=True
             ):
                 enqueued.append(job.id)
+                weight_of[job.id] = req_w.pop(0)
                 if key is not None:
                     serial_of[job.id] = key
         if raw:
@@ -345,16 +375,23 @@ def _fuzz_with(
                 ).fetchall()
             for (job_id,), spec in zip(rows, raw, strict=True):
                 enqueued.append(job_id)
+                weight_of[job_id] = raw_w.pop(0)
                 if "awa:serial" in spec["metadata"]:
                     serial_of[job_id] = spec["metadata"]["awa:serial"]
 
     def check(step: str, session: _Session, new: list[dict[str, Any]]) -> None:
+        if session.overdrawn:
+            problems.append(f"{step}: a claim of {session.slots} slots took {new}: over p_max")
         for j in new:
+            want_w = min(weight_of[j["job_id"]], session.slots, qlimit or 10000)
+            if j["weight"] != want_w:
+                problems.append(f"{step}: job {j['job_id']} counts {j['weight']}, not {want_w}")
             claimed[j["job_id"]] = claimed.get(j["job_id"], 0) + 1
             if claimed[j["job_id"]] > 1:
                 problems.append(f"{step}: job {j['job_id']} claimed twice")
             limit = limits.get(j["kind"])
-            want = min(j["weight"], limit) if limit else 0
+            j["qunits"] = min(j["weight"], qlimit) if qlimit else 0
+            want = (min(j["weight"], limit) if limit else 0) + j["qunits"]
             if len(j["permits"]) != want:
                 problems.append(
                     f"{step}: job {j['job_id']} ({j['kind']}, weight {j['weight']}, limit "
@@ -375,10 +412,17 @@ def _fuzz_with(
             if limit is None:
                 continue
             units = sum(
-                len(o["permits"]) for s in sessions for o in s.running.values() if o["kind"] == kind
+                len(o["permits"]) - o["qunits"]
+                for s in sessions
+                for o in s.running.values()
+                if o["kind"] == kind
             )
             if units > limit:
                 problems.append(f"{step}: {kind} runs {units} units, limit {limit}")
+        if qlimit is not None and new:
+            units = sum(o["qunits"] for s in sessions for o in s.running.values())
+            if units > qlimit:
+                problems.append(f"{step}: queue runs {units} units, limit {qlimit}")
         all_keys = [k for s in sessions for o in s.running.values() for k in o["permits"]]
         if len(all_keys) != len(set(all_keys)):
             problems.append(f"{step}: a permit key is carried by two running jobs")
@@ -402,7 +446,7 @@ def _fuzz_with(
                 c.execute("SELECT awa.rotate_v3('claim', 0)")
         s = rnd.choice(sessions)
         release = [j for j in s.running if rnd.random() < 0.5]
-        new = s.claim("fa3", release)
+        new = s.claim(queue, release)
         check(f"step {step}", s, new)
         if len(problems) > 5:
             break
@@ -414,7 +458,7 @@ def _fuzz_with(
         and len(problems) <= 5
     ):
         for s in sessions:
-            new = s.claim("fa3", list(s.running))
+            new = s.claim(queue, list(s.running))
             check("drain", s, new)
             if new:
                 last_move = time.monotonic()
@@ -463,17 +507,17 @@ def _fuzz_with(
 
 
 @pytest.mark.parametrize(
-    ("seed", "slots", "weights"),
+    ("seed", "slots", "weights", "qlimit"),
     [
         # At least 6 slots each: a session of fewer strands a parked job whose min(weight,
         # limit) is above them (test_parked_heavy_job_stranded_on_small_workers).
-        (1, (6, 8, 10), (1, 1, 1, 2, 3, 4, 7, 12)),
-        (2, (6, 8, 10), (1, 1, 1, 2, 3, 4, 7, 12)),
-        (3, (2, 3), (1, 1, 2)),
+        (1, (6, 8, 10), (1, 1, 1, 2, 3, 4, 7, 12), None),
+        (2, (6, 8, 10), (1, 1, 1, 2, 3, 4, 7, 12), 5),
+        (3, (2, 3), (1, 1, 2), None),
     ],
 )
 def test_claim_v3_fuzz_kinds_weights_keys_limits(
-    seed: int, slots: tuple[int, ...], weights: tuple[int, ...]
+    seed: int, slots: tuple[int, ...], weights: tuple[int, ...], qlimit: int | None
 ) -> None:
     """Three claim sessions of 2-8 slots claim from one queue where kinds limited to 1, 2, 3
     and 5 (some changed at runtime: lowered, raised, cleared), unlimited kinds and serial keys
@@ -482,7 +526,7 @@ def test_claim_v3_fuzz_kinds_weights_keys_limits(
     kind, a kind's running units never pass its limit, no permit is carried twice or held by a
     session for no running job, a key runs once at a time; at the end every job was claimed
     exactly once and each key's jobs in enqueue order."""
-    _fuzz(seed, 250, slots, weights)
+    _fuzz(seed, 250, slots, weights, qlimit)
 
 
 @pytest.mark.xfail(
@@ -792,7 +836,10 @@ def test_claim_v3_concurrent_sessions_hammer() -> None:
             for _ in range(rnd.randint(1, 8)):
                 kind = rnd.choice([*kinds, "fa3.free", "fa3.free2"])
                 key = rnd.choice([None, None, "p", "q"])
-                opts: dict[str, Any] = {"weight": rnd.choice([1, 1, 2, 4])}
+                opts: dict[str, Any] = {
+                    "weight": rnd.choice([1, 1, 2, 4]),
+                    "priority": rnd.choice([0, 3, 9]),
+                }
                 if key:
                     opts["serial_key"] = key
                 batch.append((awa_django.get_job(kind).using(**opts).prepare(), key))
