@@ -955,3 +955,76 @@ def test_claim_v3_concurrent_sessions_hammer() -> None:
             if j in initial and any(o > j for o in order[:i]):
                 problems.append(f"serial key {key}: job {j} claimed after a younger one")
     assert problems == [], "\n".join(problems[:10])
+
+
+def _interrupter(fn: str, stop: threading.Event, hits: list[int]) -> None:
+    """Cancel (or terminate) every worker backend caught running a claim_v3, until ``stop``."""
+    import time
+
+    with pg() as c:
+        while not stop.is_set():
+            rows = c.execute(
+                f"SELECT {fn}(pid) FROM pg_stat_activity"  # noqa: S608 - fn is ours
+                " WHERE state = 'active' AND query LIKE '%%claim_v3%%'"
+                " AND pid <> pg_backend_pid()"
+            ).fetchall()
+            hit = sum(1 for (ok,) in rows if ok)
+            hits.append(hit)
+            # One interruption now and then (every claim interrupted is no progress at all).
+            time.sleep(0.15 if hit else 0.002)
+
+
+def _held_flow_locks() -> int:
+    with pg() as c:
+        row = c.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            " AND classid IN (4282182, 4282183) AND granted"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_claims_cancelled_mid_statement(manage_py: Callable[..., ManagedProcess]) -> None:
+    """A hostile environment cancels (pg_cancel_backend) every claim statement it catches
+    running, while two workers drain a queue where kinds limited to 1 and 2 (weights 1-2),
+    serial keys and free jobs mix. docs/flow.md: a claim that fails part-way leaves no permit or
+    key behind (awa.flow_reset_v1, awa.serial_reset_v1); a cancel does not end the session, so
+    the limits hold throughout. Every job completes, no kind runs over its limit, and once the
+    workers are idle no permit or run lock is held."""
+    _tables()
+    ids, keys, weight = [], {}, {}
+    for i in range(240):
+        kind = ["fa3.k1", "fa3.k2", "fa3.free", "fa3.k2"][i % 4]
+        key = f"z{i % 3}" if i % 5 == 0 else None
+        w = 1 + (i % 7 == 0)
+        job = awa_django.enqueue(kind, kwargs={"seconds": 0.01}, weight=w, serial_key=key)
+        ids.append(job.id)
+        weight[job.id] = w
+        if key:
+            keys[job.id] = key
+    stop = threading.Event()
+    hits: list[int] = []
+    t = threading.Thread(target=_interrupter, args=("pg_cancel_backend", stop, hits))
+    workers = _workers(manage_py, 2, concurrency=4)
+    t.start()
+    try:
+        _wait_done(ids, workers, timeout=60)
+    finally:
+        stop.set()
+        t.join()
+    assert sum(hits) > 0, "no claim was caught running"
+    wait_for(
+        lambda: _held_flow_locks() == 0,
+        timeout=10,
+        message=lambda: f"{_held_flow_locks()} permits or run locks still held by idle workers",
+    )
+    runs = _runs()
+    for kind, limit in (("fa3.k1", 1), ("fa3.k2", 2)):
+        peak, where = _peak(
+            (r for r in runs if r["kind"] == kind),
+            lambda r, limit=limit: min(weight[r["job_id"]], limit),  # type: ignore[misc]
+        )
+        assert peak <= limit, f"{kind}: {peak} at once ({where}); {sum(hits)} cancels"
+    assert _serial_order([r for r in runs if r["attempt"] == 1], keys) == []
+    for w in workers:
+        assert w.proc.poll() is None, w.output()[-3000:]
+    _stop(workers)
