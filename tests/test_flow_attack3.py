@@ -957,7 +957,7 @@ def test_claim_v3_concurrent_sessions_hammer() -> None:
     assert problems == [], "\n".join(problems[:10])
 
 
-def _interrupter(fn: str, stop: threading.Event, hits: list[int]) -> None:
+def _interrupter(fn: str, stop: threading.Event, hits: list[int], pause: float) -> None:
     """Cancel (or terminate) every worker backend caught running a claim_v3, until ``stop``."""
     import time
 
@@ -971,7 +971,7 @@ def _interrupter(fn: str, stop: threading.Event, hits: list[int]) -> None:
             hit = sum(1 for (ok,) in rows if ok)
             hits.append(hit)
             # One interruption now and then (every claim interrupted is no progress at all).
-            time.sleep(0.15 if hit else 0.002)
+            time.sleep(pause if hit else 0.002)
 
 
 def _held_flow_locks() -> int:
@@ -1003,7 +1003,7 @@ def test_claims_cancelled_mid_statement(manage_py: Callable[..., ManagedProcess]
             keys[job.id] = key
     stop = threading.Event()
     hits: list[int] = []
-    t = threading.Thread(target=_interrupter, args=("pg_cancel_backend", stop, hits))
+    t = threading.Thread(target=_interrupter, args=("pg_cancel_backend", stop, hits, 0.15))
     workers = _workers(manage_py, 2, concurrency=4)
     t.start()
     try:
@@ -1025,6 +1025,44 @@ def test_claims_cancelled_mid_statement(manage_py: Callable[..., ManagedProcess]
         )
         assert peak <= limit, f"{kind}: {peak} at once ({where}); {sum(hits)} cancels"
     assert _serial_order([r for r in runs if r["attempt"] == 1], keys) == []
+    for w in workers:
+        assert w.proc.poll() is None, w.output()[-3000:]
+    _stop(workers)
+
+
+def test_claim_connections_terminated(manage_py: Callable[..., ManagedProcess]) -> None:
+    """A hostile environment terminates (pg_terminate_backend) the backend of claims it catches
+    running, now and then, while two workers drain limited kinds, serial keys and free jobs.
+    docs/flow.md allows an overrun of one attempt per lost permit or key while a handler that
+    lost its session runs (logged); it promises that the worker reconnects and takes its running
+    handlers' permits back, that nothing is lost: every job completes, no attempt is delivered
+    twice, and once the workers are idle no permit or run lock is held."""
+    _tables()
+    ids = []
+    for i in range(200):
+        kind = ["fa3.k1", "fa3.k2", "fa3.free", "fa3.k3"][i % 4]
+        key = f"t{i % 3}" if i % 5 == 0 else None
+        ids.append(awa_django.enqueue(kind, kwargs={"seconds": 0.01}, serial_key=key).id)
+    stop = threading.Event()
+    hits: list[int] = []
+    t = threading.Thread(target=_interrupter, args=("pg_terminate_backend", stop, hits, 1.0))
+    workers = _workers(manage_py, 2, concurrency=4)
+    t.start()
+    try:
+        _wait_done(ids, workers, timeout=60)
+    finally:
+        stop.set()
+        t.join()
+    assert sum(hits) > 0, "no claim was caught running"
+    wait_for(
+        lambda: _held_flow_locks() == 0,
+        timeout=10,
+        message=lambda: f"{_held_flow_locks()} permits or run locks still held by idle workers",
+    )
+    seen: dict[tuple[int, int], int] = defaultdict(int)
+    for r in _runs():
+        seen[(r["job_id"], r["attempt"])] += 1
+    assert [k for k, n in seen.items() if n > 1] == []
     for w in workers:
         assert w.proc.poll() is None, w.output()[-3000:]
     _stop(workers)
