@@ -10,6 +10,7 @@ held their permits at the same time.
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import threading
@@ -145,7 +146,7 @@ def _serial_order(runs: list[Run], keys: dict[int, str]) -> list[str]:
     bad = []
     for key, rs in by_key.items():
         rs.sort(key=lambda r: r["started"])
-        for a, b in zip(rs, rs[1:], strict=False):
+        for a, b in itertools.pairwise(rs):
             if b["job_id"] < a["job_id"] and a["attempt"] == 1 and b["attempt"] == 1:
                 bad.append(f"{key}: job {b['job_id']} ran after younger job {a['job_id']}")
             if a["ended"] is None or b["started"] < a["ended"]:
@@ -261,15 +262,6 @@ class _Session:
             new.append(entry)
         return new
 
-    def held_locks(self) -> int:
-        with pg() as c:
-            row = c.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s"
-                " AND classid = %s AND granted",
-                [self.pid, _KIND_PERMIT_CLASS],
-            ).fetchone()
-        return int(row[0]) if row else 0
-
 
 def _set_limit(kind: str, limit: int | None) -> None:
     if limit is None:
@@ -319,6 +311,7 @@ def _fuzz_with(
 ) -> None:
     import time
 
+    observer = sessions[0].conn  # reads pg_locks only: takes nothing
     enqueued: list[int] = []
     serial_of: dict[int, str] = {}
     weight_of: dict[int, int] = {}
@@ -426,8 +419,15 @@ def _fuzz_with(
         all_keys = [k for s in sessions for o in s.running.values() for k in o["permits"]]
         if len(all_keys) != len(set(all_keys)):
             problems.append(f"{step}: a permit key is carried by two running jobs")
+        counts: dict[int, int] = dict(
+            observer.execute(
+                "SELECT pid, count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                " AND classid = %s AND granted GROUP BY pid",
+                [_KIND_PERMIT_CLASS],
+            ).fetchall()
+        )
         for s in sessions:
-            held = s.held_locks()
+            held = counts.get(s.pid, 0)
             carried = sum(len(o["permits"]) for o in s.running.values())
             if held != carried:
                 problems.append(f"{step}: session {s.pid} holds {held} permits, carries {carried}")
@@ -453,9 +453,7 @@ def _fuzz_with(
     # Drain: hand everything back and claim until every job was claimed (or nothing moves).
     last_move = time.monotonic()
     while (
-        len(claimed) < len(enqueued)
-        and time.monotonic() - last_move < 3.0
-        and len(problems) <= 5
+        len(claimed) < len(enqueued) and time.monotonic() - last_move < 3.0 and len(problems) <= 5
     ):
         for s in sessions:
             new = s.claim(queue, list(s.running))
@@ -544,17 +542,19 @@ def test_parked_heavy_job_stranded_on_small_workers(
     must run."""
     _tables()
     workers = _workers(manage_py, 2, concurrency=2)
-    a = awa_django.enqueue("fa3.k3", kwargs={"seconds": 1.5}, weight=3).id
+    a = awa_django.enqueue("fa3.k3", kwargs={"seconds": 0.8}, weight=3).id
     wait_for(lambda: any(r["job_id"] == a for r in _runs()), timeout=15, message="A running")
     b = awa_django.enqueue("fa3.k3", kwargs={"seconds": 0.0}, weight=3).id
     with pg() as c:
         wait_for(
-            lambda: c.execute("SELECT 1 FROM awa.flow_waiting WHERE job_id = %s", [b]).fetchone()
-            or _done([b]),
+            lambda: (
+                c.execute("SELECT 1 FROM awa.flow_waiting WHERE job_id = %s", [b]).fetchone()
+                or _done([b])
+            ),
             timeout=10,
             message="B parked (or run)",
         )
-    _wait_done([a, b], workers, timeout=12)
+    _wait_done([a, b], workers, timeout=6)
     _stop(workers)
 
 
@@ -630,8 +630,8 @@ def test_kind_limit_changed_mid_drain(manage_py: Callable[..., ManagedProcess]) 
                         for o in running
                     )
                 )
-    assert bad == [], (
-        f"phases {[(a.time().isoformat(), lim) for a, lim in phases]}: " + "\n".join(bad[:6])
+    assert bad == [], f"phases {[(a.time().isoformat(), lim) for a, lim in phases]}: " + "\n".join(
+        bad[:6]
     )
     _stop(workers)
     _clean_logs(workers)
@@ -682,6 +682,7 @@ def test_sigkill_of_kind_permit_holder_mid_drain(
     )
     wait_for(lambda: _started_since("fa3.k1", _EPOCH) >= 5, timeout=15, message="k1 starts")
     victim = wait_for(lambda: _running_of("fa3.k1"), timeout=10, message="a k1 job running")
+    assert victim is not None
     _signal_holder(workers, victim["pid"], signal.SIGKILL)
     killed_at = _db_now()
     alive = [w for w in workers if w.pid != victim["pid"]]
@@ -718,6 +719,7 @@ def test_sigstop_of_kind_permit_holder(manage_py: Callable[..., ManagedProcess])
     }
     workers = _workers(manage_py, 2, concurrency=2, overrides=overrides)
     victim = wait_for(lambda: _running_of("fa3.k1"), timeout=15, message="a k1 job running")
+    assert victim is not None
     frozen = _signal_holder(workers, victim["pid"], signal.SIGSTOP)
     stopped_at = _db_now()
     try:
@@ -730,8 +732,10 @@ def test_sigstop_of_kind_permit_holder(manage_py: Callable[..., ManagedProcess])
                     [victim["pid"], stopped_at],
                 ).fetchone()[0],  # type: ignore[index]
                 timeout=20,
-                message=lambda: "the kind to run again while its holder is frozen; logs:\n"
-                + "\n".join(w.output()[-3000:] for w in others),
+                message=lambda: (
+                    "the kind to run again while its holder is frozen; logs:\n"
+                    + "\n".join(w.output()[-3000:] for w in others)
+                ),
             )
     finally:
         frozen.send_signal(signal.SIGCONT)
@@ -758,7 +762,7 @@ def test_kind_rate_changed_mid_drain_beside_free_jobs(
 ) -> None:
     """Jobs of a kind limited to 20/s (burst 4) interleaved with free jobs in the same lanes,
     on two workers; mid-drain the operator lowers the rate to 8/s (burst 2), then raises it to
-    40/s (burst 5). docs/flow.md: over any window of t seconds at most rate × t + burst start
+    40/s (burst 5). docs/flow.md: over any window of t seconds at most rate x t + burst start
     (by the claim's database clock), a change takes effect with the next claim, and the other
     jobs of the queue are not held behind the rate (no head-of-line blocking)."""
     _tables()
@@ -884,7 +888,7 @@ def test_claim_v3_concurrent_sessions_hammer() -> None:
                     since[e["job_id"]] = t_claimed
             for j, e in s.running.items():
                 held.append({**e, "from": since[j], "to": time.monotonic()})
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:
             errors.append(exc)
         finally:
             s.conn.close()
@@ -964,7 +968,7 @@ def _interrupter(fn: str, stop: threading.Event, hits: list[int], pause: float) 
     with pg() as c:
         while not stop.is_set():
             rows = c.execute(
-                f"SELECT {fn}(pid) FROM pg_stat_activity"  # noqa: S608 - fn is ours
+                f"SELECT {fn}(pid) FROM pg_stat_activity"
                 " WHERE state = 'active' AND query LIKE '%%claim_v3%%'"
                 " AND pid <> pg_backend_pid()"
             ).fetchall()
@@ -995,10 +999,10 @@ def test_claims_cancelled_mid_statement(manage_py: Callable[..., ManagedProcess]
     for i in range(240):
         kind = ["fa3.k1", "fa3.k2", "fa3.free", "fa3.k2"][i % 4]
         key = f"z{i % 3}" if i % 5 == 0 else None
-        w = 1 + (i % 7 == 0)
-        job = awa_django.enqueue(kind, kwargs={"seconds": 0.01}, weight=w, serial_key=key)
+        heavy = 1 + (i % 7 == 0)
+        job = awa_django.enqueue(kind, kwargs={"seconds": 0.01}, weight=heavy, serial_key=key)
         ids.append(job.id)
-        weight[job.id] = w
+        weight[job.id] = heavy
         if key:
             keys[job.id] = key
     stop = threading.Event()
