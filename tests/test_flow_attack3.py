@@ -1070,3 +1070,48 @@ def test_claim_connections_terminated(manage_py: Callable[..., ManagedProcess]) 
     for w in workers:
         assert w.proc.poll() is None, w.output()[-3000:]
     _stop(workers)
+
+
+def test_lowered_kind_limit_counts_old_permits_on_the_fast_path() -> None:
+    """docs/flow.md: a lowered limit holds at once, a claim counts every held permit of the
+    kind before it takes one. A session holds 5 permits of a kind limited to 5; the limit goes
+    to 1. Claims of 1 slot (limit >= units left: the fast path asks the kind up front) take
+    nothing until all the old permits are back, then exactly one job at a time. Raised to 3,
+    the next claims take up to 3."""
+    kind = "fa3.k5"
+    _set_limit(kind, 5)
+    ids = [awa_django.enqueue(kind).id for _ in range(12)]
+    ids += [awa_django.enqueue("fa3.free").id for _ in range(3)]
+    a, b, c = _Session(5), _Session(1), _Session(1)
+    try:
+        got = a.claim("fa3", [])
+        assert [j["kind"] for j in got] == [kind] * 5, got
+        _set_limit(kind, 1)
+        assert [j["kind"] for j in b.claim("fa3", [])] in ([], ["fa3.free"])
+        first = list(a.running)
+        a.claim("fa3", first[:3])  # 2 old permits still held: free jobs only
+        assert all(
+            j["kind"] == "fa3.free"
+            for s in (a, b)
+            for j in s.running.values()
+            if j["job_id"] not in first
+        )
+        for s in (b, c):
+            new = s.claim("fa3", [j for j in s.running if s.running[j]["kind"] == "fa3.free"])
+            assert all(j["kind"] != kind for j in new), new
+        a.claim("fa3", list(a.running))  # every old permit back; a may take one job of the kind
+        running_kind = [j for s in (a, b, c) for j in s.running.values() if j["kind"] == kind]
+        assert len(running_kind) <= 1, running_kind
+        for s in (b, c):
+            s.claim("fa3", [j for j in s.running if s.running[j]["kind"] == "fa3.free"])
+        running_kind = [j for s in (a, b, c) for j in s.running.values() if j["kind"] == kind]
+        assert len(running_kind) == 1, running_kind
+        _set_limit(kind, 3)
+        for s in (b, c, a):
+            s.claim("fa3", [])
+        running_kind = [j for s in (a, b, c) for j in s.running.values() if j["kind"] == kind]
+        assert len(running_kind) == 3, running_kind
+        assert sum(len(j["permits"]) for j in running_kind) == 3
+    finally:
+        for s in (a, b, c):
+            s.conn.close()
