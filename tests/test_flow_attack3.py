@@ -1115,3 +1115,41 @@ def test_lowered_kind_limit_counts_old_permits_on_the_fast_path() -> None:
     finally:
         for s in (a, b, c):
             s.conn.close()
+
+
+def test_cancel_of_a_job_parked_by_its_kind_ahead_of_its_key(
+    manage_py: Callable[..., ManagedProcess],
+) -> None:
+    """A job of a kind limited to 1 (busy with a long job) is parked by its kind; younger jobs
+    of its serial key (of no limited kind) park behind it. Cancelling the parked job: docs/flow.md
+    says cancel removes a parked job and the leader's sweep hands on a key whose next job was
+    cancelled before it ran, so the key's other jobs run (while the long job still runs: they
+    need no permit of the kind); the cancelled job never runs; the kind's other parked job runs
+    once the long one ended."""
+    _tables()
+    workers = _workers(manage_py, 2, concurrency=3)
+    long = awa_django.enqueue("fa3.k1", kwargs={"seconds": 4.0}).id
+    wait_for(lambda: _running_of("fa3.k1"), timeout=15, message="the long job running")
+    a = awa_django.enqueue("fa3.k1", serial_key="K").id
+    b = awa_django.enqueue("fa3.free", serial_key="K").id
+    c = awa_django.enqueue("fa3.free2", serial_key="K").id
+    d = awa_django.enqueue("fa3.k1").id
+    with pg() as conn:
+        wait_for(
+            lambda: conn.execute(
+                "SELECT count(*) = 2 FROM awa.flow_waiting WHERE job_id = ANY(%s)", [[a, d]]
+            ).fetchone()[0]  # type: ignore[index]
+            and conn.execute(
+                "SELECT count(*) = 2 FROM awa.serial_waiting WHERE job_id = ANY(%s)", [[b, c]]
+            ).fetchone()[0],  # type: ignore[index]
+            timeout=10,
+            message="a and d parked by the kind, b and c behind the key",
+        )
+    assert awa_django.cancel(a) == "available"
+    _wait_done([b, c], workers, timeout=10)
+    runs = {r["job_id"]: r for r in _runs()}
+    assert runs[long]["ended"] is None, "b and c waited for the kind's permit"
+    _wait_done([long, d], workers, timeout=15)
+    assert a not in {r["job_id"] for r in _runs()}
+    _stop(workers)
+    _clean_logs(workers)
