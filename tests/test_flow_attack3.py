@@ -1136,12 +1136,14 @@ def test_cancel_of_a_job_parked_by_its_kind_ahead_of_its_key(
     d = awa_django.enqueue("fa3.k1").id
     with pg() as conn:
         wait_for(
-            lambda: conn.execute(
-                "SELECT count(*) = 2 FROM awa.flow_waiting WHERE job_id = ANY(%s)", [[a, d]]
-            ).fetchone()[0]  # type: ignore[index]
-            and conn.execute(
-                "SELECT count(*) = 2 FROM awa.serial_waiting WHERE job_id = ANY(%s)", [[b, c]]
-            ).fetchone()[0],  # type: ignore[index]
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) = 2 FROM awa.flow_waiting WHERE job_id = ANY(%s)", [[a, d]]
+                ).fetchone()[0]  # type: ignore[index]
+                and conn.execute(
+                    "SELECT count(*) = 2 FROM awa.serial_waiting WHERE job_id = ANY(%s)", [[b, c]]
+                ).fetchone()[0]
+            ),  # type: ignore[index]
             timeout=10,
             message="a and d parked by the kind, b and c behind the key",
         )
@@ -1151,5 +1153,45 @@ def test_cancel_of_a_job_parked_by_its_kind_ahead_of_its_key(
     assert runs[long]["ended"] is None, "b and c waited for the kind's permit"
     _wait_done([long, d], workers, timeout=15)
     assert a not in {r["job_id"] for r in _runs()}
+    _stop(workers)
+    _clean_logs(workers)
+
+
+def test_kind_limits_across_two_queues(manage_py: Callable[..., ManagedProcess]) -> None:
+    """Jobs of a kind limited to 2 and of a kind limited to 20/s (burst 4) in two queues at
+    once, beside free jobs, on two workers serving both (one of them through a per-queue cap
+    of 2). docs/flow.md: a kind's limits hold across every queue its jobs are in; permits freed
+    in one queue reach the other's parked jobs within POLL_INTERVAL; every job runs once."""
+    _tables()
+    ids, rated = [], []
+    for i in range(100):
+        queue = "fa3" if i % 2 else "fa3b"
+        ids.append(awa_django.enqueue("fa3.k2", kwargs={"seconds": 0.02}, queue=queue).id)
+        job = awa_django.enqueue("fa3.rated", queue=queue)
+        rated.append(job.id)
+        ids.append(job.id)
+        ids.append(awa_django.enqueue("fa3.free", queue=queue).id)
+    env = {"AWA_TEST_OVERRIDES": json.dumps(FA3_OVERRIDES)}
+    workers = [
+        manage_py(
+            "awa_worker", "--concurrency", "4", "--queue", "fa3", "--queue", "fa3b", extra_env=env
+        ),
+        manage_py(
+            "awa_worker", "--concurrency", "4", "--queue", "fa3=2", "--queue", "fa3b", extra_env=env
+        ),
+    ]
+    _wait_done(ids, workers, timeout=40)
+    runs = _runs()
+    _once(runs, ids)
+    peak, where = _peak((r for r in runs if r["kind"] == "fa3.k2"), lambda r: 1)
+    assert peak <= 2, where
+    with pg() as c:
+        times = [
+            t.timestamp()
+            for (t,) in c.execute(
+                "SELECT attempted_at FROM awa.jobs WHERE id = ANY(%s) ORDER BY 1", [rated]
+            ).fetchall()
+        ]
+    assert _window_violations(times, 20.0, 4, 0.02) == []
     _stop(workers)
     _clean_logs(workers)
