@@ -1195,3 +1195,57 @@ def test_kind_limits_across_two_queues(manage_py: Callable[..., ManagedProcess])
     assert _window_violations(times, 20.0, 4, 0.02) == []
     _stop(workers)
     _clean_logs(workers)
+
+
+def _claim_calls() -> int:
+    with pg() as c:
+        c.execute("SELECT pg_stat_clear_snapshot()")
+        row = c.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions"
+            " WHERE schemaname = 'awa' AND funcname = 'claim_v3'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_no_busy_polling_while_a_kind_binds(manage_py: Callable[..., ManagedProcess]) -> None:
+    """A kind limited to 1 runs a long job; 40 more of it wait (parked) and nothing else is
+    there. docs/flow.md: a claim that ran out of permits waits for one of its own handlers to
+    end or for POLL_INTERVAL (no busy polling), also for workers that start with a backlog
+    (their backlog retry backs off to POLL_INTERVAL). Two workers make at most a few claims per
+    POLL_INTERVAL (0.05 s) each over 3 s."""
+    _tables()
+    with pg() as c:
+        c.execute("SELECT current_database()")
+        name = c.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+        c.execute(f"ALTER DATABASE \"{name}\" SET track_functions = 'pl'")
+    try:
+        long = awa_django.enqueue("fa3.k1", kwargs={"seconds": 6.0}).id
+        rest = [awa_django.enqueue("fa3.k1").id for _ in range(40)]
+        workers = _workers(manage_py, 2, concurrency=4)
+        wait_for(lambda: _running_of("fa3.k1"), timeout=15, message="the long job running")
+        with pg() as c:
+            wait_for(
+                lambda: (
+                    c.execute("SELECT count(*) FROM awa.flow_waiting").fetchone()[0]  # type: ignore[index]
+                    == 40
+                ),
+                timeout=10,
+                message="40 jobs parked",
+            )
+        before = _claim_calls()
+        t0 = _db_now()
+        wait_for(
+            lambda: (_db_now() - t0).total_seconds() >= 3.0,
+            timeout=10,
+            interval=0.2,
+            message="3 s to pass on the database clock",
+        )
+        calls = _claim_calls() - before
+        # Two workers polling every 0.05 s make ~120 claims in 3 s (stats flush lag of 1 s
+        # either way); busy polling makes thousands.
+        assert 0 < calls <= 400, f"{calls} claim_v3 calls in 3 s while the kind binds"
+        _wait_done([long, *rest], workers, timeout=20)
+        _stop(workers)
+    finally:
+        with pg() as c:
+            c.execute(f'ALTER DATABASE "{name}" RESET track_functions')
