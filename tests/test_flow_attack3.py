@@ -1249,3 +1249,37 @@ def test_no_busy_polling_while_a_kind_binds(manage_py: Callable[..., ManagedProc
     finally:
         with pg() as c:
             c.execute(f'ALTER DATABASE "{name}" RESET track_functions')
+
+
+def test_cleared_kind_limit_unparks_everything(manage_py: Callable[..., ManagedProcess]) -> None:
+    """A kind the operator limited to 1 runs a long job and 30 more wait, parked; some of them
+    heavier than the workers' slots. The operator clears the limit (no limit in code or
+    settings): docs/flow.md, jobs of kinds whose limits were cleared are un-parked by the next
+    claim. They all run while the long job still runs, several at once."""
+    _tables()
+    _set_limit("fa3.plain", 1)
+    long = awa_django.enqueue("fa3.plain", kwargs={"seconds": 5.0}).id
+    workers = _workers(manage_py, 2, concurrency=4)
+    wait_for(lambda: _running_of("fa3.plain"), timeout=15, message="the long job running")
+    rest = [
+        awa_django.enqueue("fa3.plain", kwargs={"seconds": 0.1}, weight=1 + 5 * (i % 4 == 0)).id
+        for i in range(30)
+    ]
+    with pg() as c:
+        wait_for(
+            lambda: (
+                c.execute("SELECT count(*) FROM awa.flow_waiting").fetchone()[0]  # type: ignore[index]
+                == 30
+            ),
+            timeout=10,
+            message="30 jobs parked",
+        )
+    clear_kind_limits("fa3.plain", actor="fa3")
+    _wait_done(rest, workers, timeout=4.5)
+    runs = {r["job_id"]: r for r in _runs()}
+    assert runs[long]["ended"] is None, "the parked jobs waited for the long one"
+    peak, _ = _peak((r for r in runs.values() if r["job_id"] in rest), lambda r: 1)
+    assert peak > 1
+    _wait_done([long], workers, timeout=10)
+    _stop(workers)
+    _clean_logs(workers)
