@@ -1283,3 +1283,34 @@ def test_cleared_kind_limit_unparks_everything(manage_py: Callable[..., ManagedP
     _wait_done([long], workers, timeout=10)
     _stop(workers)
     _clean_logs(workers)
+
+
+def test_operator_kind_override_survives_worker_start(
+    manage_py: Callable[..., ManagedProcess],
+) -> None:
+    """docs/flow.md: an operator's kind limit wins over settings, also across worker restarts,
+    until cleared, which writes the project's settings back. A kind limited to 5 in code is set
+    to 1 by the operator; workers starting (and writing the settings of their kinds) leave it
+    at 1, and their drain holds it; cleared, it is 5 again."""
+    from awa_django.operator import kind_limits
+
+    _tables()
+    _set_limit("fa3.k5", 1)
+    ids = [awa_django.enqueue("fa3.k5", kwargs={"seconds": 0.02}).id for _ in range(25)]
+    workers = _workers(manage_py, 2, concurrency=4)
+    wait_for(
+        lambda: all(
+            "flow limits from settings" in w.output() or "started" in w.output() for w in workers
+        ),
+        timeout=15,
+        message="the workers started",
+    )
+    _wait_done(ids, workers, timeout=20)
+    (row,) = [k for k in kind_limits() if k.kind == "fa3.k5"]
+    assert (row.global_concurrency, row.source) == (1, "operator")
+    peak, where = _peak((r for r in _runs() if r["kind"] == "fa3.k5"), lambda r: 1)
+    assert peak <= 1, where
+    clear_kind_limits("fa3.k5", actor="fa3")
+    (row,) = [k for k in kind_limits() if k.kind == "fa3.k5"]
+    assert (row.global_concurrency, row.source) == (5, "settings")
+    _stop(workers)
