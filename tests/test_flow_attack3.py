@@ -165,7 +165,7 @@ def test_mixed_lane_kinds_weights_keys_on_three_workers(
     _tables()
     slots = 4
     plan: list[tuple[str, int, str | None]] = []
-    for i in range(180):
+    for i in range(330):
         r = i % 9
         if r in (0, 4):
             plan.append(("fa3.k3", [1, 2, 3, 7][i % 4], None))
@@ -188,7 +188,9 @@ def test_mixed_lane_kinds_weights_keys_on_three_workers(
         weight[job.id] = w
         if key is not None:
             keys[job.id] = key
-    workers = _workers(manage_py, 3, concurrency=slots)
+    # Rings rotating and pruned under the claims all the while.
+    rings = {"CLAIM_ROTATE_INTERVAL": 0.2, "PRUNE_INTERVAL": 0.1, "HISTORY_RETENTION": 30.0}
+    workers = _workers(manage_py, 3, concurrency=slots, overrides=rings)
     _wait_done(ids, workers)
     runs = _runs()
     _once(runs, ids)
