@@ -1316,3 +1316,30 @@ def test_operator_kind_override_survives_worker_start(
     (row,) = [k for k in kind_limits() if k.kind == "fa3.k5"]
     assert (row.global_concurrency, row.source) == (5, "settings")
     _stop(workers)
+
+
+def test_key_order_while_its_oldest_job_waits_for_its_kind(
+    manage_py: Callable[..., ManagedProcess],
+) -> None:
+    """The oldest job of each of three serial keys is of a kind limited to 1 that a long job
+    holds; younger jobs of the keys are of no limited kind. docs/flow.md: they park behind it,
+    and while it waits the leader's sweep (every RESCUE_INTERVAL, 0.2 s here) may hand a key on
+    to a younger job, which parks again at once: one at a time and enqueue order within the key
+    hold. None of the younger jobs starts before its key's oldest job ended."""
+    _tables()
+    workers = _workers(manage_py, 2, concurrency=4)
+    long = awa_django.enqueue("fa3.k1", kwargs={"seconds": 2.5}).id
+    wait_for(lambda: _running_of("fa3.k1"), timeout=15, message="the long job running")
+    keys: dict[int, str] = {}
+    ids = [long]
+    for key in ("x", "y", "w"):
+        for kind in ("fa3.k1", "fa3.free", "fa3.free2", "fa3.free"):
+            job = awa_django.enqueue(kind, kwargs={"seconds": 0.02}, serial_key=key)
+            keys[job.id] = key
+            ids.append(job.id)
+    _wait_done(ids, workers, timeout=25)
+    runs = _runs()
+    _once(runs, ids)
+    assert _serial_order(runs, keys) == []
+    _stop(workers)
+    _clean_logs(workers)
