@@ -817,20 +817,29 @@ def test_kind_rate_changed_mid_drain_beside_free_jobs(
     _clean_logs(workers)
 
 
-def test_claim_v3_concurrent_sessions_hammer() -> None:
+@pytest.mark.parametrize("changing", [False, True], ids=["fixed", "changing"])
+def test_claim_v3_concurrent_sessions_hammer(changing: bool) -> None:
     """Four claim sessions in threads claim and hand back at once (the races of the fast path:
     probe before the lane lock, kinds asked up front and given back, the second pass), on a
     queue where kinds limited to 1, 2, 3 and 5, unlimited kinds and serial keys mix with
     weights 1-4 and producers keep adding jobs (Python COPY and raw SQL). Observed holding
     intervals (from the claim's return to the call that hands back) lie inside the real
     ones: a kind's units over overlapping intervals never pass its limit, a permit key and a
-    serial key are never held twice at once, each job is claimed once, and all are claimed."""
+    serial key are never held twice at once, each job is claimed once, and all are claimed.
+    ``changing``: a thread also sets the limits of two of the kinds (1-6, cleared) all the while,
+    and jobs of kinds limited by rate (alone, and with 2 permits) mix in: each job still carries
+    the permits of a limit in force, nothing is lost or claimed twice, rates hold over every
+    window, and the sessions hold exactly the permits their running jobs carry."""
     import random
     import time
 
     kinds = {"fa3.k1": 1, "fa3.k2": 2, "fa3.k3": 3, "fa3.k5": 5}
     for kind, limit in kinds.items():
         _set_limit(kind, limit)
+    set_kind_limits("fa3.rated", rate_limit=20.0, rate_burst=4, actor="fa3")
+    set_kind_limits("fa3.both", global_concurrency=2, rate_limit=30.0, rate_burst=3, actor="fa3")
+    extra = ["fa3.rated", "fa3.both"] if changing else []
+    changed = {"fa3.k3", "fa3.k5"} if changing else set()
     enqueued: list[int] = []
     serial_of: dict[int, str] = {}
     lock = threading.Lock()
@@ -840,7 +849,7 @@ def test_claim_v3_concurrent_sessions_hammer() -> None:
         for _ in range(n):
             batch = []
             for _ in range(rnd.randint(1, 8)):
-                kind = rnd.choice([*kinds, "fa3.free", "fa3.free2"])
+                kind = rnd.choice([*kinds, *extra, "fa3.free", "fa3.free2"])
                 key = rnd.choice([None, None, "p", "q"])
                 opts: dict[str, Any] = {
                     "weight": rnd.choice([1, 1, 2, 4]),
@@ -890,15 +899,35 @@ def test_claim_v3_concurrent_sessions_hammer() -> None:
                     since[e["job_id"]] = t_claimed
             for j, e in s.running.items():
                 held.append({**e, "from": since[j], "to": time.monotonic()})
+            with pg() as c:
+                row = c.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND classid = %s AND pid = %s AND granted",
+                    [_KIND_PERMIT_CLASS, s.pid],
+                ).fetchone()
+            carried = sum(len(e["permits"]) for e in s.running.values())
+            if row is None or row[0] != carried:
+                raise AssertionError(f"session {s.pid} holds {row} permits, carries {carried}")
         except BaseException as exc:
             errors.append(exc)
         finally:
             s.conn.close()
 
+    def change_limits() -> None:
+        rnd = random.Random(99)
+        while not stop.is_set():
+            _set_limit(rnd.choice(sorted(changed)), rnd.choice([1, 2, 4, 6, None]))
+            time.sleep(0.03)
+        from django.db import connection
+
+        connection.close()
+
     produce(0, 20)
     initial = set(enqueued)
     producers = [threading.Thread(target=produce, args=(i, 40)) for i in (1, 2)]
     claimers = [threading.Thread(target=claimer, args=(i,)) for i in range(4)]
+    if changing:
+        claimers.append(threading.Thread(target=change_limits))
     for t in producers + claimers:
         t.start()
     for t in producers:
@@ -932,6 +961,8 @@ def test_claim_v3_concurrent_sessions_hammer() -> None:
         return peak
 
     for kind, limit in kinds.items():
+        if kind in changed:
+            continue
         mine = [h for h in held if h["kind"] == kind]
         bad = [h for h in mine if len(h["permits"]) != min(h["weight"], limit)]
         if bad:
@@ -960,6 +991,15 @@ def test_claim_v3_concurrent_sessions_hammer() -> None:
         for i, j in enumerate(order):
             if j in initial and any(o > j for o in order[:i]):
                 problems.append(f"serial key {key}: job {j} claimed after a younger one")
+    with pg() as c:
+        starts = c.execute(
+            "SELECT kind, extract(epoch FROM attempted_at) FROM awa.jobs"
+            " WHERE kind = ANY(%s) AND attempted_at IS NOT NULL ORDER BY 2",
+            [list(_RATES)],
+        ).fetchall()
+    for kind, (rate, burst) in _RATES.items():
+        times = [float(t) for k, t in starts if k == kind]
+        problems += [f"{kind}: {v}" for v in _window_violations(times, rate, burst, 0.05)]
     assert problems == [], "\n".join(problems[:10])
 
 
