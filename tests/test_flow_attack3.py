@@ -1410,3 +1410,35 @@ def test_parked_heavy_job_stranded_sql() -> None:
     finally:
         a.conn.close()
         b.conn.close()
+
+
+def test_queue_rate_and_kind_rate_together(manage_py: Callable[..., ManagedProcess]) -> None:
+    """A queue limited to 25 jobs/s (burst 3) holds jobs of a kind limited to 20/s (burst 4),
+    of a kind limited to 2 at once and 30/s (burst 3), and free jobs, on two workers.
+    docs/flow.md: queue limits and kind limits both apply to a job: over any window of t
+    seconds at most 25 t + 3 jobs of the queue start, at most 20 t + 4 of the first kind,
+    30 t + 3 of the second; every job runs once."""
+    from awa_django.operator import set_queue_limits
+
+    _tables()
+    set_queue_limits("fa3r", rate_limit=25.0, rate_burst=3, actor="fa3")
+    ids = []
+    for i in range(75):
+        kind = ["fa3.rated", "fa3.free", "fa3.both"][i % 3]
+        ids.append(awa_django.enqueue(kind, queue="fa3r").id)
+    workers = _workers(manage_py, 2, concurrency=4, queues=("fa3r",))
+    _wait_done(ids, workers, timeout=30)
+    _once(_runs(), ids)
+    with pg() as c:
+        rows = c.execute(
+            "SELECT kind, extract(epoch FROM attempted_at) FROM awa.jobs WHERE id = ANY(%s)"
+            " ORDER BY 2",
+            [ids],
+        ).fetchall()
+    bad = _window_violations([float(t) for _, t in rows], 25.0, 3, 0.02)
+    for kind, (rate, burst) in _RATES.items():
+        times = [float(t) for k, t in rows if k == kind]
+        bad += [f"{kind}: {v}" for v in _window_violations(times, rate, burst, 0.02)]
+    assert bad == [], bad[:5]
+    _stop(workers)
+    _clean_logs(workers)
