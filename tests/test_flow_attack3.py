@@ -556,7 +556,7 @@ def test_parked_heavy_job_stranded_on_small_workers(
             timeout=10,
             message="B parked (or run)",
         )
-    _wait_done([a, b], workers, timeout=6)
+    _wait_done([a, b], workers, timeout=4)
     _stop(workers)
 
 
@@ -1442,3 +1442,44 @@ def test_queue_rate_and_kind_rate_together(manage_py: Callable[..., ManagedProce
     assert bad == [], bad[:5]
     _stop(workers)
     _clean_logs(workers)
+
+
+def test_whole_fleet_killed_with_jobs_parked(manage_py: Callable[..., ManagedProcess]) -> None:
+    """Every worker is SIGKILLed while one job of a kind limited to 1 runs and 20 more wait
+    parked (with serial keys among them). docs/flow.md: parked jobs are rows, tied to no
+    session, never stranded; the killed attempt is rescued and retried. A worker started
+    afterwards runs every job, the kind one at a time, each key in enqueue order."""
+    _tables()
+    overrides = {"HEARTBEAT_STALENESS": 2.0, "RESCUE_INTERVAL": 0.2}
+    first = _workers(manage_py, 2, concurrency=3, overrides=overrides)
+    long = awa_django.enqueue("fa3.k1", kwargs={"seconds": 30.0}).id
+    wait_for(lambda: _running_of("fa3.k1"), timeout=15, message="the long job running")
+    ids, keys = [long], {}
+    for i in range(20):
+        key = f"f{i % 2}" if i % 3 == 0 else None
+        job = awa_django.enqueue("fa3.k1", kwargs={"seconds": 0.01}, serial_key=key)
+        ids.append(job.id)
+        if key:
+            keys[job.id] = key
+    with pg() as c:
+        wait_for(
+            lambda: (
+                c.execute("SELECT count(*) FROM awa.flow_waiting").fetchone()[0]  # type: ignore[index]
+                >= 10
+            ),
+            timeout=10,
+            message="jobs parked",
+        )
+    for w in first:
+        w.kill()
+    # The long job is rescued and retried (quickly, this time).
+    with pg() as c:
+        c.execute("UPDATE fa3_runs SET ended = clock_timestamp() WHERE ended IS NULL")
+    later = _workers(manage_py, 1, concurrency=3, overrides=overrides)
+    _wait_done(ids[1:], later, timeout=30)
+    runs = [r for r in _runs() if r["job_id"] != long]
+    _once(runs, ids[1:])
+    peak, where = _peak((r for r in runs if r["kind"] == "fa3.k1"), lambda r: 1)
+    assert peak <= 1, where
+    assert _serial_order(runs, keys) == []
+    later[0].kill()
