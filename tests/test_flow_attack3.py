@@ -1170,7 +1170,7 @@ def test_cancel_of_a_job_parked_by_its_kind_ahead_of_its_key(
     once the long one ended."""
     _tables()
     workers = _workers(manage_py, 2, concurrency=3)
-    long = awa_django.enqueue("fa3.k1", kwargs={"seconds": 4.0}).id
+    long = awa_django.enqueue("fa3.k1", kwargs={"seconds": 2.5}).id
     wait_for(lambda: _running_of("fa3.k1"), timeout=15, message="the long job running")
     a = awa_django.enqueue("fa3.k1", serial_key="K").id
     b = awa_django.enqueue("fa3.free", serial_key="K").id
@@ -1206,7 +1206,7 @@ def test_kind_limits_across_two_queues(manage_py: Callable[..., ManagedProcess])
     in one queue reach the other's parked jobs within POLL_INTERVAL; every job runs once."""
     _tables()
     ids, rated = [], []
-    for i in range(100):
+    for i in range(70):
         queue = "fa3" if i % 2 else "fa3b"
         ids.append(awa_django.enqueue("fa3.k2", kwargs={"seconds": 0.02}, queue=queue).id)
         job = awa_django.enqueue("fa3.rated", queue=queue)
@@ -1261,7 +1261,7 @@ def test_no_busy_polling_while_a_kind_binds(manage_py: Callable[..., ManagedProc
         name = c.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
         c.execute(f"ALTER DATABASE \"{name}\" SET track_functions = 'pl'")
     try:
-        long = awa_django.enqueue("fa3.k1", kwargs={"seconds": 6.0}).id
+        long = awa_django.enqueue("fa3.k1", kwargs={"seconds": 4.5}).id
         rest = [awa_django.enqueue("fa3.k1").id for _ in range(40)]
         workers = _workers(manage_py, 2, concurrency=4)
         wait_for(lambda: _running_of("fa3.k1"), timeout=15, message="the long job running")
@@ -1286,8 +1286,9 @@ def test_no_busy_polling_while_a_kind_binds(manage_py: Callable[..., ManagedProc
         # Two workers polling every 0.05 s make ~120 claims in 3 s (stats flush lag of 1 s
         # either way); busy polling makes thousands.
         assert 0 < calls <= 400, f"{calls} claim_v3 calls in 3 s while the kind binds"
-        _wait_done([long, *rest], workers, timeout=20)
-        _stop(workers)
+        assert not _done([long, *rest])
+        for w in workers:
+            w.kill()
     finally:
         with pg() as c:
             c.execute(f'ALTER DATABASE "{name}" RESET track_functions')
@@ -1322,8 +1323,6 @@ def test_cleared_kind_limit_unparks_everything(manage_py: Callable[..., ManagedP
     assert runs[long]["ended"] is None, "the parked jobs waited for the long one"
     peak, _ = _peak((r for r in runs.values() if r["job_id"] in rest), lambda r: 1)
     assert peak > 1
-    _wait_done([long], workers, timeout=10)
-    _stop(workers)
     _clean_logs(workers)
 
 
