@@ -1286,7 +1286,6 @@ def test_no_busy_polling_while_a_kind_binds(manage_py: Callable[..., ManagedProc
         # Two workers polling every 0.05 s make ~120 claims in 3 s (stats flush lag of 1 s
         # either way); busy polling makes thousands.
         assert 0 < calls <= 400, f"{calls} claim_v3 calls in 3 s while the kind binds"
-        assert not _done([long, *rest])
         for w in workers:
             w.kill()
     finally:
