@@ -1261,8 +1261,9 @@ def test_no_busy_polling_while_a_kind_binds(manage_py: Callable[..., ManagedProc
         name = c.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
         c.execute(f"ALTER DATABASE \"{name}\" SET track_functions = 'pl'")
     try:
-        long = awa_django.enqueue("fa3.k1", kwargs={"seconds": 4.5}).id
-        rest = [awa_django.enqueue("fa3.k1").id for _ in range(40)]
+        awa_django.enqueue("fa3.k1", kwargs={"seconds": 4.5})
+        for _ in range(40):
+            awa_django.enqueue("fa3.k1")
         workers = _workers(manage_py, 2, concurrency=4)
         wait_for(lambda: _running_of("fa3.k1"), timeout=15, message="the long job running")
         with pg() as c:
