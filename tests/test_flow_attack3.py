@@ -1570,3 +1570,33 @@ def test_several_rated_kinds_in_crossed_lane_orders(
         assert "deadlock" not in w.output(), w.output()[-3000:]
     _stop(workers)
     _clean_logs(workers)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="a parked job whose min(weight, kind limit) is above the per-queue cap "
+    "(--queue NAME=N) of every worker is never un-parked",
+)
+def test_parked_job_stranded_by_per_queue_cap(manage_py: Callable[..., ManagedProcess]) -> None:
+    """The stranding with a per-queue cap instead of small processes: three workers of 8 slots
+    serving the queue with ``--queue fa3=1``, jobs of weight 2 of a kind limited to 2 (each
+    counts 1: the cap). Two run (one permit each); the third worker's job is parked; it must
+    run once they end."""
+    _tables()
+    env = {"AWA_TEST_OVERRIDES": json.dumps(FA3_OVERRIDES)}
+    workers = [
+        manage_py("awa_worker", "--concurrency", "8", "--queue", "fa3=1", extra_env=env)
+        for _ in range(3)
+    ]
+    ids = [awa_django.enqueue("fa3.k2", kwargs={"seconds": 0.8}, weight=2).id for _ in range(2)]
+    wait_for(lambda: len(_runs()) == 2, timeout=15, message="two running")
+    ids.append(awa_django.enqueue("fa3.k2", weight=2).id)
+    with pg() as c:
+        wait_for(
+            lambda: c.execute("SELECT 1 FROM awa.flow_waiting").fetchone() or _done(ids[2:]),
+            timeout=10,
+            message="the third parked (or run)",
+        )
+    _wait_done(ids, workers, timeout=5)
+    _stop(workers)
