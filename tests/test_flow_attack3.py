@@ -1020,12 +1020,12 @@ def test_claim_v3_concurrent_sessions_hammer(changing: bool) -> None:
             ).fetchall()
         )
     for kind, (rate, burst) in _RATES.items():
-        mine = [
+        tokens = [
             (float(began[h["job_id"]]), h["at"].timestamp())
             for h in held
             if h["kind"] == kind and h["job_id"] in began
         ]
-        problems += [f"{kind}: {v}" for v in _sound_window_violations(mine, rate, burst)]
+        problems += [f"{kind}: {v}" for v in _sound_window_violations(tokens, rate, burst)]
     assert problems == [], "\n".join(problems[:10])
 
 
@@ -1202,19 +1202,18 @@ def test_cancel_of_a_job_parked_by_its_kind_ahead_of_its_key(
     b = awa_django.enqueue("fa3.free", serial_key="K").id
     c = awa_django.enqueue("fa3.free2", serial_key="K").id
     d = awa_django.enqueue("fa3.k1").id
-    with pg() as conn:
-        wait_for(
-            lambda: (
-                conn.execute(
-                    "SELECT count(*) = 2 FROM awa.flow_waiting WHERE job_id = ANY(%s)", [[a, d]]
-                ).fetchone()[0]  # type: ignore[index]
-                and conn.execute(
-                    "SELECT count(*) = 2 FROM awa.serial_waiting WHERE job_id = ANY(%s)", [[b, c]]
-                ).fetchone()[0]
-            ),  # type: ignore[index]
-            timeout=10,
-            message="a and d parked by the kind, b and c behind the key",
-        )
+
+    def parked() -> bool:
+        with pg() as conn:
+            flow = conn.execute(
+                "SELECT count(*) FROM awa.flow_waiting WHERE job_id = ANY(%s)", [[a, d]]
+            ).fetchone()
+            serial = conn.execute(
+                "SELECT count(*) FROM awa.serial_waiting WHERE job_id = ANY(%s)", [[b, c]]
+            ).fetchone()
+        return flow == (2,) and serial == (2,)
+
+    wait_for(parked, timeout=10, message="a and d parked by the kind, b and c behind the key")
     assert awa_django.cancel(a) == "available"
     _wait_done([b, c], workers, timeout=10)
     runs = {r["job_id"]: r for r in _runs()}
