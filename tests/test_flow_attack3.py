@@ -706,11 +706,17 @@ def test_sigstop_of_kind_permit_holder(manage_py: Callable[..., ManagedProcess])
     """The worker running a job of a kind limited to 1 is frozen (SIGSTOP). docs/flow.md: while
     it is frozen its permit stays taken, "fewer than the limit run, never more"; the leader
     rescues its attempt and terminates its backend (awa.flow_reap_v1), after which the other
-    workers run the kind again. After SIGCONT everything completes."""
+    workers run the kind again. The frozen job also holds a serial key: once its session is
+    gone, the leader's sweep hands the key on and the key's other jobs run while it is still
+    frozen. After SIGCONT everything completes."""
     _tables()
-    ids = [awa_django.enqueue("fa3.k1", kwargs={"seconds": 0.3}).id]
-    ids += [awa_django.enqueue("fa3.k1", kwargs={"seconds": 0.02}).id for _ in range(30)]
-    ids += [awa_django.enqueue("fa3.free", kwargs={"seconds": 0.01}).id for _ in range(30)]
+    held = awa_django.enqueue("fa3.k1", kwargs={"seconds": 2.0}, serial_key="S").id
+    ids = [held]
+    ids += [awa_django.enqueue("fa3.k1", kwargs={"seconds": 0.02}).id for _ in range(20)]
+    ids += [
+        awa_django.enqueue("fa3.free", kwargs={"seconds": 0.01}, serial_key="S").id
+        for _ in range(8)
+    ]
     overrides = {
         "HEARTBEAT_STALENESS": 1.0,
         "RUNTIME_REFRESH_INTERVAL": 0.2,
@@ -718,8 +724,11 @@ def test_sigstop_of_kind_permit_holder(manage_py: Callable[..., ManagedProcess])
         "RESCUE_INTERVAL": 0.2,
     }
     workers = _workers(manage_py, 2, concurrency=2, overrides=overrides)
-    victim = wait_for(lambda: _running_of("fa3.k1"), timeout=15, message="a k1 job running")
-    assert victim is not None
+    victim = wait_for(
+        lambda: next((r for r in _runs() if r["job_id"] == held), None),
+        timeout=15,
+        message="the key's first job running",
+    )
     frozen = _signal_holder(workers, victim["pid"], signal.SIGSTOP)
     stopped_at = _db_now()
     try:
@@ -727,13 +736,14 @@ def test_sigstop_of_kind_permit_holder(manage_py: Callable[..., ManagedProcess])
         with pg() as c:
             wait_for(
                 lambda: c.execute(
-                    "SELECT count(*) >= 5 FROM fa3_runs WHERE kind = 'fa3.k1' AND pid <> %s"
-                    " AND started > %s",
+                    "SELECT count(*) FILTER (WHERE kind = 'fa3.k1') >= 5"
+                    " AND count(*) FILTER (WHERE kind = 'fa3.free') >= 3"
+                    " FROM fa3_runs WHERE pid <> %s AND started > %s",
                     [victim["pid"], stopped_at],
                 ).fetchone()[0],  # type: ignore[index]
                 timeout=20,
                 message=lambda: (
-                    "the kind to run again while its holder is frozen; logs:\n"
+                    "the kind and the key to run again while their holder is frozen; logs:\n"
                     + "\n".join(w.output()[-3000:] for w in others)
                 ),
             )
