@@ -729,6 +729,7 @@ def test_sigstop_of_kind_permit_holder(manage_py: Callable[..., ManagedProcess])
         timeout=15,
         message="the key's first job running",
     )
+    assert victim is not None
     frozen = _signal_holder(workers, victim["pid"], signal.SIGSTOP)
     stopped_at = _db_now()
     try:
