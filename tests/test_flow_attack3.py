@@ -1610,3 +1610,53 @@ def test_parked_job_stranded_by_per_queue_cap(manage_py: Callable[..., ManagedPr
         )
     _wait_done(ids, workers, timeout=5)
     _stop(workers)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a parked job of weight 2 of a kind with a rate burst of 1 is never un-parked: "
+    "_flow_unpark_v1 bounds the units it moves by the rate tokens (jobs), not by permits",
+)
+def test_parked_heavy_job_stranded_by_burst_one() -> None:
+    """A kind limited to 2 at once and 10/s with a burst of 1; jobs of weight 2, claim sessions
+    of 8 slots (nothing small here). docs/flow.md: a rate limit counts jobs started, not
+    weight; a parked job is never stranded. The first job runs (2 permits); the second is
+    parked; once the first is handed back, claims over the next second must take it."""
+    set_kind_limits("fa3.both", global_concurrency=2, rate_limit=10.0, rate_burst=1, actor="fa3")
+    a_id = awa_django.enqueue("fa3.both", weight=2).id
+    b_id = awa_django.enqueue("fa3.both", weight=2).id
+    a, b = _Session(8), _Session(8)
+    try:
+        assert [j["job_id"] for j in a.claim("fa3", [])] == [a_id]
+        assert b.claim("fa3", []) == []
+        with pg() as c:
+            assert c.execute("SELECT job_id FROM awa.flow_waiting").fetchall() == [(b_id,)]
+        a.claim("fa3", [a_id])
+        got = wait_for(
+            lambda: [j["job_id"] for s in (a, b) for j in s.claim("fa3", [])],
+            timeout=1.5,
+            message="the parked job to be claimed",
+        )
+        assert got == [b_id]
+    finally:
+        a.conn.close()
+        b.conn.close()
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="a parked job of weight 2 of a kind with a rate burst of 1 is never un-parked",
+)
+def test_parked_heavy_job_stranded_by_burst_one_workers(
+    manage_py: Callable[..., ManagedProcess],
+) -> None:
+    """The burst-1 stranding on real workers of 4 slots: a kind limited to 2 at once and
+    10/s with a burst of 1, three jobs of weight 2. They must all run within a few seconds
+    (0.1 s apart by the rate, one at a time by the permits)."""
+    _tables()
+    set_kind_limits("fa3.both", global_concurrency=2, rate_limit=10.0, rate_burst=1, actor="fa3")
+    workers = _workers(manage_py, 2, concurrency=4)
+    ids = [awa_django.enqueue("fa3.both", kwargs={"seconds": 0.3}, weight=2).id for _ in range(3)]
+    _wait_done(ids, workers, timeout=6)
+    _stop(workers)
