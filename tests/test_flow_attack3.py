@@ -1617,12 +1617,16 @@ def test_parked_job_stranded_by_per_queue_cap(manage_py: Callable[..., ManagedPr
     reason="a parked job of weight 2 of a kind with a rate burst of 1 is never un-parked: "
     "_flow_unpark_v1 bounds the units it moves by the rate tokens (jobs), not by permits",
 )
-def test_parked_heavy_job_stranded_by_burst_one() -> None:
+@pytest.mark.parametrize("burst", [1, None], ids=["burst1", "default_burst"])
+def test_parked_heavy_job_stranded_by_burst_one(burst: int | None) -> None:
     """A kind limited to 2 at once and 10/s with a burst of 1; jobs of weight 2, claim sessions
     of 8 slots (nothing small here). docs/flow.md: a rate limit counts jobs started, not
     weight; a parked job is never stranded. The first job runs (2 permits); the second is
-    parked; once the first is handed back, claims over the next second must take it."""
-    set_kind_limits("fa3.both", global_concurrency=2, rate_limit=10.0, rate_burst=1, actor="fa3")
+    parked; once the first is handed back, claims over the next second must take it. The
+    default burst at 10/s is ceil(10 / 10) = 1: the same."""
+    set_kind_limits(
+        "fa3.both", global_concurrency=2, rate_limit=10.0, rate_burst=burst, actor="fa3"
+    )
     a_id = awa_django.enqueue("fa3.both", weight=2).id
     b_id = awa_django.enqueue("fa3.both", weight=2).id
     a, b = _Session(8), _Session(8)
