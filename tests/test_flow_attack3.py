@@ -962,14 +962,32 @@ def test_claim_v3_concurrent_sessions_hammer(changing: bool) -> None:
         t.start()
     for t in producers:
         t.join()
-    wait_for(
-        lambda: len({h["job_id"] for h in held}) >= len(enqueued) or errors,
-        timeout=30,
-        message=lambda: f"{len({h['job_id'] for h in held})} of {len(enqueued)} claimed",
-    )
-    stop.set()
-    for t in claimers:
-        t.join()
+
+    def unclaimed() -> str:
+        missing = sorted(set(enqueued) - {h["job_id"] for h in held})
+        with pg() as c:
+            where = c.execute(
+                "SELECT 'flow', job_id, kind, metadata FROM awa.flow_waiting"
+                " WHERE job_id = ANY(%s) UNION ALL SELECT 'serial', job_id, kind, metadata"
+                " FROM awa.serial_waiting WHERE job_id = ANY(%s)",
+                [missing, missing],
+            ).fetchall()
+            limits = c.execute("SELECT kind, max_running, rate, burst FROM awa.flow_kind_limits")
+        return (
+            f"{len(enqueued) - len(missing)} of {len(enqueued)} claimed; missing {missing[:10]}"
+            f" parked {where[:10]}; limits {limits.fetchall()}"
+        )
+
+    try:
+        wait_for(
+            lambda: len({h["job_id"] for h in held}) >= len(enqueued) or errors,
+            timeout=30,
+            message=unclaimed,
+        )
+    finally:
+        stop.set()
+        for t in claimers:
+            t.join()
     assert errors == []
     problems: list[str] = []
     counts: dict[int, int] = defaultdict(int)
