@@ -1,0 +1,80 @@
+"""Job kinds for tests/test_flow_attack3.py (hostile tests of flow control, third round).
+
+Workers load them through ``AWA_TEST_OVERRIDES`` (``FA3_OVERRIDES``). Every handler records its
+run in ``fa3_runs`` (created by the tests) over a connection of its own, committed at once, with
+the database clock (``clock_timestamp()``) at its start and end, so that the test can compute
+what ran at the same time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from awa_django import JobContext, job
+
+FA3_OVERRIDES: dict[str, Any] = {
+    "JOB_MODULES": ["tests.testjobs", "tests.tasks_for_tests", "tests.flowatk3jobs"],
+    "HEARTBEAT_STALENESS": 60.0,
+}
+
+FA3_TABLES = """
+CREATE TABLE IF NOT EXISTS fa3_runs (
+    id bigserial PRIMARY KEY, job_id bigint NOT NULL, kind text NOT NULL, queue text NOT NULL,
+    attempt integer NOT NULL, pid integer NOT NULL, started timestamptz NOT NULL,
+    ended timestamptz);
+TRUNCATE fa3_runs;
+"""
+
+_local = threading.local()
+
+
+def _conn() -> psycopg.Connection[Any]:
+    conn = getattr(_local, "conn", None)
+    if conn is None or conn.closed:
+        conn = psycopg.connect(os.environ["DATABASE_URL"].split("?", 1)[0], autocommit=True)
+        _local.conn = conn
+    return conn
+
+
+def _run(ctx: JobContext, seconds: float = 0.0) -> None:
+    c = _conn()
+    row = c.execute(
+        "INSERT INTO fa3_runs (job_id, kind, queue, attempt, pid, started)"
+        " VALUES (%s, %s, %s, %s, %s, clock_timestamp()) RETURNING id",
+        [ctx.id, ctx.kind, ctx.queue, ctx.attempt, os.getpid()],
+    ).fetchone()
+    assert row is not None
+    try:
+        if seconds:
+            time.sleep(seconds)
+    finally:
+        c.execute("UPDATE fa3_runs SET ended = clock_timestamp() WHERE id = %s", [row[0]])
+
+
+def _register(name: str, queue: str = "fa3", **options: Any) -> None:
+    def handler(ctx: JobContext, seconds: float = 0.0) -> None:
+        _run(ctx, seconds)
+
+    handler.__name__ = name.replace(".", "_")
+    job(name=name, queue=queue, takes_context=True, **options)(handler)
+
+
+_register("fa3.k1", global_concurrency=1)
+_register("fa3.k2", global_concurrency=2)
+_register("fa3.k3", global_concurrency=3)
+_register("fa3.k5", global_concurrency=5)
+_register("fa3.free")
+_register("fa3.free2")
+_register("fa3.plain")  # no limit in code: the operator limits it at runtime
+_register("fa3.rated", rate_limit=20, rate_burst=4)
+_register("fa3.both", global_concurrency=2, rate_limit=30, rate_burst=3)
+_register("fa3.qk2", queue="fa3q", global_concurrency=2)
+_register("fa3.qfree", queue="fa3q")
+_register("fa3.r1", rate_limit=40, rate_burst=4)
+_register("fa3.r2", rate_limit=40, rate_burst=4)
+_register("fa3.r3", rate_limit=40, rate_burst=4, global_concurrency=2)
