@@ -507,11 +507,12 @@ def _fuzz_with(
 @pytest.mark.parametrize(
     ("seed", "slots", "weights", "qlimit"),
     [
-        # At least 6 slots each: a session of fewer strands a parked job whose min(weight,
-        # limit) is above them (test_parked_heavy_job_stranded_on_small_workers).
         (1, (6, 8, 10), (1, 1, 1, 2, 3, 4, 7, 12), None),
         (2, (6, 8, 10), (1, 1, 1, 2, 3, 4, 7, 12), 5),
         (3, (2, 3), (1, 1, 2), None),
+        # Sessions smaller than the heavy jobs (before migration 0015 such a session stranded
+        # a parked job whose min(weight, limit) was above its slots).
+        (4, (2, 3, 5), (1, 1, 2, 3, 4, 7), None),
     ],
 )
 def test_claim_v3_fuzz_kinds_weights_keys_limits(
@@ -527,12 +528,7 @@ def test_claim_v3_fuzz_kinds_weights_keys_limits(
     _fuzz(seed, 250, slots, weights, qlimit)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a parked job whose min(weight, kind limit) is above every worker's slots is never "
-    "un-parked: _flow_unpark_v1 caps the weight at the kind limit, not at the claimer's slots",
-)
-def test_parked_heavy_job_stranded_on_small_workers(
+def test_parked_heavy_job_not_stranded_on_small_workers(
     manage_py: Callable[..., ManagedProcess],
 ) -> None:
     """Kind limited to 3, workers of 2 slots, jobs of weight 3. docs/flow.md: a weight above
@@ -1432,13 +1428,8 @@ def test_key_order_while_its_oldest_job_waits_for_its_kind(
     _clean_logs(workers)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a parked job whose min(weight, kind limit) is above every claimer's free units is "
-    "never un-parked (_flow_unpark_v1 caps the weight at the kind limit, not the claimer's)",
-)
-def test_parked_heavy_job_stranded_sql() -> None:
-    """The SQL form of test_parked_heavy_job_stranded_on_small_workers: two claim sessions of 2
+def test_parked_heavy_job_not_stranded_sql() -> None:
+    """The SQL form of test_parked_heavy_job_not_stranded_on_small_workers: two claim sessions of 2
     slots, jobs of weight 3 of a kind limited to 3 (each counts 2: the slots). The first holds
     2 permits; the second's job cannot have 2 and is parked. Once the first hands its permits
     back, rounds of claims of both sessions must take the parked job."""
@@ -1451,8 +1442,8 @@ def test_parked_heavy_job_stranded_sql() -> None:
         assert b.claim("fa3", []) == []
         with pg() as c:
             assert c.execute("SELECT job_id FROM awa.flow_waiting").fetchall() == [(b_id,)]
-        a.claim("fa3", [a_id])
-        got = [j["job_id"] for _ in range(5) for s in (a, b) for j in s.claim("fa3", [])]
+        got = [j["job_id"] for j in a.claim("fa3", [a_id])]  # the hand-back claims too
+        got += [j["job_id"] for _ in range(5) for s in (a, b) for j in s.claim("fa3", [])]
         assert got == [b_id]
     finally:
         a.conn.close()
@@ -1601,12 +1592,7 @@ def test_several_rated_kinds_in_crossed_lane_orders(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="a parked job whose min(weight, kind limit) is above the per-queue cap "
-    "(--queue NAME=N) of every worker is never un-parked",
-)
-def test_parked_job_stranded_by_per_queue_cap(manage_py: Callable[..., ManagedProcess]) -> None:
+def test_parked_job_not_stranded_by_per_queue_cap(manage_py: Callable[..., ManagedProcess]) -> None:
     """The stranding with a per-queue cap instead of small processes: three workers of 8 slots
     serving the queue with ``--queue fa3=1``, jobs of weight 2 of a kind limited to 2 (each
     counts 1: the cap). Two run (one permit each); the third worker's job is parked; it must
@@ -1630,13 +1616,8 @@ def test_parked_job_stranded_by_per_queue_cap(manage_py: Callable[..., ManagedPr
     _stop(workers)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a parked job of weight 2 of a kind with a rate burst of 1 is never un-parked: "
-    "_flow_unpark_v1 bounds the units it moves by the rate tokens (jobs), not by permits",
-)
 @pytest.mark.parametrize("burst", [1, None], ids=["burst1", "default_burst"])
-def test_parked_heavy_job_stranded_by_burst_one(burst: int | None) -> None:
+def test_parked_heavy_job_not_stranded_by_burst_one(burst: int | None) -> None:
     """A kind limited to 2 at once and 10/s with a burst of 1; jobs of weight 2, claim sessions
     of 8 slots (nothing small here). docs/flow.md: a rate limit counts jobs started, not
     weight; a parked job is never stranded. The first job runs (2 permits); the second is
@@ -1666,11 +1647,7 @@ def test_parked_heavy_job_stranded_by_burst_one(burst: int | None) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="a parked job of weight 2 of a kind with a rate burst of 1 is never un-parked",
-)
-def test_parked_heavy_job_stranded_by_burst_one_workers(
+def test_parked_heavy_job_not_stranded_by_burst_one_workers(
     manage_py: Callable[..., ManagedProcess],
 ) -> None:
     """The burst-1 stranding on real workers of 4 slots: a kind limited to 2 at once and
