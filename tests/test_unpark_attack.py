@@ -1,0 +1,226 @@
+"""Hostile tests of how jobs parked by their kind come back (docs/flow.md, "Per kind"):
+migration 0015's awa._flow_unpark_v2 counts a parked job's weight as the claim counts it and
+bounds the jobs it moves by the kind's rate tokens.
+
+Most tests drive ``awa.claim_v3`` from two or three psycopg sessions directly (each session
+keeps the permits of the jobs it claimed, as a worker does, and passes them as ``p_held``), so
+they are fast and deterministic; a few start real ``awa_worker`` processes. What is held against
+the docs: a parked job is never stranded; queue and kind limits (counted by weight) and rates
+are never exceeded; no permit leaks; no job is lost or claimed twice; younger jobs of a kind
+wait behind a heavy parked one only until it fits.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg
+import pytest
+
+from awa_django.operator import (
+    clear_kind_limits,
+    set_kind_limits,
+    set_queue_limits,
+)
+from tests.factories import WORKER, enqueue_sql
+from tests.helpers import conninfo, pg, wait_for
+
+pytestmark = pytest.mark.usefixtures("clean_awa")
+
+Q = "upk"
+Q2 = "upk2"
+HEAVY = "upk.heavy"
+LIGHT = "upk.light"
+OTHER = "upk.other"
+
+_CLAIM = (
+    "SELECT job_id, weight, permits, serial_lock, kind, run_lease, claim_slot, timeout_secs"
+    " FROM awa.claim_v3(%s, %s, %s, p_max_weight => %s, p_held => %s, p_release => %s,"
+    " p_serial_held => %s, p_serial_release => %s)"
+)
+
+
+def enqueue(
+    kind: str,
+    *,
+    queue: str = Q,
+    weight: int = 1,
+    priority: int = 0,
+    serial: str | None = None,
+    n: int = 1,
+) -> list[int]:
+    """``n`` jobs of ``kind`` through the raw-SQL producer, committed; their ids."""
+    metadata: dict[str, Any] = {"awa:weight": weight}
+    if serial is not None:
+        metadata["awa:serial"] = serial
+    body = {"kind": kind, "queue": queue, "priority": priority, "metadata": metadata}
+    with pg() as conn:
+        return [job_id for job_id, _ in enqueue_sql(conn, json.dumps([body] * n))]
+
+
+def kind_limit(kind: str, **limits: Any) -> None:
+    set_kind_limits(kind, actor="upk-test", **limits)
+
+
+def queue_limit(queue: str, **limits: Any) -> None:
+    set_queue_limits(queue, actor="upk-test", **limits)
+
+
+class Claimer:
+    """A worker-like session: claims with ``awa.claim_v3``, keeps the permits and serial locks
+    of the jobs it claimed (``p_held``/``p_serial_held``) until :meth:`finish` hands them back
+    with its next claim (``p_release``/``p_serial_release``)."""
+
+    def __init__(self, wcap: int | None) -> None:
+        self.conn = psycopg.connect(conninfo(), autocommit=True)
+        self.wcap = wcap
+        self.held: dict[int, tuple[list[int], int | None, int, int, int]] = {}
+        self.release: list[int] = []
+        self.serial_release: list[int] = []
+        self.last_marker: tuple[Any, ...] | None = None
+
+    def units(self) -> int:
+        return sum(h[2] for h in self.held.values())
+
+    def claim(self, p_max: int | None, queue: str = Q) -> list[int]:
+        held = [k for h in self.held.values() for k in h[0]]
+        sheld = [h[1] for h in self.held.values() if h[1] is not None]
+        rows = self.conn.execute(
+            _CLAIM,
+            [
+                queue,
+                p_max,
+                WORKER,
+                self.wcap,
+                held,
+                self.release,
+                sheld,
+                self.serial_release,
+            ],
+        ).fetchall()
+        self.release, self.serial_release = [], []
+        got = []
+        self.last_marker = None
+        for job_id, weight, permits, serial_lock, _kind, lease, slot, _t in rows:
+            if job_id is None:
+                self.last_marker = rows[-1]
+                continue
+            assert job_id not in self.held, f"job {job_id} claimed twice by one session"
+            self.held[job_id] = (list(permits or []), serial_lock, weight, lease, slot)
+            got.append(job_id)
+        return got
+
+    def finish(self, job_ids: Sequence[int]) -> None:
+        """Complete ``job_ids``; their permits and keys go back with the next claim."""
+        items = []
+        for job_id in job_ids:
+            permits, serial_lock, _w, lease, slot = self.held.pop(job_id)
+            self.release += permits
+            if serial_lock is not None:
+                self.serial_release.append(serial_lock)
+            items.append(
+                {"id": job_id, "lease": lease, "slot": slot, "outcome": "completed", "result": None}
+            )
+        stale = self.conn.execute(
+            "SELECT * FROM awa.finalize_v2(%s::jsonb)", [json.dumps(items)]
+        ).fetchall()
+        assert stale == [], f"completions refused as stale: {stale}"
+
+    def hand_back(self, job_ids: Sequence[int]) -> None:
+        """Complete ``job_ids`` and hand their permits back at once (a claim of 0)."""
+        self.finish(job_ids)
+        self.claim(0)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@pytest.fixture
+def claimers() -> Iterator[Any]:
+    made: list[Claimer] = []
+
+    def make(wcap: int | None = 8) -> Claimer:
+        made.append(Claimer(wcap))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def parked(queue: str | None = None) -> list[int]:
+    with pg() as conn:
+        sql = "SELECT job_id FROM awa.flow_waiting"
+        params: list[Any] = []
+        if queue is not None:
+            sql += " WHERE queue = %s"
+            params.append(queue)
+        return [r[0] for r in conn.execute(sql + " ORDER BY job_id", params).fetchall()]
+
+
+def _permits_held(keys_sql: str, name: str, n: int) -> int:
+    with pg() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
+            " AND l.objsubid = 2 AND l.classid = 4282182 AND l.objid IN ("
+            f" SELECT (({keys_sql}(%s, i))::bigint & 4294967295)::oid"
+            " FROM generate_series(0, %s - 1) i)",
+            [name, n],
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def kind_permits(kind: str, n: int = 64) -> int:
+    """Permits of ``kind`` (0 .. n-1) held by any session now."""
+    return _permits_held("awa._flow_kind_key_v1", kind, n)
+
+
+def queue_permits(queue: str, n: int = 64) -> int:
+    return _permits_held("awa._flow_key_v1", queue, n)
+
+
+def states(job_ids: Sequence[int]) -> dict[int, str]:
+    with pg() as conn:
+        rows = conn.execute(
+            "SELECT id, state::text FROM awa.jobs WHERE id = ANY(%s)", [list(job_ids)]
+        ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def test_heavy_parked_job_heavier_than_every_claimer_runs_once_permits_free(claimers: Any) -> None:
+    """Kind limit 3, claimers of 2 units: a job of weight 5 counts as 2; parked while the
+    kind's permits are taken, it comes back as soon as 2 are free, never before."""
+    kind_limit(HEAVY, global_concurrency=3)
+    a, b = claimers(2), claimers(2)
+    l1, l2, l3 = enqueue(HEAVY, n=3)
+    assert a.claim(2) == [l1, l2]
+    [h] = enqueue(HEAVY, weight=5)
+    assert b.claim(1) == [l3]  # the kind's last permit
+    c = claimers(2)
+    assert c.claim(2) == [] and parked() == [h]
+    a.hand_back([l1])
+    assert c.claim(2) == []  # one free permit: 2 are wanted
+    assert parked() == [h]
+    assert parked() == [h]
+    a.hand_back([l2])
+    assert c.claim(2) == [h]
+    assert c.held[h][2] == 2 and len(c.held[h][0]) == 2
+    assert parked() == [] and kind_permits(HEAVY) == 3
+
+
+def test_weight_equal_to_worker_and_kind_limit(claimers: Any) -> None:
+    kind_limit(HEAVY, global_concurrency=4)
+    a, b = claimers(4), claimers(4)
+    [l1] = enqueue(HEAVY)
+    assert a.claim(4) == [l1]
+    [h] = enqueue(HEAVY, weight=4)
+    assert b.claim(4) == [] and parked() == [h]
+    a.hand_back([l1])
+    assert b.claim(3) == []  # three free units only: waits
+    assert b.claim(4) == [h]
+    assert kind_permits(HEAVY) == 4
+    b.hand_back([h])
+    assert kind_permits(HEAVY) == 0
