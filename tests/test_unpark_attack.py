@@ -224,3 +224,49 @@ def test_weight_equal_to_worker_and_kind_limit(claimers: Any) -> None:
     assert kind_permits(HEAVY) == 4
     b.hand_back([h])
     assert kind_permits(HEAVY) == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="younger lane jobs of a kind take each freed permit: a heavy parked job never fits",
+)
+def test_younger_light_jobs_of_the_kind_do_not_starve_a_heavy_parked_one(claimers: Any) -> None:
+    """docs/flow.md, "Limits of the design": a heavy parked job waits until enough permits are
+    free at once, and the younger jobs of its kind wait behind it. Under a steady stream of
+    light jobs of its kind, each permit freed must not go to a younger light job for ever:
+    otherwise enough permits are never free at once and the heavy job is stranded."""
+    kind_limit(HEAVY, global_concurrency=2)
+    a, b = claimers(4), claimers(4)
+    l1, l2 = enqueue(HEAVY, n=2)
+    assert a.claim(4) == [l1, l2]
+    [h] = enqueue(HEAVY, weight=2)
+    assert b.claim(4) == [] and parked() == [h]
+    running = {l1: a, l2: a}
+    overtook = []
+    for _ in range(6):
+        [young] = enqueue(HEAVY)  # younger than h
+        oldest = min(running)
+        owner = running.pop(oldest)
+        owner.hand_back([oldest])
+        got = b.claim(4)
+        if h in got:
+            break
+        overtook += got
+        running.update(dict.fromkeys(got, b))
+        assert kind_permits(HEAVY) <= 2
+    assert h not in parked(), f"heavy job still parked; younger jobs ran before it: {overtook}"
+
+
+def test_a_parked_job_goes_before_younger_ready_jobs_of_its_kind(claimers: Any) -> None:
+    """Weight 1 everywhere: the permit freed goes to the parked (older) job, not to a younger
+    job of the kind still in its lane."""
+    kind_limit(HEAVY, global_concurrency=1)
+    a, b = claimers(4), claimers(4)
+    [l1] = enqueue(HEAVY)
+    assert a.claim(4) == [l1]
+    [p] = enqueue(HEAVY)
+    assert b.claim(4) == [] and parked() == [p]
+    [young] = enqueue(HEAVY)
+    a.hand_back([l1])
+    assert b.claim(1) == [p]
+    assert parked() == [young] or young not in b.held
