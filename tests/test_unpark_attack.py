@@ -270,3 +270,91 @@ def test_a_parked_job_goes_before_younger_ready_jobs_of_its_kind(claimers: Any) 
     a.hand_back([l1])
     assert b.claim(1) == [p]
     assert parked() == [young] or young not in b.held
+
+
+def test_heavy_job_of_a_kind_with_burst_1_and_concurrency_comes_back(claimers: Any) -> None:
+    kind_limit(HEAVY, global_concurrency=3, rate_limit=4, rate_burst=1)
+    a, b = claimers(4), claimers(4)
+    [l1] = enqueue(HEAVY)
+    assert a.claim(4) == [l1]  # the only token
+    [h] = enqueue(HEAVY, weight=3)
+    got = b.claim(4)
+    if got:  # a token came meanwhile (4/s): h fits beside l1? 1 + 3 > 3, so it cannot
+        raise AssertionError(f"claimed {got} past the kind's limit of 3")
+    assert parked() == [h]
+    a.hand_back([l1])
+    got = wait_for(lambda: b.claim(4), timeout=5, interval=0.05, message="the heavy job")
+    assert got == [h] and b.held[h][2] == 3 and kind_permits(HEAVY) == 3
+
+
+def test_rate_bounds_the_jobs_unparked_and_weights_do_not_use_up_tokens(claimers: Any) -> None:
+    """Rate only (no concurrency): 6 parked jobs of weight 3 on claimers of 4 units; each
+    claim starts at most what its units allow, the rate counts jobs (not weight), and over the
+    run at most rate * t + burst jobs start."""
+    import time
+
+    kind_limit(HEAVY, rate_limit=5, rate_burst=2)
+    a = claimers(4)
+    first = enqueue(HEAVY, n=2)
+    assert a.claim(4) == first  # the burst
+    heavy = enqueue(HEAVY, weight=9, n=6)  # counts as 4 (the claimer's units)
+    t0 = time.monotonic()
+    b = claimers(4)
+    started: list[tuple[float, int]] = []
+
+    def step() -> bool:
+        b.finish(list(b.held))
+        for job_id in b.claim(4):
+            started.append((time.monotonic() - t0, job_id))
+            assert b.held[job_id][2] == 4
+        return len(started) == 6
+
+    wait_for(step, timeout=10, interval=0.02, message=lambda: f"6 heavy jobs, got {started}")
+    elapsed = time.monotonic() - t0
+    assert sorted(j for _, j in started) == heavy
+    assert [j for _, j in started] == heavy, "parked jobs un-parked out of order"
+    assert 6 <= 5 * elapsed + 2 + 0.5  # at most rate * t + burst (plus the clock's slack)
+    assert elapsed >= (6 - 1) / 5 * 0.8, f"6 jobs past a 5/s rate in {elapsed:.2f}s"
+
+
+def test_queue_limit_below_the_kind_limit_caps_the_parked_weight(claimers: Any) -> None:
+    """Queue limit 2, kind limit 5, claimers of 8: a parked job of weight 5 counts as 2, so
+    it comes back when 2 of the kind's permits (and 2 of the queue's) are free."""
+    queue_limit(Q, global_concurrency=2)
+    kind_limit(HEAVY, global_concurrency=5)
+    kind_limit(LIGHT, global_concurrency=5)
+    a, b = claimers(8), claimers(8)
+    # The kind's permits are taken in another queue (limits span queues), the queue's own are
+    # free: the heavy job parks on its kind.
+    busy = enqueue(HEAVY, queue=Q2, n=5)
+    assert a.claim(8, queue=Q2) == busy
+    [h] = enqueue(HEAVY, weight=5)
+    assert b.claim(8) == [] and parked() == [h]
+    a.hand_back(busy[:1])
+    assert b.claim(8) == [] and parked() == [h]  # one free: 2 wanted
+    a.hand_back(busy[1:2])
+    assert b.claim(8) == [h]
+    assert b.held[h][2] == 2 and len(b.held[h][0]) == 4  # 2 queue + 2 kind permits
+    assert queue_permits(Q) == 2 and kind_permits(HEAVY) == 5  # 3 in upk2, 2 here
+
+
+def test_unparked_job_blocked_by_queue_permits_waits_in_the_ready_ring(claimers: Any) -> None:
+    """Un-parking looks at the kind's permits only: a job moved back while its queue's
+    permits are taken is claimed once they free, not lost, and nothing passes the limits."""
+    queue_limit(Q, global_concurrency=4)
+    kind_limit(HEAVY, global_concurrency=2)
+    a, b, c = claimers(8), claimers(8), claimers(8)
+    l1, l2 = enqueue(HEAVY, n=2)
+    assert a.claim(8) == [l1, l2]
+    [h] = enqueue(HEAVY, weight=2)
+    o1, o2, o3 = enqueue(OTHER, n=3)
+    assert b.claim(2) == [o1, o2] and parked() == [h]  # queue: 4 of 4
+    a.hand_back([l1, l2])  # kind: 0 of 2, queue 2 of 4
+    assert c.claim(1) == [o3]  # queue 3 of 4; one unit: h stays parked
+    assert parked() == [h]
+    assert b.claim(8) == []  # h moved back, but one queue permit is free: 2 wanted
+    assert queue_permits(Q) == 3 and kind_permits(HEAVY) == 0
+    b.hand_back([o1])
+    assert b.claim(8) == [h]
+    assert parked() == [] and states([h]) == {h: "running"}
+    assert queue_permits(Q) == 4 and kind_permits(HEAVY) == 2
