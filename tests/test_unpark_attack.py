@@ -358,3 +358,168 @@ def test_unparked_job_blocked_by_queue_permits_waits_in_the_ready_ring(claimers:
     assert b.claim(8) == [h]
     assert parked() == [] and states([h]) == {h: "running"}
     assert queue_permits(Q) == 4 and kind_permits(HEAVY) == 2
+
+
+def _fill_and_park(claimers: Any, limit: int, weight: int) -> tuple[Claimer, Claimer, list[int], int]:
+    """``limit`` light jobs of HEAVY running on ``a`` (every permit of the kind), then one of
+    ``weight`` parked by ``b``."""
+    a, b = claimers(8), claimers(8)
+    light = enqueue(HEAVY, n=limit)
+    assert a.claim(8) == light
+    [h] = enqueue(HEAVY, weight=weight)
+    assert b.claim(8) == [] and parked() == [h]
+    return a, b, light, h
+
+
+def test_kind_limit_lowered_while_a_heavy_job_is_parked(claimers: Any) -> None:
+    kind_limit(HEAVY, global_concurrency=4)
+    a, b, light, h = _fill_and_park(claimers, 4, 4)
+    kind_limit(HEAVY, global_concurrency=2)
+    a.hand_back(light[:2])  # 2 held, limit 2: nothing free
+    assert b.claim(8) == [] and parked() == [h]
+    assert kind_permits(HEAVY) == 2
+    a.hand_back(light[2:3])
+    assert b.claim(8) == [] and parked() == [h]  # one free: it counts 2 now
+    a.hand_back(light[3:])
+    assert b.claim(8) == [h]
+    assert b.held[h][2] == 4 and len(b.held[h][0]) == 2  # 4 units, 2 of the kind's permits
+    assert kind_permits(HEAVY) == 2
+
+
+def test_kind_limit_raised_while_a_heavy_job_is_parked(claimers: Any) -> None:
+    kind_limit(HEAVY, global_concurrency=2)
+    a, b, light, h = _fill_and_park(claimers, 2, 4)
+    kind_limit(HEAVY, global_concurrency=6)  # 4 free now: h counts 4
+    assert b.claim(8) == [h] and b.held[h][2] == 4
+    assert kind_permits(HEAVY) == 6
+
+
+def test_kind_limit_cleared_while_a_heavy_job_is_parked(claimers: Any) -> None:
+    kind_limit(HEAVY, global_concurrency=2)
+    a, b, light, h = _fill_and_park(claimers, 2, 5)
+    clear_kind_limits(HEAVY, actor="upk-test")  # no @job for it: no limit at all
+    assert b.claim(8) == [h] and b.held[h][2] == 5
+    assert parked() == []
+    a.hand_back(light)
+    b.hand_back([h])
+    assert kind_permits(HEAVY) == 0
+
+
+def test_queue_limit_lowered_and_cleared_while_a_heavy_job_is_parked(claimers: Any) -> None:
+    kind_limit(HEAVY, global_concurrency=4)
+    a, b, light, h = _fill_and_park(claimers, 4, 4)
+    queue_limit(Q, global_concurrency=1)  # the four light ones started before: no permits
+    a.hand_back(light[:3])  # 3 of the kind's free, h counts 1 now
+    assert b.claim(8) == [h] and b.held[h][2] == 1
+    assert queue_permits(Q) == 1 and kind_permits(HEAVY) == 2
+    [h2] = enqueue(HEAVY, weight=4)
+    assert b.claim(8) == []  # the queue's one permit is h's
+    b.hand_back([h])
+    from awa_django.operator import clear_queue_limits
+
+    clear_queue_limits(Q, actor="upk-test")  # no settings: no queue limit, h2 counts 4 again
+    a.hand_back(light[3:])
+    assert b.claim(8) == [h2] and b.held[h2][2] == 4 and kind_permits(HEAVY) == 4
+
+
+def test_cancelling_the_heavy_parked_job_lets_younger_parked_ones_go(claimers: Any) -> None:
+    from awa_django.operator import cancel
+
+    kind_limit(HEAVY, global_concurrency=2)
+    a, b, light, h = _fill_and_park(claimers, 2, 2)
+    p1, p2 = enqueue(HEAVY, n=2)
+    assert b.claim(8) == [] and parked() == [h, p1, p2]
+    a.hand_back(light[:1])
+    assert b.claim(8) == []  # documented: p1, p2 wait behind h
+    assert cancel(h) is not None
+    assert parked() == [p1, p2] and states([h]) == {h: "cancelled"}
+    assert b.claim(8) == [p1]
+    a.hand_back(light[1:])
+    assert b.claim(8) == [p2]
+    assert parked() == [] and kind_permits(HEAVY) == 2
+
+
+def test_cancelling_a_parked_job_while_a_claim_unparks_it(claimers: Any) -> None:
+    """A cancel holding the parked row: the un-park passes over it (SKIP LOCKED), the cancel
+    wins, nothing is claimed twice or lost."""
+    kind_limit(HEAVY, global_concurrency=2)
+    a, b, light, h = _fill_and_park(claimers, 2, 2)
+    [p] = enqueue(HEAVY)
+    assert b.claim(8) == [] and parked() == [h, p]
+    a.hand_back(light)
+    with pg(autocommit=False) as locker:
+        locker.execute("SELECT 1 FROM awa.flow_waiting WHERE job_id = %s FOR UPDATE", [h])
+        got = b.claim(8)  # h is passed over; p is younger: does it overtake?
+        locker.rollback()
+    assert h not in got
+    assert kind_permits(HEAVY) <= 2
+    got += b.claim(8)
+    assert got == [h]  # p (younger) did not overtake it, and now the kind is full again
+    assert parked() == [p] and kind_permits(HEAVY) == 2
+    b.hand_back([h])
+    assert b.claim(8) == [p] and parked() == []
+
+
+def test_serial_key_on_a_heavy_parked_job(claimers: Any) -> None:
+    """A heavy job with a key, parked by its kind, takes no key; a younger job of the key (of
+    another kind) parks behind it; once the heavy one fits it runs, then the key goes on."""
+    kind_limit(HEAVY, global_concurrency=2)
+    a, b = claimers(4), claimers(4)
+    light = enqueue(HEAVY, n=2)
+    assert a.claim(4) == light
+    [h] = enqueue(HEAVY, weight=3, serial="acct:1")
+    [j] = enqueue(OTHER, serial="acct:1")
+    [free] = enqueue(OTHER, serial="acct:2")
+    assert b.claim(4) == [free]
+    assert parked() == [h]
+    a.hand_back(light[:1])
+    assert b.claim(4) == []
+    a.hand_back(light[1:])
+    assert b.claim(4) == [h]
+    assert b.held[h][1] is not None and b.held[h][2] == 3 and len(b.held[h][0]) == 2
+    c = claimers(4)
+    assert c.claim(4) == []  # j waits for h's key
+    b.finish([h])
+    got = b.claim(4)  # hands the key on, and may take j itself
+    if not got:
+        got = wait_for(lambda: c.claim(4), timeout=5, message="the key's next job")
+    assert got == [j]
+    assert states([h, j, free]) == {h: "completed", j: "running", free: "running"}
+
+
+def test_parked_heavy_jobs_in_two_queues_both_run(claimers: Any) -> None:
+    kind_limit(HEAVY, global_concurrency=2)
+    a, b = claimers(8), claimers(8)
+    light = enqueue(HEAVY, n=2)
+    assert a.claim(8) == light
+    [h1] = enqueue(HEAVY, weight=2)
+    [h2] = enqueue(HEAVY, weight=2, queue=Q2)
+    assert b.claim(8) == [] and b.claim(8, queue=Q2) == []
+    assert parked() == [h1, h2]
+    a.hand_back(light)
+    assert b.claim(8, queue=Q2) == [h2]
+    assert b.claim(8) == []  # the queue that claimed first got them (documented)
+    b.hand_back([h2])
+    assert b.claim(8) == [h1]
+    assert kind_permits(HEAVY) == 2
+
+
+def test_younger_parked_jobs_of_higher_priority_wait_only_until_the_heavy_one_fits(
+    claimers: Any,
+) -> None:
+    kind_limit(HEAVY, global_concurrency=3)
+    a, b = claimers(8), claimers(8)
+    light = enqueue(HEAVY, n=3)
+    assert a.claim(8) == light
+    [h] = enqueue(HEAVY, weight=3, priority=5)
+    urgent = enqueue(HEAVY, priority=-5, n=2)
+    assert b.claim(8) == []
+    assert parked() == [h, *urgent]
+    a.hand_back(light[:2])
+    assert b.claim(8) == []  # documented: the younger ones wait behind h
+    a.hand_back(light[2:])
+    got = b.claim(8)
+    assert h in got, got
+    b.hand_back(got)
+    rest = got[1:] + b.claim(8)
+    assert sorted(rest) == urgent and parked() == []
