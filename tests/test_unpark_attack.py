@@ -150,27 +150,39 @@ def claimers() -> Iterator[Any]:
         c.close()
 
 
-def parked(queue: str | None = None) -> list[int]:
+_observer: list[psycopg.Connection[Any]] = []
+
+
+@pytest.fixture(autouse=True)
+def observer() -> Iterator[None]:
+    """One connection per test for the reads below (opening one per read is slow)."""
     with pg() as conn:
-        sql = "SELECT job_id FROM awa.flow_waiting"
-        params: list[Any] = []
-        if queue is not None:
-            sql += " WHERE queue = %s"
-            params.append(queue)
-        return [r[0] for r in conn.execute(sql + " ORDER BY job_id", params).fetchall()]
+        _observer.append(conn)
+        yield
+        _observer.clear()
+
+
+def parked(queue: str | None = None) -> list[int]:
+    """Ids of the jobs in awa.flow_waiting (of ``queue``), oldest first."""
+    sql = "SELECT job_id FROM awa.flow_waiting"
+    params: list[Any] = []
+    if queue is not None:
+        sql += " WHERE queue = %s"
+        params.append(queue)
+    rows = _observer[0].execute(sql + " ORDER BY job_id", params).fetchall()
+    return [r[0] for r in rows]
 
 
 def _permits_held(keys_sql: str, name: str, n: int) -> int:
-    with pg() as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
-            " AND l.objsubid = 2 AND l.classid = 4282182 AND l.objid IN ("
-            f" SELECT (({keys_sql}(%s, i))::bigint & 4294967295)::oid"
-            " FROM generate_series(0, %s - 1) i)",
-            [name, n],
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
+    row = _observer[0].execute(
+        "SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
+        " AND l.objsubid = 2 AND l.classid = 4282182 AND l.objid IN ("
+        f" SELECT (({keys_sql}(%s, i))::bigint & 4294967295)::oid"
+        " FROM generate_series(0, %s - 1) i)",
+        [name, n],
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def kind_permits(kind: str, n: int = 64) -> int:
@@ -179,14 +191,14 @@ def kind_permits(kind: str, n: int = 64) -> int:
 
 
 def queue_permits(queue: str, n: int = 64) -> int:
+    """Permits of ``queue`` (0 .. n-1) held by any session now."""
     return _permits_held("awa._flow_key_v1", queue, n)
 
 
 def states(job_ids: Sequence[int]) -> dict[int, str]:
-    with pg() as conn:
-        rows = conn.execute(
-            "SELECT id, state::text FROM awa.jobs WHERE id = ANY(%s)", [list(job_ids)]
-        ).fetchall()
+    rows = _observer[0].execute(
+        "SELECT id, state::text FROM awa.jobs WHERE id = ANY(%s)", [list(job_ids)]
+    ).fetchall()
     return {r[0]: r[1] for r in rows}
 
 
@@ -523,3 +535,115 @@ def test_younger_parked_jobs_of_higher_priority_wait_only_until_the_heavy_one_fi
     b.hand_back(got)
     rest = got[1:] + b.claim(8)
     assert sorted(rest) == urgent and parked() == []
+
+
+@pytest.mark.parametrize(
+    ("p_max", "max_weight"),
+    [
+        (None, None),
+        (0, 0),
+        (-1, -7),
+        (1, 0),
+        (5, -7),
+        (5, 10**6),
+        (2**31 - 1, None),
+        (2**31 - 1, 2**31 - 1),
+    ],
+)
+def test_raw_sql_claims_with_odd_bounds_leave_nothing_corrupt(
+    claimers: Any, max_weight: int | None, p_max: int | None
+) -> None:
+    """Raw-SQL claimers passing odd ``p_max``/``p_max_weight`` over parked heavy jobs: no
+    error (or a clear one), never past the kind's limit, permits all handed back, and every
+    job still claimed exactly once by a normal claimer afterwards."""
+    kind_limit(HEAVY, global_concurrency=3)
+    a, b = claimers(3), claimers(3)
+    light = enqueue(HEAVY, n=3)
+    assert a.claim(3) == light
+    heavy = enqueue(HEAVY, weight=7, n=3)
+    assert b.claim(3) == [] and parked() == heavy
+    a.hand_back(light[:2])
+    odd = claimers(max_weight)
+    got = odd.claim(p_max)
+    if p_max is None or p_max <= 0:
+        assert got == [] and parked() == heavy
+    else:
+        # A weight counts as min(weight, p_max_weight (at least 1), the kind's limit).
+        cap = 3 if max_weight is None else min(max(max_weight, 1), 3)
+        if cap <= 2:  # two of the kind's permits are free
+            assert got, "nothing claimed though the parked jobs fit"
+        for job_id in got:
+            assert len(odd.held[job_id][0]) == cap
+    assert kind_permits(HEAVY) <= 3
+    odd.hand_back(list(odd.held))
+    a.hand_back(light[2:])
+    assert kind_permits(HEAVY) == 0
+    done = set(got)
+    for _ in range(10):
+        batch = b.claim(3)
+        assert not done & set(batch), f"claimed twice: {done & set(batch)}"
+        done |= set(batch)
+        b.hand_back(batch)
+        if done == set(heavy):
+            break
+    assert done == set(heavy) and parked() == [] and kind_permits(HEAVY) == 0
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_fuzz_mixed_claimers_weights_and_kinds(claimers: Any, seed: int) -> None:
+    """Claimers of 2, 3 and 8 units; a queue limit of 6; kinds limited to 3 and 2 (the second
+    also rated, not binding); weights 1-9, some serial keys. After every step: no limit is
+    passed; at the end, with the load gone, every job runs exactly once and nothing stays
+    parked or held."""
+    import random
+
+    rnd = random.Random(seed)
+    queue_limit(Q, global_concurrency=6)
+    kind_limit(HEAVY, global_concurrency=3)
+    kind_limit(LIGHT, global_concurrency=2, rate_limit=10000, rate_burst=100)
+    pool = [claimers(2), claimers(3), claimers(8)]
+    jobs: list[int] = []
+    ran: dict[int, int] = {}
+    owner: dict[int, Claimer] = {}
+
+    def check() -> None:
+        assert queue_permits(Q) <= 6
+        assert kind_permits(HEAVY) <= 3 and kind_permits(LIGHT) <= 2
+        seen: set[int] = set()
+        for c in pool:
+            assert not seen & set(c.held), "a job held by two sessions"
+            seen |= set(c.held)
+
+    def claim(c: Claimer) -> None:
+        for job_id in c.claim(max(c.wcap - c.units(), 0)):  # type: ignore[operator]
+            ran[job_id] = ran.get(job_id, 0) + 1
+            owner[job_id] = c
+
+    for _ in range(120):
+        r = rnd.random()
+        if r < 0.35:
+            kind = rnd.choice([HEAVY, HEAVY, LIGHT, OTHER])
+            serial = rnd.choice([None, None, None, "k1", "k2"])
+            jobs += enqueue(kind, weight=rnd.choice([1, 1, 2, 3, 5, 9]), serial=serial)
+        elif r < 0.75:
+            claim(rnd.choice(pool))
+        else:
+            c = rnd.choice(pool)
+            if c.held:
+                c.finish(rnd.sample(sorted(c.held), rnd.randint(1, len(c.held))))
+        check()
+    for _ in range(200):
+        for c in pool:
+            if c.held:
+                c.finish(list(c.held))
+            claim(c)
+            check()
+        if len(ran) == len(jobs) and not any(c.held for c in pool):
+            break
+    assert ran == dict.fromkeys(jobs, 1), {
+        "never ran": sorted(set(jobs) - set(ran)),
+        "parked": parked(),
+        "twice": [j for j, n in ran.items() if n > 1],
+    }
+    assert parked() == [] and queue_permits(Q) == 0 and kind_permits(HEAVY) == 0
+    assert set(states(jobs).values()) == {"completed"}
