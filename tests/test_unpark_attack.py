@@ -655,3 +655,69 @@ def test_fuzz_mixed_claimers_weights_and_kinds(claimers: Any, seed: int) -> None
     }
     assert parked() == [] and queue_permits(Q) == 0 and kind_permits(HEAVY) == 0
     assert set(states(jobs).values()) == {"completed"}
+
+
+# --- Real workers -------------------------------------------------------------------------
+
+WQ = "upkw"
+
+
+@pytest.fixture
+def runs() -> Iterator[None]:
+    with pg() as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS upk_runs (job_id bigint, kind text, attempt int,"
+            " pid int, started timestamptz, ended timestamptz)"
+        )
+        conn.execute("CREATE TABLE IF NOT EXISTS upk_flags (name text PRIMARY KEY)")
+        conn.execute("TRUNCATE upk_runs, upk_flags")
+    yield
+    with pg() as conn:
+        conn.execute("DROP TABLE IF EXISTS upk_runs, upk_flags")
+
+
+def worker(manage_py: Any, *args: str, **overrides: Any) -> Any:
+    from tests.unparkatkjobs import UPK_OVERRIDES
+
+    env = {"AWA_TEST_OVERRIDES": json.dumps({**UPK_OVERRIDES, **overrides})}
+    return manage_py("awa_worker", "--queue", WQ, *args, extra_env=env)
+
+
+def wjob(kind: str, weight: int = 1, block: str | None = None, priority: int = 0) -> int:
+    body: dict[str, Any] = {
+        "kind": kind,
+        "queue": WQ,
+        "priority": priority,
+        "args": {"args": [], "kwargs": {"block": block} if block else {}},
+        "metadata": {"awa:weight": weight},
+    }
+    with pg() as conn:
+        [(job_id, _)] = enqueue_sql(conn, json.dumps([body]))
+    return job_id
+
+
+def ended(job_ids: Sequence[int]) -> bool:
+    rows = _observer[0].execute(
+        "SELECT count(*) FROM upk_runs WHERE job_id = ANY(%s) AND ended IS NOT NULL",
+        [list(job_ids)],
+    ).fetchone()
+    return rows is not None and rows[0] == len(job_ids)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="p_max is at most CLAIM_BATCH_SIZE but p_max_weight is the queue cap: a job "
+    "heavier than CLAIM_BATCH_SIZE never fits a claim",
+)
+@pytest.mark.usefixtures("runs")
+def test_worker_with_a_claim_batch_below_a_weight_runs_the_heavy_job(manage_py: Any) -> None:
+    """docs/flow.md, "Weights": a weight above what the claiming process can run counts as
+    that bound, so a heavy job never blocks its lane for ever. A worker of 4 slots with
+    ``CLAIM_BATCH_SIZE`` 2 caps weights at 4 but asks for at most 2 units per claim: a job of
+    weight 3 would never fit any of its claims."""
+    h = wjob("upkw.heavy", weight=3)
+    w = worker(manage_py, "--concurrency", "4", CLAIM_BATCH_SIZE=2)
+    # The worker claims: a light job in another lane (another priority) runs.
+    light = wjob("upkw.light", priority=-1)
+    wait_for(lambda: ended([light]), timeout=15, message=lambda: f"the light job; {w.output()}")
+    wait_for(lambda: ended([h]), timeout=5, message=lambda: f"the heavy job; {w.output()}")
