@@ -697,10 +697,14 @@ def wjob(kind: str, weight: int = 1, block: str | None = None, priority: int = 0
 
 
 def ended(job_ids: Sequence[int]) -> bool:
-    rows = _observer[0].execute(
-        "SELECT count(*) FROM upk_runs WHERE job_id = ANY(%s) AND ended IS NOT NULL",
-        [list(job_ids)],
-    ).fetchone()
+    rows = (
+        _observer[0]
+        .execute(
+            "SELECT count(*) FROM upk_runs WHERE job_id = ANY(%s) AND ended IS NOT NULL",
+            [list(job_ids)],
+        )
+        .fetchone()
+    )
     return rows is not None and rows[0] == len(job_ids)
 
 
@@ -721,3 +725,123 @@ def test_worker_with_a_claim_batch_below_a_weight_runs_the_heavy_job(manage_py: 
     light = wjob("upkw.light", priority=-1)
     wait_for(lambda: ended([light]), timeout=15, message=lambda: f"the light job; {w.output()}")
     wait_for(lambda: ended([h]), timeout=5, message=lambda: f"the heavy job; {w.output()}")
+
+
+def wparked() -> list[int]:
+    return parked(WQ)
+
+
+def flag(name: str) -> None:
+    _observer[0].execute("INSERT INTO upk_flags VALUES (%s) ON CONFLICT DO NOTHING", [name])
+
+
+def started(job_id: int) -> bool:
+    row = _observer[0].execute("SELECT count(*) FROM upk_runs WHERE job_id = %s", [job_id])
+    one = row.fetchone()
+    return one is not None and one[0] > 0
+
+
+@pytest.mark.usefixtures("runs")
+def test_sigkill_of_the_worker_holding_the_permits_a_heavy_parked_job_waits_for(
+    manage_py: Any,
+) -> None:
+    import signal
+
+    kind_limit("upkw.heavy", global_concurrency=3)
+    blocker = wjob("upkw.heavy", weight=2, block="never")
+    a = worker(manage_py, "--concurrency", "4")
+    wait_for(lambda: started(blocker), timeout=15, message=lambda: f"blocker; {a.output()}")
+    b = worker(manage_py, "--concurrency", "4")
+    h = wjob("upkw.heavy", weight=5)  # counts 3: parked while the blocker holds 2
+    wait_for(lambda: wparked() == [h], timeout=10, message="the heavy job parked")
+    assert not started(h)
+    a.send_signal(signal.SIGKILL)
+    a.wait()
+    wait_for(lambda: ended([h]), timeout=10, message=lambda: f"the heavy job; {b.output()}")
+    assert wparked() == [] and kind_permits("upkw.heavy") == 0
+
+
+@pytest.mark.usefixtures("runs")
+def test_mixed_fleet_runs_heavy_parked_jobs_without_busy_polling_or_churn(
+    manage_py: Any,
+) -> None:
+    """A worker of 2 slots and one of 8 on one queue; a kind limited to 6; a blocker holds 4
+    of its permits while three jobs of weight 6 wait parked. While they wait, the workers claim
+    about once per POLL_INTERVAL (0.25 s), not in a loop, and the parked jobs are not moved
+    back and parked again over and over; once the blocker ends all three run."""
+    from django.db import connection
+
+    db = connection.settings_dict["NAME"]
+    with pg() as conn:
+        conn.execute(f"ALTER DATABASE \"{db}\" SET track_functions = 'pl'")
+    try:
+        kind_limit("upkw.heavy", global_concurrency=6)
+        blocker = wjob("upkw.heavy", weight=4, block="go")
+        big = worker(manage_py, "--concurrency", "8", POLL_INTERVAL=0.25)
+        wait_for(lambda: started(blocker), timeout=15, message=lambda: big.output())
+        small = worker(manage_py, "--concurrency", "2", POLL_INTERVAL=0.25)
+        heavy = [wjob("upkw.heavy", weight=6, block="go") for _ in range(3)]
+        # The small worker counts each as 2 (its slots): 2 are free, so one may run there.
+        wait_for(
+            lambda: any(started(j) for j in heavy), timeout=10, message="a heavy job started"
+        )
+
+        def calls() -> int:
+            row = (
+                _observer[0]
+                .execute(
+                    "SELECT pg_stat_force_next_flush(), coalesce(sum(calls), 0)"
+                    " FROM pg_stat_user_functions WHERE funcname = 'claim_v3'"
+                )
+                .fetchone()
+            )
+            return int(row[1]) if row else 0
+
+        def parks() -> int:
+            row = (
+                _observer[0]
+                .execute(
+                    "SELECT count(*) FROM awa.claim_closures WHERE outcome = 'parked'"
+                    " AND job_id = ANY(%s)",
+                    [heavy],
+                )
+                .fetchone()
+            )
+            return int(row[0]) if row else 0
+
+        import time
+
+        before_calls, before_parks, t0 = calls(), parks(), time.monotonic()
+        # At least 12 claims while the jobs stay parked (about 1.5 s at one claim per 0.25 s
+        # per worker): busy polling would show hundreds at the first stats flush.
+        during_calls = wait_for(
+            lambda: max(calls() - before_calls, 0) // 12 and calls() - before_calls,
+            timeout=15,
+            interval=0.1,
+            message="the workers' claims",
+        )
+        window = time.monotonic() - t0
+        during_parks = parks() - before_parks
+        assert sum(started(j) for j in heavy) == 1  # 4 + 2 of 6: the others wait
+        flag("go")
+        wait_for(
+            lambda: ended([blocker, *heavy]),
+            timeout=20,
+            message=lambda: f"the heavy jobs; {small.output()}\n{big.output()}",
+        )
+    finally:
+        with pg() as conn:
+            conn.execute(f'ALTER DATABASE "{db}" RESET track_functions')
+    # 2 workers at one claim per 0.25 s: about 16 in 2 s (NOTIFY wake-ups add a few).
+    assert during_calls <= 60, f"{during_calls} claims in {window:.1f}s: busy polling"
+    assert during_parks <= 6, f"parked jobs re-parked {during_parks} times in {window:.1f}s"
+    runs_per_job = (
+        _observer[0]
+        .execute(
+            "SELECT job_id, count(*) FROM upk_runs WHERE job_id = ANY(%s) GROUP BY job_id",
+            [heavy],
+        )
+        .fetchall()
+    )
+    assert dict(runs_per_job) == dict.fromkeys(heavy, 1)
+    assert wparked() == [] and kind_permits("upkw.heavy") == 0
