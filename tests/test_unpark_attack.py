@@ -782,9 +782,7 @@ def test_mixed_fleet_runs_heavy_parked_jobs_without_busy_polling_or_churn(
         small = worker(manage_py, "--concurrency", "2", POLL_INTERVAL=0.25)
         heavy = [wjob("upkw.heavy", weight=6, block="go") for _ in range(3)]
         # The small worker counts each as 2 (its slots): 2 are free, so one may run there.
-        wait_for(
-            lambda: any(started(j) for j in heavy), timeout=10, message="a heavy job started"
-        )
+        wait_for(lambda: any(started(j) for j in heavy), timeout=10, message="a heavy job started")
 
         def calls() -> int:
             row = (
