@@ -843,3 +843,64 @@ def test_mixed_fleet_runs_heavy_parked_jobs_without_busy_polling_or_churn(
     )
     assert dict(runs_per_job) == dict.fromkeys(heavy, 1)
     assert wparked() == [] and kind_permits("upkw.heavy") == 0
+
+
+def test_pause_drain_and_resume_with_heavy_jobs_parked(claimers: Any) -> None:
+    from awa_django.operator import queue_drain, queue_pause
+
+    kind_limit(HEAVY, global_concurrency=2)
+    a, b, light, h = _fill_and_park(claimers, 2, 3)
+    queue_pause(Q)
+    a.hand_back(light)
+    assert b.claim(8) == [] and parked() == [h]  # paused: nothing un-parked or claimed
+    queue_pause(Q, paused=False)
+    assert b.claim(8) == [h]
+    [h2] = enqueue(HEAVY, weight=3)
+    assert b.claim(8) == [] and parked() == [h2]
+    assert queue_drain(Q) == 1
+    assert parked() == [] and states([h2]) == {h2: "cancelled"}
+    b.hand_back([h])
+    assert b.claim(8) == [] and kind_permits(HEAVY) == 0
+
+
+@pytest.mark.parametrize("raw", [0, -3, 10_001, "2", 2.5, None, True])
+def test_a_parked_job_with_an_invalid_raw_weight_comes_back_as_weight_1(
+    claimers: Any, raw: Any
+) -> None:
+    kind_limit(HEAVY, global_concurrency=1)
+    a, b = claimers(8), claimers(8)
+    [l1] = enqueue(HEAVY)
+    assert a.claim(8) == [l1]
+    body = {"kind": HEAVY, "queue": Q, "metadata": {"awa:weight": raw}}
+    with pg() as conn:
+        [(h, _)] = enqueue_sql(conn, json.dumps([body]))
+    assert b.claim(8) == [] and parked() == [h]
+    a.hand_back([l1])
+    assert b.claim(8) == [h]
+    assert b.held[h][2] == 1 and len(b.held[h][0]) == 1
+
+
+def test_serial_sweep_does_not_run_a_younger_job_of_the_key_before_a_parked_heavy_one(
+    claimers: Any,
+) -> None:
+    """docs/flow.md: a key and a limited kind on one job. The heavy job of key k waits for its
+    kind; a younger job of k (another kind, not limited) waits behind it. The leader's sweep may
+    hand the key on to the younger one, which must park again at once: one at a time and
+    enqueue order within the key hold."""
+    kind_limit(HEAVY, global_concurrency=2)
+    a, b = claimers(8), claimers(8)
+    light = enqueue(HEAVY, n=2)
+    assert a.claim(8) == light
+    [h] = enqueue(HEAVY, weight=2, serial="k")
+    [j] = enqueue(OTHER, serial="k")
+    assert b.claim(8) == []
+    assert parked() == [h]
+    for _ in range(3):
+        _observer[0].execute("SELECT awa.serial_sweep_v1()")
+        assert b.claim(8) == [], "the younger job of the key ran before the older one"
+    a.hand_back(light)
+    assert b.claim(8) == [h]
+    b.finish([h])
+    got = b.claim(8)
+    assert got == [j]
+    assert states([h, j]) == {h: "completed", j: "running"}
