@@ -904,3 +904,75 @@ def test_serial_sweep_does_not_run_a_younger_job_of_the_key_before_a_parked_heav
     got = b.claim(8)
     assert got == [j]
     assert states([h, j]) == {h: "completed", j: "running"}
+
+
+def test_concurrent_claimers_racing_to_unpark_never_pass_the_limits(claimers: Any) -> None:
+    """Three sessions of 2, 3 and 8 units claim and finish in threads at once over parked jobs
+    of weights 1-9 (kind limit 4, queue limit 5); a sampler reads the permits held all along.
+    Never more than the limits; every job runs once; nothing stays parked or held."""
+    import random
+    import threading
+
+    queue_limit(Q, global_concurrency=5)
+    kind_limit(HEAVY, global_concurrency=4)
+    rnd = random.Random(7)
+    pool = [claimers(2), claimers(3), claimers(8)]
+    blockers = enqueue(HEAVY, n=4)
+    assert pool[2].claim(8) == blockers
+    jobs: list[int] = []
+    for _ in range(30):
+        jobs += enqueue(rnd.choice([HEAVY, HEAVY, OTHER]), weight=rnd.choice([1, 2, 3, 5, 9]))
+    for c in pool[:2]:
+        c.claim(c.wcap)  # type: ignore[arg-type]
+    ran: dict[int, int] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    peaks = {"queue": 0, "kind": 0}
+
+    def sample() -> None:
+        with pg() as conn:
+            _observer.insert(0, conn)
+            try:
+                while not stop.is_set():
+                    peaks["queue"] = max(peaks["queue"], queue_permits(Q))
+                    peaks["kind"] = max(peaks["kind"], kind_permits(HEAVY))
+            finally:
+                _observer.remove(conn)
+
+    def run(c: Claimer, seed: int) -> None:
+        r = random.Random(seed)
+        try:
+            for _ in range(200):
+                if c.held and r.random() < 0.5:
+                    c.finish(r.sample(sorted(c.held), 1))
+                for job_id in c.claim(max(c.wcap - c.units(), 0)):  # type: ignore[operator]
+                    with lock:
+                        ran[job_id] = ran.get(job_id, 0) + 1
+                with lock:
+                    if len(ran) == len(jobs) and not c.held:
+                        return
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    pool[2].finish(blockers)
+    threads = [threading.Thread(target=run, args=(c, i)) for i, c in enumerate(pool)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    stop.set()
+    sampler.join(10)
+    assert not errors, errors
+    for c in pool:
+        if c.held:
+            c.finish(list(c.held))
+        for job_id in c.claim(0) + c.claim(c.wcap):  # type: ignore[arg-type]
+            ran[job_id] = ran.get(job_id, 0) + 1
+    assert peaks["queue"] <= 5 and peaks["kind"] <= 4, peaks
+    assert ran == dict.fromkeys(jobs, 1), {
+        "never ran": sorted(set(jobs) - set(ran)),
+        "parked": parked(),
+    }
