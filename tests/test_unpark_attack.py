@@ -923,7 +923,7 @@ def test_concurrent_claimers_racing_to_unpark_never_pass_the_limits(claimers: An
     for _ in range(30):
         jobs += enqueue(rnd.choice([HEAVY, HEAVY, OTHER]), weight=rnd.choice([1, 2, 3, 5, 9]))
     for c in pool[:2]:
-        c.claim(c.wcap)  # type: ignore[arg-type]
+        c.claim(c.wcap)
     ran: dict[int, int] = {}
     lock = threading.Lock()
     stop = threading.Event()
@@ -969,10 +969,49 @@ def test_concurrent_claimers_racing_to_unpark_never_pass_the_limits(claimers: An
     for c in pool:
         if c.held:
             c.finish(list(c.held))
-        for job_id in c.claim(0) + c.claim(c.wcap):  # type: ignore[arg-type]
+        for job_id in c.claim(0) + c.claim(c.wcap):
             ran[job_id] = ran.get(job_id, 0) + 1
     assert peaks["queue"] <= 5 and peaks["kind"] <= 4, peaks
     assert ran == dict.fromkeys(jobs, 1), {
         "never ran": sorted(set(jobs) - set(ran)),
         "parked": parked(),
     }
+
+
+def test_a_job_unparked_by_a_claimer_without_the_units_is_claimed_by_one_with_them(
+    claimers: Any,
+) -> None:
+    """Kind limit 2, weight 5: the job takes 5 of a process's units but 2 of the kind's
+    permits. A busy claimer (3 units free) may move it back without taking it; it must not be
+    lost or stuck: an idle claimer of 8 takes it, counting 5 units and 2 kind permits."""
+    kind_limit(HEAVY, global_concurrency=2)
+    a, b, light, h = _fill_and_park(claimers, 2, 5)
+    a.hand_back(light)
+    busy = claimers(8)
+    assert busy.claim(3) == []
+    assert kind_permits(HEAVY) == 0
+    got = b.claim(8)
+    assert got == [h] and b.held[h][2] == 5 and len(b.held[h][0]) == 2
+    assert parked() == []
+
+
+@pytest.mark.usefixtures("runs")
+def test_per_queue_cap_bounds_the_parked_weight(manage_py: Any) -> None:
+    """``--queue upkw=2`` in a worker of 8: a parked job of weight 6 (kind limit 6) counts 2
+    there, so it runs once 2 permits are free (not 6)."""
+    kind_limit("upkw.heavy", global_concurrency=6)
+    holder = Claimer(8)
+    try:
+        busy = [wjob("upkw.heavy") for _ in range(5)]
+        assert sorted(holder.claim(8, queue=WQ)) == busy  # 5 of the kind's 6 permits
+        h = wjob("upkw.heavy", weight=6)
+        from tests.unparkatkjobs import UPK_OVERRIDES
+
+        env = {"AWA_TEST_OVERRIDES": json.dumps(UPK_OVERRIDES)}
+        w = manage_py("awa_worker", "--queue", f"{WQ}=2", "--concurrency", "8", extra_env=env)
+        wait_for(lambda: wparked() == [h], timeout=15, message=lambda: w.output())
+        holder.finish(busy[:1])
+        holder.claim(0)  # 2 free now
+        wait_for(lambda: ended([h]), timeout=10, message=lambda: f"the heavy job; {w.output()}")
+    finally:
+        holder.close()
