@@ -1015,3 +1015,32 @@ def test_per_queue_cap_bounds_the_parked_weight(manage_py: Any) -> None:
         wait_for(lambda: ended([h]), timeout=10, message=lambda: f"the heavy job; {w.output()}")
     finally:
         holder.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="un-park caps a job's units at its kind limit, the claim does not: a job the claim "
+    "cannot take is moved back and blocks the hand-off lane",
+)
+def test_unpark_counts_units_as_the_claim_does_not_only_kind_permits(claimers: Any) -> None:
+    """The claim counts a job of weight 5 of a kind limited to 2 as 5 units of the process and 2
+    permits of the kind. A claimer with 4 units free must not move it back (it cannot take it):
+    moved, it heads the hand-off lane and blocks the parked job of another kind behind it, which
+    that claim had room for."""
+    kind_limit(HEAVY, global_concurrency=2)
+    kind_limit(LIGHT, global_concurrency=1)
+    a, b = claimers(8), claimers(8)
+    light = enqueue(HEAVY, n=2)
+    [l0] = enqueue(LIGHT)
+    assert a.claim(8) == [*light, l0]
+    [h] = enqueue(HEAVY, weight=5)
+    [p] = enqueue(LIGHT)
+    assert b.claim(8) == [] and parked() == [h, p]
+    a.hand_back([*light, l0])
+    busy = claimers(8)
+    got = busy.claim(4)  # 4 units free: p fits, h does not
+    try:
+        assert got == [p], f"claimed {got}; parked now {parked()}"
+    finally:  # not lost either way: a claimer with 8 units free takes what is left
+        rest = [j for j in (h, p) if j not in got]
+        assert sorted(b.claim(8)) == rest
