@@ -1044,3 +1044,30 @@ def test_unpark_counts_units_as_the_claim_does_not_only_kind_permits(claimers: A
     finally:  # not lost either way: a claimer with 8 units free takes what is left
         rest = [j for j in (h, p) if j not in got]
         assert sorted(b.claim(8)) == rest
+
+
+def test_heavy_parked_job_and_a_younger_one_of_its_kind_and_key_run_in_order(
+    claimers: Any,
+) -> None:
+    kind_limit(HEAVY, global_concurrency=3)
+    a, b = claimers(8), claimers(8)
+    light = enqueue(HEAVY, n=3)
+    assert a.claim(8) == light
+    [h] = enqueue(HEAVY, weight=3, serial="k")
+    [j] = enqueue(HEAVY, serial="k")
+    [other] = enqueue(HEAVY, serial="other")
+    assert b.claim(8) == []
+    assert parked() == [h, j, other]
+    a.hand_back(light[:1])
+    assert b.claim(8) == []  # h wants 3; j and other wait behind it (documented)
+    a.hand_back(light[1:])
+    got = b.claim(8)
+    assert got == [h], got  # the kind is full again with h
+    b.finish([h])
+    seen: list[int] = []
+    wait_for(
+        lambda: seen.extend(b.claim(8)) or sorted(seen) == [j, other],
+        timeout=5,
+        message=lambda: f"j and other; got {seen}, parked {parked()}",
+    )
+    assert kind_permits(HEAVY) == 2
