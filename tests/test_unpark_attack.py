@@ -12,6 +12,7 @@ wait behind a heavy parked one only until it fits.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -952,7 +953,7 @@ def test_concurrent_claimers_racing_to_unpark_never_pass_the_limits(claimers: An
                 with lock:
                     if len(ran) == len(jobs) and not c.held:
                         return
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     sampler = threading.Thread(target=sample)
@@ -1071,3 +1072,31 @@ def test_heavy_parked_job_and_a_younger_one_of_its_kind_and_key_run_in_order(
         message=lambda: f"j and other; got {seen}, parked {parked()}",
     )
     assert kind_permits(HEAVY) == 2
+
+
+@pytest.mark.usefixtures("runs")
+def test_real_workers_run_heavy_jobs_of_a_kind_with_burst_1_within_its_rate(
+    manage_py: Any,
+) -> None:
+    """Kind limited to 3 at once and 4 per second with a burst of 1; four jobs of weight 3 on
+    two workers of 4 slots: all run, one at a time, and never faster than the rate."""
+    kind_limit("upkw.heavy", global_concurrency=3, rate_limit=4, rate_burst=1)
+    heavy = [wjob("upkw.heavy", weight=3) for _ in range(4)]
+    ws = [worker(manage_py, "--concurrency", "4") for _ in range(2)]
+    wait_for(
+        lambda: ended(heavy),
+        timeout=20,
+        message=lambda: f"the heavy jobs; parked {wparked()}; {ws[0].output()}",
+    )
+    rows = (
+        _observer[0]
+        .execute(
+            "SELECT started, ended FROM upk_runs WHERE job_id = ANY(%s) ORDER BY started", [heavy]
+        )
+        .fetchall()
+    )
+    assert len(rows) == 4
+    for (_, e1), (s2, _) in itertools.pairwise(rows):
+        assert s2 >= e1, "two jobs of weight 3 ran at once under a kind limit of 3"
+    span = (rows[-1][0] - rows[0][0]).total_seconds()
+    assert span >= 3 / 4 - 0.1, f"4 starts in {span:.2f}s: past 4/s with a burst of 1"
