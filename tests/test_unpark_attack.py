@@ -1110,3 +1110,45 @@ def test_real_workers_run_heavy_jobs_of_a_kind_with_burst_1_within_its_rate(
         assert s2 >= e1, "two jobs of weight 3 ran at once under a kind limit of 3"
     span = (rows[-1][0] - rows[0][0]).total_seconds()
     assert span >= 3 / 4 - 0.1, f"4 starts in {span:.2f}s: past 4/s with a burst of 1"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="for a kind with a rate only, un-park checks no weight at all: a job the claim "
+    "cannot take is moved back and blocks the hand-off lane",
+)
+def test_unpark_of_a_rate_only_kind_counts_the_units_the_claim_has(claimers: Any) -> None:
+    """Kind limited to 2 per second (burst 1) only; a job of weight 5 parked for want of a
+    token; once a token comes, a claimer with 4 units free has no room for it and must leave
+    it parked, taking the parked job of another kind behind it instead."""
+    kind_limit(HEAVY, rate_limit=2, rate_burst=1)
+    kind_limit(LIGHT, global_concurrency=1)
+    a, b = claimers(8), claimers(8)
+    [l1] = enqueue(HEAVY)
+    [l0] = enqueue(LIGHT)
+    assert a.claim(8) == [l1, l0]  # the token, and LIGHT's permit
+    [h] = enqueue(HEAVY, weight=5)
+    [p] = enqueue(LIGHT)
+    got = b.claim(8)
+    assert got == [] and parked() == [h, p], got
+    a.hand_back([l0])
+    # A token for the kind again (0.5 s at 2/s): the rate state's tat is in the past.
+    wait_for(
+        lambda: (
+            _observer[0]
+            .execute(
+                "SELECT tat <= clock_timestamp() FROM awa.flow_kind_rate_state WHERE kind = %s",
+                [HEAVY],
+            )
+            .fetchone()[0]
+        ),  # type: ignore[index]
+        timeout=5,
+        message="a token",
+    )
+    busy = claimers(8)
+    got = busy.claim(4)  # 4 units free: p fits, h does not
+    try:
+        assert got == [p], f"claimed {got}; parked now {parked()}"
+    finally:
+        rest = [j for j in (h, p) if j not in got]
+        assert sorted(wait_for(lambda: b.claim(8), timeout=5, message="the rest")) == rest
