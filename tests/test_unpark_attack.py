@@ -1076,8 +1076,13 @@ def test_heavy_parked_job_and_a_younger_one_of_its_kind_and_key_run_in_order(
     assert got == [h], got  # the kind is full again with h
     b.finish([h])
     seen: list[int] = []
+
+    def both() -> bool:
+        seen.extend(b.claim(8))
+        return sorted(seen) == [j, other]
+
     wait_for(
-        lambda: seen.extend(b.claim(8)) or sorted(seen) == [j, other],
+        both,
         timeout=5,
         message=lambda: f"j and other; got {seen}, parked {parked()}",
     )
@@ -1132,19 +1137,20 @@ def test_unpark_of_a_rate_only_kind_counts_the_units_the_claim_has(claimers: Any
     got = b.claim(8)
     assert got == [] and parked() == [h, p], got
     a.hand_back([l0])
+
     # A token for the kind again (0.5 s at 2/s): the rate state's tat is in the past.
-    wait_for(
-        lambda: (
+    def token() -> bool:
+        row = (
             _observer[0]
             .execute(
                 "SELECT tat <= clock_timestamp() FROM awa.flow_kind_rate_state WHERE kind = %s",
                 [HEAVY],
             )
-            .fetchone()[0]
-        ),  # type: ignore[index]
-        timeout=5,
-        message="a token",
-    )
+            .fetchone()
+        )
+        return bool(row and row[0])
+
+    wait_for(token, timeout=5, message="a token")
     busy = claimers(8)
     got = busy.claim(4)  # 4 units free: p fits, h does not
     try:
