@@ -247,7 +247,9 @@ def test_weight_equal_to_worker_and_kind_limit(claimers: Any) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="younger lane jobs of a kind take each freed permit: a heavy parked job never fits",
+    reason="a documented limit (docs/flow.md, 'Limits of the design'): younger jobs of a kind "
+    "still in lanes take each permit freed one at a time, so a heavy parked job waits for a "
+    "moment when enough are free at once",
 )
 def test_younger_light_jobs_of_the_kind_do_not_starve_a_heavy_parked_one(claimers: Any) -> None:
     """docs/flow.md, "Limits of the design": a heavy parked job waits until enough permits are
@@ -709,11 +711,6 @@ def ended(job_ids: Sequence[int]) -> bool:
     return rows is not None and rows[0] == len(job_ids)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="p_max is at most CLAIM_BATCH_SIZE but p_max_weight is the queue cap: a job "
-    "heavier than CLAIM_BATCH_SIZE never fits a claim",
-)
 @pytest.mark.usefixtures("runs")
 def test_worker_with_a_claim_batch_below_a_weight_runs_the_heavy_job(manage_py: Any) -> None:
     """docs/flow.md, "Weights": a weight above what the claiming process can run counts as
@@ -1028,11 +1025,6 @@ def test_per_queue_cap_bounds_the_parked_weight(manage_py: Any) -> None:
         holder.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="un-park caps a job's units at its kind limit, the claim does not: a job the claim "
-    "cannot take is moved back and blocks the hand-off lane",
-)
 def test_unpark_counts_units_as_the_claim_does_not_only_kind_permits(claimers: Any) -> None:
     """The claim counts a job of weight 5 of a kind limited to 2 as 5 units of the process and 2
     permits of the kind. A claimer with 4 units free must not move it back (it cannot take it):
@@ -1117,11 +1109,6 @@ def test_real_workers_run_heavy_jobs_of_a_kind_with_burst_1_within_its_rate(
     assert span >= 3 / 4 - 0.1, f"4 starts in {span:.2f}s: past 4/s with a burst of 1"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="for a kind with a rate only, un-park checks no weight at all: a job the claim "
-    "cannot take is moved back and blocks the hand-off lane",
-)
 def test_unpark_of_a_rate_only_kind_counts_the_units_the_claim_has(claimers: Any) -> None:
     """Kind limited to 2 per second (burst 1) only; a job of weight 5 parked for want of a
     token; once a token comes, a claimer with 4 units free has no room for it and must leave
@@ -1160,17 +1147,9 @@ def test_unpark_of_a_rate_only_kind_counts_the_units_the_claim_has(claimers: Any
         assert sorted(wait_for(lambda: b.claim(8), timeout=5, message="the rest")) == rest
 
 
-_OVERMOVE = pytest.mark.xfail(
-    strict=True,
-    reason="parked jobs spanning priorities: each priority re-reads the oldest-first window "
-    "without the rows already moved, so more jobs than the free permits are moved and one is "
-    "parked again",
-)
-
-
 @pytest.mark.parametrize(
     "priorities",
-    [pytest.param((5, 0, 5, 0), marks=_OVERMOVE), (0, 5, 0, 5), (3, 3, -3, -3)],
+    [(5, 0, 5, 0), (0, 5, 0, 5), (3, 3, -3, -3)],
 )
 def test_parked_jobs_across_priorities_come_back_within_the_free_permits(
     claimers: Any, priorities: tuple[int, ...]

@@ -2331,6 +2331,9 @@ DECLARE
     v_jobs integer;
     v_used integer := 0;
     v_wmoved integer;
+    v_perm integer;
+    v_ids bigint[];
+    v_prios integer[];
 BEGIN
     o_moved := 0;
     -- The claim's cap on one job's weight (0013: the process's most units, then the queue's
@@ -2351,10 +2354,13 @@ BEGIN
         SELECT s.kind FROM kinds s WHERE s.kind IS NOT NULL
     LOOP
         EXIT WHEN v_used >= p_max;
-        -- v_room: units (weights, as the claim counts them); v_jobs: jobs (rate tokens count
-        -- jobs started, whatever their weight).
+        -- Three bounds, each as the claim counts it: v_room, the claim's units left (a job
+        -- takes min(weight, v_qcap)); v_perm, the kind's free permits (a job takes
+        -- min(weight, v_cap)); v_jobs, jobs (rate tokens count jobs started, whatever their
+        -- weight).
         v_room := p_max - v_used;
         v_jobs := v_room;
+        v_perm := NULL;
         lim := NULL;
         SELECT * INTO lim FROM awa.flow_kind_limits f WHERE f.kind = k.kind;
         v_cap := LEAST(lim.max_running, v_qcap);
@@ -2372,44 +2378,38 @@ BEGIN
             v_keys := awa._flow_kind_take_v1(k.kind, lim.max_running, lim.max_seen,
                                              LEAST(v_room, lim.max_running), p_held);
             PERFORM awa.flow_release_v1(v_keys);
-            v_room := LEAST(v_room, cardinality(v_keys));
-            CONTINUE WHEN v_room <= 0;
+            v_perm := cardinality(v_keys);
+            CONTINUE WHEN v_perm <= 0;
         END IF;
-        -- The oldest waiting jobs of the kind in the queue while their weights (as the claim
-        -- counts them against the kind: at most its limit) fit the free permits, in job order:
-        -- a heavy job waits, parked, until enough are free at once (never moved only to be
-        -- parked again), and younger jobs of its kind wait behind it. By priority, one
-        -- hand-off lane each.
-        FOR p IN
-            SELECT DISTINCT x.priority FROM (
-                SELECT w.priority, w.job_id,
-                       sum(awa._job_weight_v1(w.metadata, v_cap))
-                           OVER (ORDER BY w.job_id) AS cw
-                FROM awa.flow_waiting w
-                WHERE w.queue = p_queue AND w.kind = k.kind
-                ORDER BY w.job_id
-                LIMIT v_jobs) x
-            WHERE (lim.max_running IS NULL OR x.cw <= v_room)
+        -- The oldest waiting jobs of the kind in the queue while they fit all three, in job
+        -- order: a heavy job waits, parked, until it fits (never moved only to be parked again
+        -- or to stop the claim), and younger jobs of its kind wait behind it. Chosen once, then
+        -- moved by priority, one hand-off lane each (a lane another claim is filling is passed
+        -- over: its jobs stay parked).
+        SELECT array_agg(x.job_id ORDER BY x.job_id), array_agg(x.priority ORDER BY x.job_id)
+        INTO v_ids, v_prios
+        FROM (
+            SELECT w.job_id, w.priority,
+                   sum(awa._job_weight_v1(w.metadata, v_qcap)) OVER (ORDER BY w.job_id) AS cu,
+                   sum(awa._job_weight_v1(w.metadata, v_cap)) OVER (ORDER BY w.job_id) AS cp
+            FROM awa.flow_waiting w
+            WHERE w.queue = p_queue AND w.kind = k.kind
+            ORDER BY w.job_id
+            LIMIT v_jobs) x
+        WHERE x.cu <= v_room AND (v_perm IS NULL OR x.cp <= v_perm);
+        CONTINUE WHEN v_ids IS NULL;
+        FOR p IN SELECT DISTINCT u.priority FROM unnest(v_prios) AS u(priority)
         LOOP
             v_lane := awa.flow_handoff_lane_v1(p_queue, p.priority);
             CONTINUE WHEN NOT pg_try_advisory_xact_lock(4282177, v_lane);
-            WITH picked AS MATERIALIZED (
-                SELECT x.job_id FROM (
-                    SELECT w.job_id, w.priority,
-                           sum(awa._job_weight_v1(w.metadata, v_cap))
-                               OVER (ORDER BY w.job_id) AS cw
-                    FROM awa.flow_waiting w
-                    WHERE w.queue = p_queue AND w.kind = k.kind
-                    ORDER BY w.job_id
-                    LIMIT v_jobs) x
-                WHERE x.priority = p.priority
-                  AND (lim.max_running IS NULL OR x.cw <= v_room)
-            ), gone AS (
+            WITH gone AS (
                 -- SKIP LOCKED: a job being cancelled is passed over.
                 DELETE FROM awa.flow_waiting w
                 WHERE w.job_id IN (
                     SELECT w2.job_id FROM awa.flow_waiting w2
-                    WHERE w2.job_id IN (SELECT job_id FROM picked)
+                    WHERE w2.job_id IN (
+                        SELECT i.id FROM unnest(v_ids, v_prios) AS i(id, priority)
+                        WHERE i.priority = p.priority)
                     FOR UPDATE SKIP LOCKED)
                 RETURNING w.*
             )
@@ -2417,7 +2417,7 @@ BEGIN
                        g.job_id, g.kind, g.queue, g.priority, g.args, g.attempt, g.max_attempts,
                        g.run_lease, g.run_at, g.created_at, g.deadline_secs, g.metadata, g.tags,
                        g.errors, g.progress)::awa.job_body ORDER BY g.job_id),
-                   sum(awa._job_weight_v1(g.metadata, v_cap))
+                   sum(awa._job_weight_v1(g.metadata, v_qcap))
             INTO v_bodies, v_wmoved
             FROM gone g;
             v_moved := COALESCE(cardinality(v_bodies), 0);

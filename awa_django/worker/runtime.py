@@ -539,7 +539,8 @@ class WorkerRuntime(Execution, FamilyWakeups):
                         self.instance_id,
                         aging_interval=cfg.settings.PRIORITY_AGING_INTERVAL,
                         default_deadline=queue.deadline,
-                        max_weight=self.slots.caps[queue.name],
+                        # What one claim can give one job: a heavier one counts as that.
+                        max_weight=min(self.slots.caps[queue.name], self.slots.claim_batch),
                         held=self.permits.held_keys(),
                         release=release_now,
                         serial_held=self.permits.serial_held_keys(),
