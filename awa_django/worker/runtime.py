@@ -44,13 +44,12 @@ from typing import Any
 
 import psycopg
 
-from awa_django.db.storage import Claimed, aclaim_units, aheartbeat
+from awa_django.db.storage import Claimed, aclaim_units
 from awa_django.jobs import kind_flow_limits, registered_kinds
 from awa_django.limits import QUEUE_NAME_RE
 from awa_django.maintenance.cron import sync_schedules
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.sql import query
-from awa_django.telemetry.logs import job_fields, job_log_fields
 from awa_django.telemetry.metrics import active_metrics
 from awa_django.telemetry.tracing import active_tracing
 from awa_django.worker.batcher import CompletionBatcher
@@ -60,7 +59,7 @@ from awa_django.worker.config import (
     connection_budget,
     own_connections,
 )
-from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Execution, Running, run_sync
+from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Running, run_sync
 from awa_django.worker.executor import (
     safe_str,
 )
@@ -71,6 +70,7 @@ from awa_django.worker.guards import (
     LoopWatchdog,
     hard_exit,
 )
+from awa_django.worker.heartbeats import Heartbeats
 from awa_django.worker.links import Link, first_line, is_connection_lost
 from awa_django.worker.slots import BacklogRetry, Slots
 from awa_django.worker.threads import HandlerThreads
@@ -84,7 +84,7 @@ _TICK = 0.5
 NOTE_RETRY = 0.002
 
 
-class WorkerRuntime(Execution, FamilyWakeups):
+class WorkerRuntime(Heartbeats, FamilyWakeups):
     """Runs one worker process until it is told to stop (or, in burst mode, runs out of work)."""
 
     def __init__(
@@ -672,85 +672,6 @@ class WorkerRuntime(Execution, FamilyWakeups):
         loop = self._loop
         if loop is not None:
             loop.call_soon_threadsafe(self._flush.set)
-
-    async def _heartbeat_loop(self) -> None:
-        interval = self.config.settings.HEARTBEAT_INTERVAL
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._flush.wait(), interval)
-            self._flush.clear()
-            try:
-                await self._heartbeat_once(interval)
-            except Exception:
-                log.exception("awa worker: a heartbeat pass failed; the next one follows")
-
-    async def _heartbeat_once(self, interval: float) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        items: list[tuple[int, int, str | None]] = []
-        for (job_id, lease), run in list(self.inflight.items()):
-            ctx = run.attempt.ctx_made  # None: the handler never had one, so no progress
-            dirty, progress = (False, None) if ctx is None else ctx.take_dirty_progress()
-            # Short jobs never write attempt_state: only attempts running for a heartbeat
-            # interval, or with progress to write, are refreshed.
-            if dirty or now - run.started >= interval:
-                run.has_state = True
-                items.append((job_id, lease, progress if dirty else None))
-        if not items:
-            return
-        try:
-            gone = await self._beat(items)
-        except Exception as exc:
-            gone = await self._beat_one_by_one(items, exc)
-        for key in gone:
-            closed = self.inflight.get(key)
-            if closed is not None:
-                log.info(
-                    "job %s attempt lease %s is no longer open (rescued or cancelled); "
-                    "its handler is told to stop",
-                    key[0],
-                    key[1],
-                    extra=job_log_fields(closed.attempt.job),
-                )
-                self._tell_stop(closed, "its attempt is no longer open")
-
-    async def _beat(self, items: list[tuple[int, int, str | None]]) -> list[tuple[int, int]]:
-        async def beat(conn: psycopg.AsyncConnection[Any]) -> list[tuple[int, int]]:
-            return await aheartbeat(conn, items)
-
-        return await self.control_link.run(beat)
-
-    async def _beat_one_by_one(
-        self, items: list[tuple[int, int, str | None]], exc: Exception
-    ) -> list[tuple[int, int]]:
-        """A heartbeat batch the database refused: beat each attempt alone, without its
-        progress if need be, so one bad item never stops the others' heartbeats."""
-        log.error(
-            "awa worker: a heartbeat batch was refused (%s); beating one by one", first_line(exc)
-        )
-        gone: list[tuple[int, int]] = []
-        for job_id, lease, progress in items:
-            for attempt in ((job_id, lease, progress), (job_id, lease, None)):
-                try:
-                    gone.extend(await self._beat([attempt]))
-                    break
-                except Exception as error:
-                    log.error(
-                        "awa worker: heartbeat of job %s attempt lease %s refused (%s)%s",
-                        job_id,
-                        lease,
-                        first_line(error),
-                        "; retrying without its progress" if attempt[2] is not None else "",
-                        extra=self._job_fields(job_id, lease),
-                    )
-        return gone
-
-    def _job_fields(self, job_id: int, lease: int) -> dict[str, Any]:
-        """The log fields of an in-flight attempt (only its identity once it has ended)."""
-        run = self.inflight.get((job_id, lease))
-        if run is None:
-            return job_fields(job_id, run_lease=lease)
-        return job_log_fields(run.attempt.job)
 
     async def _refresh_loop(self) -> None:
         """Every ``RUNTIME_REFRESH_INTERVAL``: find new queues (without ``--queue``), refresh
