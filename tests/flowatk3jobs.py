@@ -9,13 +9,11 @@ what ran at the same time.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Any
 
-import psycopg
-
 from awa_django import JobContext, job
+from tests.helpers import handler_conn
 
 FA3_OVERRIDES: dict[str, Any] = {
     "JOB_MODULES": ["tests.testjobs", "tests.tasks_for_tests", "tests.flowatk3jobs"],
@@ -30,19 +28,9 @@ CREATE TABLE IF NOT EXISTS fa3_runs (
 TRUNCATE fa3_runs;
 """
 
-_local = threading.local()
-
-
-def _conn() -> psycopg.Connection[Any]:
-    conn = getattr(_local, "conn", None)
-    if conn is None or conn.closed:
-        conn = psycopg.connect(os.environ["DATABASE_URL"].split("?", 1)[0], autocommit=True)
-        _local.conn = conn
-    return conn
-
 
 def _run(ctx: JobContext, seconds: float = 0.0) -> None:
-    c = _conn()
+    c = handler_conn()
     row = c.execute(
         "INSERT INTO fa3_runs (job_id, kind, queue, attempt, pid, started)"
         " VALUES (%s, %s, %s, %s, %s, clock_timestamp()) RETURNING id",

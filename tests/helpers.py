@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -138,3 +139,17 @@ def pg(autocommit: bool = True) -> Iterator[psycopg.Connection[Any]]:
         yield conn
     finally:
         conn.close()
+
+
+_handler_local = threading.local()
+
+
+def handler_conn() -> psycopg.Connection[Any]:
+    """A job handler's own autocommit connection to the test database (``DATABASE_URL`` of the
+    worker process), one per thread, opened again if it was closed: handlers of the tests' job
+    modules record what they do over it, committed at once."""
+    conn: psycopg.Connection[Any] | None = getattr(_handler_local, "conn", None)
+    if conn is None or conn.closed:
+        conn = psycopg.connect(os.environ["DATABASE_URL"].split("?", 1)[0], autocommit=True)
+        _handler_local.conn = conn
+    return conn

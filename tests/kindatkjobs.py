@@ -10,32 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from typing import Any
 
-import psycopg
-
 from awa_django import JobContext, job
-from tests.helpers import WaitTimeout, wait_for
+from tests.helpers import WaitTimeout, handler_conn, wait_for
 
 KATK_OVERRIDES: dict[str, Any] = {
     "JOB_MODULES": ["tests.testjobs", "tests.tasks_for_tests", "tests.kindatkjobs"],
 }
 
-_local = threading.local()
-
-
-def _conn() -> psycopg.Connection[Any]:
-    conn = getattr(_local, "conn", None)
-    if conn is None or conn.closed:
-        conn = psycopg.connect(os.environ["DATABASE_URL"].split("?", 1)[0], autocommit=True)
-        _local.conn = conn
-    return conn
-
 
 def _run(ctx: JobContext, gauge: str, seconds: float, block: str | None = None) -> None:
-    c = _conn()
+    c = handler_conn()
     c.execute(
         "INSERT INTO katk_runs (job_id, kind, queue, attempt, pid, started)"
         " VALUES (%s, %s, %s, %s, %s, clock_timestamp())",
@@ -161,7 +148,7 @@ for _i in range(4):
 def snoozer(ctx: JobContext, seconds: float = 0.02) -> Any:
     from awa_django import Snooze
 
-    before = _conn().execute("SELECT count(*) FROM katk_runs WHERE job_id = %s", [ctx.id])
+    before = handler_conn().execute("SELECT count(*) FROM katk_runs WHERE job_id = %s", [ctx.id])
     first = before.fetchone()[0] == 0
     _run(ctx, "katk.snoozer", seconds)
     return Snooze(2.0) if first else None
@@ -170,7 +157,7 @@ def snoozer(ctx: JobContext, seconds: float = 0.02) -> Any:
 @job(name="katk.coop", queue="katk", global_concurrency=1, takes_context=True)
 def coop(ctx: JobContext, block: str | None = None) -> None:
     """Runs until cancelled (checks ctx.is_cancelled)."""
-    c = _conn()
+    c = handler_conn()
     c.execute(
         "INSERT INTO katk_runs (job_id, kind, queue, attempt, pid, started)"
         " VALUES (%s, %s, %s, %s, %s, clock_timestamp())",

@@ -9,32 +9,19 @@ handler given ``block`` runs until the test writes that name into ``upk_flags``.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
 
-import psycopg
-
 from awa_django import JobContext, job
-from tests.helpers import wait_for
+from tests.helpers import handler_conn, wait_for
 
 UPK_OVERRIDES: dict[str, Any] = {
     "JOB_MODULES": ["tests.testjobs", "tests.tasks_for_tests", "tests.unparkatkjobs"],
     "HEARTBEAT_STALENESS": 60.0,
 }
 
-_local = threading.local()
-
-
-def _conn() -> psycopg.Connection[Any]:
-    conn = getattr(_local, "conn", None)
-    if conn is None or conn.closed:
-        conn = psycopg.connect(os.environ["DATABASE_URL"].split("?", 1)[0], autocommit=True)
-        _local.conn = conn
-    return conn
-
 
 def _run(ctx: JobContext, block: str | None = None) -> None:
-    c = _conn()
+    c = handler_conn()
     c.execute(
         "INSERT INTO upk_runs (job_id, kind, attempt, pid, started)"
         " VALUES (%s, %s, %s, %s, clock_timestamp())",

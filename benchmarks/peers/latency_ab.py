@@ -24,14 +24,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from psycopg import sql
-
-from benchmarks.peers.orchestrate import SERVER_SETTINGS
+from benchmarks.peers.orchestrate import SERVER_SETTINGS, Bench
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -57,32 +53,17 @@ class Variant:
         self.root = Path(root).resolve() if root else ROOT
 
 
-class Runner:
+class Runner(Bench):
+    """The databases of ``Bench`` (``db_url``, ``create``, ``drop``), with logs of its own."""
+
     def __init__(self, url: str, args: argparse.Namespace) -> None:
-        self.url = url
-        self.args = args
-        self.admin = psycopg.connect(url, autocommit=True)
+        super().__init__(url, args, {})
         self.logs = args.output.parent / "logs-ab"
         self.logs.mkdir(parents=True, exist_ok=True)
 
-    def db_url(self, name: str) -> str:
-        parts = urllib.parse.urlsplit(self.url)
-        return urllib.parse.urlunsplit(parts._replace(path=f"/{name}"))
-
-    def create(self, name: str, template: str | None = None) -> str:
-        self.drop(name)
-        statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-        if template:
-            statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
-        self.admin.execute(statement)
-        return self.db_url(name)
-
-    def drop(self, name: str) -> None:
-        self.admin.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-
-    def drive(self, variant: Variant, scenario: str, url: str, *options: str, tag: str) -> Any:
+    def drive_variant(
+        self, variant: Variant, scenario: str, url: str, *options: str, tag: str
+    ) -> Any:
         log = self.logs / f"{variant.label}-{tag}.log"
         command = [
             sys.executable, "-m", "benchmarks.peers.drive", variant.system, scenario,
@@ -103,7 +84,7 @@ class Runner:
         name = f"run_{variant.label}"
         url = self.create(name, template=f"tpl_{variant.label}")
         try:
-            result: dict[str, Any] = self.drive(variant, "latency", url, *options, tag=tag)
+            result: dict[str, Any] = self.drive_variant(variant, "latency", url, *options, tag=tag)
             return result
         finally:
             self.drop(name)
@@ -118,7 +99,9 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     variants = [Variant(v) for v in args.variant]
     for variant in variants:
         runner.create(f"tpl_{variant.label}")
-        runner.drive(variant, "install", runner.db_url(f"tpl_{variant.label}"), tag="install")
+        runner.drive_variant(
+            variant, "install", runner.db_url(f"tpl_{variant.label}"), tag="install"
+        )
     rows: dict[str, dict[str, list[dict[str, Any]]]] = {
         v.label: {"steady": [], "pickup": []} for v in variants
     }

@@ -17,6 +17,10 @@
 -- at the head of the hand-off lane, in front of jobs it could). And the jobs are chosen once,
 -- then moved by priority (v1 read the oldest-first window again for each priority, after the
 -- rows it had just moved were gone, so more than fit came back and were parked again).
+-- And when a kind's rate tokens are all spent on the jobs moved while more of its jobs wait,
+-- o_wait is about 1 / rate, so that the claim reports a soft wait and the worker claims again
+-- when the next token is due (v1 reported nothing then, and a worker whose freed slots do not
+-- wake it after a claim that found its queue dry waited its whole POLL_INTERVAL).
 -- Everything else is v1's. awa.claim_v3 calls it from migration 0016 on.
 
 -- Un-park jobs of p_queue parked by their kind (awa._flow_unpark_v1, which see), each job's
@@ -46,6 +50,7 @@ DECLARE
     v_perm integer;
     v_ids bigint[];
     v_prios integer[];
+    v_kmoved integer;
 BEGIN
     o_moved := 0;
     -- The claim's cap on one job's weight (0013: the process's most units, then the queue's
@@ -110,6 +115,7 @@ BEGIN
             LIMIT v_jobs) x
         WHERE x.cu <= v_room AND (v_perm IS NULL OR x.cp <= v_perm);
         CONTINUE WHEN v_ids IS NULL;
+        v_kmoved := 0;
         FOR p IN SELECT DISTINCT u.priority FROM unnest(v_prios) AS u(priority)
         LOOP
             v_lane := awa.flow_handoff_lane_v1(p_queue, p.priority);
@@ -137,8 +143,17 @@ BEGIN
                 PERFORM awa._append_ready_v1(v_lane, v_bodies);
                 o_moved := o_moved + v_moved;
                 v_used := v_used + v_wmoved;
+                v_kmoved := v_kmoved + v_moved;
             END IF;
         END LOOP;
+        -- The kind's tokens are spent and more of its jobs wait: the next one is due in about
+        -- 1 / rate (a soft wait: the worker claims again then, rather than at its poll
+        -- interval; the claim after computes the exact wait).
+        IF lim.rate IS NOT NULL AND v_kmoved >= v_tokens
+           AND EXISTS (SELECT 1 FROM awa.flow_waiting w
+                       WHERE w.queue = p_queue AND w.kind = k.kind) THEN
+            o_wait := LEAST(COALESCE(o_wait, 1.0 / lim.rate), 1.0 / lim.rate);
+        END IF;
     END LOOP;
 END
 $$;
