@@ -945,7 +945,7 @@ def test_claim_v3_concurrent_sessions_hammer(changing: bool) -> None:
         rnd = random.Random(99)
         while not stop.is_set():
             _set_limit(rnd.choice(sorted(changed)), rnd.choice([1, 2, 4, 6, None]))
-            time.sleep(0.03)
+            stop.wait(0.03)  # a change every 30 ms, until the test stops the thread
         from django.db import connection
 
         connection.close()
@@ -1058,7 +1058,6 @@ def test_claim_v3_concurrent_sessions_hammer(changing: bool) -> None:
 
 def _interrupter(fn: str, stop: threading.Event, hits: list[int], pause: float) -> None:
     """Cancel (or terminate) every worker backend caught running a claim_v3, until ``stop``."""
-    import time
 
     with pg() as c:
         while not stop.is_set():
@@ -1070,7 +1069,7 @@ def _interrupter(fn: str, stop: threading.Event, hits: list[int], pause: float) 
             hit = sum(1 for (ok,) in rows if ok)
             hits.append(hit)
             # One interruption now and then (every claim interrupted is no progress at all).
-            time.sleep(pause if hit else 0.002)
+            stop.wait(pause if hit else 0.002)
 
 
 def _held_flow_locks() -> int:
