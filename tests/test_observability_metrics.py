@@ -227,6 +227,10 @@ def test_the_prometheus_endpoint_is_scraped_and_parsed(manage_py: Start) -> None
             and sample(s, completed, awa_job_kind=SAYS) == 4
             and sample(s, "awa_jobs_dead_lettered_total", awa_job_kind=FAILS) == 1
             and sample(s, "awa_workers_alive") != []
+            # The depth and lag gauges read the leader's last maintenance snapshot, which
+            # may predate the last completions: wait for one taken after them.
+            and sample(s, "awa_queue_depth", messaging_destination_name="obs") == 0
+            and sample(s, "awa_queue_lag_seconds", messaging_destination_name="obs") == 0
             and s
         ),
         timeout=20,
