@@ -1,14 +1,14 @@
 """Server time of one claim and one finalize: ``claim_v1``/``finalize_v1`` against ``claim_v2``/
-``finalize_v2`` (or, with ``--compare 0014``, the worker's ``claim_v3``/``finalize_v2`` as
-migration 0014 left them against the current ones), in one database, interleaved.
+``finalize_v2`` (or, with ``--compare 0014`` or ``0016``, the worker's ``claim_v3``/``finalize_v2``
+as that migration left them against the current ones), in one database, interleaved.
 
     .venv/dj52/bin/python benchmarks/claim_cost.py [--calls 2000] [--rounds 5] [--batch 1]
-        [--producers 4] [--compare v1|0014]
+        [--producers 4] [--compare v1|0014|0016]
 
-With ``--compare 0014`` the database is migrated to 0014 first, the bodies of ``claim_v3`` and
-``finalize_v2`` are copied into a schema of their own (``awa_bench0014``, from
-``pg_get_functiondef``), and then it is migrated to the latest: both versions read the same
-tables.
+With ``--compare 0014`` (or ``0016``) the database is migrated to 0014 (0016) first, the bodies
+of ``claim_v3`` and ``finalize_v2`` are copied into a schema of their own (``awa_bench0014``,
+``awa_bench0016``, from ``pg_get_functiondef``), and then it is migrated to the latest: both
+versions read the same tables.
 
 One embedded PostgreSQL 18 (fsync off: this measures CPU, not the disk), migrated. A queue with
 4 enqueue shards gets its jobs from ``--producers`` connections (so as many lanes have work);
@@ -57,21 +57,25 @@ FUNCTIONS = {
     "v1": ("awa.claim_v1", "awa.finalize_v1"),
     "v2": ("awa.claim_v2", "awa.finalize_v2"),
     "0014": ("awa_bench0014.claim_v3", "awa_bench0014.finalize_v2"),
+    "0016": ("awa_bench0016.claim_v3", "awa_bench0016.finalize_v2"),
     "latest": ("awa.claim_v3", "awa.finalize_v2"),
 }
 
-SAVE_0014 = """
-CREATE SCHEMA awa_bench0014;
+#: Copies the current ``claim_v3`` and ``finalize_v2`` into schema awa_benchNNNN.
+SAVE = """
+CREATE SCHEMA awa_benchNNNN;
 DO $$
 DECLARE d text;
 BEGIN
     d := pg_get_functiondef('awa.claim_v3(text, integer, uuid, double precision,
         double precision, integer, integer[], integer[], integer[], integer[])'::regprocedure);
-    EXECUTE replace(d, 'FUNCTION awa.claim_v3(', 'FUNCTION awa_bench0014.claim_v3(');
+    EXECUTE replace(d, 'FUNCTION awa.claim_v3(', 'FUNCTION awa_benchNNNN.claim_v3(');
     d := pg_get_functiondef('awa.finalize_v2(jsonb)'::regprocedure);
-    EXECUTE replace(d, 'FUNCTION awa.finalize_v2(', 'FUNCTION awa_bench0014.finalize_v2(');
+    EXECUTE replace(d, 'FUNCTION awa.finalize_v2(', 'FUNCTION awa_benchNNNN.finalize_v2(');
 END $$;
 """
+#: The migration each ``--compare`` version is copied at.
+MIGRATIONS = {"0014": "0014_drain", "0016": "0016_claim_cost"}
 
 
 def cycle(conn: Any, pid: int, version: str, batch: int, calls: int) -> dict[str, float]:
@@ -126,13 +130,13 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=4, choices=range(1, 5))
     parser.add_argument(
         "--compare",
-        choices=["v1", "0014"],
+        choices=["v1", "0014", "0016"],
         default="v1",
-        help="v1: claim_v1/finalize_v1 against claim_v2/finalize_v2; 0014: the worker's "
-        "claim_v3/finalize_v2 of migration 0014 against the current ones",
+        help="v1: claim_v1/finalize_v1 against claim_v2/finalize_v2; 0014 (0016): the worker's "
+        "claim_v3/finalize_v2 of migration 0014 (0016) against the current ones",
     )
     args = parser.parse_args()
-    versions = ("v1", "v2") if args.compare == "v1" else ("0014", "latest")
+    versions = ("v1", "v2") if args.compare == "v1" else (args.compare, "latest")
 
     import pgserver  # type: ignore[import-not-found,unused-ignore]
     import psycopg
@@ -148,10 +152,10 @@ def main() -> None:
         django.setup()
         from django.core.management import call_command
 
-        if args.compare == "0014":
-            call_command("migrate", "awa_django", "0014_drain", verbosity=0)
+        if args.compare in MIGRATIONS:
+            call_command("migrate", "awa_django", MIGRATIONS[args.compare], verbosity=0)
             with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute(SAVE_0014)
+                conn.execute(SAVE.replace("NNNN", args.compare))  # type: ignore[arg-type]
         call_command("migrate", verbosity=0)
         per_round = args.calls * args.batch * 2 * 1.2
         total = int(per_round * (args.rounds + 1)) + 500

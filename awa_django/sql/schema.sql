@@ -4167,14 +4167,21 @@ BEGIN
         RETURN;
     END IF;
     v_remaining := p_max;
+    -- 0017: with the queue's limits and the kinds with limits (read again below after an
+    -- un-parking).
     SELECT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused),
            c.generation, c.slot, q.slot,
-           EXISTS (SELECT 1 FROM awa.flow_waiting w WHERE w.queue = p_queue)
-    INTO v_paused, v_cgen, v_cslot, v_qslot, v_waiting
+           EXISTS (SELECT 1 FROM awa.flow_waiting w WHERE w.queue = p_queue),
+           f.max_running, f.max_seen, f.rate, f.burst,
+           COALESCE((SELECT array_agg(k.kind) FROM awa.flow_kind_limits k
+                     WHERE k.max_running IS NOT NULL OR k.rate IS NOT NULL), '{}')
+    INTO v_paused, v_cgen, v_cslot, v_qslot, v_waiting,
+         v_limit.max_running, v_limit.max_seen, v_limit.rate, v_limit.burst, v_kinds
     FROM (SELECT r2.generation, r2.slot FROM awa.ring_rotations r2
-          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c,
-         (SELECT r2.slot FROM awa.ring_rotations r2
-          WHERE r2.ring = 'queue' ORDER BY r2.generation DESC LIMIT 1) q;
+          WHERE r2.ring = 'claim' ORDER BY r2.generation DESC LIMIT 1) c
+    CROSS JOIN (SELECT r2.slot FROM awa.ring_rotations r2
+                WHERE r2.ring = 'queue' ORDER BY r2.generation DESC LIMIT 1) q
+    LEFT JOIN awa.flow_limits f ON f.queue = p_queue;
     IF v_paused THEN
         RETURN;
     END IF;
@@ -4193,17 +4200,18 @@ BEGIN
                array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
                array_agg(b.lane_id), array_agg(b.c)
         INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
-        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+        FROM (SELECT b0.*, b0.last > b0.c AS work
               FROM (
-            SELECT l.lane_id, l.priority, l.enqueue_seq,
+            SELECT l.lane_id, l.priority, s.last,
                    COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
             FROM awa.queue_lanes l
+            CROSS JOIN LATERAL (SELECT pg_sequence_last_value(l.enqueue_seq) AS last) s  -- 0017: once
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_0 c
                 WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
-            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+            WHERE l.queue = p_queue AND s.last IS NOT NULL
         ) b0) b;
     WHEN 1 THEN
         SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
@@ -4211,17 +4219,18 @@ BEGIN
                array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
                array_agg(b.lane_id), array_agg(b.c)
         INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
-        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+        FROM (SELECT b0.*, b0.last > b0.c AS work
               FROM (
-            SELECT l.lane_id, l.priority, l.enqueue_seq,
+            SELECT l.lane_id, l.priority, s.last,
                    COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
             FROM awa.queue_lanes l
+            CROSS JOIN LATERAL (SELECT pg_sequence_last_value(l.enqueue_seq) AS last) s  -- 0017: once
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_1 c
                 WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
-            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+            WHERE l.queue = p_queue AND s.last IS NOT NULL
         ) b0) b;
     WHEN 2 THEN
         SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
@@ -4229,17 +4238,18 @@ BEGIN
                array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
                array_agg(b.lane_id), array_agg(b.c)
         INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
-        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+        FROM (SELECT b0.*, b0.last > b0.c AS work
               FROM (
-            SELECT l.lane_id, l.priority, l.enqueue_seq,
+            SELECT l.lane_id, l.priority, s.last,
                    COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
             FROM awa.queue_lanes l
+            CROSS JOIN LATERAL (SELECT pg_sequence_last_value(l.enqueue_seq) AS last) s  -- 0017: once
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_2 c
                 WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
-            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+            WHERE l.queue = p_queue AND s.last IS NOT NULL
         ) b0) b;
     WHEN 3 THEN
         SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
@@ -4247,17 +4257,18 @@ BEGIN
                array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
                array_agg(b.lane_id), array_agg(b.c)
         INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
-        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+        FROM (SELECT b0.*, b0.last > b0.c AS work
               FROM (
-            SELECT l.lane_id, l.priority, l.enqueue_seq,
+            SELECT l.lane_id, l.priority, s.last,
                    COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
             FROM awa.queue_lanes l
+            CROSS JOIN LATERAL (SELECT pg_sequence_last_value(l.enqueue_seq) AS last) s  -- 0017: once
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_3 c
                 WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
-            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+            WHERE l.queue = p_queue AND s.last IS NOT NULL
         ) b0) b;
     WHEN 4 THEN
         SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
@@ -4265,17 +4276,18 @@ BEGIN
                array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
                array_agg(b.lane_id), array_agg(b.c)
         INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
-        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+        FROM (SELECT b0.*, b0.last > b0.c AS work
               FROM (
-            SELECT l.lane_id, l.priority, l.enqueue_seq,
+            SELECT l.lane_id, l.priority, s.last,
                    COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
             FROM awa.queue_lanes l
+            CROSS JOIN LATERAL (SELECT pg_sequence_last_value(l.enqueue_seq) AS last) s  -- 0017: once
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_4 c
                 WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
-            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+            WHERE l.queue = p_queue AND s.last IS NOT NULL
         ) b0) b;
     WHEN 5 THEN
         SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
@@ -4283,17 +4295,18 @@ BEGIN
                array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
                array_agg(b.lane_id), array_agg(b.c)
         INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
-        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+        FROM (SELECT b0.*, b0.last > b0.c AS work
               FROM (
-            SELECT l.lane_id, l.priority, l.enqueue_seq,
+            SELECT l.lane_id, l.priority, s.last,
                    COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
             FROM awa.queue_lanes l
+            CROSS JOIN LATERAL (SELECT pg_sequence_last_value(l.enqueue_seq) AS last) s  -- 0017: once
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_5 c
                 WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
-            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+            WHERE l.queue = p_queue AND s.last IS NOT NULL
         ) b0) b;
     WHEN 6 THEN
         SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
@@ -4301,17 +4314,18 @@ BEGIN
                array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
                array_agg(b.lane_id), array_agg(b.c)
         INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
-        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+        FROM (SELECT b0.*, b0.last > b0.c AS work
               FROM (
-            SELECT l.lane_id, l.priority, l.enqueue_seq,
+            SELECT l.lane_id, l.priority, s.last,
                    COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
             FROM awa.queue_lanes l
+            CROSS JOIN LATERAL (SELECT pg_sequence_last_value(l.enqueue_seq) AS last) s  -- 0017: once
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_6 c
                 WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
-            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+            WHERE l.queue = p_queue AND s.last IS NOT NULL
         ) b0) b;
     WHEN 7 THEN
         SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
@@ -4319,17 +4333,18 @@ BEGIN
                array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
                array_agg(b.lane_id), array_agg(b.c)
         INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
-        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+        FROM (SELECT b0.*, b0.last > b0.c AS work
               FROM (
-            SELECT l.lane_id, l.priority, l.enqueue_seq,
+            SELECT l.lane_id, l.priority, s.last,
                    COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
             FROM awa.queue_lanes l
+            CROSS JOIN LATERAL (SELECT pg_sequence_last_value(l.enqueue_seq) AS last) s  -- 0017: once
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims_7 c
                 WHERE c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
-            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+            WHERE l.queue = p_queue AND s.last IS NOT NULL
         ) b0) b;
     ELSE
         SELECT array_agg(b.lane_id ORDER BY b.lane_id) FILTER (WHERE b.work),
@@ -4337,17 +4352,18 @@ BEGIN
                array_agg(b.c ORDER BY b.lane_id) FILTER (WHERE b.work),
                array_agg(b.lane_id), array_agg(b.c)
         INTO v_lanes, v_priorities, v_cursors, v_all_lanes, v_all_cursors
-        FROM (SELECT b0.*, COALESCE(pg_sequence_last_value(b0.enqueue_seq), 0) > b0.c AS work
+        FROM (SELECT b0.*, b0.last > b0.c AS work
               FROM (
-            SELECT l.lane_id, l.priority, l.enqueue_seq,
+            SELECT l.lane_id, l.priority, s.last,
                    COALESCE(x.fast, awa._lane_cursor_v2(l.lane_id)) AS c
             FROM awa.queue_lanes l
+            CROSS JOIN LATERAL (SELECT pg_sequence_last_value(l.enqueue_seq) AS last) s  -- 0017: once
             LEFT JOIN LATERAL (
                 SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END AS fast
                 FROM awa.claims c
                 WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
                 ORDER BY c.lane_seq DESC LIMIT 1) x ON true
-            WHERE l.queue = p_queue AND pg_sequence_last_value(l.enqueue_seq) IS NOT NULL
+            WHERE l.queue = p_queue AND s.last IS NOT NULL
         ) b0) b;
     END CASE;
     IF v_lanes IS NULL THEN
@@ -4359,13 +4375,16 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The queue's limits and the kinds with limits, in one statement.
-    SELECT f.max_running, f.max_seen, f.rate, f.burst,
-           COALESCE((SELECT array_agg(k.kind) FROM awa.flow_kind_limits k
-                     WHERE k.max_running IS NOT NULL OR k.rate IS NOT NULL), '{}')
-    INTO v_limit.max_running, v_limit.max_seen, v_limit.rate, v_limit.burst, v_kinds
-    FROM (SELECT p_queue AS queue) one
-    LEFT JOIN awa.flow_limits f ON f.queue = one.queue;
+    IF v_waiting THEN
+        -- The queue's limits and the kinds with limits, in one statement (0017: read by the
+        -- first statement already, again only after an un-parking).
+        SELECT f.max_running, f.max_seen, f.rate, f.burst,
+               COALESCE((SELECT array_agg(k.kind) FROM awa.flow_kind_limits k
+                         WHERE k.max_running IS NOT NULL OR k.rate IS NOT NULL), '{}')
+        INTO v_limit.max_running, v_limit.max_seen, v_limit.rate, v_limit.burst, v_kinds
+        FROM (SELECT p_queue AS queue) one
+        LEFT JOIN awa.flow_limits f ON f.queue = one.queue;
+    END IF;
     IF v_limit.max_running IS NOT NULL THEN
         v_wcap := LEAST(v_wcap, v_limit.max_running);
         v_keys := awa._flow_take_v1(p_queue, v_limit.max_running, v_limit.max_seen, p_max,
@@ -5007,36 +5026,32 @@ BEGIN
             CASE v_qslot
             WHEN 0 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_0 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_0 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_0 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_0 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -5044,11 +5059,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -5057,18 +5071,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -5157,36 +5169,32 @@ BEGIN
                 END IF;
             WHEN 1 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_1 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_1 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_1 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_1 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -5194,11 +5202,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -5207,18 +5214,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -5307,36 +5312,32 @@ BEGIN
                 END IF;
             WHEN 2 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_2 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_2 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_2 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_2 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -5344,11 +5345,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -5357,18 +5357,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -5457,36 +5455,32 @@ BEGIN
                 END IF;
             WHEN 3 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_3 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_3 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_3 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_3 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -5494,11 +5488,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -5507,18 +5500,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -5607,36 +5598,32 @@ BEGIN
                 END IF;
             WHEN 4 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_4 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_4 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_4 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_4 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -5644,11 +5631,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -5657,18 +5643,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -5757,36 +5741,32 @@ BEGIN
                 END IF;
             WHEN 5 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_5 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_5 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_5 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_5 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -5794,11 +5774,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -5807,18 +5786,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -5907,36 +5884,32 @@ BEGIN
                 END IF;
             WHEN 6 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_6 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_6 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_6 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_6 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -5944,11 +5917,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -5957,18 +5929,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -6057,36 +6027,32 @@ BEGIN
                 END IF;
             WHEN 7 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_7 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_7 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_7 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_7 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -6094,11 +6060,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -6107,18 +6072,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -6207,36 +6170,32 @@ BEGIN
                 END IF;
             WHEN 8 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_8 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_8 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_8 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_8 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -6244,11 +6203,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -6257,18 +6215,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -6357,36 +6313,32 @@ BEGIN
                 END IF;
             WHEN 9 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_9 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_9 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_9 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_9 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -6394,11 +6346,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -6407,18 +6358,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -6507,36 +6456,32 @@ BEGIN
                 END IF;
             WHEN 10 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_10 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_10 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_10 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_10 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -6544,11 +6489,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -6557,18 +6501,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -6657,36 +6599,32 @@ BEGIN
                 END IF;
             WHEN 11 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_11 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_11 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_11 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_11 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -6694,11 +6632,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -6707,18 +6644,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -6807,36 +6742,32 @@ BEGIN
                 END IF;
             WHEN 12 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_12 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_12 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_12 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_12 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -6844,11 +6775,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -6857,18 +6787,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -6957,36 +6885,32 @@ BEGIN
                 END IF;
             WHEN 13 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_13 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_13 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_13 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_13 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -6994,11 +6918,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -7007,18 +6930,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -7107,36 +7028,32 @@ BEGIN
                 END IF;
             WHEN 14 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_14 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_14 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_14 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_14 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -7144,11 +7061,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -7157,18 +7073,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -7257,36 +7171,32 @@ BEGIN
                 END IF;
             WHEN 15 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones_15 t
-                                       WHERE t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries_15 e
-                        WHERE NOT v_slow
-                          AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones_15 t
+                                           WHERE t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries_15 e
+                            WHERE NOT v_slow
+                              AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -7294,11 +7204,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -7307,18 +7216,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -7407,36 +7314,32 @@ BEGIN
                 END IF;
             ELSE
                 IF cardinality(v_kinds) = 0 THEN
-                    WITH found AS MATERIALIZED (
-                        SELECT e.*,
-                               EXISTS (SELECT 1 FROM awa.ready_tombstones t
-                                       WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
-                                         AND t.lane_seq = e.lane_seq) AS dead,
-                               row_number() OVER (ORDER BY e.lane_seq) AS n
-                        FROM awa.ready_entries e
-                        WHERE NOT v_slow
-                          AND e.ready_slot = v_qslot AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
-                        ORDER BY e.lane_seq
-                        LIMIT v_remaining
-                    ), weighed AS MATERIALIZED (
-                        SELECT f.*, COALESCE(awa._deadline_secs_v1(f.deadline_secs), v_default) AS timeout,
-                               awa._job_weight_v1(f.metadata, v_wcap) AS w,
-                               -- A job of a limited kind goes on only when its kind was cleared for it.
-                               COALESCE(f.metadata ? 'awa:serial'
-                                        OR f.kind = ANY (v_kinds)
-                                           AND NOT (f.lane_seq <= v_alast AND f.kind = ANY (v_okinds)),
-                                        false) AS s,
-                               NULL::integer AS kix, NULL::integer AS kn  -- no kind limits
-                        FROM found f
-                        WHERE f.lane_seq = v_cursor + f.n AND NOT f.dead
-                    ), picked AS MATERIALIZED (
-                        -- Up to the first job with a serial key (the slow path below decides about it).
-                        SELECT z.* FROM (
-                            SELECT g.*, sum(g.w) OVER (ORDER BY g.lane_seq) AS cw,
-                                   row_number() OVER (ORDER BY g.lane_seq) AS k,
-                                   bool_or(g.s) OVER (ORDER BY g.lane_seq) AS sk
-                            FROM weighed g) z
-                        WHERE z.cw <= v_remaining AND z.k <= v_jobs_left AND NOT z.sk
+                    -- 0017: one window over the run (see the file's header): the rows and
+                    -- outputs of 0016's statement, with fewer plan nodes to start.
+                    WITH c AS MATERIALIZED (
+                        SELECT f.*,
+                               f.lane_seq = v_cursor + row_number() OVER w AS run,
+                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                        FROM (
+                            SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                   e.errors, e.run_at,
+                                   EXISTS (SELECT 1 FROM awa.ready_tombstones t
+                                           WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                             AND t.lane_seq = e.lane_seq) AS dead,
+                                   COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                       AS timeout,
+                                   awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                   COALESCE(e.metadata ? 'awa:serial', false) AS s
+                            FROM awa.ready_entries e
+                            WHERE NOT v_slow
+                              AND e.ready_slot = v_qslot AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                            ORDER BY e.lane_seq
+                            LIMIT v_remaining) f
+                        WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
                             claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
@@ -7444,11 +7347,10 @@ BEGIN
                         SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
                                p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM picked p
+                        FROM c p
+                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
-                    -- The rows of picked, not a join with ins (the planner, expecting one row from each,
-                    -- joined them in a nested loop: 512² comparisons): ins runs to completion anyway, and
-                    -- now() is the statement's, so the deadline is the one written.
+                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
                                          p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
                                          now() + make_interval(secs => p.timeout), p.timeout, p.progress,
@@ -7457,18 +7359,16 @@ BEGIN
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
                                         )::awa.claimed_v3
-                                     ORDER BY p.lane_seq),
-                           COALESCE(sum(p.w), 0),
+                                     ORDER BY p.lane_seq)
+                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE (SELECT min(g.lane_seq) FROM weighed g WHERE g.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first row left (not taken, not dead): whether the job that stopped the
-                           -- statement is the one at v_serial_at, or one before it that did not fit.
-                           (SELECT min(g.lane_seq) FROM weighed g
-                            WHERE g.lane_seq > COALESCE((SELECT max(p2.lane_seq) FROM picked p2),
-                                                        v_cursor))
+                           -- The first live row of the run not taken (the taken ones are a prefix).
+                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
                     INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM picked p;
+                    FROM c p;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
