@@ -17,7 +17,9 @@ runs ``--calls`` claim + finalize cycles of ``--batch`` jobs with each version, 
 order round by round, and reads two clocks per call: the server's own execution time of the
 call (``EXPLAIN (ANALYZE)``'s "Execution Time" of ``SELECT * FROM awa.claim_vN(...)``; planning
 the one-line outer statement is not included) and the backend's CPU time (user + system, from
-``/proc``). Medians over rounds; per job when ``--batch`` > 1.
+``/proc``); and a third, the clock of ``benchmarks/run``'s probe (``clock_timestamp()`` read
+around the call by a PL/pgSQL wrapper, committed). Medians over rounds; per job when
+``--batch`` > 1.
 """
 
 from __future__ import annotations
@@ -78,12 +80,40 @@ END $$;
 MIGRATIONS = {"0014": "0014_drain", "0016": "0016_claim_cost"}
 
 
+#: The clock of ``benchmarks/run``'s probe (benchmarks/peers/awa_probes.py): a PL/pgSQL wrapper
+#: reads clock_timestamp() around one claim (one finalize), which commits; one per version.
+PROBES = """
+CREATE FUNCTION awa_cc_probe.claim_{tag}(p_queue text, p_max integer, OUT o_us double precision,
+                                         OUT o_rows jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t0 timestamptz := clock_timestamp();
+BEGIN
+    SELECT jsonb_agg(jsonb_build_object('id', c.job_id, 'lease', c.run_lease,
+                                        'slot', c.claim_slot, 'outcome', 'completed'))
+    INTO o_rows
+    FROM {claim}(p_queue, p_max) c
+    WHERE c.job_id IS NOT NULL;
+    o_us := extract(epoch FROM clock_timestamp() - t0) * 1e6;
+END $$;
+CREATE FUNCTION awa_cc_probe.finalize_{tag}(p_items jsonb, OUT o_us double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t0 timestamptz := clock_timestamp();
+BEGIN
+    PERFORM * FROM {finalize}(p_items);
+    o_us := extract(epoch FROM clock_timestamp() - t0) * 1e6;
+END $$;
+"""
+
+
 def cycle(conn: Any, pid: int, version: str, batch: int, calls: int) -> dict[str, float]:
     """``calls`` claim + finalize cycles with one version, then ``calls // 10`` sampled ones.
 
     The plain cycles give the backend's CPU per cycle. Each sample runs the claim, and then the
     finalize of a real claim, under ``EXPLAIN (ANALYZE)`` in a transaction that is rolled back,
-    for the server's execution time of each call.
+    for the server's execution time of each call; then as many claim + finalize cycles timed as
+    ``benchmarks/run``'s probe times them (:data:`PROBES`: the calls' own clock, committed).
     """
     claim_fn, finalize_fn = FUNCTIONS[version]
     claim_sql = f"SELECT job_id, run_lease, claim_slot FROM {claim_fn}('cost', %s)"
@@ -112,9 +142,22 @@ def cycle(conn: Any, pid: int, version: str, batch: int, calls: int) -> dict[str
         with conn.transaction(force_rollback=True):
             finalize_ms.append(explain_ms(conn, _EXPLAIN + finalize_sql, [items(rows)]))
         conn.execute(finalize_sql, [items(rows)])
+    probe_claim: list[float] = []
+    probe_finalize: list[float] = []
+    for _ in range(max(calls // 10, 1)):
+        row = conn.execute(
+            f"SELECT o_us, o_rows::text FROM awa_cc_probe.claim_{version}('cost', %s)", [batch]
+        ).fetchone()
+        probe_claim.append(row[0])
+        row = conn.execute(
+            f"SELECT o_us FROM awa_cc_probe.finalize_{version}(%s::jsonb)", [row[1]]
+        ).fetchone()
+        probe_finalize.append(row[0])
     return {
         "claim_ms": statistics.median(claim_ms),
         "finalize_ms": statistics.median(finalize_ms),
+        "probe_claim_us": statistics.median(probe_claim),
+        "probe_finalize_us": statistics.median(probe_finalize),
         "cpu_us": cpu / calls * 1e6,
         "jobs_per_s": jobs / wall,
     }
@@ -155,9 +198,9 @@ def main() -> None:
         if args.compare in MIGRATIONS:
             call_command("migrate", "awa_django", MIGRATIONS[args.compare], verbosity=0)
             with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute(SAVE.replace("NNNN", args.compare))  # type: ignore[arg-type]
+                conn.execute(SAVE.replace("NNNN", args.compare))
         call_command("migrate", verbosity=0)
-        per_round = args.calls * args.batch * 2 * 1.2
+        per_round = args.calls * args.batch * 2 * 1.3
         total = int(per_round * (args.rounds + 1)) + 500
         body = json.dumps([{"kind": "bench.cost", "queue": "cost"}] * 500)
         producers = [psycopg.connect(url, autocommit=True) for _ in range(args.producers)]
@@ -176,6 +219,11 @@ def main() -> None:
             conn.execute("SET jit = off")
             conn.execute("VACUUM ANALYZE")
             pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+            conn.execute("CREATE SCHEMA awa_cc_probe")
+            for version in versions:
+                claim_fn, finalize_fn = FUNCTIONS[version]
+                probes = PROBES.format(tag=version, claim=claim_fn, finalize=finalize_fn)
+                conn.execute(probes)
             for version in versions:  # warm up both (plan caches, buffers)
                 cycle(conn, pid, version, args.batch, args.calls // 2)
             # As the maintenance leader does every CLAIM_ROTATE_INTERVAL: a new claim slot
@@ -197,13 +245,17 @@ def main() -> None:
             fin = statistics.median(r["finalize_ms"] for r in rounds) * 1000
             cpu = statistics.median(r["cpu_us"] for r in rounds)
             rate = statistics.median(r["jobs_per_s"] for r in rounds)
+            pclaim = statistics.median(r["probe_claim_us"] for r in rounds)
+            pfin = statistics.median(r["probe_finalize_us"] for r in rounds)
             print(
                 f"  {version}: server time per call: claim {claim:8.1f} us, finalize "
-                f"{fin:8.1f} us; backend CPU per claim + finalize {cpu:8.1f} us "
+                f"{fin:8.1f} us (run's probe clock: claim {pclaim:8.1f} us, finalize "
+                f"{pfin:8.1f} us); backend CPU per claim + finalize {cpu:8.1f} us "
                 f"({cpu / args.batch:.1f} us per job); one connection's loop {rate:,.0f} jobs/s"
             )
         old, new = versions
-        for key in ("claim_ms", "finalize_ms", "cpu_us", "jobs_per_s"):
+        keys = ("claim_ms", "finalize_ms", "probe_claim_us", "probe_finalize_us", "cpu_us")
+        for key in (*keys, "jobs_per_s"):
             ratios = [b[key] / a[key] for a, b in zip(results[old], results[new], strict=True)]
             print(
                 f"  {key} {new} / {old} per round: {', '.join(f'{x:.2f}' for x in ratios)}"

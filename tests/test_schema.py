@@ -122,9 +122,7 @@ def test_schema_sql_names_every_migrated_function_once() -> None:
     # apart from the few a later file redefines in place (same signature and results).
     for name in names:
         created = len(re.findall(rf"CREATE (?:OR REPLACE )?FUNCTION {re.escape(name)}\(", sources))
-        again = (
-            (name in REDEFINED_AGAIN) + (name in REDEFINED_THIRD) + (name in REDEFINED_FOURTH)
-        )
+        again = (name in REDEFINED_AGAIN) + (name in REDEFINED_THIRD) + (name in REDEFINED_FOURTH)
         assert created == 1 + (name in REDEFINED) + again, name
     redefined = re.findall(r"CREATE OR REPLACE FUNCTION (awa\.\w+)\(", sources)
     assert sorted(redefined) == sorted(

@@ -5054,19 +5054,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -5075,7 +5076,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -5197,19 +5199,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -5218,7 +5221,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -5340,19 +5344,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -5361,7 +5366,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -5483,19 +5489,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -5504,7 +5511,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -5626,19 +5634,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -5647,7 +5656,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -5769,19 +5779,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -5790,7 +5801,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -5912,19 +5924,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -5933,7 +5946,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -6055,19 +6069,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -6076,7 +6091,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -6198,19 +6214,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -6219,7 +6236,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -6341,19 +6359,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -6362,7 +6381,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -6484,19 +6504,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -6505,7 +6526,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -6627,19 +6649,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -6648,7 +6671,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -6770,19 +6794,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -6791,7 +6816,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -6913,19 +6939,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -6934,7 +6961,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -7056,19 +7084,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -7077,7 +7106,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -7199,19 +7229,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -7220,7 +7251,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -7342,19 +7374,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -7363,7 +7396,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))

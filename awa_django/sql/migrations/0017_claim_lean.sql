@@ -1058,19 +1058,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -1079,7 +1080,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -1201,19 +1203,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -1222,7 +1225,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -1344,19 +1348,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -1365,7 +1370,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -1487,19 +1493,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -1508,7 +1515,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -1630,19 +1638,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -1651,7 +1660,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -1773,19 +1783,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -1794,7 +1805,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -1916,19 +1928,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -1937,7 +1950,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -2059,19 +2073,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -2080,7 +2095,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -2202,19 +2218,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -2223,7 +2240,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -2345,19 +2363,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -2366,7 +2385,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -2488,19 +2508,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -2509,7 +2530,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -2631,19 +2653,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -2652,7 +2675,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -2774,19 +2798,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -2795,7 +2820,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -2917,19 +2943,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -2938,7 +2965,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -3060,19 +3088,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -3081,7 +3110,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -3203,19 +3233,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -3224,7 +3255,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
@@ -3346,19 +3378,20 @@ BEGIN
                         WINDOW w AS (ORDER BY f.lane_seq)
                     ), ins AS (
                         INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
-                            lane_id, lane_seq, attempt, deadline_at, worker_id, kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot, p.ready_generation,
-                               p.lane_id, p.lane_seq, p.attempt + 1,
+                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                            kind, claimed_at)
+                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
                                now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
                         FROM c p
                         WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
                     )
                     -- As 0016: the rows of c, not a join with ins; now() is the statement's.
                     SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue, p.priority,
-                                         now() + make_interval(secs => p.timeout), p.timeout, p.progress,
-                                         p.metadata, p.tags, p.errors, p.w,
+                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                         p.priority, now() + make_interval(secs => p.timeout),
+                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
                                          NULL,  -- no kind keys
                                          NULL,
                                          extract(epoch FROM now() - p.run_at)::double precision
@@ -3367,7 +3400,8 @@ BEGIN
                                FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
                            COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
                            CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s) END,
+                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                           END,
                            NULL::integer[], NULL::integer[],  -- no kind keys
                            -- The first live row of the run not taken (the taken ones are a prefix).
                            min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
