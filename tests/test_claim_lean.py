@@ -62,15 +62,29 @@ def reference() -> Iterator[None]:
 CLAIM = "SELECT * FROM {schema}.claim_v3(%s, %s, %s, 60, %s, %s)"
 
 
+#: What a claim wrote in its transaction (claimed_at is the transaction's now() on a queue
+#: without a rate limit): its claims, and the closures and parked rows of jobs it parked.
+WRITTEN = """
+SELECT (SELECT array_agg(c ORDER BY c.job_id, c.run_lease) FROM awa.claims c
+        WHERE c.claimed_at = now()),
+       (SELECT count(*) FROM awa.claim_closures),
+       (SELECT count(*) FROM awa.serial_waiting)
+"""
+
+
 def _both(conn: psycopg.Connection[Any], params: list[Any]) -> list[tuple[Any, ...]]:
     """The claim with 0016's body, rolled back, then with awa's, in one transaction (one
-    now()): the rows must be equal column for column. Returns awa's (committed)."""
+    now()): the rows returned and the rows written must be equal column for column. Returns
+    awa's (committed)."""
     with conn.transaction():
         with conn.transaction() as savepoint:
             ref = conn.execute(CLAIM.format(schema=SCHEMA), params).fetchall()
+            ref_written = conn.execute(WRITTEN).fetchone()
             raise psycopg.Rollback(savepoint)
         new = conn.execute(CLAIM.format(schema="awa"), params).fetchall()
+        new_written = conn.execute(WRITTEN).fetchone()
     assert new == ref
+    assert new_written == ref_written
     return new
 
 

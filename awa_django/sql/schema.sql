@@ -5026,19 +5026,13 @@ BEGIN
             CASE v_qslot
             WHEN 0 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_0 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -5050,39 +5044,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_0 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_0 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -5171,19 +5220,13 @@ BEGIN
                 END IF;
             WHEN 1 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_1 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -5195,39 +5238,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_1 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_1 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -5316,19 +5414,13 @@ BEGIN
                 END IF;
             WHEN 2 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_2 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -5340,39 +5432,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_2 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_2 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -5461,19 +5608,13 @@ BEGIN
                 END IF;
             WHEN 3 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_3 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -5485,39 +5626,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_3 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_3 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -5606,19 +5802,13 @@ BEGIN
                 END IF;
             WHEN 4 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_4 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -5630,39 +5820,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_4 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_4 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -5751,19 +5996,13 @@ BEGIN
                 END IF;
             WHEN 5 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_5 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -5775,39 +6014,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_5 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_5 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -5896,19 +6190,13 @@ BEGIN
                 END IF;
             WHEN 6 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_6 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -5920,39 +6208,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_6 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_6 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -6041,19 +6384,13 @@ BEGIN
                 END IF;
             WHEN 7 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_7 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -6065,39 +6402,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_7 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_7 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -6186,19 +6578,13 @@ BEGIN
                 END IF;
             WHEN 8 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_8 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -6210,39 +6596,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_8 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_8 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -6331,19 +6772,13 @@ BEGIN
                 END IF;
             WHEN 9 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_9 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -6355,39 +6790,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_9 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_9 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -6476,19 +6966,13 @@ BEGIN
                 END IF;
             WHEN 10 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_10 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -6500,39 +6984,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_10 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_10 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -6621,19 +7160,13 @@ BEGIN
                 END IF;
             WHEN 11 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_11 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -6645,39 +7178,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_11 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_11 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -6766,19 +7354,13 @@ BEGIN
                 END IF;
             WHEN 12 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_12 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -6790,39 +7372,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_12 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_12 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -6911,19 +7548,13 @@ BEGIN
                 END IF;
             WHEN 13 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_13 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -6935,39 +7566,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_13 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_13 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -7056,19 +7742,13 @@ BEGIN
                 END IF;
             WHEN 14 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_14 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -7080,39 +7760,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_14 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_14 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -7201,19 +7936,13 @@ BEGIN
                 END IF;
             WHEN 15 THEN
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones_15 t
                                            WHERE t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -7225,39 +7954,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones_15 t
+                                               WHERE t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries_15 e
+                                WHERE NOT v_slow
+                                  AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
@@ -7346,19 +8130,13 @@ BEGIN
                 END IF;
             ELSE
                 IF cardinality(v_kinds) = 0 THEN
-                    -- 0017: one window over the run (see the file's header): the rows and
-                    -- outputs of 0016's statement, with fewer plan nodes to start.
-                    WITH c AS MATERIALIZED (
-                        SELECT f.*,
-                               f.lane_seq = v_cursor + row_number() OVER w AS run,
-                               sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
-                               count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
-                               bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
-                        FROM (
+                    IF v_remaining = 1 THEN
+                        -- 0017: one unit left: at most one row read, no window (see the script).
+                        WITH c AS MATERIALIZED (
                             SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
-                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
-                                   e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
-                                   e.errors, e.run_at,
+                                   e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind, e.args,
+                                   e.queue, e.priority, e.progress, e.metadata, e.tags, e.errors,
+                                   e.run_at, e.lane_seq = v_cursor + 1 AS run,
                                    EXISTS (SELECT 1 FROM awa.ready_tombstones t
                                            WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
                                              AND t.lane_seq = e.lane_seq) AS dead,
@@ -7370,39 +8148,94 @@ BEGIN
                             WHERE NOT v_slow
                               AND e.ready_slot = v_qslot AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
                             ORDER BY e.lane_seq
-                            LIMIT v_remaining) f
-                        WINDOW w AS (ORDER BY f.lane_seq)
-                    ), ins AS (
-                        INSERT INTO awa.claims (
-                            claim_slot, claim_generation, job_id, run_lease, ready_slot,
-                            ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
-                            kind, claimed_at)
-                        SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
-                               p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
-                               now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
-                        FROM c p
-                        WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
-                    )
-                    -- As 0016: the rows of c, not a join with ins; now() is the statement's.
-                    SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
-                                         p.max_attempts, v_cslot, p.kind, p.args, p.queue,
-                                         p.priority, now() + make_interval(secs => p.timeout),
-                                         p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
-                                         NULL,  -- no kind keys
-                                         NULL,
-                                         extract(epoch FROM now() - p.run_at)::double precision
-                                        )::awa.claimed_v3
-                                     ORDER BY p.lane_seq)
-                               FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
-                           COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
-                           CASE WHEN v_slow THEN v_cursor + 1
-                                ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
-                           END,
-                           NULL::integer[], NULL::integer[],  -- no kind keys
-                           -- The first live row of the run not taken (the taken ones are a prefix).
-                           min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
-                    INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
-                    FROM c p;
+                            LIMIT 1
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s
+                        )
+                        SELECT CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN
+                                   ARRAY[ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3] END,
+                               CASE WHEN p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s THEN p.w ELSE 0 END,
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    WHEN p.run AND NOT p.dead AND p.s THEN p.lane_seq END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               CASE WHEN p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.w <= 1 AND v_jobs_left >= 1 AND NOT p.s) THEN p.lane_seq END
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM (SELECT 1) one
+                        LEFT JOIN c p ON true;
+                    ELSE
+                        -- 0017: one window over the run (see the file's header): the rows and
+                        -- outputs of 0016's statement, with fewer plan nodes to start.
+                        WITH c AS MATERIALIZED (
+                            SELECT f.*,
+                                   f.lane_seq = v_cursor + row_number() OVER w AS run,
+                                   sum(f.w) FILTER (WHERE NOT f.dead) OVER w AS cw,
+                                   count(*) FILTER (WHERE NOT f.dead) OVER w AS k,
+                                   bool_or(f.s) FILTER (WHERE NOT f.dead) OVER w AS sk
+                            FROM (
+                                SELECT e.job_id, e.run_lease, e.ready_slot, e.ready_generation,
+                                       e.lane_id, e.lane_seq, e.attempt, e.max_attempts, e.kind,
+                                       e.args, e.queue, e.priority, e.progress, e.metadata, e.tags,
+                                       e.errors, e.run_at,
+                                       EXISTS (SELECT 1 FROM awa.ready_tombstones t
+                                               WHERE t.ready_slot = v_qslot AND t.lane_id = e.lane_id
+                                                 AND t.lane_seq = e.lane_seq) AS dead,
+                                       COALESCE(awa._deadline_secs_v1(e.deadline_secs), v_default)
+                                           AS timeout,
+                                       awa._job_weight_v1(e.metadata, v_wcap) AS w,
+                                       COALESCE(e.metadata ? 'awa:serial', false) AS s
+                                FROM awa.ready_entries e
+                                WHERE NOT v_slow
+                                  AND e.ready_slot = v_qslot AND e.lane_id = v_rlane AND e.lane_seq > v_cursor
+                                ORDER BY e.lane_seq
+                                LIMIT v_remaining) f
+                            WINDOW w AS (ORDER BY f.lane_seq)
+                        ), ins AS (
+                            INSERT INTO awa.claims (
+                                claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt, deadline_at, worker_id,
+                                kind, claimed_at)
+                            SELECT v_cslot, v_cgen, p.job_id, p.run_lease + 1, p.ready_slot,
+                                   p.ready_generation, p.lane_id, p.lane_seq, p.attempt + 1,
+                                   now() + make_interval(secs => p.timeout), p_worker, p.kind, v_now
+                            FROM c p
+                            WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk
+                        )
+                        -- As 0016: the rows of c, not a join with ins; now() is the statement's.
+                        SELECT array_agg(ROW(p.job_id, p.run_lease + 1, (p.attempt + 1)::smallint,
+                                             p.max_attempts, v_cslot, p.kind, p.args, p.queue,
+                                             p.priority, now() + make_interval(secs => p.timeout),
+                                             p.timeout, p.progress, p.metadata, p.tags, p.errors, p.w,
+                                             NULL,  -- no kind keys
+                                             NULL,
+                                             extract(epoch FROM now() - p.run_at)::double precision
+                                            )::awa.claimed_v3
+                                         ORDER BY p.lane_seq)
+                                   FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk),
+                               COALESCE(sum(p.w) FILTER (WHERE p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk), 0),
+                               CASE WHEN v_slow THEN v_cursor + 1
+                                    ELSE min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND p.s)
+                               END,
+                               NULL::integer[], NULL::integer[],  -- no kind keys
+                               -- The first live row of the run not taken (the taken ones are a prefix).
+                               min(p.lane_seq) FILTER (WHERE p.run AND NOT p.dead AND NOT (p.run AND NOT p.dead AND p.cw <= v_remaining AND p.k <= v_jobs_left AND NOT p.sk))
+                        INTO v_part, v_weight, v_serial_at, v_tkix, v_tkn, v_left_at
+                        FROM c p;
+                    END IF;
                 ELSE
                     WITH found AS MATERIALIZED (
                         SELECT e.*,
