@@ -13,10 +13,10 @@
 --      dead)), so on a live row of the run they are those of 0016's picked window over weighed.
 --      The rows taken are a prefix of the live rows of the run (weights are at least 1, so each
 --      of the three conditions only turns false once), so "the first live row after the last
---      row taken" is "the first live row not taken";
---      With one unit left (a one-job claim) the statement reads at most one row, so it is
---      written without the window: the row is taken when it is the cursor's next position,
---      live, of weight 1, a job is left and it has no serial key (the window's sums of one row);
+--      row taken" is "the first live row not taken". With one unit left (a one-job claim)
+--      the statement reads at most one row, so it is written without the window: the row is
+--      taken when it is the cursor's next position, live, of weight 1, a job is left and it
+--      has no serial key (the window's sums over one row);
 --   2. the first statement reads the queue's flow limits and the kinds with limits too; the
 --      statement that read them after the lanes runs again only when parked jobs were
 --      un-parked first (their un-parking reads and may reset limits);
