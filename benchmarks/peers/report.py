@@ -84,7 +84,8 @@ def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
         f"drain {run['drain_jobs']:,} jobs (cap {run['cap']:g} s), pickup "
         f"{run['pickup_rate']:g}/s for {run['pickup_seconds']:g} s, steady and pinned "
         f"{run['steady_rate']:g}/s for {run['steady_seconds']:g} s with a 1 ms handler; "
-        f"enqueue, drain and pickup: median of {run['rounds']} interleaved round(s).",
+        f"enqueue, drain, pickup and steady: median of {run['rounds']} interleaved round(s); "
+        "pinned: one run per system.",
         f"- Sync-handler drains at {run.get('sync_concurrency', 64)} jobs in flight per "
         "process; default-settings drains with every worker knob at the system's default "
         "(see the configurations at the end).",
