@@ -725,12 +725,19 @@ def test_kind_limit_parks_and_unparks_without_exceeding_or_stranding() -> None:
         assert c.execute("SELECT count(*) FROM awa.flow_waiting").fetchone() == (0,)
 
 
-def test_queue_rate_limit_holds_for_one_job_and_batch_claims() -> None:
-    from awa_django.operator import set_queue_limits
+@pytest.mark.parametrize("owner", ["queue", "kind"])
+def test_rate_limit_holds_for_one_job_and_batch_claims(owner: str) -> None:
+    from awa_django.operator import set_kind_limits, set_queue_limits
 
-    queue, rate, burst = "l17r", 40.0, 3
-    set_queue_limits(queue, rate_limit=rate, rate_burst=burst, actor="attack17")
-    ids = _enqueue_now([{"kind": "l17.r", "queue": queue} for _ in range(50)])
+    queue, rate, burst = f"l17r{owner}", 40.0, 3
+    if owner == "queue":
+        set_queue_limits(queue, rate_limit=rate, rate_burst=burst, actor="attack17")
+        kinds = ["l17.r"] * 50
+    else:
+        set_kind_limits("l17.kr", rate_limit=rate, rate_burst=burst, actor="attack17")
+        kinds = [random.Random(4).choice(("l17.kr", "l17.kr", "l17.free")) for _ in range(75)]
+    ids = _enqueue_now([{"kind": k, "queue": queue} for k in kinds])
+    limited = {"l17.r", "l17.kr"}
     starts: list[tuple[float, int]] = []
     lock = threading.Lock()
     attempts: list[tuple[int, int]] = []
@@ -748,7 +755,7 @@ def test_queue_rate_limit_holds_for_one_job_and_batch_claims() -> None:
                     if rows:
                         assert now is not None
                         with lock:
-                            starts.append((now[0], len(rows)))
+                            starts.append((now[0], sum(r["kind"] in limited for r in rows)))
                             attempts.extend((row["job_id"], row["run_lease"]) for row in rows)
                         _finalize(
                             conn,
@@ -990,3 +997,356 @@ def test_worker_processes_and_raw_claimers_share_a_queue_under_chaos(
     assert not {j for j, _ in all_attempts} & ledger.rolled_back
     done = _check_terminal(ledger, ledger.committed)
     assert {s for v in done.values() for s, _ in v} <= {"completed", "cancelled"}
+
+
+# --------------------------------------------------------------------------------------------
+# Scenario 7: one lane, one-job claimers racing at its head: cancels of the head, rollback
+# gaps, heavy and keyed jobs at the head (the one-row statement must hand each to the full
+# path), weights above what a claim may take.
+
+
+def test_one_lane_head_races_with_cancels_gaps_weights_and_keys() -> None:
+    queue = "l17one"
+    with pg() as c:
+        c.execute("SELECT awa.ensure_lanes_v1(%s, 0, 1)", [queue])
+    ledger = Ledger()
+    stop_producing = threading.Event()
+    stop_all = threading.Event()
+
+    def producer() -> None:
+        conn = _producer_conn()
+        r = random.Random(77)
+        i = 0
+        while not stop_producing.is_set():
+            i += 1
+            weights = [r.choice((1, 1, 1, 1, 2, 3, 9)) for _ in range(r.randint(1, 3))]
+            jobs: list[dict[str, Any]] = [
+                {
+                    "kind": "l17.one",
+                    "queue": queue,
+                    "metadata": {
+                        **({"awa:weight": w} if w > 1 else {}),
+                        **({"awa:serial": "k"} if r.random() < 0.1 else {}),
+                    },
+                }
+                for w in weights
+            ]
+            rollback = i % 3 == 0
+            ids = _enqueue(conn, jobs, commit=not rollback)
+            with ledger.lock:
+                (ledger.rolled_back if rollback else ledger.committed).update(ids)
+            stop_producing.wait(0.002)
+        conn.close()
+
+    def claimer(n: int) -> Callable[[], None]:
+        def run() -> None:
+            conn = _connect()
+            serial_release: list[int] = []
+            k = 0
+            while not stop_all.is_set():
+                k += 1
+                units = 1 if n < 4 else (2, 3)[k % 2]
+                rows = _claim(conn, queue, units, max_weight=2, serial_release=serial_release)
+                serial_release = []
+                if not rows:
+                    stop_all.wait(0.002)
+                    continue
+                lanes = _lanes(conn, rows)
+                with ledger.lock:
+                    if sum(row["weight"] for row in rows) > units:
+                        ledger.errors.append(f"claim of {units} units took {rows}")
+                    for row in rows:
+                        # (from the row: the producer's ledger may lag its commit)
+                        w = (row["metadata"] or {}).get("awa:weight", 1)
+                        if row["weight"] != min(w, 2):
+                            ledger.errors.append(f"weight {row['weight']} for {row['job_id']}")
+                    ledger.claims.append(Claim(n, time.monotonic(), rows, lanes))
+                    ledger.attempts.extend((row["job_id"], row["run_lease"]) for row in rows)
+                stale = set(
+                    _finalize(
+                        conn,
+                        [
+                            Finalization(
+                                row["job_id"],
+                                row["run_lease"],
+                                row["claim_slot"],
+                                "completed",
+                                "null",
+                            )
+                            for row in rows
+                        ],
+                    )
+                )
+                serial_release = [row["serial_lock"] for row in rows if row["serial_lock"]]
+                with ledger.lock:
+                    for row in rows:
+                        if (row["job_id"], row["run_lease"]) not in stale:
+                            ledger.finals[row["job_id"]].append("completed")
+            if serial_release:
+                conn.execute("SELECT awa.serial_release_v1(%s)", [serial_release])
+            conn.close()
+
+        return run
+
+    def canceller() -> None:
+        conn = _connect()
+        while not stop_producing.is_set():
+            # The lowest job not yet ended: most often the lane's head, ready or just claimed.
+            with ledger.lock:
+                ended = {j for j, f in ledger.finals.items() if f} | set(ledger.cancelled)
+                pool = sorted(ledger.committed - ended)[:3]
+            for victim in pool[:1]:
+                row = conn.execute("SELECT awa.cancel_v1(%s)", [victim]).fetchone()
+                if row and row[0] is not None:
+                    with ledger.lock:
+                        ledger.cancelled[victim] = row[0]
+            stop_producing.wait(0.01)
+        conn.close()
+
+    threads = _run_threads([producer, canceller] + [claimer(n) for n in range(5)])
+    try:
+        wait_for(lambda: len(ledger.committed) >= 600, timeout=30, message="600 jobs enqueued")
+    finally:
+        stop_producing.set()
+    try:
+        wait_for(
+            lambda: ledger.ended() >= ledger.committed,
+            timeout=30,
+            interval=0.1,
+            message=lambda: f"every job ended: {_missing(ledger.committed - ledger.ended())}",
+        )
+    finally:
+        stop_all.set()
+        _join(threads)
+    assert not ledger.errors, ledger.errors[:5]
+    _check_attempts(ledger)
+    _check_lane_order(ledger)
+    for job_id in ledger.committed:
+        completed = ledger.finals.get(job_id, []).count("completed")
+        assert completed == (0 if job_id in ledger.cancelled else 1), job_id
+    with pg() as c:
+        assert c.execute("SELECT count(*) FROM awa.serial_waiting").fetchone() == (0,)
+
+
+# --------------------------------------------------------------------------------------------
+# Scenario 8: a pause takes hold for every claim that starts after it, one-job or batch.
+
+
+def test_a_pause_holds_for_claims_started_after_it_under_load() -> None:
+    from awa_django.operator import queue_pause
+
+    queue = "l17z"
+    ids = set(_enqueue_now([{"kind": "l17.z", "queue": queue} for _ in range(3000)]))
+    ledger = Ledger()
+    ledger.committed = ids
+    paused_at = [float("inf")]
+    after = [0]
+    stop = threading.Event()
+
+    def claimer(n: int) -> Callable[[], None]:
+        def run() -> None:
+            conn = _connect()
+            k = n
+            while not stop.is_set():
+                k += 1
+                started = time.monotonic()
+                rows = _claim(conn, queue, BATCHES[k % len(BATCHES)])
+                with ledger.lock:
+                    if started > paused_at[0]:
+                        after[0] += 1
+                        if rows:
+                            ledger.errors.append(f"claimed {len(rows)} jobs after the pause")
+                    ledger.attempts.extend((row["job_id"], row["run_lease"]) for row in rows)
+                if rows:
+                    _finalize(
+                        conn,
+                        [
+                            Finalization(
+                                row["job_id"],
+                                row["run_lease"],
+                                row["claim_slot"],
+                                "completed",
+                                "null",
+                            )
+                            for row in rows
+                        ],
+                    )
+                    with ledger.lock:
+                        for row in rows:
+                            ledger.finals[row["job_id"]].append("completed")
+                else:
+                    stop.wait(0.005)
+            conn.close()
+
+        return run
+
+    threads = _run_threads([claimer(n) for n in range(3)])
+    try:
+        wait_for(lambda: len(ledger.attempts) >= 300, timeout=20, message="300 claims")
+        queue_pause(queue)
+        with ledger.lock:
+            paused_at[0] = time.monotonic()
+        wait_for(lambda: after[0] >= 60, timeout=10, message="60 claims after the pause")
+        assert len(ledger.attempts) < len(ids), "the queue drained before the pause"
+        queue_pause(queue, paused=False)
+        with ledger.lock:
+            paused_at[0] = float("inf")
+        wait_for(lambda: ledger.ended() >= ids, timeout=30, interval=0.1, message="every job")
+    finally:
+        stop.set()
+        _join(threads)
+    assert not ledger.errors, ledger.errors[:5]
+    _check_attempts(ledger)
+    assert all(ledger.finals[j] == ["completed"] for j in ids)
+
+
+# --------------------------------------------------------------------------------------------
+# Scenario 9: a kind's limit set, cleared and set again while claimers run (0017's first
+# statement reads the limited kinds): the limit holds, and jobs parked under it are un-parked
+# once it is cleared, also when nothing else is left in the queue.
+
+
+def test_kind_limit_set_cleared_and_set_again_mid_run_strands_nothing() -> None:
+    from awa_django.operator import clear_kind_limits, set_kind_limits
+
+    queue, kind = "l17c", "l17.c"
+    r = random.Random(12)
+    ids = _enqueue_now(
+        [{"kind": r.choice((kind, kind, kind, "l17.free")), "queue": queue} for _ in range(500)]
+    )
+    ledger = Ledger()
+    ledger.committed = set(ids)
+    bound = [10_000]
+    running: set[tuple[int, int]] = set()
+    stop = threading.Event()
+
+    def on_claim(n: int, rows: list[dict[str, Any]]) -> None:
+        with ledger.lock:
+            for row in rows:
+                if row["kind"] == kind and row["permits"]:
+                    running.add((row["job_id"], row["run_lease"]))
+            if len(running) > bound[0]:
+                ledger.errors.append(f"{len(running)} jobs of {kind} hold permits (<= {bound[0]})")
+
+    def on_release(n: int, rows: list[dict[str, Any]]) -> None:
+        with ledger.lock:
+            for row in rows:
+                running.discard((row["job_id"], row["run_lease"]))
+
+    claimers = _holding_claimers(
+        queue,
+        ledger,
+        stop,
+        n_threads=3,
+        units=(1, 4, 1, 2),
+        max_weight=None,
+        on_claim=on_claim,
+        on_release=on_release,
+    )
+    threads = _run_threads(claimers)
+
+    def attempts() -> int:
+        with ledger.lock:
+            return len(ledger.attempts)
+
+    try:
+        wait_for(lambda: attempts() >= 40, timeout=10, message="40 attempts")
+        with ledger.lock:
+            bound[0] = 1
+        set_kind_limits(kind, global_concurrency=1, actor="attack17")
+        base = attempts()
+        wait_for(lambda: attempts() >= base + 60, timeout=20, message="60 more attempts")
+        clear_kind_limits(kind, actor="attack17")
+        with ledger.lock:
+            bound[0] = 10_000
+        base = attempts()
+        wait_for(lambda: attempts() >= base + 40, timeout=20, message="40 more attempts")
+        with ledger.lock:
+            bound[0] = 2
+        set_kind_limits(kind, global_concurrency=2, actor="attack17")
+        # Wait until every job of other kinds is done and only the limited kind is left,
+        # most of it parked; then lift the limit: the parked jobs must still run.
+        wait_for(
+            lambda: _parked() > 0 or _all_terminal(set(ids)), timeout=20, message="parked jobs"
+        )
+        clear_kind_limits(kind, actor="attack17")
+        with ledger.lock:
+            bound[0] = 10_000
+        wait_for(
+            lambda: _all_terminal(set(ids)),
+            timeout=30,
+            interval=0.1,
+            message=lambda: f"every job done: {_missing(set(ids))}; parked {_parked()}",
+        )
+    finally:
+        stop.set()
+        _join(threads)
+    assert not ledger.errors, ledger.errors[:5]
+    _check_attempts(ledger)
+    _check_terminal(ledger, set(ids))
+    assert _parked() == 0
+
+
+def _parked() -> int:
+    with pg() as c:
+        row = c.execute("SELECT count(*) FROM awa.flow_waiting").fetchone()
+        return int(row[0]) if row else 0
+
+
+# --------------------------------------------------------------------------------------------
+# Scenario 10: the one-row statement when the lane's next row is not in the current queue slot
+# (a REPEATABLE READ producer writes to the slot its snapshot saw) or is a rollback's gap.
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_one_job_claims_take_a_row_written_to_an_older_queue_slot_in_lane_order(
+    batch: int,
+) -> None:
+    queue = f"l17rr{batch}"
+    with pg() as c:
+        c.execute("SELECT awa.ensure_lanes_v1(%s, 0, 1)", [queue])
+    job = [{"kind": "l17.rr", "queue": queue}]
+    order: list[int] = []
+    with _connect() as claimer, _producer_conn() as rr:
+        rr.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+
+        def claim_all(expect: int) -> None:
+            for _ in range(expect):
+                rows = _claim(claimer, queue, batch)
+                order.extend(row["job_id"] for row in rows)
+                _finalize(
+                    claimer,
+                    [
+                        Finalization(
+                            r_["job_id"], r_["run_lease"], r_["claim_slot"], "completed", "null"
+                        )
+                        for r_ in rows
+                    ],
+                )
+
+        a = _enqueue_now(job)
+        a += _enqueue_now(job * 2)
+        claim_all(3)
+        rr.execute("SELECT 1")  # the snapshot: the queue ring's current slot as of now
+        with pg() as c:
+            assert c.execute("SELECT awa.rotate_v3('queue', 0)").fetchone() == ("rotated",)
+        b = _enqueue_now(job)  # the new current slot
+        with psycopg.connect(conninfo()) as gap:
+            _enqueue(gap, job, commit=False)  # a gap in the lane
+        c_ = _enqueue(rr, job)  # the older slot, after b in the lane
+        d = _enqueue_now(job)
+        with pg() as c:
+            slots = dict(
+                c.execute(
+                    "SELECT job_id, ready_slot FROM awa.ready_entries WHERE job_id = ANY(%s)",
+                    [b + c_],
+                ).fetchall()
+            )
+        assert slots[c_[0]] != slots[b[0]], "the REPEATABLE READ row went to the current slot"
+        claim_all(4)
+        e = _enqueue_now(job * 3)
+        claim_all(3)
+        with _connect() as check:
+            left = _claim(check, queue, 16)
+        assert left == []
+    assert order[3:] == b + c_ + d + e, (a, order)
