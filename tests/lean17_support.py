@@ -284,6 +284,7 @@ def holding_claimers(
     on_claim: Callable[[int, list[dict[str, Any]]], None],
     on_release: Callable[[int, list[dict[str, Any]]], None],
     serial: bool = False,
+    pids: list[int] | None = None,
 ) -> list[Callable[[], None]]:
     """Claimers that hold what they claim for one or two further claims, then hand it back
     (permits and serial keys through ``p_release``/``p_serial_release`` of the next claim) and
@@ -293,6 +294,9 @@ def holding_claimers(
     def claimer(n: int) -> Callable[[], None]:
         def run() -> None:
             conn = connect()
+            if pids is not None:
+                with ledger.lock:
+                    pids.append(conn.info.backend_pid)
             r = random.Random(n)
             running: list[tuple[int, dict[str, Any]]] = []
             k = n
@@ -306,16 +310,27 @@ def holding_claimers(
                 serial_release = [row["serial_lock"] for row in ending if row["serial_lock"]]
                 held = [p for _, row in running for p in (row["permits"] or [])]
                 serial_held = [row["serial_lock"] for _, row in running if row["serial_lock"]]
-                rows = claim(
-                    conn,
-                    queue,
-                    units[k % len(units)],
-                    max_weight=max_weight,
-                    held=held,
-                    release=release,
-                    serial_held=serial_held if serial else (),
-                    serial_release=serial_release if serial else (),
-                )
+                try:
+                    rows = claim(
+                        conn,
+                        queue,
+                        units[k % len(units)],
+                        max_weight=max_weight,
+                        held=held,
+                        release=release,
+                        serial_held=serial_held if serial else (),
+                        serial_release=serial_release if serial else (),
+                    )
+                except psycopg.errors.QueryCanceled:
+                    # docs/flow.md: permits a failed claim statement took stay with the
+                    # session; release every one no running attempt holds, as the worker does.
+                    rows = []
+                    while True:
+                        try:
+                            conn.execute("SELECT awa.flow_reset_v1(%s)", [held])
+                            break
+                        except psycopg.errors.QueryCanceled:
+                            continue
                 if ending:
                     finalize_items(
                         conn,

@@ -25,6 +25,7 @@ from tests.lean17_support import (
     check_attempts,
     check_terminal,
     claim,
+    connect,
     enqueue_now,
     finalize_items,
     holding_claimers,
@@ -71,6 +72,7 @@ def test_queue_global_concurrency_and_heavy_weights_hold_under_concurrent_claims
     ledger = Ledger()
     ledger.committed = set(ids)
     held: dict[tuple[int, int], tuple[int, list[int]]] = {}
+    pids: list[int] = []
     stop = threading.Event()
 
     def on_claim(n: int, rows: list[dict[str, Any]]) -> None:
@@ -108,8 +110,22 @@ def test_queue_global_concurrency_and_heavy_weights_hold_under_concurrent_claims
         max_weight=5,
         on_claim=on_claim,
         on_release=on_release,
+        pids=pids,
     )
-    threads = run_threads([*claimers, permit_sampler(queue, limit, stop, ledger)])
+
+    def canceller() -> None:
+        # pg_cancel_backend of claimers mid-claim: permits taken by a cancelled statement
+        # must never let the queue pass its limit.
+        r = random.Random(1)
+        with connect() as conn:
+            while not stop.is_set():
+                with ledger.lock:
+                    pid = r.choice(pids) if pids else None
+                if pid:
+                    conn.execute("SELECT pg_cancel_backend(%s)", [pid])
+                stop.wait(0.02)
+
+    threads = run_threads([*claimers, permit_sampler(queue, limit, stop, ledger), canceller])
     try:
         wait_for(lambda: all_terminal(set(ids)), timeout=30, interval=0.1, message="every job done")
     finally:
