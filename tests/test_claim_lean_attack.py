@@ -204,6 +204,14 @@ def test_claimers_producers_and_maintenance_lose_and_duplicate_nothing() -> None
     check_attempts(ledger)
     check_lane_order(ledger)
     assert ledger.ended() == ledger.committed
+    with pg() as c:
+        pruned = dict(
+            c.execute(
+                "SELECT ring, count(*) FROM awa.ring_prunes WHERE outcome = 'pruned' GROUP BY ring"
+            ).fetchall()
+        )
+    # The chaos really truncated slots of both rings while claims ran.
+    assert pruned.get("claim", 0) >= 1 and pruned.get("queue", 0) >= 1, pruned
     done = terminal(ledger.committed)  # the terminal rows the queue ring still holds
     assert all(len(v) == 1 for v in done.values()), "a job ended twice"
     for job_id in ledger.committed:
