@@ -190,6 +190,7 @@ def test_claimers_producers_and_maintenance_lose_and_duplicate_nothing() -> None
         wait_for(lambda: len(ledger.committed) >= 3000, timeout=40, message="3000 jobs enqueued")
     finally:
         stop_producing.set()
+        join(threads[:3])  # every producer's last commit is in the ledger before the drain
     try:
         wait_for(
             lambda: ledger.ended() >= ledger.committed,
@@ -401,6 +402,7 @@ def test_worker_processes_and_raw_claimers_share_a_queue_under_chaos(
         wait_for(lambda: len(ledger.committed) >= 800, timeout=30, message="800 jobs enqueued")
     finally:
         stop_producing.set()
+        join(threads[:2])  # every producer's last commit is in the ledger before the drain
     try:
         wait_for(
             lambda: all_terminal(set(ledger.committed)),
@@ -536,6 +538,7 @@ def test_one_lane_head_races_with_cancels_gaps_weights_and_keys() -> None:
         wait_for(lambda: len(ledger.committed) >= 600, timeout=30, message="600 jobs enqueued")
     finally:
         stop_producing.set()
+        join(threads[:2])  # every producer's last commit is in the ledger before the drain
     try:
         wait_for(
             lambda: ledger.ended() >= ledger.committed,
