@@ -106,11 +106,18 @@ def on_replica(sql: str, params: list[Any] | None = None) -> Any:
 
 
 def caught_up() -> None:
-    """Wait until the replica has replayed everything the primary has written so far (its
-    insert position: the test server commits asynchronously, so a commit may not be flushed
-    yet; the WAL writer flushes it within wal_writer_delay)."""
+    """Wait until the replica has replayed everything the primary has written so far.
+
+    The test server commits asynchronously, and WAL that no commit asked to flush (a background
+    record on a partly filled page) can stay unflushed, so unsent, for as long as the server is
+    idle: waiting for the insert position timed out once. A transaction that writes WAL (a
+    transactional logical message: an xid alone makes the commit asynchronous all the same),
+    committed synchronously, flushes everything inserted before its commit record; the flush
+    position after it covers every write of the test."""
     with pg() as conn:
-        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        conn.execute("SET synchronous_commit = on")
+        conn.execute("SELECT pg_logical_emit_message(true, 'awa-test', 'caught up')")
+        row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
     assert row is not None
     wait_for(
         lambda: on_replica("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [row[0]])[0],
