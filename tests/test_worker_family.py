@@ -64,11 +64,15 @@ def overrides(poll: float) -> dict[str, str]:
 
 
 def claimed_by(job_id: int) -> int | None:
-    """The pid of the worker process that claimed ``job_id`` (None: not claimed yet)."""
+    """The pid of the worker process that claimed ``job_id``'s latest attempt (None: not
+    claimed yet). A killed process's claim statement in flight still commits on the server
+    and its attempt is rescued and run again elsewhere: the latest attempt is the one that
+    ran."""
     with pg() as conn:
         row = conn.execute(
             "SELECT r.pid FROM awa.claims c JOIN awa.runtime_instances r "
-            "ON r.instance_id = c.worker_id WHERE c.job_id = %s",
+            "ON r.instance_id = c.worker_id WHERE c.job_id = %s "
+            "ORDER BY c.run_lease DESC LIMIT 1",
             [job_id],
         ).fetchone()
     return int(row[0]) if row else None
