@@ -1514,7 +1514,12 @@ def test_whole_fleet_killed_with_jobs_parked(manage_py: Callable[..., ManagedPro
     assert awa_django.cancel(long) == "running"
     with pg() as c:
         c.execute("UPDATE fa3_runs SET ended = clock_timestamp() WHERE ended IS NULL")
-    later = _workers(manage_py, 1, concurrency=3, overrides=overrides)
+    # The killed attempt is cancelled, and its permit went with its session: the later worker
+    # needs no quick rescue, and a production-like staleness keeps a loaded machine's slow
+    # heartbeat from retrying a live attempt (which failed "ran once" in one full run).
+    later = _workers(
+        manage_py, 1, concurrency=3, overrides={**overrides, "HEARTBEAT_STALENESS": 60.0}
+    )
     _wait_done(ids[1:], later, timeout=30)
     runs = [r for r in _runs() if r["job_id"] != long]
     _once(runs, ids[1:])
