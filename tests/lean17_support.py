@@ -21,7 +21,7 @@ import psycopg
 
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
-from tests.helpers import conninfo, pg
+from tests.helpers import conninfo, pg, wait_for
 
 CLAIM = (
     "SELECT job_id, run_lease, attempt, claim_slot, kind, priority, weight, permits,"
@@ -207,6 +207,39 @@ def missing(ids: set[int]) -> str:
     return (
         f"{len(left)} not terminal, e.g. {rows}; ready rows {lanes}; depth {depth}; rings {rings}"
     )
+
+
+def produce_then_drain(
+    ledger: Ledger,
+    threads: list[threading.Thread],
+    *,
+    producers: int,
+    jobs: int,
+    timeout: float,
+    interval: float,
+    stop_producing: threading.Event,
+    stop_all: threading.Event,
+) -> None:
+    """Let the first ``producers`` of ``threads`` commit ``jobs`` jobs, stop and join them (so
+    every producer's last commit is in the ledger), then wait until every committed job ended
+    and stop and join the rest."""
+    try:
+        wait_for(
+            lambda: len(ledger.committed) >= jobs, timeout=timeout, message=f"{jobs} jobs enqueued"
+        )
+    finally:
+        stop_producing.set()
+        join(threads[:producers])
+    try:
+        wait_for(
+            lambda: ledger.ended() >= ledger.committed,
+            timeout=timeout,
+            interval=interval,
+            message=lambda: f"every job ended: {missing(ledger.committed - ledger.ended())}",
+        )
+    finally:
+        stop_all.set()
+        join(threads)
 
 
 def check_attempts(ledger: Ledger) -> None:

@@ -40,7 +40,7 @@ from tests.lean17_support import (
     enqueue_now,
     finalize_items,
     join,
-    missing,
+    produce_then_drain,
     producer_conn,
     run_threads,
     terminal,
@@ -186,21 +186,10 @@ def test_claimers_producers_and_maintenance_lose_and_duplicate_nothing() -> None
     threads = run_threads(
         [producer(n) for n in range(3)] + [claimer(n) for n in range(3)] + [chaos]
     )
-    try:
-        wait_for(lambda: len(ledger.committed) >= 3000, timeout=40, message="3000 jobs enqueued")
-    finally:
-        stop_producing.set()
-        join(threads[:3])  # every producer's last commit is in the ledger before the drain
-    try:
-        wait_for(
-            lambda: ledger.ended() >= ledger.committed,
-            timeout=40,
-            interval=0.2,
-            message=lambda: f"every job ended: {missing(ledger.committed - ledger.ended())}",
-        )
-    finally:
-        stop_all.set()
-        join(threads)
+    produce_then_drain(
+        ledger, threads, producers=3, jobs=3000, timeout=40, interval=0.2,
+        stop_producing=stop_producing, stop_all=stop_all,
+    )  # fmt: skip
     assert not ledger.errors, ledger.errors[:5]
     check_attempts(ledger)
     check_lane_order(ledger)
@@ -534,21 +523,10 @@ def test_one_lane_head_races_with_cancels_gaps_weights_and_keys() -> None:
         conn.close()
 
     threads = run_threads([producer, canceller] + [claimer(n) for n in range(5)])
-    try:
-        wait_for(lambda: len(ledger.committed) >= 600, timeout=30, message="600 jobs enqueued")
-    finally:
-        stop_producing.set()
-        join(threads[:2])  # every producer's last commit is in the ledger before the drain
-    try:
-        wait_for(
-            lambda: ledger.ended() >= ledger.committed,
-            timeout=30,
-            interval=0.1,
-            message=lambda: f"every job ended: {missing(ledger.committed - ledger.ended())}",
-        )
-    finally:
-        stop_all.set()
-        join(threads)
+    produce_then_drain(
+        ledger, threads, producers=2, jobs=600, timeout=30, interval=0.1,
+        stop_producing=stop_producing, stop_all=stop_all,
+    )  # fmt: skip
     assert not ledger.errors, ledger.errors[:5]
     check_attempts(ledger)
     check_lane_order(ledger)
