@@ -84,7 +84,7 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     "ENQUEUE_SHARDS": _Spec(4, _Kind.INT, 1, 64),
     "PRIORITY_AGING_INTERVAL": _Spec(60.0, _Kind.SECONDS),
     "RETRY_BACKOFF_BASE": _Spec(1.0, _Kind.SECONDS),
-    "CLAIM_BATCH_SIZE": _Spec(128, _Kind.INT, 1),
+    "CLAIM_BATCH_SIZE": _Spec(512, _Kind.INT, 1),
     "COMPLETION_BATCH_SIZE": _Spec(512, _Kind.INT, 1),
     "COMPLETION_FLUSH_INTERVAL": _Spec(0.002, _Kind.SECONDS),
     "POLL_INTERVAL": _Spec(0.2, _Kind.SECONDS),
