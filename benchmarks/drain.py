@@ -10,6 +10,9 @@ the time from the first claim to the last completion (and the wall time of the w
 start-up included). Every round verifies that all N jobs completed exactly once. Durability is
 untouched (fsync and synchronous_commit on). Prints JSON.
 
+``--setting NAME=VALUE`` (repeatable; VALUE is JSON, e.g. ``--setting CLAIM_BATCH_SIZE=128``)
+overrides an ``AWA`` setting for the run, the workers included.
+
 ``--compare-otel`` runs each round twice, interleaved (the order alternates): once as above,
 once with OpenTelemetry metrics on and served for Prometheus (``--metrics-port``: the SDK, its
 Prometheus reader and the HTTP server in every worker process), scraped every second during the
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import socket
 import statistics
@@ -44,6 +48,13 @@ def main() -> None:
     )
     parser.add_argument("--sync", action="store_true", help="sync no-op handlers (thread pool)")
     parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override an AWA setting for the run (VALUE is JSON), the workers included",
+    )
+    parser.add_argument(
         "--compare-otel",
         action="store_true",
         help="each round without and with OpenTelemetry metrics (--metrics-port), interleaved",
@@ -54,6 +65,16 @@ def main() -> None:
         help="with --compare-otel: start the first round with metrics on",
     )
     args = parser.parse_args()
+    overrides = {}
+    for item in args.setting:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--setting {item!r}: expected NAME=VALUE")
+        try:
+            overrides[name] = json.loads(value)
+        except ValueError as exc:
+            parser.error(f"--setting {item!r}: VALUE is not JSON ({exc})")
+    os.environ["AWA_BENCH_SETTINGS"] = json.dumps(overrides)
     with_server("bench", lambda: run(args))
 
 
@@ -178,6 +199,7 @@ def run(args: argparse.Namespace) -> None:
                 "processes": args.processes,
                 "concurrency": "default" if args.default else args.concurrency,
                 "handlers": "sync" if args.sync else "async",
+                "settings": json.loads(os.environ.get("AWA_BENCH_SETTINGS", "{}")),
                 "drain_jobs_per_s": round(statistics.median(rates)),
                 "drain_jobs_per_s_rounds": [round(r) for r in rates],
                 "wall_seconds_rounds": [round(w, 2) for w in walls],
