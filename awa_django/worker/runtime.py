@@ -72,7 +72,7 @@ from awa_django.worker.guards import (
 )
 from awa_django.worker.heartbeats import Heartbeats
 from awa_django.worker.links import Link, first_line, is_connection_lost
-from awa_django.worker.slots import BacklogRetry, Slots
+from awa_django.worker.slots import BacklogRetry, ClaimCap, Slots
 from awa_django.worker.threads import HandlerThreads
 
 __all__ = ["EXIT_LOOP_FAILED", "EXIT_STUCK_HANDLERS", "WorkerRuntime"]
@@ -504,10 +504,11 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
         cfg = self.config
         failures = 0
         backlog = BacklogRetry(self.slots.low_water[queue.name], armed=True)
+        cap = ClaimCap(self.slots.claim_batch)
         woken = False  # the last wait ended on a wake-up, not on its timeout
         quick = False  # the next claim is the quick retry of an empty one a wake-up started
         while not self.stopping:
-            want = self.slots.claimable(queue.name)
+            want = cap.limit(self.slots.claimable(queue.name))
             release = self.permits.release_batch()
             serial_release = self.permits.serial_release_batch()
             if want <= 0 and not release and not serial_release:
@@ -540,7 +541,7 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
                         aging_interval=cfg.settings.PRIORITY_AGING_INTERVAL,
                         default_deadline=queue.deadline,
                         # What one claim can give one job: a heavier one counts as that.
-                        max_weight=min(self.slots.caps[queue.name], self.slots.claim_batch),
+                        max_weight=min(self.slots.caps[queue.name], cap.cap),
                         held=self.permits.held_keys(),
                         release=release_now,
                         serial_held=self.permits.serial_held_keys(),
@@ -560,6 +561,17 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
                 self.permits.claim_failed()
                 if self.is_stopping():
                     return
+                if cap.failed(exc, want):
+                    log.warning(
+                        "awa worker: a claim of %d jobs from queue %s was too big for the server "
+                        "(%s: %s); claiming at most %d at a time for now",
+                        want,
+                        queue.name,
+                        type(exc).__name__,
+                        first_line(exc),
+                        cap.cap,
+                    )
+                    continue
                 # Not a lost connection (the link handles those): log, back off, carry on.
                 failures += 1
                 delay = min(cfg.settings.POLL_INTERVAL * 2**failures, 5.0)
@@ -578,6 +590,10 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
                 self.permits.claim_failed()
                 raise
             failures = 0
+            if cap.succeeded():
+                log.info(
+                    "awa worker: claims from queue %s take up to %d jobs again", queue.name, cap.cap
+                )
             jobs = claimed.jobs
             units = sum(job.weight for job in jobs)
             if jobs and self._metrics is not None:

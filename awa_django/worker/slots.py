@@ -24,6 +24,10 @@ counts here are units, not jobs.
 ``BacklogRetry`` times a dispatcher's next claim after one that came back empty although the
 queue had a backlog a moment ago (another process's claim held its lanes).
 
+``ClaimCap`` halves what one claim of a queue may ask for after a claim failed on one of the
+server's size limits (jobs with large arguments), so such jobs are claimed fewer at a time
+instead of failing every claim.
+
 Everything here runs on the worker's event loop; nothing is thread-safe.
 """
 
@@ -32,9 +36,20 @@ from __future__ import annotations
 import asyncio
 import random
 
+import psycopg
+
 from awa_django.worker.config import QueueConfig
 
-__all__ = ["BACKLOG_RETRY", "BacklogRetry", "Slots"]
+__all__ = ["BACKLOG_RETRY", "BacklogRetry", "ClaimCap", "Slots"]
+
+#: SQLSTATEs of a claim statement that was too big for the server: class 54 (program limit
+#: exceeded, such as "total size of array elements exceeds the maximum allowed" once the rows
+#: a claim gathers pass 1 GB) and 53200 (out of memory).
+OVERSIZE_SQLSTATE_CLASS = "54"
+OVERSIZE_SQLSTATES = frozenset({"53200"})
+
+#: Claims in a row without a size failure after which ``ClaimCap`` doubles its cap again.
+CAP_GROW_AFTER = 64
 
 #: The first pause before claiming again after an empty claim that followed a claim which found
 #: a backlog (``BacklogRetry``); it doubles on each empty claim in a row, up to the poll interval.
@@ -170,3 +185,50 @@ class BacklogRetry:
         if self.next >= poll:
             self.next = None
         return pause
+
+
+class ClaimCap:
+    """How many units one claim of a queue may ask for: ``CLAIM_BATCH_SIZE`` (``full``) unless
+    claims failed on the server's size limits.
+
+    A claim returns its jobs' arguments, and ``awa.claim_v3`` gathers the claimed rows in one
+    array, which PostgreSQL caps at 1 GB: 512 jobs with 2-3 MB of arguments each (as ``jsonb``)
+    fail the statement every time. The failed statement wrote nothing. ``failed`` then halves
+    the cap (down to 1) so the dispatcher claims again at once with fewer jobs; after
+    ``CAP_GROW_AFTER`` claims in a row without such a failure the cap doubles again, up to
+    ``full``.
+    """
+
+    def __init__(self, full: int) -> None:
+        self.full = max(1, full)
+        self.cap = self.full
+        self._ok = 0
+
+    def limit(self, want: int) -> int:
+        """``want`` (free slots, 0 to wait) bounded by the cap."""
+        return min(want, self.cap)
+
+    def failed(self, exc: BaseException, asked: int) -> bool:
+        """A claim of ``asked`` units raised ``exc``: if that was a size failure of a claim of
+        more than one unit, halve the cap and return True (claim again at once)."""
+        state = exc.sqlstate if isinstance(exc, psycopg.Error) else None
+        if not state or not (
+            state.startswith(OVERSIZE_SQLSTATE_CLASS) or state in OVERSIZE_SQLSTATES
+        ):
+            return False
+        if asked <= 1:
+            return False
+        self.cap = max(1, min(self.cap, asked) // 2)
+        self._ok = 0
+        return True
+
+    def succeeded(self) -> bool:
+        """A claim went through; return True when this doubled the cap back to ``full``."""
+        if self.cap >= self.full:
+            return False
+        self._ok += 1
+        if self._ok < CAP_GROW_AFTER:
+            return False
+        self._ok = 0
+        self.cap = min(self.full, self.cap * 2)
+        return self.cap == self.full
