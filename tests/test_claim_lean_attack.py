@@ -522,7 +522,17 @@ def test_one_lane_head_races_with_cancels_gaps_weights_and_keys() -> None:
             stop_producing.wait(0.01)
         conn.close()
 
-    threads = run_threads([producer, canceller] + [claimer(n) for n in range(5)])
+    def sweeper() -> None:
+        # The maintenance leader's serial sweep (every RESCUE_INTERVAL): a key handed on to a
+        # job that the canceller then cancelled before it ran is handed on by nobody else
+        # (docs/flow.md, "Crash safety"); without it the key's younger jobs wait for ever.
+        conn = connect()
+        while not stop_all.is_set():
+            conn.execute("SELECT awa.serial_sweep_v1()")
+            stop_all.wait(0.05)
+        conn.close()
+
+    threads = run_threads([producer, canceller, sweeper] + [claimer(n) for n in range(5)])
     produce_then_drain(
         ledger, threads, producers=2, jobs=600, timeout=30, interval=0.1,
         stop_producing=stop_producing, stop_all=stop_all,
