@@ -126,6 +126,17 @@ def finalize_items(
     raise AssertionError("finalize cancelled 20 times in a row")
 
 
+def complete(conn: psycopg.Connection[Any], rows: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """Finalize every claimed row of ``rows`` as completed (result ``null``); the stale ones."""
+    return finalize_items(
+        conn,
+        [
+            Finalization(r["job_id"], r["run_lease"], r["claim_slot"], "completed", "null")
+            for r in rows
+        ],
+    )
+
+
 def enqueue(
     conn: psycopg.Connection[Any], jobs: list[dict[str, Any]], *, commit: bool = True
 ) -> list[int]:
@@ -239,6 +250,19 @@ def produce_then_drain(
         )
     finally:
         stop_all.set()
+        join(threads)
+
+
+def run_until_terminal(
+    targets: list[Callable[[], None]], ids: set[int], stop: threading.Event, *, timeout: float
+) -> None:
+    """Run ``targets`` in threads until every job of ``ids`` is terminal, then stop and join
+    them (also when the wait times out)."""
+    threads = run_threads(targets)
+    try:
+        wait_for(lambda: all_terminal(ids), timeout=timeout, interval=0.1, message="every job done")
+    finally:
+        stop.set()
         join(threads)
 
 
@@ -365,19 +389,7 @@ def holding_claimers(
                         except psycopg.errors.QueryCanceled:
                             continue
                 if ending:
-                    finalize_items(
-                        conn,
-                        [
-                            Finalization(
-                                row["job_id"],
-                                row["run_lease"],
-                                row["claim_slot"],
-                                "completed",
-                                "null",
-                            )
-                            for row in ending
-                        ],
-                    )
+                    complete(conn, ending)
                 if rows:
                     on_claim(n, rows)
                     with ledger.lock:

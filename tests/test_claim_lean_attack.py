@@ -35,6 +35,7 @@ from tests.lean17_support import (
     check_terminal,
     claim,
     claim_lanes,
+    complete,
     connect,
     enqueue,
     enqueue_now,
@@ -270,15 +271,7 @@ def test_priority_and_lane_order_with_alternating_batches_cancels_and_gaps() -> 
             ledger.claims.append(Claim(0, 0.0, rows, claim_lanes(conn, rows)))
             ledger.attempts.extend((row["job_id"], row["run_lease"]) for row in rows)
             order.extend(row["job_id"] for row in rows)
-            finalize_items(
-                conn,
-                [
-                    Finalization(
-                        row["job_id"], row["run_lease"], row["claim_slot"], "completed", "null"
-                    )
-                    for row in rows
-                ],
-            )
+            complete(conn, rows)
     check_attempts(ledger)
     check_lane_order(ledger)
     assert sorted(order) == sorted(set(committed) - cancelled)
@@ -348,15 +341,7 @@ def test_worker_processes_and_raw_claimers_share_a_queue_under_chaos(
             if rows:
                 with ledger.lock:
                     ledger.attempts.extend((row["job_id"], row["run_lease"]) for row in rows)
-                finalize_items(
-                    conn,
-                    [
-                        Finalization(
-                            r_["job_id"], r_["run_lease"], r_["claim_slot"], "completed", "null"
-                        )
-                        for r_ in rows
-                    ],
-                )
+                complete(conn, rows)
             else:
                 stop_all.wait(0.01)
         conn.close()
@@ -481,21 +466,7 @@ def test_one_lane_head_races_with_cancels_gaps_weights_and_keys() -> None:
                             ledger.errors.append(f"weight {row['weight']} for {row['job_id']}")
                     ledger.claims.append(Claim(n, time.monotonic(), rows, lanes))
                     ledger.attempts.extend((row["job_id"], row["run_lease"]) for row in rows)
-                stale = set(
-                    finalize_items(
-                        conn,
-                        [
-                            Finalization(
-                                row["job_id"],
-                                row["run_lease"],
-                                row["claim_slot"],
-                                "completed",
-                                "null",
-                            )
-                            for row in rows
-                        ],
-                    )
-                )
+                stale = set(complete(conn, rows))
                 serial_release = [row["serial_lock"] for row in rows if row["serial_lock"]]
                 with ledger.lock:
                     for row in rows:
@@ -577,19 +548,7 @@ def test_a_pause_holds_for_claims_started_after_it_under_load() -> None:
                             ledger.errors.append(f"claimed {len(rows)} jobs after the pause")
                     ledger.attempts.extend((row["job_id"], row["run_lease"]) for row in rows)
                 if rows:
-                    finalize_items(
-                        conn,
-                        [
-                            Finalization(
-                                row["job_id"],
-                                row["run_lease"],
-                                row["claim_slot"],
-                                "completed",
-                                "null",
-                            )
-                            for row in rows
-                        ],
-                    )
+                    complete(conn, rows)
                     with ledger.lock:
                         for row in rows:
                             ledger.finals[row["job_id"]].append("completed")
@@ -640,15 +599,7 @@ def test_one_job_claims_take_a_row_written_to_an_older_queue_slot_in_lane_order(
             for _ in range(expect):
                 rows = claim(claimer, queue, batch)
                 order.extend(row["job_id"] for row in rows)
-                finalize_items(
-                    claimer,
-                    [
-                        Finalization(
-                            r_["job_id"], r_["run_lease"], r_["claim_slot"], "completed", "null"
-                        )
-                        for r_ in rows
-                    ],
-                )
+                complete(claimer, rows)
 
         a = enqueue_now(job)
         a += enqueue_now(job * 2)

@@ -16,7 +16,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from awa_django.db.storage import Finalization
 from tests.helpers import conninfo, pg, wait_for
 from tests.lean17_support import (
     BATCHES,
@@ -25,15 +24,16 @@ from tests.lean17_support import (
     check_attempts,
     check_terminal,
     claim,
+    complete,
     connect,
     enqueue_now,
-    finalize_items,
     holding_claimers,
     join,
     missing,
     parked,
     permit_sampler,
     run_threads,
+    run_until_terminal,
 )
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
@@ -125,12 +125,12 @@ def test_queue_global_concurrency_and_heavy_weights_hold_under_concurrent_claims
                     conn.execute("SELECT pg_cancel_backend(%s)", [pid])
                 stop.wait(0.02)
 
-    threads = run_threads([*claimers, permit_sampler(queue, limit, stop, ledger), canceller])
-    try:
-        wait_for(lambda: all_terminal(set(ids)), timeout=30, interval=0.1, message="every job done")
-    finally:
-        stop.set()
-        join(threads)
+    run_until_terminal(
+        [*claimers, permit_sampler(queue, limit, stop, ledger), canceller],
+        set(ids),
+        stop,
+        timeout=30,
+    )
     assert not ledger.errors, ledger.errors[:5]
     check_attempts(ledger)
     done = check_terminal(ledger, set(ids))
@@ -167,7 +167,7 @@ def test_kind_limit_parks_and_unparks_without_exceeding_or_stranding() -> None:
             for row in rows:
                 running.discard((row["job_id"], row["run_lease"]))
 
-    threads = run_threads(
+    run_until_terminal(
         holding_claimers(
             queue,
             ledger,
@@ -177,13 +177,11 @@ def test_kind_limit_parks_and_unparks_without_exceeding_or_stranding() -> None:
             max_weight=None,
             on_claim=on_claim,
             on_release=on_release,
-        )
+        ),
+        set(ids),
+        stop,
+        timeout=30,
     )
-    try:
-        wait_for(lambda: all_terminal(set(ids)), timeout=30, interval=0.1, message="every job done")
-    finally:
-        stop.set()
-        join(threads)
     assert not ledger.errors, ledger.errors[:5]
     check_attempts(ledger)
     check_terminal(ledger, set(ids))
@@ -230,31 +228,14 @@ def test_rate_limit_holds_for_one_job_and_batch_claims(owner: str) -> None:
                             taken = sum(r["kind"] in limited for r in rows)
                             spent.append((clocks[0], clocks[1], taken))
                             attempts.extend((row["job_id"], row["run_lease"]) for row in rows)
-                        finalize_items(
-                            conn,
-                            [
-                                Finalization(
-                                    r["job_id"],
-                                    r["run_lease"],
-                                    r["claim_slot"],
-                                    "completed",
-                                    "null",
-                                )
-                                for r in rows
-                            ],
-                        )
+                        complete(conn, rows)
                         conn.commit()
                     else:
                         stop.wait(0.005)
 
         return run
 
-    threads = run_threads([claimer(n) for n in range(3)])
-    try:
-        wait_for(lambda: all_terminal(set(ids)), timeout=20, interval=0.1, message="every job done")
-    finally:
-        stop.set()
-        join(threads)
+    run_until_terminal([claimer(n) for n in range(3)], set(ids), stop, timeout=20)
     assert len(set(attempts)) == len(attempts) == len(ids)
     # Any set of claims spent its tokens within [its earliest start, its latest end], so it
     # took at most rate x that span + burst: checked for every set of the claims that lie in
@@ -315,7 +296,7 @@ def test_serial_keys_run_one_at_a_time_in_enqueue_order() -> None:
                 if key:
                     running[key].discard(row["job_id"])
 
-    threads = run_threads(
+    run_until_terminal(
         holding_claimers(
             queue,
             ledger,
@@ -326,13 +307,11 @@ def test_serial_keys_run_one_at_a_time_in_enqueue_order() -> None:
             on_claim=on_claim,
             on_release=on_release,
             serial=True,
-        )
+        ),
+        set(ids),
+        stop,
+        timeout=30,
     )
-    try:
-        wait_for(lambda: all_terminal(set(ids)), timeout=30, interval=0.1, message="every job done")
-    finally:
-        stop.set()
-        join(threads)
     assert not ledger.errors, ledger.errors[:5]
     check_attempts(ledger)
     check_terminal(ledger, set(ids))
