@@ -142,7 +142,13 @@ def test_sigkill_with_512_in_flight_rescued_and_finished_once(
     log = tmp_path / "runs.log"
     ids = enqueue(cb33jobs.slow, 1100, 3.0)
     a = worker(manage_py, log, "--queue", "cb33=512")
-    wait_for(lambda: running() >= 500, timeout=30, message=a.output)
+    # Claimed attempts start on the handler threads a moment after their claim commits: the
+    # kill waits until the handlers say so.
+    wait_for(
+        lambda: running() >= 500 and sum(e == "start" for e, *_ in events(log)) >= 400,
+        timeout=30,
+        message=a.output,
+    )
     a.kill()
     killed = {k for k, v in attempts(log).items() if v["end"] is None}
     assert len(killed) >= 400

@@ -363,6 +363,25 @@ def test_idle_ring_stops_rotating() -> None:
 
 @pytest.mark.storage
 @pytest.mark.django_db(transaction=True)
+def test_a_claim_ring_holding_only_cursor_markers_stops_rotating() -> None:
+    """The markers a claim-ring rotation appends do not make the new slot busy: with no claim
+    since, the next rotation is skipped as idle (it used to rotate for ever, appending a
+    marker per lane every CLAIM_ROTATE_INTERVAL)."""
+    with pg() as conn:
+        run_through(conn)
+        assert conn.execute("SELECT awa.rotate_v3('claim')").fetchone() == ("rotated",)
+        markers = conn.execute(
+            "SELECT count(*) FROM awa.claims c JOIN awa.ring_state s ON s.ring = 'claim'"
+            " WHERE c.claim_slot = s.current_slot AND c.job_id < 0"
+        ).fetchone()
+        assert markers is not None and markers[0] > 0
+        assert conn.execute("SELECT awa.rotate_v3('claim')").fetchone() == ("skipped_idle",)
+        run_through(conn)
+        assert conn.execute("SELECT awa.rotate_v3('claim')").fetchone() == ("rotated",)
+
+
+@pytest.mark.storage
+@pytest.mark.django_db(transaction=True)
 def test_rescue_closes_first_and_the_late_completion_loses() -> None:
     with pg() as conn:
         [(job, _)] = enqueue_sql(conn, jobs_json(1, "resc"))

@@ -77,6 +77,8 @@ REDEFINED = {
     "awa._flow_kind_take_v1": "0013_kind_fast_claim.sql",
     # 0016_claim_cost.sql: a batch of completions of one claim slot names that slot's tables.
     "awa.finalize_v2": "0016_claim_cost.sql",
+    # 0018_queues_ready.sql: an idle claim ring stops rotating; markers for busy lanes only.
+    "awa.rotate_v3": "0018_queues_ready.sql",
 }
 #: Functions redefined a second time: 0012_kind_limits.sql shows jobs parked by their kind
 #: (awa.flow_waiting) where 0008 shows serial-parked ones, and keeps producers off shard 64.

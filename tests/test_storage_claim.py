@@ -378,33 +378,67 @@ def test_a_claim_carried_into_the_current_slot_never_pulls_the_cursor_back() -> 
         )
 
 
-def test_a_claim_rotation_leaves_every_lane_a_cursor_marker_in_the_new_slot() -> None:
-    """rotate_v3 appends a closed marker at each lane's cursor to the new claim slot, so the next
-    claims read every cursor with one probe (no full read of the claim ring), idle lanes
-    included, and hand out the right rows."""
+def test_a_claim_rotation_leaves_a_cursor_marker_for_each_lane_claimed_in_the_old_slot() -> None:
+    """rotate_v3 appends a closed marker at the cursor of each lane claimed from in the slot it
+    leaves, so the next claims of busy lanes read their cursors with one probe; a lane without
+    a marker (never claimed, or idle) reads its cursor from every slot, and the rows handed out
+    are the same. Idle lanes cost a rotation nothing (with 40,000 lanes, marking every one of
+    them held every lane locked for 0.6 s per rotation)."""
     with pg() as a, pg() as b:
         first = [i for i, _ in enqueue_sql(a, jobs_json(3))]
         second = [i for i, _ in enqueue_sql(b, jobs_json(2))]
         assert claim_ids(a, n=1) == [min(first[0], second[0])]
         enqueue_sql(a, jobs_json(1, queue="filler"))
-        assert len(storage.claim(a, "filler", 1, WORKER)) == 1  # the slot is not idle
-        assert a.execute("SELECT awa.rotate_v3('claim')").fetchone() == ("rotated",)
-        lanes = a.execute(
-            "SELECT l.lane_id, awa.lane_cursor_v1(l.lane_id) FROM awa.queue_lanes l"
+        assert len(storage.claim(a, "filler", 1, WORKER)) == 1
+        claimed = a.execute(
+            "SELECT DISTINCT c.lane_id, awa.lane_cursor_v1(c.lane_id) FROM awa.claims c"
+            " WHERE c.job_id > 0"
         ).fetchall()
+        assert a.execute("SELECT awa.rotate_v3('claim')").fetchone() == ("rotated",)
         markers = a.execute(
             "SELECT c.lane_id, c.lane_seq FROM awa.claims c JOIN awa.claim_closures z"
             " USING (claim_slot, job_id, run_lease) JOIN awa.ring_state s ON s.ring = 'claim'"
             " WHERE c.claim_slot = s.current_slot AND c.job_id < 0 AND z.outcome = 'marker'"
         ).fetchall()
-        assert sorted(markers) == sorted(lanes)
-        # Calls of the full cursor read during the claim (pending statistics of this
-        # backend, which are not flushed inside a transaction).
-        calls = "SELECT COALESCE(pg_stat_get_xact_function_calls('awa.lane_cursor_v1'::regproc), 0)"
-        with a.transaction():
-            a.execute("SET LOCAL track_functions = 'all'")
-            before = a.execute(calls).fetchone()
-            got = claim_ids(a, n=10)
-            after = a.execute(calls).fetchone()
-        assert before == after
+        assert sorted(markers) == sorted(claimed)
+        got = claim_ids(a, n=10)
         assert sorted(got) == sorted(set(first + second) - {min(first[0], second[0])})
+
+
+def ready(conn: psycopg.Connection[Any], *queues: str) -> list[str]:
+    rows = conn.execute(query("queues_ready"), [list(queues)]).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def test_the_probe_reports_exactly_the_queues_a_claim_would_take_a_job_from() -> None:
+    """awa.queues_ready_v1, the worker's sweep of idle queues: a queue with a committed job not
+    yet claimed, not paused; a claimed-out, empty or paused queue is left out, and so is a queue
+    whose only job a producer still holds uncommitted."""
+    with pg() as conn, pg(autocommit=False) as producer:
+        enqueue_sql(conn, jobs_json(2, queue="a"))
+        enqueue_sql(conn, jobs_json(1, queue="b"))
+        enqueue_sql(conn, jobs_json(1, queue="paused"))
+        conn.execute("SELECT awa.queue_pause_v1('paused', true)")
+        enqueue_sql(producer, jobs_json(1, queue="held"))
+        assert ready(conn, "a", "b", "paused", "held", "none") == ["a", "b"]
+        assert claim_ids(conn, "a", n=1)
+        assert ready(conn, "a", "b") == ["a", "b"]
+        assert claim_ids(conn, "a") and claim_ids(conn, "b")
+        assert ready(conn, "a", "b", "paused") == []
+        conn.execute("SELECT awa.queue_pause_v1('paused', false)")
+        assert ready(conn, "paused") == ["paused"]
+        producer.commit()
+        assert ready(conn, "held") == ["held"]
+        assert conn.execute("SELECT awa.rotate_v3('claim')").fetchone() == ("rotated",)
+        assert ready(conn, "a", "b", "paused", "held") == ["held", "paused"]  # cursors survive
+
+
+def test_the_probe_reports_a_queue_whose_jobs_wait_for_their_kind() -> None:
+    """A job parked by its kind's limit (flow_waiting) is taken by the queue's next claim once
+    the kind lets it run: the probe reports its queue."""
+    with pg() as conn:
+        conn.execute("SELECT * FROM awa.flow_kind_set_v1('k', 1, NULL, NULL, 'test', false)")
+        enqueue_sql(conn, jobs_json(3, queue="kinds"))
+        assert len(claim_ids(conn, "kinds")) == 1
+        assert conn.execute("SELECT count(*) FROM awa.flow_waiting").fetchone() == (2,)
+        assert ready(conn, "kinds") == ["kinds"]

@@ -715,7 +715,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (147)
+-- function (148)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -10795,6 +10795,38 @@ BEGIN
 END
 $function$
 
+CREATE OR REPLACE FUNCTION awa.queues_ready_v1(p_queues text[])
+ RETURNS SETOF text
+ LANGUAGE plpgsql
+ STABLE
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+    v_cgen bigint;
+    v_cslot integer;
+BEGIN
+    SELECT r.generation, r.slot INTO v_cgen, v_cslot
+    FROM awa.ring_rotations r WHERE r.ring = 'claim' ORDER BY r.generation DESC LIMIT 1;
+    RETURN QUERY
+    SELECT q.queue
+    FROM unnest(p_queues) AS q(queue)
+    WHERE NOT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = q.queue AND m.paused)
+      AND (EXISTS (SELECT 1 FROM awa.flow_waiting w WHERE w.queue = q.queue)
+           OR EXISTS (
+               SELECT 1
+               FROM awa.queue_lanes l
+               CROSS JOIN LATERAL (SELECT pg_sequence_last_value(l.enqueue_seq) AS last) s
+               WHERE l.queue = q.queue AND s.last IS NOT NULL
+                 AND s.last > COALESCE(
+                     (SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END
+                      FROM awa.claims c
+                      WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
+                      ORDER BY c.lane_seq DESC LIMIT 1),
+                     awa.lane_cursor_v1(l.lane_id))));
+END
+$function$
+
 CREATE OR REPLACE FUNCTION awa.rescue_v1(p_staleness double precision, p_limit integer DEFAULT 500, p_backoff_base double precision DEFAULT 1.0)
  RETURNS TABLE(job_id bigint, run_lease bigint, reason text)
  LANGUAGE plpgsql
@@ -10996,13 +11028,25 @@ AS $function$
 DECLARE
     v_outcome text;
     v_lanes integer[];
+    v_left integer;
 BEGIN
     PERFORM awa._require_read_committed_v1('awa.rotate_v3');
+    IF p_ring = 'claim' THEN
+        SELECT g.slot INTO v_left FROM awa.ring_rotations g
+        WHERE g.ring = 'claim' ORDER BY g.generation DESC LIMIT 1;
+        IF NOT EXISTS (SELECT 1 FROM awa.claims c WHERE c.claim_slot = v_left AND c.job_id > 0)
+        THEN
+            RETURN 'skipped_idle';
+        END IF;
+    END IF;
     v_outcome := awa.rotate_v2(p_ring, p_interval);
     IF v_outcome <> 'rotated' OR p_ring <> 'claim' THEN
         RETURN v_outcome;
     END IF;
-    v_lanes := ARRAY(SELECT l.lane_id FROM awa.queue_lanes l ORDER BY l.lane_id
+    v_lanes := ARRAY(SELECT l.lane_id FROM awa.queue_lanes l
+                     WHERE l.lane_id IN (SELECT c.lane_id FROM awa.claims c
+                                         WHERE c.claim_slot = v_left AND c.job_id > 0)
+                     ORDER BY l.lane_id
                      FOR UPDATE SKIP LOCKED);
     -- Locked: a new statement sees every claim committed before the locks were taken.
     WITH cur AS (
@@ -11021,6 +11065,7 @@ BEGIN
                                 ready_generation, lane_id, lane_seq, attempt)
         SELECT cur.slot, cur.generation, -t.lane_id, t.top, -1, -1, t.lane_id, t.top, 0
         FROM tops t CROSS JOIN cur
+        WHERE t.top > 0
         ON CONFLICT DO NOTHING
         RETURNING claim_slot, job_id, run_lease
     )

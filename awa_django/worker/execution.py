@@ -342,7 +342,7 @@ class Execution:
         """Free a run's slot and wake its dispatcher."""
         job = run.attempt.job
         self.inflight.pop((job.job_id, job.run_lease), None)
-        self.slots.release(run.queue.name, job.weight, stopping=self.stopping)
+        self.slots.release(run.queue.name, job.weight)
         if not self.inflight:
             self._all_done.set()
 

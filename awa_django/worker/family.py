@@ -29,7 +29,7 @@ import contextlib
 import fcntl
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -38,6 +38,9 @@ from awa_django.sql import query
 from awa_django.worker.config import WorkerConfig
 from awa_django.worker.links import Link, first_line
 from awa_django.worker.slots import Slots
+
+if TYPE_CHECKING:
+    from awa_django.worker.dispatch import Dispatcher
 
 __all__ = ["FAMILY_ENV", "HAND_OFF", "Family", "FamilyWakeups"]
 
@@ -113,6 +116,7 @@ class FamilyWakeups:
     config: WorkerConfig
     family: Family
     slots: Slots
+    dispatcher: Dispatcher
     stopping: bool
     control_link: Link
     _handing_off: set[str]
@@ -125,14 +129,12 @@ class FamilyWakeups:
         family, the leader answers plain notes and the others the notes it hands on)."""
         if payload.startswith(HAND_OFF):
             name = payload[len(HAND_OFF) :]
-            target = self.slots.wake.get(name)
-            if target is not None and not self.family.leader:
-                target.set()
+            if not self.family.leader:
+                self.dispatcher.wake(name)
             return
-        target = self.slots.wake.get(payload)
-        if target is not None:
+        if self.dispatcher.serves(payload):
             if self.family.leads():
-                target.set()
+                self.dispatcher.wake(payload)
                 if not self.family.alone and not self.slots.has_room(payload):
                     self._hand_off(payload)  # no slot free here: a sibling may have one
         elif self.config.discover and QUEUE_NAME_RE.fullmatch(payload):

@@ -44,7 +44,6 @@ from typing import Any
 
 import psycopg
 
-from awa_django.db.storage import Claimed, aclaim_units
 from awa_django.jobs import kind_flow_limits, registered_kinds
 from awa_django.limits import QUEUE_NAME_RE
 from awa_django.maintenance.cron import sync_schedules
@@ -59,6 +58,7 @@ from awa_django.worker.config import (
     connection_budget,
     own_connections,
 )
+from awa_django.worker.dispatch import Dispatcher
 from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Running, run_sync
 from awa_django.worker.executor import (
     safe_str,
@@ -72,7 +72,7 @@ from awa_django.worker.guards import (
 )
 from awa_django.worker.heartbeats import Heartbeats
 from awa_django.worker.links import Link, first_line, is_connection_lost
-from awa_django.worker.slots import BacklogRetry, ClaimCap, Slots
+from awa_django.worker.slots import Slots
 from awa_django.worker.threads import HandlerThreads
 
 __all__ = ["EXIT_LOOP_FAILED", "EXIT_STUCK_HANDLERS", "WorkerRuntime"]
@@ -80,8 +80,6 @@ __all__ = ["EXIT_LOOP_FAILED", "EXIT_STUCK_HANDLERS", "WorkerRuntime"]
 log = logging.getLogger("awa_django.worker")
 
 _TICK = 0.5
-#: The pause before claiming again after an empty claim a wake-up started (family members).
-NOTE_RETRY = 0.002
 
 
 class WorkerRuntime(Heartbeats, FamilyWakeups):
@@ -123,17 +121,28 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
         self.stopping = False
         self.exit_code = 0
         self.signals = 0
-        self.claimed = 0
         self.finished = 0
         self._kinds = registered_kinds()
         self._pool: HandlerThreads[Running] = HandlerThreads(config.concurrency, run_sync)
         self._async_batches: set[asyncio.Task[None]] = set()
         self._debug = log.isEnabledFor(logging.DEBUG)
-        self._dispatchers: list[asyncio.Task[None]] = []
         self._handle_signals = handle_signals
         self._rediscover = asyncio.Event()
         # Which process of an ``awa_worker --processes N`` family answers NOTIFY (family.py).
         self.family = Family(os.environ.get(FAMILY_ENV))
+        self.dispatcher = Dispatcher(
+            config,
+            instance_id=self.instance_id,
+            slots=self.slots,
+            permits=self.permits,
+            claim_link=self.claim_link,
+            probe_link=self.control_link,
+            family=self.family,
+            metrics=self._metrics,
+            start_batch=self._start_batch,
+            hand_off=self._hand_off,
+            stopping=self.is_stopping,
+        )
         self._handing_off: set[str] = set()
         self._stop = asyncio.Event()
         self._flush = asyncio.Event()
@@ -146,6 +155,11 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
         )
         self._signal_handler = self._on_signal
 
+    @property
+    def claimed(self) -> int:
+        """Attempts this process claimed."""
+        return self.dispatcher.claimed
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def run(self) -> int:
@@ -156,7 +170,7 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
         self._debug = log.isEnabledFor(logging.DEBUG)
         for queue in self.config.queues:
             self.queues[queue.name] = queue
-            self.slots.add(queue)
+            self.dispatcher.add(queue)
         if self._handle_signals:
             self._install_signals()
         self._watchdog.start()
@@ -190,14 +204,14 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
             background.append(
                 self._watch(loop.create_task(maintenance.run(), name="awa-maintenance"))
             )
-        for queue in self.queues.values():
-            self._start_dispatcher(queue)
+        dispatch = self._watch(loop.create_task(self.dispatcher.run(), name="awa-dispatch"))
+        background.append(self._watch(loop.create_task(self.dispatcher.sweep(), name="awa-sweep")))
         await self._stop.wait()
         log.info(
             "awa worker %s stopping: %d job(s) in flight", self.instance_id, len(self.inflight)
         )
-        self.slots.wake_all()
-        await asyncio.gather(*self._dispatchers, return_exceptions=True)
+        self.dispatcher.stop()
+        await asyncio.gather(dispatch, return_exceptions=True)
         await self._drain()
         self._stop_deadline = loop.time() + self.config.settings.SHUTDOWN_TIMEOUT
         self.batcher.close()
@@ -457,13 +471,6 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
 
     # -- dispatch and execution --------------------------------------------------------------
 
-    def _start_dispatcher(self, queue: QueueConfig) -> None:
-        loop = self._loop
-        assert loop is not None
-        self._dispatchers.append(
-            self._watch(loop.create_task(self._dispatch(queue), name=f"awa-dispatch-{queue.name}"))
-        )
-
     async def _discover(self, *, start: bool = True) -> bool:
         """Serve every queue of the database this worker does not serve yet (``start``: with
         a dispatcher of its own at once); return whether it found any. Only for workers
@@ -480,181 +487,16 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
         for name in found:
             queue = self.config.queue_config(name)
             self.queues[name] = queue
-            self.slots.add(queue)
+            self.dispatcher.add(queue, due=start)
             if start:
                 log.info("awa worker %s: now serving queue %s", self.instance_id, name)
-                self._start_dispatcher(queue)
         return bool(found)
-
-    async def _dispatch(self, queue: QueueConfig) -> None:
-        """Claim for one queue while there is room, and hand back ended attempts' permits and
-        serial key locks (a released key is handed on to the oldest job waiting for it).
-
-        A claim a flow limit held back (docs/flow.md) waits: for the rate limit's next job
-        (at most ``POLL_INTERVAL``, so that a changed limit takes effect within it), or, when
-        permits ran out, for a local attempt to end or ``POLL_INTERVAL``; a claim that a serial
-        key being decided elsewhere stopped claims again after 20 ms. Jobs parked by their
-        kind's rate limit shorten the wait to their next token, and wake-ups still end it.
-
-        An empty claim right after one that found a backlog, or among the first claims, is
-        retried within milliseconds (``BacklogRetry``): it most likely met lanes another
-        process's claim held.
-        """
-        wake = self.slots.wake[queue.name]
-        cfg = self.config
-        failures = 0
-        backlog = BacklogRetry(self.slots.low_water[queue.name], armed=True)
-        cap = ClaimCap(self.slots.claim_batch)
-        woken = False  # the last wait ended on a wake-up, not on its timeout
-        quick = False  # the next claim is the quick retry of an empty one a wake-up started
-        while not self.stopping:
-            want = cap.limit(self.slots.claimable(queue.name))
-            release = self.permits.release_batch()
-            serial_release = self.permits.serial_release_batch()
-            if want <= 0 and not release and not serial_release:
-                wake.clear()
-                await wake.wait()
-                continue
-            wake.clear()  # before claiming, so a NOTIFY during the claim is not lost
-            want = max(want, 0)
-            self.slots.reserve(want)
-            self.slots.hush(queue.name)  # a slot freed during the claim: see below
-
-            async def claim(
-                conn: psycopg.AsyncConnection[Any],
-                want: int = want,
-                sent: tuple[list[int], list[int]] = (release, serial_release),
-            ) -> Claimed:
-                await self.permits.prepare(conn)
-                # Sent once: a retry of this statement (after a transient error or a
-                # reconnect) must not hand back locks a claim in between may have given to a
-                # new attempt; the reset before the next claim, or the reconnect, sees to them.
-                release_now, serial_now = list(sent[0]), list(sent[1])
-                sent[0].clear()
-                sent[1].clear()
-                try:
-                    return await aclaim_units(
-                        conn,
-                        queue.name,
-                        want,
-                        self.instance_id,
-                        aging_interval=cfg.settings.PRIORITY_AGING_INTERVAL,
-                        default_deadline=queue.deadline,
-                        # What one claim can give one job: a heavier one counts as that.
-                        max_weight=min(self.slots.caps[queue.name], cap.cap),
-                        held=self.permits.held_keys(),
-                        release=release_now,
-                        serial_held=self.permits.serial_held_keys(),
-                        serial_release=serial_now,
-                    )
-                except Exception:
-                    # Session locks taken by the failed statement stay held: free them before
-                    # the link retries it (or before the next claim), and hand on its keys.
-                    self.permits.claim_failed(serial_now)
-                    raise
-
-            try:
-                claimed = await self.claim_link.run(claim, give_up=lambda: self.stopping)
-            except Exception as exc:
-                self.slots.unhush(queue.name)
-                self.slots.unreserve(want)
-                self.permits.claim_failed()
-                if self.is_stopping():
-                    return
-                if cap.failed(exc, want):
-                    log.warning(
-                        "awa worker: a claim of %d jobs from queue %s was too big for the server "
-                        "(%s: %s); claiming at most %d at a time for now",
-                        want,
-                        queue.name,
-                        type(exc).__name__,
-                        first_line(exc),
-                        cap.cap,
-                    )
-                    continue
-                # Not a lost connection (the link handles those): log, back off, carry on.
-                failures += 1
-                delay = min(cfg.settings.POLL_INTERVAL * 2**failures, 5.0)
-                log.error(
-                    "awa worker: claiming from queue %s failed (%s: %s); retrying in %.2f s",
-                    queue.name,
-                    type(exc).__name__,
-                    first_line(exc),
-                    delay,
-                )
-                await asyncio.sleep(delay)
-                continue
-            except BaseException:
-                self.slots.unhush(queue.name)
-                self.slots.unreserve(want)
-                self.permits.claim_failed()
-                raise
-            failures = 0
-            if cap.succeeded():
-                log.info(
-                    "awa worker: claims from queue %s take up to %d jobs again", queue.name, cap.cap
-                )
-            jobs = claimed.jobs
-            units = sum(job.weight for job in jobs)
-            if jobs and self._metrics is not None:
-                self._metrics.claimed(queue.name, jobs)
-            self.claimed += len(jobs)
-            self.slots.unreserve(want, units)
-            self._start_batch(jobs, queue)  # counted as running from here on
-            # Not dry (a full claim, a flow limit, a stop): the next turn of the loop counts the
-            # free slots again, and a limited claim's wait ends on a slot freed meanwhile.
-            dry = (
-                units < want
-                and not claimed.limited
-                and claimed.wait is None
-                and claimed.soft_wait is None
-            )
-            freed = False if dry and not self.stopping else self.slots.unhush(queue.name)
-            if want == 0 or self.stopping:
-                continue
-            backlog.claimed(units)
-            if units == want and not self.family.alone and self.family.leads():
-                self._hand_off(queue.name)  # a full batch: more may wait (family.py)
-            if claimed.wait is not None:
-                # Rate-limited: no claim before the next job may start (a stop ends the wait).
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._stop.wait(), min(claimed.wait, cfg.settings.POLL_INTERVAL)
-                    )
-            elif units < want:
-                # A kind's next rate token (soft_wait) ends the wait early, as a wake-up does.
-                poll = cfg.settings.POLL_INTERVAL
-                poll = min(claimed.soft_wait or poll, poll)
-                if not jobs and not claimed.limited and claimed.soft_wait is None:
-                    poll = backlog.pause(poll)
-                    if woken and not quick and not self.family.alone:
-                        # In a family, a wake-up started this claim and it came back empty: a
-                        # poll claim of another process may have held the lane, with a snapshot
-                        # older than the job (docs/performance.md). Once, claim again soon.
-                        poll, quick = min(poll, NOTE_RETRY), True
-                    else:
-                        quick = False
-                else:
-                    quick = False
-                if freed:
-                    wake.set()
-                woken = False
-                try:
-                    await asyncio.wait_for(wake.wait(), poll)
-                    woken = True
-                except TimeoutError:
-                    pass
-                finally:
-                    if dry:
-                        self.slots.unhush(queue.name)
 
     def _permits_returned(self, queue: str) -> None:
         """An attempt holding permits ended: its queue's dispatcher hands them back with its
         next claim; once dispatchers have stopped (a graceful stop), a task does it."""
         if not self.stopping:
-            event = self.slots.wake.get(queue)
-            if event is not None:
-                event.set()
+            self.dispatcher.permits_returned(queue)
             return
         loop = self._loop
         if loop is not None and not loop.is_closed():
@@ -725,7 +567,7 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
                 await conn.execute(query("listen_jobs"))
                 await conn.execute(query("listen_cancel"))
                 delay = 0.05
-                self.slots.wake_all()  # catch up on anything missed while disconnected
+                self.dispatcher.wake_all()  # catch up on anything missed while disconnected
                 if self.config.discover:
                     self._rediscover.set()
                 async for note in conn.notifies():

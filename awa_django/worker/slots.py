@@ -1,28 +1,21 @@
 """The execution slots of one worker process: one total shared by its queues, each queue capped.
 
 ``AWA["CONCURRENCY"]`` (``--concurrency``) is the number of jobs a process runs at once across
-all its queues; a queue's own number caps that queue within it. A queue's dispatcher may claim
-at most ``min(its queue's free slots, the process's free slots, CLAIM_BATCH_SIZE)`` jobs, and
-reserves them for the claim's round trip, so that two dispatchers never count the same free
-slots. A dispatcher with no room waits on its wake event. Freeing a slot wakes the queue's own
-dispatcher once a quarter of its slots are free (so claims stay batched under load), and every
-dispatcher that was waiting for room in the process.
+all its queues; a queue's own number caps that queue within it. A claim of a queue may take at
+most ``min(its queue's free slots, the process's free slots, CLAIM_BATCH_SIZE)`` jobs, and
+reserves them for the claim's round trip. While a queue runs jobs it claims again only once a
+quarter of its slots are free (its *low water*), so claims stay batched under load. Who claims
+when is the dispatcher's business (awa_django/worker/dispatch.py); ``Slots.release`` tells it
+that units were freed.
 
-Freed slots wake a dispatcher only when it waits for room. While it claims, or after a claim
-found its queue dry (fewer jobs than it asked for, no flow limit in the way) it is *hushed*: a
-claim then would find nothing new, so only a NOTIFY, its poll interval, handed-back permits or
-a stop wake it. Under a steady trickle of jobs this saves an empty claim per finished job,
-whose round trip a job arriving meanwhile had to wait behind (docs/performance.md, "Latency
-under load"). A claim that ends otherwise recounts the free slots itself.
-
-A busy queue may take every slot of the process; dispatchers waiting for room are woken
-together and claim in turn. Give a queue a cap to keep room for the others.
+A busy queue may take every slot of the process; give a queue a cap to keep room for the
+others.
 
 Slots are units: a job takes as many as its weight (``weight=``, default 1; docs/flow.md), so
 counts here are units, not jobs.
 
-``BacklogRetry`` times a dispatcher's next claim after one that came back empty although the
-queue had a backlog a moment ago (another process's claim held its lanes).
+``BacklogRetry`` times a queue's next claim after one that came back empty although the queue
+had a backlog a moment ago (another process's claim held its lanes).
 
 ``ClaimCap`` halves what one claim of a queue may ask for after a claim failed on one of the
 server's size limits (jobs with large arguments), so such jobs are claimed fewer at a time
@@ -33,8 +26,8 @@ Everything here runs on the worker's event loop; nothing is thread-safe.
 
 from __future__ import annotations
 
-import asyncio
 import random
+from collections.abc import Callable
 
 import psycopg
 
@@ -57,7 +50,10 @@ BACKLOG_RETRY = 0.001
 
 
 class Slots:
-    """Counts running and reserved attempts per queue and for the whole process."""
+    """Counts running and reserved units per queue and for the whole process.
+
+    ``on_release(name)`` (set by the dispatcher) is called after units of ``name`` were freed.
+    """
 
     def __init__(self, total: int, claim_batch: int) -> None:
         self.total = max(1, total)
@@ -67,9 +63,7 @@ class Slots:
         self.running: dict[str, int] = {}
         self.caps: dict[str, int] = {}
         self.low_water: dict[str, int] = {}
-        self.wake: dict[str, asyncio.Event] = {}
-        self._starved: set[str] = set()
-        self._hushed: dict[str, bool] = {}  # queue -> a slot was freed while hushed
+        self.on_release: Callable[[str], None] | None = None
 
     def add(self, queue: QueueConfig) -> None:
         """Serve ``queue`` (its cap is never more than the process total)."""
@@ -77,76 +71,59 @@ class Slots:
         self.caps[queue.name] = cap
         self.running.setdefault(queue.name, 0)
         self.low_water[queue.name] = max(1, min(self.claim_batch, cap) // 4)
-        self.wake.setdefault(queue.name, asyncio.Event())
 
     def process_free(self) -> int:
         """Slots of the process neither running an attempt nor reserved by a claim."""
         return self.total - self.active - self.reserved
 
+    def queue_free(self, name: str) -> int:
+        """Slots of ``name``'s cap not running an attempt."""
+        return self.caps[name] - self.running[name]
+
     def has_room(self, name: str) -> bool:
         """Whether ``name`` has a slot neither running nor reserved (counts nothing)."""
-        return min(self.caps[name] - self.running[name], self.process_free()) > 0
+        return min(self.queue_free(name), self.process_free()) > 0
+
+    def refilled(self, name: str) -> bool:
+        """Whether a quarter of ``name``'s slots (its low water) are free: a claim is worth it."""
+        return self.queue_free(name) >= self.low_water[name]
 
     def claimable(self, name: str) -> int:
-        """How many jobs ``name``'s dispatcher may claim now; 0 means it must wait for its wake
-        event (which is then set when there is room)."""
+        """How many units ``name`` may claim now; 0 means it must wait for room: for a quarter
+        of its own slots while it runs jobs (so that claims stay batched), or for the
+        process's."""
         running = self.running[name]
-        queue_free = self.caps[name] - running
-        process_free = self.process_free()
-        free = min(queue_free, process_free, self.claim_batch)
+        free = min(self.caps[name] - running, self.process_free(), self.claim_batch)
         if free <= 0 or (free < self.low_water[name] and running > 0):
-            if process_free < queue_free:
-                self._starved.add(name)
             return 0
         return free
+
+    def short_of_own(self, name: str) -> bool:
+        """Whether ``name`` cannot claim for want of its own slots (none free, or fewer than a
+        quarter while it runs jobs), whatever the process has free."""
+        free = self.queue_free(name)
+        return free <= 0 or (free < self.low_water[name] and self.running[name] > 0)
 
     def reserve(self, count: int) -> None:
         """Hold ``count`` slots for a claim in flight."""
         self.reserved += count
 
     def unreserve(self, count: int, used: int = 0) -> None:
-        """A claim of ``count`` returned ``used`` jobs, for which ``start`` is called next (with
-        no ``await`` in between); the other slots are free again."""
+        """A claim of ``count`` returned ``used`` units, for which ``start`` is called next
+        (with no ``await`` in between); the other slots are free again."""
         self.reserved -= count
-        if used < count:
-            self._wake_starved()
 
     def start(self, name: str, weight: int = 1) -> None:
         """An attempt of ``name`` taking ``weight`` units began."""
         self.running[name] += weight
         self.active += weight
 
-    def release(self, name: str, weight: int = 1, *, stopping: bool = False) -> None:
-        """An attempt of ``name`` ended (or was abandoned): free its units, wake who can use
-        them."""
+    def release(self, name: str, weight: int = 1) -> None:
+        """An attempt of ``name`` ended (or was abandoned): free its units."""
         self.running[name] -= weight
         self.active -= weight
-        if stopping or self.caps[name] - self.running[name] >= self.low_water[name]:
-            if not stopping and name in self._hushed:
-                self._hushed[name] = True
-            else:
-                self.wake[name].set()
-        self._wake_starved()
-
-    def hush(self, name: str) -> None:
-        """``name``'s dispatcher claims, or waits for work after a claim that found its queue
-        dry: freed slots do not wake it (``unhush`` tells whether one was freed meanwhile)."""
-        self._hushed.setdefault(name, False)
-
-    def unhush(self, name: str) -> bool:
-        """End ``hush``; return whether a slot was freed (enough to wake it) meanwhile."""
-        return self._hushed.pop(name, False)
-
-    def wake_all(self) -> None:
-        """Wake every dispatcher (to stop, or after a reconnect)."""
-        for event in self.wake.values():
-            event.set()
-
-    def _wake_starved(self) -> None:
-        if self._starved and self.process_free() > 0:
-            for name in self._starved:
-                self.wake[name].set()
-            self._starved.clear()
+        if self.on_release is not None:
+            self.on_release(name)
 
 
 class BacklogRetry:

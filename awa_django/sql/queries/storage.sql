@@ -79,6 +79,10 @@ SELECT awa.runtime_upsert_v1(%s, %s, %s, %s::jsonb, %s, %s)
 -- name: runtime_remove
 SELECT awa.runtime_remove_v1(%s)
 
+-- name: queues_ready
+-- Which of these idle queues have work (the worker's sweep, awa_django/worker/dispatch.py).
+SELECT awa.queues_ready_v1(%s::text[])
+
 -- name: queues_idle
 SELECT awa.queues_idle_v2(%s::text[])
 
