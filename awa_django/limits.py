@@ -5,7 +5,7 @@ must be a finite number of seconds of at most :data:`MAX_SECONDS`, so that the d
 always add it to ``now()``; every text awa_django stores must be valid UTF-8 without NUL, which
 PostgreSQL cannot store. Queue names, priorities and attempt counts have one definition each
 here; the SQL functions apply the same bounds, defined once in SQL too (``awa.valid_queue_name``,
-``awa.valid_priority``, ``awa.valid_max_attempts`` in migration 0001).
+``awa.valid_priority``, ``awa.valid_max_attempts`` in awa_django/sql/tables.sql).
 """
 
 from __future__ import annotations

@@ -126,7 +126,8 @@ class RetryPolicy:
             object.__setattr__(self, name, value)
 
     def to_value(self) -> dict[str, Any]:
-        """The JSON object stored under ``metadata["awa:retry"]`` (see migration 0007)."""
+        """The JSON object stored under ``metadata["awa:retry"]`` (awa_django/sql/functions/
+        retry.sql reads it)."""
         value: dict[str, Any] = {"backoff": self.backoff, "cap": self.cap, "jitter": self.jitter}
         if self.base is not None:
             value["base"] = self.base

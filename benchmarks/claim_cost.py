@@ -1,21 +1,17 @@
-"""Server time of one claim and one finalize: ``claim_v1``/``finalize_v1`` against ``claim_v2``/
-``finalize_v2`` (or, with ``--compare 0014`` or ``0016``, the worker's ``claim_v3``/``finalize_v2``
-as that migration left them against the current ones), in one database, interleaved.
+"""Server time of one claim and one finalize: the worker's ``claim_v3``/``finalize_v2`` against
+the same functions with their generic statements only (the per-slot branches never taken), in
+one database, interleaved: what the static per-slot statements save
+(docs/design/static-slot-statements.md).
 
     .venv/dj52/bin/python benchmarks/claim_cost.py [--calls 2000] [--rounds 5] [--batch 1]
-        [--producers 4] [--compare v1|0014|0016]
-
-With ``--compare 0014`` (or ``0016``) the database is migrated to 0014 (0016) first, the bodies
-of ``claim_v3`` and ``finalize_v2`` are copied into a schema of their own (``awa_bench0014``,
-``awa_bench0016``, from ``pg_get_functiondef``), and then it is migrated to the latest: both
-versions read the same tables.
+        [--producers 4]
 
 One embedded PostgreSQL 18 (fsync off: this measures CPU, not the disk), migrated. A queue with
 4 enqueue shards gets its jobs from ``--producers`` connections (so as many lanes have work);
 after a warm-up the claim ring is rotated once, as the maintenance leader does. Each round
 runs ``--calls`` claim + finalize cycles of ``--batch`` jobs with each version, alternating the
 order round by round, and reads two clocks per call: the server's own execution time of the
-call (``EXPLAIN (ANALYZE)``'s "Execution Time" of ``SELECT * FROM awa.claim_vN(...)``; planning
+call (``EXPLAIN (ANALYZE)``'s "Execution Time" of ``SELECT * FROM ...claim_v3(...)``; planning
 the one-line outer statement is not included) and the backend's CPU time (user + system, from
 ``/proc``); and a third, the clock of ``benchmarks/run``'s probe (``clock_timestamp()`` read
 around the call by a PL/pgSQL wrapper, committed). Medians over rounds; per job when
@@ -56,28 +52,25 @@ def explain_ms(conn: Any, sql: str, params: list[Any]) -> float:
 
 #: The claim and finalize functions of each version compared.
 FUNCTIONS = {
-    "v1": ("awa.claim_v1", "awa.finalize_v1"),
-    "v2": ("awa.claim_v2", "awa.finalize_v2"),
-    "0014": ("awa_bench0014.claim_v3", "awa_bench0014.finalize_v2"),
-    "0016": ("awa_bench0016.claim_v3", "awa_bench0016.finalize_v2"),
-    "latest": ("awa.claim_v3", "awa.finalize_v2"),
+    "generic": ("awa_generic.claim_v3", "awa_generic.finalize_v2"),
+    "per-slot": ("awa.claim_v3", "awa.finalize_v2"),
 }
 
-#: Copies the current ``claim_v3`` and ``finalize_v2`` into schema awa_benchNNNN.
-SAVE = """
-CREATE SCHEMA awa_benchNNNN;
-DO $$
-DECLARE d text;
-BEGIN
-    d := pg_get_functiondef('awa.claim_v3(text, integer, uuid, double precision,
-        double precision, integer, integer[], integer[], integer[], integer[])'::regprocedure);
-    EXECUTE replace(d, 'FUNCTION awa.claim_v3(', 'FUNCTION awa_benchNNNN.claim_v3(');
-    d := pg_get_functiondef('awa.finalize_v2(jsonb)'::regprocedure);
-    EXECUTE replace(d, 'FUNCTION awa.finalize_v2(', 'FUNCTION awa_benchNNNN.finalize_v2(');
-END $$;
-"""
-#: The migration each ``--compare`` version is copied at.
-MIGRATIONS = {"0014": "0014_drain", "0016": "0016_claim_cost"}
+
+def install_generic(conn: Any) -> None:
+    """``claim_v3`` and ``finalize_v2`` rendered with per-slot branches for a slot that never
+    exists, in schema awa_generic: every call takes their generic ELSE statements."""
+    from importlib import resources
+
+    from awa_django.sql import RING_SLOTS, render
+
+    conn.execute("CREATE SCHEMA awa_generic")
+    for path, name in (("claim.sql", "claim_v3"), ("finalize.sql", "finalize_v2")):
+        text = (resources.files("awa_django.sql") / "functions" / path).read_text("utf-8")
+        text = render(text, RING_SLOTS, {ring: [9999] for ring in RING_SLOTS})
+        start = text.index(f"CREATE OR REPLACE FUNCTION awa.{name}(")
+        block = text[start : text.index("\n$$;\n", start) + len("\n$$;\n")]
+        conn.execute(block.replace(f"FUNCTION awa.{name}(", f"FUNCTION awa_generic.{name}("))
 
 
 #: The clock of ``benchmarks/run``'s probe (benchmarks/peers/awa_probes.py): a PL/pgSQL wrapper
@@ -171,15 +164,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch", type=int, default=1, help="jobs per claim")
     parser.add_argument("--producers", type=int, default=4, choices=range(1, 5))
-    parser.add_argument(
-        "--compare",
-        choices=["v1", "0014", "0016"],
-        default="v1",
-        help="v1: claim_v1/finalize_v1 against claim_v2/finalize_v2; 0014 (0016): the worker's "
-        "claim_v3/finalize_v2 of migration 0014 (0016) against the current ones",
-    )
     args = parser.parse_args()
-    versions = ("v1", "v2") if args.compare == "v1" else (args.compare, "latest")
+    versions = ("generic", "per-slot")
 
     import pgserver  # type: ignore[import-not-found,unused-ignore]
     import psycopg
@@ -195,11 +181,9 @@ def main() -> None:
         django.setup()
         from django.core.management import call_command
 
-        if args.compare in MIGRATIONS:
-            call_command("migrate", "awa_django", MIGRATIONS[args.compare], verbosity=0)
-            with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute(SAVE.replace("NNNN", args.compare))
         call_command("migrate", verbosity=0)
+        with psycopg.connect(url, autocommit=True) as conn:
+            install_generic(conn)
         per_round = args.calls * args.batch * 2 * 1.3
         total = int(per_round * (args.rounds + 1)) + 500
         body = json.dumps([{"kind": "bench.cost", "queue": "cost"}] * 500)

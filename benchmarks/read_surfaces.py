@@ -358,7 +358,7 @@ def surfaces(ids: dict[str, int]) -> list[Surface]:
     sql("ring_slots_v1()", "SELECT * FROM awa.ring_slots_v1()")
     sql("workers", query("workers"))
     sql(
-        "queues_idle_v1(all)",
+        "queues_idle_v2(all)",
         query("queues_idle"),
         [["default", "emails", "reports", "webhooks", "rare"]],
     )
@@ -575,7 +575,7 @@ def run_all(args: argparse.Namespace, label: str) -> list[Result]:
 
 def write_cost(jobs: int, rounds: int) -> dict[str, float]:
     """Server CPU per job of the write path with the indexes in place: enqueue (awa.enqueue_v1,
-    500 per call), then claim (awa.claim_v1, 256 per call) and finalize (awa.finalize_v1, all
+    500 per call), then claim (awa.claim_v3, 256 per call) and finalize (awa.finalize_v2, all
     completed), on a queue of its own. CPU of the backend from /proc (so another process's load
     on this machine does not count); wall time when /proc cannot be read. Median of rounds."""
     import psycopg

@@ -1,19 +1,19 @@
-"""What a migration costs the write path: server CPU per job, before and after, interleaved.
+"""What a schema change costs the write path: server CPU per job, before and after, interleaved.
 
     .venv/dj52/bin/python benchmarks/write_cost.py [--before HEAD] [--jobs 20000]
         [--rounds 7] [--warmup 100000]
 
-One PostgreSQL 18 (fsync off), two databases: one with the SQL migrations of the git ref
+One PostgreSQL 18 (fsync off), two databases: one migrated by the awa_django of the git ref
 ``--before`` (default ``HEAD``, so: the working tree's change against the last commit; any
-commit, branch or tag works), installed file by file from ``git show``, one migrated with the
-working tree's. Both are driven by the working tree's Python, so the ref's SQL must keep the
-signatures it calls. After ``--warmup`` jobs through each (so both have history and indexes
-of the same depth), every round runs the same work on both, in alternating order (ABBA...): enqueue
-``--jobs`` jobs (``awa.enqueue_v1``, 500 per call), then claim (``awa.claim_v1``, 256 per call)
-and finalize them all as completed (``awa.finalize_v1``), as a worker does (``--outcome retry``:
-as handler errors, which the database sends to the deferred plane with its backoff). It reports the
-median server CPU per job of each phase (the backend's user+system time from ``/proc``, so the
-client and other processes do not count) and the ratio after/before.
+commit, branch or tag since the settled schema works), one by the working tree's. Both are
+driven by the working tree's Python, so the ref's SQL must keep the signatures it calls. After
+``--warmup`` jobs through each (so both have history and indexes of the same depth), every round
+runs the same work on both, in alternating order (ABBA...): enqueue ``--jobs`` jobs
+(``awa.enqueue_v1``, 500 per call), then claim (``awa.claim_v3``, 256 per call) and finalize them
+all as completed (``awa.finalize_v2``), as a worker does (``--outcome retry``: as handler errors,
+which the database sends to the deferred plane with its backoff). It reports the median server
+CPU per job of each phase (the backend's user+system time from ``/proc``, so the client and other
+processes do not count) and the ratio after/before.
 """
 
 from __future__ import annotations
@@ -32,42 +32,32 @@ if __name__ == "__main__":
     sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 
-def sql_at(ref: str) -> list[tuple[str, str]]:
-    """(name, text) of every awa_django/sql/migrations/*.sql file at git ``ref``, in order."""
+def migrate_at(ref: str, url: str) -> None:
+    """Migrate the database at ``url`` with the awa_django of git ``ref`` (its own migrations and
+    SQL files, from ``git archive``), in a subprocess."""
+    import io
     import subprocess
+    import tarfile
+    import tempfile
 
-    folder = "awa_django/sql/migrations"
-    names = subprocess.run(
-        ["git", "ls-tree", "--name-only", f"{ref}:{folder}"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    return [
-        (
-            name,
-            subprocess.run(
-                ["git", "show", f"{ref}:{folder}/{name}"],
-                cwd=ROOT,
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout,
+    archive = subprocess.run(
+        ["git", "archive", ref, "awa_django"], cwd=ROOT, check=True, capture_output=True
+    ).stdout
+    with tempfile.TemporaryDirectory() as tree:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(tree, filter="data")
+        env = {
+            **os.environ,
+            "DATABASE_URL": url,
+            "DJANGO_SETTINGS_MODULE": "benchmarks.bench_settings",
+            "PYTHONPATH": os.pathsep.join([tree, str(ROOT)]),
+        }
+        subprocess.run(
+            [sys.executable, "-m", "django", "migrate", "awa_django", "--verbosity", "0"],
+            cwd=ROOT,
+            env=env,
+            check=True,
         )
-        for name in sorted(names)
-        if name.endswith(".sql")
-    ]
-
-
-def install_sql(url: str, files: list[tuple[str, str]]) -> None:
-    """Run each file in one transaction, recorded in awa.schema_migrations as migrate does."""
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        for name, text in files:
-            conn.execute(text.encode())
-            conn.execute("INSERT INTO awa.schema_migrations (name) VALUES (%s)", [name])
 
 
 def setup_django(before_url: str, after_url: str) -> None:
@@ -176,7 +166,7 @@ def main() -> None:
         setup_django(url, url.rsplit("/", 1)[0] + "/awa_after")
         from django.core.management import call_command
 
-        install_sql(url, sql_at(args.before))
+        migrate_at(args.before, url)
         call_command("migrate", "awa_django", verbosity=0, database="after")
         sides = [Side(f"before ({args.before})", "default"), Side("after (latest)", "after")]
         for side in sides:

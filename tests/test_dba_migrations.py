@@ -66,7 +66,7 @@ def test_sqlmigrate_scripts_run_by_hand_then_migrate_fake_leave_a_working_instal
     tmp_path: Path,
 ) -> None:
     names = awa_migrations()
-    assert names[0] == "0001_schema" and len(names) >= 10
+    assert names == ["0001_initial", "0002_engine"]
     scripts = []
     for name in names:
         out = io.StringIO()

@@ -91,7 +91,7 @@ def test_kind_limit_parks_the_rest_and_the_lane_moves_on() -> None:
             "SELECT available, running FROM awa.queue_counts_v1() WHERE queue = 'q'"
         ).fetchone()
         assert counts == (2, 6)
-        assert conn.execute("SELECT awa.queues_idle_v1(ARRAY['q'])").fetchone() == (False,)
+        assert conn.execute("SELECT awa.queues_idle_v2(ARRAY['q'])").fetchone() == (False,)
         # Nothing else to claim while both permits are held.
         held = [p for j in k_jobs for p in (j.permits or [])]
         assert claim(conn, "q", 10, held=held).jobs == []

@@ -1,11 +1,13 @@
-"""The burst worker's exit check (migration 0014): awa.queues_idle_v2 gives the answer of
-awa.queues_idle_v1 in every state a queue's jobs can be in (available, running, parked for a
-serial key or a kind's limit, scheduled, retryable, cancelled, paused), including an attempt
-still open behind more than 128 later closed ones, and over several queues at once."""
+"""The burst worker's exit check: awa.queues_idle_v2 gives the answer of the plain
+one-statement check (tests/reference_sql/queues_idle_one_statement.sql) in every state a queue's
+jobs can be in (available, running, parked for a serial key or a kind's limit, scheduled,
+retryable, cancelled, paused), including an attempt still open behind more than 128 later closed
+ones, and over several queues at once."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -20,13 +22,22 @@ from tests.helpers import pg
 pytestmark = [pytest.mark.storage, pytest.mark.usefixtures("clean_awa")]
 
 
+REFERENCE = Path(__file__).resolve().parent / "reference_sql" / "queues_idle_one_statement.sql"
+
+
 def idle(conn: psycopg.Connection[Any], *queues: str) -> bool:
     """v2's answer (what the worker asks, through the queues_idle query), after checking that
-    v1 gives the same one."""
-    v1 = conn.execute("SELECT awa.queues_idle_v1(%s::text[])", [list(queues)]).fetchone()
+    the one-statement check gives the same one."""
+    if conn.execute(
+        "SELECT to_regprocedure('pg_temp.queues_idle_reference(text[])')"
+    ).fetchone() == (None,):
+        conn.execute(REFERENCE.read_text(encoding="utf-8"))
+    ref = conn.execute(
+        "SELECT pg_temp.queues_idle_reference(%s::text[])", [list(queues)]
+    ).fetchone()
     v2 = conn.execute(query("queues_idle"), [list(queues)]).fetchone()
-    assert v1 is not None and v2 is not None
-    assert v2[0] is v1[0], f"queues_idle_v2 {v2[0]}, queues_idle_v1 {v1[0]} for {queues}"
+    assert ref is not None and v2 is not None
+    assert v2[0] is ref[0], f"queues_idle_v2 {v2[0]}, the one-statement check {ref[0]} for {queues}"
     return bool(v2[0])
 
 

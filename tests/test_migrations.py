@@ -1,8 +1,7 @@
-"""Migrations: install, reverse to zero, concurrent runs, no drift, released files pinned."""
+"""Migrations: install, reverse to zero, concurrent runs, no drift, one source per object."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -22,36 +21,41 @@ pytestmark = pytest.mark.storage
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "awa_django"
 
-# SHA-256 of every released migration file, in `sha256sum` format. A released file is never
-# edited: add a new file (and a new Django migration) instead, and append its line here.
-RELEASED = {
-    path: digest
-    for digest, path in (
-        line.split(maxsplit=1)
-        for line in (ROOT / "tests" / "released_migrations.sha256").read_text().splitlines()
-        if line.strip()
+
+def migration_files() -> list[str]:
+    """The schema files the migrations run, in order."""
+    from django.db.migrations.loader import MigrationLoader
+
+    from awa_django.db.migration import RunAwaSQL
+
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    files: list[str] = []
+    for key in sorted(k for k in loader.disk_migrations if k[0] == "awa_django"):
+        for operation in loader.disk_migrations[key].operations:
+            if isinstance(operation, RunAwaSQL):
+                files.extend(operation.files)
+    return files
+
+
+def test_every_schema_file_is_run_once_by_the_migrations() -> None:
+    sql = PACKAGE / "sql"
+    on_disk = sorted(
+        str(p.relative_to(sql))
+        for p in sql.rglob("*.sql")
+        if p.parent.name != "queries" and p.name != "roles.sql"
     )
-}
+    assert sorted(migration_files()) == on_disk
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def test_every_function_trigger_and_view_is_defined_once() -> None:
+    """One source per object: a change to a function is a change to one place."""
+    import re
 
-
-def test_released_migration_files_are_unchanged() -> None:
-    changed = {
-        name: sha256(ROOT / name)
-        for name, digest in RELEASED.items()
-        if sha256(ROOT / name) != digest
-    }
-    assert changed == {}, "released migration files were edited (or a hash is missing)"
-
-
-def test_every_sql_migration_has_a_django_migration() -> None:
-    sql = sorted(p.stem for p in (PACKAGE / "sql" / "migrations").glob("*.sql"))
-    django = sorted(p.stem for p in (PACKAGE / "migrations").glob("0*.py"))
-    assert sql == django
-    assert set(RELEASED) >= {f"awa_django/sql/migrations/{n}.sql" for n in sql}
+    text = "".join((PACKAGE / "sql" / f).read_text() for f in migration_files())
+    for kind in ("FUNCTION", "VIEW", "TRIGGER"):
+        names = re.findall(rf"^CREATE (?:OR REPLACE )?{kind} (?:awa\.)?(\w+)", text, re.M)
+        assert names and len(names) == len(set(names)), kind
+    assert "CREATE FUNCTION" not in text and "CREATE VIEW" not in text  # all OR REPLACE
 
 
 @pytest.mark.django_db
@@ -60,8 +64,10 @@ def test_sqlmigrate_prints_the_sql_file_with_its_lock_and_record() -> None:
     call_command("sqlmigrate", "awa_django", "0002", stdout=out)
     text = out.getvalue()
     assert "pg_advisory_xact_lock(4282180, 0)" in text
-    assert "CREATE FUNCTION awa.claim_v1(" in text
-    assert "INSERT INTO awa.schema_migrations (name) VALUES ('0002_functions.sql')" in text
+    assert "CREATE OR REPLACE FUNCTION awa.claim_v3(" in text
+    # The claim's per-slot statements, rendered: one branch per claim slot, none left unrendered.
+    assert "FROM awa.claims_7 c" in text and "\n    --@each" not in text and "_slot}" not in text
+    assert "INSERT INTO awa.schema_migrations (name) VALUES ('0002_engine')" in text
     backwards = StringIO()
     call_command("sqlmigrate", "awa_django", "0001", "--backwards", stdout=backwards)
     assert "DROP SCHEMA IF EXISTS awa CASCADE" in backwards.getvalue()
@@ -136,8 +142,8 @@ def test_unapplying_the_functions_and_applying_them_again_keeps_the_tables_and_j
     installed = functions_and_views()
     try:
         call_command("migrate", "awa_django", "0001", verbosity=0)
-        # Only the bound checks of 0001 (used by its tables' constraints) remain.
-        assert functions_and_views() == (3, 0)
+        # Only the checks the tables use (their constraints and an index) remain.
+        assert functions_and_views() == (5, 0)
     finally:
         call_command("migrate", "awa_django", verbosity=0)
     assert functions_and_views() == installed
@@ -147,7 +153,8 @@ def test_unapplying_the_functions_and_applying_them_again_keeps_the_tables_and_j
     backwards = StringIO()
     call_command("sqlmigrate", "awa_django", "0002", "--backwards", stdout=backwards)
     assert "DROP FUNCTION IF EXISTS" in backwards.getvalue()
-    assert "'claim_v1'" in backwards.getvalue() and "'live_jobs'" in backwards.getvalue()
+    assert "'claim_v3'" in backwards.getvalue() and "'live_jobs'" in backwards.getvalue()
+    assert "'flow_kind_rate_row'" in backwards.getvalue()  # the trigger, before its function
 
 
 @pytest.mark.django_db(transaction=True)
@@ -217,11 +224,74 @@ def test_two_migrate_processes_started_at_once_both_succeed() -> None:
         with psycopg.connect(
             conninfo().replace(f"dbname={settings['NAME']}", f"dbname={name}"), autocommit=True
         ) as conn:
-            row = conn.execute("SELECT count(*) FROM awa.schema_migrations").fetchone()
-            assert row == (len(list((PACKAGE / "sql" / "migrations").glob("*.sql"))),)
+            row = conn.execute("SELECT name FROM awa.schema_migrations ORDER BY name").fetchall()
+            assert row == [("0001_initial",), ("0002_engine",)]
             assert conn.execute(
                 'SELECT count(*) FROM awa.enqueue_v1(\'[{"kind": "k"}]\')'
             ).fetchone() == (1,)
+    finally:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.close()
+
+
+#: The last commit whose migrations were the development chain (0001_schema .. 0018), which
+#: databases migrated during development carry.
+DEVELOPMENT_CHAIN = "75e4593"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_migrated_by_a_development_version_converges(tmp_path: Path) -> None:
+    """A database migrated with the development chain takes the settled schema as applied
+    (Django's ``replaces``), and the next migration converges it: its catalog is a fresh
+    database's, the functions nothing calls any more dropped (two retry-policy constraints stay
+    NOT VALID: added to tables that had rows, they were never validated)."""
+    import io
+    import shutil
+    import tarfile
+
+    from tests.test_schema import schema_dump
+
+    git = shutil.which("git")
+    if (
+        git is None
+        or subprocess.run(
+            [git, "-C", str(ROOT), "cat-file", "-e", f"{DEVELOPMENT_CHAIN}^{{commit}}"],
+            capture_output=True,
+        ).returncode
+    ):
+        pytest.skip("the development chain's commit is not in this clone's history")
+    archive = subprocess.run(
+        [git, "-C", str(ROOT), "archive", DEVELOPMENT_CHAIN, "awa_django", "tests"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    old = tmp_path / "development"
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(old, filter="data")
+    name = "awa_development_chain"
+    admin = psycopg.connect(conninfo(), autocommit=True)
+    settings = connection.settings_dict
+    url = (
+        f"postgresql://{settings['USER']}:{settings['PASSWORD'] or ''}@"
+        f"{settings['HOST'] or '127.0.0.1'}:{settings['PORT']}/{name}"
+    )
+    try:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {name}")
+        env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+        command = [sys.executable, "-m", "django", "migrate", "awa_django", "--verbosity", "0"]
+        subprocess.run(
+            command, env={**env, "PYTHONPATH": str(old)}, cwd=old, check=True, timeout=300
+        )
+        subprocess.run(command, env=env, cwd=ROOT, check=True, timeout=300)
+        dump = schema_dump()
+        with psycopg.connect(url, autocommit=True) as conn:
+            upgraded = dump.schema_text(conn).replace(" NOT VALID", "")
+            applied = conn.execute("SELECT app, name FROM django_migrations").fetchall()
+        with psycopg.connect(conninfo(), autocommit=True) as conn:
+            fresh = dump.schema_text(conn)
+        assert dump.diff(fresh, upgraded) == ""
+        assert ("awa_django", "0002_engine") in applied
     finally:
         admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         admin.close()

@@ -242,47 +242,6 @@ def test_the_tasks_backend_takes_a_retry_option_and_checks_it() -> None:
     assert len(problems) == 1 and "OPTIONS['retry'] is invalid: retry: base:" in problems[0]
 
 
-@pytest.mark.django_db(transaction=True)
-def test_unapplying_0007_restores_the_retry_paths_and_applying_it_again_works() -> None:
-    import importlib
-
-    from django.core.management import call_command
-    from django.db import connection
-
-    from awa_django.db.enqueue import forget_known_lanes
-
-    [(_, before)] = importlib.import_module(
-        "awa_django.migrations.0007_retry"
-    ).Migration.dependencies
-
-    def catalog() -> tuple[list[bool], Any, int]:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT p.prosrc LIKE '%%_backoff_v2%%' "
-                "OR p.prosrc LIKE '%%''backoff_base'', p_%%' FROM pg_proc p "
-                "WHERE p.pronamespace = 'awa'::regnamespace "
-                "AND p.proname IN ('_finalize_pass_v1', 'rescue_v1', '_backoff_v1') "
-                "ORDER BY p.proname"
-            )
-            calls = [row[0] for row in cursor.fetchall()]
-            cursor.execute("SELECT to_regproc('awa._backoff_v2')")
-            (v2,) = cursor.fetchone()  # type: ignore[misc]
-            cursor.execute(
-                "SELECT count(*) FROM pg_constraint WHERE conname LIKE '%%retry_policy_check'"
-            )
-            (checks,) = cursor.fetchone()  # type: ignore[misc]
-        return calls, v2, checks
-
-    assert catalog() == ([True, True, True], "awa._backoff_v2", 2 + 16 + 0)  # parents + parts
-    try:
-        call_command("migrate", "awa_django", before, verbosity=0)
-        assert catalog() == ([False, False, False], None, 0)
-    finally:
-        call_command("migrate", "awa_django", verbosity=0)
-        forget_known_lanes()
-    assert catalog()[1] == "awa._backoff_v2"
-
-
 @pytest.mark.django_db
 def test_drain_follows_the_job_s_policy() -> None:
     from awa_django.testing import drain

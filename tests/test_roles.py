@@ -214,7 +214,6 @@ def test_the_script_converges_when_run_again(roles_db: RolesDB) -> None:
         [
             "callback_extend_v1",
             "callback_receive_v1",
-            "callback_resolve_v1",
             "callback_resolve_v2",
             "enqueue_one_v1",
             "enqueue_one_v2",

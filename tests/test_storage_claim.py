@@ -216,12 +216,16 @@ def test_claims_stay_index_probes_when_statistics_say_the_rings_are_empty() -> N
         configs = dict(
             conn.execute(
                 "SELECT proname, proconfig FROM pg_proc"
-                " WHERE oid IN ('awa.claim_v1'::regproc, 'awa.claim_v2'::regproc)"
+                " WHERE oid IN ('awa.claim_v3'::regproc, 'awa.finalize_v2'::regproc)"
             ).fetchall()
         )
         assert configs == {
-            "claim_v1": ["enable_seqscan=off"],
-            "claim_v2": ["enable_seqscan=off", "plan_cache_mode=force_generic_plan"],
+            "claim_v3": [
+                "enable_seqscan=off",
+                "enable_bitmapscan=off",
+                "plan_cache_mode=force_generic_plan",
+            ],
+            "finalize_v2": ["plan_cache_mode=force_generic_plan", "enable_seqscan=off"],
         }
         assert first + claim_ids(conn, n=400) == ids  # all of them, in order, none twice
 
@@ -264,7 +268,7 @@ def _rotate_and_prune(conn: psycopg.Connection[Any], ring: str, rotate: str = "r
 
 
 def test_the_lane_cursor_never_goes_backwards_through_rotation_and_carry_forward() -> None:
-    """The one-probe lane cursor of claim_v2 (the lane's highest claim in the current claim slot,
+    """The one-probe lane cursor of claim_v3 (the lane's highest claim in the current claim slot,
     when made in the slot's generation) against everything that writes claims: attempts held
     open across many rotations (carried forward, keeping their old positions), lanes idle for
     whole generations, prune markers, two shards, and the claim ring wrapping several times.

@@ -184,8 +184,8 @@ def test_callback_errors_follow_the_job_s_policy_parked_or_early() -> None:
             "SELECT awa.callback_register_v1(%s, %s, %s)", [second.job_id, second.run_lease, early]
         )
         error = '{"type": "awa_django.CallbackError", "message": "declined"}'
-        resolve = "SELECT awa.callback_resolve_v1(%s, NULL, %s::jsonb, false, 1000)"
-        assert conn.execute(resolve, [early, error]).fetchone() == ("resolved",)
+        resolve = "SELECT outcome FROM awa.callback_resolve_v2(%s, NULL, %s::jsonb, false, 1000)"
+        assert conn.execute(resolve, [early, error]).fetchone() == ("accepted",)
         storage.finalize(
             conn,
             [
@@ -211,7 +211,7 @@ def test_backoff_v2_never_raises_whatever_a_row_holds() -> None:
         ):
             row = conn.execute("SELECT awa._backoff_v2(3, 2, %s::jsonb)", [policy]).fetchone()
             assert row is not None and 0 <= row[0] <= 86400, (policy, row)
-        row = conn.execute("SELECT awa._backoff_v1(1000, 5)").fetchone()
+        row = conn.execute("SELECT awa._backoff_v2(1000, 5, NULL)").fetchone()
         assert row == (86400,)
 
 

@@ -1,4 +1,4 @@
-"""The Django migration operation that installs awa_django's versioned SQL."""
+"""The Django migration operation that installs awa_django's SQL schema files."""
 
 from __future__ import annotations
 
@@ -9,76 +9,73 @@ from django.db import migrations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.state import ProjectState
 
-from awa_django.sql import migration_sql, query, reverse_sql
+from awa_django.sql import query, sql_file
 
 __all__ = ["RunAwaSQL"]
 
-_VIEWS = re.compile(r"^CREATE VIEW awa\.(\w+)", re.MULTILINE)
-_FUNCTIONS = re.compile(r"^CREATE FUNCTION awa\.(\w+)\(", re.MULTILINE)
+_VIEWS = re.compile(r"^CREATE OR REPLACE VIEW awa\.(\w+)", re.MULTILINE)
+_FUNCTIONS = re.compile(r"^CREATE OR REPLACE FUNCTION awa\.(\w+)\(", re.MULTILINE)
+_TRIGGERS = re.compile(r"^CREATE OR REPLACE TRIGGER (\w+) .*? ON awa\.(\w+)", re.MULTILINE)
 _NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 def _text_array(names: list[str]) -> str:
-    """``ARRAY['a', 'b']`` of names checked to be plain lower-case identifiers."""
+    """``ARRAY['a', 'b']::text[]`` of names checked to be plain lower-case identifiers."""
     for name in names:
         if _NAME.fullmatch(name) is None:  # pragma: no cover - the packaged files are checked
             raise ValueError(f"unexpected object name {name!r} in an awa_django SQL file")
-    return "ARRAY[" + ", ".join(f"'{name}'" for name in names) + "]"
+    return "ARRAY[" + ", ".join(f"'{name}'" for name in names) + "]::text[]"
 
 
 class RunAwaSQL(migrations.RunSQL):
-    """Run one versioned ``awa_django/sql/migrations/*.sql`` file, once.
+    """Run awa_django schema files (``awa_django/sql/``), rendered, as one script, once.
 
-    A ``RunSQL`` whose SQL is the file's text, so ``manage.py sqlmigrate awa_django NNNN`` prints
-    the script a DBA can run by hand: the migration lock, the file, and its row in
-    ``awa.schema_migrations``.
+    A ``RunSQL`` whose SQL is the files' text, so ``manage.py sqlmigrate awa_django NNNN``
+    prints the script a DBA can run by hand: the migration lock, the files, and the migration's
+    row in ``awa.schema_migrations`` (``name``).
 
     Guarantees:
 
     * Concurrent ``migrate`` runs are serialised by a transaction-scoped advisory lock (class
-      4282180); a run that finds the file already applied (recorded in
+      4282180); a run that finds the migration already applied (recorded in
       ``awa.schema_migrations``) skips it, so two ``migrate`` processes started at once both
-      succeed. (A script printed by ``sqlmigrate`` has no such check: run by hand on a database
-      that has the file already, it fails on its first ``CREATE`` and changes nothing.)
-    * The file's text comes from the installed package.
-    * Reversal: the first file (``drop_schema=True``) drops the whole ``awa`` schema; a later
-      file drops the views and functions it created and forgets its record, so that migrating
-      forward again re-creates them. Tables and their rows stay. A file that redefines earlier
-      functions in place, or adds constraints that call its functions, names a ``reverse``
-      script (``sql/reverse/NAME``), run first: it restores those bodies and drops those
-      constraints. Nothing cascades: a view or
-      function of the user's that depends on one of them stops the reversal (SQLSTATE 2BP01)
-      with nothing dropped.
+      succeed.
+    * The files' text comes from the installed package (``awa_django.sql.sql_file``).
+    * Reversal is derived, never hand-kept: a migration that creates the schema
+      (``drop_schema=True``) drops the whole ``awa`` schema; any other drops the views,
+      triggers and functions its files create and forgets its record. Tables and their rows
+      stay. Nothing cascades: a view or function of the user's that depends on one of them
+      stops the reversal (SQLSTATE 2BP01) with nothing dropped.
     """
 
     reduces_to_sql = True
     atomic = True
 
-    def __init__(self, name: str, *, drop_schema: bool = False, reverse: str | None = None) -> None:
+    def __init__(self, *files: str, name: str, drop_schema: bool = False) -> None:
+        self.files = files
         self.name = name
         self.drop_schema = drop_schema
-        self.reverse = reverse
-        self.script = migration_sql(name)
-        self.reverse_script = "" if reverse is None else reverse_sql(reverse)
+        self.script = "\n".join(sql_file(path) for path in files)
         reverse_sql_text = query("schema_drop") if drop_schema else query("migration_forget")
         if not drop_schema:
             reverse_sql_text = f"{self._drop_created()};\n{reverse_sql_text}"
-            if self.reverse_script:
-                reverse_sql_text = f"{self.reverse_script}\n{reverse_sql_text}"
         super().__init__(sql=self.script, reverse_sql=reverse_sql_text)
 
     def _drop_created(self) -> str:
-        """The statement that drops the views and functions this file creates."""
+        """The statement that drops the views, triggers and functions the files create."""
+        triggers = _TRIGGERS.findall(self.script)
         return query("migration_drop_created").format(
             views=_text_array(_VIEWS.findall(self.script)[::-1]),
+            triggers=_text_array([name for name, _ in triggers]),
+            trigger_tables=_text_array([table for _, table in triggers]),
             functions=_text_array(_FUNCTIONS.findall(self.script)),
         )
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
-        kwargs: dict[str, Any] = {"drop_schema": True} if self.drop_schema else {}
-        if self.reverse is not None:
-            kwargs["reverse"] = self.reverse
-        return (self.__class__.__qualname__, [self.name], kwargs)
+        kwargs: dict[str, Any] = {"name": self.name}
+        if self.drop_schema:
+            kwargs["drop_schema"] = True
+        return (self.__class__.__qualname__, list(self.files), kwargs)
 
     def state_forwards(self, app_label: str, state: ProjectState) -> None:
         """No model state: the SQL objects are not Django models."""
@@ -124,8 +121,6 @@ class RunAwaSQL(migrations.RunSQL):
             if self.drop_schema:
                 schema_editor.execute(query("schema_drop"), params=None)
             else:
-                if self.reverse_script:
-                    schema_editor.execute(self.reverse_script, params=None)
                 schema_editor.execute(self._drop_created(), params=None)
                 schema_editor.execute(query("migration_forget"), params=[self.name])
             return
@@ -137,8 +132,6 @@ class RunAwaSQL(migrations.RunSQL):
             cursor.execute(query("schema_exists"))
             row = cursor.fetchone()
             if row is not None and row[0]:
-                if self.reverse_script:
-                    cursor.execute(self.reverse_script)
                 cursor.execute(self._drop_created())
                 cursor.execute(query("migration_forget"), [self.name])
 

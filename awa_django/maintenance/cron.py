@@ -14,9 +14,10 @@
 
 Exactly once per fire time: a fire time is fired only above the stored ``fire_after``, which
 it then replaces, together with the enqueue, in one transaction; concurrent leaders serialise
-on the schedule's row (see migration 0005). A schedule that cannot be evaluated or fired (an
-expression or time zone this process cannot read, a job the database refuses) is logged, at
-most once a minute per schedule and problem, and skipped: the others fire as usual.
+on the schedule's row (see awa_django/sql/functions/periodic.sql). A schedule that cannot be
+evaluated or fired (an expression or time zone this process cannot read, a job the database
+refuses) is logged, at most once a minute per schedule and problem, and skipped: the others
+fire as usual.
 """
 
 from __future__ import annotations

@@ -191,7 +191,9 @@ class Dispatcher:
         turn = self._turns.get(name)
         if turn is None:
             return
-        if turn.state in (_IDLE, _ROOM) or (turn.state == _TIMED and not turn.hard):
+        if turn.state == _CLAIMING:
+            turn.noted = True  # its claim took the list before they ended: claim again after it
+        elif turn.state in (_IDLE, _ROOM) or (turn.state == _TIMED and not turn.hard):
             self._make_due(turn)
 
     def wake_all(self) -> None:
@@ -288,6 +290,10 @@ class Dispatcher:
                 self._admitted -= 1
             if await self._turn(turn):
                 idle_turns = 0
+                if self.permits.pending() and turn.state in (_IDLE, _ROOM):
+                    # Permits or serial keys ended during this claim: only a claim hands them
+                    # back (and a serial key on to its next job), so one must come.
+                    self._make_due(turn)
             else:
                 idle_turns += 1
                 if idle_turns >= YIELD_EVERY:

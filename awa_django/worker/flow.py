@@ -167,6 +167,11 @@ class Permits:
             self._serial.give_back([serial])
         return bool(keys) or serial is not None
 
+    def pending(self) -> bool:
+        """Whether permits or serial keys of ended attempts wait for a claim to hand them back
+        (or a failed claim's reset for the next one)."""
+        return bool(self._permits.to_release or self._serial.to_release or self._dirty)
+
     def held_keys(self) -> list[int]:
         """The permits of attempts still running."""
         return list(self._permits.held)

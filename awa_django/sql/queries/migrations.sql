@@ -2,7 +2,7 @@
 
 -- name: migration_lock
 -- Serialises concurrent `migrate` runs for the awa schema until the transaction ends. Class
--- 4282180 is the migrations' own key space (0002_functions.sql lists every class).
+-- 4282180 is the migrations' own key space (tables.sql lists every class).
 SELECT pg_advisory_xact_lock(4282180, 0)
 
 -- name: migrations_table_exists
@@ -24,21 +24,29 @@ SELECT to_regnamespace('awa') IS NOT NULL
 DROP SCHEMA IF EXISTS awa CASCADE
 
 -- name: migration_drop_created
--- Unapplies a functions file: drops the views it created (named in {views}, latest first, so
--- that a view goes before those it reads), then its functions (named in {functions}): ARRAY
--- literals of names RunAwaSQL read from the file and validated. Nothing CASCADEs: an object of
--- the user's that depends on one of them stops the migration (SQLSTATE 2BP01, nothing dropped)
--- instead of vanishing with it. Tables and their rows stay.
+-- Unapplies a migration's schema files: drops the views they created (named in {views}, latest
+-- first, so that a view goes before those it reads), then their triggers ({triggers}, on the
+-- tables {trigger_tables}), then their functions ({functions}): ARRAY literals of names
+-- RunAwaSQL read from the files and validated. Nothing CASCADEs: an object of the user's that
+-- depends on one of them stops the migration (SQLSTATE 2BP01, nothing dropped) instead of
+-- vanishing with it. Tables and their rows stay.
 DO $awa$
 DECLARE
     v_name text;
+    v_triggers text[] := {triggers};
+    v_tables text[] := {trigger_tables};
 BEGIN
-    FOREACH v_name IN ARRAY {views}::text[] LOOP
+    FOREACH v_name IN ARRAY {views} LOOP
         EXECUTE format('DROP VIEW IF EXISTS awa.%I', v_name);
+    END LOOP;
+    FOR i IN 1..COALESCE(cardinality(v_triggers), 0) LOOP
+        IF to_regclass(format('awa.%I', v_tables[i])) IS NOT NULL THEN
+            EXECUTE format('DROP TRIGGER IF EXISTS %I ON awa.%I', v_triggers[i], v_tables[i]);
+        END IF;
     END LOOP;
     FOREACH v_name IN ARRAY ARRAY(
         SELECT p.oid::regprocedure::text FROM pg_proc p
-        WHERE p.pronamespace = to_regnamespace('awa') AND p.proname = ANY ({functions}::text[])
+        WHERE p.pronamespace = to_regnamespace('awa') AND p.proname = ANY ({functions})
     ) LOOP
         EXECUTE 'DROP FUNCTION IF EXISTS ' || v_name;
     END LOOP;

@@ -11,9 +11,6 @@ SELECT job_id, outcome FROM awa.dlq_retry_v2(%s::bigint[], %s, %s, %s)
 -- name: dlq_purge
 SELECT job_id FROM awa.dlq_purge_v1(%s::bigint[]) AS job_id
 
--- name: callback_resolve
-SELECT awa.callback_resolve_v1(%s::uuid, %s::jsonb, %s::jsonb, %s, %s)
-
 -- name: queue_pause
 SELECT awa.queue_pause_v1(%s, %s)
 

@@ -1,4 +1,4 @@
--- Periodic jobs (migration 0005, docs/periodic.md).
+-- Periodic jobs (functions/periodic.sql, docs/periodic.md).
 
 -- name: cron_sync
 -- One JSON array of schedule rows; returns (name, change) per schedule created, updated or removed.

@@ -1,0 +1,640 @@
+-- Rings ------------------------------------------------------------------------------------------
+
+-- The advisory lock key of one ring's rotate/prune (class 4282178, keys 1..3).
+CREATE OR REPLACE FUNCTION awa._ring_key_v1(p_ring text)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE
+AS $$
+    SELECT CASE p_ring WHEN 'queue' THEN 1 WHEN 'claim' THEN 2 WHEN 'lease' THEN 3 END
+$$;
+
+-- Take the maintenance lock of one ring (its own key space) for this transaction: the ring's
+-- slot count, or NULL when another rotate or prune of the ring holds it. An unknown ring raises
+-- SQLSTATE 22023.
+CREATE OR REPLACE FUNCTION awa._ring_lock_v1(p_ring text)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    SELECT slot_count INTO v_count FROM awa.rings WHERE ring = p_ring;
+    IF v_count IS NULL THEN
+        RAISE EXCEPTION 'ring: % is not a ring (queue, claim, lease)', quote_nullable(p_ring)
+            USING ERRCODE = '22023';
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(4282178, awa._ring_key_v1(p_ring)) THEN
+        RETURN NULL;
+    END IF;
+    RETURN v_count;
+END
+$$;
+
+-- The child tables of one ring slot.
+CREATE OR REPLACE FUNCTION awa._ring_children_v1(p_ring text, p_slot integer)
+ RETURNS text[]
+ LANGUAGE sql
+ IMMUTABLE
+AS $$
+    SELECT CASE p_ring
+        WHEN 'queue' THEN ARRAY['ready_entries_' || p_slot, 'ready_tombstones_' || p_slot,
+                                'done_entries_' || p_slot]
+        WHEN 'claim' THEN ARRAY['claims_' || p_slot, 'claim_closures_' || p_slot]
+        WHEN 'lease' THEN ARRAY['leases_' || p_slot]
+    END
+$$;
+
+-- Whether any child of a ring slot holds a row.
+CREATE OR REPLACE FUNCTION awa._slot_has_rows_v1(p_ring text, p_slot integer)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+AS $$
+DECLARE
+    v_table text;
+    v_found boolean;
+BEGIN
+    FOREACH v_table IN ARRAY awa._ring_children_v1(p_ring, p_slot) LOOP
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM awa.%I)', v_table) INTO v_found;
+        IF v_found THEN
+            RETURN true;
+        END IF;
+    END LOOP;
+    RETURN false;
+END
+$$;
+
+-- Advance a ring to its next slot once its current slot is at least p_interval seconds old on
+-- the database clock ('skipped_recent' before; 0: whatever its age), so that a new leader, or
+-- awa_maintenance --once from cron, keeps the cadence instead of rotating every ring at once.
+-- Rotates only when the incoming slot is empty (else 'skipped_busy': it still waits for prune)
+-- and the current slot holds something (else 'skipped_idle': an idle ring stops rotating). The
+-- append to the rotation ledger is a compare-and-swap on its primary key. Returns 'rotated',
+-- 'skipped_busy', 'skipped_idle', 'skipped_recent' or 'skipped_locked' (another rotate or prune
+-- of this ring is running).
+CREATE OR REPLACE FUNCTION awa.rotate_v2(p_ring text, p_interval double precision DEFAULT 0)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count integer;
+    v_gen bigint;
+    v_slot integer;
+    v_at timestamptz;
+    v_next integer;
+BEGIN
+    v_count := awa._ring_lock_v1(p_ring);
+    IF v_count IS NULL THEN
+        RETURN 'skipped_locked';
+    END IF;
+    SELECT generation, slot, rotated_at INTO v_gen, v_slot, v_at
+    FROM awa.ring_rotations WHERE ring = p_ring ORDER BY generation DESC LIMIT 1;
+    IF now() - v_at < make_interval(secs => LEAST(GREATEST(COALESCE(p_interval, 0), 0),
+                                                  awa._max_seconds_v1())) THEN
+        RETURN 'skipped_recent';
+    END IF;
+    v_next := (v_slot + 1) % v_count;
+    IF awa._slot_has_rows_v1(p_ring, v_next) THEN
+        RETURN 'skipped_busy';
+    END IF;
+    IF NOT awa._slot_has_rows_v1(p_ring, v_slot) THEN
+        RETURN 'skipped_idle';
+    END IF;
+    INSERT INTO awa.ring_rotations (ring, generation, slot)
+    VALUES (p_ring, v_gen + 1, v_next)
+    ON CONFLICT DO NOTHING;
+    RETURN CASE WHEN FOUND THEN 'rotated' ELSE 'skipped_locked' END;
+END
+$$;
+
+-- Claim-ring rotation at any number of lanes (awa.rotate_v3, same arguments and outcomes):
+--
+-- 1. A ring whose current slot holds only cursor markers is idle: it stops rotating. Before,
+--    the markers a rotation appends made the new slot look busy, so the ring rotated every
+--    CLAIM_ROTATE_INTERVAL for ever, on an idle database too.
+-- 2. Markers go to the lanes claimed from in the slot just left (a real claim there), not to
+--    every lane: the rotation locks each lane it marks until it commits, and claims pass over
+--    locked lanes, so with 40,000 lanes (10,000 queues) every rotation took 0.6 s during which
+--    claims came back empty. A lane without a marker in the current slot reads its cursor
+--    from every slot on its next claim (the cursor is the same); a slot's prune still appends
+--    a marker for each cursor in the slot it truncates.
+CREATE OR REPLACE FUNCTION awa.rotate_v3(p_ring text, p_interval double precision DEFAULT 0)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_outcome text;
+    v_lanes integer[];
+    v_left integer;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.rotate_v3');
+    IF p_ring = 'claim' THEN
+        SELECT g.slot INTO v_left FROM awa.ring_rotations g
+        WHERE g.ring = 'claim' ORDER BY g.generation DESC LIMIT 1;
+        IF NOT EXISTS (SELECT 1 FROM awa.claims c WHERE c.claim_slot = v_left AND c.job_id > 0)
+        THEN
+            RETURN 'skipped_idle';
+        END IF;
+    END IF;
+    v_outcome := awa.rotate_v2(p_ring, p_interval);
+    IF v_outcome <> 'rotated' OR p_ring <> 'claim' THEN
+        RETURN v_outcome;
+    END IF;
+    v_lanes := ARRAY(SELECT l.lane_id FROM awa.queue_lanes l
+                     WHERE l.lane_id IN (SELECT c.lane_id FROM awa.claims c
+                                         WHERE c.claim_slot = v_left AND c.job_id > 0)
+                     ORDER BY l.lane_id
+                     FOR UPDATE SKIP LOCKED);
+    -- Locked: a new statement sees every claim committed before the locks were taken.
+    WITH cur AS (
+        SELECT g.generation, g.slot FROM awa.ring_rotations g
+        WHERE g.ring = 'claim' ORDER BY g.generation DESC LIMIT 1
+    ), tops AS (
+        SELECT l.lane_id,
+               GREATEST(COALESCE(f.floor_seq, 0), COALESCE(t.lane_seq, 0)) AS top
+        FROM unnest(v_lanes) AS l(lane_id)
+        LEFT JOIN LATERAL (
+            SELECT c.lane_seq FROM awa.claims c
+            WHERE c.lane_id = l.lane_id ORDER BY c.lane_seq DESC LIMIT 1) t ON true
+        LEFT JOIN awa.lane_floors f ON f.lane_id = l.lane_id
+    ), markers AS (
+        INSERT INTO awa.claims (claim_slot, claim_generation, job_id, run_lease, ready_slot,
+                                ready_generation, lane_id, lane_seq, attempt)
+        SELECT cur.slot, cur.generation, -t.lane_id, t.top, -1, -1, t.lane_id, t.top, 0
+        FROM tops t CROSS JOIN cur
+        WHERE t.top > 0
+        ON CONFLICT DO NOTHING
+        RETURNING claim_slot, job_id, run_lease
+    )
+    INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+    SELECT m.claim_slot, m.job_id, m.run_lease, 'marker' FROM markers m
+    ON CONFLICT DO NOTHING;
+    RETURN v_outcome;
+END
+$$;
+
+-- Why a sealed slot cannot be truncated yet (NULL when it can). Checked before and again after
+-- the slot's children are locked.
+CREATE OR REPLACE FUNCTION awa._prune_blocker_v1(p_ring text, p_slot integer)
+ RETURNS text
+ LANGUAGE plpgsql
+ STABLE
+AS $$
+BEGIN
+    IF p_ring = 'queue' THEN
+        IF EXISTS (
+            SELECT 1 FROM awa.claims c
+            WHERE c.ready_slot = p_slot
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.claim_closures z
+                  WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                    AND z.claim_slot = c.claim_slot)) THEN
+            RETURN 'open attempt of a job in this slot';
+        END IF;
+        IF EXISTS (
+            SELECT 1
+            FROM (SELECT e.lane_id, max(e.lane_seq) AS top
+                  FROM awa.ready_entries e WHERE e.ready_slot = p_slot GROUP BY e.lane_id) m
+            CROSS JOIN LATERAL (SELECT awa.lane_cursor_v1(m.lane_id) AS c) k
+            WHERE m.top > k.c
+              AND EXISTS (
+                  SELECT 1 FROM awa.ready_entries e
+                  WHERE e.ready_slot = p_slot AND e.lane_id = m.lane_id AND e.lane_seq > k.c
+                    AND NOT EXISTS (
+                        SELECT 1 FROM awa.ready_tombstones t
+                        WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                          AND t.ready_slot = e.ready_slot))) THEN
+            RETURN 'available job not yet claimed';
+        END IF;
+    ELSIF p_ring = 'claim' THEN
+        IF EXISTS (
+            SELECT 1 FROM awa.claims c
+            WHERE c.claim_slot = p_slot
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.claim_closures z
+                  WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                    AND z.claim_slot = c.claim_slot)) THEN
+            RETURN 'open claim';
+        END IF;
+    ELSIF p_ring = 'lease' THEN
+        IF EXISTS (
+            SELECT 1 FROM awa.leases ls
+            JOIN awa.claims c ON c.job_id = ls.job_id AND c.run_lease = ls.run_lease
+            WHERE ls.lease_slot = p_slot
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.claim_closures z
+                  WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                    AND z.claim_slot = c.claim_slot)) THEN
+            RETURN 'open lease';
+        END IF;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Carry-forward keeps the generation a claim was made in (see the top of this file).
+CREATE OR REPLACE FUNCTION awa._carry_claims_v1(p_slot integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_cur integer;
+    v_n integer;
+BEGIN
+    SELECT slot INTO v_cur
+    FROM awa.ring_rotations WHERE ring = 'claim' ORDER BY generation DESC LIMIT 1;
+    IF v_cur = p_slot THEN
+        RETURN 0;
+    END IF;
+    WITH open AS (
+        SELECT c.* FROM awa.claims c
+        WHERE c.claim_slot = p_slot
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.claim_closures z
+              WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                AND z.claim_slot = c.claim_slot)
+    ), closed AS (
+        INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+        SELECT p_slot, o.job_id, o.run_lease, 'carried' FROM open o
+        ON CONFLICT DO NOTHING
+        RETURNING job_id, run_lease
+    ), moved AS (
+        INSERT INTO awa.claims (
+            claim_slot, claim_generation, job_id, run_lease, ready_slot, ready_generation,
+            lane_id, lane_seq, attempt, claimed_at, deadline_at, worker_id, kind)
+        SELECT v_cur, o.claim_generation, o.job_id, o.run_lease, o.ready_slot,
+               o.ready_generation, o.lane_id, o.lane_seq, o.attempt, o.claimed_at,
+               o.deadline_at, o.worker_id, o.kind
+        FROM open o JOIN closed k ON k.job_id = o.job_id AND k.run_lease = o.run_lease
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_n FROM moved;
+    RETURN v_n;
+END
+$$;
+
+-- Truncate the oldest sealed slot of a ring (the next one rotation will reuse) once nothing
+-- live points into it: no unclaimed job and no open attempt (queue ring); no open claim after
+-- open claims are carried forward (claim ring); no open lease (lease ring). The gates are
+-- checked, the slot's children are locked ACCESS EXCLUSIVE with a short lock_timeout, the gates
+-- are checked again, and only then is the slot truncated; a claim slot first records each lane's
+-- highest claimed position in lane_floors. Never waits long, never truncates live work.
+-- Returns 'pruned', 'empty', 'skipped_busy: <why>', 'blocked_lock' or 'skipped_locked'.
+--
+-- the ring lock has a key space of its own (open
+-- producer transactions on the first lanes no longer make it skip); READ COMMITTED is required
+-- (the gates are re-checked with a fresh snapshot after the lock); and before a claim slot is
+-- truncated, each lane whose cursor lies in it gets a closed marker claim at that position in
+-- the current slot (append-only, instead of updating lane_floors in place).
+CREATE OR REPLACE FUNCTION awa.prune_v1(p_ring text, p_lock_timeout_ms integer DEFAULT 50)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count integer;
+    v_gen bigint;
+    v_cur integer;
+    v_slot integer;
+    v_why text;
+    v_table text;
+    v_outcome text;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.prune_v1');
+    v_count := awa._ring_lock_v1(p_ring);
+    IF v_count IS NULL THEN
+        RETURN 'skipped_locked';
+    END IF;
+    SELECT generation, slot INTO v_gen, v_cur
+    FROM awa.ring_rotations WHERE ring = p_ring ORDER BY generation DESC LIMIT 1;
+    v_slot := (v_cur + 1) % v_count;
+    IF NOT awa._slot_has_rows_v1(p_ring, v_slot) THEN
+        RETURN 'empty';
+    END IF;
+    IF p_ring = 'claim' THEN
+        PERFORM awa._carry_claims_v1(v_slot);
+    END IF;
+    v_why := awa._prune_blocker_v1(p_ring, v_slot);
+    IF v_why IS NOT NULL THEN
+        v_outcome := 'skipped_busy: ' || v_why;
+    ELSE
+        BEGIN
+            PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
+            FOREACH v_table IN ARRAY awa._ring_children_v1(p_ring, v_slot) LOOP
+                EXECUTE format('LOCK TABLE awa.%I IN ACCESS EXCLUSIVE MODE', v_table);
+            END LOOP;
+            -- Locked: rows committed while we waited are visible to this new statement.
+            v_why := awa._prune_blocker_v1(p_ring, v_slot);
+            IF v_why IS NOT NULL THEN
+                v_outcome := 'skipped_busy: ' || v_why;
+            ELSE
+                IF p_ring = 'claim' THEN
+                    WITH tops AS (
+                        SELECT c.lane_id, max(c.lane_seq) AS top
+                        FROM awa.claims c WHERE c.claim_slot = v_slot GROUP BY c.lane_id
+                    ), keep AS (
+                        SELECT t.lane_id, t.top FROM tops t
+                        WHERE t.top > COALESCE((
+                                  SELECT max(c.lane_seq) FROM awa.claims c
+                                  WHERE c.lane_id = t.lane_id AND c.claim_slot <> v_slot), 0)
+                          AND t.top > COALESCE((
+                                  SELECT f.floor_seq FROM awa.lane_floors f
+                                  WHERE f.lane_id = t.lane_id), 0)
+                    ), markers AS (
+                        INSERT INTO awa.claims (claim_slot, claim_generation, job_id, run_lease,
+                                                ready_slot, ready_generation, lane_id, lane_seq,
+                                                attempt)
+                        SELECT v_cur, v_gen, -k.lane_id, k.top, -1, -1, k.lane_id, k.top, 0
+                        FROM keep k
+                        ON CONFLICT DO NOTHING
+                        RETURNING job_id, run_lease
+                    )
+                    INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
+                    SELECT v_cur, m.job_id, m.run_lease, 'marker' FROM markers m
+                    ON CONFLICT DO NOTHING;
+                END IF;
+                FOREACH v_table IN ARRAY awa._ring_children_v1(p_ring, v_slot) LOOP
+                    EXECUTE format('TRUNCATE awa.%I', v_table);
+                END LOOP;
+                v_outcome := 'pruned';
+            END IF;
+            PERFORM set_config('lock_timeout', '0', true);
+        EXCEPTION WHEN lock_not_available THEN
+            v_outcome := 'blocked_lock';
+        END;
+    END IF;
+    INSERT INTO awa.ring_prunes (ring, slot, generation, outcome)
+    VALUES (p_ring, v_slot, v_gen - v_count + 1, v_outcome);
+    RETURN v_outcome;
+END
+$$;
+
+-- Promotion -------------------------------------------------------------------------------------
+
+-- Move up to p_limit due scheduled/retryable jobs of unpaused queues into the ready ring, oldest
+-- first, never twice (rows are locked SKIP LOCKED and deleted in the same transaction). A
+-- (queue, priority) whose every enqueue shard is held by open producer transactions is skipped
+-- and retried on the next call. Returns the number of jobs promoted.
+--
+-- A a (queue, priority) whose every lane is held by open producer
+-- transactions no longer stalls the others: its rows are skipped and the next due rows of other
+-- groups are promoted in the same call, up to p_limit in all.
+CREATE OR REPLACE FUNCTION awa.promote_v1(p_limit integer DEFAULT 4096)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    g record;
+    v_lane integer;
+    v_jobs awa.job_body[];
+    v_total integer := 0;
+    v_busy text[] := '{}';
+    v_seen boolean;
+BEGIN
+    LOOP
+        v_seen := false;
+        FOR g IN
+            WITH due AS (
+                SELECT d.job_id, d.queue, d.priority, d.run_at
+                FROM awa.deferred_jobs d
+                WHERE d.run_at <= now()
+                  AND NOT ((d.queue || ':' || d.priority) = ANY (v_busy))
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.queue_meta m WHERE m.queue = d.queue AND m.paused)
+                ORDER BY d.run_at, d.job_id
+                LIMIT p_limit - v_total
+                FOR UPDATE SKIP LOCKED
+            )
+            SELECT due.queue, due.priority,
+                   array_agg(due.job_id ORDER BY due.run_at, due.job_id) AS ids
+            FROM due
+            GROUP BY due.queue, due.priority
+            ORDER BY due.queue, due.priority
+        LOOP
+            v_seen := true;
+            v_lane := awa._lane_for_v1(g.queue, g.priority, false);
+            IF v_lane IS NULL THEN
+                v_busy := v_busy || (g.queue || ':' || g.priority);
+                CONTINUE;
+            END IF;
+            WITH moved AS (
+                DELETE FROM awa.deferred_jobs d WHERE d.job_id = ANY (g.ids) RETURNING d.*
+            )
+            SELECT array_agg(ROW(m.job_id, m.kind, m.queue, m.priority, m.args, m.attempt,
+                                 m.max_attempts, m.run_lease, m.run_at, m.created_at,
+                                 m.deadline_secs, m.metadata, m.tags, m.errors,
+                                 m.progress)::awa.job_body
+                             ORDER BY m.run_at, m.job_id)
+            INTO v_jobs FROM moved m;
+            PERFORM awa._append_ready_v1(v_lane, v_jobs);
+            v_total := v_total + COALESCE(cardinality(v_jobs), 0);
+        END LOOP;
+        -- Done when nothing was due, or the limit is reached. Otherwise every pass either moved
+        -- rows or found more busy groups (a finite set), so this ends.
+        EXIT WHEN NOT v_seen OR v_total >= p_limit;
+    END LOOP;
+    RETURN v_total;
+END
+$$;
+
+-- Rescue -----------------------------------------------------------------------------------------
+
+-- Close up to p_limit open attempts whose heartbeat (or, for attempts that never heartbeated,
+-- claim time) is older than p_staleness seconds, or whose hard deadline has passed, and route
+-- each through the normal retry / fail / DLQ path (the backoff of the job's retry policy, by
+-- default p_backoff_base × 2^attempt plus up to 25 % jitter) with the error "heartbeat stale: worker
+-- presumed dead" or "hard deadline exceeded". Attempts waiting for a callback are rescued only
+-- once their callback timeout passes ("callback timed out"). The old worker is told over NOTIFY
+-- awa_cancel; its late finalization then loses. Returns the attempts rescued.
+--
+-- READ COMMITTED is required (it closes attempts with fresh snapshots).
+CREATE OR REPLACE FUNCTION awa.rescue_v1(
+    p_staleness double precision, p_limit integer DEFAULT 500,
+    p_backoff_base double precision DEFAULT 1.0)
+ RETURNS TABLE(job_id bigint, run_lease bigint, reason text)
+ LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_cutoff timestamptz := now() - make_interval(secs => LEAST(p_staleness, awa._max_seconds_v1()));
+    v_items jsonb;
+    v_stale jsonb;
+BEGIN
+    PERFORM awa._require_read_committed_v1('awa.rescue_v1');
+    WITH timed_out AS (
+        SELECT c.job_id, c.run_lease, c.claim_slot, c.attempt, 'callback timed out' AS reason,
+               c.claimed_at
+        FROM awa.leases ls
+        JOIN awa.claims c ON c.job_id = ls.job_id AND c.run_lease = ls.run_lease
+        WHERE ls.state = 'waiting_external' AND ls.callback_timeout_at < now()
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.claim_closures z
+              WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                AND z.claim_slot = c.claim_slot)
+    ), stale AS (
+        SELECT c.job_id, c.run_lease, c.claim_slot, c.attempt,
+               CASE WHEN c.deadline_at < now() THEN 'hard deadline exceeded'
+                    ELSE 'heartbeat stale: worker presumed dead' END AS reason, c.claimed_at
+        FROM awa.claims c
+        LEFT JOIN awa.attempt_state s ON s.job_id = c.job_id AND s.run_lease = c.run_lease
+        WHERE (c.claimed_at < v_cutoff OR c.deadline_at < now())
+          AND (c.deadline_at < now() OR COALESCE(s.heartbeat_at, c.claimed_at) < v_cutoff)
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.claim_closures z
+              WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                AND z.claim_slot = c.claim_slot)
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.leases ls
+              WHERE ls.job_id = c.job_id AND ls.run_lease = c.run_lease
+                AND ls.state = 'waiting_external')
+    ), candidates AS (
+        SELECT * FROM timed_out UNION ALL SELECT * FROM stale
+        ORDER BY claimed_at
+        LIMIT p_limit
+    )
+    SELECT jsonb_agg(jsonb_build_object(
+               'id', x.job_id, 'lease', x.run_lease, 'slot', x.claim_slot, 'outcome', 'retry',
+               'st', true, 'closed_as', 'rescued',
+               'backoff_base', p_backoff_base,
+               'error', jsonb_build_object('type', 'awa_django.Rescued', 'message', x.reason)))
+    INTO v_items FROM candidates x;
+    IF v_items IS NULL THEN
+        RETURN;
+    END IF;
+    v_stale := COALESCE(awa._finalize_pass_v1(v_items, true), '[]'::jsonb);
+    RETURN QUERY
+    WITH won AS (
+        SELECT (e.value ->> 'id')::bigint AS id, (e.value ->> 'lease')::bigint AS lease,
+               e.value -> 'error' ->> 'message' AS why
+        FROM jsonb_array_elements(v_items) AS e(value)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM jsonb_array_elements(v_stale) AS s(value)
+            WHERE s.value -> 'id' = e.value -> 'id' AND s.value -> 'lease' = e.value -> 'lease')
+    ), told AS (
+        SELECT pg_notify('awa_cancel', json_build_object('id', w.id, 'lease', w.lease)::text)
+        FROM won w
+    )
+    SELECT w.id, w.lease, w.why FROM won w WHERE (SELECT count(*) FROM told) >= 0;
+END
+$$;
+
+-- Retention ----------------------------------------------------------------------------------------
+
+-- Delete up to p_limit dead-lettered jobs older than p_retention seconds; returns the count.
+CREATE OR REPLACE FUNCTION awa.dlq_expire_v1(
+    p_retention double precision, p_limit integer DEFAULT 1000)
+ RETURNS integer
+ LANGUAGE sql
+AS $$
+    WITH gone AS (
+        DELETE FROM awa.dlq_entries WHERE job_id IN (
+            SELECT job_id FROM awa.dlq_entries
+            WHERE dlq_at < now() - make_interval(secs => p_retention)
+            ORDER BY dlq_at LIMIT p_limit)
+        RETURNING 1)
+    SELECT count(*)::integer FROM gone
+$$;
+
+-- Delete runtime rows of processes not seen for p_retention seconds, prune-ledger rows older
+-- than a day, and attempt_state rows of attempts that are no longer open (left by a heartbeat
+-- racing a finalization). Returns the number of rows removed.
+CREATE OR REPLACE FUNCTION awa.cleanup_v1(p_retention double precision)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_runtimes integer;
+    v_states integer;
+BEGIN
+    DELETE FROM awa.runtime_instances
+    WHERE last_seen_at < now() - make_interval(secs => p_retention);
+    GET DIAGNOSTICS v_runtimes = ROW_COUNT;
+    DELETE FROM awa.attempt_state s
+    WHERE s.updated_at < now() - interval '1 minute'
+      AND NOT EXISTS (
+          SELECT 1 FROM awa.claims c
+          WHERE c.job_id = s.job_id AND c.run_lease = s.run_lease
+            AND NOT EXISTS (
+                SELECT 1 FROM awa.claim_closures z
+                WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease
+                  AND z.claim_slot = c.claim_slot));
+    GET DIAGNOSTICS v_states = ROW_COUNT;
+    DELETE FROM awa.ring_prunes WHERE pruned_at < now() - interval '1 day';
+    RETURN v_runtimes + v_states;
+END
+$$;
+
+-- Leadership ----------------------------------------------------------------------------------------
+
+-- The holder of the maintenance leader lock (pg_try_advisory_lock(4708303813012965710), see
+-- queries/storage.sql: leader_try) and whether it is alive. A holder that is an awa process
+-- (application_name 'awa:worker:<instance id>') whose runtime row is older than p_staleness
+-- seconds, or gone, is frozen (SIGSTOP), wedged, or partitioned while its connection lives on:
+-- its backend is terminated so that the lock is freed and a live process takes over. action is
+-- 'alive', 'terminated', 'not_permitted' (pg_terminate_backend refused: another role without
+-- pg_signal_backend) or 'foreign' (not an awa process: left alone).
+CREATE OR REPLACE FUNCTION awa.leader_takeover_v1(p_staleness double precision)
+ RETURNS TABLE(pid integer, instance text, seen_ago double precision, action text)
+ LANGUAGE plpgsql
+AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT l.pid AS holder, a.application_name AS app
+        FROM pg_locks l
+        JOIN pg_stat_activity a ON a.pid = l.pid
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.classid = (4708303813012965710 >> 32)::oid
+          AND l.objid = (4708303813012965710 & 4294967295)::oid
+          AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+    LOOP
+        pid := r.holder;
+        instance := r.app;
+        seen_ago := NULL;
+        IF r.app IS NULL OR r.app !~ '^awa:worker:[0-9a-f-]{36}$' THEN
+            action := 'foreign';
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        SELECT extract(epoch FROM now() - i.last_seen_at) INTO seen_ago
+        FROM awa.runtime_instances i WHERE i.instance_id = substr(r.app, 12)::uuid;
+        IF seen_ago IS NOT NULL AND seen_ago <= p_staleness THEN
+            action := 'alive';
+        ELSE
+            BEGIN
+                action := CASE WHEN pg_terminate_backend(r.holder) THEN 'terminated'
+                               ELSE 'not_permitted' END;
+            EXCEPTION WHEN insufficient_privilege THEN
+                action := 'not_permitted';
+            END;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- Runtime instances ---------------------------------------------------------------------------
+
+-- Register or refresh one worker process (a slow timer, not the hot path).
+CREATE OR REPLACE FUNCTION awa.runtime_upsert_v1(
+    p_instance uuid, p_hostname text, p_pid integer, p_queues jsonb, p_concurrency integer,
+    p_version text)
+ RETURNS void
+ LANGUAGE sql
+AS $$
+    INSERT INTO awa.runtime_instances AS r (
+        instance_id, hostname, pid, queues, concurrency, version)
+    VALUES (p_instance, p_hostname, p_pid, p_queues, p_concurrency, p_version)
+    ON CONFLICT (instance_id) DO UPDATE
+    SET last_seen_at = now(), queues = EXCLUDED.queues, concurrency = EXCLUDED.concurrency
+$$;
+
+-- Remove a worker process's row (clean exit).
+CREATE OR REPLACE FUNCTION awa.runtime_remove_v1(p_instance uuid)
+ RETURNS void
+ LANGUAGE sql
+AS $$
+    DELETE FROM awa.runtime_instances WHERE instance_id = p_instance
+$$;

@@ -1,0 +1,336 @@
+-- Every queue that queue_counts_v1() reports (one with metadata, history, deferred jobs or dead
+-- letters), from the control table and a skip scan of each plane's queue index (one probe per
+-- queue), without computing any statistic.
+CREATE OR REPLACE FUNCTION awa._queue_names_v1()
+ RETURNS SETOF text
+ LANGUAGE sql
+ STABLE
+AS $$
+    WITH RECURSIVE done_q AS (
+        (SELECT d.queue FROM awa.done_entries d ORDER BY d.queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT d.queue FROM awa.done_entries d WHERE d.queue > q.queue
+                ORDER BY d.queue LIMIT 1)
+        FROM done_q q WHERE q.queue IS NOT NULL
+    ), deferred_q AS (
+        (SELECT d.queue FROM awa.deferred_jobs d ORDER BY d.queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT d.queue FROM awa.deferred_jobs d WHERE d.queue > q.queue
+                ORDER BY d.queue LIMIT 1)
+        FROM deferred_q q WHERE q.queue IS NOT NULL
+    ), dlq_q AS (
+        (SELECT d.queue FROM awa.dlq_entries d ORDER BY d.queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT d.queue FROM awa.dlq_entries d WHERE d.queue > q.queue
+                ORDER BY d.queue LIMIT 1)
+        FROM dlq_q q WHERE q.queue IS NOT NULL
+    )
+    SELECT m.queue FROM awa.queue_meta m
+    UNION SELECT q.queue FROM done_q q WHERE q.queue IS NOT NULL
+    UNION SELECT q.queue FROM deferred_q q WHERE q.queue IS NOT NULL
+    UNION SELECT q.queue FROM dlq_q q WHERE q.queue IS NOT NULL
+$$;
+
+-- Jobs of one queue completed since p_since (the last hour, for queue_stats_v1): an index range
+-- of done_entries_queue_state_idx, newest first.
+CREATE OR REPLACE FUNCTION awa._completed_since_v1(p_queue text, p_since timestamp with time zone)
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE
+AS $$
+    SELECT count(*) FROM awa.done_entries d
+    WHERE d.queue = p_queue AND d.state = 'completed' AND d.finalized_at > p_since
+$$;
+
+-- Counts ------------------------------------------------------------------------------------------
+
+-- Terminal history per queue and outcome: exact up to p_cap rows per (queue, state) (an index
+-- range of done_entries_queue_state_idx that stops at p_cap + 1 rows); beyond that, an estimate
+-- scaled from a sample of about p_sample_pages pages of history (TABLESAMPLE SYSTEM ...
+-- REPEATABLE: the same pages while history does not change), never below p_cap + 1. exact says
+-- which. Costs at most queues x 3 x (p_cap + 1) index entries plus the sample, whatever history
+-- holds. Queues come from history itself (a skip scan of the same index: one probe per queue).
+CREATE OR REPLACE FUNCTION awa._history_counts_v1(
+    p_cap integer DEFAULT 10000, p_sample_pages integer DEFAULT 1000)
+ RETURNS TABLE(queue text, state text, n bigint, exact boolean)
+ LANGUAGE plpgsql
+ STABLE
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_pages double precision;
+    v_pct double precision;
+BEGIN
+    SELECT sum(pg_relation_size(i.inhrelid)) / current_setting('block_size')::double precision
+    INTO v_pages
+    FROM pg_inherits i WHERE i.inhparent = 'awa.done_entries'::regclass;
+    v_pct := LEAST(100, 100.0 * GREATEST(p_sample_pages, 1) / GREATEST(v_pages, 1));
+    RETURN QUERY
+    WITH RECURSIVE names AS (
+        (SELECT d.queue FROM awa.done_entries d ORDER BY d.queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT d.queue FROM awa.done_entries d WHERE d.queue > q.queue
+                ORDER BY d.queue LIMIT 1)
+        FROM names q WHERE q.queue IS NOT NULL
+    ), capped AS MATERIALIZED (
+        SELECT q.queue, s.state, x.n
+        FROM names q
+        CROSS JOIN (VALUES ('completed'), ('failed'), ('cancelled')) AS s (state)
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS n
+            FROM (SELECT 1 FROM awa.done_entries d
+                  WHERE d.queue = q.queue AND d.state = s.state
+                  LIMIT p_cap + 1) y) x
+        WHERE q.queue IS NOT NULL
+    ), sampled AS (
+        SELECT d.queue, d.state, count(*) AS n
+        FROM awa.done_entries d TABLESAMPLE SYSTEM (v_pct) REPEATABLE (0)
+        WHERE EXISTS (SELECT 1 FROM capped c WHERE c.n > p_cap)
+        GROUP BY d.queue, d.state
+    )
+    SELECT c.queue, c.state,
+           CASE WHEN c.n <= p_cap THEN c.n
+                ELSE GREATEST(p_cap + 1, round(COALESCE(m.n, 0) * 100.0 / v_pct))::bigint END,
+           c.n <= p_cap
+    FROM capped c
+    LEFT JOIN sampled m ON m.queue = c.queue AND m.state = c.state
+    WHERE c.n > 0;
+END
+$$;
+
+-- Counts per queue and state. Live planes (available, running, waiting_external, scheduled,
+-- retryable, dlq) are exact; terminal history (completed, failed, cancelled) is exact up to
+-- 10,000 per queue and outcome and estimated beyond (awa._history_counts_v1). Costs what the
+-- live planes hold plus a bounded part of history.
+CREATE OR REPLACE FUNCTION awa.queue_counts_v1()
+ RETURNS TABLE(
+    queue text, available bigint, running bigint, waiting_external bigint, scheduled bigint,
+    retryable bigint, completed bigint, failed bigint, cancelled bigint, dlq bigint,
+    paused boolean)
+ LANGUAGE sql
+ STABLE
+ SET work_mem TO '32MB'
+AS $$
+    WITH live AS (
+        SELECT j.queue, j.state, count(*) AS n
+        FROM awa.live_jobs j
+        GROUP BY j.queue, j.state
+    ), done AS (
+        SELECT h.queue, h.state, h.n FROM awa._history_counts_v1() h
+    ), dead AS (
+        SELECT q.queue, 'dlq'::text AS state, count(*) AS n FROM awa.dlq_entries q GROUP BY q.queue
+    ), allq AS (
+        SELECT * FROM live UNION ALL SELECT * FROM done UNION ALL SELECT * FROM dead
+    ), names AS (
+        SELECT a.queue FROM allq a UNION SELECT m.queue FROM awa.queue_meta m
+    )
+    SELECT n.queue,
+           COALESCE(sum(a.n) FILTER (WHERE a.state = 'available'), 0)::bigint,
+           COALESCE(sum(a.n) FILTER (WHERE a.state = 'running'), 0)::bigint,
+           COALESCE(sum(a.n) FILTER (WHERE a.state = 'waiting_external'), 0)::bigint,
+           COALESCE(sum(a.n) FILTER (WHERE a.state = 'scheduled'), 0)::bigint,
+           COALESCE(sum(a.n) FILTER (WHERE a.state = 'retryable'), 0)::bigint,
+           COALESCE(sum(a.n) FILTER (WHERE a.state = 'completed'), 0)::bigint,
+           COALESCE(sum(a.n) FILTER (WHERE a.state = 'failed'), 0)::bigint,
+           COALESCE(sum(a.n) FILTER (WHERE a.state = 'cancelled'), 0)::bigint,
+           COALESCE(sum(a.n) FILTER (WHERE a.state = 'dlq'), 0)::bigint,
+           COALESCE((SELECT m.paused FROM awa.queue_meta m WHERE m.queue = n.queue), false)
+    FROM names n
+    LEFT JOIN allq a ON a.queue = n.queue
+    GROUP BY n.queue
+    ORDER BY n.queue
+$$;
+
+-- Cheap approximate depth per queue for the hot path and metrics: for each lane, the enqueue
+-- sequence minus the claim cursor. Over-counts briefly (rollbacks, in-flight producers,
+-- cancelled rows); never scans history.
+CREATE OR REPLACE FUNCTION awa.queue_depth_v1(p_queue text DEFAULT NULL::text)
+ RETURNS TABLE(queue text, available bigint)
+ LANGUAGE sql
+ STABLE
+AS $$
+    SELECT l.queue,
+           sum(GREATEST(COALESCE(pg_sequence_last_value(l.enqueue_seq), 0)
+                        - awa.lane_cursor_v1(l.lane_id), 0))::bigint
+    FROM awa.queue_lanes l
+    WHERE p_queue IS NULL OR l.queue = p_queue
+    GROUP BY l.queue
+    ORDER BY l.queue
+$$;
+
+-- Lag ----------------------------------------------------------------------------------------------
+
+-- One row per queue that has lanes: available (approximate: enqueue sequence minus claim
+-- cursor, summed over its lanes; it over-counts briefly, like awa.queue_depth_v1),
+-- lag_seconds (now() minus the run_at of the oldest unclaimed, uncancelled job at the head of
+-- a lane; NULL when nothing waits) and paused. Each lane costs its cursor, its sequence and one
+-- index probe of ready_entries from the cursor on: the head of a lane is its oldest job in
+-- lane order, so lag_seconds is the age of the oldest waiting job give or take the FIFO order
+-- of lanes (a promoted job is appended when it is promoted, behind jobs enqueued after its
+-- run_at).
+CREATE OR REPLACE FUNCTION awa.queue_lag_v1()
+ RETURNS TABLE(queue text, available bigint, lag_seconds double precision, paused boolean)
+ LANGUAGE sql
+ STABLE
+AS $$
+    WITH lanes AS (
+        SELECT l.queue, l.lane_id, awa.lane_cursor_v1(l.lane_id) AS cursor,
+               COALESCE(pg_sequence_last_value(l.enqueue_seq), 0) AS last_seq
+        FROM awa.queue_lanes l
+    )
+    SELECT x.queue,
+           sum(GREATEST(x.last_seq - x.cursor, 0))::bigint,
+           extract(epoch FROM now() - min(h.run_at))::double precision,
+           COALESCE(bool_or(m.paused), false)
+    FROM lanes x
+    LEFT JOIN LATERAL (
+        SELECT e.run_at FROM awa.ready_entries e
+        WHERE x.last_seq > x.cursor AND e.lane_id = x.lane_id AND e.lane_seq > x.cursor
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.ready_tombstones t
+              WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                AND t.ready_slot = e.ready_slot)
+        ORDER BY e.lane_seq
+        LIMIT 1
+    ) h ON true
+    LEFT JOIN awa.queue_meta m ON m.queue = x.queue
+    GROUP BY x.queue
+    ORDER BY x.queue
+$$;
+
+-- Per queue: the counts of queue_counts_v1, the age of the oldest available job (lag, seconds)
+-- and the jobs completed in the last hour.
+CREATE OR REPLACE FUNCTION awa.queue_stats_v1()
+ RETURNS TABLE(
+    queue text, available bigint, running bigint, waiting_external bigint, scheduled bigint,
+    retryable bigint, completed bigint, failed bigint, cancelled bigint, dlq bigint,
+    paused boolean, lag_seconds double precision, completed_last_hour bigint)
+ LANGUAGE sql
+ STABLE
+ SET work_mem TO '32MB'
+AS $$
+    SELECT c.*,
+           (SELECT extract(epoch FROM now() - min(j.run_at)) FROM awa.live_jobs j
+            WHERE j.queue = c.queue AND j.state = 'available'),
+           awa._completed_since_v1(c.queue, now() - interval '1 hour')
+    FROM awa.queue_counts_v1() c
+$$;
+
+-- Completions per minute of the last hour for one queue (NULL: all), oldest first, 60 buckets:
+-- one index range of the last hour (every outcome of the last hour when p_queue is NULL; the
+-- queue's completions only otherwise), whatever the statistics say.
+CREATE OR REPLACE FUNCTION awa.throughput_v1(p_queue text DEFAULT NULL::text)
+ RETURNS TABLE(minute timestamp with time zone, completed bigint)
+ LANGUAGE plpgsql
+ STABLE
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_start timestamptz := date_trunc('minute', now()) - interval '59 minutes';
+BEGIN
+    IF p_queue IS NULL THEN
+        RETURN QUERY
+        SELECT g.minute, COALESCE(c.n, 0)::bigint
+        FROM generate_series(v_start, v_start + interval '59 minutes', interval '1 minute')
+             AS g (minute)
+        LEFT JOIN (
+            SELECT date_trunc('minute', d.finalized_at) AS minute,
+                   count(*) FILTER (WHERE d.state = 'completed') AS n
+            FROM awa.done_entries d
+            WHERE d.finalized_at >= v_start
+            GROUP BY 1) c ON c.minute = g.minute
+        ORDER BY g.minute;
+    ELSE
+        RETURN QUERY
+        SELECT g.minute, COALESCE(c.n, 0)::bigint
+        FROM generate_series(v_start, v_start + interval '59 minutes', interval '1 minute')
+             AS g (minute)
+        LEFT JOIN (
+            SELECT date_trunc('minute', d.finalized_at) AS minute, count(*) AS n
+            FROM awa.done_entries d
+            WHERE d.queue = p_queue AND d.state = 'completed' AND d.finalized_at >= v_start
+            GROUP BY 1) c ON c.minute = g.minute
+        ORDER BY g.minute;
+    END IF;
+END
+$$;
+
+-- Per ring and slot: the rows its children hold and the last prune outcome. rows is exact for
+-- children of up to 1,000 pages (8 MB); a bigger child is estimated from its size and the row
+-- density PostgreSQL last measured (pg_class), as the planner does, or, when it has none, from a
+-- sample of about 100 of its pages. This never counts history row by row.
+CREATE OR REPLACE FUNCTION awa.ring_slots_v1()
+ RETURNS TABLE(
+    ring text, slot integer, is_current boolean, rows bigint, last_prune text,
+    last_prune_at timestamp with time zone)
+ LANGUAGE plpgsql
+ STABLE
+AS $$
+DECLARE
+    g record;
+    v_slot integer;
+    v_table text;
+    v_rows bigint;
+    v_n bigint;
+    v_pages double precision;
+    v_relpages double precision;
+    v_reltuples double precision;
+BEGIN
+    FOR g IN SELECT s.ring, s.slot_count, s.current_slot FROM awa.ring_state s ORDER BY s.ring LOOP
+        FOR v_slot IN 0..(g.slot_count - 1) LOOP
+            v_rows := 0;
+            FOREACH v_table IN ARRAY awa._ring_children_v1(g.ring, v_slot) LOOP
+                SELECT pg_relation_size(c.oid) / current_setting('block_size')::double precision,
+                       c.relpages, c.reltuples
+                INTO v_pages, v_relpages, v_reltuples
+                FROM pg_class c
+                WHERE c.oid = format('awa.%I', v_table)::regclass;
+                IF v_pages <= 1000 THEN
+                    EXECUTE format('SELECT count(*) FROM awa.%I', v_table) INTO v_n;
+                ELSIF v_relpages > 0 AND v_reltuples > 0 THEN
+                    v_n := round(v_reltuples / v_relpages * v_pages);
+                ELSE
+                    EXECUTE format('SELECT round(count(*) * %s) FROM awa.%I '
+                                   'TABLESAMPLE SYSTEM (%s) REPEATABLE (0)',
+                                   v_pages / 100, v_table, 10000 / v_pages) INTO v_n;
+                END IF;
+                v_rows := v_rows + v_n;
+            END LOOP;
+            ring := g.ring;
+            slot := v_slot;
+            is_current := v_slot = g.current_slot;
+            rows := v_rows;
+            SELECT p.outcome, p.pruned_at INTO last_prune, last_prune_at
+            FROM awa.ring_prunes p WHERE p.ring = g.ring AND p.slot = v_slot
+            ORDER BY p.pruned_at DESC LIMIT 1;
+            RETURN NEXT;
+        END LOOP;
+    END LOOP;
+END
+$$;
+
+-- The admin's queue list. Same rows as queue_stats_v1(), but a query that reads only the queue
+-- names (the admin's capped count of the list) computes no statistic: the statistics are
+-- computed once per query, when a column needs them.
+CREATE OR REPLACE VIEW awa.queue_stats AS
+WITH s AS MATERIALIZED (SELECT * FROM awa.queue_stats_v1())
+SELECT n.queue,
+       COALESCE((SELECT s.available FROM s WHERE s.queue = n.queue), 0) AS available,
+       COALESCE((SELECT s.running FROM s WHERE s.queue = n.queue), 0) AS running,
+       COALESCE((SELECT s.waiting_external FROM s WHERE s.queue = n.queue), 0)
+           AS waiting_external,
+       COALESCE((SELECT s.scheduled FROM s WHERE s.queue = n.queue), 0) AS scheduled,
+       COALESCE((SELECT s.retryable FROM s WHERE s.queue = n.queue), 0) AS retryable,
+       COALESCE((SELECT s.completed FROM s WHERE s.queue = n.queue), 0) AS completed,
+       COALESCE((SELECT s.failed FROM s WHERE s.queue = n.queue), 0) AS failed,
+       COALESCE((SELECT s.cancelled FROM s WHERE s.queue = n.queue), 0) AS cancelled,
+       COALESCE((SELECT s.dlq FROM s WHERE s.queue = n.queue), 0) AS dlq,
+       COALESCE((SELECT s.paused FROM s WHERE s.queue = n.queue), false) AS paused,
+       (SELECT s.lag_seconds FROM s WHERE s.queue = n.queue) AS lag_seconds,
+       COALESCE((SELECT s.completed_last_hour FROM s WHERE s.queue = n.queue), 0)
+           AS completed_last_hour
+FROM awa._queue_names_v1() AS n (queue);
