@@ -65,7 +65,7 @@ MAX_TEXT = 10_000
 #: Job ids are PostgreSQL ``bigint``.
 MAX_BIGINT = 2**63 - 1
 
-#: The lowest and highest job priority (lower runs first).
+#: The lowest and highest job priority (higher runs first, as in django.tasks).
 PRIORITY_RANGE = (-100, 100)
 
 #: The fewest and most attempts a job may be given (``max_attempts``).

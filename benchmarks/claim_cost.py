@@ -1,7 +1,7 @@
 """Server time of one claim and one finalize: the worker's ``claim_v3``/``finalize_v2`` against
 the same functions with their generic statements only (the per-slot branches never taken), in
 one database, interleaved: what the static per-slot statements save
-(docs/design/static-slot-statements.md).
+(docs/design/static-per-slot-statements.md).
 
     .venv/dj52/bin/python benchmarks/claim_cost.py [--calls 2000] [--rounds 5] [--batch 1]
         [--producers 4]

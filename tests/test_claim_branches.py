@@ -2,7 +2,7 @@
 per ring slot between ``--@each`` and ``--@end``) decide exactly as the generic statements of
 their ELSE branches, through weights, serial keys, gaps, cancels and every kind of ring rotation
 (random walks), and a one-job claim locks what it reads, not every ring partition
-(docs/design/static-slot-statements.md)."""
+(docs/design/static-per-slot-statements.md)."""
 
 from __future__ import annotations
 

@@ -128,7 +128,7 @@ def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
             "",
             "## Targets",
             "",
-            "Issue 14's targets, each computed from this run. \"held to\" is the best peer's "
+            'The speed targets, each computed from this run. "held to" is the best peer\'s '
             "figure (drain: at the peer's best concurrency; dead tuples: among peers that leave "
             "any), a fixed figure, or awa_django's own bare-INSERT baseline.",
             "",
@@ -255,7 +255,7 @@ def markdown(data: dict[str, Any], chart: Path, json_path: Path | None) -> str:
 # queue it must serve, as its docs start it. Each is what the installed version ships.
 DEFAULTS_TEXT = [
     "- **awa_django**: `manage.py awa_worker`, no option, once per process: `AWA['CONCURRENCY']` "
-    "= 10 jobs at once per process (async and sync handlers alike; sync ones in its handler "
+    "= 32 jobs at once per process (async and sync handlers alike; sync ones in its handler "
     "thread pool), every queue discovered, LISTEN/NOTIFY on, maintenance leader election on.",
     "- **procrastinate**: `App.run_worker_async()` with no argument: concurrency 1, every queue, "
     "LISTEN/NOTIFY on with a 5 s poll fallback, jobs kept (`delete_jobs=never`); sync tasks run "

@@ -106,7 +106,7 @@ $$;
 -- branch is the same statement on the parent, for a ring of another size. enable_seqscan and
 -- enable_bitmapscan are off: a plan made while a partition looked empty (a slot just rotated
 -- to) read the lane's index by bitmap, or scanned, for as long as the session kept it. Why, with
--- the figures: docs/design/static-slot-statements.md.
+-- the figures: docs/design/static-per-slot-statements.md.
 --
 -- Claim up to p_max units of available jobs of one queue for worker p_worker, as one short
 -- transaction, within the queue's flow limits (weights, permits, the rate limit) and the limits
