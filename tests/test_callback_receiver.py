@@ -549,6 +549,24 @@ def test_a_heartbeat_before_the_park_is_pending() -> None:
     assert status_of(post(callback, {"heartbeat": True})) == (202, "pending")
 
 
+def test_a_heartbeat_before_the_park_is_kept_for_the_wait() -> None:
+    """An early heartbeat's timeout is kept, as an early resolution is: when the attempt parks
+    with a shorter timeout of its own, its wait lasts until the heartbeat asked."""
+    with pg() as conn:
+        c = claimed(conn)
+        callback = register(conn, c)
+    early = post(callback, {"heartbeat": True, "timeout": 3600})
+    assert status_of(early) == (202, "pending")
+    kept = json.loads(early.content)["timeout_at"]
+    with pg() as conn:
+        assert storage.finalize(conn, [wait_item(c, callback, timeout=2)]) == []
+    until = _timeout_at(c.job_id)
+    assert until.isoformat() == kept
+    with pg() as conn:
+        row = conn.execute("SELECT %s - now() > interval '3500 s'", [until]).fetchone()
+        assert row == (True,)
+
+
 # Surroundings -------------------------------------------------------------------------------
 
 

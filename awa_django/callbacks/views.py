@@ -81,7 +81,8 @@ _UUID = re.compile(r"[0-9a-fA-F]{8}-?(?:[0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}")
 
 _DETAIL = {
     "accepted": "the attempt has not parked yet; the resolution is kept and applied when it does",
-    "pending": "the attempt has not parked yet; its wait starts with its full timeout",
+    "pending": "the attempt has not parked yet; the extension is kept: its wait will last at "
+    "least until timeout_at",
     "conflict": "this callback was resolved by another request",
     "stale": "the attempt is no longer waiting (resolved, timed out and rescued, or cancelled)",
     "unknown": "no job is waiting for this callback",

@@ -14,6 +14,7 @@ class Migration(migrations.Migration):
 
     operations = [
         RunAwaSQL(
+            "upgrades.sql",
             "superseded.sql",
             # In this order: a LANGUAGE sql function or a view needs what it reads to exist.
             "functions/common.sql",

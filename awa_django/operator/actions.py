@@ -294,10 +294,10 @@ def extend_callback(
     Its timeout becomes ``timeout`` from now on the database clock (seconds or a
     ``timedelta``, above 0 and at most 100 years; None: the wait's own timeout), unless it is
     later already (an extension never shortens a wait). Returns ``extended``; ``pending`` when
-    the attempt registered the callback but has not parked yet (its wait starts with its full
-    timeout when it does); ``stale`` when it was resolved, rescued or cancelled; ``unknown``
-    when no attempt holds the callback. The new timeout shows in the admin's callback waits
-    (``awa.callback_waits``).
+    the attempt registered the callback but has not parked yet (the extension is kept: its wait
+    lasts until the later of the extension and its own timeout); ``stale`` when it was
+    resolved, rescued or cancelled; ``unknown`` when no attempt holds the callback. The new
+    timeout shows in the admin's callback waits (``awa.callback_waits``).
     """
     callback = check_uuid("callback_id", callback_id)
     seconds = None if timeout is None else check_seconds("timeout", timeout)

@@ -7,7 +7,8 @@
   per slot of that ring, with ``{queue_slot}`` replaced by the slot's number; ``{queue_slots}``
   (and the others) anywhere are the rings' slot counts (``RING_SLOTS``). :func:`sql_file`
   returns a file rendered.
-* ``superseded.sql``: functions of development versions that are dropped.
+* ``upgrades.sql`` and ``superseded.sql``: what a database migrated by a development version
+  needs to match the schema (table changes made since; functions dropped).
 * The schema these produce is pictured in docs/reference/schema.sql (``scripts/schema_dump``;
   tests check it against a migrated database).
 * ``roles.sql``: the GRANT/REVOKE blocks of ``manage.py awa_roles``, one per role, whose

@@ -381,7 +381,9 @@ CREATE INDEX done_entries_kind_idx ON awa.done_entries (kind, finalized_at, job_
 -- callback_id: the attempt's registered callback, written before the handler can hand it out;
 -- callback_result: a resolution that arrived before the attempt parked; callback_resume and
 -- callback_timeout: what a parked attempt asked of its wait (a result resumes the job instead of
--- completing it; the default extension of a heartbeat), written by awa.finalize_v3.
+-- completing it; the default extension of a heartbeat), written by awa.finalize_v3;
+-- callback_extend_to: an extension (a heartbeat) that arrived before the attempt parked, kept
+-- for its wait.
 CREATE TABLE awa.attempt_state (
     job_id bigint NOT NULL,
     run_lease bigint NOT NULL,
@@ -392,6 +394,7 @@ CREATE TABLE awa.attempt_state (
     callback_id uuid,
     callback_resume boolean,
     callback_timeout double precision,
+    callback_extend_to timestamptz,
     PRIMARY KEY (job_id, run_lease)
 ) WITH (fillfactor = 80);
 

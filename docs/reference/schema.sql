@@ -116,7 +116,7 @@ VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (400)
+-- column (401)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -126,6 +126,7 @@ attempt_state.006 updated_at timestamp with time zone NOT NULL DEFAULT now()
 attempt_state.007 callback_id uuid
 attempt_state.008 callback_resume boolean
 attempt_state.009 callback_timeout double precision
+attempt_state.010 callback_extend_to timestamp with time zone
 callback_receipts.001 callback_id uuid NOT NULL
 callback_receipts.002 request_digest bytea NOT NULL
 callback_receipts.003 action text NOT NULL
@@ -760,7 +761,7 @@ CREATE OR REPLACE FUNCTION awa._callback_attempt_v1(p_callback_id uuid)
 CREATE OR REPLACE FUNCTION awa._callback_extend_locked_v1(p_callback_id uuid, p_job_id bigint, p_run_lease bigint, p_timeout double precision)
  RETURNS TABLE(outcome text, timeout_at timestamp with time zone)
  LANGUAGE plpgsql
- AS body sha256 4c39e2feb986a70f (35 lines)
+ AS body sha256 b84f89e534cbc1c7 (42 lines)
 
 CREATE OR REPLACE FUNCTION awa._callback_stamp_v1(p_job_id bigint, p_run_lease bigint, p_callback_id uuid, p_result jsonb)
  RETURNS void
@@ -1008,7 +1009,7 @@ CREATE OR REPLACE FUNCTION awa._max_seconds_v1()
 CREATE OR REPLACE FUNCTION awa._park_v2(p_items jsonb)
  RETURNS jsonb
  LANGUAGE plpgsql
- AS body sha256 d8ca5f974e88072f (80 lines)
+ AS body sha256 fb680a440419dd2a (84 lines)
 
 CREATE OR REPLACE FUNCTION awa._prune_blocker_v1(p_ring text, p_slot integer)
  RETURNS text

@@ -112,9 +112,11 @@ $$;
 
 -- Extend the wait of p_callback_id's attempt (p_job_id, p_run_lease), whose callback lock the
 -- caller holds: its timeout becomes now() + p_timeout (NULL: the wait's own timeout), unless it
--- is later already. Returns ('extended', the new timeout), ('pending', NULL) when the attempt
--- registered the callback but has not parked yet (its wait starts with its full timeout when
--- it parks), or ('stale', NULL) when the attempt is closed or its callback already resolved.
+-- is later already. Returns ('extended', the new timeout); ('pending', the time the wait will
+-- last at least until, or NULL) when the attempt registered the callback but has not parked
+-- yet: the extension is kept (attempt_state.callback_extend_to) and the wait, when it starts,
+-- lasts until the later of it and its own timeout; or ('stale', NULL) when the attempt is
+-- closed or its callback already resolved.
 CREATE OR REPLACE FUNCTION awa._callback_extend_locked_v1(
     p_callback_id uuid, p_job_id bigint, p_run_lease bigint, p_timeout double precision)
  RETURNS TABLE(outcome text, timeout_at timestamp with time zone)
@@ -144,11 +146,18 @@ BEGIN
     SELECT min(m.callback_timeout_at) INTO v_until FROM moved m;
     IF v_until IS NOT NULL THEN
         RETURN QUERY SELECT 'extended'::text, v_until;
-    ELSIF EXISTS (
-        SELECT 1 FROM awa.attempt_state s
-        WHERE s.job_id = p_job_id AND s.run_lease = p_run_lease
-          AND s.callback_id = p_callback_id AND s.callback_result IS NULL) THEN
-        RETURN QUERY SELECT 'pending'::text, NULL::timestamptz;
+    END IF;
+    -- Not parked yet: keep the extension for the park (an early resolution is kept the same way).
+    UPDATE awa.attempt_state s
+    SET callback_extend_to = GREATEST(
+            s.callback_extend_to,
+            now() + make_interval(secs => LEAST(p_timeout, awa._max_seconds_v1()))),
+        updated_at = now()
+    WHERE s.job_id = p_job_id AND s.run_lease = p_run_lease
+      AND s.callback_id = p_callback_id AND s.callback_result IS NULL
+    RETURNING s.callback_extend_to INTO v_until;
+    IF FOUND THEN
+        RETURN QUERY SELECT 'pending'::text, v_until;
     ELSE
         RETURN QUERY SELECT 'stale'::text, NULL::timestamptz;
     END IF;

@@ -572,7 +572,11 @@ BEGIN
     INSERT INTO awa.leases (lease_slot, lease_generation, job_id, run_lease, claim_slot, state,
                             callback_id, callback_timeout_at)
     SELECT v_slot, v_gen, p.id, p.lease, p.open_slot, 'waiting_external', p.callback_id,
-           now() + make_interval(secs => p.timeout)
+           -- An extension that arrived before the park (a heartbeat) is kept.
+           GREATEST(now() + make_interval(secs => p.timeout),
+                    (SELECT s.callback_extend_to FROM awa.attempt_state s
+                     WHERE s.job_id = p.id AND s.run_lease = p.lease
+                       AND s.callback_id = p.callback_id))
     FROM jsonb_to_recordset(v_rows) AS p(id bigint, lease bigint, open_slot integer,
                                           parked boolean, callback_id uuid,
                                           timeout double precision)
