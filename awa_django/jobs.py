@@ -17,13 +17,13 @@ from django.core.exceptions import ImproperlyConfigured
 
 from awa_django import cron as _cron
 from awa_django.conf import KindSettings
+from awa_django.context import JobContext
 from awa_django.db.enqueue import OptionsMemo, build_request, send_requests
 from awa_django.exceptions import UnknownKindError
 from awa_django.limits import check_flow_limits, check_kind_name, check_weight, tag_tuple
 from awa_django.retry import RetryPolicy, check_retry
 from awa_django.types import EnqueuedJob, JobOptions, JobRequest
 from awa_django.unique import states_tuple
-from awa_django.worker.context import JobContext
 
 __all__ = [
     "Job",

@@ -28,9 +28,9 @@ from asgiref.sync import async_to_sync
 from django.db import connections
 
 from awa_django.conf import get_awa_settings
+from awa_django.context import JobContext
 from awa_django.db.storage import ClaimedJob, Finalization, finalize_statement
 from awa_django.sql import query
-from awa_django.worker.context import JobContext
 from awa_django.worker.executor import outcome_of, prepare
 
 __all__ = ["JobRun", "drain"]

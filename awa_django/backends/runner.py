@@ -48,6 +48,7 @@ from awa_django.backends.stored import (
 )
 from awa_django.backends.tasks import resolve_stored
 from awa_django.conf import get_awa_settings
+from awa_django.context import JobContext
 from awa_django.exceptions import (
     InvalidArgumentsError,
     InvalidResultError,
@@ -58,7 +59,6 @@ from awa_django.jobs import Job, JobOptions
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.retry import fails_at_once
 from awa_django.sql import query
-from awa_django.worker.context import JobContext
 
 __all__ = ["task_handle"]
 

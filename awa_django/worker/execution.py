@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 from django.db import close_old_connections, connections
 
+from awa_django.context import JobContext
 from awa_django.db.storage import ClaimedJob, Finalization
 from awa_django.exceptions import TransactionLeftOpen
 from awa_django.sql import query
@@ -32,7 +33,6 @@ from awa_django.telemetry.metrics import Metrics
 from awa_django.telemetry.tracing import Tracing, attach_span, detach_span
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
-from awa_django.worker.context import JobContext
 from awa_django.worker.executor import (
     PreparedAttempt,
     error_info,

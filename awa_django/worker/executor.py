@@ -31,13 +31,13 @@ from collections.abc import Callable
 from typing import Any
 
 from awa_django import serialization
+from awa_django.context import JobContext
 from awa_django.db.storage import ClaimedJob, Finalization
 from awa_django.exceptions import AwaError, InvalidOptionError, JobValidationError
 from awa_django.jobs import Job, registered_kinds
 from awa_django.limits import MAX_TEXT, check_seconds, check_text, clean_text
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.retry import fails_at_once
-from awa_django.worker.context import JobContext
 
 __all__ = [
     "PreparedAttempt",
