@@ -118,3 +118,34 @@ def test_operator_reads_never_reach_a_write() -> None:
     }
     assert "write_transaction" not in names
     assert "awa_django.operator.actions" not in graph()["awa_django.operator.reads"]
+
+
+#: Folders that must never import another (directly; imports inside functions count too): the
+#: worker runs the maintenance leader and both use awa_django.db, never the other way round.
+LAYERS = {
+    "awa_django.db": ("awa_django.maintenance", "awa_django.worker"),
+    "awa_django.maintenance": ("awa_django.worker",),
+}
+
+
+def inside(name: str, folder: str) -> bool:
+    return name == folder or name.startswith(folder + ".")
+
+
+def test_db_and_maintenance_never_import_upwards() -> None:
+    edges = graph()
+    assert "awa_django.maintenance.leader" in edges["awa_django.worker.runtime"]
+    upward = [
+        (name, target)
+        for name, targets in edges.items()
+        for folder, above in LAYERS.items()
+        if inside(name, folder)
+        for target in targets
+        if any(inside(target, higher) for higher in above)
+    ]
+    assert upward == []
+
+
+def test_the_public_job_context_needs_no_worker() -> None:
+    edges = graph()
+    assert not any(inside(target, "awa_django.worker") for target in edges["awa_django.context"])

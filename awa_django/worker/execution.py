@@ -25,6 +25,7 @@ import psycopg
 from django.db import close_old_connections, connections
 
 from awa_django.context import JobContext
+from awa_django.db.links import Link, first_line
 from awa_django.db.storage import ClaimedJob, Finalization
 from awa_django.exceptions import TransactionLeftOpen
 from awa_django.sql import query
@@ -43,7 +44,6 @@ from awa_django.worker.executor import (
 )
 from awa_django.worker.flow import Permits
 from awa_django.worker.guards import release_thread_connections
-from awa_django.worker.links import Link, first_line
 from awa_django.worker.slots import Slots
 from awa_django.worker.threads import HandlerThreads
 

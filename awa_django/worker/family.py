@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from awa_django.db.links import Link, first_line
 from awa_django.limits import QUEUE_NAME_RE
 from awa_django.sql import query
 from awa_django.worker.config import WorkerConfig
-from awa_django.worker.links import Link, first_line
 from awa_django.worker.slots import Slots
 
 if TYPE_CHECKING:

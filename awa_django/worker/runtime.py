@@ -44,6 +44,7 @@ from typing import Any
 
 import psycopg
 
+from awa_django.db.links import Link, first_line, is_connection_lost
 from awa_django.jobs import kind_flow_limits, registered_kinds
 from awa_django.limits import QUEUE_NAME_RE
 from awa_django.maintenance.cron import sync_schedules
@@ -71,7 +72,6 @@ from awa_django.worker.guards import (
     hard_exit,
 )
 from awa_django.worker.heartbeats import Heartbeats
-from awa_django.worker.links import Link, first_line, is_connection_lost
 from awa_django.worker.slots import Slots
 from awa_django.worker.threads import HandlerThreads
 
