@@ -1,4 +1,4 @@
-"""The async handlers of one claim run in one task (awa_django/worker/execution.py,
+"""The async handlers of one claim run in one task (awa_django/worker/attempts.py,
 ``_run_async_batch``): a handler that finishes in its first step needs no task of its own; the
 first one that suspends keeps the task for its whole run; the jobs after it go on in a new
 task. In process, without a database: outcomes are read from the completion batcher's queue.
@@ -13,8 +13,8 @@ from typing import Any
 
 from awa_django.db.storage import ClaimedJob, Finalization
 from awa_django.jobs import Job
+from awa_django.worker.attempts import Running
 from awa_django.worker.config import build_config
-from awa_django.worker.execution import Running
 from awa_django.worker.runtime import WorkerRuntime
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("awa_test_batch", default="unset")

@@ -20,7 +20,7 @@ import psycopg
 from awa_django.db.links import first_line
 from awa_django.db.storage import aheartbeat
 from awa_django.telemetry.logs import job_fields, job_log_fields
-from awa_django.worker.execution import Execution
+from awa_django.worker.attempts import Execution
 
 __all__ = ["Heartbeats"]
 

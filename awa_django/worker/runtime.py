@@ -52,6 +52,7 @@ from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.sql import query
 from awa_django.telemetry.metrics import active_metrics
 from awa_django.telemetry.tracing import active_tracing
+from awa_django.worker.attempts import EXIT_STUCK_HANDLERS, Running, run_sync
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import (
     QueueConfig,
@@ -60,11 +61,8 @@ from awa_django.worker.config import (
     own_connections,
 )
 from awa_django.worker.dispatch import Dispatcher
-from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Running, run_sync
-from awa_django.worker.executor import (
-    safe_str,
-)
 from awa_django.worker.family import FAMILY_ENV, Family, FamilyWakeups
+from awa_django.worker.finalizations import safe_str
 from awa_django.worker.flow import Permits
 from awa_django.worker.guards import (
     EXIT_LOOP_FAILED,

@@ -34,16 +34,10 @@ from awa_django.telemetry.metrics import Metrics
 from awa_django.telemetry.tracing import Tracing, attach_span, detach_span
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
-from awa_django.worker.executor import (
-    PreparedAttempt,
-    error_info,
-    outcome_of,
-    prepare,
-    refused,
-    safe_str,
-)
+from awa_django.worker.finalizations import error_info, outcome_of, refused, safe_str
 from awa_django.worker.flow import Permits
 from awa_django.worker.guards import release_thread_connections
+from awa_django.worker.prepared import PreparedAttempt, prepare
 from awa_django.worker.slots import Slots
 from awa_django.worker.threads import HandlerThreads
 
