@@ -149,3 +149,15 @@ def test_db_and_maintenance_never_import_upwards() -> None:
 def test_the_public_job_context_needs_no_worker() -> None:
     edges = graph()
     assert not any(inside(target, "awa_django.worker") for target in edges["awa_django.context"])
+
+
+def test_admin_modules_never_import_their_package() -> None:
+    """``awa_django.admin`` registers the pages when Django imports it: a module of the package
+    that imported it back would be a cycle the graph above cannot see (it skips parents)."""
+    for path in (PACKAGE / "admin").glob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module != "awa_django.admin", path.name
+                assert not (node.level and not node.module), path.name
