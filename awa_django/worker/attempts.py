@@ -27,6 +27,7 @@ from django.db import close_old_connections, connections
 from awa_django.context import JobContext, Runtime
 from awa_django.db.links import Link, first_line
 from awa_django.db.storage import ClaimedJob, Finalization
+from awa_django.db.transactions import release_thread_connections
 from awa_django.exceptions import TransactionLeftOpen
 from awa_django.jobs import registered_kinds
 from awa_django.sql import query
@@ -37,7 +38,6 @@ from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.finalizations import error_info, outcome_of, refused, safe_str
 from awa_django.worker.flow import Permits
-from awa_django.worker.guards import release_thread_connections
 from awa_django.worker.prepared import PreparedAttempt, prepare
 from awa_django.worker.slots import Slots
 from awa_django.worker.threads import HandlerThreads
@@ -157,7 +157,8 @@ class Attempts:
         return bool(self.inflight) or any(not r.done for r in self.abandoned)
 
     def close(self) -> None:
-        """Stop the handler threads that are idle; busy ones end with their handlers."""
+        """Shut the handler thread pool down: it takes no more work and drops what has not
+        started; its threads are daemons, so a stuck handler never keeps the process alive."""
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     async def drain(self) -> None:
