@@ -8,6 +8,7 @@ Jobs enqueued inside ``transaction.atomic()`` commit or roll back with the calle
 Delivery is at-least-once: each attempt is fenced by ``(job_id, run_lease)``.
 """
 
+from awa_django.context import JobContext
 from awa_django.exceptions import (
     AwaError,
     DuplicateJobError,
@@ -31,7 +32,6 @@ from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.producer import aenqueue, aenqueue_many, enqueue, enqueue_many
 from awa_django.retry import RetryPolicy
 from awa_django.types import EnqueuedJob, JobRequest
-from awa_django.worker.context import JobContext
 
 __all__ = [
     "AwaError",

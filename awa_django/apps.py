@@ -1,3 +1,5 @@
+"""The ``awa_django`` app config: registers system checks and job kinds when Django starts."""
+
 from django.apps import AppConfig
 
 

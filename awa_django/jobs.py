@@ -10,20 +10,20 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Generic, Literal, NamedTuple, ParamSpec, TypeVar, overload
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
 from awa_django import cron as _cron
 from awa_django.conf import KindSettings
+from awa_django.context import JobContext
 from awa_django.db.enqueue import OptionsMemo, build_request, send_requests
 from awa_django.exceptions import UnknownKindError
 from awa_django.limits import check_flow_limits, check_kind_name, check_weight, tag_tuple
 from awa_django.retry import RetryPolicy, check_retry
 from awa_django.types import EnqueuedJob, JobOptions, JobRequest
 from awa_django.unique import states_tuple
-from awa_django.worker.context import JobContext
 
 __all__ = [
     "Job",
@@ -324,51 +324,94 @@ def job(
         weight=check_weight(weight),
     )
 
-    limits = None
-    if global_concurrency is not None or rate_limit is not None or rate_burst is not None:
-        limits = KindSettings(*check_flow_limits(global_concurrency, rate_limit, rate_burst))
-
-    if cron is None and (args or kwargs or timezone != "UTC" or catch_up != "latest"):
-        raise ImproperlyConfigured(
-            "@job(args=, kwargs=, timezone=, catch_up=) describe a periodic job and need cron="
-        )
+    limits = _kind_limits(global_concurrency, rate_limit, rate_burst)
+    periodic = _periodic(cron, timezone, args, kwargs, catch_up)
 
     def register(f: Callable[..., Any]) -> Job[Any, Any]:
-        qualname = getattr(f, "__qualname__", "")
-        if name is None and "<locals>" in qualname:
-            raise ImproperlyConfigured(
-                f"@job cannot register the nested function {qualname!r} by path; define it at "
-                "module level or pass name="
-            )
-        kind = name or f"{f.__module__}.{qualname}"
-        if limits is not None:
-            check_kind_name(kind, "name")  # the limits' row is named by it (docs/flow.md)
-        existing = _registry.get(kind)
-        if existing is not None and _origin(existing.func) != _origin(f):
-            raise ImproperlyConfigured(
-                f"job kind {kind!r} is already registered for {_origin(existing.func)}"
-            )
-        if takes_context:
-            _check_takes_context(f, kind)
-        handle: Job[Any, Any] = Job(f, kind, options, takes_context=takes_context, limits=limits)
-        _registry[kind] = handle
-        if cron is not None:
-            _cron.declare(
-                _cron.Schedule(
-                    name=kind,
-                    kind=kind,
-                    cron=cron,
-                    timezone=timezone,
-                    args=args,
-                    kwargs=dict(kwargs) if isinstance(kwargs, Mapping) else (kwargs or {}),
-                    catch_up=catch_up,
-                )
-            )
-        return handle
+        return _register(f, name, options, takes_context, limits, periodic)
 
     if func is not None:
         return register(func)
     return register
+
+
+class _Periodic(NamedTuple):
+    """``@job(cron=...)``'s schedule, declared when the kind is registered (docs/periodic.md)."""
+
+    cron: str
+    timezone: str
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any] | None
+    catch_up: str | int
+
+
+def _kind_limits(
+    global_concurrency: int | None, rate_limit: float | None, rate_burst: int | None
+) -> KindSettings | None:
+    """The kind's flow limits given to ``@job`` (checked at once), or None when none is."""
+    if global_concurrency is None and rate_limit is None and rate_burst is None:
+        return None
+    return KindSettings(*check_flow_limits(global_concurrency, rate_limit, rate_burst))
+
+
+def _periodic(
+    cron: str | None,
+    timezone: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+    catch_up: str | int,
+) -> _Periodic | None:
+    """``@job``'s schedule options, or None without ``cron=`` (which then takes none of them)."""
+    if cron is None:
+        if args or kwargs or timezone != "UTC" or catch_up != "latest":
+            raise ImproperlyConfigured(
+                "@job(args=, kwargs=, timezone=, catch_up=) describe a periodic job and need cron="
+            )
+        return None
+    return _Periodic(cron, timezone, args, kwargs, catch_up)
+
+
+def _register(
+    f: Callable[..., Any],
+    name: str | None,
+    options: JobOptions,
+    takes_context: bool,
+    limits: KindSettings | None,
+    periodic: _Periodic | None,
+) -> Job[Any, Any]:
+    """Register ``f`` as a job kind (``@job``): its kind is ``name`` or its dotted path."""
+    qualname = getattr(f, "__qualname__", "")
+    if name is None and "<locals>" in qualname:
+        raise ImproperlyConfigured(
+            f"@job cannot register the nested function {qualname!r} by path; define it at "
+            "module level or pass name="
+        )
+    kind = name or f"{f.__module__}.{qualname}"
+    if limits is not None:
+        check_kind_name(kind, "name")  # the limits' row is named by it (docs/flow.md)
+    existing = _registry.get(kind)
+    if existing is not None and _origin(existing.func) != _origin(f):
+        raise ImproperlyConfigured(
+            f"job kind {kind!r} is already registered for {_origin(existing.func)}"
+        )
+    if takes_context:
+        _check_takes_context(f, kind)
+    handle: Job[Any, Any] = Job(f, kind, options, takes_context=takes_context, limits=limits)
+    _registry[kind] = handle
+    if periodic is not None:
+        kwargs = periodic.kwargs
+        _cron.declare(
+            _cron.Schedule(
+                name=kind,
+                kind=kind,
+                cron=periodic.cron,
+                timezone=periodic.timezone,
+                args=periodic.args,
+                kwargs=dict(kwargs) if isinstance(kwargs, Mapping) else (kwargs or {}),
+                catch_up=periodic.catch_up,
+            )
+        )
+    return handle
 
 
 def _origin(func: Callable[..., Any]) -> str:

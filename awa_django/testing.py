@@ -28,10 +28,11 @@ from asgiref.sync import async_to_sync
 from django.db import connections
 
 from awa_django.conf import get_awa_settings
+from awa_django.context import JobContext
 from awa_django.db.storage import ClaimedJob, Finalization, finalize_statement
 from awa_django.sql import query
-from awa_django.worker.context import JobContext
-from awa_django.worker.executor import outcome_of, prepare
+from awa_django.worker.finalizations import outcome_of
+from awa_django.worker.prepared import prepare
 
 __all__ = ["JobRun", "drain"]
 

@@ -12,7 +12,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from awa_django.admin_readonly import CappedPaginator, search_jobs
+from awa_django.admin.base import CappedPaginator, search_jobs
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
 from awa_django.models import DeadLetter, LiveJob, ReadOnlyError, TerminalJob

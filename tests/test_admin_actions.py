@@ -11,7 +11,7 @@ from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.test import override_settings
 
-from awa_django.admin_actions import BULK_LIMIT, SELECTION_FIELD
+from awa_django.admin.selection import BULK_LIMIT, SELECTION_FIELD
 from awa_django.models import DeadLetter
 from tests import testjobs
 from tests.admin_support import changelist, confirmed, form_fields, messages_of, post_action

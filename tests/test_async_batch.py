@@ -1,4 +1,4 @@
-"""The async handlers of one claim run in one task (awa_django/worker/execution.py,
+"""The async handlers of one claim run in one task (awa_django/worker/attempts.py,
 ``_run_async_batch``): a handler that finishes in its first step needs no task of its own; the
 first one that suspends keeps the task for its whole run; the jobs after it go on in a new
 task. In process, without a database: outcomes are read from the completion batcher's queue.
@@ -13,8 +13,8 @@ from typing import Any
 
 from awa_django.db.storage import ClaimedJob, Finalization
 from awa_django.jobs import Job
+from awa_django.worker.attempts import Running
 from awa_django.worker.config import build_config
-from awa_django.worker.execution import Running
 from awa_django.worker.runtime import WorkerRuntime
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("awa_test_batch", default="unset")
@@ -31,14 +31,14 @@ async def run_batch(
 ) -> dict[int, Finalization]:
     """Start one claim of jobs 1..n (of ``kinds``) and wait until every one has an outcome."""
     runtime = WorkerRuntime(build_config(queues=[("q", 64)], concurrency=64, maintenance=False))
-    runtime._loop = asyncio.get_running_loop()
-    runtime._kinds = {
+    runtime.attempts.bind(asyncio.get_running_loop())
+    runtime.attempts.kinds = {
         kind: Job(func, kind, None, takes_context=False) for kind, func in handlers.items()
     }  # type: ignore[arg-type]
     queue = runtime.config.queues[0]
     runtime.slots.add(queue)
     jobs = [claimed(i + 1, kind) for i, kind in enumerate(kinds)]
-    runtime._start_batch(jobs, queue)
+    runtime.attempts.start_batch(jobs, queue)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while runtime.inflight:
@@ -142,14 +142,14 @@ def test_abandoned_before_its_first_step_never_runs() -> None:
 
     async def main() -> None:
         runtime = WorkerRuntime(build_config(queues=[("q", 8)], concurrency=8, maintenance=False))
-        runtime._loop = asyncio.get_running_loop()
-        runtime._kinds = {"record": Job(record, "record", None)}  # type: ignore[arg-type]
+        runtime.attempts.bind(asyncio.get_running_loop())
+        runtime.attempts.kinds = {"record": Job(record, "record", None)}  # type: ignore[arg-type]
         queue = runtime.config.queues[0]
         runtime.slots.add(queue)
-        runtime._start_batch([claimed(1, "record")], queue)
+        runtime.attempts.start_batch([claimed(1, "record")], queue)
         [run] = runtime.inflight.values()
         assert isinstance(run, Running) and not run.began
-        runtime._abandon(run, "test")  # before its task's first step
+        runtime.attempts._abandon(run, "test")  # before its task's first step
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 10
         while not run.done:  # its task runs its first step and finds itself abandoned

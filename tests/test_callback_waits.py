@@ -15,9 +15,9 @@ from psycopg import errors
 
 import awa_django
 from awa_django import InvalidOptionError, WaitForCallback
+from awa_django.context import JobContext
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
-from awa_django.worker.context import JobContext
 from tests import testjobs
 from tests.callback_support import (
     KEY,

@@ -22,10 +22,10 @@ import pytest
 from psycopg import errors
 
 from awa_django.db import storage
+from awa_django.db.links import Link, is_connection_lost
 from awa_django.db.storage import Finalization
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.worker.batcher import CompletionBatcher
-from awa_django.worker.links import Link, is_connection_lost
 from tests import testjobs
 from tests.factories import WORKER, enqueue_sql
 from tests.helpers import ManagedProcess, pg, wait_for

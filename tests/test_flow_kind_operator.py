@@ -292,7 +292,7 @@ def test_an_admin_actor_is_one_line_and_fits_the_actor_column() -> None:
     from django.contrib.auth.models import User
     from django.test import RequestFactory
 
-    from awa_django.admin_actions import admin_actor
+    from awa_django.admin.actions import admin_actor
 
     request = RequestFactory().get("/")
     request.user = User(username="eve\nkind:forged" + "x" * 300)

@@ -137,7 +137,7 @@ def test_a_queued_item_can_be_cancelled_and_a_retired_thread_is_replaced() -> No
 
 
 def test_a_runner_that_raises_still_hands_its_item_back() -> None:
-    # The runner (awa_django.worker.execution.run_sync) catches everything a handler raises; a
+    # The runner (awa_django.worker.attempts.run_sync) catches everything a handler raises; a
     # bug in it must still not keep a slot forever.
     def broken(item: Item) -> None:
         item.runs += 1

@@ -118,3 +118,50 @@ def test_operator_reads_never_reach_a_write() -> None:
     }
     assert "write_transaction" not in names
     assert "awa_django.operator.actions" not in graph()["awa_django.operator.reads"]
+
+
+#: Folders that must never import another (directly; imports inside functions count too): the
+#: worker runs the maintenance leader and both use awa_django.db, never the other way round; the
+#: django.tasks backend's runner is run by the worker and imports none of it; nothing imports
+#: the admin but Django.
+LAYERS = {
+    "awa_django.db": ("awa_django.maintenance", "awa_django.worker", "awa_django.admin"),
+    "awa_django.maintenance": ("awa_django.worker", "awa_django.admin"),
+    "awa_django.backends": ("awa_django.worker", "awa_django.admin"),
+    "awa_django.worker": ("awa_django.admin",),
+}
+
+
+def inside(name: str, folder: str) -> bool:
+    return name == folder or name.startswith(folder + ".")
+
+
+def test_lower_folders_never_import_upwards() -> None:
+    edges = graph()
+    assert "awa_django.maintenance.leader" in edges["awa_django.worker.runtime"]
+    upward = [
+        (name, target)
+        for name, targets in edges.items()
+        for folder, above in LAYERS.items()
+        if inside(name, folder)
+        for target in targets
+        if any(inside(target, higher) for higher in above)
+    ]
+    assert upward == []
+
+
+def test_the_public_job_context_needs_no_worker() -> None:
+    edges = graph()
+    assert not any(inside(target, "awa_django.worker") for target in edges["awa_django.context"])
+
+
+def test_admin_modules_never_import_their_package() -> None:
+    """``awa_django.admin`` registers the pages when Django imports it: a module of the package
+    that imported it back would be a cycle the graph above cannot see (it skips parents)."""
+    for path in (PACKAGE / "admin").glob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module != "awa_django.admin", path.name
+                assert not (node.level and not node.module), path.name

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from awa_django.db import storage
+from awa_django.db.links import Link
 from awa_django.db.storage import ClaimedJob, Finalization
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.telemetry.logs import (
@@ -26,7 +27,6 @@ from awa_django.telemetry.logs import (
     set_current_job,
 )
 from awa_django.worker.batcher import CompletionBatcher
-from awa_django.worker.links import Link
 from tests import obsjobs
 from tests.factories import WORKER, enqueue_sql
 from tests.helpers import ManagedProcess, conninfo, pg, wait_for

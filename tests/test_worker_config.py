@@ -27,7 +27,7 @@ def test_concurrency_is_jobs_per_process_across_all_queues() -> None:
 
 def test_the_handler_thread_pool_is_sized_to_the_process_concurrency() -> None:
     config = build_config(queues=[("a", None), ("b", None)], concurrency=4)
-    assert WorkerRuntime(config)._pool.size == 4
+    assert WorkerRuntime(config).attempts.pool.size == 4
 
 
 def test_the_default_is_the_concurrency_setting() -> None:

@@ -48,6 +48,8 @@ from awa_django.backends.stored import (
 )
 from awa_django.backends.tasks import resolve_stored
 from awa_django.conf import get_awa_settings
+from awa_django.context import JobContext
+from awa_django.db.transactions import release_thread_connections
 from awa_django.exceptions import (
     InvalidArgumentsError,
     InvalidResultError,
@@ -58,7 +60,6 @@ from awa_django.jobs import Job, JobOptions
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.retry import fails_at_once
 from awa_django.sql import query
-from awa_django.worker.context import JobContext
 
 __all__ = ["task_handle"]
 
@@ -218,8 +219,6 @@ def _status_after(ctx: JobContext, value: object, exc: BaseException | None) -> 
 def _release_connections(job_id: int) -> None:
     """Roll back a transaction the task left open (as the executor would), before the
     ``task_finished`` receivers run; raise ``TransactionLeftOpen`` when there was one."""
-    from awa_django.worker.guards import release_thread_connections
-
     try:
         leaked = release_thread_connections()
     except Exception:

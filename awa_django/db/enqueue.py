@@ -44,7 +44,7 @@ from awa_django.limits import (
     check_text,
     check_weight,
 )
-from awa_django.retry import RETRY_KEY, check_retry
+from awa_django.retry import RETRY_KEY, RetryPolicy, check_retry
 from awa_django.sql import query
 from awa_django.telemetry.metrics import active_metrics
 from awa_django.telemetry.tracing import active_tracing
@@ -216,29 +216,7 @@ def _build_request(
         or serial_key is not None
         or trace
     ):
-        metadata: dict[Any, Any] = {}
-        if options.metadata is not None:
-            if not isinstance(options.metadata, Mapping):
-                raise InvalidOptionError("metadata", "must be a mapping (a JSON object)")
-            metadata = dict(options.metadata)
-            check_metadata_keys(metadata)
-        if retry is not None:
-            # Stored with the job, so that every retry path follows it (awa_django/retry.py).
-            metadata[RETRY_KEY] = retry.to_value()
-        if weight != 1:
-            metadata[WEIGHT_KEY] = weight
-        if serial_key is not None:
-            # Read by awa.claim_v3: one job of the key (in its queue) runs at a time.
-            metadata[SERIAL_KEY] = serial_key
-        if trace:
-            # The enqueuing trace, for the handler's span (awa_django/telemetry/tracing.py).
-            metadata.update(trace)
-        metadata_json = serialization.dumps(
-            metadata,
-            "metadata",
-            max_bytes=cfg.METADATA_MAX_BYTES,
-            max_depth=cfg.JSON_MAX_DEPTH,
-        )
+        metadata_json = _metadata_json(options.metadata, cfg, retry, weight, serial_key, trace)
     if type(options.unique) is not bool:
         raise InvalidOptionError(
             "unique", f"must be True or False, got {type(options.unique).__name__}"
@@ -273,6 +251,42 @@ def _build_request(
         _check_tags(options.tags) if options.tags else None,
         SEAL,
         unique,
+    )
+
+
+def _metadata_json(
+    given: object,
+    cfg: Any,
+    retry: RetryPolicy | None,
+    weight: int,
+    serial_key: str | None,
+    trace: dict[str, str] | None,
+) -> str:
+    """The metadata stored with a job, as JSON text: the caller's (``given``, a mapping whose
+    keys are checked), and what awa_django keeps there: the job's retry policy, its weight (when
+    not 1), its serial key and the enqueuing trace."""
+    metadata: dict[Any, Any] = {}
+    if given is not None:
+        if not isinstance(given, Mapping):
+            raise InvalidOptionError("metadata", "must be a mapping (a JSON object)")
+        metadata = dict(given)
+        check_metadata_keys(metadata)
+    if retry is not None:
+        # Stored with the job, so that every retry path follows it (awa_django/retry.py).
+        metadata[RETRY_KEY] = retry.to_value()
+    if weight != 1:
+        metadata[WEIGHT_KEY] = weight
+    if serial_key is not None:
+        # Read by awa.claim_v3: one job of the key (in its queue) runs at a time.
+        metadata[SERIAL_KEY] = serial_key
+    if trace:
+        # The enqueuing trace, for the handler's span (awa_django/telemetry/tracing.py).
+        metadata.update(trace)
+    return serialization.dumps(
+        metadata,
+        "metadata",
+        max_bytes=cfg.METADATA_MAX_BYTES,
+        max_depth=cfg.JSON_MAX_DEPTH,
     )
 
 

@@ -5,10 +5,15 @@ and purge, drains) is atomic: inside the caller's ``transaction.atomic()`` block
 transaction (and commits or rolls back with it); in autocommit it runs in a transaction of its
 own, so a write of several statements never commits half-way, and the wake-up NOTIFY is
 delivered only when every row exists.
+
+:func:`release_thread_connections` puts back the Django connections a sync handler (a job's, a
+task's) left in a transaction (an ``atomic()`` block entered and never exited, autocommit turned
+off), so the next job on that thread starts clean.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,7 +23,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from awa_django.exceptions import InvalidOptionError, IsolationLevelError
 from awa_django.sql import query
 
-__all__ = ["checked_alias", "write_transaction"]
+__all__ = ["checked_alias", "release_thread_connections", "write_transaction"]
 
 _READ_COMMITTED = ("read committed", "read uncommitted")  # PostgreSQL runs the latter as RC
 
@@ -79,3 +84,27 @@ def write_transaction(
             with connection.cursor() as cursor:
                 cursor.execute(query("read_committed"))
         yield connection
+
+
+def release_thread_connections() -> list[str]:
+    """Close this thread's Django connections that a handler left inside a transaction, so the
+    next job on the thread gets fresh ones; return their aliases (the handler's uncommitted
+    writes are rolled back with them). Clean connections are left alone."""
+    leaked: list[str] = []
+    for conn in connections.all(initialized_only=True):
+        raw = conn.connection
+        if raw is None and not conn.in_atomic_block:
+            continue
+        open_transaction = conn.in_atomic_block or not conn.get_autocommit()
+        if raw is not None and not open_transaction:
+            with contextlib.suppress(Exception):
+                open_transaction = raw.info.transaction_status != 0  # not IDLE
+        if not open_transaction:
+            continue
+        leaked.append(conn.alias)
+        with contextlib.suppress(Exception):
+            if raw is not None:
+                raw.close()
+        with contextlib.suppress(Exception):
+            del connections[conn.alias]  # a new wrapper, outside any atomic block, next time
+    return leaked

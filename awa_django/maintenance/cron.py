@@ -31,11 +31,11 @@ import psycopg
 
 from awa_django.cron import due_fires
 from awa_django.db.enqueue import sql_limit_values
+from awa_django.db.links import first_line, is_connection_lost
 from awa_django.maintenance.queues import sync_queue_settings
 from awa_django.periodic import sync_payload
 from awa_django.sql import query
 from awa_django.telemetry.logs import job_fields
-from awa_django.worker.links import first_line, is_connection_lost
 
 __all__ = ["CronFirer", "sync_schedules"]
 

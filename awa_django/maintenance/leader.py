@@ -43,11 +43,11 @@ from typing import Any
 import psycopg
 
 from awa_django.conf import AwaSettings, get_awa_settings
+from awa_django.db.links import Link, first_line, is_connection_lost, is_transient
 from awa_django.maintenance.cron import CronFirer, sync_schedules
 from awa_django.sql import query
 from awa_django.telemetry.logs import job_fields
 from awa_django.telemetry.metrics import QueueSnapshot, active_metrics
-from awa_django.worker.links import Link, first_line, is_connection_lost, is_transient
 
 __all__ = ["Maintenance", "MaintenanceSettings"]
 

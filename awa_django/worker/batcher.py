@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from awa_django.db.links import Link, first_line, is_connection_lost
 from awa_django.db.storage import ClaimedJob, Finalization, afinalize
 from awa_django.limits import clean_text
 from awa_django.sql import query
 from awa_django.telemetry.logs import job_fields, job_log_fields
 from awa_django.telemetry.metrics import Metrics
-from awa_django.worker.links import Link, first_line, is_connection_lost
 
 __all__ = ["CompletionBatcher"]
 

@@ -44,13 +44,13 @@ from typing import Any
 
 import psycopg
 
+from awa_django.db.links import Link, first_line
 from awa_django.db.storage import Claimed, ClaimedJob, aclaim_units
 from awa_django.sql import query
 from awa_django.telemetry.metrics import Metrics
 from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.family import Family
 from awa_django.worker.flow import Permits
-from awa_django.worker.links import Link, first_line
 from awa_django.worker.slots import BacklogRetry, ClaimCap, Slots
 
 __all__ = ["ADMIT_SCAN", "NOTE_RETRY", "SWEEP_CHUNK", "SWEEP_SHARE", "Dispatcher"]

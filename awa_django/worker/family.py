@@ -20,29 +20,19 @@ do (a job enqueued while every process sleeps is claimed within ``POLL_INTERVAL`
 without NOTIFY), and a worker started alone (no family) answers every note. A family lock file
 that cannot be opened or locked for another reason than a held lock makes the process answer
 every note, as before.
+
+This module holds the family lock (``Family``); awa_django/worker/wakeups.py answers the notes
+and hands them on.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import logging
 import os
-from typing import TYPE_CHECKING, Any
 
-import psycopg
-
-from awa_django.limits import QUEUE_NAME_RE
-from awa_django.sql import query
-from awa_django.worker.config import WorkerConfig
-from awa_django.worker.links import Link, first_line
-from awa_django.worker.slots import Slots
-
-if TYPE_CHECKING:
-    from awa_django.worker.dispatch import Dispatcher
-
-__all__ = ["FAMILY_ENV", "HAND_OFF", "Family", "FamilyWakeups"]
+__all__ = ["FAMILY_ENV", "HAND_OFF", "Family"]
 
 log = logging.getLogger("awa_django.worker")
 
@@ -108,55 +98,3 @@ class Family:
             with contextlib.suppress(OSError):
                 os.close(self._fd)  # frees the flock
             self._fd = None
-
-
-class FamilyWakeups:
-    """The ``awa_jobs`` notes of a worker process (mixed into ``WorkerRuntime``)."""
-
-    config: WorkerConfig
-    family: Family
-    slots: Slots
-    dispatcher: Dispatcher
-    stopping: bool
-    control_link: Link
-    _handing_off: set[str]
-    _rediscover: asyncio.Event
-    _async_batches: set[asyncio.Task[None]]
-    _loop: asyncio.AbstractEventLoop | None
-
-    def _on_jobs_note(self, payload: str) -> None:
-        """A note on ``awa_jobs``: wake the queue's dispatcher if this process answers it (in a
-        family, the leader answers plain notes and the others the notes it hands on)."""
-        if payload.startswith(HAND_OFF):
-            name = payload[len(HAND_OFF) :]
-            if not self.family.leader:
-                self.dispatcher.wake(name)
-            return
-        if self.dispatcher.serves(payload):
-            if self.family.leads():
-                self.dispatcher.wake(payload)
-                if not self.family.alone and not self.slots.has_room(payload):
-                    self._hand_off(payload)  # no slot free here: a sibling may have one
-        elif self.config.discover and QUEUE_NAME_RE.fullmatch(payload):
-            self._rediscover.set()  # a queue this worker does not serve yet
-
-    def _hand_off(self, queue: str) -> None:
-        """Wake the rest of the family for ``queue`` (one hand-off in flight per queue)."""
-        loop = self._loop
-        if queue in self._handing_off or self.stopping or loop is None or loop.is_closed():
-            return
-        self._handing_off.add(queue)
-        task = loop.create_task(self._send_hand_off(queue))
-        self._async_batches.add(task)
-        task.add_done_callback(self._async_batches.discard)
-
-    async def _send_hand_off(self, queue: str) -> None:
-        async def send(conn: psycopg.AsyncConnection[Any]) -> None:
-            await conn.execute(query("hand_off"), [HAND_OFF + queue])
-
-        try:
-            await self.control_link.run(send, give_up=lambda: self.stopping)
-        except Exception as exc:  # the others' poll interval still finds the work
-            log.warning("awa worker: could not hand a wake-up on (%s)", first_line(exc))
-        finally:
-            self._handing_off.discard(queue)

@@ -8,9 +8,6 @@
   blocks it; when a graceful stop overruns the shutdown timeout, it exits too. A stopped or
   starved *process* (SIGSTOP, a machine stall) is told apart from a blocked *loop*: the
   watchdog's own sleep then overruns as well, and it starts counting afresh.
-* :func:`release_thread_connections` puts back the Django connections a sync handler left in a
-  transaction (an ``atomic()`` block entered and never exited, autocommit turned off), so the
-  next job on that thread starts clean.
 """
 
 from __future__ import annotations
@@ -24,9 +21,7 @@ import time
 import traceback
 from typing import NoReturn
 
-from django.db import connections
-
-__all__ = ["EXIT_LOOP_FAILED", "LoopWatchdog", "hard_exit", "release_thread_connections"]
+__all__ = ["EXIT_LOOP_FAILED", "LoopWatchdog", "hard_exit"]
 
 log = logging.getLogger("awa_django.worker")
 
@@ -117,27 +112,3 @@ def _stack_of(thread_id: int) -> str:
     if frame is None:
         return "(unknown)"
     return "".join(traceback.format_stack(frame)[-8:])
-
-
-def release_thread_connections() -> list[str]:
-    """Close this thread's Django connections that a handler left inside a transaction, so the
-    next job on the thread gets fresh ones; return their aliases (the handler's uncommitted
-    writes are rolled back with them). Clean connections are left alone."""
-    leaked: list[str] = []
-    for conn in connections.all(initialized_only=True):
-        raw = conn.connection
-        if raw is None and not conn.in_atomic_block:
-            continue
-        open_transaction = conn.in_atomic_block or not conn.get_autocommit()
-        if raw is not None and not open_transaction:
-            with contextlib.suppress(Exception):
-                open_transaction = raw.info.transaction_status != 0  # not IDLE
-        if not open_transaction:
-            continue
-        leaked.append(conn.alias)
-        with contextlib.suppress(Exception):
-            if raw is not None:
-                raw.close()
-        with contextlib.suppress(Exception):
-            del connections[conn.alias]  # a new wrapper, outside any atomic block, next time
-    return leaked

@@ -1,4 +1,4 @@
-"""The heartbeats of a worker process's in-flight attempts (mixed into ``WorkerRuntime``).
+"""The heartbeats of a worker process's in-flight attempts (a part of ``WorkerRuntime``).
 
 Every ``HEARTBEAT_INTERVAL`` (or at once when a handler flushes its progress), the attempts that
 have run for an interval or have progress to write are refreshed in one batch
@@ -17,22 +17,33 @@ from typing import Any
 
 import psycopg
 
+from awa_django.db.links import Link, first_line
 from awa_django.db.storage import aheartbeat
 from awa_django.telemetry.logs import job_fields, job_log_fields
-from awa_django.worker.execution import Execution
-from awa_django.worker.links import first_line
+from awa_django.worker.attempts import Attempts
+from awa_django.worker.config import WorkerConfig
 
 __all__ = ["Heartbeats"]
 
 log = logging.getLogger("awa_django.worker")
 
 
-class Heartbeats(Execution):
-    """Heartbeat passes over ``inflight`` (``WorkerRuntime`` runs ``_heartbeat_loop``)."""
+class Heartbeats:
+    """Heartbeat passes over the in-flight ``attempts``, on ``control_link`` (``WorkerRuntime``
+    runs ``run``)."""
 
-    _flush: asyncio.Event
+    def __init__(self, config: WorkerConfig, attempts: Attempts, control_link: Link) -> None:
+        self.config = config
+        self.attempts = attempts
+        self.control_link = control_link
+        self._flush = asyncio.Event()
 
-    async def _heartbeat_loop(self) -> None:
+    def beat_now(self) -> None:
+        """Begin the next pass at once (a handler flushes its progress); on the event loop."""
+        self._flush.set()
+
+    async def run(self) -> None:
+        """Beat every ``HEARTBEAT_INTERVAL``, or at once after ``beat_now``, until cancelled."""
         interval = self.config.settings.HEARTBEAT_INTERVAL
         while True:
             with contextlib.suppress(TimeoutError):
@@ -47,7 +58,7 @@ class Heartbeats(Execution):
         loop = asyncio.get_running_loop()
         now = loop.time()
         items: list[tuple[int, int, str | None]] = []
-        for (job_id, lease), run in list(self.inflight.items()):
+        for (job_id, lease), run in list(self.attempts.inflight.items()):
             ctx = run.attempt.ctx_made  # None: the handler never had one, so no progress
             dirty, progress = (False, None) if ctx is None else ctx.take_dirty_progress()
             # Short jobs never write attempt_state: only attempts running for a heartbeat
@@ -62,7 +73,7 @@ class Heartbeats(Execution):
         except Exception as exc:
             gone = await self._beat_one_by_one(items, exc)
         for key in gone:
-            closed = self.inflight.get(key)
+            closed = self.attempts.inflight.get(key)
             if closed is not None:
                 log.info(
                     "job %s attempt lease %s is no longer open (rescued or cancelled); "
@@ -71,7 +82,7 @@ class Heartbeats(Execution):
                     key[1],
                     extra=job_log_fields(closed.attempt.job),
                 )
-                self._tell_stop(closed, "its attempt is no longer open")
+                self.attempts.tell_stop(closed, "its attempt is no longer open")
 
     async def _beat(self, items: list[tuple[int, int, str | None]]) -> list[tuple[int, int]]:
         async def beat(conn: psycopg.AsyncConnection[Any]) -> list[tuple[int, int]]:
@@ -106,7 +117,7 @@ class Heartbeats(Execution):
 
     def _job_fields(self, job_id: int, lease: int) -> dict[str, Any]:
         """The log fields of an in-flight attempt (only its identity once it has ended)."""
-        run = self.inflight.get((job_id, lease))
+        run = self.attempts.inflight.get((job_id, lease))
         if run is None:
             return job_fields(job_id, run_lease=lease)
         return job_log_fields(run.attempt.job)

@@ -38,19 +38,20 @@ import logging
 import os
 import signal
 import socket
-import threading
 import uuid
 from typing import Any
 
 import psycopg
 
-from awa_django.jobs import kind_flow_limits, registered_kinds
+from awa_django.db.links import Link, first_line, is_connection_lost
+from awa_django.jobs import kind_flow_limits
 from awa_django.limits import QUEUE_NAME_RE
 from awa_django.maintenance.cron import sync_schedules
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.sql import query
 from awa_django.telemetry.metrics import active_metrics
 from awa_django.telemetry.tracing import active_tracing
+from awa_django.worker.attempts import EXIT_STUCK_HANDLERS, Attempts, Running
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import (
     QueueConfig,
@@ -59,11 +60,8 @@ from awa_django.worker.config import (
     own_connections,
 )
 from awa_django.worker.dispatch import Dispatcher
-from awa_django.worker.execution import EXIT_STUCK_HANDLERS, Running, run_sync
-from awa_django.worker.executor import (
-    safe_str,
-)
-from awa_django.worker.family import FAMILY_ENV, Family, FamilyWakeups
+from awa_django.worker.family import FAMILY_ENV, Family
+from awa_django.worker.finalizations import safe_str
 from awa_django.worker.flow import Permits
 from awa_django.worker.guards import (
     EXIT_LOOP_FAILED,
@@ -71,9 +69,8 @@ from awa_django.worker.guards import (
     hard_exit,
 )
 from awa_django.worker.heartbeats import Heartbeats
-from awa_django.worker.links import Link, first_line, is_connection_lost
 from awa_django.worker.slots import Slots
-from awa_django.worker.threads import HandlerThreads
+from awa_django.worker.wakeups import FamilyWakeups, HandOffs
 
 __all__ = ["EXIT_LOOP_FAILED", "EXIT_STUCK_HANDLERS", "WorkerRuntime"]
 
@@ -82,8 +79,15 @@ log = logging.getLogger("awa_django.worker")
 _TICK = 0.5
 
 
-class WorkerRuntime(Heartbeats, FamilyWakeups):
-    """Runs one worker process until it is told to stop (or, in burst mode, runs out of work)."""
+class WorkerRuntime:
+    """Runs one worker process until it is told to stop (or, in burst mode, runs out of work).
+
+    It owns the process's connections (``claim_link``, ``finalize_link``, ``control_link``),
+    its execution ``slots``, flow ``permits`` and completion ``batcher``, and composes the
+    parts that use them: the ``dispatcher`` (claims), the in-flight ``attempts``, their
+    ``heartbeats``, and the family's wake-ups (``wakeups``, ``hand_offs``). It runs their
+    loops, the runtime row, queue discovery, and the graceful stop.
+    """
 
     def __init__(
         self,
@@ -98,12 +102,11 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
         self.config = config
         self.instance_id = instance_id or uuid.uuid4()
         name = str(self.instance_id)
+        alias = config.settings.DATABASE_ALIAS
         self.permits = Permits()
-        self.claim_link = Link(
-            config.settings.DATABASE_ALIAS, "claim", name, on_connect=self.permits.on_connect
-        )
-        self.finalize_link = Link(config.settings.DATABASE_ALIAS, "finalize", name)
-        self.control_link = Link(config.settings.DATABASE_ALIAS, "heartbeat", name)
+        self.claim_link = Link(alias, "claim", name, on_connect=self.permits.on_connect)
+        self.finalize_link = Link(alias, "finalize", name)
+        self.control_link = Link(alias, "heartbeat", name)
         self._metrics = active_metrics()  # None unless OpenTelemetry metrics are on
         self._tracing = active_tracing()  # None unless OpenTelemetry traces are on
         self.batcher = CompletionBatcher(
@@ -113,23 +116,44 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
             give_up=self._shutdown_overdue,
             metrics=self._metrics,
         )
-        self.inflight: dict[tuple[int, int], Running] = {}
-        self.abandoned: list[Running] = []
-        self.abandoned_total = 0
         self.queues: dict[str, QueueConfig] = {}
         self.slots = Slots(config.concurrency, config.settings.CLAIM_BATCH_SIZE)
         self.stopping = False
         self.exit_code = 0
         self.signals = 0
-        self.finished = 0
-        self._kinds = registered_kinds()
-        self._pool: HandlerThreads[Running] = HandlerThreads(config.concurrency, run_sync)
-        self._async_batches: set[asyncio.Task[None]] = set()
-        self._debug = log.isEnabledFor(logging.DEBUG)
+        self._tasks: set[asyncio.Task[None]] = set()
         self._handle_signals = handle_signals
         self._rediscover = asyncio.Event()
         # Which process of an ``awa_worker --processes N`` family answers NOTIFY (family.py).
         self.family = Family(os.environ.get(FAMILY_ENV))
+        self._build_parts()
+        self._stop = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_deadline: float | None = None
+        self._watchdog = LoopWatchdog(
+            limit=max(config.settings.HEARTBEAT_STALENESS, 10.0), interval=_TICK
+        )
+        self._signal_handler = self._on_signal
+
+    def _build_parts(self) -> None:
+        """The parts of the process, each given what it needs in its constructor."""
+        config = self.config
+        self.attempts = Attempts(
+            config,
+            instance_id=self.instance_id,
+            runtime=self,
+            slots=self.slots,
+            permits=self.permits,
+            batcher=self.batcher,
+            control_link=self.control_link,
+            metrics=self._metrics,
+            tracing=self._tracing,
+            permits_returned=self._permits_returned,
+            stopping=self.is_stopping,
+            restart=self._restart,
+        )
+        self.heartbeats = Heartbeats(config, self.attempts, self.control_link)
+        self.hand_offs = HandOffs(self.control_link, stopping=self.is_stopping)
         self.dispatcher = Dispatcher(
             config,
             instance_id=self.instance_id,
@@ -139,21 +163,23 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
             probe_link=self.control_link,
             family=self.family,
             metrics=self._metrics,
-            start_batch=self._start_batch,
-            hand_off=self._hand_off,
+            start_batch=self.attempts.start_batch,
+            hand_off=self.hand_offs.send,
             stopping=self.is_stopping,
         )
-        self._handing_off: set[str] = set()
-        self._stop = asyncio.Event()
-        self._flush = asyncio.Event()
-        self._all_done = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
-        self._stop_deadline: float | None = None
-        self._watchdog = LoopWatchdog(
-            limit=max(config.settings.HEARTBEAT_STALENESS, 10.0), interval=_TICK
+        self.wakeups = FamilyWakeups(
+            config,
+            family=self.family,
+            dispatcher=self.dispatcher,
+            slots=self.slots,
+            hand_off=self.hand_offs.send,
+            rediscover=self._rediscover.set,
         )
-        self._signal_handler = self._on_signal
+
+    @property
+    def inflight(self) -> dict[tuple[int, int], Running]:
+        """The attempts running now, by ``(job_id, run_lease)``."""
+        return self.attempts.inflight
 
     @property
     def claimed(self) -> int:
@@ -165,9 +191,22 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
     async def run(self) -> int:
         """Serve until stopped; return the process exit code (0 after a graceful drain)."""
         loop = self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
-        self._pool.bind(loop, self._sync_done)
-        self._debug = log.isEnabledFor(logging.DEBUG)
+        await self._start(loop)
+        batcher, dispatch, background = self._start_loops(loop)
+        await self._stop.wait()
+        await self._shut_down(loop, batcher, dispatch, background)
+        self._watchdog.close()
+        if self.attempts.left_running():
+            # Handlers that will not end would keep the interpreter from exiting (asyncio.run
+            # waits for tasks, the interpreter for executor threads): leave now.
+            hard_exit(self.exit_code)
+        return self.exit_code
+
+    async def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Bind the parts to ``loop``, take the configured queues, and write what a worker
+        writes when it starts (runtime row, flow limits, schedules)."""
+        self.attempts.bind(loop)
+        self.hand_offs.bind(loop)
         for queue in self.config.queues:
             self.queues[queue.name] = queue
             self.dispatcher.add(queue)
@@ -190,9 +229,14 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
             ", ".join(f"{q.name}={q.concurrency}" for q in self.queues.values()),
             " and any other queue that appears" if self.config.discover else "",
         )
+
+    def _start_loops(
+        self, loop: asyncio.AbstractEventLoop
+    ) -> tuple[asyncio.Task[Any], asyncio.Task[Any], list[asyncio.Task[Any]]]:
+        """Start the background loops: (the batcher's, the dispatcher's, the others)."""
         batcher = self._watch(loop.create_task(self.batcher.run(), name="awa-batcher"))
         background = [
-            self._watch(loop.create_task(self._heartbeat_loop(), name="awa-heartbeat")),
+            self._watch(loop.create_task(self.heartbeats.run(), name="awa-heartbeat")),
             self._watch(loop.create_task(self._refresh_loop(), name="awa-refresh")),
         ]
         if self.config.settings.NOTIFY:
@@ -206,13 +250,24 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
             )
         dispatch = self._watch(loop.create_task(self.dispatcher.run(), name="awa-dispatch"))
         background.append(self._watch(loop.create_task(self.dispatcher.sweep(), name="awa-sweep")))
-        await self._stop.wait()
+        return batcher, dispatch, background
+
+    async def _shut_down(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        batcher: asyncio.Task[Any],
+        dispatch: asyncio.Task[Any],
+        background: list[asyncio.Task[Any]],
+    ) -> None:
+        """The graceful stop: no more claims, drain the attempts, flush their outcomes, end
+        the other loops, remove the runtime row, close the connections."""
+        attempts = self.attempts
         log.info(
-            "awa worker %s stopping: %d job(s) in flight", self.instance_id, len(self.inflight)
+            "awa worker %s stopping: %d job(s) in flight", self.instance_id, len(attempts.inflight)
         )
         self.dispatcher.stop()
         await asyncio.gather(dispatch, return_exceptions=True)
-        await self._drain()
+        await attempts.drain()
         self._stop_deadline = loop.time() + self.config.settings.SHUTDOWN_TIMEOUT
         self.batcher.close()
         await batcher
@@ -222,21 +277,15 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
         await self._deregister()
         for link in (self.claim_link, self.finalize_link, self.control_link):
             await link.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        attempts.close()
         log.info(
             "awa worker %s stopped: %d claimed, %d finished, %d stale, %d abandoned",
             self.instance_id,
             self.claimed,
-            self.finished,
+            attempts.finished,
             self.batcher.stale,
-            self.abandoned_total,
+            attempts.abandoned_total,
         )
-        self._watchdog.close()
-        if self.inflight or any(not r.done for r in self.abandoned):
-            # Handlers that will not end would keep the interpreter from exiting (asyncio.run
-            # waits for tasks, the interpreter for executor threads): leave now.
-            hard_exit(self.exit_code)
-        return self.exit_code
 
     def stop(self) -> None:
         """Begin a graceful stop (what SIGTERM does)."""
@@ -245,6 +294,12 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
         self._stop.set()
         # Past this, the watchdog ends the process (a handler holding the loop, say).
         self._watchdog.stopping(2 * self.config.settings.SHUTDOWN_TIMEOUT + 10.0, self.exit_code)
+
+    def _restart(self, code: int) -> None:
+        """Drain, then exit with ``code``, so that the process is restarted (too many stuck
+        handlers: ``Attempts``)."""
+        self.exit_code = code
+        self.stop()
 
     def request_stop(self) -> None:
         """Begin a graceful stop from any thread (a no-op before the runtime runs or after its
@@ -344,22 +399,6 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
             self.config.settings.SHUTDOWN_TIMEOUT,
         )
         self.stop()
-
-    async def _drain(self) -> None:
-        if self.inflight:
-            self._all_done.clear()
-            try:
-                await asyncio.wait_for(self._all_done.wait(), self.config.settings.SHUTDOWN_TIMEOUT)
-            except TimeoutError:
-                log.warning(
-                    "awa worker %s: %d job(s) still running after %.0f s; leaving them "
-                    "to be rescued",
-                    self.instance_id,
-                    len(self.inflight),
-                    self.config.settings.SHUTDOWN_TIMEOUT,
-                )
-                for run in self.inflight.values():
-                    run.attempt.ctx.cancel()
 
     async def _sync_schedules(self) -> None:
         """Sync the periodic schedules declared in this process's code (a failure is logged;
@@ -501,8 +540,8 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
         loop = self._loop
         if loop is not None and not loop.is_closed():
             task = loop.create_task(self._release_permits())
-            self._async_batches.add(task)
-            task.add_done_callback(self._async_batches.discard)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _release_permits(self) -> None:
         keys = self.permits.release_batch()
@@ -529,7 +568,7 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
         """Write progress now (``JobContext.flush_progress``); thread-safe."""
         loop = self._loop
         if loop is not None:
-            loop.call_soon_threadsafe(self._flush.set)
+            loop.call_soon_threadsafe(self.heartbeats.beat_now)
 
     async def _refresh_loop(self) -> None:
         """Every ``RUNTIME_REFRESH_INTERVAL``: find new queues (without ``--queue``), refresh
@@ -572,9 +611,9 @@ class WorkerRuntime(Heartbeats, FamilyWakeups):
                     self._rediscover.set()
                 async for note in conn.notifies():
                     if note.channel == "awa_jobs":
-                        self._on_jobs_note(note.payload)
+                        self.wakeups.on_note(note.payload)
                     elif note.channel == "awa_cancel":
-                        self._on_cancel_note(note.payload)
+                        self.attempts.on_cancel_note(note.payload)
             except asyncio.CancelledError:
                 await listen.close()
                 raise

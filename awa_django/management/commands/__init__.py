@@ -1,0 +1,1 @@
+"""The ``manage.py awa_*`` commands; ``_cli`` holds their shared parsers."""

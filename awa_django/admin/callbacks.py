@@ -2,7 +2,7 @@
 
 Lists ``awa.callback_waits`` (soonest timeout first, with the time left on the database clock)
 and lets a user with ``awa_django.resolve_callback`` resolve, fail or extend selected waits. The
-actions go through :func:`awa_django.admin_actions.confirm` like every other action (a
+actions go through :func:`awa_django.admin.actions.confirm` like every other action (a
 confirmation page, at most ``BULK_LIMIT`` rows, one transaction with one ``LogEntry`` per job
 changed) and call the operator API (``resolve_callback``, ``extend_callback``), so they are
 fenced by the attempt exactly like a resolution from the external system: a wait resolved,
@@ -12,7 +12,6 @@ rescued or cancelled meanwhile is left alone and counted in the message.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -23,72 +22,15 @@ from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 
-from awa_django import serialization
-from awa_django.admin_actions import confirm, log_change
-from awa_django.admin_display import pretty
-from awa_django.admin_filters import KindFilter, QueueFilter
-from awa_django.admin_readonly import JobListAdmin
-from awa_django.conf import awa_settings
-from awa_django.limits import MAX_SECONDS, MAX_TEXT
+from awa_django.admin.actions import confirm, log_change
+from awa_django.admin.base import JobListAdmin
+from awa_django.admin.display import pretty
+from awa_django.admin.filters import KindFilter, QueueFilter
+from awa_django.admin.forms import ExtendForm, FailForm, ResolveForm
 from awa_django.models import CallbackWait
 from awa_django.operator.actions import extend_callback, resolve_callback
 
-__all__ = ["CallbackWaitAdmin", "ExtendForm", "FailForm", "ResolveForm"]
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-class ResolveForm(forms.Form):
-    result = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 4, "cols": 60}),
-        initial="null",
-        help_text="The result, as JSON (null, a number, a string in quotes, an object...).",
-    )
-
-    def clean_result(self) -> str:
-        text = str(self.cleaned_data["result"])
-        try:
-            value = json.loads(text, parse_constant=_no_constants)
-            return serialization.dumps(
-                value,
-                "result",
-                max_bytes=awa_settings.RESULT_MAX_BYTES,
-                max_depth=awa_settings.JSON_MAX_DEPTH,
-            )
-        except (ValueError, RecursionError) as exc:  # JobValidationError is a ValueError
-            raise forms.ValidationError(f"Not a result that can be stored: {exc}") from None
-
-
-class FailForm(forms.Form):
-    error = forms.CharField(
-        max_length=MAX_TEXT, help_text="The error message recorded for the attempt."
-    )
-    terminal = forms.BooleanField(
-        required=False, help_text="Fail the jobs at once instead of retrying them."
-    )
-
-    def clean_error(self) -> str:
-        text = str(self.cleaned_data["error"])
-        if "\x00" in text:
-            raise forms.ValidationError("The message cannot hold a NUL character.")
-        return text
-
-
-class ExtendForm(forms.Form):
-    seconds = forms.FloatField(
-        min_value=1,
-        max_value=MAX_SECONDS,
-        initial=3600,
-        help_text="The waits time out this many seconds from now (never earlier than before).",
-    )
-
-    def clean_seconds(self) -> float:
-        value = float(self.cleaned_data["seconds"])
-        if not math.isfinite(value):
-            raise forms.ValidationError("Give a number of seconds.")
-        return value
+__all__ = ["CallbackWaitAdmin"]
 
 
 def _left(seconds: float) -> str:
@@ -105,7 +47,6 @@ def _left(seconds: float) -> str:
     return f"{minutes}m {secs}s" if minutes else f"{secs}s"
 
 
-@admin.register(CallbackWait)
 class CallbackWaitAdmin(JobListAdmin):
     list_display = (
         "job_id",

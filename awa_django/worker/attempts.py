@@ -1,7 +1,7 @@
-"""Running handlers: start an attempt, end it with an outcome whatever the handler does, and
-give up on a handler that will not stop.
+"""The in-flight attempts of a worker process: start them, end each with an outcome whatever its
+handler does, and give up on a handler that will not stop.
 
-``Execution`` is the part of ``WorkerRuntime`` (awa_django/worker/runtime.py) that owns the
+``Attempts`` is the part of ``WorkerRuntime`` (awa_django/worker/runtime.py) that owns the
 in-flight attempts: it starts async handlers as tasks and sync ones on daemon threads, turns
 whatever they return or raise (``BaseException`` included) into exactly one outcome for the
 completion batcher, frees the slot once, and abandons a handler still running
@@ -18,36 +18,31 @@ import logging
 import threading
 import types
 import uuid
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 import psycopg
 from django.db import close_old_connections, connections
 
+from awa_django.context import JobContext, Runtime
+from awa_django.db.links import Link, first_line
 from awa_django.db.storage import ClaimedJob, Finalization
+from awa_django.db.transactions import release_thread_connections
 from awa_django.exceptions import TransactionLeftOpen
+from awa_django.jobs import registered_kinds
 from awa_django.sql import query
 from awa_django.telemetry.logs import job_fields, job_log_fields, one_line, set_current_job
 from awa_django.telemetry.metrics import Metrics
 from awa_django.telemetry.tracing import Tracing, attach_span, detach_span
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
-from awa_django.worker.context import JobContext
-from awa_django.worker.executor import (
-    PreparedAttempt,
-    error_info,
-    outcome_of,
-    prepare,
-    refused,
-    safe_str,
-)
+from awa_django.worker.finalizations import error_info, outcome_of, refused, safe_str
 from awa_django.worker.flow import Permits
-from awa_django.worker.guards import release_thread_connections
-from awa_django.worker.links import Link, first_line
+from awa_django.worker.prepared import PreparedAttempt, prepare
 from awa_django.worker.slots import Slots
 from awa_django.worker.threads import HandlerThreads
 
-__all__ = ["EXIT_STUCK_HANDLERS", "Execution", "Running", "run_sync"]
+__all__ = ["EXIT_STUCK_HANDLERS", "Attempts", "Running", "run_sync"]
 
 log = logging.getLogger("awa_django.worker")
 
@@ -99,41 +94,92 @@ class Running:
         self.span: Any = None
 
 
-class Execution:
-    """The in-flight attempts of a worker process (mixed into ``WorkerRuntime``)."""
+class Attempts:
+    """The in-flight attempts of a worker process (a part of ``WorkerRuntime``).
 
-    config: WorkerConfig
-    batcher: CompletionBatcher
-    control_link: Link
-    inflight: dict[tuple[int, int], Running]
-    abandoned: list[Running]
-    abandoned_total: int
-    slots: Slots
-    permits: Permits
-    stopping: bool
-    exit_code: int
-    finished: int
-    instance_id: uuid.UUID
-    _kinds: dict[str, Any]
-    _pool: HandlerThreads[Running]
-    _async_batches: set[asyncio.Task[None]]
-    _debug: bool
-    _all_done: asyncio.Event
-    _loop: asyncio.AbstractEventLoop | None
-    _loop_thread: int | None
-    _metrics: Metrics | None
-    _tracing: Tracing | None
+    ``runtime`` is what each attempt's ``JobContext`` knows of its worker (its id, and
+    ``request_flush``). ``permits_returned(queue)`` is called when an attempt that held flow
+    permits or a serial key ends; ``stopping()`` tells whether a graceful stop has begun;
+    ``restart(code)`` drains the process and makes it exit with ``code`` (too many stuck
+    handlers). ``bind`` (on the event loop) must be called before ``start_batch``.
+    """
 
-    def stop(self) -> None:  # pragma: no cover - provided by WorkerRuntime
-        raise NotImplementedError
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        instance_id: uuid.UUID,
+        runtime: Runtime,
+        slots: Slots,
+        permits: Permits,
+        batcher: CompletionBatcher,
+        control_link: Link,
+        metrics: Metrics | None,
+        tracing: Tracing | None,
+        permits_returned: Callable[[str], None],
+        stopping: Callable[[], bool],
+        restart: Callable[[int], None],
+    ) -> None:
+        self.config = config
+        self.instance_id = instance_id
+        self.slots = slots
+        self.permits = permits
+        self.batcher = batcher
+        self.control_link = control_link
+        self.inflight: dict[tuple[int, int], Running] = {}
+        self.abandoned: list[Running] = []
+        self.abandoned_total = 0
+        self.finished = 0
+        #: The job kinds this process runs, by kind (the registry when the worker started).
+        self.kinds = registered_kinds()
+        self.pool: HandlerThreads[Running] = HandlerThreads(config.concurrency, run_sync)
+        self._runtime = runtime
+        self._metrics = metrics
+        self._tracing = tracing
+        self._permits_returned = permits_returned
+        self._stopping = stopping
+        self._restart = restart
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._debug = log.isEnabledFor(logging.DEBUG)
+        self._all_done = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
 
-    def request_flush(self) -> None:  # pragma: no cover - provided by WorkerRuntime
-        raise NotImplementedError
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run on ``loop`` (call from it): handlers' tasks, timers and sync handlers' ends."""
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+        self.pool.bind(loop, self._sync_done)
+        self._debug = log.isEnabledFor(logging.DEBUG)
 
-    def _permits_returned(self, queue: str) -> None:  # pragma: no cover - by WorkerRuntime
-        raise NotImplementedError
+    def left_running(self) -> bool:
+        """Whether handlers are still running (in flight, or abandoned and not ended)."""
+        return bool(self.inflight) or any(not r.done for r in self.abandoned)
 
-    def _start_batch(self, jobs: list[ClaimedJob], queue: QueueConfig) -> None:
+    def close(self) -> None:
+        """Shut the handler thread pool down: it takes no more work and drops what has not
+        started; its threads are daemons, so a stuck handler never keeps the process alive."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def drain(self) -> None:
+        """Wait for the in-flight attempts to end, for up to ``SHUTDOWN_TIMEOUT``; then tell the
+        handlers still running to stop, and leave their attempts to be rescued."""
+        if self.inflight:
+            self._all_done.clear()
+            try:
+                await asyncio.wait_for(self._all_done.wait(), self.config.settings.SHUTDOWN_TIMEOUT)
+            except TimeoutError:
+                log.warning(
+                    "awa worker %s: %d job(s) still running after %.0f s; leaving them "
+                    "to be rescued",
+                    self.instance_id,
+                    len(self.inflight),
+                    self.config.settings.SHUTDOWN_TIMEOUT,
+                )
+                for run in self.inflight.values():
+                    run.attempt.ctx.cancel()
+
+    def start_batch(self, jobs: list[ClaimedJob], queue: QueueConfig) -> None:
         """Start the attempts of one claim: their sync handlers go to the pool together, their
         async handlers to one task (``_run_async_batch``)."""
         sync: list[Running] = []
@@ -145,14 +191,17 @@ class Execution:
         if not sync:
             return
         try:
-            self._pool.submit_many(sync)
+            self.pool.submit_many(sync)
         except BaseException as exc:
             for run in sync:
                 self._finish(run, None, exc)
 
     def _make_ctx(self, job: ClaimedJob) -> JobContext:
         return JobContext.for_job(
-            job, runtime=self, registrar=self._register_sync, aregistrar=self._register_async
+            job,
+            runtime=self._runtime,
+            registrar=self._register_sync,
+            aregistrar=self._register_async,
         )
 
     def _start(
@@ -163,7 +212,7 @@ class Execution:
         loop = self._loop
         assert loop is not None
         try:
-            attempt = prepare(job, None, self._kinds, make_ctx=self._make_ctx)
+            attempt = prepare(job, None, self.kinds, make_ctx=self._make_ctx)
         except Exception as exc:
             attempt = PreparedAttempt(job, make_ctx=self._make_ctx)
             attempt.failure = refused(
@@ -194,7 +243,7 @@ class Execution:
             if job.timeout_secs is not None:
                 # Past the hard deadline the handler is told to stop; rescue closes the attempt.
                 run.timer = loop.call_later(
-                    job.timeout_secs, self._tell_stop, run, "past its hard deadline"
+                    job.timeout_secs, self.tell_stop, run, "past its hard deadline"
                 )
             handle = attempt.handle
             assert handle is not None
@@ -220,8 +269,8 @@ class Execution:
                 self._finish(run, None, exc)
             return
         # A strong reference (the event loop keeps only weak ones to running tasks).
-        self._async_batches.add(task)
-        task.add_done_callback(self._async_batches.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _run_async_batch(self, runs: list[Running], start: int) -> None:
         """Run the async handlers ``runs[start:]`` in this one task, without a task per job.
@@ -348,7 +397,9 @@ class Execution:
 
     # -- cancel notes (NOTIFY awa_cancel) -------------------------------------------------------
 
-    def _on_cancel_note(self, payload: str) -> None:
+    def on_cancel_note(self, payload: str) -> None:
+        """A note on ``awa_cancel``: tell the attempt's handler to stop once the database
+        confirms its attempt was closed."""
         try:
             data = json.loads(payload)
             key = (int(data["id"]), int(data["lease"]))
@@ -358,8 +409,8 @@ class Execution:
             # Any session may NOTIFY: the handler is told to stop only once the database says
             # its attempt was closed (cancelled or rescued), never on a note alone.
             task = self._loop.create_task(self._confirm_cancel(key))
-            self._async_batches.add(task)
-            task.add_done_callback(self._async_batches.discard)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _confirm_cancel(self, key: tuple[int, int]) -> None:
         async def still_open(conn: psycopg.AsyncConnection[Any]) -> bool:
@@ -390,9 +441,9 @@ class Execution:
                 extra=job_log_fields(run.attempt.job),
             )
             return
-        self._tell_stop(run, "cancelled or rescued")
+        self.tell_stop(run, "cancelled or rescued")
 
-    def _tell_stop(self, run: Running, why: str) -> None:
+    def tell_stop(self, run: Running, why: str) -> None:
         """Tell a handler to stop (``is_cancelled()``); abandon it if it still runs after
         ``ABANDON_AFTER``."""
         if run.done or run.abandoned:
@@ -434,16 +485,16 @@ class Execution:
             elif run.task is not None and not run.task.done():
                 run.cancel_sent = True
                 run.task.cancel()  # the handler gets CancelledError
-        elif run.thread is None and self._pool.cancel(run):
+        elif run.thread is None and self.pool.cancel(run):
             run.cancel_sent = True  # it was still queued: it never runs
             self._finish(run, None, asyncio.CancelledError("abandoned before it started"))
         elif run.thread is not None:
             # Its thread stops counting against the pool; what the handler returns when it
             # ends is still written through the fenced path.
-            self._pool.retire(run.thread)
+            self.pool.retire(run.thread)
         self.abandoned = [r for r in self.abandoned if not r.done]
         stuck = len(self.abandoned)
-        if stuck > max(1, self.config.concurrency) and not self.stopping:
+        if stuck > max(1, self.config.concurrency) and not self._stopping():
             log.error(
                 "awa worker %s: %d handler(s) are stuck after being told to stop; draining and "
                 "exiting with status %d so that the process is restarted",
@@ -451,8 +502,7 @@ class Execution:
                 stuck,
                 EXIT_STUCK_HANDLERS,
             )
-            self.exit_code = EXIT_STUCK_HANDLERS
-            self.stop()
+            self._restart(EXIT_STUCK_HANDLERS)
 
     def _log_outcome(self, run: Running, outcome: Finalization) -> None:
         job = run.attempt.job

@@ -10,8 +10,8 @@
   lookup whose value PostgreSQL cannot take is refused (400).
 * Lists and detail pages read from ``AWA["READ_DATABASE_ALIAS"]`` (a streaming replica; by
   default ``AWA["DATABASE_ALIAS"]``), and a list read from a standby says how far behind its
-  primary it is (:func:`replica_banner`). Actions act on ``AWA["DATABASE_ALIAS"]``, on the rows
-  as the primary has them (``awa_django.admin_actions.confirm``).
+  primary it is (``read_alias.replica_banner``). Actions act on ``AWA["DATABASE_ALIAS"]``, on
+  the rows as the primary has them (``awa_django.admin.actions.confirm``).
 """
 
 from __future__ import annotations
@@ -27,20 +27,12 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.functional import cached_property
 
-from awa_django.admin_actions import job_id_key, valid_key
-from awa_django.admin_alias import admin_read_alias, choose_read_alias, replica_banner
-from awa_django.admin_filters import KIND_MAX_LENGTH, storable
+from awa_django.admin.filters import KIND_MAX_LENGTH, storable
+from awa_django.admin.read_alias import admin_read_alias, choose_read_alias
+from awa_django.admin.selection import job_id_key, valid_key
 from awa_django.limits import MAX_BIGINT, MAX_TEXT
 
-__all__ = [
-    "CappedPaginator",
-    "JobListAdmin",
-    "ReadOnlyAdmin",
-    "admin_read_alias",
-    "choose_read_alias",
-    "replica_banner",
-    "search_jobs",
-]
+__all__ = ["CappedPaginator", "JobListAdmin", "ReadOnlyAdmin", "search_jobs"]
 
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() is also true for "²" and "٣"
 
@@ -87,7 +79,7 @@ def search_jobs(
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """No add, change or delete (so no "delete selected" either); view only, plus explicit
-    actions (see ``awa_django.admin_actions``)."""
+    actions (see ``awa_django.admin.actions``)."""
 
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER

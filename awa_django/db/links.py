@@ -1,4 +1,4 @@
-"""Self-healing database connections for the worker's loops.
+"""Self-healing database connections for the worker's loops and the maintenance leader.
 
 A ``Link`` owns one autocommit psycopg connection for one role (claim, finalize, heartbeat,
 listen, leader). Errors fall in three kinds, told apart by :func:`is_connection_lost` and
@@ -14,6 +14,8 @@ listen, leader). Errors fall in three kinds, told apart by :func:`is_connection_
 * anything else (a SQL error, a bug): raised at once, for the caller to handle.
 
 Every statement a link runs is idempotent on retry (the engine's functions are written so).
+
+Its log records go to the ``awa_django.worker`` logger, as those of the loops it serves.
 """
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ import psycopg
 
 from awa_django.db.connection import connect_async
 
-__all__ = ["CONNECTION_ERRORS", "TRANSIENT_SQLSTATES", "Link", "is_connection_lost"]
+__all__ = [
+    "CONNECTION_ERRORS",
+    "TRANSIENT_SQLSTATES",
+    "Link",
+    "first_line",
+    "is_connection_lost",
+    "is_transient",
+]
 
 log = logging.getLogger("awa_django.worker")
 

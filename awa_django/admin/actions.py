@@ -1,23 +1,22 @@
-"""Operator actions in the admin: confirmation page, selection, atomic execution, audit log.
+"""Operator actions in the admin: confirmation page, atomic execution, audit log.
 
 Every action goes through :func:`confirm`: the first POST (from the list) shows a confirmation
 page naming what was selected; the second POST (from that page) runs the action on the
 confirmed rows, in one transaction with one admin ``LogEntry`` per row it changed.
 
 The confirmation page carries the selection in **one** form field (the primary keys,
-comma-separated, at most :data:`BULK_LIMIT`), plus ``select_across`` so that Django hands
-the action the list's filtered queryset (its filters travel in the page's URL), which is then
-narrowed to those keys. It posts about eight fields whatever the selection, so confirming
-1,000 jobs works under Django's default ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` (1,000), which a
-hidden field per job would exceed.
+comma-separated, at most ``BULK_LIMIT``: awa_django/admin/selection.py), plus ``select_across``
+so that Django hands the action the list's filtered queryset (its filters travel in the page's
+URL), which is then narrowed to those keys. It posts about eight fields whatever the selection,
+so confirming 1,000 jobs works under Django's default ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` (1,000),
+which a hidden field per job would exceed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django import forms
 from django.contrib import messages
@@ -29,33 +28,15 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from awa_django.admin_alias import admin_read_alias
+from awa_django.admin.base import ReadOnlyAdmin
+from awa_django.admin.read_alias import admin_read_alias
+from awa_django.admin.selection import BULK_LIMIT, SELECTION_FIELD, parse_selection
 from awa_django.conf import awa_settings
 from awa_django.exceptions import AwaError
-from awa_django.limits import MAX_BIGINT
 from awa_django.sql import query
 from awa_django.telemetry.logs import one_line
 
-if TYPE_CHECKING:
-    from awa_django.admin_readonly import ReadOnlyAdmin
-
-__all__ = [
-    "BULK_LIMIT",
-    "SELECTION_FIELD",
-    "admin_actor",
-    "confirm",
-    "job_id_key",
-    "log_change",
-    "parse_selection",
-    "run_atomically",
-    "valid_key",
-]
-
-#: The most rows one action may change.
-BULK_LIMIT = 1000
-
-#: The confirmation page's single field holding the selected primary keys.
-SELECTION_FIELD = "awa_selected"
+__all__ = ["admin_actor", "confirm", "log_change", "run_atomically"]
 
 #: How many selected rows the confirmation page names (the rest are counted).
 SHOWN = 50
@@ -65,37 +46,6 @@ def admin_actor(request: HttpRequest) -> str:
     """Who an admin change is recorded as: ``admin (<username>)``, on one line (control
     characters escaped, as operator actors must have none) and at most 255 characters."""
     return f"admin ({one_line(request.user.get_username())})"[:255]
-
-
-_JOB_ID = re.compile(r"[0-9]{1,19}")
-
-
-def job_id_key(text: str) -> int:
-    """A job id from its decimal text (ASCII digits, within ``bigint``), else ``ValueError``."""
-    if _JOB_ID.fullmatch(text) is None or int(text) > MAX_BIGINT:
-        raise ValueError(f"{text[:40]!r} is not a job id")
-    return int(text)
-
-
-def parse_selection(raw: str, key: Callable[[str], Any]) -> list[Any] | None:
-    """The primary keys in ``raw`` (comma-separated, each checked by ``key``), or None when
-    it is empty, malformed or longer than :data:`BULK_LIMIT`."""
-    parts = raw.split(",") if raw else []
-    if not parts or len(parts) > BULK_LIMIT:
-        return None
-    try:
-        return [key(part) for part in parts]
-    except (ValueError, AwaError):
-        return None
-
-
-def valid_key(text: str, key: Callable[[str], Any]) -> bool:
-    """True when ``key`` accepts ``text`` as a primary key."""
-    try:
-        key(text)
-    except (ValueError, AwaError):
-        return False
-    return True
 
 
 def log_change(request: HttpRequest, objects: Sequence[Any], message: str) -> None:
@@ -175,6 +125,32 @@ def confirm(
         queryset = queryset.filter(pk__in=keys)
     else:
         keys = _ticked(request, modeladmin)
+    objects = _rows_on_the_primary(modeladmin, request, queryset, keys, confirming=confirming)
+    if objects is None:
+        return None
+    form = form_class(request.POST if confirming else None) if form_class else None
+    if confirming and (form is None or form.is_valid()):
+        data = form.cleaned_data if form else {}
+        _perform(modeladmin, request, lambda: perform(objects, data), batched=batched)
+        return None
+    return _confirmation_page(
+        modeladmin, request, objects, title=title, note=note, form=form, describe=describe
+    )
+
+
+def _rows_on_the_primary(
+    modeladmin: ReadOnlyAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[Any],
+    keys: list[Any],
+    *,
+    confirming: bool,
+) -> list[Any] | None:
+    """The selected rows as the primary has them now, or None (the user is told why) when
+    there are more than :data:`BULK_LIMIT` or none is left. When the list reads from a replica,
+    the user is warned of selected rows the primary no longer has (``keys``: the rows ticked
+    or confirmed), or, for "select all", of a primary that matches other rows than the list
+    showed."""
     # The list may read from a replica (AWA["READ_DATABASE_ALIAS"]): the rows are read again
     # where the action runs, so it names and acts on them as the primary has them now.
     primary = awa_settings.DATABASE_ALIAS
@@ -222,20 +198,34 @@ def confirm(
                 "now, and those are the ones named below.",
                 messages.WARNING,
             )
-    form = form_class(request.POST if confirming else None) if form_class else None
-    if confirming and (form is None or form.is_valid()):
-        data = form.cleaned_data if form else {}
-        try:
-            text = (
-                perform(objects, data)
-                if batched
-                else run_atomically(lambda: perform(objects, data))
-            )
-        except AwaError as exc:
-            modeladmin.message_user(request, f"{exc} Nothing was changed.", messages.ERROR)
-            return None
-        modeladmin.message_user(request, text, messages.SUCCESS)
-        return None
+    return objects
+
+
+def _perform(
+    modeladmin: ReadOnlyAdmin, request: HttpRequest, run: Callable[[], str], *, batched: bool
+) -> None:
+    """Run a confirmed action (in :func:`run_atomically` unless ``batched``) and tell the user
+    what it did, or that an ``AwaError`` it raised changed nothing."""
+    try:
+        text = run() if batched else run_atomically(run)
+    except AwaError as exc:
+        modeladmin.message_user(request, f"{exc} Nothing was changed.", messages.ERROR)
+        return
+    modeladmin.message_user(request, text, messages.SUCCESS)
+
+
+def _confirmation_page(
+    modeladmin: ReadOnlyAdmin,
+    request: HttpRequest,
+    objects: list[Any],
+    *,
+    title: str,
+    note: str,
+    form: forms.Form | None,
+    describe: Callable[[Any], str],
+) -> TemplateResponse:
+    """The page that names the selected rows (the first :data:`SHOWN`) and asks to confirm;
+    it carries their keys in one field (:data:`SELECTION_FIELD`)."""
     keys = [str(o.pk) for o in objects]
     return TemplateResponse(
         request,
@@ -244,7 +234,7 @@ def confirm(
             **modeladmin.admin_site.each_context(request),
             "title": title,
             "note": note,
-            "noun": noun,
+            "noun": modeladmin.selection_noun,
             "count": len(objects),
             "lines": [describe(o) for o in objects[:SHOWN]],
             "more": max(len(objects) - SHOWN, 0),

@@ -23,7 +23,7 @@ from django.db import connections
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from awa_django.admin_alias import admin_read_alias
+from awa_django.admin.read_alias import admin_read_alias
 from awa_django.exceptions import InvalidOptionError
 from awa_django.jobs import registered_kinds
 from awa_django.limits import MAX_TEXT, QUEUE_NAME_RE, check_text

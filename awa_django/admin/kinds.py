@@ -10,54 +10,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from awa_django.admin_actions import admin_actor, confirm, log_change, run_atomically
-from awa_django.admin_flow import KindFlowLimitsForm
-from awa_django.admin_readonly import ReadOnlyAdmin
+from awa_django.admin.actions import admin_actor, confirm, log_change, run_atomically
+from awa_django.admin.base import ReadOnlyAdmin
+from awa_django.admin.forms import KindFlowLimitsForm, LimitKindForm
 from awa_django.conf import awa_settings
-from awa_django.exceptions import InvalidOptionError
-from awa_django.jobs import registered_kinds
-from awa_django.limits import (
-    check_kind_name,
-)
+from awa_django.limits import check_kind_name
 from awa_django.models import KindLimit
 from awa_django.operator import KindLimits, clear_kind_limits, kind_limits, set_kind_limits
 
-__all__ = ["KindFlowLimitsForm", "KindLimitAdmin", "LimitKindForm"]
-
-
-class LimitKindForm(KindFlowLimitsForm):
-    """The "limit a kind" page: a kind this project knows (registered by ``@job`` or named in
-    ``AWA["KINDS"]``) and its limits."""
-
-    field_order = ["kind", "global_concurrency", "rate_limit", "rate_burst"]
-    kind = forms.CharField(
-        max_length=255,
-        strip=False,
-        help_text="The job kind (registered by @job in this project, or named in AWA['KINDS']).",
-    )
-    clear = None  # type: ignore[assignment]
-
-    def clean_kind(self) -> str:
-        kind = self.cleaned_data["kind"]
-        try:
-            check_kind_name(kind)
-        except InvalidOptionError as exc:
-            raise ValidationError(str(exc)) from None
-        if kind not in registered_kinds() and kind not in awa_settings.KINDS:
-            raise ValidationError(
-                f"Unknown job kind {kind!r}: not registered by @job in this project and not "
-                "named in AWA['KINDS']."
-            )
-        return str(kind)
+__all__ = ["KindLimitAdmin"]
 
 
 class KindLimitAdmin(ReadOnlyAdmin):

@@ -1,0 +1,264 @@
+"""The admin pages of jobs: live jobs (cancel), terminal history (retry failed and cancelled
+jobs as new jobs) and the dead letter queue (retry, purge).
+
+Like every admin action (awa_django/admin/actions.py), each needs a custom permission, is
+confirmed on a separate page, acts on at most ``BULK_LIMIT`` rows and commits with one admin
+``LogEntry`` per row it changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+
+from awa_django.admin.actions import confirm, log_change
+from awa_django.admin.base import JobListAdmin
+from awa_django.admin.display import JobDetail
+from awa_django.admin.filters import (
+    KindFilter,
+    LiveStateFilter,
+    QueueFilter,
+    TagFilter,
+    TerminalStateFilter,
+)
+from awa_django.admin.forms import RetryForm, RetryFromHistoryForm
+from awa_django.operator import cancel, dlq_purge, dlq_retry, history_retry
+
+__all__ = ["DeadLetterAdmin", "JobAdmin", "TerminalJobAdmin"]
+
+
+def _together(n: int) -> str:
+    return "" if n == 1 else f" (one of {n} in one admin action)"
+
+
+def _who(request: HttpRequest) -> str:
+    """Who asked, for ``awa:retried_by``: the user name and that it came from the admin."""
+    name = request.user.get_username() or f"user {request.user.pk}"
+    return f"{name} (admin)"[:255]
+
+
+class DeadLetterAdmin(JobDetail, JobListAdmin):
+    list_display = ("job_id", "kind", "queue", "attempt", "tag_list", "dlq_at", "dlq_reason")
+    list_filter = (QueueFilter, KindFilter, TagFilter)
+    sortable_by = ("job_id", "dlq_at")  # indexed; sorting by another column sorts the whole DLQ
+    readonly_fields = (
+        "job_id",
+        "kind",
+        "queue",
+        "priority",
+        "attempt",
+        "max_attempts",
+        "original_run_lease",
+        "dlq_reason",
+        "dlq_at",
+        "created_at",
+        "run_at",
+        "tag_list",
+        "unique_key",
+        "retry_policy",
+        "pretty_args",
+        "pretty_metadata",
+        "pretty_progress",
+        "error_timeline",
+    )
+    exclude = ("args", "metadata", "progress", "errors", "tags", "run_lease", "attempted_at")
+    actions = ("retry_jobs", "purge_jobs")
+
+    @admin.action(description="Retry selected jobs", permissions=["retry_dlq"])
+    def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        self._checked(request, "retry_dlq")
+
+        def perform(objects: list[Any], data: dict[str, Any]) -> str:
+            queue, priority = data.get("queue") or None, data.get("priority")
+            ids = set(dlq_retry([o.job_id for o in objects], queue=queue, priority=priority))
+            where = f" into queue {queue}" if queue else ""
+            if priority is not None:
+                where += f" with priority {priority}"
+            log_change(
+                request,
+                [o for o in objects if o.job_id in ids],
+                f"retried{where}{_together(len(ids))}",
+            )
+            refused = len({o.job_id for o in objects} - ids)
+            if refused:
+                return (
+                    f"Retried {len(ids)} job(s); {refused} stayed in the DLQ (gone meanwhile, "
+                    "or unique jobs whose key another job holds)."
+                )
+            return f"Retried {len(ids)} job(s)."
+
+        return confirm(
+            self,
+            request,
+            queryset,
+            title="Retry dead-lettered jobs",
+            note="These jobs go back to work with attempt 0 (their error history is kept).",
+            form_class=RetryForm,
+            perform=perform,
+        )
+
+    @admin.action(description="Purge selected jobs", permissions=["purge_dlq"])
+    def purge_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        self._checked(request, "purge_dlq")
+
+        def perform(objects: list[Any], data: dict[str, Any]) -> str:
+            ids = set(dlq_purge([o.job_id for o in objects]))
+            log_change(
+                request, [o for o in objects if o.job_id in ids], f"purged{_together(len(ids))}"
+            )
+            return f"Purged {len(ids)} job(s)."
+
+        return confirm(
+            self,
+            request,
+            queryset,
+            title="Purge dead-lettered jobs",
+            note="These jobs are deleted for good.",
+            form_class=None,
+            perform=perform,
+        )
+
+    def has_retry_dlq_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("awa_django.retry_dlq"))
+
+    def has_purge_dlq_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("awa_django.purge_dlq"))
+
+
+class TerminalJobAdmin(JobDetail, JobListAdmin):
+    list_display = ("id", "kind", "queue", "state", "attempt", "tag_list", "finalized_at")
+    sortable_by = ("id", "finalized_at")  # sorting history by another column sorts all of it
+    # Part of a kind would read every retained row; a whole kind is an index range.
+    search_whole_kind = True
+    search_help_text = "A job id, or a whole job kind (exactly, as in the kind column)."
+    list_filter = (
+        TerminalStateFilter,
+        QueueFilter,
+        KindFilter,
+        TagFilter,
+        ("finalized_at", admin.DateFieldListFilter),
+    )
+    actions = ("retry_jobs",)
+    readonly_fields = (
+        "id",
+        "kind",
+        "queue",
+        "state",
+        "priority",
+        "attempt",
+        "max_attempts",
+        "run_lease",
+        "created_at",
+        "attempted_at",
+        "finalized_at",
+        "tag_list",
+        "unique_key",
+        "retry_policy",
+        "pretty_args",
+        "pretty_metadata",
+        "pretty_result",
+        "pretty_progress",
+        "error_timeline",
+    )
+    exclude = ("args", "metadata", "result", "progress", "errors", "tags", "run_at")
+
+    @admin.action(
+        description="Retry selected failed or cancelled jobs (as new jobs)",
+        permissions=["retry_job"],
+    )
+    def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        self._checked(request, "retry_job")
+
+        def perform(objects: list[Any], data: dict[str, Any]) -> str:
+            queue, priority = data.get("queue") or None, data.get("priority")
+            rows = history_retry(
+                [o.id for o in objects], by=_who(request), queue=queue, priority=priority
+            )
+            retried = {r.job_id: r.retry_job_id for r in rows if r.outcome == "retried"}
+            for obj in objects:
+                if obj.id in retried:
+                    log_change(request, [obj], f"retried from history as job {retried[obj.id]}")
+            left = len(objects) - len(retried)
+            text = f"Retried {len(retried)} job(s) as new jobs"
+            if retried:
+                text += " (" + ", ".join(f"{a} → {b}" for a, b in sorted(retried.items())) + ")"
+            if left:
+                text += (
+                    f"; {left} not retried (completed, already retried, or unique jobs whose "
+                    "key another job holds)"
+                )
+            return text + "."
+
+        return confirm(
+            self,
+            request,
+            queryset,
+            title="Retry jobs from history",
+            note=(
+                "Each failed or cancelled job is enqueued again as a new job with the same "
+                "arguments (attempt 0); the original stays in history. A job is retried from "
+                "history at most once. Completed jobs are left alone."
+            ),
+            form_class=RetryFromHistoryForm,
+            perform=perform,
+        )
+
+    def has_retry_job_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("awa_django.retry_job"))
+
+
+class JobAdmin(JobDetail, JobListAdmin):
+    list_display = ("id", "kind", "queue", "state", "priority", "attempt", "tag_list", "run_at")
+    list_filter = (LiveStateFilter, QueueFilter, KindFilter, TagFilter)
+    readonly_fields = (
+        "id",
+        "kind",
+        "queue",
+        "state",
+        "priority",
+        "attempt",
+        "max_attempts",
+        "run_lease",
+        "run_at",
+        "created_at",
+        "attempted_at",
+        "finalized_at",
+        "in_dlq",
+        "dlq_reason",
+        "tag_list",
+        "unique_key",
+        "retry_policy",
+        "pretty_args",
+        "pretty_metadata",
+        "pretty_result",
+        "pretty_progress",
+        "error_timeline",
+    )
+    exclude = ("args", "metadata", "result", "progress", "errors", "tags")
+    actions = ("cancel_jobs",)
+
+    @admin.action(description="Cancel selected jobs", permissions=["cancel_job"])
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        self._checked(request, "cancel_job")
+
+        def perform(objects: list[Any], data: dict[str, Any]) -> str:
+            ordered = sorted(objects, key=lambda o: int(o.id))  # one lock order for all
+            done = [o for o in ordered if cancel(o.id, reason="cancelled in admin")]
+            log_change(request, done, f"cancelled{_together(len(done))}")
+            return f"Cancelled {len(done)} job(s)."
+
+        return confirm(
+            self,
+            request,
+            queryset,
+            title="Cancel jobs",
+            note="Waiting jobs are cancelled; running handlers are told to stop.",
+            form_class=None,
+            perform=perform,
+        )
+
+    def has_cancel_job_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("awa_django.cancel_job"))
