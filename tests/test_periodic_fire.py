@@ -420,3 +420,31 @@ def test_a_failing_schedule_is_logged_once_a_minute_whatever_its_fire_time(caplo
         for second in range(3):
             firer._problem("s", "could not fire: boom", detail=f" (at 00:00:0{second})")
     assert len(caplog.records) == 1
+
+
+def test_a_fire_into_a_new_queue_makes_the_configured_number_of_lanes() -> None:
+    """The leader's connections carry AWA["ENQUEUE_SHARDS"] (awa.enqueue_shards): a periodic
+    fire into a queue without lanes makes that many, as a producer would (it made 4, whatever
+    the setting). A session without it, or with a value that is not a shard count, gets 4."""
+    from awa_django.db.connection import connect_async
+
+    entry = {**EVERY_MINUTE, "queue": "cron-shards"}
+    with override_settings(
+        AWA={**settings.AWA, "PERIODIC": {"sharded": entry}, "ENQUEUE_SHARDS": 2}
+    ):
+        sync()
+        set_fire_after("sharded", db_now() - timedelta(minutes=2))
+
+        async def fire() -> int:
+            conn = await connect_async("default", application_name="awa:test")
+            async with conn:
+                return int(await CronFirer().evaluate(conn))
+
+        assert asyncio.run(fire()) >= 1
+    assert rows("SELECT count(*) FROM awa.queue_lanes WHERE queue = 'cron-shards'") == [(2,)]
+    with pg() as conn:
+        conn.execute("SELECT set_config('awa.enqueue_shards', 'lots', false)")
+        conn.execute("SELECT awa.ensure_lanes_v1('odd-shards', 0)")
+        assert conn.execute(
+            "SELECT count(*) FROM awa.queue_lanes WHERE queue = 'odd-shards'"
+        ).fetchone() == (4,)

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 from django.db import connections
 
+from awa_django.conf import get_awa_settings
 from awa_django.sql import query
 
 __all__ = ["connect_async", "connection_kwargs"]
@@ -45,7 +46,7 @@ async def connect_async(alias: str, *, application_name: str) -> psycopg.AsyncCo
     kwargs.pop("isolation_level", None)
     conn = await psycopg.AsyncConnection.connect(autocommit=True, **kwargs)
     try:
-        await conn.execute(query("worker_session"))
+        await conn.execute(query("worker_session"), [str(get_awa_settings().ENQUEUE_SHARDS)])
     except BaseException:
         await conn.close()
         raise

@@ -1257,7 +1257,7 @@ CREATE OR REPLACE FUNCTION awa.ensure_lanes_v1(p_queue text, p_priority integer,
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 c54b4f5d4ddd6eee (35 lines)
+ AS body sha256 f4269de3774d178e (43 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.finalize_v1(p_items jsonb)

@@ -514,8 +514,16 @@ BEGIN
     IF NOT awa.valid_priority(p_priority) THEN
         RAISE EXCEPTION 'priority: % is outside -100..100', p_priority USING ERRCODE = '22023';
     END IF;
+    -- Without p_shards (a lane made by the engine: a promotion, a periodic fire, a retry), the
+    -- session's awa.enqueue_shards (worker and leader connections set AWA["ENQUEUE_SHARDS"]
+    -- there), else 4.
     INSERT INTO awa.queue_meta (queue, enqueue_shards)
-    VALUES (p_queue, COALESCE(p_shards, 4))
+    VALUES (p_queue, COALESCE(
+        p_shards,
+        CASE WHEN current_setting('awa.enqueue_shards', true) ~ '^[0-9]{1,2}$'
+             THEN LEAST(GREATEST(current_setting('awa.enqueue_shards', true)::integer, 1), 64)
+        END,
+        4))
     ON CONFLICT (queue) DO NOTHING;
     SELECT m.enqueue_shards INTO v_shards FROM awa.queue_meta m WHERE m.queue = p_queue;
     FOR v_shard IN 0..(v_shards - 1) LOOP

@@ -4,9 +4,11 @@
 -- name: worker_session
 -- Once per worker connection: the engine's functions need READ COMMITTED; JIT compilation
 -- costs each statement over many partitions 100-300 ms (on servers built with it) and saves
--- nothing on statements that read a few rows.
+-- nothing on statements that read a few rows; lanes the engine makes for a new queue (a
+-- promotion, a periodic fire, a retry) get AWA["ENQUEUE_SHARDS"] shards.
 SELECT set_config('default_transaction_isolation', 'read committed', false),
-       set_config('jit', 'off', false)
+       set_config('jit', 'off', false),
+       set_config('awa.enqueue_shards', %s, false)
 
 -- name: claim
 -- Each column is named after a field of ClaimedJob, which is built by column name.
