@@ -26,3 +26,13 @@ async def asleep(seconds: float) -> None:
     import asyncio
 
     await asyncio.sleep(seconds)
+
+
+@job(queue="probe")
+def probe(n: int) -> None:
+    """A scheduled job whose start tells how late promotion ran (benchmarks/maintenance_lag.py)."""
+
+
+@job(queue="orphans")
+def orphan(n: int) -> None:
+    """A job claimed by a worker that never runs it, for rescue (benchmarks/maintenance_lag.py)."""

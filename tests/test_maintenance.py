@@ -550,3 +550,39 @@ def test_leader_rotates_and_prunes_rings_while_work_flows(manage_py: Start) -> N
     assert set(Ledger.objects.values_list("job_id", flat=True)) == set(enqueued)
     proc.send_signal(signal.SIGTERM)
     wait_for(lambda: proc.proc.poll() is not None, timeout=20, message="exit")
+
+
+# The maintenance thread of a worker process ------------------------------------------------------
+
+
+class _Loop:
+    """Stands in for ``Maintenance``: its ``run`` raises, returns, or waits to be cancelled."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    async def run(self) -> None:
+        import asyncio
+
+        if self.how == "raises":
+            raise ValueError("boom")
+        if self.how == "waits":
+            await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("how", ["raises", "returns", "waits"])
+def test_a_maintenance_thread_reports_its_loop_ending_unless_stopped(how: str) -> None:
+    from awa_django.maintenance.thread import MaintenanceThread
+
+    ended: list[BaseException | None] = []
+    thread = MaintenanceThread(_Loop(how), ended.append)  # type: ignore[arg-type]
+    thread.start()
+    if how == "waits":
+        thread.stop(timeout=5)
+        assert ended == [] and not thread._thread.is_alive()
+        return
+    thread._thread.join(5)
+    assert len(ended) == 1
+    assert (type(ended[0]).__name__ if ended[0] else None) == (
+        "ValueError" if how == "raises" else None
+    )

@@ -245,6 +245,13 @@ def test_the_prometheus_endpoint_is_scraped_and_parsed(manage_py: Start) -> None
     assert sample(samples, "awa_queue_lag_seconds", **labels) == 0
     assert sample(samples, "awa_workers_alive") >= 1
     assert any(name == "awa_maintenance_events_total" for name, _ in samples)
+    # The leader runs maintenance on its own thread and reports how late each task started.
+    lags = [
+        v
+        for (n, key), v in samples.items()
+        if n == "awa_maintenance_lag_seconds" and ("awa_maintenance_task", "promote") in key
+    ]
+    assert len(lags) == 1 and 0.0 <= lags[0] < 10.0, lags
     # The enqueues happened in this test's process: not this worker's to count.
     assert sample(samples, "messaging_client_sent_messages_total", awa_job_kind=SAYS) == []
     assert f"metrics for Prometheus on http://127.0.0.1:{port}/metrics" in proc.output()

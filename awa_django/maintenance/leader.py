@@ -45,7 +45,7 @@ import psycopg
 from awa_django.conf import AwaSettings, get_awa_settings
 from awa_django.db.links import Link, first_line, is_connection_lost, is_transient
 from awa_django.maintenance.cron import CronFirer, sync_schedules
-from awa_django.sql import query
+from awa_django.sql import RING_SLOTS, query
 from awa_django.telemetry.logs import job_fields
 from awa_django.telemetry.metrics import QueueSnapshot, active_metrics
 
@@ -53,7 +53,6 @@ __all__ = ["Maintenance", "MaintenanceSettings"]
 
 log = logging.getLogger("awa_django.maintenance")
 
-QUEUE_RING_SLOTS = 16
 #: Keys of unique jobs the sweep reads per statement, and statements per run.
 UNIQUE_SWEEP_PAGE = 500
 UNIQUE_SWEEP_PAGES = 20
@@ -77,7 +76,7 @@ class MaintenanceSettings:
     @property
     def queue_rotate_interval(self) -> float:
         # Terminal history lives in the 15 sealed slots of the 16-slot queue ring.
-        return float(self.awa.HISTORY_RETENTION) / (QUEUE_RING_SLOTS - 1)
+        return float(self.awa.HISTORY_RETENTION) / (RING_SLOTS["queue"] - 1)
 
     @property
     def leader_staleness(self) -> float:
@@ -131,6 +130,9 @@ class Maintenance:
             self.metrics.watch(self)
             self.tasks.append(("metrics", s.awa.RUNTIME_REFRESH_INTERVAL, self._read_gauges))
         self._due: dict[str, float] = {}
+        #: How late each task last started after it was due, in seconds (its lag).
+        self.lag: dict[str, float] = {}
+        self._lag_warned_at = -1e9
         # Where the sweep of unique keys goes on from (in memory: a new leader starts over).
         self._unique_after: tuple[Any, Any] = (None, None)
 
@@ -174,16 +176,36 @@ class Maintenance:
             if not self.leader:
                 await asyncio.sleep(self.settings.awa.LEADER_ELECTION_INTERVAL)
                 return
-        now = loop.time()
         for name, interval, task in self.tasks:
-            if now < self._due.get(name, 0.0):
+            now = loop.time()
+            due = self._due.get(name)
+            if due is not None and now < due:
                 continue
+            self._note_lag(name, interval, 0.0 if due is None else now - due)
             self._due[name] = now + interval
             await self._run_task(name, task)
             if not self.is_leader():
                 return
         if self.leader:
             await asyncio.sleep(max(0.0, min(self._due.values()) - loop.time()))
+
+    def _note_lag(self, name: str, interval: float, late: float) -> None:
+        """Record how late task ``name`` starts; log when promotion or rescue runs more than
+        a second (and five intervals) late, at most once a minute."""
+        self.lag[name] = late
+        if name not in ("promote", "rescue") or late <= max(1.0, 5 * interval):
+            return
+        now = time.monotonic()
+        if now - self._lag_warned_at < 60.0:
+            return
+        self._lag_warned_at = now
+        log.warning(
+            "awa maintenance: %s ran %.1f s late (every %.2f s is due): the leader's process "
+            "is short of CPU; run `awa_maintenance` on its own, or fewer handlers beside it",
+            name,
+            late,
+            interval,
+        )
 
     async def run_once(self) -> None:
         """One pass of every task (``awa_maintenance --once``), if leadership can be had. The

@@ -110,6 +110,7 @@ class _Counted(Protocol):
     """A maintenance leader (``Maintenance``): its counters, and whether it leads."""
 
     counters: dict[str, int]
+    lag: dict[str, float]
 
     def is_leader(self) -> bool: ...
 
@@ -175,6 +176,13 @@ class Metrics:
             description="Maintenance outcomes by event: promoted, rescued, rotate_<ring>_"
             "<outcome>, prune_<ring>_<outcome>, dlq_expired, cleaned, unique_released, "
             "cron_fired",
+        )
+        meter.create_observable_gauge(
+            "awa.maintenance.lag",
+            callbacks=[self._maintenance_lag],
+            unit="s",
+            description="How late each maintenance task last started after it was due (the "
+            "leader's): promote, rescue, prune, rotate, ...",
         )
         meter.create_observable_gauge(
             "awa.queue.depth",
@@ -371,6 +379,15 @@ class Metrics:
                 totals[name] = totals.get(name, 0) + value
         for name, value in sorted(totals.items()):
             yield Observation(value, {"awa.maintenance.event": name})
+
+    def _maintenance_lag(self, options: CallbackOptions) -> Iterator[Observation]:
+        from opentelemetry.metrics import Observation
+
+        for leader in list(self._leaders):
+            if not leader.is_leader():
+                continue
+            for name, value in sorted(dict(leader.lag).items()):
+                yield Observation(value, {"awa.maintenance.task": name})
 
     def _fresh(self) -> QueueSnapshot | None:
         snap = self.snapshot

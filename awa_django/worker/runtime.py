@@ -48,6 +48,7 @@ from awa_django.jobs import kind_flow_limits
 from awa_django.limits import QUEUE_NAME_RE
 from awa_django.maintenance.cron import sync_schedules
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
+from awa_django.maintenance.thread import MaintenanceThread
 from awa_django.sql import query
 from awa_django.telemetry.metrics import active_metrics
 from awa_django.telemetry.tracing import active_tracing
@@ -134,6 +135,7 @@ class WorkerRuntime:
             limit=max(config.settings.HEARTBEAT_STALENESS, 10.0), interval=_TICK
         )
         self._signal_handler = self._on_signal
+        self._maintenance: MaintenanceThread | None = None
 
     def _build_parts(self) -> None:
         """The parts of the process, each given what it needs in its constructor."""
@@ -244,10 +246,13 @@ class WorkerRuntime:
         if self.config.burst:
             background.append(self._watch(loop.create_task(self._burst_loop(), name="awa-burst")))
         if self.config.maintenance:
-            maintenance = Maintenance(MaintenanceSettings.from_settings(), self.instance_id)
-            background.append(
-                self._watch(loop.create_task(maintenance.run(), name="awa-maintenance"))
+            # On a thread of its own (awa_django/maintenance/thread.py): saturated handlers do
+            # not delay its turns.
+            self._maintenance = MaintenanceThread(
+                Maintenance(MaintenanceSettings.from_settings(), self.instance_id),
+                self._maintenance_ended,
             )
+            self._maintenance.start()
         dispatch = self._watch(loop.create_task(self.dispatcher.run(), name="awa-dispatch"))
         background.append(self._watch(loop.create_task(self.dispatcher.sweep(), name="awa-sweep")))
         return batcher, dispatch, background
@@ -274,6 +279,8 @@ class WorkerRuntime:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        if self._maintenance is not None:
+            await asyncio.to_thread(self._maintenance.stop)
         await self._deregister()
         for link in (self.claim_link, self.finalize_link, self.control_link):
             await link.close()
@@ -372,6 +379,19 @@ class WorkerRuntime:
             else f"{type(exc).__name__}: {safe_str(exc)}",
             EXIT_LOOP_FAILED,
             exc_info=exc,
+        )
+        hard_exit(EXIT_LOOP_FAILED)
+
+    def _maintenance_ended(self, error: BaseException | None) -> None:
+        """The maintenance thread's loop ended on its own (on that thread): exit, as for any
+        background loop."""
+        log.critical(
+            "awa worker %s: the maintenance loop ended unexpectedly (%s); exiting with status "
+            "%d so that the process is restarted; its attempts will be rescued",
+            self.instance_id,
+            "returned" if error is None else f"{type(error).__name__}: {safe_str(error)}",
+            EXIT_LOOP_FAILED,
+            exc_info=error,
         )
         hard_exit(EXIT_LOOP_FAILED)
 
