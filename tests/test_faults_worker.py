@@ -493,3 +493,42 @@ def test_workers_do_not_outlive_a_killed_supervisor(manage_py: Start) -> None:
             return stat.read().split(") ")[-1].startswith("Z")
 
     wait_for(lambda: all(gone(p) for p in children), timeout=20, message="the children to exit")
+
+
+# A database replaced under a running worker ------------------------------------------------------
+
+
+@pytest.mark.worker
+def test_a_worker_whose_database_is_recreated_exits_70_before_touching_it(
+    manage_py: Start,
+) -> None:
+    """Ids start over in a recreated database: nothing a worker holds about the old one (open
+    attempts, batched outcomes, lanes) may reach it, so the first reconnect ends the process."""
+    import os
+    from urllib.parse import urlsplit, urlunsplit
+
+    server = os.environ.get("AWA_TEST_DIRECT_URL") or os.environ["DATABASE_URL"]
+    scratch = "awa_replaced_" + uuid.uuid4().hex[:8]
+    url = urlunsplit(urlsplit(server)._replace(path=f"/{scratch}"))
+    with pg() as admin:
+        admin.execute(f'CREATE DATABASE "{scratch}"')
+    try:
+        migrate = manage_py("migrate", "-v", "0", extra_env={"DATABASE_URL": url})
+        assert migrate.wait(120) == 0, migrate.output()
+        proc = manage_py("awa_worker", "--queue", "default", extra_env={"DATABASE_URL": url})
+        with psycopg.connect(url, autocommit=True) as conn:
+            wait_for(
+                lambda: (
+                    conn.execute("SELECT count(*) FROM awa.runtime_instances").fetchone() == (1,)
+                ),
+                timeout=20,
+                message=lambda: proc.output(),
+            )
+        with pg() as admin:
+            admin.execute(f'DROP DATABASE "{scratch}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{scratch}"')
+        assert proc.wait(30) == 70, proc.output()
+        assert "is not the one this process first connected to" in proc.output()
+    finally:
+        with pg() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')

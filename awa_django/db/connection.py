@@ -7,6 +7,8 @@ never shared with request handling or with the ORM used inside sync handlers.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -15,7 +17,7 @@ from django.db import connections
 from awa_django.conf import get_awa_settings
 from awa_django.sql import query
 
-__all__ = ["connect_async", "connection_kwargs"]
+__all__ = ["DatabaseReplaced", "connect_async", "connection_kwargs", "on_database_replaced"]
 
 # Keys of Django's connection parameters that only make sense for Django's own cursors.
 _DJANGO_ONLY = ("cursor_factory", "context", "prepare_threshold")
@@ -46,8 +48,48 @@ async def connect_async(alias: str, *, application_name: str) -> psycopg.AsyncCo
     kwargs.pop("isolation_level", None)
     conn = await psycopg.AsyncConnection.connect(autocommit=True, **kwargs)
     try:
-        await conn.execute(query("worker_session"), [str(get_awa_settings().ENQUEUE_SHARDS)])
+        cur = await conn.execute(query("worker_session"), [str(get_awa_settings().ENQUEUE_SHARDS)])
+        row = await cur.fetchone()
+        assert row is not None
+        _same_database(alias, (row[3], row[4], row[5]))
     except BaseException:
         await conn.close()
         raise
     return conn
+
+
+class DatabaseReplaced(RuntimeError):
+    """A connection of this process reached a different database than its first one did."""
+
+
+# alias -> (system identifier or None, database oid, awa schema oid) of the first connection.
+_identities: dict[str, tuple[Any, Any, Any]] = {}
+_identities_lock = threading.Lock()
+_on_replaced: Callable[[DatabaseReplaced], None] | None = None
+
+
+def on_database_replaced(handler: Callable[[DatabaseReplaced], None] | None) -> None:
+    """Call ``handler`` (the worker's: log and exit) when a reconnect reaches a different
+    database than this process first connected to, before any statement runs there;
+    ``DatabaseReplaced`` is raised when it returns or none is set.
+
+    A database dropped and recreated, restored elsewhere, or an ``awa`` schema reinstalled
+    starts its ids over: state a process holds about the old one (open attempts, batched
+    outcomes, lanes, leadership) must never be applied to the new one."""
+    global _on_replaced
+    _on_replaced = handler
+
+
+def _same_database(alias: str, identity: tuple[Any, Any, Any]) -> None:
+    with _identities_lock:
+        first = _identities.setdefault(alias, identity)
+    if first == identity:
+        return
+    error = DatabaseReplaced(
+        f"the database of alias {alias!r} is not the one this process first connected to "
+        f"(system identifier, database oid, awa schema oid were {first}, are {identity}): "
+        "it was dropped and recreated, restored, or the awa schema was reinstalled"
+    )
+    if _on_replaced is not None:
+        _on_replaced(error)
+    raise error

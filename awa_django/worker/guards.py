@@ -8,6 +8,8 @@
   blocks it; when a graceful stop overruns the shutdown timeout, it exits too. A stopped or
   starved *process* (SIGSTOP, a machine stall) is told apart from a blocked *loop*: the
   watchdog's own sleep then overruns as well, and it starts counting afresh.
+* :func:`exit_when_database_replaced` makes a reconnect that reaches a different database (one
+  dropped and recreated, say) exit with status 70 before any statement runs there.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import time
 import traceback
 from typing import NoReturn
 
-__all__ = ["EXIT_LOOP_FAILED", "LoopWatchdog", "hard_exit"]
+from awa_django.db.connection import DatabaseReplaced, on_database_replaced
+
+__all__ = ["EXIT_LOOP_FAILED", "LoopWatchdog", "exit_when_database_replaced", "hard_exit"]
 
 log = logging.getLogger("awa_django.worker")
 
@@ -38,6 +42,17 @@ def hard_exit(code: int) -> NoReturn:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
+
+
+def exit_when_database_replaced() -> None:
+    """From now on, a connection of this process that reaches a different database than its
+    first one did ends the process with status 70 (its supervisor starts it afresh)."""
+
+    def leave(error: DatabaseReplaced) -> None:
+        log.critical("awa: %s; exiting with status %d to start afresh", error, EXIT_LOOP_FAILED)
+        hard_exit(EXIT_LOOP_FAILED)
+
+    on_database_replaced(leave)
 
 
 class LoopWatchdog:

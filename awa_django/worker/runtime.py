@@ -67,6 +67,7 @@ from awa_django.worker.flow import Permits
 from awa_django.worker.guards import (
     EXIT_LOOP_FAILED,
     LoopWatchdog,
+    exit_when_database_replaced,
     hard_exit,
 )
 from awa_django.worker.heartbeats import Heartbeats
@@ -215,6 +216,7 @@ class WorkerRuntime:
         if self._handle_signals:
             self._install_signals()
         self._watchdog.start()
+        exit_when_database_replaced()
         self._tick()
         if self.config.discover:
             await self._discover(start=False)

@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.management.commands._cli import configure_logging
+from awa_django.worker.guards import exit_when_database_replaced
 
 
 class Command(BaseCommand):
@@ -29,6 +30,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"], self.stderr, self.style)
+        exit_when_database_replaced()
         maintenance = Maintenance(MaintenanceSettings.from_settings(), uuid.uuid4(), register=True)
         if options["once"]:
             asyncio.run(maintenance.run_once())

@@ -5,10 +5,16 @@
 -- Once per worker connection: the engine's functions need READ COMMITTED; JIT compilation
 -- costs each statement over many partitions 100-300 ms (on servers built with it) and saves
 -- nothing on statements that read a few rows; lanes the engine makes for a new queue (a
--- promotion, a periodic fire, a retry) get AWA["ENQUEUE_SHARDS"] shards.
+-- promotion, a periodic fire, a retry) get AWA["ENQUEUE_SHARDS"] shards. It also reads which
+-- database this is (the cluster's system identifier where this role may read it, the database's
+-- and the awa schema's oids): a reconnect that lands on a different one ends the process.
 SELECT set_config('default_transaction_isolation', 'read committed', false),
        set_config('jit', 'off', false),
-       set_config('awa.enqueue_shards', %s, false)
+       set_config('awa.enqueue_shards', %s, false),
+       CASE WHEN has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE')
+            THEN (SELECT system_identifier FROM pg_catalog.pg_control_system()) END,
+       (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()),
+       to_regnamespace('awa')::oid
 
 -- name: claim
 -- Each column is named after a field of ClaimedJob, which is built by column name.
