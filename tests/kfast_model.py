@@ -7,8 +7,9 @@ those of ended attempts as ``p_release``/``p_serial_release``, exactly as the wo
 docs/flow.md ("Per kind", "Per-key serialisation"):
 
 - a claimed row carries exactly ``min(weight, limit)`` keys of its own kind (``i`` in
-  ``0 .. limit - 1``) and, for a queue limit, ``min(weight, queue limit)`` queue keys; no key of
-  another kind, no key twice;
+  ``0 .. limit - 1``) and, for a queue limit, ``min(weight, queue limit)`` queue keys, and for a
+  job heavier than a limit free keys above the limit up to its weight; no key of another kind,
+  no key twice;
 - no permit key is carried by two attempts that still hold their permits (across claimers);
 - every permit a claimer's attempts carry is held by that claimer's backend (``pg_locks``) and
   its backend holds no permit (class 4282182) that none of its attempts carries;
@@ -321,13 +322,19 @@ class World:
         )
         if key != job.serial_key:
             self.fail(f"job {job_id} carries serial key {key!r}, enqueued with {job.serial_key!r}")
-        # Its permits: min(weight, limit) of its own kind's keys, the queue's, nothing else.
+        # Its permits: min(weight, limit) of its own kind's keys, the queue's, and for a job
+        # heavier than a limit the free keys above that limit up to its weight as the claimer
+        # counts it (so that a raised limit counts it in full); nothing else.
         limit = self.limits.get(job.kind)
+        full = min(job.weight, max_weight or job.weight)
         own = set(self.kind_keys(job.kind, limit or 0))
+        own_above = set(self.kind_keys(job.kind, full)) - own if limit else set()
         qkeys = set(self.queue_keys(self.queue_limit or 0))
+        q_above = set(self.queue_keys(full)) - qkeys if self.queue_limit else set()
         kind_part = [k for k in permits if k in own]
         queue_part = [k for k in permits if k in qkeys]
-        foreign = [k for k in permits if k not in own and k not in qkeys]
+        above = [k for k in permits if k in own_above or k in q_above]
+        foreign = [k for k in permits if k not in own and k not in qkeys and k not in above]
         if len(set(permits)) != len(permits):
             self.fail(f"job {job_id} ({job.kind}) carries a permit twice: {permits}")
         if foreign:
@@ -409,10 +416,11 @@ class World:
             if row is not None and row[0] is not None and row[0] > limit:
                 self.fail(f"kind {kind}: {row[0]} permits in use, limit {limit}")
             # Attempts started while the kind had no limit carry no permits and do not count
-            # (docs/flow.md); the others count the kind permits they carry.
+            # (docs/flow.md); the others count the kind permits they carry, a job heavier than
+            # the limit counting as the limit.
             own = set(self.kind_keys(kind, 64))
             units = sum(
-                len([k for k in a.permits if k in own])
+                min(len([k for k in a.permits if k in own]), limit)
                 for c in self.claimers
                 for a in c.running.values()
                 if a.kind == kind

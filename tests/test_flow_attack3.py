@@ -314,6 +314,15 @@ def _fuzz_with(
     import time
 
     observer = sessions[0].conn  # reads pg_locks only: takes nothing
+    # Each permit key's owner and number: (queue or kind, i) for i below 64.
+    key_of: dict[int, tuple[str, int]] = {}
+    for owner, fn in [(queue, "awa._flow_key_v1")] + [
+        (kind, "awa._flow_kind_key_v1") for kind in [*kinds, "fa3.rated"]
+    ]:
+        for key, i in observer.execute(
+            f"SELECT {fn}(%s, i), i FROM generate_series(0, 63) AS i", [owner]
+        ).fetchall():
+            key_of[key] = (owner, i)
     enqueued: list[int] = []
     serial_of: dict[int, str] = {}
     weight_of: dict[int, int] = {}
@@ -387,13 +396,32 @@ def _fuzz_with(
             if claimed[j["job_id"]] > 1:
                 problems.append(f"{step}: job {j['job_id']} claimed twice")
             limit = limits.get(j["kind"])
-            j["qunits"] = min(j["weight"], qlimit) if qlimit else 0
-            want = (min(j["weight"], limit) if limit else 0) + j["qunits"]
-            if len(j["permits"]) != want:
-                problems.append(
-                    f"{step}: job {j['job_id']} ({j['kind']}, weight {j['weight']}, limit "
-                    f"{limit}) carries {len(j['permits'])} permits, not {want}"
+            # A job counts min(weight, limits) units; one heavier than a limit also holds the
+            # permits above it up to its weight (as the claiming session counts it), but only
+            # those no other job holds.
+            true_w = min(weight_of[j["job_id"]], session.slots)
+            owners = [key_of.get(k, ("?", 0))[0] for k in j["permits"]]
+            j["qunits"] = owners.count(queue)
+            j["kunits"] = owners.count(j["kind"])
+            wants = []
+            if qlimit:
+                wants.append(("queue", j["qunits"], min(true_w, qlimit), true_w))
+            wants.append(
+                (
+                    "kind",
+                    j["kunits"],
+                    min(j["weight"], limit) if limit else 0,
+                    true_w if limit else 0,
                 )
+            )
+            if len(j["permits"]) != j["qunits"] + j["kunits"]:
+                problems.append(f"{step}: job {j['job_id']} carries foreign permits {owners}")
+            for what, got, low, high in wants:
+                if not low <= got <= max(low, high):
+                    problems.append(
+                        f"{step}: job {j['job_id']} ({j['kind']}, weight {j['weight']}, limit "
+                        f"{limit}) carries {got} {what} permits, not {low}..{high}"
+                    )
             if j["key"] is not None:
                 first_claim_order[j["key"]].append(j["job_id"])
                 others = [
@@ -408,18 +436,14 @@ def _fuzz_with(
             limit = limits.get(kind)
             if limit is None:
                 continue
-            units = sum(
-                len(o["permits"]) - o["qunits"]
-                for s in sessions
-                for o in s.running.values()
-                if o["kind"] == kind
-            )
-            if units > limit:
-                problems.append(f"{step}: {kind} runs {units} units, limit {limit}")
+            held = [o["kunits"] for s in sessions for o in s.running.values() if o["kind"] == kind]
+            # Past the limit only by a job heavier than it (which then runs alone).
+            if sum(held) > max(limit, *held):
+                problems.append(f"{step}: {kind} runs {held} units, limit {limit}")
         if qlimit is not None and new:
-            units = sum(o["qunits"] for s in sessions for o in s.running.values())
-            if units > qlimit:
-                problems.append(f"{step}: queue runs {units} units, limit {qlimit}")
+            held = [o["qunits"] for s in sessions for o in s.running.values()]
+            if sum(held) > max(qlimit, *held):
+                problems.append(f"{step}: queue runs {held} units, limit {qlimit}")
         all_keys = [k for s in sessions for o in s.running.values() for k in o["permits"]]
         if len(all_keys) != len(set(all_keys)):
             problems.append(f"{step}: a permit key is carried by two running jobs")

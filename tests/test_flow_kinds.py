@@ -362,18 +362,19 @@ def test_bulk_window_of_two_limited_kinds_and_an_unlimited_one_with_weights() ->
         got = claim(conn, "q", 16)
         # a: pool 3 (its rows want 2+2+1), rows 0 and 6 draw 2 and 1, row 3 (2) is parked.
         # b: pool 4 (3+1+min(5, 4)), rows 2 and 4 draw 3 and 1, row 7 (4 of 5) is parked.
-        # d: one row of weight 3 over a limit of 2 carries 2 permits. c: pool 3, rows 9 and 11
-        # draw one each, then the 16 units are used: rows 12 and 13 are left in the lane and
+        # d: one row of weight 3 over a limit of 2 carries its 2 permits and the one above the
+        # limit its weight reaches (so that a raised limit counts it in full). c: pool 3, rows 9
+        # and 11 draw one each, then the 16 units are used: rows 12 and 13 are left in the lane and
         # c's third key goes back.
         taken = [0, 1, 2, 4, 5, 6, 8, 9, 10, 11]
         assert [j.job_id for j in got.jobs] == [ids[i] for i in taken]
         assert parked(conn) == [ids[3], ids[7]]
-        want = {0: 2, 2: 3, 4: 1, 5: 2, 6: 1, 9: 1, 11: 1}
+        want = {0: 2, 2: 3, 4: 1, 5: 3, 6: 1, 9: 1, 11: 1}
         for i, job in zip(taken, got.jobs, strict=True):
             assert job.weight == rows[i][1] and job.serial_lock is None
             assert (len(job.permits) if job.permits is not None else None) == want.get(i)
         keys = [k for j in got.jobs for k in (j.permits or [])]
-        assert len(set(keys)) == len(keys) == 11
+        assert len(set(keys)) == len(keys) == 12
         assert session_permits(conn) == as_oids(keys)  # leftovers released, nothing else held
         for kind, n in (("a", 3), ("b", 4), ("c", 2), ("d", 2)):
             assert kind_in_use(conn, kind) == n
@@ -461,12 +462,14 @@ def test_bulk_rows_carry_queue_permits_then_kind_permits() -> None:
             "SELECT array_agg(awa._flow_key_v1('q', g)) FROM generate_series(0, 19) g"
         ).fetchone()
         kind_keys = conn.execute(
-            "SELECT array_agg(awa._flow_kind_key_v1('a', g)) FROM generate_series(0, 1) g"
+            "SELECT array_agg(awa._flow_kind_key_v1('a', g)) FROM generate_series(0, 2) g"
         ).fetchone()
         assert queue_keys is not None and kind_keys is not None
         first, second = (list(j.permits or []) for j in got.jobs)
-        assert len(first) == 5 and set(first[:3]) <= set(queue_keys[0])
-        assert set(first[3:]) == set(kind_keys[0])  # min(3, 2) of the kind's, after the queue's
+        assert len(first) == 6 and set(first[:3]) <= set(queue_keys[0])
+        # The kind's 2 permits after the queue's, then the one above the kind's limit its weight
+        # reaches (so that a raised limit counts it in full).
+        assert set(first[3:]) == set(kind_keys[0])
         assert len(second) == 2 and set(second) <= set(queue_keys[0])
         assert session_permits(conn) == as_oids(first + second)
 
@@ -483,11 +486,13 @@ def test_bulk_limits_that_do_not_bind_take_the_prefix_at_once() -> None:
         # Units 5+1+3+20+1+2 = 32: the seventh row (1) fits, the eighth (1) does not.
         assert [j.job_id for j in got.jobs] == ids[:7]
         assert parked(conn) == []
-        want = {0: 3, 1: 1, 3: 20, 4: 1, 5: 2}  # min(weight, limit)
+        # min(weight, limit), and for the job heavier than its kind's limit the permits above the
+        # limit its weight reaches.
+        want = {0: 5, 1: 1, 3: 20, 4: 1, 5: 2}
         for i, job in enumerate(got.jobs):
             assert (len(job.permits) if job.permits is not None else None) == want.get(i)
         keys = [k for j in got.jobs for k in (j.permits or [])]
-        assert len(set(keys)) == len(keys) == 27
+        assert len(set(keys)) == len(keys) == 29
         assert session_permits(conn) == as_oids(keys)
         row = conn.execute(
             "SELECT n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables "

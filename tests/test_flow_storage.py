@@ -336,3 +336,35 @@ def test_clearing_to_a_lower_settings_limit_counts_permits_still_held() -> None:
         a.execute("SELECT * FROM awa.flow_set_v1('cl', NULL, NULL, NULL, 'op', true)")
         rows = a.execute("SELECT * FROM awa.flow_status_v1() WHERE queue = 'cl'").fetchall()
         assert rows == []  # a row without limits limits nothing and is not shown
+
+
+def test_a_job_heavier_than_the_limit_counts_in_full_once_the_limit_is_raised() -> None:
+    """A weight-3 job of a queue limited to 2 runs (it counts as the limit), and it also holds
+    the permit above the limit its weight reaches: once the limit is raised to 6, weight-1 jobs
+    take the 3 permits left, not 4, so the sum of what runs never passes the limit in force."""
+    with pg() as a, pg() as b:
+        set_limits(a, "heavy", max_running=2)
+        enqueue(a, "heavy", 1, weight=3)
+        [job], _, _ = claim(a, "heavy", 8)
+        assert job.weight == 2 and len(job.permits) == 3
+        set_limits(a, "heavy", max_running=6)
+        enqueue(a, "heavy", 6, weight=1)
+        jobs, limited, _ = claim(b, "heavy", 8)
+        assert len(jobs) == 3 and limited
+        assert in_use(a, "heavy") == 6
+        claim(a, "heavy", 0, release=job.permits)
+        more, _, _ = claim(b, "heavy", 8, held=[k for j in jobs for k in j.permits])
+        assert len(more) == 3
+
+
+def test_a_job_heavier_than_its_kind_limit_counts_in_full_once_the_limit_is_raised() -> None:
+    """The same for a kind's limit: 2, a weight-3 job, then 6 leaves room for 3 units."""
+    with pg() as a, pg() as b:
+        a.execute("SELECT * FROM awa.flow_kind_set_v1('k', 2, NULL, NULL, 'test', false)")
+        enqueue(a, "hk", 1, weight=3)
+        [job], _, _ = claim(a, "hk", 8)
+        assert len(job.permits) == 3
+        a.execute("SELECT * FROM awa.flow_kind_set_v1('k', 6, NULL, NULL, 'test', false)")
+        enqueue(a, "hk", 6, weight=1)
+        jobs, _, _ = claim(b, "hk", 8)
+        assert len(jobs) == 3

@@ -355,8 +355,11 @@ def test_queue_limit_below_the_kind_limit_caps_the_parked_weight(claimers: Any) 
     assert b.claim(8) == [] and parked() == [h]  # one free: 2 wanted
     a.hand_back(busy[1:2])
     assert b.claim(8) == [h]
-    assert b.held[h][2] == 2 and len(b.held[h][0]) == 4  # 2 queue + 2 kind permits
-    assert queue_permits(Q) == 2 and kind_permits(HEAVY) == 5  # 3 in upk2, 2 here
+    # 2 queue permits, 3 above the queue's limit (its weight, should the limit be raised), and
+    # 2 kind permits.
+    assert b.held[h][2] == 2 and len(b.held[h][0]) == 7
+    assert queue_permits(Q) == 5 and queue_permits(Q, 2) == 2
+    assert kind_permits(HEAVY) == 5  # 3 in upk2, 2 here
 
 
 def test_unparked_job_blocked_by_queue_permits_waits_in_the_ready_ring(claimers: Any) -> None:
@@ -405,8 +408,9 @@ def test_kind_limit_lowered_while_a_heavy_job_is_parked(claimers: Any) -> None:
     assert b.claim(8) == [] and parked() == [h]  # one free: it counts 2 now
     a.hand_back(light[3:])
     assert b.claim(8) == [h]
-    assert b.held[h][2] == 4 and len(b.held[h][0]) == 2  # 4 units, 2 of the kind's permits
-    assert kind_permits(HEAVY) == 2
+    # 4 units: the kind's 2 permits, and 2 above its limit (its weight, should it be raised).
+    assert b.held[h][2] == 4 and len(b.held[h][0]) == 4
+    assert kind_permits(HEAVY) == 4 and kind_permits(HEAVY, 2) == 2
 
 
 def test_kind_limit_raised_while_a_heavy_job_is_parked(claimers: Any) -> None:
@@ -434,7 +438,7 @@ def test_queue_limit_lowered_and_cleared_while_a_heavy_job_is_parked(claimers: A
     queue_limit(Q, global_concurrency=1)  # the four light ones started before: no permits
     a.hand_back(light[:3])  # 3 of the kind's free, h counts 1 now
     assert b.claim(8) == [h] and b.held[h][2] == 1
-    assert queue_permits(Q) == 1 and kind_permits(HEAVY) == 2
+    assert queue_permits(Q) == 4 and queue_permits(Q, 1) == 1 and kind_permits(HEAVY) == 2
     [h2] = enqueue(HEAVY, weight=4)
     assert b.claim(8) == []  # the queue's one permit is h's
     b.hand_back([h])
@@ -499,7 +503,8 @@ def test_serial_key_on_a_heavy_parked_job(claimers: Any) -> None:
     assert b.claim(4) == []
     a.hand_back(light[1:])
     assert b.claim(4) == [h]
-    assert b.held[h][1] is not None and b.held[h][2] == 3 and len(b.held[h][0]) == 2
+    # The kind's 2 permits and 1 above its limit.
+    assert b.held[h][1] is not None and b.held[h][2] == 3 and len(b.held[h][0]) == 3
     c = claimers(4)
     assert c.claim(4) == []  # j waits for h's key
     b.finish([h])
@@ -618,8 +623,14 @@ def test_fuzz_mixed_claimers_weights_and_kinds(claimers: Any, seed: int) -> None
     owner: dict[int, Claimer] = {}
 
     def check() -> None:
-        assert queue_permits(Q) <= 6
-        assert kind_permits(HEAVY) <= 3 and kind_permits(LIGHT) <= 2
+        # Permits above a limit are held only by a job heavier than the limit, which holds
+        # every permit below it: more than the limit is held only while those are all taken.
+        for held, below, limit in (
+            (queue_permits(Q), queue_permits(Q, 6), 6),
+            (kind_permits(HEAVY), kind_permits(HEAVY, 3), 3),
+            (kind_permits(LIGHT), kind_permits(LIGHT, 2), 2),
+        ):
+            assert below <= limit and (held <= limit or below == limit), (held, below, limit)
         seen: set[int] = set()
         for c in pool:
             assert not seen & set(c.held), "a job held by two sessions"
@@ -991,7 +1002,8 @@ def test_a_job_unparked_by_a_claimer_without_the_units_is_claimed_by_one_with_th
 ) -> None:
     """Kind limit 2, weight 5: the job takes 5 of a process's units but 2 of the kind's
     permits. A busy claimer (3 units free) may move it back without taking it; it must not be
-    lost or stuck: an idle claimer of 8 takes it, counting 5 units and 2 kind permits."""
+    lost or stuck: an idle claimer of 8 takes it, counting 5 units: the kind's 2 permits and 3
+    above its limit."""
     kind_limit(HEAVY, global_concurrency=2)
     a, b, light, h = _fill_and_park(claimers, 2, 5)
     a.hand_back(light)
@@ -999,7 +1011,7 @@ def test_a_job_unparked_by_a_claimer_without_the_units_is_claimed_by_one_with_th
     assert busy.claim(3) == []
     assert kind_permits(HEAVY) == 0
     got = b.claim(8)
-    assert got == [h] and b.held[h][2] == 5 and len(b.held[h][0]) == 2
+    assert got == [h] and b.held[h][2] == 5 and len(b.held[h][0]) == 5
     assert parked() == []
 
 

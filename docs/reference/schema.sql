@@ -718,7 +718,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (142)
+-- function (143)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -881,6 +881,11 @@ CREATE OR REPLACE FUNCTION awa._flow_kind_tokens_v1(p_rate double precision, p_b
  LANGUAGE plpgsql
  IMMUTABLE
  AS body sha256 8b47efea45518c8e (13 lines)
+
+CREATE OR REPLACE FUNCTION awa._flow_take_above_v1(p_keys integer[], p_held integer[])
+ RETURNS integer[]
+ LANGUAGE sql
+ AS body sha256 34818b060e2c88bb (6 lines)
 
 CREATE OR REPLACE FUNCTION awa._flow_take_v1(p_queue text, p_limit integer, p_seen integer, p_want integer, p_held integer[])
  RETURNS integer[]
@@ -1173,7 +1178,7 @@ CREATE OR REPLACE FUNCTION awa.claim_v3(p_queue text, p_max integer, p_worker uu
  SET enable_seqscan TO 'off'
  SET enable_bitmapscan TO 'off'
  SET plan_cache_mode TO 'force_generic_plan'
- AS body sha256 7ec57bc121aaf8fc (4491 lines)
+ AS body sha256 7999d6c0d8f124d0 (4527 lines)
 
 CREATE OR REPLACE FUNCTION awa.cleanup_v1(p_retention double precision)
  RETURNS integer

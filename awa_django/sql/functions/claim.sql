@@ -176,6 +176,11 @@ DECLARE
     v_aging double precision := GREATEST(COALESCE(p_aging_secs, 60), 0.001);
     v_default double precision := awa._deadline_secs_v1(p_default_deadline);
     v_wcap integer := LEAST(GREATEST(COALESCE(p_max_weight, 10000), 1), 10000);
+    v_pcap integer := LEAST(GREATEST(COALESCE(p_max_weight, 10000), 1), 10000);  -- the process's
+    v_true integer;  -- a job's weight as the process counts it, whatever the limits
+    v_klimit integer;
+    v_mine integer[];
+    v_above integer[];
     v_limit awa.flow_limits%ROWTYPE;
     v_keys integer[];
     v_tat timestamptz;
@@ -1275,12 +1280,43 @@ BEGIN
     END IF;
     -- Each job with its share of the permits, in claim order (no SQL statement: a loop).
     v_used := 0;
+    -- Every permit this session holds or hands out now: a permit above a limit is taken only
+    -- when none of these is it (advisory locks are re-entrant within a session).
+    v_mine := COALESCE(p_held, '{}') || COALESCE(v_keys, '{}')
+              || ARRAY(SELECT k FROM unnest(v_batch) AS b, unnest(b.permits) AS k);
     FOREACH v_row IN ARRAY v_batch LOOP
         IF v_keys IS NOT NULL THEN
             -- The queue's permits, then the kind's (from the slow path).
             v_row.permits := v_keys[v_used + 1:v_used + v_row.weight]
                              || COALESCE(v_row.permits, '{}');
             v_used := v_used + v_row.weight;
+        END IF;
+        -- A job heavier than a limit counts as the limit while it holds, so that it can run;
+        -- it also takes the permits above the limit up to its weight (bounded by what this
+        -- process could give it), which nobody takes while the limit holds, so that a raised
+        -- limit counts it in full and the sum of what runs never passes the limit in force.
+        v_true := awa._job_weight_v1(v_row.metadata, v_pcap);
+        IF v_true > 1 THEN
+            IF v_limit.max_running IS NOT NULL AND v_true > v_limit.max_running THEN
+                v_above := awa._flow_take_above_v1(
+                    ARRAY(SELECT awa._flow_key_v1(p_queue, i)
+                          FROM generate_series(v_limit.max_running, v_true - 1) AS i),
+                    v_mine);
+                v_row.permits := v_row.permits || v_above;
+                v_mine := v_mine || v_above;
+            END IF;
+            IF v_row.kind = ANY (v_kinds) THEN
+                SELECT k.max_running INTO v_klimit
+                FROM awa.flow_kind_limits k WHERE k.kind = v_row.kind;
+                IF v_klimit IS NOT NULL AND v_true > v_klimit THEN
+                    v_above := awa._flow_take_above_v1(
+                        ARRAY(SELECT awa._flow_kind_key_v1(v_row.kind, i)
+                              FROM generate_series(v_klimit, v_true - 1) AS i),
+                        v_mine);
+                    v_row.permits := COALESCE(v_row.permits, '{}') || v_above;
+                    v_mine := v_mine || v_above;
+                END IF;
+            END IF;
         END IF;
         RETURN NEXT v_row;
     END LOOP;

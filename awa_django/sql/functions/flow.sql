@@ -7,6 +7,20 @@ AS $$
     SELECT hashtext(p_queue || '/' || p_i::text)
 $$;
 
+-- Take, of the permit keys p_keys (permits above a limit, which no claim takes while the limit
+-- holds), those that are free, for this session, skipping those it holds or hands out already
+-- (p_held: advisory locks are re-entrant, so one would be "taken" twice). Returns the keys taken
+-- (a key another session holds is passed over).
+CREATE OR REPLACE FUNCTION awa._flow_take_above_v1(p_keys integer[], p_held integer[])
+ RETURNS integer[]
+ LANGUAGE sql
+AS $$
+    SELECT COALESCE(array_agg(k.k ORDER BY k.i), '{}')
+    FROM unnest(p_keys) WITH ORDINALITY AS k(k, i)
+    WHERE CASE WHEN k.k = ANY (COALESCE(p_held, '{}')) THEN false
+               ELSE pg_try_advisory_lock(4282182, k.k) END
+$$;
+
 -- Take up to p_want free permits of p_queue (limit p_limit, highest limit in use p_seen) for
 -- this session, skipping the keys it holds already (p_held: session advisory locks are
 -- re-entrant, so a held key would be "taken" twice). Returns the keys taken.
