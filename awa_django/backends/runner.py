@@ -266,9 +266,10 @@ def _runner(task: Any) -> Any:
 
     def run_sync(ctx: JobContext, *args: object, **kwargs: object) -> object:
         attempt = _Attempt(task, ctx, args, kwargs)
-        kept = mark_open_transactions()  # none in a worker; a test's under drain()
         try:
             attempt.start()
+            # None in a worker; under drain(), the test's, with what task_started wrote in it.
+            kept = mark_open_transactions()
             try:
                 value = func(*attempt.call_args(args), **kwargs)
             except BaseException:
