@@ -235,3 +235,14 @@ def fails_a_statement(label: str) -> None:
     records.func(label)
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 / 0")
+
+
+# -- tasks the worker could not find again by their path (tests/test_tasks_enqueue_readable.py) ---
+
+
+def not_a_task(value: int) -> int:
+    """A plain function: the task below is bound to another name, so its path names this."""
+    return value
+
+
+bound_to_another_name = task(not_a_task)

@@ -16,8 +16,9 @@ caller's rows (no ``transaction.on_commit`` needed, and a rolled-back task never
 ``awa_worker`` runs the tasks; a worker runs a stored task path only if it resolves to a ``Task``
 defined in an installed app (or ``AWA["JOB_MODULES"]``) and the stored backend alias is an
 ``AwaTaskBackend`` (``task.using(backend=...)`` works); anything else fails the job as
-suspicious, without running it (awa_django/backends/runner.py). ``get_result`` rebuilds the task
-as it was enqueued, reports every failure with an importable exception class
+suspicious, without running it (awa_django/backends/runner.py); ``enqueue`` refuses such a task
+(``InvalidTask``, nothing written), so every id it returns reads back. ``get_result`` rebuilds
+the task as it was enqueued, reports every failure with an importable exception class
 (awa_django/backends/errors.py) and the worker of every attempt (awa_django/backends/stored.py).
 """
 
@@ -42,7 +43,7 @@ from awa_django.backends.compat import (
     signals,
 )
 from awa_django.backends.errors import task_errors
-from awa_django.backends.loading import attribute_at
+from awa_django.backends.loading import attribute_at, importable_module
 from awa_django.backends.stored import (
     StoredTask,
     attempt_worker_ids,
@@ -150,6 +151,31 @@ class AwaTaskBackend(BaseTaskBackend):
                 "(1-63 characters of a-z 0-9 _ . -)."
             )
 
+    def _refuse_unresolvable(self, task: Task) -> None:  # type: ignore[type-arg]
+        """``InvalidTask`` unless the worker (and ``get_result``) will find ``task`` again by
+        its ``module_path``: a ``Task`` of that function, bound to the function's own name in
+        a module of an installed app or of ``AWA["JOB_MODULES"]``. Anything else would be
+        written, then refused by the worker as suspicious and unreadable by ``get_result``.
+
+        Not part of ``validate_task``: ``@task`` validates before the module binds the name."""
+        path = task.module_path
+        module = path.rpartition(".")[0]
+        if not importable_module(module):
+            raise InvalidTask(
+                f"Task {path!r} is not defined in a module of an installed app or of "
+                "AWA['JOB_MODULES']: awa_worker would refuse to run it and get_result could "
+                "not read it back. Define it in a module of an installed app (its tasks.py), "
+                "or list its module in AWA['JOB_MODULES']."
+            )
+        found = _module_task(path)
+        if found is None or found.func is not task.func:
+            raise InvalidTask(
+                f"Task {path!r} is not the task found at that path (a task is found again by "
+                "its function's module and name, so awa_worker could not run it and get_result "
+                "could not read it back). Define it with @task at the top level of its module, "
+                "under its function's own name."
+            )
+
     def _options(self, task: Task) -> JobOptions:  # type: ignore[type-arg]
         max_attempts = getattr(task, "max_attempts", None) or self.max_attempts
         deadline = getattr(task, "deadline", None) or self.deadline
@@ -193,11 +219,15 @@ class AwaTaskBackend(BaseTaskBackend):
 
         Arguments are normalised as Django normalises a ``TaskResult``'s (``OrderedDict``,
         tuples, ``TextChoices`` members...) and must then be JSON; anything else raises
-        ``InvalidTask`` with nothing written. The result equals what ``get_result`` reads back
-        until a worker picks the task up (``enqueued_at`` is the database's).
+        ``InvalidTask`` with nothing written. So does a task the worker could not find again
+        by its path (defined outside the installed apps and ``AWA["JOB_MODULES"]``, in a
+        function, or under another name): every id ``enqueue`` returns can be read back.
+        The result equals what ``get_result`` reads back until a worker picks the task up
+        (``enqueued_at`` is the database's).
         """
 
         self.validate_task(task)
+        self._refuse_unresolvable(task)
         args, kwargs = list(args), dict(kwargs)
         try:
             try:
