@@ -25,6 +25,7 @@ the task as it was enqueued, reports every failure with an importable exception 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -316,59 +317,102 @@ class AwaTaskBackend(BaseTaskBackend):
         return result
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
-        """awa.E101: app not installed; awa.E102: alias not PostgreSQL; awa.E103: bad OPTIONS."""
+        """awa.E101: app not installed; awa.E102: alias not PostgreSQL; awa.E103: bad OPTIONS
+        or QUEUES. As in Django's own checks, ``msg`` says what is wrong and ``hint`` what to
+        do about it."""
         from django.apps import apps
         from django.conf import settings
 
         if not apps.is_installed("awa_django"):
             yield checks.Error(
-                "awa_django must be in INSTALLED_APPS to use AwaTaskBackend.", id="awa.E101"
+                f"TASKS[{self.alias!r}] uses AwaTaskBackend, but awa_django is not in "
+                "INSTALLED_APPS.",
+                hint="Add 'awa_django' to INSTALLED_APPS and run manage.py migrate: the backend "
+                "stores tasks in awa_django's tables and awa_worker runs them.",
+                id="awa.E101",
             )
         # Without OPTIONS["database"] the alias is AWA["DATABASE_ALIAS"], which awa.E001/E002
         # already check; only an explicit alias is checked here.
         alias = self.database
+        use_default = "or remove OPTIONS['database'] to use AWA['DATABASE_ALIAS']"
         if alias is None:
             pass
         elif alias not in settings.DATABASES:
-            yield checks.Error(f"OPTIONS['database'] {alias!r} is not in DATABASES.", id="awa.E102")
-        elif connections[alias].vendor != "postgresql":
             yield checks.Error(
-                f"AwaTaskBackend needs PostgreSQL; database {alias!r} is "
-                f"{connections[alias].vendor}.",
+                f"TASKS[{self.alias!r}]: OPTIONS['database'] is {alias!r}, which is not in "
+                f"DATABASES (aliases: {', '.join(map(str, settings.DATABASES)) or 'none'}).",
+                hint=f"Name a PostgreSQL alias of DATABASES, {use_default}.",
                 id="awa.E102",
             )
-        unknown = set(self.options) - _OPTIONS
-        if unknown:
+        elif connections[alias].vendor != "postgresql":
             yield checks.Error(
-                f"Unknown OPTIONS for AwaTaskBackend {self.alias!r}: {sorted(unknown)}; "
-                f"known: {sorted(_OPTIONS)}.",
-                id="awa.E103",
+                f"TASKS[{self.alias!r}]: OPTIONS['database'] is {alias!r}, a "
+                f"{connections[alias].vendor} database; AwaTaskBackend needs PostgreSQL.",
+                hint="Name an alias whose ENGINE is 'django.db.backends.postgresql', "
+                f"{use_default}.",
+                id="awa.E102",
             )
-        for problem in self._option_problems():
-            yield checks.Error(problem, id="awa.E103")
+        for problem, hint in self._option_problems():
+            yield checks.Error(f"TASKS[{self.alias!r}]: {problem}", hint=hint, id="awa.E103")
 
-    def _option_problems(self) -> Iterable[str]:
-        """What is wrong with OPTIONS and QUEUES, one sentence each (reported as awa.E103)."""
+    def _option_problems(self) -> Iterable[tuple[str, str]]:
+        """What is wrong with OPTIONS and QUEUES and what to do about it, one (message, hint)
+        each (reported as awa.E103)."""
+        unknown = sorted(set(self.options) - _OPTIONS, key=repr)
+        if unknown:
+            close = [
+                f"{match[0]!r} for {key!r}"
+                for key in unknown
+                if isinstance(key, str)
+                and (match := difflib.get_close_matches(key, sorted(_OPTIONS), 1))
+            ]
+            meant = f" (did you mean {', '.join(close)}?)" if close else ""
+            yield (
+                f"unknown OPTIONS {', '.join(map(repr, unknown))}.",
+                f"Remove or rename them{meant}; the known OPTIONS are "
+                f"{', '.join(map(repr, sorted(_OPTIONS)))} (docs/tasks.md, 'Options').",
+            )
         max_attempts = self.options.get("max_attempts", 1)
         low, high = ATTEMPTS_RANGE
         if type(max_attempts) is not int or not low <= max_attempts <= high:
-            yield f"OPTIONS['max_attempts'] must be an int in {low}..{high}."
-        checks_of_options: list[tuple[str, Any]] = [
-            ("deadline", lambda v: v is None or check_seconds("deadline", v)),
-            ("tags", lambda v: [check_text("tags", t) for t in tag_tuple(v)]),
-            ("retry", RetryPolicy.from_option),
+            yield (
+                f"OPTIONS['max_attempts'] is {max_attempts!r}, not an int in {low}..{high}.",
+                f"Give an int in {low}..{high} (attempts before a task is FAILED), or remove it "
+                "for the default, 1.",
+            )
+        checks_of_options: list[tuple[str, Any, str]] = [
+            (
+                "deadline",
+                lambda v: v is None or check_seconds("deadline", v),
+                "Give one attempt's time limit as a positive number of seconds, or None.",
+            ),
+            (
+                "tags",
+                lambda v: [check_text("tags", t) for t in tag_tuple(v)],
+                "Give a list of strings, such as ['billing'] (one string is not a list).",
+            ),
+            (
+                "retry",
+                RetryPolicy.from_option,
+                "Give an awa_django.RetryPolicy or a dict of its fields (docs/retries.md, "
+                "'Retry policies'), or remove it.",
+            ),
         ]
-        for name, check in checks_of_options:
+        for name, check, hint in checks_of_options:
             if name in self.options:
                 try:
                     check(self.options[name])
                 except JobValidationError as exc:
-                    yield f"OPTIONS[{name!r}] is invalid: {exc}."
+                    yield f"OPTIONS[{name!r}] is invalid: {exc}.", hint
         for queue in sorted(self.queues, key=repr):
             try:
                 check_queue_name(queue, "QUEUES")
             except JobValidationError as exc:
-                yield f"{exc}."
+                yield (
+                    f"{exc}.",
+                    "Rename the queue (1-63 characters of a-z 0-9 _ . -), or give QUEUES = [] "
+                    "to accept any valid queue name.",
+                )
 
 
 def _json(value: Any) -> Any:
