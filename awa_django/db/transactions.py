@@ -144,8 +144,9 @@ def _restore(conn: BaseDatabaseWrapper, mark: OpenTransaction) -> bool:
     (an ``atomic()`` block) open in it, which is then rolled back to the mark's savepoint.
 
     Kept as the handler left it otherwise, its writes included; but a statement of the
-    handler's that failed outside any block of its own aborted the transaction, and is rolled
-    back with everything the handler did (as a failed statement in autocommit would be).
+    handler's that failed outside any block of its own aborted the transaction (PostgreSQL
+    refuses every later statement in it), so it is rolled back with everything the handler
+    did, and the caller's transaction goes on.
     """
     left_open = len(conn.atomic_blocks) > mark.atomic_blocks or (
         conn.in_atomic_block and not mark.in_atomic_block
