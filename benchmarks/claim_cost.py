@@ -207,7 +207,9 @@ def main() -> None:
             conn.execute("CREATE SCHEMA awa_cc_probe")
             for version in versions:
                 claim_fn, finalize_fn = FUNCTIONS[version]
-                probes = PROBES.format(tag=version.replace("-", "_"), claim=claim_fn, finalize=finalize_fn)
+                probes = PROBES.format(
+                    tag=version.replace("-", "_"), claim=claim_fn, finalize=finalize_fn
+                )
                 conn.execute(probes)
             for version in versions:  # warm up both (plan caches, buffers)
                 cycle(conn, pid, version, args.batch, args.calls // 2)
