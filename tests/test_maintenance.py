@@ -14,6 +14,7 @@ import pytest
 
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
+from awa_django.sql import RING_SLOTS
 from tests import testjobs
 from tests.factories import WORKER, enqueue_sql
 from tests.helpers import ManagedProcess, pg, wait_for
@@ -254,7 +255,7 @@ def rotate_until(conn: psycopg.Connection[Any], ring: str, slot: int) -> None:
 def test_queue_prune_never_truncates_live_work() -> None:
     with pg() as conn:
         [(job, _)] = enqueue_sql(conn, jobs_json(1, "live"))  # unclaimed, in queue slot 0
-        rotate_until(conn, "queue", 15)  # slot 0 is now the oldest sealed slot
+        rotate_until(conn, "queue", RING_SLOTS["queue"] - 1)  # slot 0: the oldest sealed slot
         assert conn.execute("SELECT awa.prune_v1('queue')").fetchone() == (
             "skipped_busy: available job not yet claimed",
         )

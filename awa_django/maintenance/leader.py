@@ -75,7 +75,7 @@ class MaintenanceSettings:
 
     @property
     def queue_rotate_interval(self) -> float:
-        # Terminal history lives in the 15 sealed slots of the 16-slot queue ring.
+        # Terminal history lives in the sealed slots of the queue ring (all but the current one).
         return float(self.awa.HISTORY_RETENTION) / (RING_SLOTS["queue"] - 1)
 
     @property

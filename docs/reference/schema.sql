@@ -4,7 +4,7 @@
 -- signature, attributes, a digest of their body and their privileges (OWNER: the migrating
 -- role); their bodies are in awa_django/sql/functions/.
 
--- relation (110)
+-- relation (86)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
 TABLE attempt_state WITH (fillfactor=80)
@@ -33,20 +33,12 @@ TABLE dlq_entries
 TABLE done_entries PARTITION BY LIST (ready_slot)
 TABLE done_entries_0 PARTITION OF done_entries FOR VALUES IN (0)
 TABLE done_entries_1 PARTITION OF done_entries FOR VALUES IN (1)
-TABLE done_entries_10 PARTITION OF done_entries FOR VALUES IN (10)
-TABLE done_entries_11 PARTITION OF done_entries FOR VALUES IN (11)
-TABLE done_entries_12 PARTITION OF done_entries FOR VALUES IN (12)
-TABLE done_entries_13 PARTITION OF done_entries FOR VALUES IN (13)
-TABLE done_entries_14 PARTITION OF done_entries FOR VALUES IN (14)
-TABLE done_entries_15 PARTITION OF done_entries FOR VALUES IN (15)
 TABLE done_entries_2 PARTITION OF done_entries FOR VALUES IN (2)
 TABLE done_entries_3 PARTITION OF done_entries FOR VALUES IN (3)
 TABLE done_entries_4 PARTITION OF done_entries FOR VALUES IN (4)
 TABLE done_entries_5 PARTITION OF done_entries FOR VALUES IN (5)
 TABLE done_entries_6 PARTITION OF done_entries FOR VALUES IN (6)
 TABLE done_entries_7 PARTITION OF done_entries FOR VALUES IN (7)
-TABLE done_entries_8 PARTITION OF done_entries FOR VALUES IN (8)
-TABLE done_entries_9 PARTITION OF done_entries FOR VALUES IN (9)
 TABLE flow_kind_limits
 TABLE flow_kind_rate_state WITH (fillfactor=50)
 TABLE flow_limits
@@ -68,37 +60,21 @@ TABLE queue_meta
 TABLE ready_entries PARTITION BY LIST (ready_slot)
 TABLE ready_entries_0 PARTITION OF ready_entries FOR VALUES IN (0)
 TABLE ready_entries_1 PARTITION OF ready_entries FOR VALUES IN (1)
-TABLE ready_entries_10 PARTITION OF ready_entries FOR VALUES IN (10)
-TABLE ready_entries_11 PARTITION OF ready_entries FOR VALUES IN (11)
-TABLE ready_entries_12 PARTITION OF ready_entries FOR VALUES IN (12)
-TABLE ready_entries_13 PARTITION OF ready_entries FOR VALUES IN (13)
-TABLE ready_entries_14 PARTITION OF ready_entries FOR VALUES IN (14)
-TABLE ready_entries_15 PARTITION OF ready_entries FOR VALUES IN (15)
 TABLE ready_entries_2 PARTITION OF ready_entries FOR VALUES IN (2)
 TABLE ready_entries_3 PARTITION OF ready_entries FOR VALUES IN (3)
 TABLE ready_entries_4 PARTITION OF ready_entries FOR VALUES IN (4)
 TABLE ready_entries_5 PARTITION OF ready_entries FOR VALUES IN (5)
 TABLE ready_entries_6 PARTITION OF ready_entries FOR VALUES IN (6)
 TABLE ready_entries_7 PARTITION OF ready_entries FOR VALUES IN (7)
-TABLE ready_entries_8 PARTITION OF ready_entries FOR VALUES IN (8)
-TABLE ready_entries_9 PARTITION OF ready_entries FOR VALUES IN (9)
 TABLE ready_tombstones PARTITION BY LIST (ready_slot)
 TABLE ready_tombstones_0 PARTITION OF ready_tombstones FOR VALUES IN (0)
 TABLE ready_tombstones_1 PARTITION OF ready_tombstones FOR VALUES IN (1)
-TABLE ready_tombstones_10 PARTITION OF ready_tombstones FOR VALUES IN (10)
-TABLE ready_tombstones_11 PARTITION OF ready_tombstones FOR VALUES IN (11)
-TABLE ready_tombstones_12 PARTITION OF ready_tombstones FOR VALUES IN (12)
-TABLE ready_tombstones_13 PARTITION OF ready_tombstones FOR VALUES IN (13)
-TABLE ready_tombstones_14 PARTITION OF ready_tombstones FOR VALUES IN (14)
-TABLE ready_tombstones_15 PARTITION OF ready_tombstones FOR VALUES IN (15)
 TABLE ready_tombstones_2 PARTITION OF ready_tombstones FOR VALUES IN (2)
 TABLE ready_tombstones_3 PARTITION OF ready_tombstones FOR VALUES IN (3)
 TABLE ready_tombstones_4 PARTITION OF ready_tombstones FOR VALUES IN (4)
 TABLE ready_tombstones_5 PARTITION OF ready_tombstones FOR VALUES IN (5)
 TABLE ready_tombstones_6 PARTITION OF ready_tombstones FOR VALUES IN (6)
 TABLE ready_tombstones_7 PARTITION OF ready_tombstones FOR VALUES IN (7)
-TABLE ready_tombstones_8 PARTITION OF ready_tombstones FOR VALUES IN (8)
-TABLE ready_tombstones_9 PARTITION OF ready_tombstones FOR VALUES IN (9)
 TABLE ring_prunes
 TABLE ring_rotations
 TABLE rings
@@ -644,7 +620,7 @@ CREATE UNIQUE INDEX schema_migrations_pkey ON awa.schema_migrations USING btree 
 CREATE UNIQUE INDEX serial_waiting_pkey ON awa.serial_waiting USING btree (job_id)
 CREATE UNIQUE INDEX unique_keys_pkey ON awa.unique_keys USING btree (unique_key)
 
--- partition index (72)
+-- partition index (48)
 claim_closures_0: 1
 claim_closures_1: 1
 claim_closures_2: 1
@@ -662,12 +638,6 @@ claims_5: 4
 claims_6: 4
 claims_7: 4
 done_entries_0: 5
-done_entries_10: 5
-done_entries_11: 5
-done_entries_12: 5
-done_entries_13: 5
-done_entries_14: 5
-done_entries_15: 5
 done_entries_1: 5
 done_entries_2: 5
 done_entries_3: 5
@@ -675,8 +645,6 @@ done_entries_4: 5
 done_entries_5: 5
 done_entries_6: 5
 done_entries_7: 5
-done_entries_8: 5
-done_entries_9: 5
 leases_0: 2
 leases_1: 2
 leases_2: 2
@@ -686,12 +654,6 @@ leases_5: 2
 leases_6: 2
 leases_7: 2
 ready_entries_0: 3
-ready_entries_10: 3
-ready_entries_11: 3
-ready_entries_12: 3
-ready_entries_13: 3
-ready_entries_14: 3
-ready_entries_15: 3
 ready_entries_1: 3
 ready_entries_2: 3
 ready_entries_3: 3
@@ -699,15 +661,7 @@ ready_entries_4: 3
 ready_entries_5: 3
 ready_entries_6: 3
 ready_entries_7: 3
-ready_entries_8: 3
-ready_entries_9: 3
 ready_tombstones_0: 2
-ready_tombstones_10: 2
-ready_tombstones_11: 2
-ready_tombstones_12: 2
-ready_tombstones_13: 2
-ready_tombstones_14: 2
-ready_tombstones_15: 2
 ready_tombstones_1: 2
 ready_tombstones_2: 2
 ready_tombstones_3: 2
@@ -715,8 +669,6 @@ ready_tombstones_4: 2
 ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
-ready_tombstones_8: 2
-ready_tombstones_9: 2
 
 -- function (143)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
@@ -1178,7 +1130,7 @@ CREATE OR REPLACE FUNCTION awa.claim_v3(p_queue text, p_max integer, p_worker uu
  SET enable_seqscan TO 'off'
  SET enable_bitmapscan TO 'off'
  SET plan_cache_mode TO 'force_generic_plan'
- AS body sha256 7999d6c0d8f124d0 (4527 lines)
+ AS body sha256 87ae5b38c0777d3e (2847 lines)
 
 CREATE OR REPLACE FUNCTION awa.cleanup_v1(p_retention double precision)
  RETURNS integer
