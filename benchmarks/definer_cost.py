@@ -17,9 +17,9 @@ difference). Every round runs the same work on both, in alternating order (ABBA.
   as a busy worker does.
 
 It reports, per scenario and side, the median over rounds of the client's wall time and of the
-server backend's CPU time (user+system from ``/proc``) per call or job, and the ratio
-definer/invoker. The machine's speed drifts between rounds; the interleaving and the medians
-are there for that.
+server backend's CPU time (user+system from ``/proc``) per call or job, and the median of the
+rounds' ratios definer/invoker: the two sides of a round run back to back, so a ratio compares
+them at about the same speed of a machine whose speed drifts between rounds.
 """
 
 from __future__ import annotations
@@ -135,21 +135,22 @@ def main() -> None:
         for r in range(args.rounds):
             for bench in sides if r % 2 == 0 else sides[::-1]:
                 bench.round(args.calls, args.batch_jobs)
-        print(f"{args.rounds} rounds in {time.perf_counter() - started:.0f} s; per call or job, "
-              "median over rounds: client wall time / server CPU (us)")  # fmt: skip
-        medians: dict[tuple[str, str], tuple[float, float]] = {}
+        print(f"{args.rounds} rounds in {time.perf_counter() - started:.0f} s; per call or job: "
+              "medians over rounds of client wall time / server CPU (us), and the median of "
+              "each round's definer/invoker ratio (both sides ran back to back)")  # fmt: skip
         for scenario in SCENARIOS:
             for bench in sides:
                 walls = [w for w, _ in bench.results[scenario]]
                 cpus = [c for _, c in bench.results[scenario]]
-                medians[scenario, bench.label] = (statistics.median(walls), statistics.median(cpus))
                 print(
-                    f"  {scenario:20} {bench.label:8} {medians[scenario, bench.label][0]:7.1f} / "
-                    f"{medians[scenario, bench.label][1]:6.1f}   (wall per round: "
+                    f"  {scenario:20} {bench.label:8} {statistics.median(walls):7.1f} / "
+                    f"{statistics.median(cpus):6.1f}   (wall per round: "
                     f"{', '.join(f'{w:.0f}' for w in walls)})"
                 )
-            (dw, dc), (iw, ic) = medians[scenario, "definer"], medians[scenario, "invoker"]
-            print(f"  {scenario:20} definer/invoker: wall {dw / iw:.3f}, server CPU {dc / ic:.3f}")
+            pairs = list(zip(sides[0].results[scenario], sides[1].results[scenario], strict=True))
+            wall = statistics.median(d[0] / i[0] for d, i in pairs)
+            cpu = statistics.median(d[1] / i[1] for d, i in pairs if i[1] > 0)
+            print(f"  {scenario:20} definer/invoker: wall {wall:.3f}, server CPU {cpu:.3f}")
         for bench in sides:
             bench.side.conn.close()
     finally:
