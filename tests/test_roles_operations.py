@@ -359,6 +359,11 @@ def test_the_operator_acts_on_jobs_queues_and_callbacks(roles_db: RolesDB) -> No
         print(json.dumps({{
             "paused": paused,
             "cancel": op.cancel({cancelled}).value,
+            "history": [r.outcome for r in op.history_retry([{cancelled}], by="ops")],
+            "kind": op.set_kind_limits("tests.testjobs.noop", rate_limit=5.0, actor="ops").kind,
+            "kind_cleared": op.clear_kind_limits("tests.testjobs.noop", actor="ops"),
+            "schedule": [op.schedule_pause("none", by="ops"), op.schedule_trigger("none")],
+            "extended": op.extend_callback("{callback}", 600),
             "retried": op.dlq_retry([{retried}]),
             "purged": op.dlq_purge([{purged}]),
             "limits": op.set_queue_limits("op-q", global_concurrency=3, actor="ops").queue,
@@ -372,10 +377,16 @@ def test_the_operator_acts_on_jobs_queues_and_callbacks(roles_db: RolesDB) -> No
     )
     assert result["paused"] == [True]
     assert result["cancel"] == "available"
+    assert result["history"] == ["retried"]
+    assert (result["kind"], result["kind_cleared"]) == ("tests.testjobs.noop", None)
+    assert result["schedule"] == [False, None]
+    assert result["extended"] == "extended"
     assert (result["retried"], result["purged"]) == ([retried], [purged])
     assert (result["limits"], result["cleared"], result["dlq"]) == ("op-q", None, True)
     assert result["resolved"] == "resolved"
-    assert sorted(result["listed"]) == [cancelled, drained]
+    # The queue's two jobs and the history retry of the cancelled one, which the drain cancelled.
+    assert len(result["listed"]) == 3 and {cancelled, drained} <= set(result["listed"])
+    assert result["drained"] == 2
     assert parked == waiting
     states = {i: state_of(roles_db, i) for i in (retried, purged, parked, cancelled, drained)}
     assert states == {
