@@ -1070,14 +1070,14 @@ def test_admin_add_kind_limit_bad_input_writes_nothing(admin_client: Any) -> Non
     assert "admin" in (row.updated_by or "")
 
 
-def test_operator_role_cannot_change_kind_limit_app_role_enqueues_limited(
+def test_reader_role_cannot_change_kind_limit_app_role_enqueues_limited(
     manage_py: Any,
 ) -> None:
     from django.db import connection
 
     names = {
         "app": "katk_app",
-        "operator": "katk_ops",
+        "reader": "katk_ops",
         "worker": "katk_wrk",
         "maintenance": "katk_mnt",
     }
@@ -1096,7 +1096,7 @@ def test_operator_role_cannot_change_kind_limit_app_role_enqueues_limited(
     def as_role(role: str) -> psycopg.Connection[Any]:
         return psycopg.connect(**{**base, "user": role}, autocommit=True)
 
-    with as_role(names["operator"]) as c:
+    with as_role(names["reader"]) as c:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute(
                 "SELECT * FROM awa.flow_kind_set_v1('katk.lim2', 1, NULL, NULL, 'x', false, NULL)"
@@ -1700,7 +1700,7 @@ def test_deploy_raising_kind_rate_takes_effect_at_once(manage_py: Any) -> None:
 def _apply_roles(manage_py: Any) -> dict[str, str]:
     names = {
         "app": "katk_app",
-        "operator": "katk_ops",
+        "reader": "katk_ops",
         "worker": "katk_wrk",
         "maintenance": "katk_mnt",
     }

@@ -246,7 +246,7 @@ class AwaTaskBackend(BaseTaskBackend):
         if handle.duplicate:  # a unique task: nothing written, the holder's result instead
             return self.get_result(str(handle.id))
         with connections[request.using].cursor() as cursor:
-            cursor.execute(query("task_enqueued_at"), [handle.id, handle.id])
+            cursor.execute(query("task_enqueued_at"), [handle.id])
             row = cursor.fetchone()
         result: TaskResult = TaskResult(  # type: ignore[type-arg]
             task=task,
