@@ -34,7 +34,7 @@ import pytest
 from tests.helpers import PGBOUNCER, REPO, ManagedProcess, database_url
 from tests.settings import database_settings, repeatable_settings
 
-pytest_plugins = ["tests.awa_fixtures"]
+pytest_plugins = ["tests.awa_fixtures", "tests.roles_support"]
 
 # AWA_TEST_PGDATA gives a session a cluster of its own (scripts/test runs the dj6 lane beside
 # the dj52 lane that way).

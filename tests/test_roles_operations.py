@@ -21,9 +21,7 @@ from awa_django.db import storage
 from awa_django.db.storage import Finalization
 from tests.factories import WORKER
 from tests.helpers import wait_for
-from tests.roles_support import RolesDB, enqueue_as, refused, roles_db, state_of
-
-__all__ = ["roles_db"]
+from tests.roles_support import RolesDB, enqueue_as, refused, state_of
 
 ERROR = {"type": "Boom", "message": "boom", "traceback": "boom"}
 
