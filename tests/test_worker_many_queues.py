@@ -22,6 +22,10 @@ pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
 
 Start = Callable[..., ManagedProcess]
 
+#: The sweep's probe, and the name it is hidden under to make it fail.
+PROBE_ARGS = "(text[], bigint[], integer[], integer, integer)"
+PROBE, GONE = f"awa.queues_ready_v2{PROBE_ARGS}", f"awa.queues_ready_gone{PROBE_ARGS}"
+
 
 def worker(start: Start, *args: str, overrides: dict[str, Any] | None = None) -> ManagedProcess:
     env = {"AWA_TEST_OVERRIDES": json.dumps(overrides)} if overrides else None
@@ -104,15 +108,15 @@ def test_a_sweep_that_fails_claims_from_every_idle_queue_instead(
     proc = worker(manage_py, overrides={"NOTIFY": False})
     wait_for(lambda: completed(first) == len(first), timeout=60, message=proc.output)
     with pg() as conn:
-        conn.execute("ALTER FUNCTION awa.queues_ready_v1(text[]) RENAME TO queues_ready_gone")
+        conn.execute(f"ALTER FUNCTION {PROBE} RENAME TO queues_ready_gone")
     try:
         later = one_job_per_queue(["tenant-3"])
         wait_for(lambda: completed(later) == 1, timeout=30, message=proc.output)
         wait_for(
-            lambda: "could not ask which of" in proc.output(),
+            lambda: "sweep statement(s) failed" in proc.output(),
             timeout=10,
             message="the failed sweep to be logged",
         )
     finally:
         with pg() as conn:
-            conn.execute("ALTER FUNCTION awa.queues_ready_gone(text[]) RENAME TO queues_ready_v1")
+            conn.execute(f"ALTER FUNCTION {GONE} RENAME TO queues_ready_v2")

@@ -718,7 +718,7 @@ ready_tombstones_7: 2
 ready_tombstones_8: 2
 ready_tombstones_9: 2
 
--- function (143)
+-- function (145)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -848,6 +848,11 @@ CREATE OR REPLACE FUNCTION awa._finalize_pass_v1(p_items jsonb, p_hint boolean)
  LANGUAGE plpgsql
  AS body sha256 f512c351920be7a5 (127 lines)
 
+CREATE OR REPLACE FUNCTION awa._flow_free_v1(p_name text, p_kind boolean, p_limit integer, p_want integer)
+ RETURNS integer
+ LANGUAGE sql
+ AS body sha256 10b451b475ca9598 (13 lines)
+
 CREATE OR REPLACE FUNCTION awa._flow_key_v1(p_queue text, p_i integer)
  RETURNS integer
  LANGUAGE sql
@@ -881,6 +886,11 @@ CREATE OR REPLACE FUNCTION awa._flow_kind_tokens_v1(p_rate double precision, p_b
  LANGUAGE plpgsql
  IMMUTABLE
  AS body sha256 8b47efea45518c8e (13 lines)
+
+CREATE OR REPLACE FUNCTION awa._flow_parked_ready_v1(p_queues text[], p_caps integer[])
+ RETURNS text[]
+ LANGUAGE plpgsql
+ AS body sha256 1ec00eac26b3e270 (75 lines)
 
 CREATE OR REPLACE FUNCTION awa._flow_take_above_v1(p_keys integer[], p_held integer[])
  RETURNS integer[]
@@ -1411,7 +1421,7 @@ CREATE OR REPLACE FUNCTION awa.queue_lag_v1()
 CREATE OR REPLACE FUNCTION awa.queue_pause_v1(p_queue text, p_paused boolean)
  RETURNS boolean
  LANGUAGE plpgsql
- AS body sha256 f54d89c7a6c4edb0 (11 lines)
+ AS body sha256 060ae973452628ae (17 lines)
 
 CREATE OR REPLACE FUNCTION awa.queue_stats_v1()
  RETURNS TABLE(queue text, available bigint, running bigint, waiting_external bigint, scheduled bigint, retryable bigint, completed bigint, failed bigint, cancelled bigint, dlq bigint, paused boolean, lag_seconds double precision, completed_last_hour bigint)
@@ -1428,13 +1438,13 @@ CREATE OR REPLACE FUNCTION awa.queues_idle_v2(p_queues text[])
  SET max_parallel_workers_per_gather TO '0'
  AS body sha256 ded46523dc13a5db (66 lines)
 
-CREATE OR REPLACE FUNCTION awa.queues_ready_v1(p_queues text[])
- RETURNS SETOF text
+CREATE OR REPLACE FUNCTION awa.queues_ready_v2(p_queues text[], p_stamps bigint[] DEFAULT NULL::bigint[], p_caps integer[] DEFAULT NULL::integer[], p_max_lanes integer DEFAULT 128, p_after_lane integer DEFAULT NULL::integer)
+ RETURNS TABLE(queue text, ready boolean, stamp bigint, upto integer)
  LANGUAGE plpgsql
- STABLE
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
- AS body sha256 64a3032495973c1f (25 lines)
+ SET plan_cache_mode TO 'force_generic_plan'
+ AS body sha256 51e85c0e9eb4a39f (157 lines)
 
 CREATE OR REPLACE FUNCTION awa.rescue_v1(p_staleness double precision, p_limit integer DEFAULT 500, p_backoff_base double precision DEFAULT 1.0)
  RETURNS TABLE(job_id bigint, run_lease bigint, reason text)
