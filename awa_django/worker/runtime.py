@@ -214,6 +214,7 @@ class WorkerRuntime:
         """Bind the parts to ``loop``, take the configured queues, and write what a worker
         writes when it starts (runtime row, flow limits, schedules)."""
         self.attempts.bind(loop)
+        await self.attempts.async_orm.start()
         self.hand_offs.bind(loop)
         for queue in self.config.queues:
             self.queues[queue.name] = queue
