@@ -132,7 +132,7 @@ class WorkerRuntime:
         self._rediscover = asyncio.Event()
         self._reregister = asyncio.Event()
         # Which process of an ``awa_worker --processes N`` family answers NOTIFY (family.py).
-        self.family = Family(os.environ.get(FAMILY_ENV))
+        self.family = Family(os.environ.get(FAMILY_ENV), stale_after=4 * _TICK)
         self._build_parts()
         self._stop = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -330,6 +330,7 @@ class WorkerRuntime:
 
     def _tick(self) -> None:
         self._watchdog.tick()
+        self.family.beat()  # the leader tells the family it is not frozen
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_later(_TICK, self._tick)
