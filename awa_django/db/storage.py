@@ -487,7 +487,7 @@ def queue_counts(conn: psycopg.Connection[Any]) -> list[QueueCounts]:
 class QueueReadiness(NamedTuple):
     """One queue as the sweep of idle queues read it (``awa.queues_ready_v2``).
 
-    ``ready``: a claim now would take a job from it. ``stamp``: the sum of its lanes' last
+    ``ready``: a claim now would take a job from it. ``stamp``: a digest of its lanes' last
     positions when each of them is spent (claimed or rolled back), else None: handed back with
     the next probe, an unchanged stamp proves its lanes still hold nothing, at the cost of
     reading their sequences only. ``upto``: the queue was read in part (more lanes than one

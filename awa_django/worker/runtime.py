@@ -72,6 +72,7 @@ from awa_django.worker.guards import (
 )
 from awa_django.worker.heartbeats import Heartbeats
 from awa_django.worker.slots import Slots
+from awa_django.worker.sweep import sweep_session
 from awa_django.worker.wakeups import FamilyWakeups, HandOffs
 
 __all__ = ["EXIT_LOOP_FAILED", "EXIT_STUCK_HANDLERS", "WorkerRuntime"]
@@ -112,7 +113,7 @@ class WorkerRuntime:
         self.control_link = Link(alias, "heartbeat", name)
         # The sweep of idle queues, queue discovery and the burst check: statements that may be
         # slow, never on the heartbeat connection (a late heartbeat gets a live job rescued).
-        self.sweep_link = Link(alias, "sweep", name)
+        self.sweep_link = Link(alias, "sweep", name, on_connect=sweep_session)
         self._metrics = active_metrics()  # None unless OpenTelemetry metrics are on
         self._tracing = active_tracing()  # None unless OpenTelemetry traces are on
         self.batcher = CompletionBatcher(

@@ -10,18 +10,22 @@ jobs whose flow limit still binds cost no claim (docs/worker.md, "Many queues").
 
 Cost. A probe statement reads at most ``SWEEP_LANES`` lanes (each lane's sequence is locked
 until the statement ends); a queue whose lanes were found spent comes back with a *stamp*,
-the sum of its lanes' last positions, and while the stamp does not move its lanes' cursors are
-not read again. Statements are spaced so that the sweep spends ``SWEEP_SHARE`` of its time in
-the database, but a pause is never longer than ``AWA["SWEEP_MAX_PAUSE"]``, and a pass over
-every idle queue is hurried (shorter pauses) to end within ``AWA["SWEEP_MAX_INTERVAL"]``:
-a job whose wake-up was missed waits for the sweep that long at most, unless the database
-takes longer than that to answer the statements themselves. A wake-up of every queue (the
-listen connection came back) ends a pause and sweeps every idle queue at once, unpaced.
+a digest of its lanes' last positions, and while the stamp does not change its lanes'
+cursors are not read again. Statements are spaced so that the sweep spends ``SWEEP_SHARE``
+of its time in the database, but a pause is never longer than ``AWA["SWEEP_MAX_PAUSE"]``,
+and a pass over every idle queue is hurried (shorter pauses) to end within
+``AWA["SWEEP_MAX_INTERVAL"]``: a job whose wake-up was missed waits for the sweep that long
+at most, unless the database takes longer than that to answer the statements themselves. A
+wake-up of every queue (the listen connection came back) ends a pause and sweeps every idle
+queue at once, unpaced.
 
 Faults. A statement that fails makes every queue it asked about due (their claims find any
 job, so nothing is lost), and the next statement waits, twice as long after each failure in a
 row, at most ``AWA["SWEEP_BACKOFF_MAX"]``. The failures are logged once per
-``SWEEP_LOG_EVERY`` seconds, with their count, and the recovery once.
+``SWEEP_LOG_EVERY`` seconds, with their count, and the recovery once. A statement that would
+wait more than ``SWEEP_LOCK_TIMEOUT`` for a lock (DDL on a lane's sequence, a prune taking a
+partition) gives up instead, and its queues are swept again on the next pass: their claims
+would wait for the same lock, on the claim connection.
 """
 
 from __future__ import annotations
@@ -40,7 +44,15 @@ from awa_django.db.storage import QueueReadiness, aqueues_ready
 from awa_django.sql import query
 from awa_django.worker.config import WorkerConfig
 
-__all__ = ["SWEEP_LANES", "SWEEP_LOG_EVERY", "SWEEP_SHARE", "Sweep", "SweptQueues"]
+__all__ = [
+    "SWEEP_LANES",
+    "SWEEP_LOCK_TIMEOUT",
+    "SWEEP_LOG_EVERY",
+    "SWEEP_SHARE",
+    "Sweep",
+    "SweptQueues",
+    "sweep_session",
+]
 
 log = logging.getLogger("awa_django.worker")
 
@@ -53,6 +65,24 @@ SWEEP_LANES = 128
 SWEEP_SHARE = 0.05
 #: How often failed sweep statements are logged (with their count since the last line).
 SWEEP_LOG_EVERY = 60.0
+#: The longest a sweep statement waits for a lock (``lock_timeout`` of its connection).
+SWEEP_LOCK_TIMEOUT = 1.0
+#: lock_not_available: the statement gave up waiting for a lock.
+_LOCK_TIMEOUT = "55P03"
+#: Statements in a row that gave up on a lock before the sweep leaves the rest of its pass.
+_LOCKED_IN_A_ROW = 3
+
+
+class _Locked:
+    """What a probe that gave up waiting for a lock returns."""
+
+
+LOCKED = _Locked()
+
+
+async def sweep_session(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Set up a new sweep connection (``Link(on_connect=...)``): its lock timeout."""
+    await conn.execute(query("sweep_session"), [f"{int(SWEEP_LOCK_TIMEOUT * 1000)}ms"])
 
 
 class SweptQueues(Protocol):
@@ -118,15 +148,17 @@ class Sweep:
 
     async def _pass(self, idle: list[str], began: float, hurry: bool) -> None:
         """Probe every queue of ``idle``: paced, or at once when ``hurry``. Returns early when
-        a wake-up of every queue asks for a new pass at once."""
+        a wake-up of every queue asks for a new pass at once, or when statements keep giving
+        up on a lock."""
         loop = asyncio.get_running_loop()
         settings = self.config.settings
         deadline = began + max(settings.SWEEP_MAX_INTERVAL, settings.POLL_INTERVAL)
         done, after, statements, spent = 0, None, 0, 0.0
+        alone, locked = 0, 0  # probe idle[:alone] one queue at a time; lock timeouts in a row
         while done < len(idle) and not self._stopping():
             if self._now.is_set() and not hurry:
                 return  # start again at once, unpaced
-            names = idle[done : done + SWEEP_LANES]
+            names = idle[done : done + (1 if done < alone else SWEEP_LANES)]
             started = loop.time()
             rows = await self._probe(names, after)
             took = loop.time() - started
@@ -134,6 +166,19 @@ class Sweep:
                 done, after = done + len(names), None
                 await self._pause(self._backoff())
                 continue
+            if isinstance(rows, _Locked):
+                # Which queue waits for the lock is not known: probe these one at a time, and
+                # leave the one that waits to the next pass (a lock on what every statement
+                # reads, to the next pass altogether).
+                locked += 1
+                if locked >= _LOCKED_IN_A_ROW:
+                    return
+                if len(names) > 1:
+                    alone = done + len(names)
+                else:
+                    done, after = done + 1, None
+                continue
+            locked = 0
             done, after = self._advance(done, names, rows)
             statements, spent = statements + 1, spent + took
             if hurry or any(row.ready for row in rows) or done >= len(idle):
@@ -166,9 +211,12 @@ class Sweep:
             return done + len(rows) - 1, last.upto  # read in parts: go on with its next lanes
         return done + len(rows), None
 
-    async def _probe(self, names: list[str], after: int | None) -> list[QueueReadiness] | None:
+    async def _probe(
+        self, names: list[str], after: int | None
+    ) -> list[QueueReadiness] | _Locked | None:
         """One probe statement (``after``: the first queue's lanes after that one); None when
-        it failed: then every queue of ``names`` was made due."""
+        it failed: then every queue of ``names`` was made due; ``LOCKED`` when it gave up
+        waiting for a lock."""
         stamps = [self._stamps.get(name) for name in names]
         caps = [self._queues.weight_cap(name) for name in names]
 
@@ -178,10 +226,13 @@ class Sweep:
             )
 
         try:
-            rows = await self.link.run(ready, give_up=self._stopping)
+            rows = await self.link.run(ready, give_up=self._stopping, retry_transient=False)
         except Exception as exc:
             if self._stopping():
                 return None
+            if isinstance(exc, psycopg.Error) and exc.sqlstate == _LOCK_TIMEOUT:
+                log.debug("awa worker: a sweep statement gave up waiting for a lock (%s)", exc)
+                return LOCKED
             self._failed_statement(names, exc)
             for name in names:
                 self._queues.found_work(name)

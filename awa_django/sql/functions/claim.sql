@@ -2050,11 +2050,11 @@ $$;
 -- bounded); a queue with more lanes than that is read in parts: p_after_lane, the last lane
 -- id read, continues the first queue after it. A row per queue read, in order:
 --   ready  whether to claim from it;
---   stamp  the sum of its lanes' last positions, when each of those positions is claimed or
---          was rolled back (its lanes hold nothing, and nothing that may still commit); else
---          NULL. Handed back in p_stamps, an unchanged stamp proves its lanes still hold
---          nothing without reading their cursors: a lane position only comes from its
---          sequence. NULL for a queue read in parts;
+--   stamp  a digest of its lanes and their last positions, when each of those positions is
+--          claimed or was rolled back (its lanes hold nothing, and nothing that may still
+--          commit); else NULL. Handed back in p_stamps, an unchanged stamp proves its lanes
+--          still hold nothing without reading their cursors: a lane position only comes from
+--          its sequence. NULL for a queue read in parts;
 --   upto   for a queue read in part, the last lane id read (call again after it), else NULL.
 -- p_caps: per queue, the most units the worker could give one job (as awa.claim_v3's
 -- p_max_weight). Permits are probed by taking and releasing them at once, so the calling
@@ -2082,7 +2082,7 @@ DECLARE
     v_lane integer[];
     v_seq regclass[];
     v_last bigint[];
-    v_sum bigint[];  -- per queue read: the sum of its lanes' last positions
+    v_sum bigint[];  -- per queue read: the digest of its lanes' last positions
     v_cgen bigint;
     v_cslot integer;
     v_sk integer[];  -- lanes (their index) with positions past their cursor
@@ -2130,7 +2130,7 @@ BEGIN
     FROM unnest(v_seq[1:v_m]) WITH ORDINALITY AS s(seq, o);
     v_sum := array_fill(0::bigint, ARRAY[v_n]);
     FOR k IN 1..v_m LOOP
-        v_sum[v_li[k]] := v_sum[v_li[k]] + COALESCE(v_last[k], 0);
+        v_sum[v_li[k]] := v_sum[v_li[k]] # hashint8extended(COALESCE(v_last[k], 0), v_lane[k]);
     END LOOP;
     FOR i IN 1..v_n LOOP
         IF p_stamps[i] IS DISTINCT FROM v_sum[i] OR (v_part AND i = 1) THEN

@@ -94,6 +94,11 @@ SELECT queue, ready, stamp, upto
 FROM awa.queues_ready_v2(%(queues)s::text[], %(stamps)s::bigint[], %(caps)s::integer[],
                          %(max_lanes)s, %(after_lane)s)
 
+-- name: sweep_session
+-- The sweep's connection: a statement that would wait longer than this for a lock fails (the
+-- queues it asked about are swept again on the next pass).
+SELECT set_config('lock_timeout', %s, false)
+
 -- name: advisory_unlock_all
 -- Let go of every session advisory lock of this connection (the sweep's, after a failure).
 SELECT pg_advisory_unlock_all()
