@@ -71,7 +71,7 @@ def calls() -> Iterator[Callable[[str], int]]:
     statistics are flushed about every second): ``calls("claim_v3")``."""
     name = connection.settings_dict["NAME"]
     with pg() as conn:
-        conn.execute(f'ALTER DATABASE "{name}" SET track_functions = \'pl\'')
+        conn.execute(f"ALTER DATABASE \"{name}\" SET track_functions = 'pl'")
 
     def count(function: str) -> int:
         with pg() as conn:
