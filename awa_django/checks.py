@@ -17,7 +17,7 @@ awa.W001  An ``AWA["QUEUES"]`` concurrency above ``AWA["CONCURRENCY"]``: a worke
           at most ``CONCURRENCY`` jobs at once across its queues, so it can never be reached.
 awa.W004  ``AWA["CALLBACK_MAX_BYTES"]`` above Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE``: the
           callback receiver refuses bodies over the smaller of the two (413).
-awa.W002  ``PROCESSES * (CONCURRENCY + 6)`` connections (``worker.config.connection_budget``)
+awa.W002  ``PROCESSES * (CONCURRENCY + 7)`` connections (``worker.config.connection_budget``)
           exceed the server's ``max_connections`` (database check).
 awa.W003  The alias's connections JIT-compile expensive statements: every read of awa's views
           (the admin's lists, SQL) pays 100 ms to seconds of compilation (database check).
@@ -206,7 +206,7 @@ def connection_budget_warnings(
     """W002 when ``PROCESSES`` worker processes of ``CONCURRENCY`` handler threads each could
     need more connections than the server's ``max_connections``: the count of
     :func:`awa_django.worker.config.connection_budget` (every handler thread may hold a Django
-    connection, and each process holds its own claim, finalize, heartbeat, LISTEN and
+    connection, and each process holds its own claim, finalize, heartbeat, sweep, LISTEN and
     election connections plus one for async handlers' ORM calls); connects."""
     own = own_connections(listen=cfg.NOTIFY)
     needed = connection_budget(cfg.PROCESSES, cfg.CONCURRENCY, listen=cfg.NOTIFY)

@@ -88,6 +88,12 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     "COMPLETION_BATCH_SIZE": _Spec(512, _Kind.INT, 1),
     "COMPLETION_FLUSH_INTERVAL": _Spec(0.002, _Kind.SECONDS),
     "POLL_INTERVAL": _Spec(0.2, _Kind.SECONDS),
+    # The sweep of a worker's idle queues (docs/worker.md, "Many queues"): the longest a pass
+    # over all of them may take, the longest pause between two of its statements, and the
+    # longest back-off after failed ones.
+    "SWEEP_MAX_INTERVAL": _Spec(10.0, _Kind.SECONDS),
+    "SWEEP_MAX_PAUSE": _Spec(1.0, _Kind.SECONDS),
+    "SWEEP_BACKOFF_MAX": _Spec(5.0, _Kind.SECONDS),
     "HEARTBEAT_INTERVAL": _Spec(30.0, _Kind.SECONDS),
     "HEARTBEAT_STALENESS": _Spec(90.0, _Kind.SECONDS),
     "PROMOTE_INTERVAL": _Spec(0.25, _Kind.SECONDS),
@@ -238,6 +244,9 @@ class AwaSettings:
     COMPLETION_BATCH_SIZE: int
     COMPLETION_FLUSH_INTERVAL: float
     POLL_INTERVAL: float
+    SWEEP_MAX_INTERVAL: float
+    SWEEP_MAX_PAUSE: float
+    SWEEP_BACKOFF_MAX: float
     HEARTBEAT_INTERVAL: float
     HEARTBEAT_STALENESS: float
     PROMOTE_INTERVAL: float

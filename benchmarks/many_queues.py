@@ -1,9 +1,12 @@
 """One ``awa_worker`` serving many queues (embedded PostgreSQL 18 unless DATABASE_URL).
 
     .venv/dj52/bin/python benchmarks/many_queues.py [--queues 10000] [--idle 20] [--pickups 20]
+        [--no-notify] [--shards 4]
 
 One job is enqueued in each of ``--queues`` queues (a queue per tenant), then one worker starts
-without ``--queue`` (it serves every queue) at the default settings. Measured:
+without ``--queue`` (it serves every queue) at the default settings (``--no-notify``: with
+``AWA["NOTIFY"] = False``, so that only the sweep of idle queues finds a job; ``--shards``:
+``AWA["ENQUEUE_SHARDS"]``, the lanes per queue). Measured:
 
 * ``drain_s``: from the worker's start until every one of those jobs completed;
 * ``idle_worker_cpu`` and ``idle_server_cpu``: once everything ran, the share of one core the
@@ -39,7 +42,13 @@ def main() -> None:
     parser.add_argument("--pickups", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--log", help="write the worker's output to this file")
+    parser.add_argument("--no-notify", action="store_true", help="AWA['NOTIFY'] = False")
+    parser.add_argument("--shards", type=int, default=4, help="AWA['ENQUEUE_SHARDS']")
     args = parser.parse_args()
+    # Read by benchmarks/bench_settings.py, here and in the worker process.
+    os.environ["AWA_BENCH_SETTINGS"] = json.dumps(
+        {"NOTIFY": not args.no_notify, "ENQUEUE_SHARDS": args.shards}
+    )
     with_server("many-queues", lambda: run(args), max_connections="100")
 
 
@@ -148,6 +157,8 @@ def run(args: argparse.Namespace) -> None:
         json.dumps(
             {
                 "queues": args.queues,
+                "notify": not args.no_notify,
+                "shards": args.shards,
                 "concurrency": args.concurrency,
                 "enqueue_s": round(enqueue_s, 1),
                 "drain_s": round(drain_s, 2),

@@ -18,7 +18,8 @@ env = environ.Env()
 def database_settings(url: str) -> dict[str, Any]:
     """DATABASES["default"] for a ``postgresql://`` URL."""
     config: dict[str, Any] = env.db_url_config(url)
-    config["CONN_MAX_AGE"] = 0
+    # A worker subprocess may be given persistent connections (AWA_TEST_CONN_MAX_AGE seconds).
+    config["CONN_MAX_AGE"] = env.int("AWA_TEST_CONN_MAX_AGE", default=0)
     # As docs/configuration.md recommends (awa.W003): no JIT compilation of awa's views.
     config["OPTIONS"] = {**config.get("OPTIONS", {}), "options": "-c jit=off"}
     return config

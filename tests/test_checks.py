@@ -145,18 +145,18 @@ def test_w002_more_worker_connections_than_the_server_allows() -> None:
     finally:
         dbs.close_all()
     assert awa_ids(messages) == ["awa.W002"]
-    assert "256 x (10000 + 6) = 2561536 connections" in messages[0].msg
+    assert "256 x (10000 + 7) = 2561792 connections" in messages[0].msg
 
 
 def test_connection_budget_counts_every_connection_of_a_worker() -> None:
     from awa_django.worker.config import OWN_CONNECTIONS, connection_budget, own_connections
 
-    assert OWN_CONNECTIONS == ("claim", "finalize", "heartbeat", "listen", "leader")
-    assert own_connections() == 6  # the five above + the async handlers' sync_to_async thread
-    assert own_connections(listen=False) == own_connections(maintenance=False) == 5
-    assert connection_budget(2, 32) == 76  # the defaults' worst case, under max_connections 100
-    assert connection_budget(2, 4) == 20
-    assert connection_budget(2, 9999, maintenance=False) == 20008
+    assert OWN_CONNECTIONS == ("claim", "finalize", "heartbeat", "sweep", "listen", "leader")
+    assert own_connections() == 7  # the six above + the async handlers' sync_to_async thread
+    assert own_connections(listen=False) == own_connections(maintenance=False) == 6
+    assert connection_budget(2, 32) == 78  # the defaults' worst case, under max_connections 100
+    assert connection_budget(2, 4) == 22
+    assert connection_budget(2, 9999, maintenance=False) == 20010
 
 
 @pytest.mark.django_db

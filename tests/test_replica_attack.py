@@ -67,7 +67,7 @@ def _peak_connections(
 
 @pytest.mark.django_db(transaction=True)
 def test_budget_formula_bounds_sync_orm_worker(manage_py: Start, clean_awa: None) -> None:
-    """docs/deployment.md: every worker process holds at most CONCURRENCY + 6 connections."""
+    """docs/deployment.md: every worker process holds at most CONCURRENCY + 7 connections."""
     concurrency = 6
     peak, proc = _peak_connections(manage_py, testjobs.overlap_sync, concurrency)
     print("PEAK", peak, connection_budget(1, concurrency))

@@ -265,11 +265,11 @@ def test_processes_reach_every_child_and_size_the_connection_budget(manage_py: S
         message=lambda: proc.output(),
     )
     assert [r[2] for r in two] == [9999, 9999]
-    # Each child knows the fleet is two processes strong (9999 threads + 5 connections each:
-    # claim, finalize, heartbeat, LISTEN, async handlers' ORM thread; no election).
+    # Each child knows the fleet is two processes strong (9999 threads + 6 connections each:
+    # claim, finalize, heartbeat, sweep, LISTEN, async handlers' ORM thread; no election).
     wait_for(
         lambda: (
-            proc.output().count("2 process(es) x (9999 handler threads + 5) may need 20008") == 2
+            proc.output().count("2 process(es) x (9999 handler threads + 6) may need 20010") == 2
         ),
         timeout=15,
         message=lambda: proc.output(),

@@ -56,6 +56,21 @@ def test_an_unusable_lock_file_answers_every_note(
     assert "answers every NOTIFY" in caplog.text
 
 
+def test_a_member_answers_notes_while_the_leader_stops_beating(tmp_path: Path) -> None:
+    path = tmp_path / "family"
+    path.touch()
+    leader, member = Family(str(path), stale_after=0.2), Family(str(path), stale_after=0.2)
+    assert Family(str(path)).leader_frozen() is False  # no beat written yet: nothing to judge
+    assert leader.leads() and not member.leads()
+    assert not member.leader_frozen()  # the leader beat when it took the lock
+    assert not leader.leader_frozen()  # never for the leader itself
+    wait_for(member.leader_frozen, timeout=10, message="the silent leader to count as frozen")
+    leader.beat()
+    assert not member.leader_frozen()
+    leader.release()
+    assert member.leads()
+
+
 # Real workers --------------------------------------------------------------------------------
 
 
@@ -103,6 +118,16 @@ def leader_of(proc: ManagedProcess) -> int:
     found = re.findall(r"awa worker pid (\d+) now answers NOTIFY", proc.output())
     assert len(found) == 1, proc.output()
     return int(found[0])
+
+
+def elect(proc: ManagedProcess) -> int:
+    """Run quick jobs until a note made a process the leader (a job enqueued before the
+    processes listen is found by their first sweep instead); return the leader's pid."""
+    for _ in range(5):
+        run_quick(proc, within=10)
+        if "now answers NOTIFY" in proc.output():
+            break
+    return leader_of(proc)
 
 
 def run_quick(proc: ManagedProcess, *, within: float) -> tuple[int, float]:
@@ -173,11 +198,33 @@ def test_the_next_note_finds_a_new_leader_when_the_leader_dies(manage_py: Start)
 
 @pytest.mark.worker
 @pytest.mark.usefixtures("clean_awa")
+def test_the_others_answer_notes_while_the_leader_is_frozen(manage_py: Start) -> None:
+    """A leader stopped by SIGSTOP holds the family lock but answers nothing: the other
+    process sees it stop beating and answers the notes itself, so jobs are claimed in seconds,
+    not at the poll interval (60 s)."""
+    testjobs.overlap_sync.enqueue(0)
+    proc = manage_py("awa_worker", "--processes", "2", "--queue", "slow=4", extra_env=overrides(60))
+    pids = children(2, proc)
+    leader = elect(proc)
+    (other,) = [p for p in pids if p != leader]
+    os.kill(leader, signal.SIGSTOP)
+    try:
+        for _ in range(3):
+            pid, _took = run_quick(proc, within=15)
+            assert pid == other
+        assert f"the family's leader (pid {leader}) has not beaten" in proc.output()
+    finally:
+        os.kill(leader, signal.SIGCONT)
+
+
+@pytest.mark.worker
+@pytest.mark.usefixtures("clean_awa")
 def test_a_job_no_process_is_woken_for_is_claimed_within_the_poll_interval(
     manage_py: Start,
 ) -> None:
     """No lost wake-ups: with the leader frozen (alive, holding the lock, answering nothing),
-    notes wake nobody, and the other process still claims the job on its poll interval."""
+    the other process still claims the job, on its poll interval or by answering the notes
+    once it sees the leader frozen, whichever comes first."""
     testjobs.overlap_sync.enqueue(0)
     poll = 2.0
     proc = manage_py(

@@ -116,9 +116,11 @@ class Link:
         fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
         *,
         give_up: Callable[[], bool] = lambda: False,
+        retry_transient: bool = True,
     ) -> T:
         """Run ``fn`` on this link's connection: reconnect after a lost connection, retry a
-        transient failure a few times, raise anything else at once.
+        transient failure a few times (unless not ``retry_transient``), raise anything else at
+        once.
 
         ``give_up()`` is asked before each reconnect; when it says yes the last error is raised.
         """
@@ -140,7 +142,7 @@ class Link:
                         first_line(exc),
                         delay,
                     )
-                elif is_transient(exc) and transient < _TRANSIENT_TRIES:
+                elif retry_transient and is_transient(exc) and transient < _TRANSIENT_TRIES:
                     transient += 1
                     log.info(
                         "awa worker: %s statement failed (%s); retrying in %.2f s",

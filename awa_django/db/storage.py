@@ -23,10 +23,12 @@ __all__ = [
     "ClaimedJob",
     "Finalization",
     "QueueCounts",
+    "QueueReadiness",
     "aclaim",
     "aclaim_units",
     "afinalize",
     "aheartbeat",
+    "aqueues_ready",
     "claim",
     "finalize",
     "finalize_statement",
@@ -34,6 +36,7 @@ __all__ = [
     "promote",
     "queue_counts",
     "queue_depth",
+    "queues_ready",
 ]
 
 
@@ -479,3 +482,67 @@ def queue_depth(conn: psycopg.Connection[Any], queue: str | None = None) -> dict
 def queue_counts(conn: psycopg.Connection[Any]) -> list[QueueCounts]:
     """Exact counts per queue and state (scans live planes and retained history)."""
     return [QueueCounts(*row) for row in conn.execute(query("queue_counts")).fetchall()]
+
+
+class QueueReadiness(NamedTuple):
+    """One queue as the sweep of idle queues read it (``awa.queues_ready_v2``).
+
+    ``ready``: a claim now would take a job from it. ``stamp``: a digest of its lanes' last
+    positions when each of them is spent (claimed or rolled back), else None: handed back with
+    the next probe, an unchanged stamp proves its lanes still hold nothing, at the cost of
+    reading their sequences only. ``upto``: the queue was read in part (more lanes than one
+    probe reads): the last lane read, to probe it again from there; else None.
+    """
+
+    queue: str
+    ready: bool
+    stamp: int | None
+    upto: int | None
+
+
+def _ready_params(
+    queues: Sequence[str],
+    stamps: Sequence[int | None] | None,
+    caps: Sequence[int] | None,
+    max_lanes: int,
+    after_lane: int | None,
+) -> dict[str, Any]:
+    return {
+        "queues": list(queues),
+        "stamps": None if stamps is None else list(stamps),
+        "caps": None if caps is None else list(caps),
+        "max_lanes": max_lanes,
+        "after_lane": after_lane,
+    }
+
+
+def queues_ready(
+    conn: psycopg.Connection[Any],
+    queues: Sequence[str],
+    *,
+    stamps: Sequence[int | None] | None = None,
+    caps: Sequence[int] | None = None,
+    max_lanes: int = 128,
+    after_lane: int | None = None,
+) -> list[QueueReadiness]:
+    """Which of ``queues`` a claim would take a job from now: a row per queue read, in order,
+    as many as fit in ``max_lanes`` lanes (at least the first; see ``QueueReadiness``).
+    ``stamps`` and ``caps`` are per queue: the stamps the last probe gave (or None), and the
+    most units the worker could give one job of it. ``conn`` must hold no flow permits."""
+    params = _ready_params(queues, stamps, caps, max_lanes, after_lane)
+    return [QueueReadiness(*row) for row in conn.execute(query("queues_ready"), params)]
+
+
+async def aqueues_ready(
+    conn: psycopg.AsyncConnection[Any],
+    queues: Sequence[str],
+    *,
+    stamps: Sequence[int | None] | None = None,
+    caps: Sequence[int] | None = None,
+    max_lanes: int = 128,
+    after_lane: int | None = None,
+) -> list[QueueReadiness]:
+    """Async ``queues_ready``."""
+    params = _ready_params(queues, stamps, caps, max_lanes, after_lane)
+    cursor = await conn.execute(query("queues_ready"), params)
+    return [QueueReadiness(*row) for row in await cursor.fetchall()]

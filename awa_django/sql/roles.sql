@@ -44,7 +44,7 @@ awa.claim_v3, awa._attempt_open_v1, awa.finalize_v2, awa.finalize_v3, awa.heartb
 awa.callback_register_v1, awa.flow_release_v1, awa.flow_retake_v1, awa.flow_reset_v1,
 awa.serial_release_v1, awa.serial_retake_v1, awa.serial_reset_v1, awa.flow_sync_v1,
 awa.flow_kind_sync_v1, awa.cron_sync_v1, awa.queue_dlq_v1, awa.runtime_upsert_v1,
-awa.runtime_remove_v1, awa.queues_ready_v1, awa.queues_idle_v2
+awa.runtime_remove_v1, awa.queues_ready_v2, awa.queues_idle_v2
 
 -- name: maintenance_functions
 -- The leader's tasks: promotion, rescue, rotation and prune (TRUNCATE of sealed slots, as the

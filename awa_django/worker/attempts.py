@@ -34,6 +34,7 @@ from awa_django.sql import query
 from awa_django.telemetry.logs import job_fields, job_log_fields, one_line, set_current_job
 from awa_django.telemetry.metrics import Metrics
 from awa_django.telemetry.tracing import Tracing, attach_span, detach_span
+from awa_django.worker.async_orm import AsyncOrmConnections
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.finalizations import error_info, outcome_of, refused, safe_str
@@ -133,6 +134,8 @@ class Attempts:
         #: The job kinds this process runs, by kind (the registry when the worker started).
         self.kinds = registered_kinds()
         self.pool: HandlerThreads[Running] = HandlerThreads(config.concurrency, run_sync)
+        #: The Django connections async handlers use (through ``sync_to_async``).
+        self.async_orm = AsyncOrmConnections()
         self._runtime = runtime
         self._metrics = metrics
         self._tracing = tracing
@@ -160,6 +163,7 @@ class Attempts:
         """Shut the handler thread pool down: it takes no more work and drops what has not
         started; its threads are daemons, so a stuck handler never keeps the process alive."""
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.async_orm.stop()
 
     async def drain(self) -> None:
         """Wait for the in-flight attempts to end, for up to ``SHUTDOWN_TIMEOUT``; then tell the
@@ -378,6 +382,8 @@ class Attempts:
             self._tracing.end(run.span, outcome, exc)
         if not run.abandoned:
             self._release(run)
+        if run.thread is None:  # an async handler: its ORM connections, as after a request
+            self.async_orm.job_ended()
         try:
             self._log_outcome(run, outcome)
         except Exception:  # pragma: no cover - logging must not break the loop

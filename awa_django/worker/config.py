@@ -42,10 +42,10 @@ MAX_PROCESSES = 256
 
 #: Connections a worker process opens for itself, each one psycopg connection named
 #: ``awa:worker:<instance id>``: the claim loop's, the finalization batcher's, the heartbeat
-#: and control loop's, the LISTEN connection (only with ``AWA["NOTIFY"]``), and the maintenance
-#: election's (held by every process that competes, leader or not; none with
-#: ``--no-maintenance``).
-OWN_CONNECTIONS = ("claim", "finalize", "heartbeat", "listen", "leader")
+#: and control loop's, the sweep's (idle queues, queue discovery, the burst check), the LISTEN
+#: connection (only with ``AWA["NOTIFY"]``), and the maintenance election's (held by every
+#: process that competes, leader or not; none with ``--no-maintenance``).
+OWN_CONNECTIONS = ("claim", "finalize", "heartbeat", "sweep", "listen", "leader")
 
 
 def own_connections(*, listen: bool = True, maintenance: bool = True) -> int:

@@ -8,23 +8,22 @@ the queues that have work: an idle queue costs no claim and no timer.
 
 Each queue is in one of these states:
 
-* **idle**: its last two claims found it dry, the last one empty. A ``NOTIFY`` naming it,
-  handed-back permits, or the *sweep* make it due. The sweep asks the database which idle
-  queues have work, many queues per statement (``awa.queues_ready_v1``), every
-  ``POLL_INTERVAL``; with very many queues a sweep takes longer than that, and its statements
-  are spaced so that they take at most ``SWEEP_SHARE`` of the time (docs/worker.md, "Many
-  queues"). A sweep that fails makes every queue it asked about due, so a committed job is
-  claimed whatever the probe does.
+* **idle**: its last two claims found it dry, the last one empty, or its last claim took
+  nothing because a flow limit held its jobs back. A ``NOTIFY`` naming it, handed-back
+  permits, or the *sweep* (awa_django/worker/sweep.py) make it due: the sweep asks the
+  database which idle queues a claim would take a job from, many queues per statement, on a
+  connection of its own.
 * **due**: in the line for its claim.
 * **room**: it may have work but no slot is free. Once a quarter of its own slots are free it
   waits in the line for the process's slots, and freed slots make the queues of that line due
   oldest first, as many as there are free slots: a busy queue that frees its own slots waits
   behind the queues that were waiting before it.
 * **timed**: it waits for a timer: the rate limit's next job (only a stop ends that wait), a
-  flow limit (``POLL_INTERVAL``, or a kind's next rate token), the quick retry of an empty
-  claim after a backlog (``BacklogRetry``), or the back-off after a failed claim. A wake-up
-  ends the waits for a flow limit and for a quick retry; a freed slot of the queue ends the
-  wait for a flow limit.
+  flow limit after a claim that took some jobs (``POLL_INTERVAL``), a kind's next rate token
+  due within ``POLL_INTERVAL`` (doubled each time such a claim takes nothing, until it is
+  that long: then the queue is idle), the quick retry of an empty claim after a backlog
+  (``BacklogRetry``), or the back-off after a failed claim. A wake-up ends the waits for a
+  flow limit and for a quick retry; a freed slot of the queue ends the wait for a flow limit.
 * **claiming**: its claim is in flight; a wake-up meanwhile makes it due again once the claim
   is back.
 
@@ -35,7 +34,6 @@ The claim itself, its flow-limit and permit bookkeeping and the halving of too b
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import uuid
@@ -46,25 +44,19 @@ import psycopg
 
 from awa_django.db.links import Link, first_line
 from awa_django.db.storage import Claimed, ClaimedJob, aclaim_units
-from awa_django.sql import query
 from awa_django.telemetry.metrics import Metrics
 from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.family import Family
 from awa_django.worker.flow import Permits
 from awa_django.worker.slots import BacklogRetry, ClaimCap, Slots
+from awa_django.worker.sweep import Sweep
 
-__all__ = ["ADMIT_SCAN", "NOTE_RETRY", "SWEEP_CHUNK", "SWEEP_SHARE", "Dispatcher"]
+__all__ = ["ADMIT_SCAN", "NOTE_RETRY", "Dispatcher"]
 
 log = logging.getLogger("awa_django.worker")
 
 #: The pause before claiming again after an empty claim a wake-up started (family members).
 NOTE_RETRY = 0.002
-#: Queues asked about in one sweep statement: each of their lanes' sequences is locked until
-#: the statement ends, so a statement stays far below the server's lock table.
-SWEEP_CHUNK = 64
-#: The most of its time a sweep of many idle queues spends in the database: a statement that
-#: found nothing is followed by a pause of ``1 / SWEEP_SHARE - 1`` times its duration.
-SWEEP_SHARE = 0.05
 
 #: How far down the line of queues waiting for the process's slots a freed slot looks for one
 #: that can claim.
@@ -92,6 +84,7 @@ class _Turn:
         "noted",
         "queue",
         "quick",
+        "soft_misses",
         "state",
         "timer",
         "woken",
@@ -112,6 +105,7 @@ class _Turn:
         self.dry = False  # a timed wait after a claim that found the queue dry
         self.dry_before = False  # the last claim found the queue dry
         self.admitted = False  # made due from the line of queues waiting for the process
+        self.soft_misses = 0  # claims in a row that took nothing, waiting for a kind's token
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -126,7 +120,7 @@ class Dispatcher:
         slots: Slots,
         permits: Permits,
         claim_link: Link,
-        probe_link: Link,
+        sweep_link: Link,
         family: Family,
         metrics: Metrics | None,
         start_batch: Callable[[list[ClaimedJob], QueueConfig], None],
@@ -138,7 +132,6 @@ class Dispatcher:
         self.slots = slots
         self.permits = permits
         self.claim_link = claim_link
-        self.probe_link = probe_link
         self.family = family
         self._metrics = metrics
         self._start_batch = start_batch
@@ -150,7 +143,7 @@ class Dispatcher:
         self._room: dict[str, None] = {}  # queues waiting for the process's slots, oldest first
         self._admitted = 0
         self._ready = asyncio.Event()
-        self._sweep_now = asyncio.Event()
+        self.sweeper = Sweep(config, link=sweep_link, queues=self, stopping=stopping)
         slots.on_release = self._released
 
     # -- the queues --------------------------------------------------------------------------
@@ -170,6 +163,23 @@ class Dispatcher:
     def state(self, name: str) -> str:
         """``name``'s state (``idle``, ``due``, ``room``, ``timed`` or ``claiming``)."""
         return self._turns[name].state
+
+    # -- what the sweep asks (awa_django/worker/sweep.py) ------------------------------------
+
+    def idle_queues(self) -> list[str]:
+        """The queues idle now, in the order they were added."""
+        return [name for name, turn in self._turns.items() if turn.state == _IDLE]
+
+    def weight_cap(self, name: str) -> int:
+        """The most units a claim of ``name`` gives one job (``max_weight`` of the claim)."""
+        return min(self.slots.caps[name], self._turns[name].cap.cap)
+
+    def found_work(self, name: str) -> None:
+        """The sweep found work in ``name`` (or could not tell): claim it if it is idle."""
+        turn = self._turns.get(name)
+        if turn is not None and turn.state == _IDLE:
+            turn.woken = False
+            self._make_due(turn)
 
     # -- wake-ups ----------------------------------------------------------------------------
 
@@ -202,7 +212,7 @@ class Dispatcher:
         for turn in self._turns.values():
             if turn.state in (_ROOM, _TIMED):
                 self._make_due(turn)
-        self._sweep_now.set()
+        self.sweeper.now()
 
     def stop(self) -> None:
         """End ``run`` and ``sweep`` (after the claim in flight)."""
@@ -211,7 +221,7 @@ class Dispatcher:
                 turn.timer.cancel()
                 turn.timer = None
         self._ready.set()
-        self._sweep_now.set()
+        self.sweeper.stop()
 
     def _released(self, name: str) -> None:
         """Units of ``name`` were freed (``Slots.release``)."""
@@ -426,6 +436,11 @@ class Dispatcher:
             turn.woken = turn.noted
             self._make_due(turn)
             return
+        if jobs:
+            turn.soft_misses = 0
+        elif not dry:
+            self._held_back(turn, claimed.soft_wait)
+            return
         # A kind's next rate token (soft_wait) ends the wait early, as a wake-up does.
         pause = min(claimed.soft_wait or poll, poll)
         if not jobs and dry:
@@ -450,52 +465,28 @@ class Dispatcher:
             self._wait(turn, pause, dry=dry)
         turn.dry_before = dry
 
+    def _held_back(self, turn: _Turn, soft_wait: float | None) -> None:
+        """A claim took nothing because a flow limit held the queue's jobs back (a concurrency
+        limit without a free permit, jobs parked by their kind's limits). Claiming again every
+        ``POLL_INTERVAL`` would cost a claim each time, for each such queue, until the limit
+        frees: the queue is idle instead, and the sweep reports it once a claim can take a job
+        (its probe knows permits and rate tokens), or handed-back permits wake it. Only a
+        kind's next rate token due sooner than ``POLL_INTERVAL`` is waited for, doubled each
+        time the claim after it takes nothing (other queues may take the tokens)."""
+        poll = self.config.settings.POLL_INTERVAL
+        turn.woken = turn.quick = False
+        turn.dry_before = False
+        if soft_wait is not None:
+            wait = soft_wait * 2.0 ** min(turn.soft_misses, 30)
+            if wait < poll:
+                turn.soft_misses += 1
+                self._wait(turn, wait)
+                return
+        turn.soft_misses = 0
+        turn.state = _IDLE
+
     # -- the sweep of idle queues ------------------------------------------------------------
 
     async def sweep(self) -> None:
-        """Every ``POLL_INTERVAL`` (or at once after ``wake_all``), ask the database which idle
-        queues have work and make them due; spaced out when the queues are very many."""
-        loop = asyncio.get_running_loop()
-        poll = self.config.settings.POLL_INTERVAL
-        while not self._stopping():
-            began = loop.time()
-            self._sweep_now.clear()
-            idle = [name for name, turn in self._turns.items() if turn.state == _IDLE]
-            for first in range(0, len(idle), SWEEP_CHUNK):
-                started = loop.time()
-                found = await self._probe(idle[first : first + SWEEP_CHUNK])
-                if self._stopping():
-                    return
-                if not found:
-                    await asyncio.sleep((loop.time() - started) * (1 / SWEEP_SHARE - 1))
-            rest = poll - (loop.time() - began)
-            if rest > 0 and not self._sweep_now.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._sweep_now.wait(), rest)
-
-    async def _probe(self, names: list[str]) -> bool:
-        """Make the queues of ``names`` that have work due; return whether any had. A probe
-        that fails makes them all due: their claims find out."""
-
-        async def ready(conn: psycopg.AsyncConnection[Any]) -> list[str]:
-            cursor = await conn.execute(query("queues_ready"), [names])
-            return [row[0] for row in await cursor.fetchall()]
-
-        try:
-            found = await self.probe_link.run(ready, give_up=self._stopping)
-        except Exception as exc:
-            if self._stopping():
-                return False
-            log.warning(
-                "awa worker: could not ask which of %d idle queues have work (%s); claiming "
-                "from each of them",
-                len(names),
-                first_line(exc),
-            )
-            found = names
-        for name in found:
-            turn = self._turns.get(name)
-            if turn is not None and turn.state == _IDLE:
-                turn.woken = False
-                self._make_due(turn)
-        return bool(found)
+        """The sweep of idle queues, until the process stops (awa_django/worker/sweep.py)."""
+        await self.sweeper.run()

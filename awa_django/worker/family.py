@@ -15,11 +15,17 @@ claim that filled its batch (more may wait). Handing on is a note on ``awa_jobs`
 is the queue name behind ``HAND_OFF`` (never a queue name, so workers that predate it ignore
 it); non-leaders answer it as they would a plain note, the leader ignores it.
 
-Nothing here can lose a job: every process still claims on its poll interval whatever the notes
-do (a job enqueued while every process sleeps is claimed within ``POLL_INTERVAL`` at worst, as
-without NOTIFY), and a worker started alone (no family) answers every note. A family lock file
-that cannot be opened or locked for another reason than a held lock makes the process answer
-every note, as before.
+A leader that is alive but frozen (stopped by SIGSTOP, or its event loop held by a handler)
+keeps the lock and answers nothing. So the leader writes the time (the system's monotonic clock,
+shared by the processes of a host) and its pid at the start of the lock file every half second
+(``beat``), and a process that is not the leader answers a plain note itself while that time is
+older than ``stale_after`` (four beats, 2 s, in a worker: ``leader_frozen``): wake-ups keep
+working, at the price of the family racing for each job until the leader beats again.
+
+Nothing here can lose a job: every process still finds work on its own, through the sweep of
+its idle queues, whatever the notes do, and a worker started alone (no family) answers every
+note. A family lock file that cannot be opened or locked for another reason than a held lock
+makes the process answer every note, as before.
 
 This module holds the family lock (``Family``); awa_django/worker/wakeups.py answers the notes
 and hands them on.
@@ -31,6 +37,8 @@ import contextlib
 import fcntl
 import logging
 import os
+import struct
+import time
 
 __all__ = ["FAMILY_ENV", "HAND_OFF", "Family"]
 
@@ -40,18 +48,23 @@ log = logging.getLogger("awa_django.worker")
 FAMILY_ENV = "AWA_WORKER_FAMILY"
 #: The payload prefix of a note handed on by a family's leader (not a queue name character).
 HAND_OFF = "+"
+#: The leader's beat at the start of the lock file: monotonic time (seconds) and pid.
+_BEAT = struct.Struct("<dq")
 
 
 class Family:
     """This process's place in its family: ``leads()`` tells whether it answers plain notes."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, *, stale_after: float = 2.0) -> None:
         """``path``: the family's lock file; None (or empty) for a process on its own, which
-        always leads."""
+        always leads. ``stale_after``: seconds without a beat after which the leader counts as
+        frozen."""
         self.path = path or None
+        self.stale_after = stale_after
         self._fd: int | None = None
         self._leader = self.path is None
         self._closed = False
+        self._frozen = False  # the leader was last seen frozen (logged once per freeze)
 
     @property
     def alone(self) -> bool:
@@ -86,8 +99,49 @@ class Family:
             self._leader = True
             return True
         self._leader = True
+        self._frozen = False
         log.info("awa worker pid %s now answers NOTIFY for its family", os.getpid())
+        self.beat()
         return True
+
+    def beat(self) -> None:
+        """As the leader, write the time and this pid for the others (``leader_frozen``);
+        otherwise nothing. Called every half second by the worker's event loop."""
+        if not self._leader or self._closed or self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.pwrite(self._fd, _BEAT.pack(time.monotonic(), os.getpid()), 0)
+
+    def leader_frozen(self) -> bool:
+        """Whether another process leads but has not beaten for ``stale_after`` seconds (a
+        frozen process keeps its lock): then this one should answer plain notes itself. False
+        for the leader, a process on its own, or while no beat was ever written."""
+        if self._leader or self._closed or self._fd is None:
+            return False
+        try:
+            data = os.pread(self._fd, _BEAT.size, 0)
+        except OSError:
+            return False
+        if len(data) < _BEAT.size:
+            return False
+        at, pid = _BEAT.unpack(data)
+        frozen = bool(time.monotonic() - at > self.stale_after)
+        if frozen != self._frozen:
+            self._frozen = frozen
+            if frozen:
+                log.warning(
+                    "awa worker pid %s: the family's leader (pid %s) has not beaten for %.1f s "
+                    "(stopped, or its event loop blocked); this process answers NOTIFY too "
+                    "until it does",
+                    os.getpid(),
+                    pid,
+                    time.monotonic() - at,
+                )
+            else:
+                log.info(
+                    "awa worker pid %s: the family's leader (pid %s) beats again", os.getpid(), pid
+                )
+        return frozen
 
     def release(self) -> None:
         """Stop answering notes (a graceful stop): another process of the family takes the

@@ -72,6 +72,7 @@ from awa_django.worker.guards import (
 )
 from awa_django.worker.heartbeats import Heartbeats
 from awa_django.worker.slots import Slots
+from awa_django.worker.sweep import sweep_session
 from awa_django.worker.wakeups import FamilyWakeups, HandOffs
 
 __all__ = ["EXIT_LOOP_FAILED", "EXIT_STUCK_HANDLERS", "WorkerRuntime"]
@@ -84,7 +85,8 @@ _TICK = 0.5
 class WorkerRuntime:
     """Runs one worker process until it is told to stop (or, in burst mode, runs out of work).
 
-    It owns the process's connections (``claim_link``, ``finalize_link``, ``control_link``),
+    It owns the process's connections (``claim_link``, ``finalize_link``, ``control_link``,
+    ``sweep_link``),
     its execution ``slots``, flow ``permits`` and completion ``batcher``, and composes the
     parts that use them: the ``dispatcher`` (claims), the in-flight ``attempts``, their
     ``heartbeats``, and the family's wake-ups (``wakeups``, ``hand_offs``). It runs their
@@ -109,6 +111,9 @@ class WorkerRuntime:
         self.claim_link = Link(alias, "claim", name, on_connect=self.permits.on_connect)
         self.finalize_link = Link(alias, "finalize", name)
         self.control_link = Link(alias, "heartbeat", name)
+        # The sweep of idle queues, queue discovery and the burst check: statements that may be
+        # slow, never on the heartbeat connection (a late heartbeat gets a live job rescued).
+        self.sweep_link = Link(alias, "sweep", name, on_connect=sweep_session)
         self._metrics = active_metrics()  # None unless OpenTelemetry metrics are on
         self._tracing = active_tracing()  # None unless OpenTelemetry traces are on
         self.batcher = CompletionBatcher(
@@ -126,8 +131,9 @@ class WorkerRuntime:
         self._tasks: set[asyncio.Task[None]] = set()
         self._handle_signals = handle_signals
         self._rediscover = asyncio.Event()
+        self._reregister = asyncio.Event()
         # Which process of an ``awa_worker --processes N`` family answers NOTIFY (family.py).
-        self.family = Family(os.environ.get(FAMILY_ENV))
+        self.family = Family(os.environ.get(FAMILY_ENV), stale_after=4 * _TICK)
         self._build_parts()
         self._stop = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -163,7 +169,7 @@ class WorkerRuntime:
             slots=self.slots,
             permits=self.permits,
             claim_link=self.claim_link,
-            probe_link=self.control_link,
+            sweep_link=self.sweep_link,
             family=self.family,
             metrics=self._metrics,
             start_batch=self.attempts.start_batch,
@@ -209,6 +215,7 @@ class WorkerRuntime:
         """Bind the parts to ``loop``, take the configured queues, and write what a worker
         writes when it starts (runtime row, flow limits, schedules)."""
         self.attempts.bind(loop)
+        await self.attempts.async_orm.start()
         self.hand_offs.bind(loop)
         for queue in self.config.queues:
             self.queues[queue.name] = queue
@@ -243,6 +250,10 @@ class WorkerRuntime:
             self._watch(loop.create_task(self.heartbeats.run(), name="awa-heartbeat")),
             self._watch(loop.create_task(self._refresh_loop(), name="awa-refresh")),
         ]
+        if self.config.discover:
+            background.append(
+                self._watch(loop.create_task(self._discover_loop(), name="awa-discover"))
+            )
         if self.config.settings.NOTIFY:
             background.append(self._watch(loop.create_task(self._listen_loop(), name="awa-listen")))
         if self.config.burst:
@@ -284,7 +295,7 @@ class WorkerRuntime:
         if self._maintenance is not None:
             await asyncio.to_thread(self._maintenance.stop)
         await self._deregister()
-        for link in (self.claim_link, self.finalize_link, self.control_link):
+        for link in (self.claim_link, self.finalize_link, self.control_link, self.sweep_link):
             await link.close()
         attempts.close()
         log.info(
@@ -320,6 +331,7 @@ class WorkerRuntime:
 
     def _tick(self) -> None:
         self._watchdog.tick()
+        self.family.beat()  # the leader tells the family it is not frozen
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_later(_TICK, self._tick)
@@ -541,7 +553,7 @@ class WorkerRuntime:
             cursor = await conn.execute(query("queues_known"))
             return [row[0] for row in await cursor.fetchall()]
 
-        names = await self.control_link.run(known, give_up=lambda: self.stopping)
+        names = await self.sweep_link.run(known, give_up=lambda: self.stopping)
         found = [n for n in names if n not in self.queues and QUEUE_NAME_RE.fullmatch(n)]
         if self.stopping:
             return False
@@ -593,30 +605,39 @@ class WorkerRuntime:
             loop.call_soon_threadsafe(self.heartbeats.beat_now)
 
     async def _refresh_loop(self) -> None:
-        """Every ``RUNTIME_REFRESH_INTERVAL``: find new queues (without ``--queue``), refresh
-        the runtime row, put back signal handling. A wake-up for a queue this worker does not
-        serve yet looks for new queues at once (at most once per ``POLL_INTERVAL``)."""
+        """Every ``RUNTIME_REFRESH_INTERVAL``, or at once when new queues were found: refresh
+        the runtime row and put back signal handling (on the heartbeat connection: the
+        leader takes a worker whose row goes stale for gone)."""
+        interval = self.config.settings.RUNTIME_REFRESH_INTERVAL
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._reregister.wait(), interval)
+            self._reregister.clear()
+            try:
+                self._check_signals()
+                await self._register()
+            except Exception as exc:
+                log.warning("awa worker: could not refresh the runtime row (%s)", first_line(exc))
+
+    async def _discover_loop(self) -> None:
+        """Without ``--queue``: every ``RUNTIME_REFRESH_INTERVAL``, find new queues (at once
+        when a wake-up names a queue this worker does not serve yet, at most once per
+        ``POLL_INTERVAL``), on the sweep's connection; new queues are written to the runtime
+        row at once."""
         loop = asyncio.get_running_loop()
-        due = loop.time() + self.config.settings.RUNTIME_REFRESH_INTERVAL
+        interval = self.config.settings.RUNTIME_REFRESH_INTERVAL
+        due = loop.time() + interval
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._rediscover.wait(), max(0.0, due - loop.time()))
             self._rediscover.clear()
-            found = False
-            if self.config.discover:
-                try:
-                    found = await self._discover()
-                except Exception as exc:
-                    log.warning("awa worker: could not look for new queues (%s)", first_line(exc))
-            if found or loop.time() >= due:
-                due = loop.time() + self.config.settings.RUNTIME_REFRESH_INTERVAL
-                try:
-                    self._check_signals()
-                    await self._register()
-                except Exception as exc:
-                    log.warning(
-                        "awa worker: could not refresh the runtime row (%s)", first_line(exc)
-                    )
+            if loop.time() >= due:
+                due = loop.time() + interval
+            try:
+                if await self._discover():
+                    self._reregister.set()
+            except Exception as exc:
+                log.warning("awa worker: could not look for new queues (%s)", first_line(exc))
             await asyncio.sleep(self.config.settings.POLL_INTERVAL)
 
     async def _listen_loop(self) -> None:
@@ -663,7 +684,7 @@ class WorkerRuntime:
             if self.inflight or self.batcher.pending:
                 continue
             try:
-                done = await self.control_link.run(idle)
+                done = await self.sweep_link.run(idle)
             except Exception as exc:
                 log.warning("awa worker: burst check failed (%s)", first_line(exc))
                 continue

@@ -69,9 +69,10 @@ class HandOffs:
 
 class FamilyWakeups:
     """Answers the ``awa_jobs`` notes of a worker process: wakes ``dispatcher``'s queue when
-    this process answers the note (in a family, the leader answers plain notes and the others
-    the notes it hands on), hands it on when no slot is free here, and calls ``rediscover()``
-    for a queue this worker does not serve yet (with ``config.discover``)."""
+    this process answers the note (in a family, the leader answers plain notes, and the others
+    the notes it hands on, or every note while the leader is frozen), hands it on when no slot
+    is free here, and calls ``rediscover()`` for a queue this worker does not serve yet (with
+    ``config.discover``)."""
 
     def __init__(
         self,
@@ -89,6 +90,10 @@ class FamilyWakeups:
         self.slots = slots
         self._hand_off = hand_off
         self._rediscover = rediscover
+        # Plain notes left to the leader since the last look at whether it is frozen: a
+        # leader frozen just after a note answers none, and is seen frozen only later.
+        self._left: set[str] = set()
+        self._look: asyncio.TimerHandle | None = None
 
     def on_note(self, payload: str) -> None:
         """A note on ``awa_jobs``: wake the queue's dispatcher if this process answers it (in a
@@ -103,5 +108,25 @@ class FamilyWakeups:
                 self.dispatcher.wake(payload)
                 if not self.family.alone and not self.slots.has_room(payload):
                     self._hand_off(payload)  # no slot free here: a sibling may have one
+            elif self.family.leader_frozen():
+                self.dispatcher.wake(payload)  # the leader holds the lock but answers nothing
+            else:
+                self._leave(payload)
         elif self.config.discover and QUEUE_NAME_RE.fullmatch(payload):
             self._rediscover()  # a queue this worker does not serve yet
+
+    def _leave(self, queue: str) -> None:
+        """A plain note left to the leader: look again once a leader frozen since before it
+        would be seen frozen (a beat interval past ``stale_after``), and then answer the notes
+        left meanwhile."""
+        self._left.add(queue)
+        if self._look is None:
+            loop = asyncio.get_running_loop()
+            self._look = loop.call_later(1.25 * self.family.stale_after, self._look_again)
+
+    def _look_again(self) -> None:
+        self._look = None
+        left, self._left = self._left, set()
+        if self.family.leader_frozen():
+            for queue in left:
+                self.dispatcher.wake(queue)

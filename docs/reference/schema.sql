@@ -670,7 +670,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (147)
+-- function (149)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -824,6 +824,12 @@ CREATE OR REPLACE FUNCTION awa._finalize_pass_v1(p_items jsonb, p_hint boolean)
  AS body sha256 f512c351920be7a5 (127 lines)
  GRANTS {OWNER=X/OWNER}
 
+CREATE OR REPLACE FUNCTION awa._flow_free_v1(p_name text, p_kind boolean, p_limit integer, p_want integer)
+ RETURNS integer
+ LANGUAGE sql
+ AS body sha256 10b451b475ca9598 (13 lines)
+ GRANTS {OWNER=X/OWNER}
+
 CREATE OR REPLACE FUNCTION awa._flow_key_v1(p_queue text, p_i integer)
  RETURNS integer
  LANGUAGE sql
@@ -862,6 +868,12 @@ CREATE OR REPLACE FUNCTION awa._flow_kind_tokens_v1(p_rate double precision, p_b
  LANGUAGE plpgsql
  IMMUTABLE
  AS body sha256 8b47efea45518c8e (13 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa._flow_parked_ready_v1(p_queues text[], p_caps integer[])
+ RETURNS text[]
+ LANGUAGE plpgsql
+ AS body sha256 1ec00eac26b3e270 (75 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._flow_take_above_v1(p_keys integer[], p_held integer[])
@@ -1575,7 +1587,7 @@ CREATE OR REPLACE FUNCTION awa.queue_pause_v1(p_queue text, p_paused boolean)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 f54d89c7a6c4edb0 (11 lines)
+ AS body sha256 060ae973452628ae (17 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_stats_v1()
@@ -1598,14 +1610,15 @@ CREATE OR REPLACE FUNCTION awa.queues_idle_v2(p_queues text[])
  AS body sha256 ded46523dc13a5db (66 lines)
  GRANTS {OWNER=X/OWNER}
 
-CREATE OR REPLACE FUNCTION awa.queues_ready_v1(p_queues text[])
- RETURNS SETOF text
+CREATE OR REPLACE FUNCTION awa.queues_ready_v2(p_queues text[], p_stamps bigint[] DEFAULT NULL::bigint[], p_caps integer[] DEFAULT NULL::integer[], p_max_lanes integer DEFAULT 128, p_after_lane integer DEFAULT NULL::integer)
+ RETURNS TABLE(queue text, ready boolean, stamp bigint, upto integer)
  LANGUAGE plpgsql
- STABLE SECURITY DEFINER
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 64a3032495973c1f (25 lines)
+ AS body sha256 74ab985465f591d3 (157 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.rescue_v1(p_staleness double precision, p_limit integer DEFAULT 500, p_backoff_base double precision DEFAULT 1.0)

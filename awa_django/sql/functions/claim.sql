@@ -2036,50 +2036,198 @@ BEGIN
 END
 $$;
 
--- Which queues have work, for many queues in one statement.
+-- Which queues have work, for many queues in one statement: the sweep of a worker's idle
+-- queues (awa_django/worker/dispatch.py; docs/worker.md, "Many queues").
 --
--- A worker serving many queues finds the idle ones that have work again with this probe
--- instead of one claim per queue per POLL_INTERVAL (docs/worker.md, "Many queues"). A queue is
--- reported when it is not paused and a lane of it has a position past its claim cursor (the
--- lanes statement of awa.claim_v3: the lane's last enqueued position against the cursor, read
--- from the newest claim of the current claim slot when there is one), or a job of it waits for
--- its kind's limits (flow_waiting, which the queue's next claim un-parks). It may report a
--- queue a claim then finds nothing in (a producer rolled back the lane's last position, a flow
--- limit holds the jobs back); it never leaves out a queue a claim would take a job from.
+-- A queue is reported ready when a claim now would take a job from it: it is not paused, a
+-- permit of its concurrency limit is free (if it has one), and a lane of it holds a committed
+-- row that no tombstone covers past the lane's claim cursor, or a job its kind parked
+-- (awa.flow_waiting) could start now (awa._flow_parked_ready_v1). Nothing else counts: a lane
+-- position a producer still holds uncommitted, or one it rolled back (a trailing gap: the
+-- lane's sequence ahead of its rows), is no work, so a queue whose only "work" is a gap, or
+-- whose parked jobs wait for a limit, is not reported.
 --
--- Each lane's last position is a read of its sequence, which takes a lock until the statement
--- ends: the worker asks about a bounded number of queues per call (awa_django.worker.dispatch).
-CREATE OR REPLACE FUNCTION awa.queues_ready_v1(p_queues text[])
- RETURNS SETOF text
+-- The queues of p_queues are read in order, as many as their lanes fit in p_max_lanes (each
+-- lane's sequence read locks it until the statement ends, so the locks of one call are
+-- bounded); a queue with more lanes than that is read in parts: p_after_lane, the last lane
+-- id read, continues the first queue after it. A row per queue read, in order:
+--   ready  whether to claim from it;
+--   stamp  a digest of its lanes and their last positions, when each of those positions is
+--          claimed or was rolled back (its lanes hold nothing, and nothing that may still
+--          commit); else NULL. Handed back in p_stamps, an unchanged stamp proves its lanes
+--          still hold nothing without reading their cursors: a lane position only comes from
+--          its sequence. NULL for a queue read in parts;
+--   upto   for a queue read in part, the last lane id read (call again after it), else NULL.
+-- p_caps: per queue, the most units the worker could give one job (as awa.claim_v3's
+-- p_max_weight). Permits are probed by taking and releasing them at once, so the calling
+-- session must hold none (a worker's sweep connection). Needs READ COMMITTED: a lane that
+-- looks like a gap is read again, under its producers' lock, in a later snapshot.
+CREATE OR REPLACE FUNCTION awa.queues_ready_v2(
+    p_queues text[], p_stamps bigint[] DEFAULT NULL::bigint[],
+    p_caps integer[] DEFAULT NULL::integer[], p_max_lanes integer DEFAULT 128,
+    p_after_lane integer DEFAULT NULL::integer)
+ RETURNS TABLE(queue text, ready boolean, stamp bigint, upto integer)
  LANGUAGE plpgsql
- STABLE
  SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
+#variable_conflict use_column
 DECLARE
+    v_budget integer := LEAST(GREATEST(COALESCE(p_max_lanes, 128), 1), 10000);
+    v_nq integer := COALESCE(cardinality(p_queues), 0);
+    v_n integer;  -- queues read
+    v_m integer;  -- lanes read
+    v_cut integer;  -- the first queue read in part: the last lane read
+    v_part boolean := p_after_lane IS NOT NULL;  -- the first queue is read in parts
+    v_li integer[];  -- per lane: its queue's index in p_queues
+    v_lane integer[];
+    v_seq regclass[];
+    v_last bigint[];
+    v_sum bigint[];  -- per queue read: the digest of its lanes' last positions
     v_cgen bigint;
     v_cslot integer;
+    v_sk integer[];  -- lanes (their index) with positions past their cursor
+    v_sc bigint[];  -- and those cursors
+    v_work integer[] := '{}';  -- queues (index) whose lanes hold a claimable row
+    v_open integer[] := '{}';  -- queues with a lane position that may still commit
+    v_gap integer[];  -- lanes past their cursor with no row to claim, whose producers we hold
+    v_fq integer[];  -- queues (index) with parked jobs and nothing to claim in their lanes
+    v_parked text[] := '{}';
+    v_ready integer[] := '{}';
+    v_moved boolean := false;
 BEGIN
-    SELECT r.generation, r.slot INTO v_cgen, v_cslot
-    FROM awa.ring_rotations r WHERE r.ring = 'claim' ORDER BY r.generation DESC LIMIT 1;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'awa.queues_ready_v2 needs READ COMMITTED isolation'
+            USING ERRCODE = '25000';
+    END IF;
+    IF v_nq = 0 THEN
+        RETURN;
+    END IF;
+    -- 1. The lanes of the queues, in order, one more than fit.
+    SELECT array_agg(x.i ORDER BY x.i, x.lane_id), array_agg(x.lane_id ORDER BY x.i, x.lane_id),
+           array_agg(x.enqueue_seq ORDER BY x.i, x.lane_id)
+    INTO v_li, v_lane, v_seq
+    FROM (SELECT q.i::integer AS i, l.lane_id, l.enqueue_seq
+          FROM unnest(p_queues) WITH ORDINALITY AS q(queue, i)
+          JOIN awa.queue_lanes l ON l.queue = q.queue
+          WHERE q.i > 1 OR p_after_lane IS NULL OR l.lane_id > p_after_lane
+          ORDER BY q.i, l.lane_id
+          LIMIT v_budget + 1) x;
+    v_n := v_nq;
+    v_m := COALESCE(cardinality(v_lane), 0);
+    IF v_m > v_budget THEN
+        IF v_li[v_budget + 1] > 1 THEN
+            v_n := v_li[v_budget + 1] - 1;  -- the queues before the first that does not fit
+            SELECT count(*) INTO v_m FROM unnest(v_li) AS u(i) WHERE u.i <= v_n;
+        ELSE
+            v_n := 1;  -- the first queue alone has more lanes: read it in parts
+            v_m := v_budget;
+            v_cut := v_lane[v_budget];
+            v_part := true;
+        END IF;
+    END IF;
+    -- 2. Their sequences (a lock each until the statement ends) and the queues' stamps.
+    SELECT array_agg(pg_sequence_last_value(s.seq) ORDER BY s.o) INTO v_last
+    FROM unnest(v_seq[1:v_m]) WITH ORDINALITY AS s(seq, o);
+    v_sum := array_fill(0::bigint, ARRAY[v_n]);
+    FOR k IN 1..v_m LOOP
+        v_sum[v_li[k]] := v_sum[v_li[k]] # hashint8extended(COALESCE(v_last[k], 0), v_lane[k]);
+    END LOOP;
+    FOR i IN 1..v_n LOOP
+        IF p_stamps[i] IS DISTINCT FROM v_sum[i] OR (v_part AND i = 1) THEN
+            v_moved := true;
+            EXIT;
+        END IF;
+    END LOOP;
+    -- 3. The cursors of the lanes of queues whose stamp moved (or is not known), as
+    -- awa.claim_v3 reads them: lanes with positions past their cursor.
+    IF v_moved THEN
+        SELECT r.generation, r.slot INTO v_cgen, v_cslot
+        FROM awa.ring_rotations r WHERE r.ring = 'claim' ORDER BY r.generation DESC LIMIT 1;
+        SELECT array_agg(u.k ORDER BY u.k), array_agg(c.cur ORDER BY u.k) INTO v_sk, v_sc
+        FROM unnest(v_li[1:v_m], v_lane[1:v_m], v_last) WITH ORDINALITY AS u(i, lane, last, k)
+        CROSS JOIN LATERAL (
+            SELECT COALESCE(
+                (SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END
+                 FROM awa.claims c
+                 WHERE c.claim_slot = v_cslot AND c.lane_id = u.lane
+                 ORDER BY c.lane_seq DESC LIMIT 1),
+                awa.lane_cursor_v1(u.lane)) AS cur
+            OFFSET 0) c
+        WHERE u.last IS NOT NULL
+          AND ((v_part AND u.i = 1) OR p_stamps[u.i] IS NULL OR p_stamps[u.i] <> v_sum[u.i])
+          AND u.last > c.cur;
+    END IF;
+    IF v_sk IS NOT NULL THEN
+        -- 4. Of those, the lanes with a committed row to claim. In the others the positions
+        -- past the cursor are a gap (their producer rolled back) or still held by an open
+        -- transaction; with the lane's producers' lock free (held here until the statement
+        -- ends), only a gap, or rows committed since this snapshot: read again, in a new one.
+        SELECT COALESCE(array_agg(DISTINCT v_li[s.k]), '{}') INTO v_work
+        FROM unnest(v_sk, v_sc) AS s(k, cur)
+        WHERE EXISTS (
+            SELECT 1 FROM awa.ready_entries e
+            WHERE e.lane_id = v_lane[s.k] AND e.lane_seq > s.cur
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                    AND t.ready_slot = e.ready_slot));
+        SELECT array_agg(s.k) FILTER (WHERE s.free),
+               COALESCE(array_agg(DISTINCT v_li[s.k]) FILTER (WHERE NOT s.free), '{}')
+        INTO v_gap, v_open
+        FROM (SELECT u.k, pg_try_advisory_xact_lock(4282177, v_lane[u.k]) AS free
+              FROM unnest(v_sk) AS u(k)
+              WHERE NOT v_li[u.k] = ANY (v_work)
+              OFFSET 0) s;
+        IF v_gap IS NOT NULL THEN
+            SELECT v_work || COALESCE(array_agg(DISTINCT v_li[g.k]), '{}') INTO v_work
+            FROM (SELECT u.k, awa.lane_cursor_v1(v_lane[u.k]) AS cur
+                  FROM unnest(v_gap) AS u(k) OFFSET 0) g
+            WHERE EXISTS (
+                SELECT 1 FROM awa.ready_entries e
+                WHERE e.lane_id = v_lane[g.k] AND e.lane_seq > g.cur
+                  AND NOT EXISTS (
+                      SELECT 1 FROM awa.ready_tombstones t
+                      WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                        AND t.ready_slot = e.ready_slot));
+        END IF;
+    END IF;
+    -- 5. Parked jobs that could start now, in queues whose lanes have nothing to claim.
+    IF EXISTS (SELECT 1 FROM awa.flow_waiting w WHERE w.queue = ANY (p_queues[1:v_n])) THEN
+        SELECT array_agg(g.i ORDER BY g.i) INTO v_fq
+        FROM generate_series(1, v_n) AS g(i)
+        WHERE NOT g.i = ANY (v_work)
+          AND EXISTS (SELECT 1 FROM awa.flow_waiting w WHERE w.queue = p_queues[g.i]);
+        IF v_fq IS NOT NULL THEN
+            v_parked := awa._flow_parked_ready_v1(
+                ARRAY(SELECT p_queues[u.i] FROM unnest(v_fq) WITH ORDINALITY AS u(i, o)
+                      ORDER BY u.o),
+                ARRAY(SELECT p_caps[u.i] FROM unnest(v_fq) WITH ORDINALITY AS u(i, o)
+                      ORDER BY u.o));
+        END IF;
+    END IF;
+    -- 6. A row per queue read: ready unless paused or its concurrency limit has no permit free.
+    IF cardinality(v_work) > 0 OR cardinality(v_parked) > 0 THEN
+        SELECT COALESCE(array_agg(c.i), '{}') INTO v_ready
+        FROM (SELECT g.i FROM generate_series(1, v_n) AS g(i)
+              WHERE g.i = ANY (v_work) OR p_queues[g.i] = ANY (v_parked)
+              OFFSET 0) c
+        WHERE NOT EXISTS (SELECT 1 FROM awa.queue_meta m
+                          WHERE m.queue = p_queues[c.i] AND m.paused)
+          AND NOT EXISTS (SELECT 1 FROM awa.flow_limits f
+                          WHERE f.queue = p_queues[c.i] AND f.max_running IS NOT NULL
+                            AND COALESCE(f.max_seen, 0) <= f.max_running
+                            AND awa._flow_free_v1(f.queue, false, f.max_running, 1) = 0);
+    END IF;
     RETURN QUERY
-    SELECT q.queue
-    FROM unnest(p_queues) AS q(queue)
-    WHERE NOT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = q.queue AND m.paused)
-      AND (EXISTS (SELECT 1 FROM awa.flow_waiting w WHERE w.queue = q.queue)
-           OR EXISTS (
-               SELECT 1
-               FROM awa.queue_lanes l
-               CROSS JOIN LATERAL (SELECT pg_sequence_last_value(l.enqueue_seq) AS last) s
-               WHERE l.queue = q.queue AND s.last IS NOT NULL
-                 AND s.last > COALESCE(
-                     (SELECT CASE WHEN c.claim_generation = v_cgen THEN c.lane_seq END
-                      FROM awa.claims c
-                      WHERE c.claim_slot = v_cslot AND c.lane_id = l.lane_id
-                      ORDER BY c.lane_seq DESC LIMIT 1),
-                     awa.lane_cursor_v1(l.lane_id))));
+    SELECT p_queues[g.i], g.i = ANY (v_ready),
+           CASE WHEN (v_part AND g.i = 1) OR g.i = ANY (v_work) OR g.i = ANY (v_open)
+                THEN NULL ELSE v_sum[g.i] END,
+           CASE WHEN g.i = 1 THEN v_cut END
+    FROM generate_series(1, v_n) AS g(i);
 END
 $$;
 

@@ -735,6 +735,115 @@ BEGIN
 END
 $$;
 
+-- How many of the first p_want permits of queue (or, p_kind, kind) p_name's limit p_limit are
+-- free now: each is taken and released at once (a claim racing for it may find it taken for
+-- that instant). The calling session must hold none of them (session locks are re-entrant).
+CREATE OR REPLACE FUNCTION awa._flow_free_v1(
+    p_name text, p_kind boolean, p_limit integer, p_want integer)
+ RETURNS integer
+ LANGUAGE sql
+AS $$
+    SELECT count(*)::integer
+    FROM (
+        SELECT 1
+        -- generate_series in the select list runs value per call, so LIMIT stops it early;
+        -- CASE keeps the order: a key is released only when it was taken here.
+        FROM (SELECT CASE WHEN p_kind THEN awa._flow_kind_key_v1(p_name, s.g)
+                          ELSE awa._flow_key_v1(p_name, s.g) END AS k
+              FROM (SELECT generate_series(0, p_limit - 1) AS g) s) c
+        WHERE CASE WHEN pg_try_advisory_lock(4282182, c.k)
+                   THEN pg_advisory_unlock(4282182, c.k) ELSE false END
+        LIMIT GREATEST(p_want, 1)) x
+$$;
+
+-- Of the queues p_queues (each with jobs its kind parked in awa.flow_waiting), those where a
+-- parked job could start now, as awa._flow_unpark_v2 would put it back: for some kind waiting
+-- there, a rate token is due (if it has a rate) and, if it has a concurrency limit, as many of
+-- its permits are free as the kind's oldest job there weighs (capped as the claim caps it:
+-- p_caps, the worker's most units for one job of the queue, then the queue's and the kind's
+-- limits). A kind whose limit was lowered while permits above it are held, or whose limits
+-- are gone, counts as able to start. The sweep of idle queues (awa.queues_ready_v2) asks this,
+-- so that a queue whose parked jobs wait for a limit costs no claim until it frees. Nothing
+-- is written; permits are probed as awa._flow_free_v1 does, once per kind.
+CREATE OR REPLACE FUNCTION awa._flow_parked_ready_v1(p_queues text[], p_caps integer[])
+ RETURNS text[]
+ LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_out text[] := '{}';
+    v_kinds text[] := '{}';  -- the kinds looked at so far
+    v_rate boolean[] := '{}';  -- per kind: a rate token is due (or no rate)
+    v_free integer[] := '{}';  -- per kind: its free permits found, looking for v_upto
+    v_upto integer[] := '{}';
+    v_queue text;
+    v_qmax integer;
+    v_w integer;
+    v_j integer;
+    v_tokens integer;
+    k record;
+    lim awa.flow_kind_limits%ROWTYPE;
+BEGIN
+    FOR i IN 1..COALESCE(cardinality(p_queues), 0) LOOP
+        v_queue := p_queues[i];
+        v_qmax := NULL;
+        SELECT f.max_running INTO v_qmax FROM awa.flow_limits f WHERE f.queue = v_queue;
+        FOR k IN
+            WITH RECURSIVE kinds AS (
+                (SELECT w.kind FROM awa.flow_waiting w WHERE w.queue = v_queue
+                 ORDER BY w.kind LIMIT 1)
+                UNION ALL
+                SELECT (SELECT w.kind FROM awa.flow_waiting w
+                        WHERE w.queue = v_queue AND w.kind > s.kind ORDER BY w.kind LIMIT 1)
+                FROM kinds s WHERE s.kind IS NOT NULL
+            )
+            SELECT s.kind,
+                   (SELECT w.metadata FROM awa.flow_waiting w
+                    WHERE w.queue = v_queue AND w.kind = s.kind
+                    ORDER BY w.job_id LIMIT 1) AS metadata
+            FROM kinds s WHERE s.kind IS NOT NULL
+        LOOP
+            lim := NULL;
+            SELECT * INTO lim FROM awa.flow_kind_limits f WHERE f.kind = k.kind;
+            v_j := array_position(v_kinds, k.kind);
+            IF v_j IS NULL THEN
+                v_kinds := v_kinds || k.kind;
+                v_j := cardinality(v_kinds);
+                v_tokens := 1;
+                IF lim.rate IS NOT NULL THEN
+                    SELECT t.o_tokens INTO v_tokens
+                    FROM awa._flow_kind_tokens_v1(
+                        lim.rate, lim.burst,
+                        (SELECT s.tat FROM awa.flow_kind_rate_state s WHERE s.kind = k.kind),
+                        clock_timestamp()) t;
+                END IF;
+                v_rate := v_rate || (v_tokens > 0);
+                v_free := v_free || 0;
+                v_upto := v_upto || 0;
+            END IF;
+            CONTINUE WHEN NOT v_rate[v_j];
+            IF lim.max_running IS NULL OR COALESCE(lim.max_seen, 0) > lim.max_running THEN
+                v_out := v_out || v_queue;
+                EXIT;
+            END IF;
+            v_w := awa._job_weight_v1(k.metadata, LEAST(COALESCE(p_caps[i], 10000),
+                                                        COALESCE(v_qmax, 10000),
+                                                        lim.max_running));
+            IF v_free[v_j] = v_upto[v_j] AND v_upto[v_j] < v_w THEN
+                -- Not looked for that many yet (fewer found than looked for: all are known).
+                v_free[v_j] := awa._flow_free_v1(k.kind, true, lim.max_running, v_w);
+                v_upto[v_j] := v_w;
+            END IF;
+            IF v_free[v_j] >= v_w THEN
+                v_out := v_out || v_queue;
+                EXIT;
+            END IF;
+        END LOOP;
+    END LOOP;
+    RETURN v_out;
+END
+$$;
+
 -- Whether a job of key p_lock older than p_job is ready and unclaimed in a lane of p_queue.
 -- Per lane that may hold rows above p_bounds (the lane's cursor as known earlier: rows at or
 -- below it are claimed; 0 when not given), the newest such row is compared with the lane's

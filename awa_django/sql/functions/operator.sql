@@ -205,6 +205,7 @@ $$;
 -- the management commands (awa_queue, awa_status, awa_dlq, awa_job).
 
 -- Pause or resume claiming from a queue (producers may still enqueue; promotion skips it).
+-- Resuming wakes the workers (a NOTIFY sent when the transaction commits), as an enqueue does.
 CREATE OR REPLACE FUNCTION awa.queue_pause_v1(p_queue text, p_paused boolean)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -216,8 +217,14 @@ BEGIN
         RAISE EXCEPTION 'queue: % is not a valid queue name ([a-z0-9_.-]{1,63})', quote_nullable(p_queue)
             USING ERRCODE = '22023';
     END IF;
+    IF p_paused IS NULL THEN
+        RAISE EXCEPTION 'paused: must be true or false' USING ERRCODE = '22023';
+    END IF;
     INSERT INTO awa.queue_meta AS m (queue, paused) VALUES (p_queue, p_paused)
     ON CONFLICT (queue) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now();
+    IF NOT p_paused THEN
+        PERFORM pg_notify('awa_jobs', p_queue);
+    END IF;
     RETURN p_paused;
 END
 $$;

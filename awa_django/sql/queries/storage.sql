@@ -88,8 +88,20 @@ SELECT awa.runtime_upsert_v1(%s, %s, %s, %s::jsonb, %s, %s)
 SELECT awa.runtime_remove_v1(%s)
 
 -- name: queues_ready
--- Which of these idle queues have work (the worker's sweep, awa_django/worker/dispatch.py).
-SELECT awa.queues_ready_v1(%s::text[])
+-- Which of these idle queues have work (the worker's sweep, awa_django/worker/dispatch.py):
+-- a row (queue, ready, stamp, upto) per queue read, as many as fit in max_lanes lanes.
+SELECT queue, ready, stamp, upto
+FROM awa.queues_ready_v2(%(queues)s::text[], %(stamps)s::bigint[], %(caps)s::integer[],
+                         %(max_lanes)s, %(after_lane)s)
+
+-- name: sweep_session
+-- The sweep's connection: a statement that would wait longer than this for a lock fails (the
+-- queues it asked about are swept again on the next pass).
+SELECT set_config('lock_timeout', %s, false)
+
+-- name: advisory_unlock_all
+-- Let go of every session advisory lock of this connection (the sweep's, after a failure).
+SELECT pg_advisory_unlock_all()
 
 -- name: queues_idle
 SELECT awa.queues_idle_v2(%s::text[])
