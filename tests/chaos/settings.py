@@ -16,7 +16,6 @@ env = environ.Env()
 
 SECRET_KEY = "chaos-only-not-secret"
 DEBUG = False
-ALLOWED_HOSTS: list[str] = []
 USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -36,6 +35,12 @@ DATABASES = {
         os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     ),
 }
+
+# The signed callback receiver (awa_django.urls), called in-process by the resolver's HTTP
+# resolutions through Django's test client (host "testserver").
+ROOT_URLCONF = "tests.chaos.urls"
+ALLOWED_HOSTS = ["testserver"]
+CALLBACK_KEY = "chaos-only-callback-key-not-a-secret-0123456789"
 
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
@@ -62,7 +67,32 @@ AWA: dict[str, Any] = {
     "SHUTDOWN_TIMEOUT": 3.0,
     "RETRY_BACKOFF_BASE": 0.01,
     "ABANDON_AFTER": 1.0,
-    "QUEUES": {"chaos-deadline": {"deadline": 2}},
+    "UNIQUE_SWEEP_INTERVAL": 1.0,
+    "CRON_EVAL_INTERVAL": 0.2,
+    "CONCURRENCY": 24,
+    "CALLBACK_KEYS": [CALLBACK_KEY],
+    # Flow limits (tests/chaos/flow.py): the operator thread changes them while the run goes on.
+    "QUEUES": {
+        "chaos-deadline": {"deadline": 2},
+        "chaos-limit": {"global_concurrency": 4},
+        "chaos-rate": {"rate_limit": 12, "rate_burst": 4},
+    },
+    # Periodic schedules (tests/chaos/jobs.py, chaos.tick): every second, catching up every
+    # missed fire; and every two seconds, catching up only the latest.
+    "PERIODIC": {
+        "chaos-every-second": {
+            "job": "chaos.tick",
+            "cron": "* * * * * *",
+            "catch_up": 1000,
+            "args": ["chaos-every-second"],
+        },
+        "chaos-every-2s-latest": {
+            "job": "chaos.tick",
+            "cron": "*/2 * * * * *",
+            "catch_up": "latest",
+            "args": ["chaos-every-2s-latest"],
+        },
+    },
 }
 
 TASKS = {
