@@ -188,7 +188,7 @@ def _leader_disrupted(data: Data, start: datetime, end: datetime) -> bool:
     leaders = {
         pid for at, pid in data.features.leaders if lo - LEADER_TAIL <= at <= hi + LEADER_TAIL
     }
-    if None in leaders:
+    if None in leaders or len(leaders) > 1:  # none, or leadership moved
         return True
     for f in data.faults:
         if f.started_at > hi or f.ended_at + LEADER_TAIL < lo:
@@ -248,7 +248,7 @@ def _missed(
     have = {t for t, _ in made}
     expected = _fire_times(schedule.cron, schedule.timezone, made[0][0], until)
     out = []
-    for i, due in enumerate(expected):
+    for due in expected:
         if due in have:
             continue
         if any(
@@ -260,7 +260,7 @@ def _missed(
         # catch-up policy drops `due` only when at least catch_up of them were, which needs the
         # leader to have been missing while they came due.
         nxt = next((c for t, c in made if t > due), until)
-        newer = [t for t in expected[i + 1 :] if t <= nxt]
+        newer = _fire_times(schedule.cron, schedule.timezone, due, nxt)
         dropped = len(newer) >= schedule.catch_up
         if dropped and _leader_disrupted(data, due, newer[schedule.catch_up - 1]):
             continue

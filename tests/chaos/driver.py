@@ -285,11 +285,8 @@ class ChaosRun:
         cfg = self.cfg
         steady = RING_SLOTS * cfg.CLAIM_ROTATE_INTERVAL * TRICKLE_PER_SECOND * 2
         peak = self.observer.peak
-        # Each claim-ring rotation leaves a closed cursor marker (a claim and its closure) for
-        # every lane in the new slot: a floor of 2 rows per lane per live claim slot, bounded by
-        # the lanes, not by the work done.
-        markers = 2 * RING_SLOTS * self._lanes()
-        threshold = max(math.ceil(0.2 * peak), math.ceil(3 * steady) + 50) + markers
+        # Rows of attempts only: the claim ring's cursor markers are not counted (ledger.sql).
+        threshold = max(math.ceil(0.2 * peak), math.ceil(3 * steady) + 50)
         bound = 3 * RING_SLOTS * cfg.CLAIM_ROTATE_INTERVAL + 10.0
         stop = self._event()
         self._spawn_loop("trickle", lambda: trickle(self.run, stop, TRICKLE_PER_SECOND), stop)
@@ -305,14 +302,6 @@ class ChaosRun:
         self.facts.ring_bound = bound
         self._mark(f"rings: peak {peak}, now {self.observer.latest}, allowed {threshold}")
         self._wait_terminal_short()
-
-    def _lanes(self) -> int:
-        db = LedgerConn(self.run.url, "lanes")
-        try:
-            [(count,)] = db.execute("lane_count")
-            return int(count)
-        finally:
-            db.close()
 
     def _wait_terminal_short(self) -> None:
         """The trickle's own jobs end within a few seconds."""

@@ -306,14 +306,6 @@ SELECT queue, max_running, rate, burst FROM awa.flow_limits ORDER BY queue
 -- name: kind_limits_now
 SELECT kind, max_running, rate, burst FROM awa.flow_kind_limits ORDER BY kind
 
--- name: observe_cron
-INSERT INTO chaos.cron_seen (job_id, name, fire_time, created_at, manual)
-SELECT j.id, j.metadata ->> 'cron_name', (j.metadata ->> 'cron_fire_time')::timestamptz,
-       j.created_at, j.metadata ? 'cron_trigger'
-FROM awa.jobs j
-WHERE j.metadata ? 'cron_name'
-ON CONFLICT DO NOTHING
-
 -- name: observe_unique
 INSERT INTO chaos.unique_overlaps (unique_key, job_ids, states)
 SELECT c.kind || ':' || c.unique_key, array_agg(DISTINCT l.id ORDER BY l.id),
@@ -369,29 +361,42 @@ SELECT job_id FROM awa.dlq_entries ORDER BY job_id LIMIT 200
 -- name: recent_jobs
 SELECT job_id FROM chaos.committed ORDER BY job_id DESC LIMIT 200
 
--- name: observe_terminal
-INSERT INTO chaos.terminal_seen (job_id, state, in_dlq, run_lease, attempt, errors, token,
-                                 finalized_at, result)
-SELECT j.id, j.state, j.in_dlq, j.run_lease, j.attempt, j.errors, j.args -> 'args' ->> 0,
-       j.finalized_at, j.result
-FROM awa.jobs j
-WHERE j.state IN ('completed', 'failed', 'cancelled')
-ON CONFLICT DO NOTHING
-
--- name: observe_duplicates
+-- name: observe_jobs
+-- One read of awa.jobs per sample: terminal facts, jobs shown twice, and fired jobs.
+WITH j AS MATERIALIZED (
+    SELECT id, state, in_dlq, run_lease, attempt, errors, args -> 'args' ->> 0 AS token,
+           finalized_at, result, created_at, metadata ->> 'cron_name' AS cron_name,
+           metadata ->> 'cron_fire_time' AS cron_fire_time, metadata ? 'cron_trigger' AS manual
+    FROM awa.jobs
+), terminal AS (
+    INSERT INTO chaos.terminal_seen (job_id, state, in_dlq, run_lease, attempt, errors, token,
+                                     finalized_at, result)
+    SELECT id, state, in_dlq, run_lease, attempt, errors, token, finalized_at, result
+    FROM j WHERE state IN ('completed', 'failed', 'cancelled')
+    ON CONFLICT DO NOTHING
+), fired AS (
+    INSERT INTO chaos.cron_seen (job_id, name, fire_time, created_at, manual)
+    SELECT DISTINCT ON (id) id, cron_name, cron_fire_time::timestamptz, created_at, manual
+    FROM j WHERE cron_name IS NOT NULL
+    ORDER BY id
+    ON CONFLICT DO NOTHING
+)
 INSERT INTO chaos.duplicates (job_id, copies, states)
-SELECT j.id, count(*), string_agg(j.state || CASE WHEN j.in_dlq THEN '(dlq)' ELSE '' END,
-                                  ',' ORDER BY j.state)
-FROM awa.jobs j
-GROUP BY j.id
+SELECT id, count(*), string_agg(state || CASE WHEN in_dlq THEN '(dlq)' ELSE '' END, ','
+                                ORDER BY state)
+FROM j
+GROUP BY id
 HAVING count(*) > 1
 ON CONFLICT DO NOTHING
 
 -- name: ring_rows
-SELECT ring, sum(rows)::bigint FROM awa.ring_slots_v1() GROUP BY ring
-
--- name: lane_count
-SELECT count(*) FROM awa.queue_lanes
+-- Rows of attempts held by the claim and lease rings. The claim ring's cursor markers (closed
+-- claims of job -lane_id, two rows per lane and live slot: bounded by the lanes, not by the work
+-- done) are left out, so that a run over hundreds of queues still sees its rings shrink.
+SELECT 'claim', (SELECT count(*) FROM awa.claims WHERE job_id > 0)
+                + (SELECT count(*) FROM awa.claim_closures WHERE job_id > 0)
+UNION ALL
+SELECT 'lease', count(*) FROM awa.leases
 
 -- name: leader_pid
 SELECT pid FROM awa.runtime_instances WHERE is_leader ORDER BY last_seen_at DESC LIMIT 1

@@ -51,9 +51,7 @@ class Observer:
     def observe_once(self) -> bool:
         """One sample; False when the database could not be reached."""
         try:
-            self.db.execute("observe_terminal")
-            self.db.execute("observe_duplicates")
-            self.db.execute("observe_cron")
+            self.db.execute("observe_jobs")
             self.db.execute("observe_unique")
             self.db.execute("observe_leader")
             self.db.execute("observe_sessions")

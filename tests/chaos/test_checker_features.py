@@ -338,6 +338,17 @@ def test_catch_up_latest_may_drop_fires_only_while_the_leader_is_disrupted() -> 
     }
 
 
+def test_a_fire_dropped_just_before_the_window_ends_is_judged_by_the_fire_after_it() -> None:
+    # Fires every second; 16 is dropped by catch_up 1 and 17 made at 17.5, after the window's
+    # end (the final pause at 20 s, minus the lateness allowed).
+    fires = [*every_second(until=15), (17, 17, 17.5)]
+    features = schedule_features(fires, catch_up=1)
+    features.leaders = [(at(x), 100) for x in range(0, 16)] + [(at(16.5), 200)]
+    assert periodic_fires(data(features=features), FACTS) == []  # the leadership moved
+    features.leaders = [(at(x), 100) for x in range(0, 21)]
+    assert invariants(periodic_fires(data(features=features), FACTS)) == {"periodic_fires"}
+
+
 def test_a_paused_schedule_fires_nothing_and_its_pause_excuses_the_gap() -> None:
     features = schedule_features(every_second(skip=(5, 6, 7)))
     features.schedule_actions = [
