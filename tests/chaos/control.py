@@ -65,10 +65,12 @@ Change = tuple[str, bool, int | None, float | None, int | None]
 def draw_change(rng: random.Random) -> Change:
     """The next limit change: (scope, clear, global_concurrency, rate, burst)."""
     scope = rng.choice(sorted(SETTINGS_LIMITS))
-    clear = rng.random() < 0.25
+    clear = rng.random() < 0.2
     if scope == f"queue:{RATE_QUEUE}":
         return scope, clear, None, rng.choice((4.0, 8.0, 12.0, 25.0)), rng.randint(1, 5)
-    return scope, clear, rng.choice((1, 2, 3, 4, 6, 8)), None, None
+    if scope == f"queue:{LIMIT_QUEUE}":
+        return scope, clear, rng.choice((2, 3, 4, 6, 8)), None, None
+    return scope, clear, rng.choice((1, 2, 3, 5)), None, None
 
 
 def change_limits(
@@ -82,11 +84,9 @@ def change_limits(
     """Set (or clear) the limits of ``scope`` and record what is in force."""
     kind, name = scope.split(":", 1)
     [(began,)] = ledger.execute("clock")
-    sent_concurrency = concurrency + 3 if concurrency and broken("limit") else concurrency
-    sent_rate = rate * 4 if rate and broken("rate") else rate
     args: dict[str, Any] = {
-        "global_concurrency": sent_concurrency,
-        "rate_limit": sent_rate,
+        "global_concurrency": concurrency,
+        "rate_limit": rate,
         "rate_burst": burst,
         "actor": ACTOR,
     }
@@ -107,15 +107,11 @@ def change_limits(
         values = SETTINGS_LIMITS[scope] if clear else (concurrency, rate, burst)
         _record(ledger, scope, values, began, False, "clear" if clear else "set")
         return
-    if now is None:
-        values: tuple[int | None, float | None, int | None] = (None, None, None)
-    else:
-        # What the sabotage sent is not what the ledger says: the checker must then notice.
-        values = (
-            concurrency if broken("limit") and not clear else now.global_concurrency,
-            rate if broken("rate") and not clear else now.rate_limit,
-            now.burst_in_force,
-        )
+    values = (
+        (None, None, None)
+        if now is None
+        else (now.global_concurrency, now.rate_limit, now.burst_in_force)
+    )
     _record(ledger, scope, values, began, True, "clear" if clear else "set")
 
 
@@ -127,7 +123,14 @@ def _record(
     certain: bool,
     note: str,
 ) -> None:
-    ledger.execute("limit_change_insert", [scope, *values, began, certain, note])
+    concurrency, rate, burst = values
+    # The sabotage records stricter limits than awa_django enforces, as if it had ignored them.
+    if concurrency is not None and broken("limit"):
+        concurrency = max(1, concurrency - 3)
+    if rate is not None and burst is not None and broken("rate"):
+        rate, burst = rate / 4, max(1, burst - 2)
+    row = [scope, concurrency, rate, burst, began, certain, note]
+    ledger.execute("limit_change_insert", row)
 
 
 def record_settings_limits(ledger: LedgerConn) -> None:

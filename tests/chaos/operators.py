@@ -26,7 +26,7 @@ from tests.chaos.db import LedgerConn, statement
 __all__ = ["QUEUES", "Operator", "pausable", "resume_all"]
 
 QUEUES = ("chaos", "chaos-async", "chaos-deadline")
-ACTIONS = {"cancel": 5, "pause": 2, "drain": 1, "dlq_retry": 3, "limit": 4, "schedule": 2}
+ACTIONS = {"cancel": 5, "pause": 2, "drain": 1, "dlq_retry": 3, "limit": 5, "schedule": 2}
 
 
 class Operator:

@@ -45,7 +45,7 @@ PATHS = {
     "savepoint": 12,
     "rollback": 8,
     "task": 8,
-    "flow": 14,
+    "flow": 16,
     "retry": 6,
     "unique": 8,
     "unique_rollback": 3,
@@ -123,7 +123,10 @@ class Producer:
         rng = self.rng
         if path == "flow":
             what = rng.choice(FLOW_TARGETS)
-            count = rng.randint(2, 8)
+            # Bursts larger than the limits, so that they bind (and a broken one shows), but
+            # not more work than the limited queue clears at its lowest limit.
+            count = {"rate": (4, 12), "limit": (3, 7)}.get(what, (2, 6))
+            count = rng.randint(*count)
             return path, [
                 [make_flow_spec(rng, f"{prefix}j{i}", what, queues) for i in range(count)]
             ]

@@ -7,8 +7,8 @@ workers). Read only by the chaos harness; never set in CI.
 
 | name | the harness | invariant that must fail |
 | --- | --- | --- |
-| ``limit`` | sets concurrency limits 3 above what it records | ``flow_concurrency`` |
-| ``rate`` | sets rates 4 times what it records | ``flow_rate`` |
+| ``limit`` | records concurrency limits 3 below those it sets | ``flow_concurrency`` |
+| ``rate`` | records a quarter of the rates it sets, bursts 2 lower | ``flow_rate`` |
 | ``serial`` | enqueues serial jobs without their key | ``flow_serial`` |
 | ``unique`` | enqueues unique jobs without their key | ``unique_one_holder`` |
 | ``unique_rollback`` | commits the "rolled back" holder | ``unique_rollback_releases`` |

@@ -226,7 +226,7 @@ def make_flow_spec(rng: random.Random, token: str, what: str, queues: tuple[str,
     """A job of a flow-limited queue or kind: ``limit`` (chaos-limit, weight 1-3), ``rate``
     (chaos-rate), ``serial`` (chaos-serial, one of a few keys) or ``kind`` (chaos.limited in a
     spread queue). Short handlers, so that they overlap and limits bind."""
-    seconds = round(rng.uniform(0.05, 0.4), 3)
+    seconds = round(rng.uniform(0.05, 0.3), 3)
     long_or_ok = rng.choice(("ok", "long", "long"))
     common = {"priority": 0, "max_attempts": 4}
     if what == "limit":
