@@ -75,7 +75,7 @@ class Profile:
 
 
 CI = Profile(duration=45.0, producers=3, queues=48, fault_gap=(1.0, 3.0))
-SOAK = Profile(duration=150.0, producers=5, queues=200, fault_gap=(0.5, 2.0))
+SOAK = Profile(duration=150.0, producers=3, queues=200, fault_gap=(0.7, 2.5))
 
 
 def point_django_at(url: str) -> None:

@@ -6,7 +6,7 @@ the driver, producer threads, an operator thread, the fault injector, an observe
 resolver; then every invariant of tests/chaos/check.py is checked (see tests/chaos/driver.py).
 
 Default (CI): 2 runs of 45 s, seeds N and N+1, 3 producers, 48 spread queues, a fault every 1-3 s.
-``--soak``: one run of 150 s, 5 producers, 200 spread queues, a fault every 0.5-2 s. ``--runs K``:
+``--soak``: one run of 150 s, 200 spread queues, a fault every 0.7-2.5 s. ``--runs K``:
 K runs with seeds N, N+1, ... The exit status is 1 when any run found a violation, and the
 command that reproduces it is printed. Worker logs are in ``.pgdata/chaos/runs/seed-N/``; the
 database of a run with violations is kept (``chaos_N``), as is every run's with ``--keep``.
@@ -34,7 +34,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the first run")
     parser.add_argument("--duration", type=float, help="seconds of faults per run")
-    parser.add_argument("--soak", action="store_true", help="5-minute runs")
+    parser.add_argument(
+        "--soak", action="store_true", help="the soak profile: longer, harder runs (150 s)"
+    )
     parser.add_argument("--runs", type=int, help="runs, with seeds seed, seed+1, ...")
     parser.add_argument("--producers", type=int, help="producer threads per run")
     parser.add_argument("--queues", type=int, help="spread queues plain jobs go to")
