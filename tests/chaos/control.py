@@ -67,7 +67,7 @@ def draw_change(rng: random.Random) -> Change:
     scope = rng.choice(sorted(SETTINGS_LIMITS))
     clear = rng.random() < 0.2
     if scope == f"queue:{RATE_QUEUE}":
-        return scope, clear, None, rng.choice((8.0, 12.0, 25.0)), rng.randint(1, 5)
+        return scope, clear, None, rng.choice((8.0, 12.0, 25.0)), rng.randint(3, 8)
     if scope == f"queue:{LIMIT_QUEUE}":
         return scope, clear, rng.choice((2, 3, 4, 6, 8)), None, None
     return scope, clear, rng.choice((1, 2, 3, 5)), None, None

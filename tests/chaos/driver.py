@@ -65,17 +65,20 @@ MAX_PRINTED = 20
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
-    """How hard a run pushes: seconds of faults, producer threads, spread queues, and the gap
-    between two faults (seconds, drawn uniformly)."""
+    """How hard a run pushes: seconds of faults, producer threads, spread queues, the gap
+    between two faults and between two rounds of a producer (seconds, drawn uniformly)."""
 
     duration: float
     producers: int
     queues: int
     fault_gap: tuple[float, float]
+    pace: tuple[float, float] = (0.02, 0.2)
 
 
 CI = Profile(duration=45.0, producers=3, queues=48, fault_gap=(1.0, 3.0))
-SOAK = Profile(duration=150.0, producers=3, queues=200, fault_gap=(0.7, 2.5))
+# Three times CI's faults, twice its jobs: a soak longer than the workers can keep up with on a
+# shared two-core machine would only measure the backlog.
+SOAK = Profile(duration=150.0, producers=3, queues=200, fault_gap=(1.0, 3.0), pace=(0.06, 0.5))
 
 
 def point_django_at(url: str) -> None:
@@ -186,7 +189,8 @@ class ChaosRun:
         self._spawn_loop("observer", self.observer.loop, self.observer.stop)
         self._spawn_loop("resolver", self.resolver.loop, self.resolver.stop)
         produce = self._event()
-        producers = [Producer(run, i, produce) for i in range(self.profile.producers)]
+        pace = self.profile.pace
+        producers = [Producer(run, i, produce, pace) for i in range(self.profile.producers)]
         for i, producer in enumerate(producers):
             self._spawn_loop(f"producer-{i}", producer.loop, produce)
         operator = Operator(run, self._event())

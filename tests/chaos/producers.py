@@ -68,8 +68,15 @@ def _pick(rng: random.Random, weights: dict[str, int]) -> str:
 class Producer:
     """One producer thread (Django's connection for this thread, plus a ledger connection)."""
 
-    def __init__(self, run: Run, index: int, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        run: Run,
+        index: int,
+        stop: threading.Event,
+        pace: tuple[float, float] = (0.02, 0.2),
+    ) -> None:
         self.run = run
+        self.pace = pace  # seconds between two rounds, drawn uniformly
         self.index = index
         self.stop = stop
         self.rng = child_rng(run.seed, "producer", index)
@@ -101,7 +108,7 @@ class Producer:
                 except Exception as exc:  # an unexpected refusal, or a harness bug
                     self.run.api_error(f"producer {self.index} {path}", exc)
                     connection.close()
-                self.stop.wait(self.rng.uniform(0.02, 0.2))
+                self.stop.wait(self.rng.uniform(*self.pace))
         finally:
             connection.close()
             self.ledger.close()
@@ -128,7 +135,7 @@ class Producer:
             what = rng.choice(FLOW_TARGETS if self.index < LIMITED_PRODUCERS else FLOW_TARGETS[2:])
             # Bursts larger than the limits, so that they bind (and a broken one shows), but
             # not more work than the limited queue clears at its lowest limit.
-            count = {"rate": (4, 12), "limit": (3, 7)}.get(what, (2, 6))
+            count = {"rate": (4, 10), "limit": (3, 7)}.get(what, (2, 6))
             count = rng.randint(*count)
             return path, [
                 [make_flow_spec(rng, f"{prefix}j{i}", what, queues) for i in range(count)]
