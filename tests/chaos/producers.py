@@ -51,7 +51,6 @@ PATHS = {
     "unique_rollback": 3,
 }
 FLOW_TARGETS = ("limit", "rate", "serial", "kind")
-LIMITED_PRODUCERS = 3  # producers that feed the concurrency- and rate-limited queues
 
 
 class _Rollback(Exception):
@@ -74,9 +73,11 @@ class Producer:
         index: int,
         stop: threading.Event,
         pace: tuple[float, float] = (0.02, 0.2),
+        limited: int = 3,
     ) -> None:
         self.run = run
         self.pace = pace  # seconds between two rounds, drawn uniformly
+        self.limited = limited  # producers 0 .. limited-1 feed the limited queues
         self.index = index
         self.stop = stop
         self.rng = child_rng(run.seed, "producer", index)
@@ -132,7 +133,7 @@ class Producer:
         if path == "flow":
             # The limited queues get the same load however many producers run (a soak's five
             # would outrun the limits and leave a backlog past the terminal bound).
-            what = rng.choice(FLOW_TARGETS if self.index < LIMITED_PRODUCERS else FLOW_TARGETS[2:])
+            what = rng.choice(FLOW_TARGETS if self.index < self.limited else FLOW_TARGETS[2:])
             # Bursts larger than the limits, so that they bind (and a broken one shows), but
             # not more work than the limited queue clears at its lowest limit.
             count = {"rate": (4, 10), "limit": (3, 7)}.get(what, (2, 6))
