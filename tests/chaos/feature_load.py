@@ -33,6 +33,16 @@ def _json(value: Any) -> Any:
 def load_features(rows: Rows) -> Features:
     """Every feature record of the run (``rows`` runs one query)."""
     features = Features()
+    _options(rows, features)
+    _flow_and_unique(rows, features)
+    _terminals(rows, features)
+    _schedules(rows, features)
+    _callbacks(rows, features)
+    _sessions(rows, features)
+    return features
+
+
+def _options(rows: Rows, features: Features) -> None:
     for job_id, kind, behaviour, queue, weight, serial, retry, unique in rows(
         "SELECT job_id, kind, behaviour, queue, weight, serial_key, retry, unique_key "
         "FROM chaos.committed"
@@ -40,6 +50,9 @@ def load_features(rows: Rows) -> Features:
         features.options[job_id] = Options(
             kind, behaviour, queue, weight, serial, _json(retry), unique
         )
+
+
+def _flow_and_unique(rows: Rows, features: Features) -> None:
     features.limit_changes = [
         LimitChange(*r)
         for r in rows(
@@ -67,6 +80,9 @@ def load_features(rows: Rows) -> Features:
             "SELECT unique_key, job_ids, states FROM chaos.unique_overlaps ORDER BY seen_at"
         )
     ]
+
+
+def _terminals(rows: Rows, features: Features) -> None:
     terminals: dict[int, list[Terminal]] = collections.defaultdict(list)
     for job_id, state, in_dlq, lease, attempt, finalized, result in rows(
         "SELECT job_id, state, in_dlq, run_lease, attempt, finalized_at, result "
@@ -82,6 +98,9 @@ def load_features(rows: Rows) -> Features:
     ):
         retried[job_id].append(at)
     features.dlq_retried_at = dict(retried)
+
+
+def _schedules(rows: Rows, features: Features) -> None:
     features.cron_fires = [
         CronFire(*r)
         for r in rows(
@@ -103,6 +122,9 @@ def load_features(rows: Rows) -> Features:
     features.leaders = [
         (at, pid) for at, pid in rows("SELECT sampled_at, pid FROM chaos.leaders ORDER BY 1")
     ]
+
+
+def _callbacks(rows: Rows, features: Features) -> None:
     features.parks = [
         Park(str(r[0]), *r[1:])
         for r in rows(
@@ -117,6 +139,10 @@ def load_features(rows: Rows) -> Features:
             "FROM chaos.callback_calls ORDER BY called_at"
         )
     ]
+
+
+def _sessions(rows: Rows, features: Features) -> None:
+    """When each worker session ended: between the last sample that saw it and the next."""
     losses: dict[str, list[Any]] = collections.defaultdict(list)
     for app, last_seen, gone in rows(
         "SELECT s.application_name, s.last_seen, "
@@ -126,4 +152,3 @@ def load_features(rows: Rows) -> Features:
         if gone is not None:
             losses[app].append((last_seen, gone))
     features.session_losses = dict(losses)
-    return features
