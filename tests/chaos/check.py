@@ -20,12 +20,16 @@ invariant is one function of ``(Data, EndFacts)``:
 - ``rescues_explained``: a "heartbeat stale" rescue happens only around a fault that can stop
   heartbeats (the worker killed or stopped, its connection terminated, a server restart, or
   the machine itself stalling).
+
+The features' invariants are in tests/chaos/check_flow.py (``flow_concurrency``,
+``flow_rate``, ``flow_serial``) and tests/chaos/check_features.py (``unique_one_holder``,
+``unique_rollback_releases``, ``periodic_fires``, ``retry_delays``, ``callback_outcomes``);
+``CHECKS`` runs them all. The data they read is described in tests/chaos/model.py.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
@@ -33,136 +37,26 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["Data", "EndFacts", "Violation", "check_all", "load"]
+from tests.chaos.check_features import FEATURE_CHECKS
+from tests.chaos.check_flow import FLOW_CHECKS
+from tests.chaos.feature_load import load_features
+from tests.chaos.model import (
+    CAUSE_LEAD,
+    FAR_FUTURE,
+    PID_FAULTS,
+    RESCUED,
+    RESTART_TAIL,
+    STALE,
+    TERMINAL,
+    WIND_DOWN,
+    Data,
+    EndFacts,
+    Exec,
+    Fault,
+    Violation,
+)
 
-TERMINAL = ("completed", "failed", "cancelled")
-RESCUED = "awa_django.Rescued"
-STALE = "heartbeat stale"
-FAR_FUTURE = datetime.max.replace(tzinfo=datetime.now().astimezone().tzinfo)
-# How long after a server restart ends a worker may still be reconnecting (its backoff grows
-# 50 ms -> 5 s), and how long before a rescue its cause may have started.
-RESTART_TAIL = timedelta(seconds=8)
-CAUSE_LEAD = timedelta(seconds=3)
-WIND_DOWN = timedelta(seconds=10)
-PID_FAULTS = ("stop_worker", "stop_leader", "kill_worker", "term_worker", "terminate_backends")
-
-
-@dataclasses.dataclass(frozen=True)
-class Violation:
-    """One broken invariant, with the jobs concerned and what shows it."""
-
-    invariant: str
-    job_ids: tuple[int, ...]
-    evidence: str
-
-    def __str__(self) -> str:
-        ids = ", ".join(map(str, self.job_ids[:10])) + (" ..." if len(self.job_ids) > 10 else "")
-        return f"[{self.invariant}] jobs {ids or '-'}: {self.evidence}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Exec:
-    """One row of chaos.exec."""
-
-    job_id: int
-    run_lease: int | None
-    attempt: int
-    pid: int
-    behaviour: str
-    token: str | None
-    action: str | None
-    started_at: datetime
-    finished_at: datetime | None
-
-    def describe(self) -> str:
-        end = self.finished_at.isoformat(timespec="milliseconds") if self.finished_at else "-"
-        return (
-            f"lease {self.run_lease} attempt {self.attempt} pid {self.pid} {self.behaviour} "
-            f"{self.action or 'unfinished'} {self.started_at.isoformat(timespec='milliseconds')}"
-            f"..{end}"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class Fault:
-    kind: str
-    pid: int | None
-    detail: str
-    started_at: datetime
-    ended_at: datetime
-
-
-@dataclasses.dataclass
-class EndFacts:
-    """What the driver saw at the end of the run (processes, logs, rings, bounds)."""
-
-    heartbeat_staleness: float
-    terminal_bound: float
-    terminal_wait_timed_out: bool = False
-    workers_alive: list[int] = dataclasses.field(default_factory=list)
-    workers_dead_at_end: list[int] = dataclasses.field(default_factory=list)
-    workers_fresh: set[int] = dataclasses.field(default_factory=set)
-    own_exits: list[tuple[int, str, str]] = dataclasses.field(default_factory=list)
-    log_findings: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-    stop_codes: dict[int, int | None] = dataclasses.field(default_factory=dict)
-    ring_peak: int = 0
-    ring_final: int | None = None
-    ring_threshold: int = 0
-    ring_bound: float = 0.0
-    api_errors: list[str] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class Data:
-    """Everything the checks read, loaded once."""
-
-    committed: dict[int, tuple[str, str, str, str]]
-    rolled_back: list[tuple[str, int | None, str]]
-    indeterminate: list[tuple[str, int | None, str]]
-    execs: dict[int, list[Exec]]
-    exec_tokens: dict[str, int]
-    job_tokens: dict[str, int]
-    terminal_seen: dict[int, list[tuple[str, bool, int, int, list[dict[str, Any]]]]]
-    current: dict[int, list[tuple[str, bool, int, int, list[dict[str, Any]]]]]
-    duplicates: dict[int, tuple[int, str]]
-    dlq_retries: collections.Counter[int]
-    last_dlq_retry: dict[int, datetime]
-    last_terminal: dict[int, datetime]
-    deaths: dict[int, datetime]
-    slow_deaths: set[int]
-    faults: list[Fault]
-
-    def token_job(self, token: str) -> int | None:
-        """The job carrying a producer's token (its first argument), if one was ever seen."""
-        return self.exec_tokens.get(token, self.job_tokens.get(token))
-
-    def errors(self, job_id: int) -> list[dict[str, Any]]:
-        """The longest error list seen for a job (errors only grow, DLQ retries keep them)."""
-        lists = [row[4] for row in self.terminal_seen.get(job_id, [])]
-        lists += [row[4] for row in self.current.get(job_id, [])]
-        return max(lists, key=len, default=[])
-
-    def snapshot(self, job_id: int) -> str:
-        now = (
-            ", ".join(
-                f"{s}{'(dlq)' if d else ''}@lease{lease}"
-                for s, d, lease, _, _ in self.current.get(job_id, [])
-            )
-            or "absent"
-        )
-        seen = (
-            ", ".join(
-                f"{s}{'(dlq)' if d else ''}@lease{lease}"
-                for s, d, lease, _, _ in self.terminal_seen.get(job_id, [])
-            )
-            or "never"
-        )
-        return f"awa.jobs now: {now}; terminal seen: {seen}"
-
-    def exec_summary(self, job_id: int, limit: int = 6) -> str:
-        rows = self.execs.get(job_id, [])
-        text = "; ".join(e.describe() for e in rows[:limit])
-        return f"{len(rows)} execution(s)" + (f": {text}" if text else "")
+__all__ = ["CHECKS", "Data", "EndFacts", "Violation", "check_all", "load"]
 
 
 def _json(value: Any) -> Any:
@@ -179,9 +73,11 @@ def load(conn: psycopg.Connection[Any]) -> Data:
     tokens: dict[str, int] = {}
     for row in rows(
         "SELECT job_id, run_lease, attempt, pid, behaviour, token, action, started_at, "
-        "finished_at FROM chaos.exec ORDER BY job_id, run_lease NULLS LAST, started_at"
+        "finished_at, claimed_at, run_at, queue, kind, last_error, prev_outcome, weight, "
+        "serial_key, worker_id::text FROM chaos.exec "
+        "ORDER BY job_id, run_lease NULLS LAST, started_at"
     ):
-        e = Exec(*row)
+        e = Exec(*row[:13], _json(row[13]), *row[14:])
         execs[e.job_id].append(e)
         if e.token:
             tokens[e.token] = e.job_id
@@ -230,6 +126,7 @@ def load(conn: psycopg.Connection[Any]) -> Data:
             Fault(*r)
             for r in rows("SELECT kind, pid, detail, started_at, ended_at FROM chaos.faults")
         ],
+        features=load_features(rows),
     )
 
 
@@ -237,8 +134,11 @@ def load(conn: psycopg.Connection[Any]) -> Data:
 
 
 def tracked_jobs(data: Data) -> dict[int, str]:
-    """Committed jobs, plus indeterminate ones that turned out to exist: id -> how we know."""
+    """Committed jobs, jobs that periodic schedules fired, plus indeterminate ones that turned
+    out to exist: id -> how we know."""
     jobs = {job_id: f"committed via {path}" for job_id, (_, path, _, _) in data.committed.items()}
+    for fire in data.features.cron_fires:
+        jobs.setdefault(fire.job_id, f"fired by {fire.name}")
     for token, job_id, path in data.indeterminate:
         found = job_id if job_id is not None else data.token_job(token)
         if found is None or found in jobs:
@@ -540,7 +440,7 @@ def api_calls_work(data: Data, facts: EndFacts) -> list[Violation]:
     return [Violation("api_calls_work", (), error) for error in facts.api_errors]
 
 
-CHECKS: tuple[Callable[[Data, EndFacts], list[Violation]], ...] = (
+CORE_CHECKS: tuple[Callable[[Data, EndFacts], list[Violation]], ...] = (
     committed_terminal,
     rolled_back_invisible,
     attempt_once,
@@ -552,6 +452,7 @@ CHECKS: tuple[Callable[[Data, EndFacts], list[Violation]], ...] = (
     rescues_explained,
     api_calls_work,
 )
+CHECKS = CORE_CHECKS + FLOW_CHECKS + FEATURE_CHECKS
 
 
 def check_all(conn: psycopg.Connection[Any], facts: EndFacts) -> list[Violation]:

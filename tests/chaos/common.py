@@ -32,6 +32,7 @@ class Run:
     url: str
     run_dir: Path
     restartable: bool
+    queues: tuple[str, ...] = ()  # the spread queues plain jobs go to
     faults: Counter[str] = dataclasses.field(default_factory=Counter)
     actions: Counter[str] = dataclasses.field(default_factory=Counter)
     paths: Counter[str] = dataclasses.field(default_factory=Counter)

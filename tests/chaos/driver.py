@@ -10,6 +10,7 @@ the summary.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -26,7 +27,7 @@ from django.db import connections
 
 from awa_django.conf import get_awa_settings
 from awa_django.db.enqueue import forget_known_lanes
-from tests.chaos import jobs
+from tests.chaos import control, jobs
 from tests.chaos.check import (
     CHECKS,
     Data,
@@ -38,26 +39,49 @@ from tests.chaos.check import (
 )
 from tests.chaos.check import rescues as rescue_count
 from tests.chaos.cluster import Cluster
-from tests.chaos.common import Run
+from tests.chaos.common import DJANGO_CONNECTION_ERRORS, Run
 from tests.chaos.db import LedgerConn, statement
 from tests.chaos.faults import Faults
-from tests.chaos.observer import Observer, Resolver, StallMonitor
+from tests.chaos.observer import Observer, StallMonitor
 from tests.chaos.operators import Operator, resume_all
 from tests.chaos.producers import Producer, trickle
+from tests.chaos.resolver import Resolver
 from tests.chaos.settings import database_settings
+from tests.chaos.specs import spread_queues
 from tests.chaos.workers import Fleet
 
-__all__ = ["ChaosRun", "point_django_at", "report"]
+__all__ = ["CI", "SOAK", "ChaosRun", "Profile", "point_django_at", "report"]
 
 REPO = Path(__file__).resolve().parents[2]
 CHAOS_DIR = REPO / ".pgdata" / "chaos"
 SETTINGS_MODULE = "tests.chaos.settings"
 WORKERS = 3
-PRODUCERS = 3
 TRICKLE_PER_SECOND = 10.0
+CATCH_UP_TIMEOUT = 20.0  # seconds for the schedules to fire what fell due during the faults
 RING_SLOTS = 8  # claim and lease rings
 LOG_PATTERNS = ("Task exception was never retrieved", "Exception in callback", " CRITICAL ")
 MAX_PRINTED = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """How hard a run pushes: seconds of faults, producer threads, spread queues, the gap
+    between two faults and between two rounds of a producer (seconds, drawn uniformly)."""
+
+    duration: float
+    producers: int
+    queues: int
+    fault_gap: tuple[float, float]
+    pace: tuple[float, float] = (0.02, 0.2)
+    limited: int = 3  # producers that feed the concurrency- and rate-limited queues
+
+
+CI = Profile(duration=45.0, producers=3, queues=48, fault_gap=(1.0, 3.0))
+# Three times CI's faults, twice its jobs: a soak longer than the workers can keep up with on a
+# shared two-core machine would only measure the backlog. Over 200 busy queues a limited queue
+# hands its permits back only at its worker's next turn in the claim line, so one producer feeds
+# the limited queues.
+SOAK = Profile(duration=150.0, producers=3, queues=200, fault_gap=(1.0, 3.0), pace=(0.06, 0.5))
 
 
 def point_django_at(url: str) -> None:
@@ -73,15 +97,24 @@ def point_django_at(url: str) -> None:
 class ChaosRun:
     """Sets up, drives and checks one seeded run."""
 
-    def __init__(self, cluster: Cluster, seed: int, index: int, duration: float) -> None:
+    def __init__(self, cluster: Cluster, seed: int, index: int, profile: Profile) -> None:
         self.cluster = cluster
         self.cfg = get_awa_settings()
+        self.profile = profile
         self.db_name = f"chaos_{seed}"
         run_dir = CHAOS_DIR / "runs" / f"seed-{seed}"
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
         url = cluster.create_database(self.db_name)
-        self.run = Run(seed, index, duration, url, run_dir, cluster.restartable)
+        self.run = Run(
+            seed,
+            index,
+            profile.duration,
+            url,
+            run_dir,
+            cluster.restartable,
+            queues=spread_queues(profile.queues),
+        )
         self.threads: list[tuple[threading.Thread, threading.Event]] = []
         self.started = time.monotonic()
         self.timeline: list[str] = []
@@ -96,7 +129,11 @@ class ChaosRun:
         env["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
         self.fleet = Fleet(self.run.run_dir, env, WORKERS)
         self.facts = EndFacts(
-            heartbeat_staleness=self.cfg.HEARTBEAT_STALENESS, terminal_bound=self.terminal_bound()
+            heartbeat_staleness=self.cfg.HEARTBEAT_STALENESS,
+            terminal_bound=self.terminal_bound(),
+            retry_backoff_base=self.cfg.RETRY_BACKOFF_BASE,
+            retry_after_seconds=jobs.RETRY_AFTER_SECONDS,
+            cron_eval_interval=self.cfg.CRON_EVAL_INTERVAL,
         )
         try:
             self.fleet.start()
@@ -135,6 +172,7 @@ class ChaosRun:
             while time.monotonic() < deadline:
                 fresh = {row[0] for row in db.execute("fresh_runtimes", [5.0])}
                 if {w.pid for w in self.fleet.live()} <= fresh:
+                    control.record_settings_limits(db)
                     return
                 time.sleep(0.1)
         finally:
@@ -154,25 +192,66 @@ class ChaosRun:
         self._spawn_loop("observer", self.observer.loop, self.observer.stop)
         self._spawn_loop("resolver", self.resolver.loop, self.resolver.stop)
         produce = self._event()
-        producers = [Producer(run, i, produce) for i in range(PRODUCERS)]
+        profile = self.profile
+        producers = [
+            Producer(run, i, produce, profile.pace, profile.limited)
+            for i in range(profile.producers)
+        ]
         for i, producer in enumerate(producers):
             self._spawn_loop(f"producer-{i}", producer.loop, produce)
         operator = Operator(run, self._event())
         self._spawn_loop("operator", operator.loop, operator.stop)
-        self.faults = Faults(run, self.fleet, self.cluster)
+        self.faults = Faults(run, self.fleet, self.cluster, self.profile.fault_gap)
         self._mark(f"driving for {run.duration:.0f} s")
         self.faults.run_for(run.duration)
         self._mark("stopping faults, producers and operator")
         self.faults.cleanup()
         self._halt(produce)
         self._halt(operator.stop)
-        resume_all()
+        resume_all(self.run)
+        self._control(control.restore_limits)
+        self._mark("queues resumed, limits restored")
 
     def _settle(self) -> None:
         self._wait_fleet()
+        self._catch_up_schedules()
+        self._control(control.pause_schedules)
+        self._mark("schedules caught up and paused")
         self._wait_terminal()
         self._watch_rings()
         self._check_workers()
+
+    def _control(self, action: Callable[[LedgerConn], None], patience: float = 60.0) -> None:
+        """An operator's change at the end of the drive (retried through a restart)."""
+        db = LedgerConn(self.run.url, "control")
+        deadline = time.monotonic() + patience
+        try:
+            while True:
+                try:
+                    action(db)
+                    return
+                except DJANGO_CONNECTION_ERRORS:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        finally:
+            connections.close_all()
+            db.close()
+
+    def _catch_up_schedules(self) -> None:
+        """Wait until the schedules fired what fell due while the faults went on."""
+        db = LedgerConn(self.run.url, "settle")
+        lag = 1.0 + 2 * self.cfg.CRON_EVAL_INTERVAL
+        deadline = time.monotonic() + CATCH_UP_TIMEOUT
+        try:
+            while time.monotonic() < deadline:
+                [(behind,)] = db.execute("cron_caught_up", [list(control.SCHEDULES), lag])
+                if not behind:
+                    return
+                time.sleep(0.2)
+            self._mark(f"the schedules did not catch up within {CATCH_UP_TIMEOUT:.0f} s")
+        finally:
+            db.close()
 
     def _wait_fleet(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -216,11 +295,8 @@ class ChaosRun:
         cfg = self.cfg
         steady = RING_SLOTS * cfg.CLAIM_ROTATE_INTERVAL * TRICKLE_PER_SECOND * 2
         peak = self.observer.peak
-        # Each claim-ring rotation leaves a closed cursor marker (a claim and its closure) for
-        # every lane in the new slot: a floor of 2 rows per lane per live claim slot, bounded by
-        # the lanes, not by the work done.
-        markers = 2 * RING_SLOTS * self._lanes()
-        threshold = max(math.ceil(0.2 * peak), math.ceil(3 * steady) + 50) + markers
+        # Rows of attempts only: the claim ring's cursor markers are not counted (ledger.sql).
+        threshold = max(math.ceil(0.2 * peak), math.ceil(3 * steady) + 50)
         bound = 3 * RING_SLOTS * cfg.CLAIM_ROTATE_INTERVAL + 10.0
         stop = self._event()
         self._spawn_loop("trickle", lambda: trickle(self.run, stop, TRICKLE_PER_SECOND), stop)
@@ -236,14 +312,6 @@ class ChaosRun:
         self.facts.ring_bound = bound
         self._mark(f"rings: peak {peak}, now {self.observer.latest}, allowed {threshold}")
         self._wait_terminal_short()
-
-    def _lanes(self) -> int:
-        db = LedgerConn(self.run.url, "lanes")
-        try:
-            [(count,)] = db.execute("lane_count")
-            return int(count)
-        finally:
-            db.close()
 
     def _wait_terminal_short(self) -> None:
         """The trickle's own jobs end within a few seconds."""
@@ -288,12 +356,14 @@ class ChaosRun:
         self._halt(self.supervisor_stop)
         self._halt(self.stalls.stop)
         self.facts.stop_codes = self.fleet.stop_all(self.cfg.SHUTDOWN_TIMEOUT + 7.0)
+        self._mark("workers stopped")
         self._scan_logs()
         self.facts.api_errors = list(self.run.api_errors)
         self._write_events()
         with psycopg.connect(self.run.url, autocommit=True) as conn:
             data = load(conn)
         violations = [v for check in CHECKS for v in check(data, self.facts)]
+        self._mark("checked")
         return violations, data
 
     def _scan_logs(self) -> None:
@@ -395,6 +465,8 @@ def report(chaos: ChaosRun, violations: list[Violation], data: Data, elapsed: fl
         print(f"  machine stalls: {len(stalls)} (longest {longest:.1f} s)")
     resolved = " ".join(f"{k}={v}" for k, v in sorted(chaos.resolver.outcomes.items())) or "-"
     print(f"  callbacks resolved late: {resolved}")
+    for line in feature_lines(data):
+        print(f"  {line}")
     for line in chaos.timeline:
         print(f"  {line}")
     for note in run.notes[:10]:
@@ -409,6 +481,36 @@ def report(chaos: ChaosRun, violations: list[Violation], data: Data, elapsed: fl
         path.write_text("".join(f"{v}\n" for v in violations))
         if len(violations) > len(shown):
             print(f"    ... {len(violations) - len(shown)} more in {path.relative_to(REPO)}")
+
+
+def feature_lines(data: Data) -> list[str]:
+    """What the run did with each feature, for the summary."""
+    f = data.features
+    queues = {e.queue for rows in data.execs.values() for e in rows if e.queue}
+    by_scope: Counter[str] = Counter()
+    for rows in data.execs.values():
+        for e in rows:
+            option = f.options.get(e.job_id)
+            if e.queue in ("chaos-limit", "chaos-rate", "chaos-serial"):
+                by_scope[e.queue] += 1
+            if e.kind == "chaos.limited":
+                by_scope["kind chaos.limited"] += 1
+            if option is not None and option.retry and e.attempt > 1:
+                by_scope["retries with a policy"] += 1
+    unique = f.unique_enqueues
+    duplicates = sum(1 for u in unique if u.duplicate)
+    fires = Counter(fire.name for fire in f.cron_fires if not fire.manual)
+    calls = Counter(f"{c.via}:{c.outcome}{'(replayed)' if c.replayed else ''}" for c in f.calls)
+    return [
+        f"queues run: {len(queues)}; flow executions: {_counter(by_scope)}",
+        f"limit changes: {sum(1 for c in f.limit_changes if c.began.year > 2000)} "
+        f"(uncertain {sum(1 for c in f.limit_changes if not c.certain)})",
+        f"unique: enqueues={len(unique)} duplicates={duplicates} "
+        f"rollback races={len(f.unique_rollbacks)}",
+        f"periodic: {_counter(fires)} manual={sum(1 for x in f.cron_fires if x.manual)} "
+        f"schedule actions={len(f.schedule_actions)}",
+        f"callback waits: {len(f.parks)}; calls: {_counter(calls)}",
+    ]
 
 
 def sample(violations: list[Violation], limit: int) -> list[Violation]:

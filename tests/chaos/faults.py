@@ -1,4 +1,4 @@
-"""The fault injector: every 1-3 s a seeded RNG injects the next fault.
+"""The fault injector: every 1-3 s (0.5-2 s in a soak) a seeded RNG injects the next fault.
 
 Fault types come in shuffled cycles, so every type occurs within the first cycle of a run:
 SIGKILL a worker; SIGTERM one (a graceful drain that must exit 0, then a replacement); SIGSTOP
@@ -76,8 +76,11 @@ class _Pending:
 class Faults:
     """Injects faults (``run_for``); ``records`` is what happened."""
 
-    def __init__(self, run: Run, fleet: Fleet, cluster: Cluster) -> None:
+    def __init__(
+        self, run: Run, fleet: Fleet, cluster: Cluster, gap: tuple[float, float] = (1.0, 3.0)
+    ) -> None:
         self.run = run
+        self.gap = gap
         self.fleet = fleet
         self.cluster = cluster
         self.rng = child_rng(run.seed, "faults")
@@ -93,12 +96,12 @@ class Faults:
         a restarted postmaster gets SIGINT when the thread that started it ends
         (PR_SET_PDEATHSIG follows the parent thread, not the process)."""
         end = time.monotonic() + seconds
-        next_at = time.monotonic() + self.rng.uniform(1.0, 3.0)
+        next_at = time.monotonic() + self.rng.uniform(*self.gap)
         while time.monotonic() < end:
             self._undo_due(time.monotonic())
             if time.monotonic() >= next_at:
                 self._inject(self._next_kind())
-                next_at = time.monotonic() + self.rng.uniform(1.0, 3.0)
+                next_at = time.monotonic() + self.rng.uniform(*self.gap)
             time.sleep(0.05)
 
     def _next_kind(self) -> str:

@@ -6,7 +6,10 @@ it ends, whatever way it ends. Most behaviours misbehave only on attempt 1 (or w
 lease is small, for snoozes) so that every job terminates once the faults stop.
 
 Queues: ``chaos`` (sync handlers and the django.tasks task), ``chaos-async`` (async handlers),
-``chaos-deadline`` (sync, 2 s hard deadline from ``AWA["QUEUES"]``).
+``chaos-deadline`` (sync, 2 s hard deadline from ``AWA["QUEUES"]``); producers send most jobs
+to other queues (``.using(queue=...)``: dozens of spread queues, the flow-limited queues).
+``chaos.tick`` is the periodic schedules' job (``AWA["PERIODIC"]``), ``chaos.limited`` a kind
+with a fleet-wide concurrency limit of its own.
 """
 
 from __future__ import annotations
@@ -45,10 +48,12 @@ SYNC_BEHAVIOURS = (
     "callback_late",
     "callback_never",
     "long",
+    "raise_twice",
 )
 ASYNC_BEHAVIOURS = (
     "ok",
     "raise",
+    "raise_twice",
     "terminal",
     "retry_after",
     "snooze",
@@ -63,6 +68,8 @@ TASK_BEHAVIOURS = ("ok", "raise")
 
 # How long a handler keeps retrying a ledger write through a PostgreSQL restart.
 LEDGER_PATIENCE = 30.0
+RETRY_AFTER_SECONDS = 0.05
+KIND_LIMIT = 3  # chaos.limited's global_concurrency (@job), changed by the operator mid-run
 SNOOZE_WHILE_LEASE_AT_MOST = 2
 LONG_STEP = 0.1
 HANG_SECONDS = 4.0
@@ -90,7 +97,7 @@ def _ledger(name: str, params: list[Any]) -> list[tuple[Any, ...]]:
             time.sleep(0.1)
 
 
-def _start(job_id: int, lease: int | None, attempt: int, behaviour: str, token: str) -> str:
+def _start(job_id: int, lease: int | None, attempt: int, behaviour: str, token: str | None) -> str:
     key = str(uuid.uuid4())
     _ledger("exec_start", [key, job_id, lease, attempt, os.getpid(), behaviour, token])
     return key
@@ -127,7 +134,7 @@ def sync_job(ctx: Any, token: str, behaviour: str, plan: dict[str, Any]) -> Any:
 
 
 def _sync_behaviour(ctx: Any, token: str, behaviour: str, plan: dict[str, Any]) -> Any:
-    first = ctx.attempt == 1
+    first = ctx.attempt == 1 or (behaviour == "raise_twice" and ctx.attempt == 2)
     if behaviour == "snooze" and ctx.run_lease <= SNOOZE_WHILE_LEASE_AT_MOST:
         return Snooze(0.05)
     if behaviour == "long" and ctx.attempt <= 2:
@@ -154,29 +161,37 @@ def _long_sync(ctx: Any, seconds: float) -> None:
 
 
 def _park(ctx: Any, behaviour: str, plan: dict[str, Any]) -> WaitForCallback:
+    """Wait for a callback: resolved here before parking (early), by the driver's resolver after
+    a delay (late, in the plan's mode), or never (it times out)."""
     callback_id = ctx.callback_id
-    if behaviour == "callback_early":
-        awa_django.resolve_callback(callback_id, result={"early": True})
-        return WaitForCallback(callback_id, timeout=float(plan.get("timeout", 2.0)))
-    if behaviour == "callback_late":
-        _ledger(
-            "callback_park",
-            [
-                str(callback_id),
-                ctx.id,
-                ctx.run_lease,
-                float(plan.get("delay", 0.5)),
-                bool(plan.get("error", False)),
-            ],
-        )
-        return WaitForCallback(callback_id, timeout=float(plan.get("timeout", 8.0)))
-    return WaitForCallback(callback_id, timeout=float(plan.get("timeout", 0.5)))
+    timeout = float(plan.get("timeout", 0.5))
+    mode = {"callback_early": "early", "callback_never": "never"}.get(
+        behaviour, str(plan.get("mode", "python"))
+    )
+    park = [str(callback_id), ctx.id, ctx.run_lease, ctx.attempt]
+    delay = float(plan.get("delay", 0.5))
+    _ledger("callback_park", [*park, delay, bool(plan.get("error", False)), mode])
+    if mode == "early":
+        _resolve_early(callback_id, twice=bool(plan.get("twice", False)))
+    return WaitForCallback(callback_id, timeout=timeout)
+
+
+def _resolve_early(callback_id: Any, *, twice: bool) -> None:
+    """Resolve the attempt's own callback before it parks (kept for the park); ``twice``: a
+    second, different resolution, which must not act."""
+    for n in range(2 if twice else 1):
+        request = str(uuid.uuid4())
+        outcome = awa_django.resolve_callback(callback_id, result={"early": n, "by": request})
+        row = [request, request, str(callback_id), "early", "result", outcome, False]
+        _ledger("callback_call", row)
 
 
 def _misbehave(ctx: Any, behaviour: str) -> None:
     """Behaviours shared by sync and async handlers that raise or poke at the context."""
     if behaviour == "raise":
         raise ValueError("chaos: raised on attempt 1")
+    if behaviour == "raise_twice":
+        raise ValueError(f"chaos: raised on attempt {ctx.attempt} of the first two")
     if behaviour == "terminal":
         raise TerminalError("chaos: terminal error on attempt 1")
     if behaviour == "base_exception":
@@ -192,7 +207,7 @@ def _misbehave(ctx: Any, behaviour: str) -> None:
 def _steer(behaviour: str) -> Any:
     """The outcome value a steering behaviour returns on attempt 1, else None."""
     if behaviour == "retry_after":
-        return RetryAfter(0.05)
+        return RetryAfter(RETRY_AFTER_SECONDS)
     if behaviour == "cancel":
         return Cancel("chaos: the handler cancels its job")
     return None
@@ -209,6 +224,39 @@ def deadline_job(ctx: Any, token: str, behaviour: str, plan: dict[str, Any]) -> 
             time.sleep(float(plan.get("seconds", HANG_SECONDS)))
         action = "return"
         return {"token": token, "attempt": ctx.attempt}
+    except BaseException as exc:
+        action = f"raise:{type(exc).__name__}"
+        raise
+    finally:
+        _finish(key, action)
+
+
+@job(takes_context=True, name="chaos.limited", queue="chaos", global_concurrency=KIND_LIMIT)
+def limited_job(ctx: Any, token: str, behaviour: str, plan: dict[str, Any]) -> Any:
+    """A kind with a fleet-wide concurrency limit of its own, in whatever queue it is sent to:
+    ``ok`` or ``long`` (sleeps ``plan["seconds"]``)."""
+    key = _start(ctx.id, ctx.run_lease, ctx.attempt, behaviour, token)
+    action = "raise"
+    try:
+        if behaviour == "long":
+            _long_sync(ctx, float(plan.get("seconds", 0.2)))
+        action = "return"
+        return {"token": token, "attempt": ctx.attempt}
+    except BaseException as exc:
+        action = f"raise:{type(exc).__name__}"
+        raise
+    finally:
+        _finish(key, action)
+
+
+@job(takes_context=True, name="chaos.tick", queue="chaos-cron", max_attempts=3)
+def tick_job(ctx: Any, schedule: str) -> Any:
+    """The job of the periodic schedules: records its execution and returns."""
+    key = _start(ctx.id, ctx.run_lease, ctx.attempt, "tick", None)
+    action = "raise"
+    try:
+        action = "return"
+        return {"schedule": schedule, "fire": ctx.metadata.get("cron_fire_time")}
     except BaseException as exc:
         action = f"raise:{type(exc).__name__}"
         raise
@@ -236,7 +284,7 @@ async def async_job(ctx: Any, token: str, behaviour: str, plan: dict[str, Any]) 
 
 
 async def _async_behaviour(ctx: Any, token: str, behaviour: str, plan: dict[str, Any]) -> Any:
-    first = ctx.attempt == 1
+    first = ctx.attempt == 1 or (behaviour == "raise_twice" and ctx.attempt == 2)
     if behaviour == "snooze" and ctx.run_lease <= SNOOZE_WHILE_LEASE_AT_MOST:
         return Snooze(0.05)
     if behaviour == "long" and ctx.attempt <= 2:

@@ -1,10 +1,12 @@
-"""Background threads that watch and answer: the observer and the callback resolver.
+"""Background threads that watch: the observer and the stall monitor.
 
 The observer samples, every second, every terminal fact in ``awa.jobs`` into
 ``chaos.terminal_seen`` (terminal history ages out after HISTORY_RETENTION, so the checker
-cannot read it at the end), any job that shows more than once in ``awa.jobs``, and the rows
-held by each ring. The resolver resolves the callbacks that handlers parked in
-``chaos.callbacks`` once their delay has passed, with a result or an error.
+cannot read it at the end), any job that shows more than once in ``awa.jobs``, every job a
+periodic schedule fired (``chaos.cron_seen``), two live jobs holding one unique key
+(``chaos.unique_overlaps``), the maintenance leader (``chaos.leaders``), the workers' database
+sessions (``chaos.sessions``: when one ended, its permits and serial keys went with it) and the
+rows held by each ring. The callback resolver is in tests/chaos/resolver.py.
 """
 
 from __future__ import annotations
@@ -14,13 +16,11 @@ import time
 from datetime import UTC, datetime
 
 import psycopg
-from django.db import connection
 
-import awa_django
-from tests.chaos.common import DJANGO_CONNECTION_ERRORS, Run
+from tests.chaos.common import Run
 from tests.chaos.db import CONNECTION_ERRORS, LedgerConn
 
-__all__ = ["Observer", "Resolver", "StallMonitor"]
+__all__ = ["Observer", "StallMonitor"]
 
 # The rings whose rows must shrink back once pins and locks are gone (the queue ring keeps
 # HISTORY_RETENTION of history on purpose).
@@ -51,8 +51,10 @@ class Observer:
     def observe_once(self) -> bool:
         """One sample; False when the database could not be reached."""
         try:
-            self.db.execute("observe_terminal")
-            self.db.execute("observe_duplicates")
+            self.db.execute("observe_jobs")
+            self.db.execute("observe_unique")
+            self.db.execute("observe_leader")
+            self.db.execute("observe_sessions")
             rows = dict(self.db.execute("ring_rows"))
         except CONNECTION_ERRORS:
             return False
@@ -66,40 +68,6 @@ class Observer:
             self.peak = held
             self.peak_at = time.monotonic()
         return True
-
-
-class Resolver:
-    """Resolves parked callbacks (``callback_late``) once they are due, until ``stop``."""
-
-    def __init__(self, run: Run, stop: threading.Event) -> None:
-        self.run = run
-        self.stop = stop
-        self.db = LedgerConn(run.url, "resolver", patience=2.0)
-        self.outcomes: dict[str, int] = {}
-
-    def loop(self) -> None:
-        try:
-            while not self.stop.is_set():
-                try:
-                    self._resolve_due()
-                except (*CONNECTION_ERRORS, *DJANGO_CONNECTION_ERRORS):
-                    connection.close()
-                except Exception as exc:
-                    self.run.api_error("resolve_callback", exc)
-                    connection.close()
-                self.stop.wait(0.1)
-        finally:
-            connection.close()
-            self.db.close()
-
-    def _resolve_due(self) -> None:
-        for callback_id, with_error in self.db.execute("callbacks_due"):
-            if with_error:
-                outcome = awa_django.resolve_callback(callback_id, error="chaos: late error")
-            else:
-                outcome = awa_django.resolve_callback(callback_id, result={"late": True})
-            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-            self.db.execute("callback_resolved", [outcome, callback_id])
 
 
 class StallMonitor:

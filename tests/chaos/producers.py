@@ -3,7 +3,11 @@
 Paths: one job in ``transaction.atomic()`` with its ledger row in the same transaction; one job
 in autocommit (ledger after); ``enqueue_many`` inside atomic and in autocommit; a savepoint
 whose enqueues roll back while the outer block commits others; a whole atomic block rolled
-back; the django.tasks backend inside atomic. Some jobs carry a short ``run_after``.
+back; the django.tasks backend inside atomic; jobs of the flow-limited queues and kind
+(``flow``), jobs with retry policies (``retry``), unique jobs (``unique``) and a unique holder
+rolled back while another producer waits for its key (``unique_rollback``; both in
+tests/chaos/unique_paths.py). Some jobs carry a short ``run_after``; most plain jobs go to the
+spread queues (tests/chaos/specs.py).
 
 What a failed call means: an error inside the block (before COMMIT) rolls everything back; an
 error at COMMIT leaves the outcome unknown (``chaos.indeterminate``); an autocommit call that
@@ -13,23 +17,25 @@ rolled-back and unknown jobs go through a separate psycopg connection.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import threading
 from collections.abc import Callable, Sequence
-from datetime import timedelta
-from typing import Any
 
 from django.db import connection, transaction
 
 import awa_django
-from awa_django import Job
-from awa_django.types import JobRequest
-from tests.chaos import jobs
+from tests.chaos import unique_paths
 from tests.chaos.common import DJANGO_CONNECTION_ERRORS, Run, child_rng
 from tests.chaos.db import LedgerConn, statement
+from tests.chaos.specs import (
+    JobSpec,
+    make_flow_spec,
+    make_retry_spec,
+    make_spec,
+    make_unique_spec,
+)
 
-__all__ = ["JobSpec", "Producer", "trickle"]
+__all__ = ["Producer", "trickle"]
 
 PATHS = {
     "atomic": 20,
@@ -39,126 +45,46 @@ PATHS = {
     "savepoint": 12,
     "rollback": 8,
     "task": 8,
+    "flow": 16,
+    "retry": 6,
+    "unique": 8,
+    "unique_rollback": 3,
 }
-TARGETS = {"sync": 50, "async": 35, "deadline": 7}
-BEHAVIOURS: dict[str, dict[str, int]] = {
-    "sync": {
-        "ok": 30,
-        "raise": 8,
-        "terminal": 4,
-        "retry_after": 6,
-        "snooze": 6,
-        "cancel": 3,
-        "sys_exit": 2,
-        "keyboard_interrupt": 2,
-        "base_exception": 2,
-        "bad_progress": 2,
-        "callback_early": 4,
-        "callback_late": 6,
-        "callback_never": 4,
-        "long": 8,
-    },
-    "async": {
-        "ok": 40,
-        "raise": 10,
-        "terminal": 4,
-        "retry_after": 6,
-        "snooze": 6,
-        "cancel": 3,
-        "cancelled_error": 2,
-        "base_exception": 2,
-        "bad_progress": 2,
-        "long": 8,
-    },
-    "deadline": {"ok": 2, "hang": 1},
-    "task": {"ok": 3, "raise": 1},
-}
-HANDLERS: dict[str, Job[Any, Any]] = {
-    "sync": jobs.sync_job,
-    "async": jobs.async_job,
-    "deadline": jobs.deadline_job,
-}
+FLOW_TARGETS = ("limit", "rate", "serial", "kind")
 
 
 class _Rollback(Exception):
     """Raised inside an atomic block to roll it back on purpose."""
 
 
-@dataclasses.dataclass(frozen=True)
-class JobSpec:
-    """One job a producer means to enqueue, fully decided by the RNG before any I/O."""
-
-    token: str
-    target: str
-    behaviour: str
-    plan: dict[str, Any]
-    priority: int
-    max_attempts: int
-    delay: float | None
-
-    @property
-    def kind(self) -> str:
-        return "chaos_task" if self.target == "task" else HANDLERS[self.target].kind
-
-    def _handle(self) -> Job[Any, Any]:
-        run_after = timedelta(seconds=self.delay) if self.delay else None
-        return HANDLERS[self.target].using(
-            priority=self.priority, max_attempts=self.max_attempts, run_after=run_after
-        )
-
-    def enqueue(self) -> int:
-        if self.target == "task":
-            return int(jobs.chaos_task.enqueue(self.token, self.behaviour).id)
-        return self._handle().enqueue(self.token, self.behaviour, self.plan).id
-
-    def prepare(self) -> JobRequest:
-        return self._handle().prepare(self.token, self.behaviour, self.plan)
-
-
-def make_spec(rng: random.Random, token: str, target: str | None = None) -> JobSpec:
-    """Draw one job: where it goes, what its handler does, its options."""
-    target = target or _pick(rng, TARGETS)
-    behaviour = _pick(rng, BEHAVIOURS[target])
-    plan: dict[str, Any] = {}
-    if behaviour == "long":
-        plan["seconds"] = round(rng.uniform(0.4, 2.0), 2)
-    elif behaviour == "callback_late":
-        plan.update(delay=round(rng.uniform(0.1, 1.5), 2), error=rng.random() < 0.3, timeout=8.0)
-    elif behaviour == "callback_never":
-        plan["timeout"] = round(rng.uniform(0.3, 1.0), 2)
-    elif behaviour == "callback_early":
-        plan["timeout"] = 2.0
-    elif behaviour == "hang":
-        plan["seconds"] = jobs.HANG_SECONDS
-    delay = round(rng.uniform(0.05, 0.8), 3) if rng.random() < 0.15 else None
-    return JobSpec(
-        token=token,
-        target=target,
-        behaviour=behaviour,
-        plan=plan,
-        priority=0 if target == "task" else rng.choice((-5, 0, 0, 0, 5)),
-        max_attempts=rng.randint(3, 5),
-        delay=None if target == "task" else delay,
-    )
+Sent = list[tuple[JobSpec, int]]
 
 
 def _pick(rng: random.Random, weights: dict[str, int]) -> str:
     return rng.choices(list(weights), weights=list(weights.values()))[0]
 
 
-Sent = list[tuple[JobSpec, int]]
-
-
 class Producer:
     """One producer thread (Django's connection for this thread, plus a ledger connection)."""
 
-    def __init__(self, run: Run, index: int, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        run: Run,
+        index: int,
+        stop: threading.Event,
+        pace: tuple[float, float] = (0.02, 0.2),
+        limited: int = 3,
+    ) -> None:
         self.run = run
+        self.pace = pace  # seconds between two rounds, drawn uniformly
+        self.limited = limited  # producers 0 .. limited-1 feed the limited queues
         self.index = index
         self.stop = stop
         self.rng = child_rng(run.seed, "producer", index)
         self.ledger = LedgerConn(run.url, f"producer-{index}")
         self.round = 0
+        self.in_atomic = False
+        self.pause = 0.0
         self.paths: dict[str, Callable[[list[list[JobSpec]]], None]] = {
             "atomic": lambda g: self._atomic("atomic", g[0], many=False),
             "autocommit": lambda g: self._autocommit("autocommit", g[0], many=False),
@@ -167,6 +93,10 @@ class Producer:
             "savepoint": self._savepoint,
             "rollback": lambda g: self._rollback(g[0]),
             "task": lambda g: self._atomic("task", g[0], many=False),
+            "flow": self._flow,
+            "retry": lambda g: self._atomic("retry", g[0], many=True),
+            "unique": self._unique,
+            "unique_rollback": self._unique_rollback,
         }
 
     def loop(self) -> None:
@@ -179,7 +109,7 @@ class Producer:
                 except Exception as exc:  # an unexpected refusal, or a harness bug
                     self.run.api_error(f"producer {self.index} {path}", exc)
                     connection.close()
-                self.stop.wait(self.rng.uniform(0.02, 0.2))
+                self.stop.wait(self.rng.uniform(*self.pace))
         finally:
             connection.close()
             self.ledger.close()
@@ -190,9 +120,37 @@ class Producer:
         path = _pick(self.rng, PATHS)
         prefix = f"r{self.run.index}p{self.index}n{self.round}"
 
-        def specs(group: int, count: int, target: str | None = None) -> list[JobSpec]:
-            return [make_spec(self.rng, f"{prefix}g{group}j{i}", target) for i in range(count)]
+        queues = self.run.queues
 
+        def specs(group: int, count: int, target: str | None = None) -> list[JobSpec]:
+            return [
+                make_spec(self.rng, f"{prefix}g{group}j{i}", target, queues) for i in range(count)
+            ]
+
+        self.in_atomic = self.rng.random() < 0.5
+        self.pause = round(self.rng.uniform(0.02, 0.3), 3)
+        rng = self.rng
+        if path == "flow":
+            # The limited queues get the same load however many producers run (a soak's five
+            # would outrun the limits and leave a backlog past the terminal bound).
+            what = rng.choice(FLOW_TARGETS if self.index < self.limited else FLOW_TARGETS[2:])
+            # Bursts larger than the limits, so that they bind (and a broken one shows), but
+            # not more work than the limited queue clears at its lowest limit.
+            count = {"rate": (4, 10), "limit": (3, 7)}.get(what, (2, 6))
+            count = rng.randint(*count)
+            return path, [
+                [make_flow_spec(rng, f"{prefix}j{i}", what, queues) for i in range(count)]
+            ]
+        if path == "retry":
+            count = rng.randint(1, 4)
+            return path, [[make_retry_spec(rng, f"{prefix}j{i}", queues) for i in range(count)]]
+        if path == "unique":
+            count = rng.randint(1, 3)
+            return path, [[make_unique_spec(rng, f"{prefix}j{i}") for i in range(count)]]
+        if path == "unique_rollback":
+            key = f"rollback-{prefix}"
+            first = make_unique_spec(rng, f"{prefix}a", key)
+            return path, [[first], [make_unique_spec(rng, f"{prefix}b", key)]]
         if path in ("many_atomic", "many_autocommit"):
             return path, [specs(0, self.rng.randint(1, 20))]
         if path == "savepoint":
@@ -218,25 +176,23 @@ class Producer:
                 self._ledger_in_transaction(path, sent)
                 at_commit = True
         except Exception as exc:
-            self._failed(path, specs, sent, at_commit, exc)
+            self.failed(path, specs, sent, at_commit, exc)
             return
-        self._committed(sent)
+        self.committed(sent)
 
     def _autocommit(self, path: str, specs: list[JobSpec], *, many: bool) -> None:
         sent: Sent = []
         try:
             self._send(specs, many, sent)
         except Exception as exc:
-            self._closed_after(exc)
+            self.closed_after(exc)
             done = {spec.token for spec, _ in sent}
             unknown = [(s, None) for s in specs if s.token not in done]
-            self._record("indeterminate_insert", path, unknown)
+            self.record("indeterminate_insert", path, unknown)
             self.run.add("indeterminate", len(unknown))
         for spec, job_id in sent:
-            self.ledger.execute(
-                "committed_insert", [job_id, spec.token, path, spec.kind, spec.behaviour]
-            )
-        self._committed(sent)
+            self.ledger.execute("committed_insert", spec.ledger_row(job_id, path))
+        self.committed(sent)
 
     def _savepoint(self, groups: list[list[JobSpec]]) -> None:
         before, inner, after = groups
@@ -256,11 +212,11 @@ class Producer:
                 self._ledger_in_transaction("savepoint", outer)
                 at_commit = True
         except Exception as exc:
-            self._failed("savepoint", before + after, outer, at_commit, exc)
+            self.failed("savepoint", before + after, outer, at_commit, exc)
         else:
-            self._committed(outer)
+            self.committed(outer)
         finally:
-            self._record("rolled_back_insert", "savepoint", self._with_ids(inner, rolled))
+            self.record("rolled_back_insert", "savepoint", self._with_ids(inner, rolled))
             self.run.add("rolled_back", len(inner))
 
     def _rollback(self, specs: list[JobSpec]) -> None:
@@ -272,9 +228,23 @@ class Producer:
         except _Rollback:
             pass
         except Exception as exc:
-            self._closed_after(exc)
-        self._record("rolled_back_insert", "rollback", self._with_ids(specs, sent))
+            self.closed_after(exc)
+        self.record("rolled_back_insert", "rollback", self._with_ids(specs, sent))
         self.run.add("rolled_back", len(specs))
+
+    def _flow(self, groups: list[list[JobSpec]]) -> None:
+        """Flow jobs in one ``enqueue_many``, inside atomic or in autocommit."""
+        if self.in_atomic:
+            self._atomic("flow", groups[0], many=True)
+        else:
+            self._autocommit("flow", groups[0], many=True)
+
+    def _unique(self, groups: list[list[JobSpec]]) -> None:
+        unique_paths.enqueue_unique(self, groups[0], atomic=self.in_atomic)
+
+    def _unique_rollback(self, groups: list[list[JobSpec]]) -> None:
+        [holder], [other] = groups
+        unique_paths.rollback_race(self, holder, other, self.pause)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -291,25 +261,22 @@ class Producer:
     def _ledger_in_transaction(path: str, sent: Sent) -> None:
         with connection.cursor() as cursor:
             for spec, job_id in sent:
-                cursor.execute(
-                    statement("committed_insert"),
-                    [job_id, spec.token, path, spec.kind, spec.behaviour],
-                )
+                cursor.execute(statement("committed_insert"), spec.ledger_row(job_id, path))
 
-    def _failed(
+    def failed(
         self, path: str, specs: list[JobSpec], sent: Sent, at_commit: bool, exc: Exception
     ) -> None:
         """A transaction that raised: unknown if it got as far as COMMIT, else rolled back."""
-        self._closed_after(exc)
+        self.closed_after(exc)
         rows = self._with_ids(specs, sent)
         if at_commit:
-            self._record("indeterminate_insert", path, rows)
+            self.record("indeterminate_insert", path, rows)
             self.run.add("indeterminate", len(rows))
         else:
-            self._record("rolled_back_insert", path, rows)
+            self.record("rolled_back_insert", path, rows)
             self.run.add("rolled_back", len(rows))
 
-    def _closed_after(self, exc: Exception) -> None:
+    def closed_after(self, exc: Exception) -> None:
         if not isinstance(exc, DJANGO_CONNECTION_ERRORS):
             self.run.api_error(f"producer {self.index}", exc)
         connection.close()
@@ -319,11 +286,11 @@ class Producer:
         ids = {spec.token: job_id for spec, job_id in sent}
         return [(spec, ids.get(spec.token)) for spec in specs]
 
-    def _record(self, name: str, path: str, rows: Sequence[tuple[JobSpec, int | None]]) -> None:
+    def record(self, name: str, path: str, rows: Sequence[tuple[JobSpec, int | None]]) -> None:
         for spec, job_id in rows:
             self.ledger.execute(name, [spec.token, job_id, path])
 
-    def _committed(self, sent: Sent) -> None:
+    def committed(self, sent: Sent) -> None:
         self.run.add("committed", len(sent))
         self.run.remember([job_id for _, job_id in sent])
 
@@ -338,12 +305,13 @@ def trickle(run: Run, stop: threading.Event, per_second: float) -> None:
             n += 1
             token = f"r{run.index}trickle{n}"
             try:
-                job_id = JobSpec(token, "sync", "ok", {}, 0, 3, None).enqueue()
+                spec = JobSpec(token, "sync", "ok", {})
+                job_id = spec.enqueue()
             except DJANGO_CONNECTION_ERRORS:
                 connection.close()
                 ledger.execute("indeterminate_insert", [token, None, "trickle"])
                 continue
-            ledger.execute("committed_insert", [job_id, token, "trickle", "chaos.sync", "ok"])
+            ledger.execute("committed_insert", spec.ledger_row(job_id, "trickle"))
             run.add("committed", 1)
             stop.wait(1.0 / per_second)
     finally:

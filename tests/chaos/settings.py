@@ -16,7 +16,6 @@ env = environ.Env()
 
 SECRET_KEY = "chaos-only-not-secret"
 DEBUG = False
-ALLOWED_HOSTS: list[str] = []
 USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -37,6 +36,12 @@ DATABASES = {
     ),
 }
 
+# The signed callback receiver (awa_django.urls), called in-process by the resolver's HTTP
+# resolutions through Django's test client (host "testserver").
+ROOT_URLCONF = "tests.chaos.urls"
+ALLOWED_HOSTS = ["testserver"]
+CALLBACK_KEY = "chaos-only-callback-key-not-a-secret-0123456789"
+
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.auth",
@@ -56,13 +61,41 @@ AWA: dict[str, Any] = {
     "PROMOTE_INTERVAL": 0.05,
     "PRUNE_INTERVAL": 0.2,
     "CLAIM_ROTATE_INTERVAL": 0.5,
-    "HISTORY_RETENTION": 15.0,
+    # Short, so that the queue ring rotates and prunes many times a run; a soak keeps more (a
+    # finished job's terminal row lives in the slot of its ready row: a job that waited longer
+    # than the retention may vanish before the observer samples it).
+    "HISTORY_RETENTION": float(os.environ.get("AWA_CHAOS_HISTORY_RETENTION", "15")),
     "LEADER_ELECTION_INTERVAL": 0.2,
     "RUNTIME_REFRESH_INTERVAL": 0.5,
     "SHUTDOWN_TIMEOUT": 3.0,
     "RETRY_BACKOFF_BASE": 0.01,
     "ABANDON_AFTER": 1.0,
-    "QUEUES": {"chaos-deadline": {"deadline": 2}},
+    "UNIQUE_SWEEP_INTERVAL": 1.0,
+    "CRON_EVAL_INTERVAL": 0.2,
+    "CONCURRENCY": 24,
+    "CALLBACK_KEYS": [CALLBACK_KEY],
+    # Flow limits (tests/chaos/flow.py): the operator thread changes them while the run goes on.
+    "QUEUES": {
+        "chaos-deadline": {"deadline": 2},
+        "chaos-limit": {"global_concurrency": 4},
+        "chaos-rate": {"rate_limit": 12, "rate_burst": 4},
+    },
+    # Periodic schedules (tests/chaos/jobs.py, chaos.tick): every second, catching up every
+    # missed fire; and every two seconds, catching up only the latest.
+    "PERIODIC": {
+        "chaos-every-second": {
+            "job": "chaos.tick",
+            "cron": "* * * * * *",
+            "catch_up": 1000,
+            "args": ["chaos-every-second"],
+        },
+        "chaos-every-2s-latest": {
+            "job": "chaos.tick",
+            "cron": "*/2 * * * * *",
+            "catch_up": "latest",
+            "args": ["chaos-every-2s-latest"],
+        },
+    },
 }
 
 TASKS = {

@@ -19,8 +19,6 @@ from pathlib import Path
 
 __all__ = ["Death", "Fleet", "Worker"]
 
-WORKER_QUEUES = ("chaos=8", "chaos-async=8", "chaos-deadline=4")
-
 
 @dataclasses.dataclass
 class Worker:
@@ -74,9 +72,8 @@ class Fleet:
 
     def _spawn(self, slot: int, generation: int) -> Worker:
         log_path = self.run_dir / f"worker-{slot}-{generation}.log"
+        # Every queue (the spread queues appear as producers use them), CONCURRENCY slots.
         command = [sys.executable, "-m", "django", "awa_worker"]
-        for queue in WORKER_QUEUES:
-            command += ["--queue", queue]
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 command,
