@@ -1,4 +1,4 @@
-"""Job kinds for tests/test_claim_batch_attack.py (hostile tests of ``CLAIM_BATCH_SIZE`` 512).
+"""Job kinds for tests/worker/test_large_claim_batches.py (``CLAIM_BATCH_SIZE`` 512).
 
 Every handler appends ``event job_id run_lease pid wall_time weight`` to the file named by
 ``CB33_LOG`` (one ``os.write`` of a short line on an ``O_APPEND`` descriptor: atomic between

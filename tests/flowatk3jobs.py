@@ -1,4 +1,4 @@
-"""Job kinds for tests/test_flow_attack3.py (hostile tests of flow control, third round).
+"""Job kinds for tests/worker/test_kind_limit_fast_path.py (flow control, third round).
 
 Workers load them through ``AWA_TEST_OVERRIDES`` (``FA3_OVERRIDES``). Every handler records its
 run in ``fa3_runs`` (created by the tests) over a connection of its own, committed at once, with

@@ -1,4 +1,4 @@
-"""A model of raw ``awa.claim_v3`` claimers for tests/test_kind_fast_attack.py.
+"""A model of raw ``awa.claim_v3`` claimers for tests/storage/test_kind_limit_claim_walks.py.
 
 Each :class:`Claimer` is one worker-style connection that claims through ``awa.claim_v3`` with
 the permits and serial run locks of its running attempts as ``p_held``/``p_serial_held`` and

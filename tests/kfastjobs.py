@@ -1,4 +1,4 @@
-"""Job kinds for tests/test_kind_fast_attack.py's worker fleet (queue ``kfast``).
+"""Job kinds for tests/storage/test_kind_limit_claim_walks.py's worker fleet (queue ``kfast``).
 
 Workers load them through ``AWA_TEST_OVERRIDES`` (``KFAST_OVERRIDES``). Each records its start
 (note ``start:<kind letter>:<weight>:<serial key>``) and end in the Ledger, so the test can

@@ -1,4 +1,4 @@
-"""Job kinds for tests/test_kind_attack.py (hostile tests of per-kind flow limits).
+"""Job kinds for tests/worker/test_kind_limits_promises.py (hostile tests of per-kind flow limits).
 
 Workers load them through ``AWA_TEST_OVERRIDES`` (``KATK_OVERRIDES``). Handlers record what
 they do in plain tables of the test database (``katk_runs``, ``katk_gauge``, ``katk_flags``),

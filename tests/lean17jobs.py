@@ -1,4 +1,4 @@
-"""Job kinds for tests/test_claim_lean_attack.py (hostile tests of migration 0017's claim).
+"""Job kinds for tests/storage/test_claim_concurrent_sessions.py (migration 0017's claim).
 
 Workers load them through ``AWA_TEST_OVERRIDES`` (``L17_OVERRIDES``). Every handler records
 its attempt ``(job_id, run_lease, attempt)`` in ``l17_runs`` (created by the tests) over a

@@ -183,7 +183,7 @@ def unique_add(a: int, b: int) -> int:
     return a + b
 
 
-# -- retry policies (tests/test_worker_retry.py) ---------------------------------------------------
+# -- retry policies (tests/worker/test_worker_retry.py) --------------------------------------------
 
 from awa_django import RetryPolicy  # noqa: E402
 

@@ -183,7 +183,7 @@ def await_callback(ctx: Any, timeout: float) -> Any:
     return "second attempt"
 
 
-# Hostile handlers for the fault tests (tests/test_faults_worker.py) -------------------------------
+# Hostile handlers for the fault tests (tests/worker/test_worker_faults.py) ------------------------
 
 
 class CustomBaseError(BaseException):
@@ -381,7 +381,7 @@ def unique_noop(n: int = 0) -> int:
     return n
 
 
-# Retry policies (tests/test_worker_retry.py) ------------------------------------------------
+# Retry policies (tests/worker/test_worker_retry.py) -----------------------------------------------
 
 from awa_django import RetryPolicy  # noqa: E402
 
@@ -424,7 +424,7 @@ def always_fails(ctx: Any) -> None:
     raise RuntimeError(f"attempt {ctx.attempt} fails")
 
 
-# Flow control (tests/test_flow_workers.py) ------------------------------------------------------
+# Flow control (tests/worker/test_queue_limits_workers.py) -----------------------------------------
 
 
 @job(takes_context=True, queue="flow")
@@ -447,7 +447,7 @@ async def flow_tick(ctx: Any) -> None:
 @job(takes_context=True, queue="flow")
 def kind_free(ctx: Any, seconds: float) -> None:
     """A kind without flow limits beside flow_sleep in queue "flow": notes "free-start" and
-    "free-end" (which tests.test_flow_workers.max_overlap does not count)."""
+    "free-end" (which tests.worker.test_queue_limits_workers.max_overlap does not count)."""
     import time
 
     _record(ctx, "free-start")
@@ -466,7 +466,7 @@ def kind_capped(ctx: Any, seconds: float) -> None:
     _record(ctx, "end")
 
 
-# Sequential callbacks (tests/test_callback_waits.py) ----------------------------------------------
+# Sequential callbacks (tests/worker/test_callback_waits.py) ---------------------------------------
 
 
 @job(takes_context=True, queue="cb-steps")
@@ -503,7 +503,7 @@ def early_resume(ctx: Any) -> Any:
     return WaitForCallback(callback_id, timeout=60, resume=True)
 
 
-# Per-key serialisation (tests/test_serial_workers.py) ------------------------------------------
+# Per-key serialisation (tests/worker/test_serial_keys_workers.py) ---------------------------------
 
 
 @job(takes_context=True, queue="serial")

@@ -1,4 +1,4 @@
-"""Job kinds for tests/test_unpark_attack.py (how jobs parked by their kind come back).
+"""Job kinds for tests/storage/test_kind_unpark.py (how jobs parked by their kind come back).
 
 Workers load them through ``AWA_TEST_OVERRIDES`` (``UPK_OVERRIDES``). The kinds have no limits
 in code: the tests set them as operator overrides. Handlers record each run in the plain table

@@ -1,5 +1,5 @@
 """The admin pages: read-only lists and details, permissions, escaping, tags, search and filters
-that never fail, no history scans, the dashboard. Actions: tests/test_admin_actions.py."""
+that never fail, no history scans, the dashboard. Actions: tests/django/test_admin_actions.py."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from django.contrib.auth.models import User
 from tests.factories import hostile_dead_letter as dead_letter
 from tests.helpers import pg
 
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
 
 # The tests never install a browser: scripts/bootstrap does (see docs/development.md).

@@ -3,7 +3,7 @@ replays, status codes and hostile bodies, through Django's test client with CSRF
 
 Attempts are parked through the engine's own functions (claim, register, finalize); the
 receiver is the one under test. A worker subprocess is not needed here (see
-tests/test_callback_waits.py for those).
+tests/worker/test_callback_waits.py for those).
 """
 
 from __future__ import annotations

@@ -27,9 +27,9 @@ from awa_django.jobs import kind_flow_limits
 from awa_django.operator import clear_kind_limits, kind_limits, set_kind_limits
 from tests import testjobs
 from tests.admin_support import changelist, confirmed, messages_of, post_action
+from tests.django.test_queue_limits_operator import BAD_LIMITS
 from tests.factories import HOSTILE, staff
 from tests.helpers import pg
-from tests.test_flow_operator import BAD_LIMITS
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 

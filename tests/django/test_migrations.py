@@ -18,7 +18,7 @@ from tests.helpers import conninfo
 
 pytestmark = pytest.mark.storage
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "awa_django"
 
 
@@ -249,7 +249,7 @@ def test_a_database_migrated_by_a_development_version_converges(tmp_path: Path) 
     import shutil
     import tarfile
 
-    from tests.test_schema import schema_dump
+    from tests.storage.test_schema import schema_dump
 
     git = shutil.which("git")
     if (

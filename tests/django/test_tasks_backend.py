@@ -569,7 +569,7 @@ def test_arguments_and_return_values_are_normalised_as_django_normalises_them(
 
 def prune_claims(*job_ids: str) -> None:
     """Rotate the claim ring once around, pruning each slot as it comes up oldest: what
-    maintenance does in time to the claims of finished work (tests/test_maintenance.py)."""
+    maintenance does in time to the claims of finished work (tests/worker/test_maintenance.py)."""
     with pg() as conn:
         [(count,)] = conn.execute("SELECT slot_count FROM awa.rings WHERE ring = 'claim'")
         for _ in range(count):

@@ -26,7 +26,7 @@ from django.db.migrations.loader import MigrationLoader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.helpers import REPO, conninfo, database_url
-from tests.test_schema import schema_dump
+from tests.storage.test_schema import schema_dump
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 

@@ -1,6 +1,6 @@
 """The burst worker's exit check: awa.queues_idle_v2 gives the answer of the plain
-one-statement check (tests/reference_sql/queues_idle_one_statement.sql) in every state a queue's
-jobs can be in (available, running, parked for a serial key or a kind's limit, scheduled,
+one-statement check (tests/storage/reference_sql/queues_idle_one_statement.sql) in every state a
+queue's jobs can be in (available, running, parked for a serial key or a kind's limit, scheduled,
 retryable, cancelled, paused), including an attempt still open behind more than 128 later closed
 ones, and over several queues at once."""
 

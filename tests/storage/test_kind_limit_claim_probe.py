@@ -1,7 +1,7 @@
 """Second attack on the kind-limit fast claim path (migration 0013, docs/flow.md "Per kind").
 
-Aimed at the logic added since the first attack (tests/test_kind_fast_attack.py): the probe of
-the lane's next job and the second pass from the first job of a limited kind, the keys of a
+Aimed at the logic added since the first attack (tests/storage/test_kind_limit_claim_walks.py): the
+probe of the lane's next job and the second pass from the first job of a limited kind, the keys of a
 row drawn by a running sum (one cleared kind) or by per-kind offsets (several), the rate state
 locked first and inserted only when missing, rows after a gap, a tombstone or a serial key.
 Raw ``awa.claim_v3`` claimers (tests/kfast_model.py) check every invariant after every claim.
@@ -23,7 +23,7 @@ from awa_django.db import storage
 from awa_django.db.storage import Finalization
 from tests.helpers import conninfo, pg, wait_for
 from tests.kfast_model import World, note_holders, open_world
-from tests.test_kind_fast_attack import assert_clean, drain, stuck
+from tests.storage.test_kind_limit_claim_walks import assert_clean, drain, stuck
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
 

@@ -468,7 +468,7 @@ def test_four_workers_a_sigkill_and_limits_moving_under_mixed_weights(manage_py:
     from django.core.management import call_command
 
     from tests.kfastjobs import KFAST_OVERRIDES
-    from tests.test_worker import exited, worker
+    from tests.worker.test_worker import exited, worker
 
     rng = random.Random(11)
     jobs = []

@@ -2,7 +2,7 @@
 
 * Every job in every plane, built through the engine's own functions, reads the same through
   the rewritten views and functions as through the definitions they replaced (re-created here
-  as temporary objects from tests/reference_sql/read_surfaces_before_rewrite.sql).
+  as temporary objects from tests/storage/reference_sql/read_surfaces_before_rewrite.sql).
 * Counts of terminal history above the cap are estimates: checked against the truth.
 * The cost of every surface the admin, the commands and get_result use does not grow with
   terminal history: tripling history changes the pages a surface reads by a few index pages,

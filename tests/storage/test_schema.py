@@ -12,7 +12,7 @@ from django.db import connection
 
 pytestmark = pytest.mark.storage
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def schema_dump() -> ModuleType:

@@ -1,7 +1,7 @@
 """``ClaimCap`` (awa_django/worker/slots.py): a claim that fails on one of the server's size
 limits (the claimed rows passing 1 GB, out of memory) halves what the queue's next claims ask
 for, down to one job; claims that go through double it back to ``CLAIM_BATCH_SIZE``. The
-worker-level case (512 jobs of large arguments) is in tests/test_claim_batch_attack.py."""
+worker-level case (512 jobs of large arguments) is in tests/worker/test_large_claim_batches.py."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "awa_django"
+PACKAGE = Path(__file__).resolve().parents[2] / "awa_django"
 
 
 def module_name(path: Path) -> str:

@@ -3,9 +3,9 @@
 A claim's sync attempts are handed over as one batch: short handlers run back to back on one
 thread, an item queued behind a slow handler gets a thread of its own within about
 ``STEAL_AFTER``, finished items are handed back to the event loop in bulk and never held
-behind the next job. tests/test_worker.py and tests/test_faults_worker.py check the same pool
-inside real worker processes. Nothing here sleeps: handlers block on events, the test awaits
-delivery with a timeout.
+behind the next job. tests/worker/test_worker.py and tests/worker/test_worker_faults.py check the
+same pool inside real worker processes. Nothing here sleeps: handlers block on events, the test
+awaits delivery with a timeout.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What one worker process serves and how many jobs it runs at once (awa_django.worker.config).
 
 Concurrency is counted per process across all its queues; a queue's own number caps it within
-the process. These are pure functions of the settings and options; tests/test_worker.py shows
+the process. These are pure functions of the settings and options; tests/worker/test_worker.py shows
 the same rules holding in real worker processes.
 """
 

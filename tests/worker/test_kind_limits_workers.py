@@ -14,8 +14,8 @@ from django.core.management import call_command
 import awa_django
 from tests import testjobs
 from tests.helpers import ManagedProcess, pg, wait_for
-from tests.test_flow_workers import completed, max_overlap, running_now
-from tests.test_worker import Start, count, exited, worker
+from tests.worker.test_queue_limits_workers import completed, max_overlap, running_now
+from tests.worker.test_worker import Start, count, exited, worker
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
 
@@ -119,7 +119,7 @@ def test_kind_rate_over_ten_seconds_without_busy_polling(manage_py: Start) -> No
         stop(procs)
         check_kind_rate()
     finally:
-        # Later tests (tests/test_flow_workers.py) count claims of their own, from 0.
+        # Later tests (tests/worker/test_queue_limits_workers.py) count claims of their own, from 0.
         with pg() as conn:
             conn.execute(f'ALTER DATABASE "{database}" RESET track_functions')
             conn.execute(RESET_CLAIM_COUNTS)
@@ -171,7 +171,7 @@ def test_serial_keys_of_a_limited_kind_keep_their_order(manage_py: Start) -> Non
     """Jobs with serial keys, of a kind limited to 2: within a key one at a time and in enqueue
     order (a job its kind parks takes no key, and younger jobs of its key wait behind it);
     never more than 2 of the kind at once."""
-    from tests.test_serial_workers import assert_one_at_a_time, runs_by_key
+    from tests.worker.test_serial_keys_workers import assert_one_at_a_time, runs_by_key
 
     keys = ["customer:1", "customer:2", "customer:3"]
     serial = testjobs.serial_sleep

@@ -14,8 +14,8 @@ import pytest
 import awa_django
 from tests import testjobs
 from tests.helpers import ManagedProcess, pg, wait_for
-from tests.test_worker import Start, count, exited, worker
 from tests.testapp.models import Ledger
+from tests.worker.test_worker import Start, count, exited, worker
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
 

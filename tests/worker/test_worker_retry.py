@@ -101,7 +101,7 @@ def test_a_handler_error_waits_the_policy_s_backoff(manage_py: Start) -> None:
     proc = manage_py("awa_worker", "--queue", "retry")
     wait_state(linear, "retryable", proc)
     assert wait_of(linear) == pytest.approx(300, abs=1e-6)
-    # (Without a policy, RETRY_BACKOFF_BASE x 2^attempt: tests/test_storage_retry.py.)
+    # (Without a policy, RETRY_BACKOFF_BASE x 2^attempt: tests/storage/test_retry_backoff.py.)
     stop(proc)
 
 

@@ -1,5 +1,5 @@
 -- The read surfaces as they were before they were rewritten to cost only bounded index ranges
--- of history (their first, simpler definitions). tests/test_read_surfaces.py re-creates them as
+-- of history (their first, simpler definitions). tests/storage/test_read_surfaces.py re-creates them as
 -- temporary objects and checks that the current views and functions return the same rows. Test
 -- data only: never installed by a migration.
 

@@ -1,6 +1,6 @@
 -- The burst worker's exit check as one statement, as it was before awa.queues_idle_v2 answered
 -- from bounded probes: the plan reads the whole backlog, so it is slow, but its answer is
--- plainly right. tests/test_idle_check.py creates it as a temporary function and checks that
+-- plainly right. tests/storage/test_idle_check.py creates it as a temporary function and checks that
 -- awa.queues_idle_v2 gives the same answer. Test data only: never installed by a migration.
 CREATE FUNCTION pg_temp.queues_idle_reference(p_queues text[])
 RETURNS boolean
