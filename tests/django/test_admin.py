@@ -16,12 +16,12 @@ from awa_django.admin.base import CappedPaginator, search_jobs
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
 from awa_django.models import DeadLetter, LiveJob, ReadOnlyError, TerminalJob
-from tests import testjobs
-from tests.admin_support import changelist, confirmed, post_action
-from tests.factories import HOSTILE, TAGS, WORKER, staff, tagged_jobs
-from tests.factories import hostile_dead_letter as dead_letter
-from tests.helpers import pg
-from tests.storage_support import job_state
+from tests.jobs import common as testjobs
+from tests.support.admin_client import changelist, confirmed, post_action
+from tests.support.awa_schema import job_state
+from tests.support.database import pg
+from tests.support.factories import HOSTILE, TAGS, WORKER, staff, tagged_jobs
+from tests.support.factories import hostile_dead_letter as dead_letter
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 
@@ -214,7 +214,7 @@ def test_search_never_fails_whatever_the_term(model: str) -> None:
     assert [row.pk for row in found.context["cl"].result_list] == [ids[place]]
     if model == "terminaljob":
         # History is searched by a whole kind (an index range), never by part of one.
-        whole = client.get(changelist(model), {"q": "tests.testjobs.noop"})
+        whole = client.get(changelist(model), {"q": "tests.jobs.common.noop"})
         assert ids["completed"] in [row.pk for row in whole.context["cl"].result_list]
         assert client.get(changelist(model), {"q": "NOOP"}).context["cl"].result_count == 0
     else:
@@ -287,7 +287,7 @@ def test_queue_filter_offers_registered_queues_and_filters_by_any_name() -> None
     listed = client.get(changelist("terminaljob"), {"state": "completed", "queue": "done"})
     assert [j.id for j in listed.context["cl"].result_list] == [ids["completed"]]
     listed = client.get(
-        changelist("livejob"), {"kind": "tests.testjobs.noop", "state": "scheduled"}
+        changelist("livejob"), {"kind": "tests.jobs.common.noop", "state": "scheduled"}
     )
     assert [j.id for j in listed.context["cl"].result_list] == [ids["scheduled"]]
 
@@ -306,7 +306,7 @@ def test_lists_never_scan_history_for_choices_nor_count_whole_tables() -> None:
             changelist("terminaljob"),
             {"finalized_at__gte": "2000-01-01 00:00:00+00:00", "_facets": "1"},
         ),
-        (changelist("livejob"), {"state": "available", "kind": "tests.testjobs.noop", "q": "1"}),
+        (changelist("livejob"), {"state": "available", "kind": "tests.jobs.common.noop", "q": "1"}),
         (changelist("deadletter"), {"queue": "dead", "_facets": "1"}),
     ]
     captured: list[str] = []

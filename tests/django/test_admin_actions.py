@@ -13,12 +13,12 @@ from django.test import override_settings
 
 from awa_django.admin.selection import BULK_LIMIT, SELECTION_FIELD
 from awa_django.models import DeadLetter
-from tests import testjobs
-from tests.admin_support import changelist, confirmed, form_fields, messages_of, post_action
-from tests.factories import enqueue_sql, staff
-from tests.factories import hostile_dead_letter as dead_letter
-from tests.helpers import pg
-from tests.storage_support import job_state
+from tests.jobs import common as testjobs
+from tests.support.admin_client import changelist, confirmed, form_fields, messages_of, post_action
+from tests.support.awa_schema import job_state
+from tests.support.database import pg
+from tests.support.factories import enqueue_sql, staff
+from tests.support.factories import hostile_dead_letter as dead_letter
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 
@@ -161,7 +161,7 @@ def test_pause_resume_and_drain_are_confirmed_then_logged() -> None:
 def test_drain_cancels_every_waiting_job_beyond_ten_thousand_in_logged_batches() -> None:
     n = 10_050
     with pg() as conn:
-        job = {"kind": "tests.testjobs.noop", "queue": "big", "args": {"args": [], "kwargs": {}}}
+        job = {"kind": "tests.jobs.common.noop", "queue": "big", "args": {"args": [], "kwargs": {}}}
         enqueue_sql(conn, json.dumps([job] * n))
     _, done = confirmed(staff("manage_queue"), "queuestat", "drain_queues", ["big"])
     assert messages_of(done) == [f"Drain queues: big drained: cancelled {n} waiting job(s)"]

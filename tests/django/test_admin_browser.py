@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from tests.factories import hostile_dead_letter as dead_letter
-from tests.helpers import pg
+from tests.support.database import pg
+from tests.support.factories import hostile_dead_letter as dead_letter
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 CHROMIUM = Path("/usr/bin/chromium")

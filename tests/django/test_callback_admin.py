@@ -7,10 +7,10 @@ import pytest
 from django.contrib.admin.models import LogEntry
 
 import awa_django
-from tests.admin_support import changelist, confirmed, messages_of, post_action
-from tests.callback_support import job_row, parked, scalar
-from tests.factories import staff
-from tests.helpers import pg
+from tests.support.admin_client import changelist, confirmed, messages_of, post_action
+from tests.support.callbacks import job_row, parked, scalar
+from tests.support.database import pg
+from tests.support.factories import staff
 
 pytestmark = [pytest.mark.usefixtures("clean_awa"), pytest.mark.pooler]
 
@@ -116,7 +116,7 @@ def test_a_wait_resolved_meanwhile_is_left_alone() -> None:
     page = post_action(client, "callbackwait", "resolve_jobs", [c.job_id])
     assert page.status_code == 200
     assert awa_django.resolve_callback(callback, result="elsewhere") == "resolved"
-    from tests.admin_support import form_fields
+    from tests.support.admin_client import form_fields
 
     done = client.post(changelist("callbackwait"), {**form_fields(page), "result": "1"})
     assert messages_of(done) == ["None of the selected waiting jobs is left; nothing was changed."]

@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 
 from awa_django.callbacks import sign_request
-from tests.callback_support import KEY, job_row, parked, path_of
-from tests.helpers import REPO, database_url, pg, wait_for
+from tests.support.callbacks import KEY, job_row, parked, path_of
+from tests.support.database import database_url, pg
+from tests.support.polling import wait_for
+from tests.support.processes import REPO
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_awa")]
 

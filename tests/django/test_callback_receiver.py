@@ -21,7 +21,7 @@ from django.db import connection, connections
 
 from awa_django.callbacks import SIGNATURE_HEADER, TIMESTAMP_HEADER, callback_path, sign_request
 from awa_django.db import storage
-from tests.callback_support import (
+from tests.support.callbacks import (
     KEY,
     OLD_KEY,
     OTHER_KEY,
@@ -36,8 +36,9 @@ from tests.callback_support import (
     status_of,
     wait_item,
 )
-from tests.factories import staff
-from tests.helpers import pg, wait_for
+from tests.support.database import pg
+from tests.support.factories import staff
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_awa")]
 
@@ -574,7 +575,7 @@ def test_only_the_receiver_is_csrf_exempt() -> None:
     from awa_django.callbacks.views import receive
 
     assert getattr(receive, "csrf_exempt", False) is True
-    from tests.helpers import REPO
+    from tests.support.processes import REPO
 
     users = sorted(
         str(path.relative_to(REPO))

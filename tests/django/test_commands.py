@@ -12,10 +12,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from awa_django.db import storage
-from tests import storage_support, testjobs
-from tests.factories import WORKER
-from tests.helpers import pg
-from tests.storage_support import job_state
+from tests.jobs import common as testjobs
+from tests.support import factories
+from tests.support.awa_schema import job_state
+from tests.support.database import pg
+from tests.support.factories import WORKER
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 
@@ -27,7 +28,7 @@ def run(*args: Any) -> str:
 
 
 def dead_letter(queue: str = "default", n: int = 1) -> list[int]:
-    return storage_support.dead_letter(n, queue, text="<script>boom</script>")
+    return factories.dead_letter(n, queue, text="<script>boom</script>")
 
 
 def test_awa_status_text_and_json() -> None:
@@ -210,7 +211,7 @@ def dlq_count(queue: str) -> int:
 
 @pytest.mark.parametrize("action", ["purge", "retry"])
 def test_a_filtered_purge_or_retry_finishes_more_than_ten_thousand_entries(action: str) -> None:
-    storage_support.dead_letter(10_500, "bulk")
+    factories.dead_letter(10_500, "bulk")
     [other] = dead_letter("other")
     out = run("awa_dlq", action, "--queue", "bulk", "--verbosity", "2")
     verb = "purged" if action == "purge" else "retried"

@@ -16,9 +16,9 @@ from django.test import override_settings
 from awa_django import InvalidArgumentsError, InvalidOptionError, LimitExceededError
 from awa_django.db.enqueue import build_request
 from awa_django.jobs import Job
-from tests import testjobs
-from tests.helpers import pg
-from tests.storage_support import count_jobs, job_state
+from tests.jobs import common as testjobs
+from tests.support.awa_schema import count_jobs, job_state
+from tests.support.database import pg
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

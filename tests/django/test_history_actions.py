@@ -29,11 +29,15 @@ from awa_django.operator import (
     queue_dlq_enabled,
 )
 from awa_django.states import JobState
-from tests import obsjobs, testjobs
-from tests.admin_support import changelist, confirmed, messages_of, post_action
-from tests.factories import claim_and_finish, staff
-from tests.helpers import ManagedProcess, conninfo, pg, wait_for
-from tests.storage_support import job_state
+from tests.jobs import common as testjobs
+from tests.jobs import observability as obsjobs
+from tests.jobs import worker_env
+from tests.support.admin_client import changelist, confirmed, messages_of, post_action
+from tests.support.awa_schema import job_state
+from tests.support.database import conninfo, pg
+from tests.support.factories import claim_and_finish, staff
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 
@@ -230,10 +234,8 @@ def test_settings_sync_writes_each_declared_dlq(caplog: pytest.LogCaptureFixture
 @pytest.mark.worker
 def test_a_worker_applies_the_queue_dlq_setting_when_it_starts(manage_py: Start) -> None:
     job = obsjobs.fails.enqueue(1)
-    overrides = {**obsjobs.OBS_OVERRIDES, "QUEUES": {"obs": {"dlq": False}}}
-    proc = manage_py(
-        "awa_worker", "--queue", "obs", extra_env={"AWA_TEST_OVERRIDES": json.dumps(overrides)}
-    )
+    env = worker_env(obsjobs, QUEUES={"obs": {"dlq": False}})
+    proc = manage_py("awa_worker", "--queue", "obs", extra_env=env)
     wait_for(
         lambda: state(job.id)["state"] == "failed",
         timeout=30,

@@ -12,7 +12,7 @@ from django.db import connection
 from awa_django import JobContext, job
 from awa_django.testing import drain
 from awa_django.types import JSON
-from tests import testjobs
+from tests.jobs import common as testjobs
 
 pytestmark = pytest.mark.django_db  # a TestCase-style transaction, never committed
 

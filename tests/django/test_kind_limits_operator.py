@@ -25,11 +25,10 @@ from awa_django.conf import KindSettings, load_settings
 from awa_django.exceptions import InvalidOptionError
 from awa_django.jobs import kind_flow_limits
 from awa_django.operator import clear_kind_limits, kind_limits, set_kind_limits
-from tests import testjobs
-from tests.admin_support import changelist, confirmed, messages_of, post_action
-from tests.django.test_queue_limits_operator import BAD_LIMITS
-from tests.factories import HOSTILE, staff
-from tests.helpers import pg
+from tests.jobs import common as testjobs
+from tests.support.admin_client import changelist, confirmed, messages_of, post_action
+from tests.support.database import pg
+from tests.support.factories import BAD_LIMITS, HOSTILE, staff
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 

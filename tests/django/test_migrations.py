@@ -14,7 +14,7 @@ from django.apps import apps
 from django.core.management import call_command
 from django.db import connection
 
-from tests.helpers import conninfo
+from tests.support.database import conninfo
 
 pytestmark = pytest.mark.storage
 
@@ -249,7 +249,7 @@ def test_a_database_migrated_by_a_development_version_converges(tmp_path: Path) 
     import shutil
     import tarfile
 
-    from tests.storage.test_schema import schema_dump
+    from tests.support.awa_schema import schema_dump
 
     git = shutil.which("git")
     if (

@@ -20,9 +20,9 @@ from awa_django import (
     UnknownKindError,
 )
 from awa_django.jobs import get_job, job
-from tests import testjobs
-from tests.helpers import PGBOUNCER, pg
-from tests.storage_support import count_jobs, job_state
+from tests.jobs import common as testjobs
+from tests.support.awa_schema import count_jobs, job_state
+from tests.support.database import PGBOUNCER, pg
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -36,7 +36,7 @@ def test_committed_enqueue_is_available() -> None:
         handle = testjobs.send_email.enqueue("a@example.com", subject="hi")
     assert handle.id > 0 and handle.state == "available"
     assert (handle.kind, handle.queue, handle.priority) == (
-        "tests.testjobs.send_email",
+        "tests.jobs.common.send_email",
         "emails",
         5,
     )
@@ -168,7 +168,7 @@ def test_async_enqueue_and_call() -> None:
 
 
 def test_kind_names_and_registry() -> None:
-    assert testjobs.noop.kind == "tests.testjobs.noop"
+    assert testjobs.noop.kind == "tests.jobs.common.noop"
     assert get_job("tests.renamed") is not None
     from django.core.exceptions import ImproperlyConfigured
 
@@ -188,7 +188,7 @@ def test_another_producer_is_not_blocked_by_an_open_transaction() -> None:
     with pg(autocommit=False) as a:
         a.execute(
             "SELECT awa.enqueue_v1(%s::jsonb)",
-            [json.dumps([{"kind": "tests.testjobs.noop", "queue": "default"}])],
+            [json.dumps([{"kind": "tests.jobs.common.noop", "queue": "default"}])],
         )
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '2s'")
@@ -308,7 +308,7 @@ def test_bad_options_are_refused(options: dict[str, Any], field: str) -> None:
 def test_weight_is_stored_with_the_job_and_refused_at_once_on_the_decorator() -> None:
     light = testjobs.noop.enqueue()
     heavy = testjobs.noop.using(weight=7).enqueue()
-    named = awa_django.enqueue("tests.testjobs.noop", weight=3)
+    named = awa_django.enqueue("tests.jobs.common.noop", weight=3)
     with pg() as conn:
         rows = dict(
             conn.execute(
@@ -366,7 +366,7 @@ def test_arguments_python_accepts_are_never_refused_by_the_sql_size_check(shape:
     args = _largest_accepted(shape, 30_000, lambda v: {"args": [v], "kwargs": {}})
     metadata = {"m": _largest_accepted(shape, 30_000 - 10, lambda v: {"m": v})}
     with transaction.atomic():
-        awa_django.enqueue("tests.testjobs.noop", args=[args], metadata=metadata)
+        awa_django.enqueue("tests.jobs.common.noop", args=[args], metadata=metadata)
         # The caller's transaction is intact: the SQL second line refused nothing.
         assert count_jobs() == 1
     assert count_jobs() == 1

@@ -26,14 +26,14 @@ from awa_django import (
 )
 from awa_django.db import storage
 from awa_django.operator import dlq_list, queue_drain, queue_pause
-from tests import testjobs
-from tests.factories import WORKER
-from tests.helpers import conninfo, pg
-from tests.storage_support import job_state
+from tests.jobs import common as testjobs
+from tests.support.awa_schema import job_state
+from tests.support.database import conninfo, pg
+from tests.support.factories import WORKER
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_awa")]
 
-NOOP = "tests.testjobs.noop"
+NOOP = "tests.jobs.common.noop"
 
 
 def count_jobs() -> int:
@@ -406,7 +406,7 @@ def test_a_database_that_is_not_postgresql_is_refused_by_name() -> None:
 
 
 def test_a_worker_row_of_another_shape_reads_as_no_queues() -> None:
-    from tests.factories import staff
+    from tests.support.factories import staff
 
     with pg() as conn:
         for queues in ('["x"]', '"default"', '{"a": 2, "b": "x"}'):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import getpass
 import json
 import logging
-import math
 from collections.abc import Iterator
 from io import StringIO
 from typing import Any
@@ -28,10 +27,10 @@ from awa_django.operator import (
     queue_limits,
     set_queue_limits,
 )
-from tests import testjobs
-from tests.admin_support import changelist, confirmed, messages_of, post_action
-from tests.factories import HOSTILE, staff
-from tests.helpers import pg
+from tests.jobs import common as testjobs
+from tests.support.admin_client import changelist, confirmed, messages_of, post_action
+from tests.support.database import pg
+from tests.support.factories import BAD_LIMITS, HOSTILE, staff
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 
@@ -70,37 +69,6 @@ def run(*args: Any) -> str:
 
 
 # The API: checked first, nothing written on bad input ------------------------------------
-
-
-BAD_LIMITS: list[tuple[dict[str, Any], str]] = [
-    ({}, "limits: give a global_concurrency, a rate_limit, or both"),
-    ({"global_concurrency": 0}, "global_concurrency: 0 is not an integer in 1..10000"),
-    ({"global_concurrency": -1}, "global_concurrency: -1 is not an integer in 1..10000"),
-    ({"global_concurrency": 10_001}, "global_concurrency: 10001 is not an integer"),
-    ({"global_concurrency": True}, "global_concurrency: True is not an integer"),
-    ({"global_concurrency": 2.0}, "global_concurrency: 2.0 is not an integer"),
-    ({"global_concurrency": "5"}, "global_concurrency: '5' is not an integer"),
-    ({"global_concurrency": 2**200}, "global_concurrency: an integer of 201 bits is not"),
-    ({"rate_limit": math.nan}, "rate_limit: nan is not a number of jobs per second"),
-    ({"rate_limit": math.inf}, "rate_limit: inf is not a number of jobs per second"),
-    ({"rate_limit": -math.inf}, "rate_limit: -inf is not"),
-    ({"rate_limit": 0}, "rate_limit: 0 is not a number of jobs per second from 0.001"),
-    ({"rate_limit": 0.0}, "rate_limit: 0.0 is not"),
-    ({"rate_limit": -1}, "rate_limit: -1 is not"),
-    ({"rate_limit": 1e300}, "rate_limit: 1e+300 is not"),
-    ({"rate_limit": 10**400}, "rate_limit: an integer of 1329 bits is not"),
-    ({"rate_limit": 1_000_001}, "to 1,000,000"),
-    ({"rate_limit": 1e-300}, "rate_limit: 1e-300 is not a number of jobs per second from 0.001"),
-    ({"rate_limit": 5e-324}, "rate_limit: 5e-324 is not"),
-    ({"rate_limit": True}, "rate_limit: True is not"),
-    ({"rate_limit": "50"}, "rate_limit: '50' is not"),
-    ({"rate_limit": 5, "rate_burst": 0}, "rate_burst: 0 is not an integer in 1..1000000"),
-    ({"rate_limit": 5, "rate_burst": True}, "rate_burst: True is not an integer"),
-    ({"rate_limit": 5, "rate_burst": 2.5}, "rate_burst: 2.5 is not an integer"),
-    ({"rate_limit": 5, "rate_burst": 10**7}, "rate_burst: 10000000 is not an integer"),
-    ({"rate_burst": 5}, "rate_burst: a burst needs a rate_limit"),
-    ({"global_concurrency": 3, "rate_burst": 5}, "rate_burst: a burst needs a rate_limit"),
-]
 
 
 @pytest.mark.parametrize(

@@ -33,11 +33,12 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from awa_django.operator import cancel
-from tests import testjobs
-from tests.admin_support import changelist, confirmed, messages_of, post_action
-from tests.factories import staff
-from tests.helpers import pg, wait_for
-from tests.storage_support import job_state
+from tests.jobs import common as testjobs
+from tests.support.admin_client import changelist, confirmed, messages_of, post_action
+from tests.support.awa_schema import job_state
+from tests.support.database import pg
+from tests.support.factories import staff
+from tests.support.polling import wait_for
 
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "replica"]),

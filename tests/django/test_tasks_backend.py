@@ -25,9 +25,12 @@ from awa_django.backends.compat import (
 from awa_django.backends.tasks import AwaTaskBackend
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
-from tests import tasks_for_tests as t
-from tests.factories import WORKER, enqueue_sql
-from tests.helpers import ManagedProcess, pg, wait_for
+from tests.jobs import tasks as t
+from tests.jobs import worker_env
+from tests.support.database import pg
+from tests.support.factories import WORKER, enqueue_sql
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
@@ -44,8 +47,7 @@ def worker(
 ) -> ManagedProcess:
     """An ``awa_worker`` of ``queues`` (default: ``default``), with other settings if asked."""
     env = {"DJANGO_SETTINGS_MODULE": settings} if settings else {}
-    if overrides:
-        env["AWA_TEST_OVERRIDES"] = json.dumps(overrides)
+    env.update(worker_env(**(overrides or {})))
     args = [arg for q in (queues or ("default",)) for arg in ("--queue", q)]
     return start("awa_worker", *(["--burst"] if burst else []), *args, extra_env=env or None)
 
@@ -75,7 +77,7 @@ def finished(*ids: str) -> bool:
 
 
 def notes(job_id: str) -> list[str]:
-    """What the signal receivers of tests/tasks_for_tests.py noted for a task, in order."""
+    """What the signal receivers of tests/jobs/tasks.py noted for a task, in order."""
     rows = Ledger.objects.filter(job_id=int(job_id)).order_by("id")
     return [f"{r.attempt}:{r.note}" for r in rows]
 
@@ -168,7 +170,7 @@ def test_priority_order(manage_py: Start) -> None:
 
 
 def test_invalid_tasks_are_rejected() -> None:
-    from tests.tasks_for_tests import task
+    from tests.jobs.tasks import task
 
     with pytest.raises(InvalidTask):
 
@@ -288,7 +290,7 @@ def test_a_stored_task_naming_a_backend_that_is_not_awa_is_refused(manage_py: St
 
     rows = [
         {
-            "kind": "tests.tasks_for_tests.ordered",
+            "kind": "tests.jobs.tasks.ordered",
             "queue": "ordered",
             "args": {"args": [f"pwned-{alias}"], "kwargs": {}, "task": {"backend": alias}},
         }
@@ -338,7 +340,7 @@ def test_an_exception_class_defined_in_a_function_is_recorded_under_an_importabl
     failed = t.raises_a_local_class.get_result(result.id)
     assert failed.status == TaskResultStatus.FAILED
     [error] = failed.errors
-    # import_string cannot find "tests.tasks_for_tests._local_error.<locals>.LocalError".
+    # import_string cannot find "tests.jobs.tasks._local_error.<locals>.LocalError".
     assert error.exception_class is RecordedError
     assert "LocalError: defined in a function" in error.traceback
     # task_finished named the same class as the stored result reads back.
@@ -419,8 +421,8 @@ def test_a_task_the_worker_refused_reads_back_failed_as_suspicious(manage_py: St
     from awa_django.exceptions import SuspiciousTask
 
     result = t.add.enqueue(1, 2)
-    # This worker does not load tests.tasks_for_tests (not an installed app's module here).
-    run_worker(manage_py, overrides={"JOB_MODULES": ["tests.testjobs"]})
+    # This worker does not load tests.jobs.tasks (not an installed app's module here).
+    run_worker(manage_py, overrides={"JOB_MODULES": ["tests.jobs.common"]})
     refused = t.add.get_result(result.id)
     assert refused.status == TaskResultStatus.FAILED
     [error] = refused.errors

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 
 from awa_django.testing import drain
-from tests import testjobs
+from tests.jobs import common as testjobs
 
 pytestmark = pytest.mark.django_db  # a TestCase-style transaction, never committed
 
@@ -34,7 +34,7 @@ def test_drain_reports_failures_and_leaves_retries_deferred() -> None:
     flaky = testjobs.renamed.using(queue="work", max_attempts=2).enqueue(1)
     from awa_django import enqueue
 
-    failing = enqueue("tests.testjobs.flaky", args=[5])
+    failing = enqueue("tests.jobs.common.flaky", args=[5])
     runs = {run.id: run for run in drain("work")}
     assert runs[flaky.id].outcome == "completed"
     assert runs[failing.id].outcome == "retry"
@@ -48,4 +48,4 @@ def test_drain_respects_max_jobs_and_queue_filter() -> None:
     testjobs.noop.enqueue()
     assert [r.queue for r in drain("other", max_jobs=2)] == ["other", "other"]
     assert [r.queue for r in drain(["other"])] == ["other"]
-    assert [r.kind for r in drain()] == ["tests.testjobs.noop"]
+    assert [r.kind for r in drain()] == ["tests.jobs.common.noop"]

@@ -21,11 +21,13 @@ import pytest
 from django.core.management import call_command
 
 from awa_django.worker.supervisor import child_command, launcher
-from tests import testjobs
-from tests.factories import enqueue_sql
-from tests.helpers import ManagedProcess, pg, wait_for
-from tests.settings import AWA
-from tests.storage_support import job_state
+from tests.jobs import DEFAULT_MODULES, worker_env
+from tests.jobs import common as testjobs
+from tests.support.awa_schema import job_state
+from tests.support.database import pg
+from tests.support.factories import enqueue_sql
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 
 clean_awa = pytest.mark.usefixtures("clean_awa")
 
@@ -81,7 +83,7 @@ def test_djangos_own_log_lines_follow_verbosity_and_never_print_twice(
     # With DEBUG on, Django's default logging writes the "django" loggers (django.tasks logs
     # every task's state at INFO on Django 6) through a console handler of its own; the
     # worker's handler must not write them again, and -v 0 silences them.
-    from tests import tasks_for_tests
+    from tests.jobs import tasks as tasks_for_tests
 
     result = tasks_for_tests.add.enqueue(2, 3)
     proc = manage_py(
@@ -149,7 +151,6 @@ def _reloading_worker(manage_py: Start, module: Path) -> ManagedProcess:
     """``awa_worker --reload`` serving the job module ``module`` (version "v1"), once it ran a
     job of it."""
     module.write_text(textwrap.dedent(RELOAD_JOBS.format(version="v1")))
-    modules = [*AWA["JOB_MODULES"], "reload_jobs"]
     proc = manage_py(
         "awa_worker",
         "--reload",
@@ -157,7 +158,7 @@ def _reloading_worker(manage_py: Start, module: Path) -> ManagedProcess:
         "reload",
         extra_env={
             "PYTHONPATH": str(module.parent),
-            "AWA_TEST_OVERRIDES": json.dumps({"JOB_MODULES": modules}),
+            **worker_env(JOB_MODULES=[*DEFAULT_MODULES, "reload_jobs"]),
         },
     )
     first = _reload_job()
@@ -285,7 +286,7 @@ def test_the_processes_setting_starts_a_supervised_fleet(manage_py: Start) -> No
         "--queue",
         "work",
         "--no-maintenance",
-        extra_env={"AWA_TEST_OVERRIDES": json.dumps({"PROCESSES": 2})},
+        extra_env=worker_env(PROCESSES=2),
     )
     wait_for(lambda: len(rows()) == 2, timeout=30, message=lambda: proc.output())
     assert stopped(proc) == 0, proc.output()

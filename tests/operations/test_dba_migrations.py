@@ -25,8 +25,9 @@ from django.db import connection
 from django.db.migrations.loader import MigrationLoader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.helpers import REPO, conninfo, database_url
-from tests.storage.test_schema import schema_dump
+from tests.support.awa_schema import schema_dump
+from tests.support.database import conninfo, database_url
+from tests.support.processes import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
@@ -121,7 +122,7 @@ def test_sqlmigrate_scripts_run_by_hand_then_migrate_fake_leave_a_working_instal
             env,
             "shell",
             "-c",
-            "from tests import testjobs; print(testjobs.noop.using(queue='dba').enqueue().id)",
+            "from tests.jobs import common; print(common.noop.using(queue='dba').enqueue().id)",
         )
         run(env, "awa_worker", "--burst", "--queue", "dba")
         with psycopg.connect(target, autocommit=True) as conn:

@@ -19,8 +19,10 @@ import awa_django
 from awa_django.exceptions import InvalidOptionError
 from awa_django.operator import queue_pause
 from awa_django.telemetry.health import LagThresholds, check_health, parse_lag_thresholds
-from tests import obsjobs
-from tests.helpers import ManagedProcess, wait_for
+from tests.jobs import observability as obsjobs
+from tests.jobs import worker_env
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 
@@ -39,7 +41,7 @@ def health(*args: str) -> tuple[int, str, str]:
 
 
 def worker(start: Start, *args: str) -> ManagedProcess:
-    env = {"AWA_TEST_OVERRIDES": json.dumps(obsjobs.OBS_OVERRIDES)}
+    env = worker_env(obsjobs)
     return start("awa_worker", "--queue", "obs", *args, extra_env=env)
 
 
@@ -148,7 +150,7 @@ def test_a_lagging_queue_fails_past_its_threshold_and_a_paused_one_does_not() ->
         "ok: no queue is waiting\n",
         "",
     )
-    awa_django.enqueue("tests.testjobs.noop", queue="lagging")
+    awa_django.enqueue("tests.jobs.common.noop", queue="lagging")
     _, _, err = wait_for(
         lambda: (r := health(*only_lag, "--max-lag", "0.2"))[0] == 1 and r,
         timeout=10,

@@ -23,9 +23,13 @@ from awa_django.operator import queue_dlq
 from awa_django.telemetry.metrics import use_meter_provider
 from awa_django.worker.config import build_config
 from awa_django.worker.runtime import WorkerRuntime
-from tests import obsjobs, testjobs
-from tests.factories import WORKER, enqueue_sql
-from tests.helpers import ManagedProcess, pg, wait_for
+from tests.jobs import common as testjobs
+from tests.jobs import observability as obsjobs
+from tests.jobs import worker_env
+from tests.support.database import pg
+from tests.support.factories import WORKER, enqueue_sql
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
 
@@ -217,7 +221,7 @@ def test_the_prometheus_endpoint_is_scraped_and_parsed(manage_py: Start) -> None
         str(port),
         "--metrics-host",
         "127.0.0.1",
-        extra_env={"AWA_TEST_OVERRIDES": json.dumps(obsjobs.OBS_OVERRIDES)},
+        extra_env=worker_env(obsjobs),
     )
     wait_for(lambda: finalized(ids), timeout=30, message=lambda: f"the jobs\n{proc.output()}")
     completed = "awa_jobs_completed_total"
@@ -262,8 +266,8 @@ def test_nothing_of_opentelemetry_is_imported_while_it_is_off(manage_py: Start) 
     code = (
         "import sys\n"
         "from django.core.management import call_command\n"
-        "from tests import obsjobs\n"
-        "obsjobs.says.enqueue(1)\n"
+        "from tests.jobs import observability\n"
+        "observability.says.enqueue(1)\n"
         "call_command('awa_worker', '--burst', '--queue', 'obs', verbosity=0)\n"
         "print('loaded:', sorted(m for m in sys.modules if m.startswith(('opentelemetry', "
         "'prometheus_client'))))\n"
@@ -272,7 +276,7 @@ def test_nothing_of_opentelemetry_is_imported_while_it_is_off(manage_py: Start) 
         "shell",
         "-c",
         code,
-        extra_env={"AWA_TEST_OVERRIDES": json.dumps(obsjobs.OBS_OVERRIDES)},
+        extra_env=worker_env(obsjobs),
     )
     assert proc.wait(60) == 0, proc.output()
     assert "loaded: []" in proc.output(), proc.output()

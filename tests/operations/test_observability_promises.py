@@ -19,8 +19,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.atkjobs import ATK_OVERRIDES
-from tests.helpers import REPO, ManagedProcess, conninfo, database_url, wait_for
+from tests.jobs import observability, worker_env
+from tests.support.database import conninfo, database_url
+from tests.support.polling import wait_for
+from tests.support.processes import REPO, ManagedProcess
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
 
@@ -70,7 +72,7 @@ def job_state(job_id: int) -> tuple[str, bool] | None:
 
 
 def atk_env() -> dict[str, str]:
-    return {"AWA_TEST_OVERRIDES": json.dumps(ATK_OVERRIDES)}
+    return worker_env(observability)
 
 
 @pytest.fixture
@@ -196,7 +198,7 @@ def test_metrics_a_retry_given_up_by_max_age_is_a_dead_letter_not_a_retry(
     the database when the retry is written: the job goes to the DLQ on its first attempt, but
     the worker counts the attempt as *retried* (it decides from attempt < max_attempts) and
     never as dead-lettered. The worker's log line says "retry" too."""
-    from tests.atkjobs import too_old_to_retry
+    from tests.jobs.observability import too_old_to_retry
 
     worker, port = start_metrics_worker(manage_py, "atk-age")
     handle = too_old_to_retry.enqueue(1)
@@ -236,7 +238,7 @@ def test_metrics_dlq_switched_off_at_runtime_counts_failed_not_dead_lettered(
     the DLQ policy at most every 10 s: a job that fails right after the switch is in history
     as failed while the worker's counter calls it dead-lettered."""
     from awa_django.operator import queue_dlq
-    from tests.atkjobs import fails_for_good, fine
+    from tests.jobs.observability import fails_for_good, fine
 
     worker, port = start_metrics_worker(manage_py, "atk-dlq")
     warm = fine.enqueue(1)  # a first finalize makes the worker read the DLQ policy (DLQ on)
@@ -271,7 +273,7 @@ def test_metrics_rescue_of_a_last_attempt_counts_a_dead_letter(
     DLQ" (the dashboard's "dead letters" panel and failure ratio read it). A SIGKILLed worker's
     last attempt, rescued by the leader into the DLQ, is counted as rescued only: the dead
     letter is in no counter of any process."""
-    from tests.atkjobs import sleeps
+    from tests.jobs.observability import sleeps
 
     victim = manage_py(
         "awa_worker", "--queue", "atk-rescue", "--no-maintenance", extra_env=atk_env()
@@ -326,7 +328,7 @@ def test_queue_wait_of_a_fresh_job_with_a_past_run_after_is_not_its_age_since_ru
     a day (held: the past run_after is stored as now)."""
     import datetime as dt
 
-    from tests.atkjobs import fine
+    from tests.jobs.observability import fine
 
     worker, port = start_metrics_worker(manage_py, "atk-dlq")
     yesterday = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
@@ -349,7 +351,7 @@ def test_queue_wait_is_recorded_per_queue_and_kind_and_sane(
 ) -> None:
     """The queue-wait histogram for ordinary jobs: one series per queue and kind, every value
     between 0 and the test's own duration."""
-    from tests.atkjobs import fails_for_good, fine
+    from tests.jobs.observability import fails_for_good, fine
 
     started = time.monotonic()
     worker, port = start_metrics_worker(manage_py, "atk-dlq")
@@ -367,7 +369,10 @@ def test_queue_wait_is_recorded_per_queue_and_kind_and_sane(
         timeout=15,
     )
     elapsed = time.monotonic() - started
-    for kind, n in (("tests.atkjobs.fine", 30), ("tests.atkjobs.fails_for_good", 1)):
+    for kind, n in (
+        ("tests.jobs.observability.fine", 30),
+        ("tests.jobs.observability.fails_for_good", 1),
+    ):
         labels = {"awa_job_kind": kind, "messaging_destination_name": "atk-dlq"}
         assert total(samples, "awa_queue_wait_seconds_count", **labels) == n
         assert 0 <= total(samples, "awa_queue_wait_seconds_sum", **labels) <= n * elapsed
@@ -396,7 +401,7 @@ def test_hostile_traceparent_from_a_raw_sql_producer_does_not_fail_the_job(
     """Raw SQL producers may put anything under the reserved ``awa:traceparent`` and
     ``awa:tracestate`` keys (awa.enqueue_v1 accepts them). A worker with traces on must run
     every such job to completion."""
-    from tests.helpers import pg
+    from tests.support.database import pg
 
     jobs = []
     for i, value in enumerate(HOSTILE_TRACEPARENTS):
@@ -406,7 +411,7 @@ def test_hostile_traceparent_from_a_raw_sql_producer_does_not_fail_the_job(
                 metadata["awa:tracestate"] = state
             jobs.append(
                 {
-                    "kind": "tests.atkjobs.fine",
+                    "kind": "tests.jobs.observability.fine",
                     "queue": "atk-trace",
                     "args": {"args": [i], "kwargs": {}},
                     "metadata": metadata,
@@ -419,13 +424,13 @@ def test_hostile_traceparent_from_a_raw_sql_producer_does_not_fail_the_job(
                 "SELECT job_id FROM awa.enqueue_v1(%s)", [json.dumps(jobs)]
             ).fetchall()
         ]
-    overrides = {**ATK_OVERRIDES, "OTEL_TRACES": True}
+    env = worker_env(observability, OTEL_TRACES=True)
     worker = manage_py(
         "awa_worker",
         "--queue",
         "atk-trace",
         "--burst",
-        extra_env={"AWA_TEST_OVERRIDES": json.dumps(overrides)},
+        extra_env=env,
     )
     assert worker.wait(120) == 0, worker.output()[-3000:]
     states = {i: job_state(i) for i in ids}
@@ -535,7 +540,7 @@ def test_health_view_a_lock_on_the_control_tables_is_a_prompt_503() -> None:
     and never a 500."""
     from django.test import Client
 
-    from tests.helpers import pg
+    from tests.support.database import pg
 
     with pg(autocommit=False) as locker:
         locker.execute("LOCK TABLE awa.runtime_instances IN ACCESS EXCLUSIVE MODE")
@@ -563,7 +568,7 @@ def test_history_retry_racing_callers_make_one_live_copy() -> None:
 
     import awa_django
     from awa_django.operator import history_retry, job_list
-    from tests.atkjobs import fine
+    from tests.jobs.observability import fine
 
     original = fine.using(queue="atk-hist").enqueue(1)
     awa_django.cancel(original.id)
@@ -601,7 +606,7 @@ def test_history_retry_from_the_command_line_twice_concurrently(
     was already retried (exit statuses may differ, but one live copy only)."""
     import awa_django
     from awa_django.operator import job_list
-    from tests.atkjobs import fine
+    from tests.jobs.observability import fine
 
     original = fine.using(queue="atk-hist2").enqueue(1)
     awa_django.cancel(original.id)
@@ -624,17 +629,17 @@ def test_one_invalid_queue_name_in_awa_queues_is_refused_before_anything_is_writ
     made the start-up sync fail half-way: the valid queue's ``dlq: False`` was never written,
     and the only trace was a warning blaming "periodic schedules". Now the setting itself is
     refused: the worker exits at once naming the key, and nothing is written."""
-    overrides = {**ATK_OVERRIDES, **BAD_QUEUES}
+    env = worker_env(observability, **BAD_QUEUES)
     worker = manage_py(
         "awa_worker",
         "--burst",
         "--queue",
         "atk-none",
-        extra_env={"AWA_TEST_OVERRIDES": json.dumps(overrides)},
+        extra_env=env,
     )
     assert worker.wait(60) != 0, worker.output()
     assert "'BAD QUEUE' is not a valid queue name" in worker.output(), worker.output()
-    from tests.helpers import pg
+    from tests.support.database import pg
 
     with pg() as conn:
         row = conn.execute(
@@ -649,7 +654,7 @@ def test_system_check_refuses_an_invalid_queue_name_in_awa_queues(
     """``manage.py check`` says nothing about ``AWA["QUEUES"]["BAD QUEUE"]`` (it checks the
     names of queues with flow limits only): the mistake surfaces only as a warning in the
     workers' logs."""
-    check = manage_py("check", extra_env={"AWA_TEST_OVERRIDES": json.dumps(BAD_QUEUES)})
+    check = manage_py("check", extra_env=worker_env(**BAD_QUEUES))
     code = check.wait(60)
     assert code != 0 and "BAD QUEUE" in check.output(), check.output()
 
@@ -663,7 +668,7 @@ def test_admin_tag_filter_with_hostile_values_never_500s(page: str) -> None:
     with NUL, huge, array-literal, SQL and LIKE metacharacter values, and repeated."""
     from urllib.parse import urlencode
 
-    from tests.factories import staff
+    from tests.support.factories import staff
 
     client = staff()
     client.raise_request_exception = False
@@ -680,7 +685,7 @@ def test_admin_tag_filter_with_hostile_values_never_500s(page: str) -> None:
 def test_admin_dlq_action_with_hostile_selected_queues_never_500s() -> None:
     """The queue list's "Turn the DLQ off" action posted with forged selections: a NUL, a
     name that is not a queue, a huge one. Nothing is written, no 500."""
-    from tests.factories import staff
+    from tests.support.factories import staff
 
     client = staff("manage_queue")
     client.raise_request_exception = False
@@ -695,7 +700,7 @@ def test_admin_dlq_action_with_hostile_selected_queues_never_500s() -> None:
             },
         )
         assert response.status_code in (200, 302), (value[:20], response.status_code)
-    from tests.helpers import pg
+    from tests.support.database import pg
 
     with pg() as conn:
         assert conn.execute(
@@ -713,7 +718,7 @@ def test_hostile_kinds_from_raw_sql_scrape_cleanly_and_do_not_forge_log_lines(
     """awa.enqueue_v1 accepts any kind of 1-255 characters, quotes, backslashes and newlines
     included. The worker fails them (unknown kind); the scrape must still parse, with one
     dead letter per kind, and the worker's text log must not let a kind forge a log line."""
-    from tests.helpers import pg
+    from tests.support.database import pg
 
     with pg() as conn:
         ids = [
@@ -751,7 +756,7 @@ def test_metrics_under_load_with_two_processes_parse_and_sum_exactly(
     completed summed over the two children are exactly 2,000; the queue-wait histogram's count
     never exceeds the consumed count and its sum is never negative."""
     import awa_django
-    from tests.atkjobs import fine
+    from tests.jobs.observability import fine
 
     awa_django.enqueue_many([fine.prepare(i) for i in range(2000)])
     port = free_port()
@@ -774,7 +779,7 @@ def test_metrics_under_load_with_two_processes_parse_and_sum_exactly(
         "127.0.0.1",
         extra_env=atk_env(),
     )
-    labels = {"awa_job_kind": "tests.atkjobs.fine"}
+    labels = {"awa_job_kind": "tests.jobs.observability.fine"}
 
     def drained() -> tuple[int, int] | None:
         """Both ports parse on every scrape; (completed, consumed) once 2,000 completed."""

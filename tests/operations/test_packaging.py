@@ -25,7 +25,8 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.helpers import REPO, conninfo
+from tests.support.database import conninfo
+from tests.support.processes import REPO
 
 pytestmark = [pytest.mark.slow]
 

@@ -10,7 +10,6 @@ advisory locks and ``LISTEN``.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -23,9 +22,13 @@ import pytest
 from django.db import connection, transaction
 
 import awa_django
-from tests import tasks_for_tests, testjobs
-from tests.callback_support import job_row, parked
-from tests.helpers import PGBOUNCER, ManagedProcess, pg, wait_for
+from tests.jobs import common as testjobs
+from tests.jobs import tasks as tasks_for_tests
+from tests.jobs import worker_env
+from tests.support.callbacks import job_row, parked
+from tests.support.database import PGBOUNCER, pg
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 
 pytestmark = [pytest.mark.pooler, pytest.mark.usefixtures("clean_awa")]
 
@@ -91,8 +94,8 @@ def test_a_rolled_back_transaction_writes_nothing() -> None:
 
 
 def test_resolve_callback_and_the_admin_actions() -> None:
-    from tests.admin_support import confirmed
-    from tests.factories import dead_letter, staff
+    from tests.support.admin_client import confirmed
+    from tests.support.factories import dead_letter, staff
 
     with pg() as conn:
         waiting, callback = parked(conn, queue="pgb-cb")
@@ -119,7 +122,7 @@ def test_a_worker_on_a_direct_connection_is_woken_by_a_pooled_enqueue(manage_py:
     on a direct connection at commit: the job runs at once, not after POLL_INTERVAL."""
     direct = os.environ.get("AWA_TEST_DIRECT_URL")
     env = {
-        "AWA_TEST_OVERRIDES": json.dumps({"POLL_INTERVAL": 60.0, "RUNTIME_REFRESH_INTERVAL": 60.0}),
+        **worker_env(POLL_INTERVAL=60.0, RUNTIME_REFRESH_INTERVAL=60.0),
         **({"DATABASE_URL": direct} if direct else {}),
     }
     proc = manage_py("awa_worker", "--queue", "pgb-wake=4", extra_env=env)

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from awa_django.worker.config import connection_budget
-from tests import testjobs
-from tests.helpers import ManagedProcess, pg, wait_for
+from tests.jobs import common as testjobs
+from tests.support.database import pg
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 
 Start = Callable[..., ManagedProcess]
 
@@ -162,8 +164,8 @@ def test_admin_list_with_replica_down_is_not_a_500(
     """A replica that is down: the admin's job list says so, not a bare 500."""
     from django.test import Client
 
-    from tests.admin_support import changelist
-    from tests.factories import staff
+    from tests.support.admin_client import changelist
+    from tests.support.factories import staff
 
     read_alias(HOST="127.0.0.1", PORT=str(_free_port()))
     client: Client = staff()
@@ -195,8 +197,8 @@ def test_admin_list_on_unmigrated_read_database_is_not_a_500(
     wrong cluster, a typo in NAME): a clear message, not a 500."""
     from django.test import Client
 
-    from tests.admin_support import changelist
-    from tests.factories import staff
+    from tests.support.admin_client import changelist
+    from tests.support.factories import staff
 
     read_alias(NAME="postgres")
     client: Client = staff()
@@ -274,8 +276,8 @@ def paused_replica(standby: Any, read_alias: Any, clean_awa: None) -> Any:
 
 @DB
 def test_dlq_retry_twice_from_a_stale_replica_retries_once(paused_replica: Any) -> None:
-    from tests.admin_support import changelist, confirmed, messages_of
-    from tests.factories import dead_letter, staff
+    from tests.support.admin_client import changelist, confirmed, messages_of
+    from tests.support.factories import dead_letter, staff
 
     [job_id] = dead_letter(1, queue="atkq")
     paused_replica()
@@ -304,8 +306,8 @@ def test_select_all_over_filtered_replica_list_names_only_rows_seen(
 ) -> None:
     """ "Select all N" over a filtered list that reads from a lagging replica: the user saw N
     rows; the action must not take in rows the replica never showed without saying so."""
-    from tests.admin_support import changelist, form_fields, post_action
-    from tests.factories import dead_letter, staff
+    from tests.support.admin_client import changelist, form_fields, post_action
+    from tests.support.factories import dead_letter, staff
 
     seen = dead_letter(2, queue="atksel")
     paused_replica()
@@ -327,8 +329,8 @@ def test_purge_of_dlq_entry_retried_meanwhile_leaves_the_live_job(paused_replica
     """The replica still shows a DLQ entry that was retried on the primary; purging it must
     not delete the job now back at work."""
     from awa_django.operator import dlq_retry
-    from tests.admin_support import confirmed, messages_of
-    from tests.factories import dead_letter, staff
+    from tests.support.admin_client import confirmed, messages_of
+    from tests.support.factories import dead_letter, staff
 
     [job_id] = dead_letter(1, queue="atkpurge")
     paused_replica()
@@ -349,13 +351,13 @@ def test_purge_of_dlq_entry_retried_meanwhile_leaves_the_live_job(paused_replica
 
 @DB
 def test_cancel_of_job_finished_meanwhile_changes_nothing(paused_replica: Any) -> None:
-    from tests.admin_support import messages_of, post_action
-    from tests.factories import staff
+    from tests.support.admin_client import messages_of, post_action
+    from tests.support.factories import staff
 
     job_id = testjobs.noop.using(queue="atkcancel").enqueue().id
     paused_replica()
     with pg() as conn:
-        from tests.factories import claim_and_finish
+        from tests.support.factories import claim_and_finish
 
         claim_and_finish(conn, "atkcancel", 1, "completed")
         before = conn.execute("SELECT state FROM awa.jobs WHERE id = %s", [job_id]).fetchone()
@@ -377,8 +379,8 @@ def test_banner_and_status_with_replay_paused(paused_replica: Any) -> None:
 
     from django.core.management import call_command
 
-    from tests.admin_support import changelist, messages_of
-    from tests.factories import staff
+    from tests.support.admin_client import changelist, messages_of
+    from tests.support.factories import staff
 
     paused_replica()
     testjobs.noop.enqueue()  # WAL the standby receives but does not replay

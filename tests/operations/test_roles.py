@@ -28,8 +28,8 @@ from psycopg import errors, sql
 from awa_django.db import storage
 from awa_django.db.roles import ROLE_KINDS
 from awa_django.db.storage import Finalization
-from tests.factories import WORKER
-from tests.helpers import REPO
+from tests.support.factories import WORKER
+from tests.support.processes import REPO
 
 _TIMEOUT = 180
 
@@ -144,7 +144,7 @@ def _refused(conn: psycopg.Connection[Any], statement: str, params: Any = None) 
 
 
 def _jobs(queue: str, n: int = 1) -> str:
-    return json.dumps([{"kind": "tests.testjobs.noop", "queue": queue} for _ in range(n)])
+    return json.dumps([{"kind": "tests.jobs.common.noop", "queue": queue} for _ in range(n)])
 
 
 def _state(db: RolesDB, job_id: int) -> str | None:
@@ -244,7 +244,7 @@ def test_app_role_enqueues_into_a_new_queue_and_priority_and_reads_its_jobs(
         from django.db import transaction
         import awa_django
         from awa_django.operator import reads
-        from tests import tasks_for_tests, testjobs
+        from tests.jobs import common as testjobs, tasks as tasks_for_tests
 
         with transaction.atomic():
             one = testjobs.noop.using(queue="app-fresh", priority=37).enqueue()
@@ -329,7 +329,7 @@ def test_a_forged_lane_record_does_not_let_an_enqueue_skip_the_lane_lock(
                 app.execute("SET LOCAL lock_timeout = '300ms'")
                 app.execute("SELECT set_config('awa.xact_lanes', %s, true)", [str(lanes[0])])
                 app.execute(
-                    "SELECT * FROM awa.enqueue_one_v2('tests.testjobs.noop', 'app-forged', 0, "
+                    "SELECT * FROM awa.enqueue_one_v2('tests.jobs.common.noop', 'app-forged', 0, "
                     '\'{"args": [], "kwargs": {}}\', 1)'
                 )
 

@@ -16,8 +16,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from psycopg import sql
 
-from tests import testjobs
-from tests.helpers import ManagedProcess, conninfo, pg, wait_for
+from tests.jobs import common as testjobs
+from tests.support.database import conninfo, pg
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 from tests.testapp.models import Ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -227,7 +229,7 @@ def test_awa_roles_refuses_one_role_for_two_kinds(clean_awa: None) -> None:
 def test_an_app_role_cannot_resolve_a_callback_into_a_retry_in_the_past(
     as_role: Callable[[str], psycopg.Connection[Any]],
 ) -> None:
-    from tests.callback_support import job_row, parked
+    from tests.support.callbacks import job_row, parked
 
     with pg() as conn:
         c, callback = parked(conn)

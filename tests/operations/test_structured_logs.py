@@ -27,9 +27,12 @@ from awa_django.telemetry.logs import (
     set_current_job,
 )
 from awa_django.worker.batcher import CompletionBatcher
-from tests import obsjobs
-from tests.factories import WORKER, enqueue_sql
-from tests.helpers import ManagedProcess, conninfo, pg, wait_for
+from tests.jobs import observability as obsjobs
+from tests.jobs import worker_env
+from tests.support.database import conninfo, pg
+from tests.support.factories import WORKER, enqueue_sql
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 
 Start = Callable[..., ManagedProcess]
 
@@ -153,7 +156,7 @@ def test_every_worker_record_about_a_job_carries_its_fields(manage_py: Start) ->
         "2",
         extra_env={
             "DJANGO_SETTINGS_MODULE": "tests.settings_jsonlog",
-            "AWA_TEST_OVERRIDES": json.dumps(obsjobs.OBS_OVERRIDES),
+            **worker_env(obsjobs),
         },
     )
     wait_for(

@@ -19,9 +19,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from awa_django.telemetry.tracing import TRACEPARENT, use_tracer_provider
 from awa_django.worker.config import build_config
 from awa_django.worker.runtime import WorkerRuntime
-from tests import obsjobs
-from tests.helpers import pg, wait_for
-from tests.storage_support import job_state
+from tests.jobs import observability as obsjobs
+from tests.support.awa_schema import job_state
+from tests.support.database import pg
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.usefixtures("clean_awa"), pytest.mark.worker]
 

@@ -13,8 +13,8 @@ import pytest
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
 from awa_django.sql import query
-from tests.factories import WORKER, enqueue_sql
-from tests.helpers import pg
+from tests.support.database import pg
+from tests.support.factories import WORKER, enqueue_sql
 
 pytestmark = [
     pytest.mark.storage,

@@ -23,8 +23,9 @@ import psycopg
 import pytest
 
 from awa_django.db.storage import Finalization
-from tests.helpers import ManagedProcess, conninfo, pg, wait_for
-from tests.lean17_support import (
+from tests.jobs import concurrent_claims, worker_env
+from tests.jobs.concurrent_claims import L17_TABLES
+from tests.support.claimer_sessions import (
     BATCHES,
     ERROR,
     Claim,
@@ -46,7 +47,9 @@ from tests.lean17_support import (
     run_threads,
     terminal,
 )
-from tests.lean17jobs import L17_OVERRIDES, L17_TABLES
+from tests.support.database import conninfo, pg
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
 
@@ -297,7 +300,7 @@ def test_worker_processes_and_raw_claimers_share_a_queue_under_chaos(
         "2",
         "--queue",
         queue,
-        extra_env={"AWA_TEST_OVERRIDES": json.dumps(L17_OVERRIDES)},
+        extra_env=worker_env(concurrent_claims),
     )
     ledger = Ledger()
     stop_producing = threading.Event()

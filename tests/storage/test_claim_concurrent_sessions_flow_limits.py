@@ -2,7 +2,7 @@
 concurrency with weights above what a claim may take, a kind's concurrency (parking and
 un-parking, also when its limit is set and cleared mid-run), queue and kind rate limits, serial
 keys; one-job claims alternating with batches in concurrent claimer sessions. The harness is
-tests/lean17_support.py; the contract checked is docs/flow.md's.
+tests/support/claimer_sessions.py; the contract checked is docs/flow.md's.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers import conninfo, pg, wait_for
-from tests.lean17_support import (
+from tests.support.claimer_sessions import (
     BATCHES,
     Ledger,
     all_terminal,
@@ -35,6 +34,8 @@ from tests.lean17_support import (
     run_threads,
     run_until_terminal,
 )
+from tests.support.database import conninfo, pg
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
 

@@ -13,8 +13,9 @@ import pytest
 
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
-from tests.factories import WORKER, enqueue_sql
-from tests.helpers import pg, wait_for
+from tests.support.database import pg
+from tests.support.factories import WORKER, enqueue_sql
+from tests.support.polling import wait_for
 
 pytestmark = [
     pytest.mark.storage,

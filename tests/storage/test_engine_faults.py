@@ -20,9 +20,9 @@ from awa_django.db import storage
 from awa_django.db.bulk import copy_enqueue
 from awa_django.db.storage import Finalization
 from awa_django.types import JobRequest
-from tests.factories import WORKER, enqueue_sql
-from tests.helpers import conninfo, pg
-from tests.storage_support import job_state
+from tests.support.awa_schema import job_state
+from tests.support.database import conninfo, pg
+from tests.support.factories import WORKER, enqueue_sql
 
 pytestmark = [
     pytest.mark.storage,
@@ -479,7 +479,7 @@ def test_a_leader_whose_process_stopped_running_is_ended_and_no_other_session(
                 def free() -> bool:
                     return bool(scalar(conn, "SELECT pg_try_advisory_lock(4708303813012965710)"))
 
-                from tests.helpers import wait_for
+                from tests.support.polling import wait_for
 
                 wait_for(free, timeout=5)
     finally:

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers import pg
+from tests.support.database import pg
 
 pytestmark = [pytest.mark.storage, pytest.mark.usefixtures("clean_awa")]
 

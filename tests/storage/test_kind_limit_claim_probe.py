@@ -3,9 +3,9 @@
 Aimed at the logic added since the first attack (tests/storage/test_kind_limit_claim_walks.py): the
 probe of the lane's next job and the second pass from the first job of a limited kind, the keys of a
 row drawn by a running sum (one cleared kind) or by per-kind offsets (several), the rate state
-locked first and inserted only when missing, rows after a gap, a tombstone or a serial key.
-Raw ``awa.claim_v3`` claimers (tests/kfast_model.py) check every invariant after every claim.
-"""
+locked first and inserted only when missing, rows after a gap, a tombstone or a serial key. Raw
+``awa.claim_v3`` claimers (tests/support/kind_limit_model.py) check every invariant after every
+claim."""
 
 from __future__ import annotations
 
@@ -21,14 +21,25 @@ import pytest
 
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
-from tests.helpers import conninfo, pg, wait_for
-from tests.kfast_model import World, note_holders, open_world
-from tests.storage.test_kind_limit_claim_walks import assert_clean, drain, stuck
+from tests.support.database import conninfo, pg
+from tests.support.kind_limit_model import (
+    A,
+    B,
+    C,
+    F,
+    R,
+    World,
+    assert_clean,
+    drain,
+    note_holders,
+    open_world,
+    stuck,
+)
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
 
 QUEUE = "kfb"
-A, B, C, R, F = "kfa.a", "kfa.b", "kfa.c", "kfa.rate", "kfa.free"
 
 
 @pytest.fixture
@@ -415,7 +426,7 @@ def test_concurrent_claims_while_kinds_gain_and_lose_limits(world: World) -> Non
     Every claimed row carries only its own kind's keys, no key is carried twice, no serial key
     runs twice at once, and at the end every job completed once or was cancelled, nothing is
     held."""
-    from tests.kfast_model import PERMIT_CLASS, Claimer
+    from tests.support.kind_limit_model import PERMIT_CLASS, Claimer
 
     w = world
     one_lane(w, 0, 5)

@@ -1,13 +1,12 @@
 """Hostile tests of the kind-limit fast claim path (migration 0013, docs/flow.md "Per kind").
 
-Raw ``awa.claim_v3`` claimers (tests/kfast_model.py) walk a random schedule of enqueues (mixed
-kinds, weights and serial keys in one lane, producers that roll back), cancels, limit changes
+Raw ``awa.claim_v3`` claimers (tests/support/kind_limit_model.py) walk a random schedule of enqueues
+(mixed kinds, weights and serial keys in one lane, producers that roll back), cancels, limit changes
 (raised, lowered, cleared, set on a kind that had none; a queue limit beside) and claims with
-``p_held``/``p_release`` from several connections; the model checks every claimed row's
-permits against ``awa._flow_kind_key_v1``/``awa._flow_key_v1`` and ``pg_locks`` after every
-claim. Threads claim concurrently while another changes limits. Worker processes (four, one
-SIGKILLed) drain a mixed backlog while a limit moves.
-"""
+``p_held``/``p_release`` from several connections; the model checks every claimed row's permits
+against ``awa._flow_kind_key_v1``/``awa._flow_key_v1`` and ``pg_locks`` after every claim. Threads
+claim concurrently while another changes limits. Worker processes (four, one SIGKILLed) drain a
+mixed backlog while a limit moves."""
 
 from __future__ import annotations
 
@@ -21,87 +20,33 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import ManagedProcess, WaitTimeout, conninfo, pg, wait_for
-from tests.kfast_model import (
+from tests.support.database import conninfo, pg
+from tests.support.kind_limit_model import (
     PERMIT_CLASS,
+    A,
+    B,
+    C,
+    F,
+    R,
     World,
+    assert_clean,
     assert_no_permit_held,
+    drain,
     note_holders,
     open_world,
+    stuck,
 )
+from tests.support.polling import WaitTimeout, wait_for
+from tests.support.processes import ManagedProcess
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
 
 QUEUE = "kfa"
-A, B, C, R, F = "kfa.a", "kfa.b", "kfa.c", "kfa.rate", "kfa.free"
 
 
 @pytest.fixture
 def world() -> Iterator[World]:
     yield from open_world(conninfo(), QUEUE)
-
-
-def drain(w: World, rng: random.Random, timeout: float = 20.0) -> None:
-    """Claim and finish until the queue holds nothing live (rate-limited kinds make it wait on
-    the database's clock: the loop waits on the live count, with a deadline)."""
-
-    def step() -> bool:
-        # The maintenance leader's serial sweep (no leader runs here): hands on keys whose
-        # next job was cancelled.
-        w.admin.execute("SELECT awa.serial_sweep_v1()")
-        for c in w.claimers:
-            w.claim(c.index, rng.randint(1, 8))
-            if c.running and rng.random() < 0.8:
-                w.finish(c.index, list(c.running))
-        w.finish_all()
-        return w.live() == 0
-
-    wait_for(step, timeout=timeout, interval=0.02, message=lambda: f"drain: {stuck(w)}")
-    w.flush()
-
-
-def stuck(w: World) -> str:
-    with pg() as conn:
-        live = conn.execute(
-            "SELECT id, kind, state, metadata FROM awa.live_jobs WHERE queue = %s ORDER BY id",
-            [w.queue],
-        ).fetchall()
-        fw = conn.execute("SELECT job_id, kind FROM awa.flow_waiting ORDER BY job_id").fetchall()
-        sw = conn.execute("SELECT job_id FROM awa.serial_waiting ORDER BY job_id").fetchall()
-        st = conn.execute("SELECT * FROM awa.flow_kind_status_v1()").fetchall()
-        locks = conn.execute(
-            "SELECT pid, classid, objid FROM pg_locks WHERE locktype = 'advisory'"
-        ).fetchall()
-    return (
-        f"{len(live)} live: {live}\nflow_waiting {fw}\nserial_waiting {sw}\nstatus {st}\n"
-        f"locks {locks}\nlimits {w.limits} queue {w.queue_limit}"
-    )
-
-
-def assert_clean(w: World) -> None:
-    assert not w.violations, "\n".join(w.violations[:20])
-    leaked = {c.index: sorted(c.locks()) for c in w.claimers if c.locks()}
-    names = {}
-    for kind in (A, B, C, R, F):
-        names.update({k: f"{kind}/{i}" for i, k in enumerate(w.kind_keys(kind, 16))})
-    names.update({k: f"queue/{i}" for i, k in enumerate(w.queue_keys(16))})
-    assert not leaked, {i: [names.get(k, k) for k in keys] for i, keys in leaked.items()}
-    with pg() as conn:
-        assert_no_permit_held(conn)
-        assert conn.execute("SELECT count(*) FROM awa.flow_waiting").fetchone() == (0,)
-        assert conn.execute("SELECT count(*) FROM awa.serial_waiting").fetchone() == (0,)
-    done = [j for j in w.jobs.values() if j.state == "done"]
-    assert len(w.starts) == len(set(w.starts)) == len(done)
-    assert all(j.state in ("done", "cancelled") for j in w.jobs.values())
-    with pg() as conn:
-        states = dict(
-            conn.execute(
-                "SELECT id, state FROM awa.jobs WHERE id = ANY(%s)", [list(w.jobs)]
-            ).fetchall()
-        )
-    for j in w.jobs.values():
-        want = "completed" if j.state == "done" else "cancelled"
-        assert states.get(j.job_id) == want, (j, states.get(j.job_id))
 
 
 KINDS = [A, A, B, B, C, R, F, F]
@@ -269,7 +214,7 @@ def test_concurrent_raw_claimers(world: World, moving: bool) -> None:
     permit or serial key given to two running jobs; a sampler reads flow_kind_status_v1."""
     import psycopg
 
-    from tests.kfast_model import Claimer
+    from tests.support.kind_limit_model import Claimer
 
     w = world
     limits = {A: 2, B: 3, C: 1, R: 3}
@@ -401,7 +346,11 @@ def test_concurrent_raw_claimers(world: World, moving: bool) -> None:
 
 # ---- the worker fleet ------------------------------------------------------------------------
 
-KA, KB, KF = "tests.kfastjobs.kfast_a", "tests.kfastjobs.kfast_b", "tests.kfastjobs.kfast_free"
+KA, KB, KF = (
+    "tests.jobs.kind_limit_walks.kfast_a",
+    "tests.jobs.kind_limit_walks.kfast_b",
+    "tests.jobs.kind_limit_walks.kfast_free",
+)
 
 
 def fleet_runs() -> list[dict[str, Any]]:
@@ -467,8 +416,8 @@ def test_four_workers_a_sigkill_and_limits_moving_under_mixed_weights(manage_py:
 
     from django.core.management import call_command
 
-    from tests.kfastjobs import KFAST_OVERRIDES
-    from tests.worker.test_worker import exited, worker
+    from tests.jobs import kind_limit_walks, worker_settings
+    from tests.support.workers import exited, worker
 
     rng = random.Random(11)
     jobs = []
@@ -499,10 +448,9 @@ def test_four_workers_a_sigkill_and_limits_moving_under_mixed_weights(manage_py:
         key: [ids[i] for i, j in enumerate(jobs) if (j["metadata"] or {}).get("awa:serial") == key]
         for key in ("s0", "s1")
     }
-    settings = {
-        **KFAST_OVERRIDES,
-        "KINDS": {KA: {"global_concurrency": 3}, KB: {"global_concurrency": 2}},
-    }
+    settings = worker_settings(
+        kind_limit_walks, KINDS={KA: {"global_concurrency": 3}, KB: {"global_concurrency": 2}}
+    )
     procs = [worker(manage_py, "--queue", "kfast=4", overrides=settings) for _ in range(4)]
 
     def done() -> int:

@@ -25,8 +25,9 @@ from awa_django.operator import (
     set_kind_limits,
     set_queue_limits,
 )
-from tests.factories import WORKER, enqueue_sql
-from tests.helpers import conninfo, pg, wait_for
+from tests.support.database import conninfo, pg
+from tests.support.factories import WORKER, enqueue_sql
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
 
@@ -691,9 +692,9 @@ def runs() -> Iterator[None]:
 
 
 def worker(manage_py: Any, *args: str, **overrides: Any) -> Any:
-    from tests.unparkatkjobs import UPK_OVERRIDES
+    from tests.jobs import kind_unpark, worker_env
 
-    env = {"AWA_TEST_OVERRIDES": json.dumps({**UPK_OVERRIDES, **overrides})}
+    env = worker_env(kind_unpark, **overrides)
     return manage_py("awa_worker", "--queue", WQ, *args, extra_env=env)
 
 
@@ -1025,9 +1026,9 @@ def test_per_queue_cap_bounds_the_parked_weight(manage_py: Any) -> None:
         busy = [wjob("upkw.heavy") for _ in range(5)]
         assert sorted(holder.claim(8, queue=WQ)) == busy  # 5 of the kind's 6 permits
         h = wjob("upkw.heavy", weight=6)
-        from tests.unparkatkjobs import UPK_OVERRIDES
+        from tests.jobs import kind_unpark, worker_env
 
-        env = {"AWA_TEST_OVERRIDES": json.dumps(UPK_OVERRIDES)}
+        env = worker_env(kind_unpark)
         w = manage_py("awa_worker", "--queue", f"{WQ}=2", "--concurrency", "8", extra_env=env)
         wait_for(lambda: wparked() == [h], timeout=15, message=lambda: w.output())
         holder.finish(busy[:1])

@@ -21,13 +21,14 @@ from django.test import override_settings
 
 from awa_django.maintenance.cron import CronFirer, sync_schedules
 from awa_django.operator import schedule_pause, schedule_trigger, schedules
-from tests.admin_support import changelist, confirmed, messages_of, post_action
-from tests.factories import staff
-from tests.helpers import conninfo, pg, wait_for
+from tests.support.admin_client import changelist, confirmed, messages_of, post_action
+from tests.support.database import conninfo, pg
+from tests.support.factories import staff
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.usefixtures("clean_awa"), pytest.mark.storage]
 
-EVERY_MINUTE = {"job": "tests.testjobs.noop", "cron": "* * * * *", "queue": "cron"}
+EVERY_MINUTE = {"job": "tests.jobs.common.noop", "cron": "* * * * *", "queue": "cron"}
 
 
 def periodic(**entries: Any) -> Any:
@@ -164,7 +165,7 @@ def test_catch_up_n_fires_each_missed_instance_up_to_the_bound_oldest_first() ->
 
 
 def test_dst_end_to_end_daily_0230_in_paris_over_both_changes() -> None:
-    spring = {"job": "tests.testjobs.noop", "cron": "30 2 * 3 *", "timezone": "Europe/Paris"}
+    spring = {"job": "tests.jobs.common.noop", "cron": "30 2 * 3 *", "timezone": "Europe/Paris"}
     autumn = {**spring, "cron": "30 2 * 10 *"}
     with periodic(spring={**spring, "catch_up": 10000}, autumn={**autumn, "catch_up": 10000}):
         sync()

@@ -11,8 +11,9 @@ import pytest
 
 from awa_django.db import storage
 from awa_django.sql import query
-from tests.factories import WORKER, enqueue_sql
-from tests.helpers import pg, wait_for
+from tests.support.database import pg
+from tests.support.factories import WORKER, enqueue_sql
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.storage, pytest.mark.usefixtures("clean_awa")]
 
@@ -282,7 +283,7 @@ def test_hostile_weights_in_raw_metadata_count_as_one() -> None:
 
 def test_the_testing_drain_honours_limits_and_hands_permits_back() -> None:
     from awa_django.testing import drain
-    from tests import testjobs
+    from tests.jobs import common as testjobs
 
     with pg() as conn:
         set_limits(conn, "flow", max_running=1)

@@ -18,12 +18,12 @@ from django.db import DataError, connection, transaction
 
 import awa_django
 from awa_django.testing import drain
-from tests import testjobs
-from tests.storage_support import count_jobs
+from tests.jobs import common as testjobs
+from tests.support.awa_schema import count_jobs
 
 pytestmark = pytest.mark.django_db  # a TestCase-style transaction, never committed
 
-NOOP = "tests.testjobs.noop"
+NOOP = "tests.jobs.common.noop"
 NO_ARGUMENTS = {"args": [], "kwargs": {}}
 SHAPE = 'args: must be {"args": [...], "kwargs": {...}}'
 
@@ -96,7 +96,7 @@ def test_raw_sql_job_with_null_args_runs_with_no_arguments() -> None:
 
 
 def test_documented_delayed_example_stores_arguments_the_worker_decodes() -> None:
-    [(job_id, state)] = enqueue_raw('[{"kind": "tests.testjobs.noop", "delay": 60}]')
+    [(job_id, state)] = enqueue_raw('[{"kind": "tests.jobs.common.noop", "delay": 60}]')
     assert state == "scheduled"
     row = stored(job_id)
     assert (row["state"], row["args"]) == ("scheduled", NO_ARGUMENTS)
@@ -105,7 +105,7 @@ def test_documented_delayed_example_stores_arguments_the_worker_decodes() -> Non
 def test_documented_enqueue_one_example_runs_the_handler_with_its_arguments() -> None:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT * FROM awa.enqueue_one_v1('tests.testjobs.send_email', 'emails', 10, "
+            "SELECT * FROM awa.enqueue_one_v1('tests.jobs.common.send_email', 'emails', 10, "
             '\'{"args": ["a@example.com"], "kwargs": {"subject": "hi"}}\', 5)'
         )
         [(job_id, state)] = cursor.fetchall()
@@ -117,7 +117,7 @@ def test_documented_enqueue_one_example_runs_the_handler_with_its_arguments() ->
 def test_raw_sql_job_gets_the_documented_defaults_not_the_decorators_options() -> None:
     # send_email is declared with queue="emails", priority=5, max_attempts=3, tags=["mail"]:
     # SQL knows none of that.
-    [(job_id, _)] = enqueue_raw([{"kind": "tests.testjobs.send_email"}])
+    [(job_id, _)] = enqueue_raw([{"kind": "tests.jobs.common.send_email"}])
     row = stored(job_id)
     assert (row["queue"], row["priority"], row["max_attempts"], row["tags"]) == (
         "default",

@@ -14,8 +14,8 @@ import pytest
 import awa_django
 from awa_django import InvalidOptionError, JobValidationError, RetryPolicy, TerminalError
 from awa_django.retry import RETRY_KEY, fails_at_once
-from tests import testjobs
-from tests.helpers import pg
+from tests.jobs import common as testjobs
+from tests.support.database import pg
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_a_policy_is_normalised_and_stored_as_numbers_and_names() -> None:
         "jitter": 0.0,
         "max_age": 3600.0,
         "retry_on": ["builtins.KeyError"],
-        "fail_on": ["tests.testjobs.Permanent"],
+        "fail_on": ["tests.jobs.common.Permanent"],
     }
     assert RetryPolicy().to_value() == {"backoff": "exponential", "cap": 86400.0, "jitter": 0.25}
     assert RetryPolicy(base=0, cap=0).to_value()["base"] == 0.0  # bounds are inclusive
@@ -150,13 +150,13 @@ def stored_metadata(job_id: int) -> Any:
 def test_the_policy_is_stored_in_the_job_s_metadata_by_every_producer() -> None:
     decorated = testjobs.picky.enqueue("value", 0)
     assert stored_metadata(decorated.id)[RETRY_KEY]["retry_on"] == [
-        "tests.testjobs.Transient",
+        "tests.jobs.common.Transient",
         "builtins.LookupError",
     ]
     per_call = RetryPolicy("constant", base=9)
     job = testjobs.always_fails.using(retry=per_call, metadata={"team": "a"}).enqueue()
     assert stored_metadata(job.id) == {"team": "a", RETRY_KEY: per_call.to_value()}
-    by_name = awa_django.enqueue("tests.testjobs.always_fails", retry=per_call)
+    by_name = awa_django.enqueue("tests.jobs.common.always_fails", retry=per_call)
     assert stored_metadata(by_name.id) == {RETRY_KEY: per_call.to_value()}
     later = testjobs.always_fails.using(retry=per_call, run_after=timedelta(hours=1)).enqueue()
     assert later.state == "scheduled" and stored_metadata(later.id)[RETRY_KEY]["base"] == 9
@@ -176,7 +176,7 @@ def test_reserved_metadata_keys_and_bad_retry_options_are_refused_with_nothing_w
         with pytest.raises(InvalidOptionError, match=r"^metadata: key .* is reserved"):
             testjobs.always_fails.using(metadata=metadata).enqueue()
         with pytest.raises(InvalidOptionError, match="reserved"):
-            awa_django.enqueue("tests.testjobs.always_fails", metadata=metadata)
+            awa_django.enqueue("tests.jobs.common.always_fails", metadata=metadata)
     with pytest.raises(InvalidOptionError, match=r"^retry: "):
         testjobs.always_fails.using(retry={"base": 1}).enqueue()  # type: ignore[arg-type]
     with pytest.raises(InvalidOptionError, match=r"^retry: "):
@@ -227,7 +227,7 @@ def test_python_and_sql_agree_on_policies() -> None:
 @pytest.mark.django_db
 def test_the_tasks_backend_takes_a_retry_option_and_checks_it() -> None:
     from awa_django.backends.tasks import AwaTaskBackend
-    from tests import tasks_for_tests
+    from tests.jobs import tasks as tasks_for_tests
 
     backend = AwaTaskBackend(
         "x", {"QUEUES": [], "OPTIONS": {"retry": {"backoff": "constant", "base": 4}}}

@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from django.db import connection
 
+from tests.support.awa_schema import schema_dump
+
 pytestmark = pytest.mark.storage
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def schema_dump() -> ModuleType:
-    """scripts/schema_dump, imported as a module."""
-    path = ROOT / "scripts" / "schema_dump"
-    loader = importlib.machinery.SourceFileLoader("awa_schema_dump", str(path))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 @pytest.mark.django_db(transaction=True)
@@ -57,7 +45,8 @@ def test_backoff_is_one_function_and_callbacks_honour_the_base() -> None:
 
     from awa_django.db import storage
     from awa_django.db.storage import Finalization
-    from tests.storage_support import WORKER, enqueue_sql, pg
+    from tests.support.database import pg
+    from tests.support.factories import WORKER, enqueue_sql
 
     with pg() as conn:
 

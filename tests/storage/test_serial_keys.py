@@ -13,8 +13,8 @@ import pytest
 
 from awa_django.db import storage
 from awa_django.sql import query
-from tests.factories import WORKER, enqueue_sql
-from tests.helpers import pg
+from tests.support.database import pg
+from tests.support.factories import WORKER, enqueue_sql
 
 pytestmark = [pytest.mark.storage, pytest.mark.usefixtures("clean_awa")]
 
@@ -333,10 +333,10 @@ def test_a_long_backlog_of_one_key_is_parked_in_bounded_claims() -> None:
 def test_serial_key_is_stored_with_the_job_and_checked() -> None:
     import awa_django
     from awa_django.exceptions import InvalidOptionError
-    from tests import testjobs
+    from tests.jobs import common as testjobs
 
     first = testjobs.noop.using(serial_key="customer:42").enqueue()
-    second = awa_django.enqueue("tests.testjobs.noop", serial_key="é" * 255, metadata={"m": 1})
+    second = awa_django.enqueue("tests.jobs.common.noop", serial_key="é" * 255, metadata={"m": 1})
     with pg() as a:
         rows = a.execute(
             "SELECT metadata FROM awa.jobs WHERE id = ANY(%s) ORDER BY id", [[first.id, second.id]]
@@ -353,7 +353,7 @@ def test_serial_key_is_stored_with_the_job_and_checked() -> None:
 
 def test_drain_runs_the_jobs_of_a_key_in_order_and_hands_keys_back() -> None:
     from awa_django.testing import drain
-    from tests import testjobs
+    from tests.jobs import common as testjobs
     from tests.testapp.models import Ledger
 
     handles = [
@@ -382,7 +382,7 @@ def test_the_worker_hands_keys_on_after_a_reconnect_and_a_failed_claim(
     caplog.set_level(logging.WARNING, logger="awa_django.worker")
 
     from awa_django.worker.flow import Permits
-    from tests.helpers import conninfo
+    from tests.support.database import conninfo
 
     async def scenario() -> None:
         with pg() as a:

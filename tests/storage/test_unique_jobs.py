@@ -17,9 +17,11 @@ import awa_django
 from awa_django import DuplicateJobError, InvalidOptionError, IsolationLevelError
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
-from tests import testjobs
-from tests.factories import WORKER
-from tests.helpers import PGBOUNCER, pg, wait_for
+from tests.jobs import common as testjobs
+from tests.jobs import worker_env
+from tests.support.database import PGBOUNCER, pg
+from tests.support.factories import WORKER
+from tests.support.polling import wait_for
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -349,7 +351,7 @@ def test_raw_sql_producers_share_the_default_key() -> None:
     first = uniq.enqueue(13)
     with pg() as conn:
         row = conn.execute(
-            "SELECT job_id, duplicate FROM awa.enqueue_one_v3('tests.testjobs.unique_noop', "
+            "SELECT job_id, duplicate FROM awa.enqueue_one_v3('tests.jobs.common.unique_noop', "
             """'uniq', 0, '{"kwargs": {}, "args": [13]}', 1, p_unique => true)"""
         ).fetchone()
     assert row == (first.id, True)
@@ -405,7 +407,7 @@ def test_the_leader_sweeps_released_keys(manage_py: Any) -> None:
         )
     assert len(keys()) == 11
     overrides = {"UNIQUE_SWEEP_INTERVAL": 0.2}
-    proc = manage_py("awa_maintenance", extra_env={"AWA_TEST_OVERRIDES": json.dumps(overrides)})
+    proc = manage_py("awa_maintenance", extra_env=worker_env(**overrides))
     wait_for(
         lambda: [k[0] for k in keys()] == [kept.id],
         timeout=30,
@@ -493,8 +495,8 @@ def test_a_batch_at_another_isolation_level_writes_nothing_and_keeps_the_transac
 
 
 def test_the_admin_shows_a_jobs_unique_key_escaped_and_its_retry_policy() -> None:
-    from tests.admin_support import changelist
-    from tests.factories import HOSTILE, staff
+    from tests.support.admin_client import changelist
+    from tests.support.factories import HOSTILE, staff
 
     keyed = testjobs.noop.using(unique_key=HOSTILE, unique_for=60).enqueue()
     plain = testjobs.noop.enqueue()
@@ -512,8 +514,8 @@ def test_the_admin_shows_a_jobs_unique_key_escaped_and_its_retry_policy() -> Non
 
 
 def test_the_admins_dlq_retry_says_when_a_unique_job_stayed() -> None:
-    from tests.admin_support import confirmed, messages_of
-    from tests.factories import staff
+    from tests.support.admin_client import confirmed, messages_of
+    from tests.support.factories import staff
 
     first = uniq.using(max_attempts=1).enqueue(60)
     with pg() as conn:
@@ -552,7 +554,7 @@ def test_the_sweep_never_waits_for_a_producer_taking_released_keys() -> None:
     with pg(autocommit=False) as producer, pg() as sweeper:
         # The producer takes b's released key over (its row is locked until it commits)...
         producer.execute(
-            "SELECT duplicate FROM awa.enqueue_one_v3('tests.testjobs.unique_noop', 'uniq', 0, "
+            "SELECT duplicate FROM awa.enqueue_one_v3('tests.jobs.common.unique_noop', 'uniq', 0, "
             """'{"args": [72], "kwargs": {}}', 1, p_unique => true)"""
         )
         sweeper.execute("SET lock_timeout = '2s'")
@@ -560,7 +562,7 @@ def test_the_sweep_never_waits_for_a_producer_taking_released_keys() -> None:
         deleted, _, _ = sweeper.execute("SELECT * FROM awa.unique_sweep_v1()").fetchone()
         assert deleted == 1
         producer.execute(
-            "SELECT duplicate FROM awa.enqueue_one_v3('tests.testjobs.unique_noop', 'uniq', 0, "
+            "SELECT duplicate FROM awa.enqueue_one_v3('tests.jobs.common.unique_noop', 'uniq', 0, "
             """'{"args": [71], "kwargs": {}}', 1, p_unique => true)"""
         )
         producer.commit()
@@ -600,7 +602,7 @@ def test_batches_taking_overlapping_keys_in_opposite_orders_both_succeed() -> No
 
 
 def test_a_spec_written_by_hand_names_a_key_of_its_own_kind_only() -> None:
-    from tests.factories import enqueue_sql
+    from tests.support.factories import enqueue_sql
 
     huge = {"key": "shared", "states": ["failed", "available"], "for": 10**400}
     body = {
@@ -616,8 +618,8 @@ def test_a_spec_written_by_hand_names_a_key_of_its_own_kind_only() -> None:
         finish(conn, "fail", error={"type": "E", "message": "x"})
     assert awa_django.dlq_retry([forged]) == [forged]  # no overflow, no crash
     assert not uniq.using(unique_key="shared").enqueue().duplicate  # another kind: not blocked
-    from tests.admin_support import changelist
-    from tests.factories import staff
+    from tests.support.admin_client import changelist
+    from tests.support.factories import staff
 
     page = staff().get(f"{changelist('livejob')}{forged}/change/")
     assert page.status_code == 200

@@ -18,8 +18,8 @@ import awa_django
 from awa_django import serialization
 from awa_django.db import bulk, storage
 from awa_django.db.storage import Finalization
-from tests import testjobs
-from tests.helpers import pg
+from tests.jobs import common as testjobs
+from tests.support.database import pg
 
 # Every character the old hand-written COPY escaping had to care about, and some it did not.
 TRICKY = 'tab\there, new\nline, cr\r, back\\slash, "quote", {brace}, comma, Zoë 漢字 🙂 \u2028'

@@ -16,7 +16,8 @@ import psycopg
 import pytest
 from django.db import connection
 
-from tests.helpers import REPO, wait_for
+from tests.support.polling import wait_for
+from tests.support.processes import REPO
 
 
 @pytest.fixture

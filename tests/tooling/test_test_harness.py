@@ -8,8 +8,10 @@ from collections.abc import Callable
 import pytest
 from django.db import connection
 
-from tests.helpers import ManagedProcess, WaitTimeout, database_url, wait_for
 from tests.settings import database_settings
+from tests.support.database import database_url
+from tests.support.polling import WaitTimeout, wait_for
+from tests.support.processes import ManagedProcess
 
 ManagePy = Callable[..., ManagedProcess]
 

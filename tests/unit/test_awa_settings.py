@@ -27,7 +27,7 @@ def test_every_default_has_a_typed_attribute() -> None:
 
 
 def test_every_key_is_documented() -> None:
-    from tests.helpers import REPO
+    from tests.support.processes import REPO
 
     doc = (REPO / "docs" / "configuration.md").read_text()
     missing = [name for name in DEFAULTS if f"`{name}`" not in doc]

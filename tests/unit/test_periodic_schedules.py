@@ -115,7 +115,7 @@ def test_a_fire_time_in_the_future_or_at_the_bound_is_never_due() -> None:
 def test_valid_declarations_from_settings_are_resolved_to_rows() -> None:
     with periodic(
         nightly={
-            "job": "tests.testjobs.send_email",
+            "job": "tests.jobs.common.send_email",
             "cron": "0 3 * * *",
             "timezone": "Europe/Paris",
             "args": ["ops@example.com"],
@@ -123,7 +123,7 @@ def test_valid_declarations_from_settings_are_resolved_to_rows() -> None:
             "catch_up": 5,
             "priority": 7,
         },
-        hourly={"job": "tests.testjobs.send_email", "cron": "0 * * * *", "args": ["a@b.c"]},
+        hourly={"job": "tests.jobs.common.send_email", "cron": "0 * * * *", "args": ["a@b.c"]},
     ):
         rows, problems = schedule_rows()
         assert problems == []
@@ -160,8 +160,8 @@ def test_valid_declarations_from_settings_are_resolved_to_rows() -> None:
 )
 def test_a_bad_schedule_is_a_system_check_error_naming_it(entry: Any, message: str) -> None:
     with periodic(
-        broken={"job": "tests.testjobs.noop", **entry},
-        fine={"job": "tests.testjobs.noop", "cron": "* * * * *"},
+        broken={"job": "tests.jobs.common.noop", **entry},
+        fine={"job": "tests.jobs.common.noop", "cron": "* * * * *"},
     ):
         errors = check_schedules(None)
         rows, _ = schedule_rows()
@@ -172,14 +172,14 @@ def test_a_bad_schedule_is_a_system_check_error_naming_it(entry: Any, message: s
 
 def test_an_unknown_kind_or_bad_arguments_are_awa_e008() -> None:
     with periodic(
-        ghost={"job": "tests.testjobs.nope", "cron": "* * * * *"},
-        unjson={"job": "tests.testjobs.noop", "cron": "* * * * *", "args": [{1, 2}]},
-        badqueue={"job": "tests.testjobs.noop", "cron": "* * * * *", "queue": "No Spaces"},
+        ghost={"job": "tests.jobs.common.nope", "cron": "* * * * *"},
+        unjson={"job": "tests.jobs.common.noop", "cron": "* * * * *", "args": [{1, 2}]},
+        badqueue={"job": "tests.jobs.common.noop", "cron": "* * * * *", "queue": "No Spaces"},
     ):
         errors = check_schedule_jobs(None)
     assert {e.id for e in errors} == {"awa.E008"}
     text = "\n".join(e.msg for e in errors)
-    assert "'ghost'" in text and "tests.testjobs.nope" in text
+    assert "'ghost'" in text and "tests.jobs.common.nope" in text
     assert "'unjson'" in text and "'badqueue'" in text
 
 
@@ -206,7 +206,9 @@ def test_the_decorator_declares_a_schedule_named_after_the_kind(declared_jobs: l
     assert row["kind"] == "tests.periodic.report" and row["timezone"] == "Europe/Paris"
     assert row["args"] == {"args": [1], "kwargs": {}}
     # A settings entry may not take a decorated schedule's name.
-    with periodic(**{"tests.periodic.report": {"job": "tests.testjobs.noop", "cron": "* * * * *"}}):
+    with periodic(
+        **{"tests.periodic.report": {"job": "tests.jobs.common.noop", "cron": "* * * * *"}}
+    ):
         errors = check_schedules(None)
     assert [e.id for e in errors] == ["awa.E007"] and "declared twice" in errors[0].msg
 

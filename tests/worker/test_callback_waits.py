@@ -18,8 +18,8 @@ from awa_django import InvalidOptionError, WaitForCallback
 from awa_django.context import JobContext
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
-from tests import testjobs
-from tests.callback_support import (
+from tests.jobs import common as testjobs
+from tests.support.callbacks import (
     KEY,
     claimed,
     job_row,
@@ -30,8 +30,10 @@ from tests.callback_support import (
     status_of,
     wait_item,
 )
-from tests.factories import WORKER
-from tests.helpers import ManagedProcess, pg, wait_for
+from tests.support.database import pg
+from tests.support.factories import WORKER
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_awa")]

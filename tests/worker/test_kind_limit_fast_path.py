@@ -2,11 +2,10 @@
 kinds (the kind asked for the units left up front, the second pass after an unlimited run, the
 probe before the lane lock), judged only by what docs/flow.md promises.
 
-Workers are real subprocesses (``manage_py``); handlers record their runs with the database
-clock in ``fa3_runs`` (tests/flowatk3jobs.py), and the checks are computed from those intervals:
-a handler's run lies inside the time its permits and keys are held, so two runs that overlap
-held their permits at the same time.
-"""
+Workers are real subprocesses (``manage_py``); handlers record their runs with the database clock in
+``fa3_runs`` (tests/jobs/kind_limit_fast_path.py), and the checks are computed from those intervals:
+a handler's run lies inside the time its permits and keys are held, so two runs that overlap held
+their permits at the same time."""
 
 from __future__ import annotations
 
@@ -23,9 +22,12 @@ import pytest
 
 import awa_django
 from awa_django.operator import clear_kind_limits, set_kind_limits
-from tests import flowatk3jobs
-from tests.flowatk3jobs import FA3_OVERRIDES, FA3_TABLES
-from tests.helpers import ManagedProcess, pg, wait_for
+from tests.jobs import kind_limit_fast_path, worker_env
+from tests.jobs import kind_limit_fast_path as flowatk3jobs
+from tests.jobs.kind_limit_fast_path import FA3_TABLES
+from tests.support.database import pg
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
 
@@ -51,7 +53,7 @@ def _workers(
     queues: Sequence[str] = ("fa3",),
     overrides: dict[str, Any] | None = None,
 ) -> list[ManagedProcess]:
-    env = {"AWA_TEST_OVERRIDES": json.dumps({**FA3_OVERRIDES, **(overrides or {})})}
+    env = worker_env(kind_limit_fast_path, **(overrides or {}))
     args = ["awa_worker", "--concurrency", str(concurrency)]
     for q in queues:
         args += ["--queue", q]
@@ -217,7 +219,7 @@ class _Session:
     def __init__(self, slots: int) -> None:
         import psycopg
 
-        from tests.helpers import conninfo
+        from tests.support.database import conninfo
 
         self.conn = psycopg.connect(conninfo(), autocommit=True)
         self.pid = self.conn.info.backend_pid
@@ -1288,7 +1290,7 @@ def test_kind_limits_across_two_queues(manage_py: Callable[..., ManagedProcess])
         rated.append(job.id)
         ids.append(job.id)
         ids.append(awa_django.enqueue("fa3.free", queue=queue).id)
-    env = {"AWA_TEST_OVERRIDES": json.dumps(FA3_OVERRIDES)}
+    env = worker_env(kind_limit_fast_path)
     workers = [
         manage_py(
             "awa_worker", "--concurrency", "4", "--queue", "fa3", "--queue", "fa3b", extra_env=env
@@ -1628,7 +1630,7 @@ def test_parked_job_not_stranded_by_per_queue_cap(manage_py: Callable[..., Manag
     counts 1: the cap). Two run (one permit each); the third worker's job is parked; it must
     run once they end."""
     _tables()
-    env = {"AWA_TEST_OVERRIDES": json.dumps(FA3_OVERRIDES)}
+    env = worker_env(kind_limit_fast_path)
     workers = [
         manage_py("awa_worker", "--concurrency", "8", "--queue", "fa3=1", extra_env=env)
         for _ in range(3)

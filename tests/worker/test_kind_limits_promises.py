@@ -1,7 +1,7 @@
 """Hostile tests of per-kind flow limits (docs/flow.md, "Per kind").
 
 Each test asserts what the docs promise; a failing test is a finding. Workers are real
-subprocesses (``manage_py``) with the job kinds of tests/kindatkjobs.py; handlers record their
+subprocesses (``manage_py``) with the job kinds of tests/jobs/kind_limits.py; handlers record their
 runs in ``katk_runs`` / ``katk_gauge`` (tables of the test database made here).
 """
 
@@ -17,8 +17,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers import ManagedProcess, pg, wait_for
-from tests.kindatkjobs import KATK_OVERRIDES, fails_once, free, lim1, lim2, odd_name, plain
+from tests.jobs import kind_limits, worker_env
+from tests.jobs.kind_limits import fails_once, free, lim1, lim2, odd_name, plain
+from tests.support.database import pg
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 
 pytestmark = pytest.mark.usefixtures("clean_awa", "katk_tables")
 
@@ -57,7 +60,7 @@ def worker(
     *args: str,
     overrides: dict[str, Any] | None = None,
 ) -> ManagedProcess:
-    env = {"AWA_TEST_OVERRIDES": json.dumps({**KATK_OVERRIDES, **(overrides or {})})}
+    env = worker_env(kind_limits, **(overrides or {}))
     return manage_py("awa_worker", *args, extra_env=env)
 
 
@@ -345,7 +348,7 @@ def test_rate_limited_backlog_does_not_delay_other_kinds_notify(manage_py: Any) 
     wait_kind_limit("katk.rated")
     from awa_django import operator  # noqa: F401
     from awa_django.operator.actions import set_kind_limits
-    from tests.kindatkjobs import rated
+    from tests.jobs.kind_limits import rated
 
     set_kind_limits("katk.rated", rate_limit=1, rate_burst=1, actor="atk")
     ids = [rated.enqueue().id for _ in range(30)]
@@ -505,9 +508,7 @@ def test_drain_removes_parked_jobs(manage_py: Any) -> None:
 
 def test_awa_status_and_limits_show_parked_and_in_use(manage_py: Any) -> None:
     proc, first, rest = _park_some(manage_py)
-    out = manage_py(
-        "awa_queue", "limits", extra_env={"AWA_TEST_OVERRIDES": json.dumps(KATK_OVERRIDES)}
-    )
+    out = manage_py("awa_queue", "limits", extra_env=worker_env(kind_limits))
     assert out.wait(60) == 0
     text = out.output()
     line = next((x for x in text.splitlines() if "katk.lim1" in x), "")
@@ -625,7 +626,7 @@ def test_bad_kind_names_refused(name: Any) -> None:
 
 
 def test_command_clear_restores_job_decorator_limits(manage_py: Any) -> None:
-    env = {"AWA_TEST_OVERRIDES": json.dumps(KATK_OVERRIDES)}
+    env = worker_env(kind_limits)
     p = manage_py(
         "awa_queue", "limit", "--kind", "katk.lim2", "--global-concurrency", "7", extra_env=env
     )
@@ -876,7 +877,7 @@ def test_lim_name_kind_prefix_does_not_collide_with_queue(manage_py: Any) -> Non
 
 
 def test_wait_for_callback_frees_kind_permit(manage_py: Any) -> None:
-    from tests.kindatkjobs import waits
+    from tests.jobs.kind_limits import waits
 
     procs = [worker(manage_py, "--concurrency", "8")]
     wait_kind_limit("katk.waits", 1)
@@ -894,7 +895,7 @@ def test_wait_for_callback_frees_kind_permit(manage_py: Any) -> None:
 def test_deadline_abandoned_handler_keeps_kind_permit(manage_py: Any) -> None:
     """docs: a handler told to stop (deadline) keeps its permits until it returns: the retry and
     the other jobs of the kind never overlap it."""
-    from tests.kindatkjobs import overrun
+    from tests.jobs.kind_limits import overrun
 
     procs = [worker(manage_py, "--concurrency", "8") for _ in range(2)]
     wait_kind_limit("katk.overrun", 1)
@@ -914,7 +915,7 @@ def test_deadline_abandoned_handler_keeps_kind_permit(manage_py: Any) -> None:
 
 
 def test_kind_with_both_rate_and_concurrency(manage_py: Any) -> None:
-    from tests.kindatkjobs import both
+    from tests.jobs.kind_limits import both
 
     procs = [worker(manage_py, "--concurrency", "8") for _ in range(2)]
     wait_kind_limit("katk.both", 2)
@@ -1090,7 +1091,7 @@ def test_operator_role_cannot_change_kind_limit_app_role_enqueues_limited(
     p = manage_py("awa_roles", "--apply", *[a for k, v in names.items() for a in (f"--{k}", v)])
     assert p.wait(60) == 0, p.output()
     base = psycopg.conninfo.conninfo_to_dict(
-        __import__("tests.helpers", fromlist=["conninfo"]).conninfo()
+        __import__("tests.support.database", fromlist=["conninfo"]).conninfo()
     )
 
     def as_role(role: str) -> psycopg.Connection[Any]:
@@ -1138,7 +1139,7 @@ def test_operator_role_cannot_change_kind_limit_app_role_enqueues_limited(
 
 
 def test_snoozing_limited_job_frees_permit(manage_py: Any) -> None:
-    from tests.kindatkjobs import snoozer
+    from tests.jobs.kind_limits import snoozer
 
     procs = [worker(manage_py, "--concurrency", "8")]
     wait_kind_limit("katk.snoozer", 1)
@@ -1155,7 +1156,7 @@ def test_snoozing_limited_job_frees_permit(manage_py: Any) -> None:
 
 def test_cancel_running_limited_job_frees_permit(manage_py: Any) -> None:
     import awa_django
-    from tests.kindatkjobs import coop
+    from tests.jobs.kind_limits import coop
 
     procs = [worker(manage_py, "--concurrency", "8")]
     wait_kind_limit("katk.coop", 1)
@@ -1199,7 +1200,7 @@ def test_deploy_dropping_settings_limit_unparks(manage_py: Any) -> None:
         overrides={"KINDS": {"katk.settings_limited": {"global_concurrency": 1}}},
     )
     wait_kind_limit("katk.settings_limited", 1)
-    from tests.kindatkjobs import settings_limited
+    from tests.jobs.kind_limits import settings_limited
 
     first = settings_limited.enqueue(block="dep").id
     wait_for(lambda: one("SELECT count(*) FROM katk_runs WHERE job_id = %s", [first]), timeout=20)
@@ -1323,7 +1324,7 @@ def test_operator_throttle_then_clear_back_to_job_rate(manage_py: Any) -> None:
     """An operator throttles a kind to a crawl during an incident, then clears the override:
     the kind must go back to its @job rate (20/s burst 5) at once."""
     from awa_django.operator.actions import clear_kind_limits, set_kind_limits
-    from tests.kindatkjobs import rated
+    from tests.jobs.kind_limits import rated
 
     procs = [worker(manage_py, "--concurrency", "8", overrides={"POLL_INTERVAL": 0.5})]
     wait_kind_limit("katk.rated")
@@ -1494,7 +1495,7 @@ def test_parked_kind_holds_no_queue_permit(manage_py: Any) -> None:
 
 
 def test_rated_kind_with_one_serial_key(manage_py: Any) -> None:
-    from tests.kindatkjobs import rated
+    from tests.jobs.kind_limits import rated
 
     procs = [worker(manage_py, "--concurrency", "8") for _ in range(2)]
     wait_kind_limit("katk.rated")
@@ -1512,7 +1513,7 @@ def test_rated_kind_with_one_serial_key(manage_py: Any) -> None:
 
 
 def test_kind_rate_runs_at_rate_without_notify(manage_py: Any) -> None:
-    from tests.kindatkjobs import rated
+    from tests.jobs.kind_limits import rated
 
     procs = [
         worker(manage_py, "--concurrency", "8", overrides={"NOTIFY": False, "POLL_INTERVAL": 1.0})
@@ -1546,7 +1547,7 @@ def test_kind_concurrency_handoff_without_notify(manage_py: Any) -> None:
 
 def test_queue_and_kind_rate_together(manage_py: Any) -> None:
     from awa_django.operator.actions import set_queue_limits
-    from tests.kindatkjobs import rated
+    from tests.jobs.kind_limits import rated
 
     set_queue_limits("katk-rate", rate_limit=10, rate_burst=2, actor="atk")
     procs = [worker(manage_py, "--concurrency", "8") for _ in range(2)]
@@ -1627,7 +1628,7 @@ def test_open_transaction_setting_kind_limit_does_not_stall_claims(manage_py: An
     from django.db import transaction
 
     from awa_django.operator.actions import set_kind_limits
-    from tests.kindatkjobs import rated
+    from tests.jobs.kind_limits import rated
 
     procs = [worker(manage_py, "--concurrency", "8")]
     wait_kind_limit("katk.rated")
@@ -1678,7 +1679,7 @@ def test_deploy_raising_kind_rate_takes_effect_at_once(manage_py: Any) -> None:
         overrides={"KINDS": {"katk.settings_limited": {"rate_limit": 0.05, "rate_burst": 1}}},
     )
     wait_kind_limit("katk.settings_limited")
-    from tests.kindatkjobs import settings_limited
+    from tests.jobs.kind_limits import settings_limited
 
     ids = [settings_limited.enqueue(seconds=0).id for _ in range(11)]
     wait_for(lambda: one("SELECT count(*) FROM katk_runs") == 1, timeout=20)
@@ -1720,12 +1721,12 @@ def test_least_privilege_workers_park_and_unpark(manage_py: Any) -> None:
     limits, park jobs, create hand-off lanes (every priority) and un-park them."""
     from django.db import connection
 
-    from tests.helpers import database_url
+    from tests.support.database import database_url
 
     names = _apply_roles(manage_py)
     url = database_url({**connection.settings_dict, "USER": names["worker"], "PASSWORD": ""})
     murl = database_url({**connection.settings_dict, "USER": names["maintenance"], "PASSWORD": ""})
-    env = {"AWA_TEST_OVERRIDES": json.dumps(KATK_OVERRIDES)}
+    env = worker_env(kind_limits)
     procs = [
         manage_py(
             "awa_worker",

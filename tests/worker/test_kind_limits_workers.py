@@ -12,10 +12,12 @@ import pytest
 from django.core.management import call_command
 
 import awa_django
-from tests import testjobs
-from tests.helpers import ManagedProcess, pg, wait_for
-from tests.worker.test_queue_limits_workers import completed, max_overlap, running_now
-from tests.worker.test_worker import Start, count, exited, worker
+from tests.jobs import common as testjobs
+from tests.support.database import count, pg
+from tests.support.ledger_runs import completed, max_overlap, running_now
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
+from tests.support.workers import Start, exited, worker
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
 
@@ -171,7 +173,7 @@ def test_serial_keys_of_a_limited_kind_keep_their_order(manage_py: Start) -> Non
     """Jobs with serial keys, of a kind limited to 2: within a key one at a time and in enqueue
     order (a job its kind parks takes no key, and younger jobs of its key wait behind it);
     never more than 2 of the kind at once."""
-    from tests.worker.test_serial_keys_workers import assert_one_at_a_time, runs_by_key
+    from tests.support.ledger_runs import assert_one_at_a_time, runs_by_key
 
     keys = ["customer:1", "customer:2", "customer:3"]
     serial = testjobs.serial_sleep

@@ -1,18 +1,16 @@
 """Hostile tests of ``CLAIM_BATCH_SIZE`` defaulting to 512 (was 128).
 
-A worker with 512 slots for a queue now claims up to 512 jobs in one ``claim_v3`` statement.
-These tests run real ``awa_worker`` subprocesses against the test database and wait on
-database state: a SIGKILL or SIGTERM with hundreds of attempts in flight, weights between the
-old and the new batch bound and above it (with a global limit), hundreds of deadlines firing
-at once, 512 sync handlers at once, hostile values of the setting and big arguments claimed
-512 at a time. Handlers (tests/cb33jobs.py) log each attempt's start and end to a file, from
-which the tests check that no attempt identity ``(job_id, run_lease)`` ran twice and that no
-limit was exceeded; the ledger (``awa.done_entries``) says every job ended exactly once.
-"""
+A worker with 512 slots for a queue now claims up to 512 jobs in one ``claim_v3`` statement. These
+tests run real ``awa_worker`` subprocesses against the test database and wait on database state: a
+SIGKILL or SIGTERM with hundreds of attempts in flight, weights between the old and the new batch
+bound and above it (with a global limit), hundreds of deadlines firing at once, 512 sync handlers at
+once, hostile values of the setting and big arguments claimed 512 at a time. Handlers
+(tests/jobs/claim_batches.py) log each attempt's start and end to a file, from which the tests check
+that no attempt identity ``(job_id, run_lease)`` ran twice and that no limit was exceeded; the
+ledger (``awa.done_entries``) says every job ended exactly once."""
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
@@ -22,16 +20,14 @@ from typing import Any
 import pytest
 
 from awa_django import enqueue_many
-from tests import cb33jobs
-from tests.helpers import ManagedProcess, pg, wait_for
+from tests.jobs import claim_batches, worker_env
+from tests.support.database import pg
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
 
 Start = Callable[..., ManagedProcess]
-
-
-def overrides(**extra: Any) -> dict[str, Any]:
-    return {"JOB_MODULES": cb33jobs.CB33_MODULES, **extra}
 
 
 def worker(
@@ -41,7 +37,7 @@ def worker(
         "awa_worker",
         *args,
         extra_env={
-            "AWA_TEST_OVERRIDES": json.dumps(settings if settings is not None else overrides()),
+            **worker_env(claim_batches, **(settings or {})),
             "CB33_LOG": str(log),
         },
     )
@@ -140,7 +136,7 @@ def test_sigkill_with_512_in_flight_rescued_and_finished_once(
     finishes them: each job completes exactly once, no attempt identity runs twice, the killed
     attempts come back with a new run_lease."""
     log = tmp_path / "runs.log"
-    ids = enqueue(cb33jobs.slow, 1100, 3.0)
+    ids = enqueue(claim_batches.slow, 1100, 3.0)
     a = worker(manage_py, log, "--queue", "cb33=512")
     # Claimed attempts start on the handler threads a moment after their claim commits: the
     # kill waits until the handlers say so.
@@ -167,7 +163,7 @@ def test_sigterm_with_512_in_flight_finishes_them_all(manage_py: Start, tmp_path
     """SIGTERM while 512 attempts run: every one that started finishes on its first lease
     within SHUTDOWN_TIMEOUT, the worker exits 0, the rest stay available for the next worker."""
     log = tmp_path / "runs.log"
-    ids = enqueue(cb33jobs.slow, 800, 2.0)
+    ids = enqueue(claim_batches.slow, 800, 2.0)
     a = worker(manage_py, log, "--queue", "cb33=512")
     wait_for(lambda: running() >= 500, timeout=30, message=a.output)
     a.send_signal(15)
@@ -195,8 +191,8 @@ def test_weights_between_and_above_the_batch_run_within_limits(
     random.Random(33).shuffle(weights)
     ids = []
     for w in weights:
-        ids += enqueue(cb33jobs.slow, 1, 0.3, weight=w, queue="cb33w")
-    settings = overrides(QUEUES={"cb33w": {"global_concurrency": 600}})
+        ids += enqueue(claim_batches.slow, 1, 0.3, weight=w, queue="cb33w")
+    settings = dict(QUEUES={"cb33w": {"global_concurrency": 600}})
     a = worker(manage_py, log, "--queue", "cb33w=512", settings=settings)
     b = worker(manage_py, log, "--queue", "cb33w=512", settings=settings)
     wait_for(lambda: done_count() >= len(ids), timeout=50, message=lambda: a.output() + b.output())
@@ -226,7 +222,7 @@ def test_512_deadlines_firing_at_once(manage_py: Start, tmp_path: Path) -> None:
     once: completed when its late result beat the rescue (the attempt was still open), else
     failed by the rescue."""
     log = tmp_path / "runs.log"
-    ids = enqueue(cb33jobs.deadline, 512, 30.0, max_attempts=1)
+    ids = enqueue(claim_batches.deadline, 512, 30.0, max_attempts=1)
     a = worker(manage_py, log, "--queue", "cb33=512")
 
     def ended() -> bool:
@@ -258,7 +254,7 @@ def test_512_sync_handlers_at_once(manage_py: Start, tmp_path: Path) -> None:
     """Sync handlers with 512 slots: the thread pool grows to run hundreds at once, every job
     completes once."""
     log = tmp_path / "runs.log"
-    ids = enqueue(cb33jobs.sync_slow, 1024, 1.0)
+    ids = enqueue(claim_batches.sync_slow, 1024, 1.0)
     a = worker(manage_py, log, "--queue", "cb33=512")
     wait_for(lambda: done_count() >= len(ids), timeout=45, message=a.output)
     assert_each_completed_once(ids)
@@ -274,9 +270,7 @@ def test_hostile_claim_batch_size_refused_at_start(
     manage_py: Start, tmp_path: Path, value: Any
 ) -> None:
     """A bad CLAIM_BATCH_SIZE stops the worker at start-up with a message naming it."""
-    p = worker(
-        manage_py, tmp_path / "runs.log", "--burst", settings=overrides(CLAIM_BATCH_SIZE=value)
-    )
+    p = worker(manage_py, tmp_path / "runs.log", "--burst", settings=dict(CLAIM_BATCH_SIZE=value))
     code = p.wait(30)
     assert code != 0, p.output()
     assert "CLAIM_BATCH_SIZE" in p.output(), p.output()
@@ -286,9 +280,9 @@ def test_huge_claim_batch_size_is_bounded_by_the_slots(manage_py: Start, tmp_pat
     """CLAIM_BATCH_SIZE 2**63 (no upper bound in the settings) behaves as 'no bound beyond the
     slots': the worker runs its jobs and exits cleanly."""
     log = tmp_path / "runs.log"
-    ids = enqueue(cb33jobs.slow, 600, 0.0)
+    ids = enqueue(claim_batches.slow, 600, 0.0)
     p = worker(
-        manage_py, log, "--queue", "cb33=512", "--burst", settings=overrides(CLAIM_BATCH_SIZE=2**63)
+        manage_py, log, "--queue", "cb33=512", "--burst", settings=dict(CLAIM_BATCH_SIZE=2**63)
     )
     assert p.wait(40) == 0, p.output()
     assert_each_completed_once(ids)
@@ -298,7 +292,7 @@ def enqueue_big(n: int, elements: int) -> list[int]:
     """``n`` cb33.big jobs whose argument is a list of ``elements`` ones (2 bytes of JSON each,
     12 bytes of jsonb), through ``enqueue_many`` (COPY), 64 per transaction. One request is
     prepared and sent ``n`` times: checking the same big argument 512 times takes 20 s."""
-    request = cb33jobs.big.prepare([1] * elements)
+    request = claim_batches.big.prepare([1] * elements)
     ids: list[int] = []
     for lo in range(0, n, 64):
         ids += [e.id for e in enqueue_many([request] * min(64, n - lo))]
@@ -321,7 +315,7 @@ def test_512_half_megabyte_arguments_in_one_claim(manage_py: Start, tmp_path: Pa
     worker halves what its claims ask for until they fit (``ClaimCap``) and says so."""
     log = tmp_path / "runs.log"
     ids = enqueue_big(512, BIG_ELEMENTS)
-    p = worker(manage_py, log, "--queue", "cb33=512", settings=overrides(HEARTBEAT_STALENESS=60.0))
+    p = worker(manage_py, log, "--queue", "cb33=512", settings=dict(HEARTBEAT_STALENESS=60.0))
     wait_for(lambda: done_count() >= len(ids), timeout=90, message=p.output)
     assert_each_completed_once(ids)
     out = p.output()
@@ -337,7 +331,7 @@ def test_three_processes_share_a_slow_backlog(manage_py: Start, tmp_path: Path) 
     attempt starts within a second of its claim). The split between processes is reported in
     the assertion message only (balance is not the contract)."""
     log = tmp_path / "runs.log"
-    ids = enqueue(cb33jobs.slow, 3000, 1.0)
+    ids = enqueue(claim_batches.slow, 3000, 1.0)
     procs = [worker(manage_py, log, "--queue", "cb33=512") for _ in range(3)]
     wait_for(lambda: done_count() >= len(ids), timeout=45, message=procs[0].output)
     assert_each_completed_once(ids)
@@ -370,13 +364,13 @@ def test_global_limit_and_serial_keys_with_big_claims(manage_py: Start, tmp_path
     serial keys: the fleet never runs more than 40 at once, a key never runs two at once,
     every job completes once."""
     log = tmp_path / "runs.log"
-    ids = enqueue(cb33jobs.slow, 200, 0.1, queue="cb33g")
+    ids = enqueue(claim_batches.slow, 200, 0.1, queue="cb33g")
     keyed: dict[int, str] = {}
     for k in range(8):
-        for i in enqueue(cb33jobs.slow, 15, 0.05, queue="cb33g", serial_key=f"k{k}"):
+        for i in enqueue(claim_batches.slow, 15, 0.05, queue="cb33g", serial_key=f"k{k}"):
             keyed[i] = f"k{k}"
     ids += list(keyed)
-    settings = overrides(QUEUES={"cb33g": {"global_concurrency": 40}})
+    settings = dict(QUEUES={"cb33g": {"global_concurrency": 40}})
     procs = [worker(manage_py, log, "--queue", "cb33g=512", settings=settings) for _ in range(2)]
     wait_for(lambda: done_count() >= len(ids), timeout=45, message=procs[0].output)
     assert_each_completed_once(ids)
@@ -396,7 +390,7 @@ def test_512_long_attempts_heartbeated_not_rescued(manage_py: Start, tmp_path: P
     (2 s in the test settings) twice over: one heartbeat statement keeps them all alive, so
     none is rescued and each completes on its first lease."""
     log = tmp_path / "runs.log"
-    ids = enqueue(cb33jobs.slow, 512, 4.5) + enqueue(cb33jobs.sync_slow, 512, 4.5)
+    ids = enqueue(claim_batches.slow, 512, 4.5) + enqueue(claim_batches.sync_slow, 512, 4.5)
     a = worker(manage_py, log, "--queue", "cb33=512")
     wait_for(lambda: done_count() >= len(ids), timeout=40, message=a.output)
     facts = assert_each_completed_once(ids)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -14,26 +13,21 @@ import pytest
 
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
-from tests import testjobs
-from tests.factories import WORKER, enqueue_sql
-from tests.helpers import ManagedProcess, pg, wait_for
-from tests.storage_support import job_state
+from tests.jobs import common as testjobs
+from tests.support.awa_schema import job_state
+from tests.support.database import pg
+from tests.support.factories import WORKER, enqueue_sql
+from tests.support.polling import wait_for
+from tests.support.workers import Start, worker
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
-
-Start = Callable[..., ManagedProcess]
 
 
 def scalar(sql: str, *params: Any) -> Any:
     with pg() as conn:
         row = conn.execute(sql, list(params)).fetchone()
     return None if row is None else row[0]
-
-
-def worker(start: Start, *args: str, overrides: dict[str, Any] | None = None) -> ManagedProcess:
-    env = {"AWA_TEST_OVERRIDES": json.dumps(overrides)} if overrides else None
-    return start("awa_worker", *args, extra_env=env)
 
 
 # Leader election and rescue (subprocesses) -------------------------------------------------------

@@ -4,23 +4,25 @@ stops firing after a restart; a broken schedule does not stop a live leader or t
 
 from __future__ import annotations
 
-import json
 import signal
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
-from tests.helpers import ManagedProcess, pg, wait_for
+from tests.jobs import worker_env
+from tests.support.database import pg
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 
 pytestmark = [pytest.mark.usefixtures("clean_awa"), pytest.mark.worker]
 
-EVERY_SECOND = {"job": "tests.testjobs.noop", "cron": "* * * * * *", "queue": "cron"}
+EVERY_SECOND = {"job": "tests.jobs.common.noop", "cron": "* * * * * *", "queue": "cron"}
 
 
 def start(manage_py: Any, command: str, schedules: dict[str, Any], *args: str) -> ManagedProcess:
-    overrides = {"PERIODIC": schedules, "CRON_EVAL_INTERVAL": 0.05}
-    return manage_py(command, *args, extra_env={"AWA_TEST_OVERRIDES": json.dumps(overrides)})
+    env = worker_env(PERIODIC=schedules, CRON_EVAL_INTERVAL=0.05)
+    return manage_py(command, *args, extra_env=env)
 
 
 def rows(sql: str, *params: Any) -> list[tuple[Any, ...]]:

@@ -12,52 +12,19 @@ from typing import Any
 import pytest
 
 import awa_django
-from tests import testjobs
-from tests.helpers import ManagedProcess, pg, wait_for
+from tests.jobs import common as testjobs
+from tests.support.database import pg
+from tests.support.ledger_runs import completed, max_overlap, running_now
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
+from tests.support.workers import Start, exited, worker
 from tests.testapp.models import Ledger
-from tests.worker.test_worker import Start, count, exited, worker
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
 
 
 def overrides(queue: str, **limits: Any) -> dict[str, Any]:
     return {"QUEUES": {queue: limits}}
-
-
-def max_overlap(
-    killed_at: dict[tuple[int, int], Any] | None = None, queue: str | None = None
-) -> int:
-    """The most permits in use at once, from the ledger: +weight at each start, -weight at the
-    attempt's end (an attempt whose process was killed ends at the kill)."""
-    ledger = Ledger.objects.all() if queue is None else Ledger.objects.filter(queue=queue)
-    rows = list(ledger.values_list("job_id", "run_lease", "note", "created_at"))
-    weights = {(j, lease): int(n.split(":")[1]) for j, lease, n, _ in rows if n.startswith("start")}
-    events = []
-    ended = set()
-    for job_id, lease, note, at in rows:
-        key = (job_id, lease)
-        if note.startswith("start"):
-            events.append((at, 1, weights[key]))
-        elif note == "end":
-            events.append((at, 0, -weights[key]))
-            ended.add(key)
-    for key, at in (killed_at or {}).items():
-        if key in weights and key not in ended:
-            events.append((at, 0, -weights[key]))
-    running = peak = 0
-    for _, _, delta in sorted(events):  # at equal times, ends (0) before starts (1)
-        running += delta
-        peak = max(peak, running)
-    return peak
-
-
-def running_now() -> int:
-    starts = Ledger.objects.filter(note__startswith="start").count()
-    return starts - Ledger.objects.filter(note="end").count()
-
-
-def completed(queue: str) -> int:
-    return count("SELECT count(*) FROM awa.jobs WHERE queue = %s AND state = 'completed'", queue)
 
 
 def test_global_limit_holds_across_four_processes_and_a_sigkill(manage_py: Start) -> None:

@@ -6,66 +6,26 @@ rows (database clock), never from job states, which finish in batches."""
 
 from __future__ import annotations
 
-import itertools
 import signal
-from collections import defaultdict
-from datetime import datetime
 from typing import Any
 
 import pytest
 
 import awa_django
-from tests import testjobs
-from tests.helpers import ManagedProcess, pg, wait_for
+from tests.jobs import common as testjobs
+from tests.support.database import count, pg
+from tests.support.ledger_runs import (
+    assert_one_at_a_time,
+    completed,
+    overlapping_pairs,
+    runs_by_key,
+)
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
+from tests.support.workers import Start, exited, worker
 from tests.testapp.models import Ledger
-from tests.worker.test_worker import Start, count, exited, worker
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
-
-Run = tuple[datetime, datetime, int, int]  # start, end, job id, run lease
-
-
-def runs_by_key(killed_at: datetime | None = None) -> dict[str, list[Run]]:
-    """Every handler run of each key, by start: an attempt without an end row ended at
-    ``killed_at`` (its process was killed)."""
-    starts: dict[tuple[int, int], tuple[datetime, str]] = {}
-    ends: dict[tuple[int, int], datetime] = {}
-    for job_id, lease, note, at in Ledger.objects.values_list(
-        "job_id", "run_lease", "note", "created_at"
-    ):
-        if note.startswith("start:"):
-            starts[(job_id, lease)] = (at, note.split(":", 1)[1])
-        elif note == "end":
-            ends[(job_id, lease)] = at
-    runs: dict[str, list[Run]] = defaultdict(list)
-    for (job_id, lease), (at, key) in starts.items():
-        end = ends.get((job_id, lease), killed_at)
-        assert end is not None, f"job {job_id} lease {lease} never ended"
-        runs[key].append((at, end, job_id, lease))
-    for key_runs in runs.values():
-        key_runs.sort()
-    return runs
-
-
-def assert_one_at_a_time(runs: list[Run]) -> None:
-    for before, after in itertools.pairwise(runs):
-        assert after[0] >= before[1], f"job {after[2]} started before job {before[2]} ended"
-
-
-def overlapping_pairs(runs: dict[str, list[Run]], keys: list[str]) -> int:
-    """How many pairs of runs of different keys overlapped in time."""
-    pairs = 0
-    for i, a in enumerate(keys):
-        for b in keys[i + 1 :]:
-            for start_a, end_a, _, _ in runs[a]:
-                for start_b, end_b, _, _ in runs[b]:
-                    if start_a < end_b and start_b < end_a:
-                        pairs += 1
-    return pairs
-
-
-def completed(queue: str) -> int:
-    return count("SELECT count(*) FROM awa.jobs WHERE queue = %s AND state = 'completed'", queue)
 
 
 def locks_held() -> int:

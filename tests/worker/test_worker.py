@@ -1,7 +1,7 @@
 """The worker runtime, as real `manage.py awa_worker` subprocesses against real Postgres.
 
-Every test waits on database state with a timeout (tests.helpers.wait_for), never on a bare
-sleep. Job kinds live in tests/testjobs.py; each execution writes a Ledger row.
+Every test waits on database state with a timeout (tests.support.polling.wait_for), never on a bare
+sleep. Job kinds live in tests/jobs/common.py; each execution writes a Ledger row.
 """
 
 from __future__ import annotations
@@ -14,10 +14,13 @@ from typing import Any
 import pytest
 
 import awa_django
-from tests import testjobs
-from tests.factories import enqueue_sql
-from tests.helpers import ManagedProcess, pg, wait_for
-from tests.storage_support import job_state
+from tests.jobs import common as testjobs
+from tests.jobs import worker_env
+from tests.support.awa_schema import job_state
+from tests.support.database import pg
+from tests.support.factories import enqueue_sql
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
@@ -43,7 +46,7 @@ def count(sql: str, *params: Any) -> int:
 
 
 def worker(start: Start, *args: str, overrides: dict[str, Any] | None = None) -> ManagedProcess:
-    env = {"AWA_TEST_OVERRIDES": json.dumps(overrides)} if overrides else None
+    env = worker_env(**(overrides or {}))
     return start("awa_worker", *args, extra_env=env)
 
 
@@ -141,7 +144,7 @@ def test_unknown_kind_and_undecodable_arguments_fail_and_the_worker_goes_on(
             ),
         )
         [(garbled, _)] = enqueue_sql(
-            conn, json.dumps([{"kind": "tests.testjobs.ledger_sync", "queue": "work"}])
+            conn, json.dumps([{"kind": "tests.jobs.common.ledger_sync", "queue": "work"}])
         )
         # The SQL producers refuse such arguments; a row written some other way still has to
         # fail cleanly in the worker.
@@ -417,7 +420,7 @@ def served(*names: str) -> bool:
 def test_a_worker_without_queues_runs_jobs_of_queues_nobody_configured(
     manage_py: Start, notify: bool
 ) -> None:
-    from tests import tasks_for_tests
+    from tests.jobs import tasks as tasks_for_tests
 
     # Enqueued before the worker starts, to queues no setting, kind or backend names.
     before = testjobs.ledger_sync.using(queue="emails").enqueue(1).id

@@ -5,7 +5,6 @@ after POLL_INTERVAL (awa_django/worker/slots.py, ``BacklogRetry``): its pauses, 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 
@@ -13,8 +12,11 @@ import pytest
 
 import awa_django
 from awa_django.worker.slots import BACKLOG_RETRY, BacklogRetry
-from tests import testjobs
-from tests.helpers import ManagedProcess, pg, wait_for
+from tests.jobs import common as testjobs
+from tests.jobs import worker_env
+from tests.support.database import pg
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
 
@@ -95,7 +97,7 @@ def test_an_empty_claim_on_a_held_lane_after_a_backlog_claim_is_retried_soon(
         "awa_worker",
         "--queue",
         "slow=2",
-        extra_env={"AWA_TEST_OVERRIDES": json.dumps({"POLL_INTERVAL": 10.0})},
+        extra_env=worker_env(POLL_INTERVAL=10.0),
     )
     wait_for(
         lambda: states(slow) == ["running", "running"],

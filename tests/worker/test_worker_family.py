@@ -6,7 +6,6 @@ prove that a job nobody is woken for is still claimed within it."""
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import re
@@ -18,8 +17,11 @@ from pathlib import Path
 import pytest
 
 from awa_django.worker.family import Family
-from tests import testjobs
-from tests.helpers import ManagedProcess, pg, wait_for
+from tests.jobs import common as testjobs
+from tests.jobs import worker_env
+from tests.support.database import pg
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 
 Start = Callable[..., ManagedProcess]
 
@@ -60,7 +62,7 @@ def test_an_unusable_lock_file_answers_every_note(
 
 
 def overrides(poll: float) -> dict[str, str]:
-    return {"AWA_TEST_OVERRIDES": json.dumps({"POLL_INTERVAL": poll})}
+    return worker_env(POLL_INTERVAL=poll)
 
 
 def claimed_by(job_id: int) -> int | None:

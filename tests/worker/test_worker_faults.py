@@ -14,7 +14,6 @@ import json
 import logging
 import signal
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -26,20 +25,16 @@ from awa_django.db.links import Link, is_connection_lost
 from awa_django.db.storage import Finalization
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.worker.batcher import CompletionBatcher
-from tests import testjobs
-from tests.factories import WORKER, enqueue_sql
-from tests.helpers import ManagedProcess, pg, wait_for
-from tests.storage_support import job_state
+from tests.jobs import common as testjobs
+from tests.support.awa_schema import job_state
+from tests.support.database import pg
+from tests.support.factories import WORKER, enqueue_sql
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
+from tests.support.workers import Start, worker
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
-
-Start = Callable[..., ManagedProcess]
-
-
-def worker(start: Start, *args: str, overrides: dict[str, Any] | None = None) -> ManagedProcess:
-    env = {"AWA_TEST_OVERRIDES": json.dumps(overrides)} if overrides else None
-    return start("awa_worker", *args, extra_env=env)
 
 
 def jobs(*ids: int) -> dict[int, dict[str, Any]]:
@@ -139,7 +134,7 @@ def test_base_exceptions_from_handlers_fail_their_job_and_the_worker_survives(
     types = {
         "system_exit": "SystemExit",
         "keyboard_interrupt": "KeyboardInterrupt",
-        "custom_base": "tests.testjobs.CustomBaseError",
+        "custom_base": "tests.jobs.common.CustomBaseError",
     }
     for mode, handle in sync.items():
         assert (states[handle.id]["state"], last_error(states[handle.id])["type"]) == (
@@ -150,7 +145,7 @@ def test_base_exceptions_from_handlers_fail_their_job_and_the_worker_survives(
         last_error(states[asyn["cancelled_error"].id])["type"]
         == "asyncio.exceptions.CancelledError"
     )
-    assert last_error(states[asyn["custom_base"].id])["type"] == "tests.testjobs.CustomBaseError"
+    assert last_error(states[asyn["custom_base"].id])["type"] == "tests.jobs.common.CustomBaseError"
     assert states[asyn["surrogate_result"].id]["state"] == "failed"
     assert alive(proc)
     later = testjobs.hostile.enqueue("fine")

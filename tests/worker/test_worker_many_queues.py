@@ -6,7 +6,6 @@ Real ``awa_worker`` subprocesses against real PostgreSQL; waits on database stat
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -14,8 +13,11 @@ import pytest
 from django.db import transaction
 
 import awa_django
-from tests import testjobs
-from tests.helpers import ManagedProcess, pg, wait_for
+from tests.jobs import common as testjobs
+from tests.jobs import worker_env
+from tests.support.database import pg
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
@@ -24,7 +26,7 @@ Start = Callable[..., ManagedProcess]
 
 
 def worker(start: Start, *args: str, overrides: dict[str, Any] | None = None) -> ManagedProcess:
-    env = {"AWA_TEST_OVERRIDES": json.dumps(overrides)} if overrides else None
+    env = worker_env(**(overrides or {}))
     return start("awa_worker", *args, extra_env=env)
 
 

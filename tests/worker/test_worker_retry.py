@@ -2,8 +2,8 @@
 the wait of every retry path (a handler's error, a callback's error, rescue of a killed
 worker) as the job's policy sets it, on the database clock.
 
-Every test waits on database state with a timeout (tests.helpers.wait_for), never on a bare
-sleep. Job kinds live in tests/testjobs.py and tests/tasks_for_tests.py.
+Every test waits on database state with a timeout (tests.support.polling.wait_for), never on a bare
+sleep. Job kinds live in tests/jobs/common.py and tests/jobs/tasks.py.
 """
 
 from __future__ import annotations
@@ -16,9 +16,12 @@ import pytest
 
 import awa_django
 from awa_django import RetryPolicy
-from tests import tasks_for_tests, testjobs
-from tests.helpers import ManagedProcess, pg, wait_for
-from tests.storage_support import job_state
+from tests.jobs import common as testjobs
+from tests.jobs import tasks as tasks_for_tests
+from tests.support.awa_schema import job_state
+from tests.support.database import pg
+from tests.support.polling import wait_for
+from tests.support.processes import ManagedProcess
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
@@ -85,7 +88,7 @@ def test_retry_on_and_fail_on_decide_which_exceptions_retry(manage_py: Start) ->
     assert runs(inside) == 3 and runs(subclass) == 2
     for job_id, error in (
         (outside, "ValueError"),
-        (failed_on, "tests.testjobs.Permanent"),
+        (failed_on, "tests.jobs.common.Permanent"),
     ):
         state = wait_state(job_id, "failed", proc)
         assert (state["attempt"], state["in_dlq"], runs(job_id)) == (1, True, 1)

@@ -1,10 +1,9 @@
 """Job kinds for tests/worker/test_kind_limit_fast_path.py (flow control, third round).
 
-Workers load them through ``AWA_TEST_OVERRIDES`` (``FA3_OVERRIDES``). Every handler records its
-run in ``fa3_runs`` (created by the tests) over a connection of its own, committed at once, with
-the database clock (``clock_timestamp()``) at its start and end, so that the test can compute
-what ran at the same time.
-"""
+Workers load them with ``worker_env(kind_limit_fast_path)`` (tests/jobs/__init__.py). Every handler
+records its run in ``fa3_runs`` (created by the tests) over a connection of its own, committed at
+once, with the database clock (``clock_timestamp()``) at its start and end, so that the test can
+compute what ran at the same time."""
 
 from __future__ import annotations
 
@@ -13,10 +12,9 @@ import time
 from typing import Any
 
 from awa_django import JobContext, job
-from tests.helpers import handler_conn
+from tests.support.database import handler_conn
 
-FA3_OVERRIDES: dict[str, Any] = {
-    "JOB_MODULES": ["tests.testjobs", "tests.tasks_for_tests", "tests.flowatk3jobs"],
+WORKER_SETTINGS: dict[str, Any] = {
     "HEARTBEAT_STALENESS": 60.0,
 }
 

@@ -1,20 +1,19 @@
-"""Helpers for storage tests: reading and emptying the awa schema of the test database.
+"""Reading and emptying the awa schema of the test database.
 
-Jobs are built by tests/factories.py and connections come from tests/helpers.py; the names
-below that moved there are re-exported so that existing imports keep working.
+Jobs are built by tests/support/factories.py; connections come from tests/support/database.py.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
+from types import ModuleType
 from typing import Any
 
 import psycopg
 
-from tests.factories import WORKER as WORKER
-from tests.factories import dead_letter as dead_letter
-from tests.factories import enqueue_sql as enqueue_sql
-from tests.helpers import conninfo as conninfo
-from tests.helpers import pg
+from tests.support.database import pg
+from tests.support.processes import REPO
 
 
 def count_jobs() -> int:
@@ -86,3 +85,14 @@ def reset_awa() -> None:
     with pg() as conn:
         conn.execute(RESET_SQL)
     forget_known_lanes()
+
+
+def schema_dump() -> ModuleType:
+    """scripts/schema_dump, imported as a module."""
+    path = REPO / "scripts" / "schema_dump"
+    loader = importlib.machinery.SourceFileLoader("awa_schema_dump", str(path))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module

@@ -21,7 +21,8 @@ import psycopg
 
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
-from tests.helpers import conninfo, pg, wait_for
+from tests.support.database import conninfo, pg
+from tests.support.polling import wait_for
 
 CLAIM = (
     "SELECT job_id, run_lease, attempt, claim_slot, kind, priority, weight, permits,"

@@ -16,8 +16,6 @@ from typing import Any
 
 from awa_django import JobContext, job
 
-CB33_MODULES = ["tests.testjobs", "tests.tasks_for_tests", "tests.cb33jobs"]
-
 
 def record(ctx: JobContext, event: str) -> None:
     """Append one line for ``ctx``'s attempt to ``CB33_LOG``."""

@@ -1,21 +1,16 @@
-"""Job kinds for the observability tests (tests/test_observability_*.py): handlers that log,
-fail, sleep, and record the trace they run in. Workers load them through
-``AWA_TEST_OVERRIDES`` (``OBS_OVERRIDES``)."""
+"""Job kinds for the observability tests (tests/operations/: health, logs, metrics, traces and
+their documented promises): handlers that log, fail, sleep, and record the trace they run in.
+Workers load them with ``worker_env(observability)`` (tests/jobs/__init__.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import time
 
-from awa_django import job
+from awa_django import RetryPolicy, job
 
 log = logging.getLogger("tests.obs")
-
-#: AWA overrides that make a worker subprocess load these kinds.
-OBS_OVERRIDES: dict[str, Any] = {
-    "JOB_MODULES": ["tests.testjobs", "tests.tasks_for_tests", "tests.obsjobs"],
-}
 
 
 @job(queue="obs")
@@ -59,3 +54,28 @@ async def traced_async(n: int) -> int:
     with trace.get_tracer("tests.obs").start_as_current_span("inside the async handler"):
         await asyncio.sleep(0)
         return n
+
+
+# For tests/operations/test_observability_promises.py: retry ages, the DLQ, rescue.
+
+
+@job(queue="atk-age", max_attempts=5, retry=RetryPolicy(base=5.0, jitter=0.0, max_age=0.5))
+def too_old_to_retry(n: int) -> None:
+    """Fails; its first retry would run 10 s after enqueue, past ``max_age`` (0.5 s)."""
+    raise ValueError(f"fails on purpose ({n})")
+
+
+@job(queue="atk-dlq", max_attempts=1)
+def fails_for_good(n: int) -> None:
+    raise ValueError(f"fails on purpose ({n})")
+
+
+@job(queue="atk-dlq")
+def fine(n: int) -> int:
+    return n
+
+
+@job(queue="atk-rescue", max_attempts=1)
+def sleeps(seconds: float) -> str:
+    time.sleep(seconds)
+    return "slept"

@@ -1,6 +1,6 @@
 """Job kinds for tests/worker/test_kind_limits_promises.py (hostile tests of per-kind flow limits).
 
-Workers load them through ``AWA_TEST_OVERRIDES`` (``KATK_OVERRIDES``). Handlers record what
+Workers load them with ``worker_env(kind_limits)`` (tests/jobs/__init__.py). Handlers record what
 they do in plain tables of the test database (``katk_runs``, ``katk_gauge``, ``katk_flags``),
 created by the tests, over a connection of their own (``DATABASE_URL``), committed at once so
 that the test sees them while the handler still runs.
@@ -14,11 +14,8 @@ import time
 from typing import Any
 
 from awa_django import JobContext, job
-from tests.helpers import WaitTimeout, handler_conn, wait_for
-
-KATK_OVERRIDES: dict[str, Any] = {
-    "JOB_MODULES": ["tests.testjobs", "tests.tasks_for_tests", "tests.kindatkjobs"],
-}
+from tests.support.database import handler_conn
+from tests.support.polling import WaitTimeout, wait_for
 
 
 def _run(ctx: JobContext, gauge: str, seconds: float, block: str | None = None) -> None:

@@ -33,6 +33,11 @@ import psycopg
 
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
+from tests.support.database import pg
+from tests.support.polling import wait_for
+
+#: The kinds of the walks: three limited by concurrency, one by rate, one free.
+A, B, C, R, F = "kfa.a", "kfa.b", "kfa.c", "kfa.rate", "kfa.free"
 
 PERMIT_CLASS = 4282182
 SERIAL_CLASS = 4282183
@@ -494,3 +499,66 @@ def note_holders(
         if key in keys_running:
             errors.append(f"serial key {key}: job {row['job_id']} and job {keys_running[key]}")
         keys_running[key] = row["job_id"]
+
+
+def drain(w: World, rng: random.Random, timeout: float = 20.0) -> None:
+    """Claim and finish until the queue holds nothing live (rate-limited kinds make it wait on
+    the database's clock: the loop waits on the live count, with a deadline)."""
+
+    def step() -> bool:
+        # The maintenance leader's serial sweep (no leader runs here): hands on keys whose
+        # next job was cancelled.
+        w.admin.execute("SELECT awa.serial_sweep_v1()")
+        for c in w.claimers:
+            w.claim(c.index, rng.randint(1, 8))
+            if c.running and rng.random() < 0.8:
+                w.finish(c.index, list(c.running))
+        w.finish_all()
+        return w.live() == 0
+
+    wait_for(step, timeout=timeout, interval=0.02, message=lambda: f"drain: {stuck(w)}")
+    w.flush()
+
+
+def stuck(w: World) -> str:
+    with pg() as conn:
+        live = conn.execute(
+            "SELECT id, kind, state, metadata FROM awa.live_jobs WHERE queue = %s ORDER BY id",
+            [w.queue],
+        ).fetchall()
+        fw = conn.execute("SELECT job_id, kind FROM awa.flow_waiting ORDER BY job_id").fetchall()
+        sw = conn.execute("SELECT job_id FROM awa.serial_waiting ORDER BY job_id").fetchall()
+        st = conn.execute("SELECT * FROM awa.flow_kind_status_v1()").fetchall()
+        locks = conn.execute(
+            "SELECT pid, classid, objid FROM pg_locks WHERE locktype = 'advisory'"
+        ).fetchall()
+    return (
+        f"{len(live)} live: {live}\nflow_waiting {fw}\nserial_waiting {sw}\nstatus {st}\n"
+        f"locks {locks}\nlimits {w.limits} queue {w.queue_limit}"
+    )
+
+
+def assert_clean(w: World) -> None:
+    assert not w.violations, "\n".join(w.violations[:20])
+    leaked = {c.index: sorted(c.locks()) for c in w.claimers if c.locks()}
+    names = {}
+    for kind in (A, B, C, R, F):
+        names.update({k: f"{kind}/{i}" for i, k in enumerate(w.kind_keys(kind, 16))})
+    names.update({k: f"queue/{i}" for i, k in enumerate(w.queue_keys(16))})
+    assert not leaked, {i: [names.get(k, k) for k in keys] for i, keys in leaked.items()}
+    with pg() as conn:
+        assert_no_permit_held(conn)
+        assert conn.execute("SELECT count(*) FROM awa.flow_waiting").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM awa.serial_waiting").fetchone() == (0,)
+    done = [j for j in w.jobs.values() if j.state == "done"]
+    assert len(w.starts) == len(set(w.starts)) == len(done)
+    assert all(j.state in ("done", "cancelled") for j in w.jobs.values())
+    with pg() as conn:
+        states = dict(
+            conn.execute(
+                "SELECT id, state FROM awa.jobs WHERE id = ANY(%s)", [list(w.jobs)]
+            ).fetchall()
+        )
+    for j in w.jobs.values():
+        want = "completed" if j.state == "done" else "cancelled"
+        assert states.get(j.job_id) == want, (j, states.get(j.job_id))

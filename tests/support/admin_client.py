@@ -1,9 +1,7 @@
 """Helpers for the admin tests: actions driven through the confirmation page exactly as a
 browser posts it, and the messages a page shows.
 
-Staff clients and jobs in every plane are built by tests/factories.py; the names below that
-moved there are re-exported so that existing imports keep working (``dead_letter`` here is
-:func:`tests.factories.hostile_dead_letter`).
+Staff clients and jobs in every plane are built by tests/support/factories.py.
 """
 
 from __future__ import annotations
@@ -15,14 +13,6 @@ from typing import Any
 from django.http import HttpResponse
 from django.test import Client
 from django.urls import reverse
-
-from tests.factories import HOSTILE as HOSTILE
-from tests.factories import TAGS as TAGS
-from tests.factories import hostile_dead_letter
-from tests.factories import staff as staff
-from tests.factories import tagged_jobs as tagged_jobs
-
-dead_letter = hostile_dead_letter
 
 _INPUT = re.compile(r"<input\b[^>]*>")
 _ATTR = re.compile(r'(\w[\w-]*)="([^"]*)"')

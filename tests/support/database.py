@@ -1,92 +1,22 @@
-"""Helpers for tests: polling with a deadline, subprocess handles, database URLs and
-connections. Functions that build data (jobs, users, clients) are in tests/factories.py."""
+"""Connections to the test database: its URL for subprocesses, psycopg connections for a test's
+own observers (``pg``, ``conninfo``) and for job handlers (``handler_conn``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import psycopg
 
-T = TypeVar("T")
-
-REPO = Path(__file__).resolve().parent.parent
+__all__ = ["PGBOUNCER", "conninfo", "count", "database_url", "handler_conn", "pg"]
 
 #: The pgbouncer lane: the tests' Django connections go through PgBouncer in transaction
 #: pooling mode (tests/conftest.py); ``AWA_TEST_DIRECT_URL`` is the server's own address.
 PGBOUNCER = os.environ.get("AWA_TEST_PGBOUNCER") == "1"
-
-
-class WaitTimeout(AssertionError):
-    """A condition polled by :func:`wait_for` did not hold before its deadline."""
-
-
-def wait_for(
-    predicate: Callable[[], T],
-    *,
-    timeout: float = 10.0,
-    interval: float = 0.05,
-    message: str | Callable[[], str] = "the condition",
-) -> T:
-    """Poll ``predicate`` until it returns something truthy, and return that.
-
-    This is the one place in the test suite that sleeps. Tests wait on observable state (a row,
-    a process exit, a file), never for a fixed time. ``message`` (or a callable producing it,
-    e.g. to include a subprocess's output) says what was awaited if the deadline passes.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            text = message() if callable(message) else message
-            raise WaitTimeout(f"timed out after {timeout:g}s waiting for {text}")
-        time.sleep(interval)
-
-
-class ManagedProcess:
-    """A subprocess started by the ``manage_py`` fixture, in its own process group."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path, argv: Sequence[str]):
-        self.proc = proc
-        self.log_path = log_path
-        self.argv = list(argv)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def output(self) -> str:
-        """Everything the process wrote so far (stdout and stderr, interleaved)."""
-        return self.log_path.read_text(errors="replace")
-
-    def send_signal(self, sig: int) -> None:
-        """Signal the process itself (not its group), as a supervisor or ``kill`` would."""
-        self.proc.send_signal(sig)
-
-    def wait(self, timeout: float = 30.0) -> int:
-        """Wait for the exit status; fail the test with the output if it takes too long."""
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise WaitTimeout(
-                f"{' '.join(self.argv)} still running after {timeout:g}s; output:\n{self.output()}"
-            ) from None
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group and reap the process."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
 
 
 def database_url(settings_dict: Mapping[str, Any]) -> str:
@@ -153,3 +83,11 @@ def handler_conn() -> psycopg.Connection[Any]:
         conn = psycopg.connect(os.environ["DATABASE_URL"].split("?", 1)[0], autocommit=True)
         _handler_local.conn = conn
     return conn
+
+
+def count(sql: str, *params: Any) -> int:
+    """The integer that ``sql`` (a ``SELECT count(*) ...``) returns, read on a fresh connection."""
+    with pg() as conn:
+        row = conn.execute(sql, list(params)).fetchone()
+    assert row is not None
+    return int(row[0])

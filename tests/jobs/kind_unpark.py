@@ -1,10 +1,9 @@
 """Job kinds for tests/storage/test_kind_unpark.py (how jobs parked by their kind come back).
 
-Workers load them through ``AWA_TEST_OVERRIDES`` (``UPK_OVERRIDES``). The kinds have no limits
-in code: the tests set them as operator overrides. Handlers record each run in the plain table
-``upk_runs`` of the test database (created by the tests) over a connection of their own, and a
-handler given ``block`` runs until the test writes that name into ``upk_flags``.
-"""
+Workers load them with ``worker_env(kind_unpark)`` (tests/jobs/__init__.py). The kinds have no
+limits in code: the tests set them as operator overrides. Handlers record each run in the plain
+table ``upk_runs`` of the test database (created by the tests) over a connection of their own, and a
+handler given ``block`` runs until the test writes that name into ``upk_flags``."""
 
 from __future__ import annotations
 
@@ -12,10 +11,10 @@ import os
 from typing import Any
 
 from awa_django import JobContext, job
-from tests.helpers import handler_conn, wait_for
+from tests.support.database import handler_conn
+from tests.support.polling import wait_for
 
-UPK_OVERRIDES: dict[str, Any] = {
-    "JOB_MODULES": ["tests.testjobs", "tests.tasks_for_tests", "tests.unparkatkjobs"],
+WORKER_SETTINGS: dict[str, Any] = {
     "HEARTBEAT_STALENESS": 60.0,
 }
 

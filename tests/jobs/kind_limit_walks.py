@@ -1,9 +1,8 @@
 """Job kinds for tests/storage/test_kind_limit_claim_walks.py's worker fleet (queue ``kfast``).
 
-Workers load them through ``AWA_TEST_OVERRIDES`` (``KFAST_OVERRIDES``). Each records its start
-(note ``start:<kind letter>:<weight>:<serial key>``) and end in the Ledger, so the test can
-rebuild, per kind and per serial key, what ran at once across processes.
-"""
+Workers load them with ``worker_env(kind_limit_walks)`` (tests/jobs/__init__.py). Each records its
+start (note ``start:<kind letter>:<weight>:<serial key>``) and end in the Ledger, so the test can
+rebuild, per kind and per serial key, what ran at once across processes."""
 
 from __future__ import annotations
 
@@ -11,10 +10,6 @@ import time
 from typing import Any
 
 from awa_django import job
-
-KFAST_OVERRIDES: dict[str, Any] = {
-    "JOB_MODULES": ["tests.testjobs", "tests.tasks_for_tests", "tests.kfastjobs"],
-}
 
 
 def _run(ctx: Any, letter: str, seconds: float) -> None:

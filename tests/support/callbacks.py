@@ -15,7 +15,7 @@ from django.test import Client
 from awa_django.callbacks import sign_request
 from awa_django.db import storage
 from awa_django.db.storage import ClaimedJob, Finalization
-from tests.factories import WORKER, enqueue_sql
+from tests.support.factories import WORKER, enqueue_sql
 
 KEY = "k1-" + "a" * 40
 OLD_KEY = "k0-" + "b" * 40

@@ -1,10 +1,9 @@
 """Job kinds for tests/storage/test_claim_concurrent_sessions.py (migration 0017's claim).
 
-Workers load them through ``AWA_TEST_OVERRIDES`` (``L17_OVERRIDES``). Every handler records
-its attempt ``(job_id, run_lease, attempt)`` in ``l17_runs`` (created by the tests) over a
-connection of its own, committed at once. ``l17.flaky`` fails its first attempt,
-``l17.sleepy`` snoozes its first attempt: both come back through the deferred plane.
-"""
+Workers load them with ``worker_env(concurrent_claims)`` (tests/jobs/__init__.py). Every handler
+records its attempt ``(job_id, run_lease, attempt)`` in ``l17_runs`` (created by the tests) over a
+connection of its own, committed at once. ``l17.flaky`` fails its first attempt, ``l17.sleepy``
+snoozes its first attempt: both come back through the deferred plane."""
 
 from __future__ import annotations
 
@@ -12,10 +11,9 @@ import os
 from typing import Any
 
 from awa_django import JobContext, Snooze, job
-from tests.helpers import handler_conn
+from tests.support.database import handler_conn
 
-L17_OVERRIDES: dict[str, Any] = {
-    "JOB_MODULES": ["tests.testjobs", "tests.tasks_for_tests", "tests.lean17jobs"],
+WORKER_SETTINGS: dict[str, Any] = {
     "HEARTBEAT_STALENESS": 30.0,
     "CLAIM_BATCH_SIZE": 1,
 }

@@ -1,15 +1,15 @@
 """Functions that build test data: jobs enqueued through the SQL producer and moved to a given
 state (running, completed, dead-lettered, scheduled), and staff users with logged-in clients.
 
-Every job is written through a fresh autocommit connection (:func:`tests.helpers.pg`), so the
-rows are committed and visible to other connections, workers and the live server: use them in
-``transactional_db`` tests (the ``clean_awa`` fixture). tests/storage_support.py and
-tests/admin_support.py re-export the names that used to live there.
+Every job is written through a fresh autocommit connection (:func:`tests.support.database.pg`),
+so the rows are committed and visible to other connections, workers and the live server: use
+them in ``transactional_db`` tests (the ``clean_awa`` fixture).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from typing import Any
 
@@ -17,7 +17,7 @@ import psycopg
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from tests.helpers import pg
+from tests.support.database import pg
 
 # The worker id that claims jobs on behalf of the tests.
 WORKER = uuid.UUID("00000000-0000-0000-0000-00000000a0a0")
@@ -60,7 +60,7 @@ def claim_and_finish(
 
 
 def dead_letter(
-    n: int = 1, queue: str = "default", *, kind: str = "tests.testjobs.noop", text: str = "boom"
+    n: int = 1, queue: str = "default", *, kind: str = "tests.jobs.common.noop", text: str = "boom"
 ) -> list[int]:
     """Enqueue n jobs through the SQL producer, claim them and fail them terminally (DLQ).
 
@@ -85,7 +85,7 @@ def tagged_jobs() -> dict[str, int]:
     running, completed (terminal history) and dead-lettered. Returns their ids by place."""
     from awa_django.db import storage
 
-    body = {"kind": "tests.testjobs.noop", "args": {"args": [], "kwargs": {}}, "tags": TAGS}
+    body = {"kind": "tests.jobs.common.noop", "args": {"args": [], "kwargs": {}}, "tags": TAGS}
     with pg() as conn:
         [(running, _)] = enqueue_sql(conn, json.dumps([{**body, "queue": "run"}]))
         [claimed] = storage.claim(conn, "run", 1, WORKER)
@@ -119,3 +119,35 @@ def staff(*perms: str, view: bool = True) -> Client:
     client = Client()
     client.force_login(user)
     return client
+
+
+#: Flow limits that every surface refuses, with (the start of) the error it gives.
+BAD_LIMITS: list[tuple[dict[str, Any], str]] = [
+    ({}, "limits: give a global_concurrency, a rate_limit, or both"),
+    ({"global_concurrency": 0}, "global_concurrency: 0 is not an integer in 1..10000"),
+    ({"global_concurrency": -1}, "global_concurrency: -1 is not an integer in 1..10000"),
+    ({"global_concurrency": 10_001}, "global_concurrency: 10001 is not an integer"),
+    ({"global_concurrency": True}, "global_concurrency: True is not an integer"),
+    ({"global_concurrency": 2.0}, "global_concurrency: 2.0 is not an integer"),
+    ({"global_concurrency": "5"}, "global_concurrency: '5' is not an integer"),
+    ({"global_concurrency": 2**200}, "global_concurrency: an integer of 201 bits is not"),
+    ({"rate_limit": math.nan}, "rate_limit: nan is not a number of jobs per second"),
+    ({"rate_limit": math.inf}, "rate_limit: inf is not a number of jobs per second"),
+    ({"rate_limit": -math.inf}, "rate_limit: -inf is not"),
+    ({"rate_limit": 0}, "rate_limit: 0 is not a number of jobs per second from 0.001"),
+    ({"rate_limit": 0.0}, "rate_limit: 0.0 is not"),
+    ({"rate_limit": -1}, "rate_limit: -1 is not"),
+    ({"rate_limit": 1e300}, "rate_limit: 1e+300 is not"),
+    ({"rate_limit": 10**400}, "rate_limit: an integer of 1329 bits is not"),
+    ({"rate_limit": 1_000_001}, "to 1,000,000"),
+    ({"rate_limit": 1e-300}, "rate_limit: 1e-300 is not a number of jobs per second from 0.001"),
+    ({"rate_limit": 5e-324}, "rate_limit: 5e-324 is not"),
+    ({"rate_limit": True}, "rate_limit: True is not"),
+    ({"rate_limit": "50"}, "rate_limit: '50' is not"),
+    ({"rate_limit": 5, "rate_burst": 0}, "rate_burst: 0 is not an integer in 1..1000000"),
+    ({"rate_limit": 5, "rate_burst": True}, "rate_burst: True is not an integer"),
+    ({"rate_limit": 5, "rate_burst": 2.5}, "rate_burst: 2.5 is not an integer"),
+    ({"rate_limit": 5, "rate_burst": 10**7}, "rate_burst: 10000000 is not an integer"),
+    ({"rate_burst": 5}, "rate_burst: a burst needs a rate_limit"),
+    ({"global_concurrency": 3, "rate_burst": 5}, "rate_burst: a burst needs a rate_limit"),
+]

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.storage_support import reset_awa
+from tests.support.awa_schema import reset_awa
 
 
 @pytest.fixture
