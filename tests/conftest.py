@@ -35,7 +35,12 @@ from tests.settings import database_settings, repeatable_settings
 from tests.support.database import PGBOUNCER, database_url
 from tests.support.processes import REPO, ManagedProcess
 
-pytest_plugins = ["tests.support.fixtures"]
+pytest_plugins = [
+    "tests.support.fixtures",
+    "tests.support.kind_limit_runs",
+    "tests.support.observability_probes",
+    "tests.support.unpark_sessions",
+]
 
 # AWA_TEST_PGDATA gives a session a cluster of its own (scripts/test runs the dj6 lane beside
 # the dj52 lane that way).

@@ -252,7 +252,7 @@ def test_drain_follows_the_job_s_policy() -> None:
     assert runs == {outside: "fail", inside: "retry"}
 
 
-def test_found_by_the_attack_names_and_metaclasses() -> None:
+def test_exception_names_survive_hostile_metaclasses_and_nul_names() -> None:
     from awa_django.retry import exception_names
 
     class Meta(type):
