@@ -335,7 +335,8 @@ def test_queue_rate_and_kind_rate_together(manage_py: Callable[..., ManagedProce
     of a kind limited to 2 at once and 30/s (burst 3), and free jobs, on two workers.
     docs/flow.md: queue limits and kind limits both apply to a job: over any window of t
     seconds at most 25 t + 3 jobs of the queue start, at most 20 t + 4 of the first kind,
-    30 t + 3 of the second; every job runs once."""
+    30 t + 3 of the second; every job runs once. (Also the case of a kind's rate from @job
+    under a queue's rate set by the operator.)"""
     from awa_django.operator import set_queue_limits
 
     tables()

@@ -607,30 +607,6 @@ def test_kind_concurrency_handoff_without_notify(manage_py: Any) -> None:
     assert took < 12, f"20 jobs of a kind limited to 1 took {took:.1f}s without NOTIFY"
 
 
-def test_queue_and_kind_rate_together(manage_py: Any) -> None:
-    from awa_django.operator.actions import set_queue_limits
-    from tests.jobs.kind_limits import rated
-
-    set_queue_limits("katk-rate", rate_limit=10, rate_burst=2, actor="atk")
-    procs = [worker(manage_py, "--concurrency", "8") for _ in range(2)]
-    wait_kind_limit("katk.rated")
-    ids = [rated.enqueue().id for _ in range(30)]
-    ids += [free.using(queue="katk-rate").enqueue().id for _ in range(10)]
-    t0 = time.monotonic()
-    wait_completed(ids, procs, timeout=60)
-    took = time.monotonic() - t0
-    starts = [
-        float(r[0])
-        for r in q(
-            "SELECT extract(epoch FROM started) FROM katk_runs WHERE queue = 'katk-rate' ORDER BY 1"
-        )
-    ]
-    assert not window_violations(starts, 10, 2)[:5]
-    assert not window_violations(run_starts("katk.rated"), 20, 5)[:5]
-    # 40 jobs at the queue's 10/s: about 4 s; kind tokens must not be wasted by the queue's rate
-    assert took < 7, f"40 jobs at the queue's 10/s took {took:.1f}s"
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 def test_colliding_kind_permit_keys_never_pass_either_limit(manage_py: Any, workers: int) -> None:
     """docs: two kinds' permit keys colliding "only make the limits stricter". Session advisory

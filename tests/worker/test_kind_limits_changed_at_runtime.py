@@ -143,18 +143,6 @@ def test_settings_kinds_wins_over_job_decorator(manage_py: Any) -> None:
     assert peak("katk.lim2") == 1
 
 
-def test_operator_override_survives_worker_restart(manage_py: Any) -> None:
-    from awa_django.operator.actions import set_kind_limits
-
-    set_kind_limits("katk.lim2", global_concurrency=1, actor="atk")
-    procs = [worker(manage_py, "--concurrency", "8") for _ in range(2)]
-    ids = [lim2.enqueue(seconds=0.03).id for _ in range(12)]
-    wait_completed(ids, procs)
-    assert peak("katk.lim2") == 1
-    row = kind_row("katk.lim2")
-    assert row.source == "operator" and row.global_concurrency == 1
-
-
 def test_deploy_dropping_settings_limit_unparks(manage_py: Any) -> None:
     old = worker(
         manage_py,
