@@ -1,6 +1,6 @@
 """Flow limits per job kind with real worker processes (docs/flow.md, "Per kind"): a kind's
 global limit across four processes, also while one is SIGKILLed, with an unlimited kind of the
-same queue flowing past; a kind's rate over ~10 s without busy polling; a limit from @job; a
+same queue flowing past; a kind's rate over ~6 s without busy polling; a limit from @job; a
 limit changed at runtime. Overlap is read from the ledger (database clock)."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_a_kind_limit_from_job_options(manage_py: Start) -> None:
 
 
 @pytest.mark.slow
-def test_kind_rate_over_ten_seconds_without_busy_polling(manage_py: Start) -> None:
+def test_kind_rate_holds_across_processes_without_busy_polling(manage_py: Start) -> None:
     with pg() as conn:
         row = conn.execute("SELECT current_database()").fetchone()
         assert row is not None
@@ -115,7 +115,7 @@ def test_kind_rate_over_ten_seconds_without_busy_polling(manage_py: Start) -> No
         conn.execute(RESET_CLAIM_COUNTS)  # the database's counters: start from 0
     try:
         awa_django.enqueue_many([testjobs.flow_tick.prepare() for _ in range(560)])
-        settings = {"KINDS": {TICK: {"rate_limit": 50, "rate_burst": 10}}}
+        settings = {"KINDS": {TICK: {"rate_limit": 100, "rate_burst": 10}}}
         procs = [worker(manage_py, "--queue", "flow-rate=64", overrides=settings) for _ in range(2)]
         wait_for(lambda: done(TICK) == 560, timeout=90, message="every job to complete")
         stop(procs)
@@ -129,21 +129,21 @@ def test_kind_rate_over_ten_seconds_without_busy_polling(manage_py: Start) -> No
 
 def check_kind_rate() -> None:
     with pg() as conn:
-        # Starts in any window of t seconds (t = 1, 5, 10): at most 50 t + 10.
-        for seconds in (1, 5, 10):
+        # Starts in any window of t seconds (t = 1, 5): at most 100 t + 10.
+        for seconds in (1, 5):
             row = conn.execute(
                 "WITH a AS (SELECT attempted_at AS t FROM awa.terminal_jobs WHERE kind = %s) "
                 "SELECT max((SELECT count(*) FROM a b WHERE b.t >= a.t "
                 "AND b.t < a.t + make_interval(secs => %s))) FROM a",
                 [TICK, seconds],
             ).fetchone()
-            assert row is not None and row[0] <= 50 * seconds + 10, (seconds, row)
+            assert row is not None and row[0] <= 100 * seconds + 10, (seconds, row)
         span = conn.execute(
             "SELECT extract(epoch FROM max(attempted_at) - min(attempted_at)) "
             "FROM awa.terminal_jobs WHERE kind = %s",
             [TICK],
         ).fetchone()
-        assert span is not None and 10.0 <= float(span[0]) <= 14.0, span  # about 550 / 50
+        assert span is not None and float(span[0]) >= 5.5, span  # 550 jobs past the burst at 100/s
         calls = conn.execute(
             "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions "
             "WHERE schemaname = 'awa' AND funcname = 'claim_v3'"
