@@ -21,8 +21,10 @@ from tests.support.factories import hostile_dead_letter as dead_letter
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
 
-# The tests never install a browser: scripts/bootstrap does (see docs/development.md).
+# The tests never install a browser: scripts/bootstrap does (see docs/development.md). A
+# browser's start-up makes them slow: the dj6 lane leaves them to the dj52 lane.
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(
         not os.access(CHROMIUM, os.X_OK),
         reason=f"{CHROMIUM} is missing: scripts/bootstrap dj52 installs Debian's chromium "

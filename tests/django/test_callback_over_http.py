@@ -25,7 +25,12 @@ from tests.support.database import database_url, pg
 from tests.support.polling import wait_for
 from tests.support.processes import REPO
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clean_awa")]
+# gunicorn serving the example project makes them slow: the dj6 lane leaves them to dj52.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("clean_awa"),
+]
 
 
 def _free_port() -> int:
