@@ -20,7 +20,7 @@ awa.W004  ``AWA["CALLBACK_MAX_BYTES"]`` above Django's ``DATA_UPLOAD_MAX_MEMORY_
 awa.W002  ``PROCESSES * (CONCURRENCY + 6)`` connections (``worker.config.connection_budget``)
           exceed the server's ``max_connections`` (database check).
 awa.W003  The alias's connections JIT-compile expensive statements: every read of awa's views
-          (admin, ``get_result``, ``awa_status``) pays 100-300 ms of compilation (database check).
+          (the admin's lists, SQL) pays 100 ms to seconds of compilation (database check).
 ========  ======================================================================================
 
 All checks are free of side effects. Only E004, E006, W002 and W003 connect, and only when
@@ -190,9 +190,9 @@ def jit_warnings(alias: str, handler: ConnectionHandler) -> list[CheckMessage]:
     return [
         Warning(
             f"Database {alias!r} JIT-compiles expensive statements: awa_django's views span "
-            "dozens of partitions, so each read of them in the admin, get_result or awa_status "
-            "pays 100-300 ms of compilation for a few rows. awa_django's workers turn JIT off "
-            "on their own connections.",
+            "dozens of partitions, so each read of them in the admin or in SQL pays from "
+            "100 ms to seconds of compilation for a few rows. awa_django's read functions and "
+            "workers turn JIT off for themselves; the views cannot.",
             hint=f"Add 'options': '-c jit=off' to DATABASES[{alias!r}]['OPTIONS'], or run "
             "ALTER ROLE <role> SET jit = off (docs/configuration.md, 'PostgreSQL settings').",
             id="awa.W003",

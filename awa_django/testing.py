@@ -14,6 +14,11 @@ fenced finalization. No worker process, no commit needed::
 
 Retries and snoozes land in the deferred plane as they would in production; ``drain()`` does not
 run them again (call your handler's ``.call()`` to unit-test it directly).
+
+django.tasks tasks (``@task`` on ``AwaTaskBackend``) drain the same way, with their signals.
+The test's transaction is never the handler's: a savepoint is set in it before each handler
+runs, and only a transaction the handler leaves open is rolled back (back to that savepoint),
+failing the job with ``TransactionLeftOpen`` as a worker would.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ from django.db import connections
 from awa_django.conf import get_awa_settings
 from awa_django.context import JobContext
 from awa_django.db.storage import ClaimedJob, Finalization, finalize_statement
+from awa_django.db.transactions import mark_open_transactions, release_thread_connections
+from awa_django.exceptions import TransactionLeftOpen
 from awa_django.sql import query
 from awa_django.worker.finalizations import outcome_of
-from awa_django.worker.prepared import prepare
+from awa_django.worker.prepared import PreparedAttempt, prepare
 
 __all__ = ["JobRun", "drain"]
 
@@ -42,7 +49,8 @@ _TEST_WORKER = uuid.UUID("00000000-0000-0000-0000-0000000000aa")
 @dataclasses.dataclass(frozen=True, slots=True)
 class JobRun:
     """One job ``drain()`` ran: its id, kind, queue, the outcome written (``completed``,
-    ``retry``, ``snooze``, ``cancel``, ``fail``, ``wait``), the decoded result and the error."""
+    ``retry``, ``snooze``, ``cancel``, ``fail``, ``wait``), the decoded result (a task's return
+    value, as ``get_result(...).return_value`` reads it) and the error."""
 
     id: int
     kind: str
@@ -63,50 +71,97 @@ def drain(
     jobs a rate limit holds back (of a queue, or parked by their kind's) are left for a later
     call."""
     cfg = get_awa_settings()
-    connection = connections[using or cfg.DATABASE_ALIAS]
+    alias = using or cfg.DATABASE_ALIAS
     names = [queues] if isinstance(queues, str) else list(queues) if queues else None
-    runs: list[JobRun] = []
-    with connection.cursor() as cursor:
-        if names is None:
+    if names is None:
+        with connections[alias].cursor() as cursor:
             cursor.execute(query("queues_known"))
             names = [row[0] for row in cursor.fetchall()]
-        progress = True
-        while progress and len(runs) < max_jobs:
-            progress = False
-            for queue in names:
-                # No deadline, max weight, or permits and serial keys held or handed back.
-                cursor.execute(
-                    query("claim"),
-                    [queue, 1, _TEST_WORKER, cfg.PRIORITY_AGING_INTERVAL, *([None] * 6)],
-                )
-                row = cursor.fetchone()
-                if row is None or row[0] is None:
-                    continue  # nothing to run, or the queue's flow limits hold it back
-                progress = True
-                fields = dict(zip([c.name for c in cursor.description], row, strict=True))
-                # Django's adapters hand jsonb back as text.
-                for name in ("progress", "metadata", "errors"):
-                    if isinstance(fields[name], str):
-                        fields[name] = json.loads(fields[name])
-                job = ClaimedJob(**fields)
-                try:
-                    runs.append(_run(cursor, job, cfg))
-                finally:
+    runs: list[JobRun] = []
+    progress = True
+    while progress and len(runs) < max_jobs:
+        progress = False
+        for queue in names:
+            job = _claim(alias, queue, cfg)
+            if job is None:
+                continue  # nothing to run, or the queue's flow limits hold it back
+            progress = True
+            try:
+                runs.append(_run(alias, job, cfg))
+            finally:
+                # A cursor of its own: the handler may have replaced the connection.
+                with connections[alias].cursor() as cursor:
                     if job.permits:  # the queue's global-concurrency permits (docs/flow.md)
                         cursor.execute(query("flow_release"), [job.permits])
                     if job.serial_lock is not None:  # handed on to the key's next job
                         cursor.execute(query("serial_release"), [[job.serial_lock]])
-                if len(runs) >= max_jobs:
-                    break
+            if len(runs) >= max_jobs:
+                break
     return runs
 
 
-def _run(cursor: Any, job: ClaimedJob, cfg: Any) -> JobRun:
+def _claim(alias: str, queue: str, cfg: Any) -> ClaimedJob | None:
+    """The next job of ``queue``, claimed through the ``alias`` connection, or None."""
+    with connections[alias].cursor() as cursor:
+        # No deadline, max weight, or permits and serial keys held or handed back.
+        cursor.execute(
+            query("claim"),
+            [queue, 1, _TEST_WORKER, cfg.PRIORITY_AGING_INTERVAL, *([None] * 6)],
+        )
+        row = cursor.fetchone()
+        if row is None or row[0] is None:
+            return None
+        fields = dict(zip([c.name for c in cursor.description], row, strict=True))
+    # Django's adapters hand jsonb back as text.
+    for name in ("progress", "metadata", "errors"):
+        if isinstance(fields[name], str):
+            fields[name] = json.loads(fields[name])
+    return ClaimedJob(**fields)
+
+
+def _call(attempt: PreparedAttempt) -> tuple[Any, BaseException | None]:
+    """Run the attempt's handler as a worker would: what it returns, or what it raises; a
+    transaction it leaves open (in the test's, which is kept) is rolled back and fails it
+    with ``TransactionLeftOpen``."""
+    kept = mark_open_transactions()  # the test's transaction: it stays open
+    value: Any = None
+    exc: BaseException | None = None
+    handle = attempt.handle
+    assert handle is not None
+    try:
+        func = handle.func
+        value = (async_to_sync(func) if handle.is_async else func)(
+            *attempt.call_args(), **attempt.kwargs
+        )
+    except KeyboardInterrupt:
+        raise  # in a test run, most likely the developer's Ctrl-C
+    except BaseException as error:  # SystemExit, CancelledError...: the job fails
+        exc = error
+    leaked = release_thread_connections(kept)
+    if leaked and exc is None:
+        exc = TransactionLeftOpen(
+            f"the handler left a transaction open on database(s) {', '.join(leaked)}; it "
+            "was rolled back (exit every transaction.atomic() block it enters)"
+        )
+    return value, exc
+
+
+def _is_task(job: ClaimedJob) -> bool:
+    """Whether ``job`` is a django.tasks task (its arguments carry a task document)."""
+    try:
+        document = json.loads(job.args_json)
+    except ValueError:
+        return False
+    return isinstance(document, dict) and document.get("task") is not None
+
+
+def _run(alias: str, job: ClaimedJob, cfg: Any) -> JobRun:
     registered: list[uuid.UUID] = []
 
     def register(ctx: JobContext, callback_id: uuid.UUID) -> None:
-        cursor.execute(query("callback_register"), [ctx.id, ctx.run_lease, callback_id])
-        cursor.fetchall()
+        with connections[alias].cursor() as cursor:
+            cursor.execute(query("callback_register"), [ctx.id, ctx.run_lease, callback_id])
+            cursor.fetchall()
         registered.append(callback_id)
 
     ctx = JobContext.for_job(job, registrar=register)
@@ -115,15 +170,7 @@ def _run(cursor: Any, job: ClaimedJob, cfg: Any) -> JobRun:
     exc: BaseException | None = None
     if attempt.failure is None:
         assert attempt.handle is not None
-        try:
-            func = attempt.handle.func
-            value = (async_to_sync(func) if attempt.handle.is_async else func)(
-                *attempt.call_args(), **attempt.kwargs
-            )
-        except KeyboardInterrupt:
-            raise  # in a test run, most likely the developer's Ctrl-C
-        except BaseException as error:  # SystemExit, CancelledError...: the job fails
-            exc = error
+        value, exc = _call(attempt)
     outcome: Finalization = outcome_of(
         attempt,
         value=value,
@@ -134,9 +181,14 @@ def _run(cursor: Any, job: ClaimedJob, cfg: Any) -> JobRun:
         progress_json=ctx.progress_json if ctx.progress_set else None,
         backoff_base=cfg.RETRY_BACKOFF_BASE,
     )
-    cursor.execute(finalize_statement([outcome]), [Finalization.batch_json([outcome])])
-    cursor.fetchall()
+    with connections[alias].cursor() as cursor:
+        cursor.execute(finalize_statement([outcome]), [Finalization.batch_json([outcome])])
+        cursor.fetchall()
     result = json.loads(outcome.result_json) if outcome.result_json is not None else None
+    if result is not None and _is_task(job):
+        from awa_django.backends.stored import unwrap_result  # needs django.tasks
+
+        result, _ = unwrap_result(result)  # the task's return value, as get_result reads it
     reported = outcome.outcome
     if reported == "retry" and job.attempt >= job.max_attempts:
         reported = "fail"  # no attempt left: the database fails it (or dead-letters it)

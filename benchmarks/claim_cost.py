@@ -109,6 +109,7 @@ def cycle(conn: Any, pid: int, version: str, batch: int, calls: int) -> dict[str
     ``benchmarks/run``'s probe times them (:data:`PROBES`: the calls' own clock, committed).
     """
     claim_fn, finalize_fn = FUNCTIONS[version]
+    tag = version.replace("-", "_")  # a version's probes are named awa_cc_probe.claim_<tag>
     claim_sql = f"SELECT job_id, run_lease, claim_slot FROM {claim_fn}('cost', %s)"
     finalize_sql = f"SELECT count(*) FROM {finalize_fn}(%s::jsonb)"
 
@@ -139,11 +140,11 @@ def cycle(conn: Any, pid: int, version: str, batch: int, calls: int) -> dict[str
     probe_finalize: list[float] = []
     for _ in range(max(calls // 10, 1)):
         row = conn.execute(
-            f"SELECT o_us, o_rows::text FROM awa_cc_probe.claim_{version}('cost', %s)", [batch]
+            f"SELECT o_us, o_rows::text FROM awa_cc_probe.claim_{tag}('cost', %s)", [batch]
         ).fetchone()
         probe_claim.append(row[0])
         row = conn.execute(
-            f"SELECT o_us FROM awa_cc_probe.finalize_{version}(%s::jsonb)", [row[1]]
+            f"SELECT o_us FROM awa_cc_probe.finalize_{tag}(%s::jsonb)", [row[1]]
         ).fetchone()
         probe_finalize.append(row[0])
     return {
@@ -206,7 +207,9 @@ def main() -> None:
             conn.execute("CREATE SCHEMA awa_cc_probe")
             for version in versions:
                 claim_fn, finalize_fn = FUNCTIONS[version]
-                probes = PROBES.format(tag=version, claim=claim_fn, finalize=finalize_fn)
+                probes = PROBES.format(
+                    tag=version.replace("-", "_"), claim=claim_fn, finalize=finalize_fn
+                )
                 conn.execute(probes)
             for version in versions:  # warm up both (plan caches, buffers)
                 cycle(conn, pid, version, args.batch, args.calls // 2)

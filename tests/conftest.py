@@ -39,6 +39,7 @@ pytest_plugins = [
     "tests.support.fixtures",
     "tests.support.kind_limit_runs",
     "tests.support.observability_probes",
+    "tests.support.roles",
     "tests.support.unpark_sessions",
 ]
 

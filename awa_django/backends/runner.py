@@ -49,7 +49,11 @@ from awa_django.backends.stored import (
 from awa_django.backends.tasks import resolve_stored
 from awa_django.conf import get_awa_settings
 from awa_django.context import JobContext
-from awa_django.db.transactions import release_thread_connections
+from awa_django.db.transactions import (
+    OpenTransaction,
+    mark_open_transactions,
+    release_thread_connections,
+)
 from awa_django.exceptions import (
     InvalidArgumentsError,
     InvalidResultError,
@@ -216,11 +220,15 @@ def _status_after(ctx: JobContext, value: object, exc: BaseException | None) -> 
     return TaskResultStatus.SUCCESSFUL
 
 
-def _release_connections(job_id: int) -> None:
+def _release_connections(job_id: int, kept: dict[str, OpenTransaction]) -> None:
     """Roll back a transaction the task left open (as the executor would), before the
-    ``task_finished`` receivers run; raise ``TransactionLeftOpen`` when there was one."""
+    ``task_finished`` receivers run; raise ``TransactionLeftOpen`` when there was one.
+
+    ``kept``: the transactions that were open before the task ran (a test's, under
+    ``awa_django.testing.drain()``); they stay open, only what the task left open in them is
+    rolled back."""
     try:
-        leaked = release_thread_connections()
+        leaked = release_thread_connections(kept)
     except Exception:
         log.exception("awa worker: closing the ORM connections after task %s failed", job_id)
         return
@@ -260,13 +268,15 @@ def _runner(task: Any) -> Any:
         attempt = _Attempt(task, ctx, args, kwargs)
         try:
             attempt.start()
+            # None in a worker; under drain(), the test's, with what task_started wrote in it.
+            kept = mark_open_transactions()
             try:
                 value = func(*attempt.call_args(args), **kwargs)
             except BaseException:
                 with contextlib.suppress(TransactionLeftOpen):  # its own exception is its error
-                    _release_connections(ctx.id)
+                    _release_connections(ctx.id, kept)
                 raise
-            _release_connections(ctx.id)
+            _release_connections(ctx.id, kept)
             stored = attempt.stored(value)
         except BaseException as exc:
             attempt.finish(None, exc)

@@ -16,14 +16,16 @@ caller's rows (no ``transaction.on_commit`` needed, and a rolled-back task never
 ``awa_worker`` runs the tasks; a worker runs a stored task path only if it resolves to a ``Task``
 defined in an installed app (or ``AWA["JOB_MODULES"]``) and the stored backend alias is an
 ``AwaTaskBackend`` (``task.using(backend=...)`` works); anything else fails the job as
-suspicious, without running it (awa_django/backends/runner.py). ``get_result`` rebuilds the task
-as it was enqueued, reports every failure with an importable exception class
+suspicious, without running it (awa_django/backends/runner.py); ``enqueue`` refuses such a task
+(``InvalidTask``, nothing written), so every id it returns reads back. ``get_result`` rebuilds
+the task as it was enqueued, reports every failure with an importable exception class
 (awa_django/backends/errors.py) and the worker of every attempt (awa_django/backends/stored.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -42,7 +44,7 @@ from awa_django.backends.compat import (
     signals,
 )
 from awa_django.backends.errors import task_errors
-from awa_django.backends.loading import attribute_at
+from awa_django.backends.loading import attribute_at, importable_module
 from awa_django.backends.stored import (
     StoredTask,
     attempt_worker_ids,
@@ -150,6 +152,31 @@ class AwaTaskBackend(BaseTaskBackend):
                 "(1-63 characters of a-z 0-9 _ . -)."
             )
 
+    def _refuse_unresolvable(self, task: Task) -> None:  # type: ignore[type-arg]
+        """``InvalidTask`` unless the worker (and ``get_result``) will find ``task`` again by
+        its ``module_path``: a ``Task`` of that function, bound to the function's own name in
+        a module of an installed app or of ``AWA["JOB_MODULES"]``. Anything else would be
+        written, then refused by the worker as suspicious and unreadable by ``get_result``.
+
+        Not part of ``validate_task``: ``@task`` validates before the module binds the name."""
+        path = task.module_path
+        module = path.rpartition(".")[0]
+        if not importable_module(module):
+            raise InvalidTask(
+                f"Task {path!r} is not defined in a module of an installed app or of "
+                "AWA['JOB_MODULES']: awa_worker would refuse to run it and get_result could "
+                "not read it back. Define it in a module of an installed app (its tasks.py), "
+                "or list its module in AWA['JOB_MODULES']."
+            )
+        found = _module_task(path)
+        if found is None or found.func is not task.func:
+            raise InvalidTask(
+                f"Task {path!r} is not the task found at that path (a task is found again by "
+                "its function's module and name, so awa_worker could not run it and get_result "
+                "could not read it back). Define it with @task at the top level of its module, "
+                "under its function's own name."
+            )
+
     def _options(self, task: Task) -> JobOptions:  # type: ignore[type-arg]
         max_attempts = getattr(task, "max_attempts", None) or self.max_attempts
         deadline = getattr(task, "deadline", None) or self.deadline
@@ -193,11 +220,15 @@ class AwaTaskBackend(BaseTaskBackend):
 
         Arguments are normalised as Django normalises a ``TaskResult``'s (``OrderedDict``,
         tuples, ``TextChoices`` members...) and must then be JSON; anything else raises
-        ``InvalidTask`` with nothing written. The result equals what ``get_result`` reads back
-        until a worker picks the task up (``enqueued_at`` is the database's).
+        ``InvalidTask`` with nothing written. So does a task the worker could not find again
+        by its path (defined outside the installed apps and ``AWA["JOB_MODULES"]``, in a
+        function, or under another name): every id ``enqueue`` returns can be read back.
+        The result equals what ``get_result`` reads back until a worker picks the task up
+        (``enqueued_at`` is the database's).
         """
 
         self.validate_task(task)
+        self._refuse_unresolvable(task)
         args, kwargs = list(args), dict(kwargs)
         try:
             try:
@@ -215,7 +246,7 @@ class AwaTaskBackend(BaseTaskBackend):
         if handle.duplicate:  # a unique task: nothing written, the holder's result instead
             return self.get_result(str(handle.id))
         with connections[request.using].cursor() as cursor:
-            cursor.execute(query("task_enqueued_at"), [handle.id, handle.id])
+            cursor.execute(query("task_enqueued_at"), [handle.id])
             row = cursor.fetchone()
         result: TaskResult = TaskResult(  # type: ignore[type-arg]
             task=task,
@@ -286,59 +317,102 @@ class AwaTaskBackend(BaseTaskBackend):
         return result
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
-        """awa.E101: app not installed; awa.E102: alias not PostgreSQL; awa.E103: bad OPTIONS."""
+        """awa.E101: app not installed; awa.E102: alias not PostgreSQL; awa.E103: bad OPTIONS
+        or QUEUES. As in Django's own checks, ``msg`` says what is wrong and ``hint`` what to
+        do about it."""
         from django.apps import apps
         from django.conf import settings
 
         if not apps.is_installed("awa_django"):
             yield checks.Error(
-                "awa_django must be in INSTALLED_APPS to use AwaTaskBackend.", id="awa.E101"
+                f"TASKS[{self.alias!r}] uses AwaTaskBackend, but awa_django is not in "
+                "INSTALLED_APPS.",
+                hint="Add 'awa_django' to INSTALLED_APPS and run manage.py migrate: the backend "
+                "stores tasks in awa_django's tables and awa_worker runs them.",
+                id="awa.E101",
             )
         # Without OPTIONS["database"] the alias is AWA["DATABASE_ALIAS"], which awa.E001/E002
         # already check; only an explicit alias is checked here.
         alias = self.database
+        use_default = "or remove OPTIONS['database'] to use AWA['DATABASE_ALIAS']"
         if alias is None:
             pass
         elif alias not in settings.DATABASES:
-            yield checks.Error(f"OPTIONS['database'] {alias!r} is not in DATABASES.", id="awa.E102")
-        elif connections[alias].vendor != "postgresql":
             yield checks.Error(
-                f"AwaTaskBackend needs PostgreSQL; database {alias!r} is "
-                f"{connections[alias].vendor}.",
+                f"TASKS[{self.alias!r}]: OPTIONS['database'] is {alias!r}, which is not in "
+                f"DATABASES (aliases: {', '.join(map(str, settings.DATABASES)) or 'none'}).",
+                hint=f"Name a PostgreSQL alias of DATABASES, {use_default}.",
                 id="awa.E102",
             )
-        unknown = set(self.options) - _OPTIONS
-        if unknown:
+        elif connections[alias].vendor != "postgresql":
             yield checks.Error(
-                f"Unknown OPTIONS for AwaTaskBackend {self.alias!r}: {sorted(unknown)}; "
-                f"known: {sorted(_OPTIONS)}.",
-                id="awa.E103",
+                f"TASKS[{self.alias!r}]: OPTIONS['database'] is {alias!r}, a "
+                f"{connections[alias].vendor} database; AwaTaskBackend needs PostgreSQL.",
+                hint="Name an alias whose ENGINE is 'django.db.backends.postgresql', "
+                f"{use_default}.",
+                id="awa.E102",
             )
-        for problem in self._option_problems():
-            yield checks.Error(problem, id="awa.E103")
+        for problem, hint in self._option_problems():
+            yield checks.Error(f"TASKS[{self.alias!r}]: {problem}", hint=hint, id="awa.E103")
 
-    def _option_problems(self) -> Iterable[str]:
-        """What is wrong with OPTIONS and QUEUES, one sentence each (reported as awa.E103)."""
+    def _option_problems(self) -> Iterable[tuple[str, str]]:
+        """What is wrong with OPTIONS and QUEUES and what to do about it, one (message, hint)
+        each (reported as awa.E103)."""
+        unknown = sorted(set(self.options) - _OPTIONS, key=repr)
+        if unknown:
+            close = [
+                f"{match[0]!r} for {key!r}"
+                for key in unknown
+                if isinstance(key, str)
+                and (match := difflib.get_close_matches(key, sorted(_OPTIONS), 1))
+            ]
+            meant = f" (did you mean {', '.join(close)}?)" if close else ""
+            yield (
+                f"unknown OPTIONS {', '.join(map(repr, unknown))}.",
+                f"Remove or rename them{meant}; the known OPTIONS are "
+                f"{', '.join(map(repr, sorted(_OPTIONS)))} (docs/tasks.md, 'Options').",
+            )
         max_attempts = self.options.get("max_attempts", 1)
         low, high = ATTEMPTS_RANGE
         if type(max_attempts) is not int or not low <= max_attempts <= high:
-            yield f"OPTIONS['max_attempts'] must be an int in {low}..{high}."
-        checks_of_options: list[tuple[str, Any]] = [
-            ("deadline", lambda v: v is None or check_seconds("deadline", v)),
-            ("tags", lambda v: [check_text("tags", t) for t in tag_tuple(v)]),
-            ("retry", RetryPolicy.from_option),
+            yield (
+                f"OPTIONS['max_attempts'] is {max_attempts!r}, not an int in {low}..{high}.",
+                f"Give an int in {low}..{high} (attempts before a task is FAILED), or remove it "
+                "for the default, 1.",
+            )
+        checks_of_options: list[tuple[str, Any, str]] = [
+            (
+                "deadline",
+                lambda v: v is None or check_seconds("deadline", v),
+                "Give one attempt's time limit as a positive number of seconds, or None.",
+            ),
+            (
+                "tags",
+                lambda v: [check_text("tags", t) for t in tag_tuple(v)],
+                "Give a list of strings, such as ['billing'] (one string is not a list).",
+            ),
+            (
+                "retry",
+                RetryPolicy.from_option,
+                "Give an awa_django.RetryPolicy or a dict of its fields (docs/retries.md, "
+                "'Retry policies'), or remove it.",
+            ),
         ]
-        for name, check in checks_of_options:
+        for name, check, hint in checks_of_options:
             if name in self.options:
                 try:
                     check(self.options[name])
                 except JobValidationError as exc:
-                    yield f"OPTIONS[{name!r}] is invalid: {exc}."
+                    yield f"OPTIONS[{name!r}] is invalid: {exc}.", hint
         for queue in sorted(self.queues, key=repr):
             try:
                 check_queue_name(queue, "QUEUES")
             except JobValidationError as exc:
-                yield f"{exc}."
+                yield (
+                    f"{exc}.",
+                    "Rename the queue (1-63 characters of a-z 0-9 _ . -), or give QUEUES = [] "
+                    "to accept any valid queue name.",
+                )
 
 
 def _json(value: Any) -> Any:

@@ -1,9 +1,9 @@
 """The least-privilege grants of ``manage.py awa_roles`` (docs/roles.md).
 
-The script comes from ``awa_django/sql/roles.sql``, one block per role; role and database names
-are validated here and composed into it as quoted identifiers (``psycopg.sql.Identifier``),
-never pasted as text. The ring partitions that the maintenance role may truncate are read from
-the catalog, so the script matches the database it is printed for.
+The script comes from ``awa_django/sql/roles.sql``, one block per role and one list per group
+of functions; role and database names are validated here and composed into it as quoted
+identifiers (``psycopg.sql.Identifier``), never pasted as text, and so are the function names of
+the lists, each checked to be an ``awa`` function name.
 """
 
 from __future__ import annotations
@@ -19,33 +19,36 @@ from awa_django.exceptions import InvalidOptionError
 from awa_django.sql import query, roles_blocks
 
 __all__ = [
-    "RING_PARENTS",
+    "FUNCTION_LISTS",
     "ROLE_KINDS",
     "RoleNames",
     "SchemaFacts",
     "check_role_name",
+    "function_names",
     "read_schema_facts",
     "roles_script",
 ]
 
 #: The roles the script knows, in the order their blocks are printed.
-ROLE_KINDS = ("owner", "app", "worker", "maintenance", "operator")
+ROLE_KINDS = ("owner", "app", "worker", "maintenance", "operator", "reader")
+
+#: The lists of functions of roles.sql, each a block of that name.
+FUNCTION_LISTS = (
+    "producer_functions",
+    "app_functions",
+    "read_functions",
+    "worker_functions",
+    "maintenance_functions",
+    "operator_functions",
+)
 
 # A plain identifier: what every example and every DBA uses. Quoting would make any text safe,
 # but names with spaces, quotes or dollars are refused so that the printed script reads plainly.
 _ROLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 # Names PostgreSQL keeps for itself: PUBLIC is not a role, pg_* roles are predefined.
 _RESERVED = re.compile(r"(?i)public|none|current_user|session_user|current_role|pg_.*")
-
-# The parents of the ring partitions (what awa.prune_v1 truncates, child by child).
-RING_PARENTS = (
-    "ready_entries",
-    "ready_tombstones",
-    "done_entries",
-    "claims",
-    "claim_closures",
-    "leases",
-)
+# One entry of a function list: an awa function by name (each name has one signature).
+_FUNCTION = re.compile(r"awa\.([a-z_][a-z0-9_]{0,62})")
 
 
 def check_role_name(option: str, value: str) -> str:
@@ -74,6 +77,7 @@ class RoleNames:
     worker: str | None = None
     maintenance: str | None = None
     operator: str | None = None
+    reader: str | None = None
 
     def __post_init__(self) -> None:
         for kind in ROLE_KINDS:
@@ -83,7 +87,8 @@ class RoleNames:
         if all(getattr(self, kind) is None for kind in ROLE_KINDS):
             raise InvalidOptionError(
                 "roles",
-                "name at least one role (--owner, --app, --worker, --maintenance, --operator)",
+                "name at least one role (--owner, --app, --worker, --maintenance, --operator, "
+                "--reader)",
             )
         seen: dict[str, str] = {}
         for kind in ROLE_KINDS:
@@ -100,13 +105,12 @@ class RoleNames:
 
 @dataclass(frozen=True)
 class SchemaFacts:
-    """What the script needs from the database: its name, the owner of the awa schema, whether
-    that owner is a superuser, and the ring partitions (schema-qualified names)."""
+    """What the script needs from the database: its name, the owner of the awa schema and
+    whether that owner is a superuser."""
 
     database: str
     schema_owner: str
     owner_is_superuser: bool
-    ring_partitions: tuple[str, ...]
 
 
 def read_schema_facts(cursor: Any) -> SchemaFacts | None:
@@ -116,14 +120,33 @@ def read_schema_facts(cursor: Any) -> SchemaFacts | None:
     row = cursor.fetchone()
     if row is None:
         return None
-    cursor.execute(query("roles_ring_partitions"), [list(RING_PARENTS)])
-    partitions = tuple(r[0] for r in cursor.fetchall())
-    return SchemaFacts(row[0], row[1], bool(row[2]), partitions)
+    return SchemaFacts(row[0], row[1], bool(row[2]))
 
 
-def _entry_points(blocks: Mapping[str, str], name: str = "entry_points") -> sql.SQL:
+def _statement_text(blocks: Mapping[str, str], name: str) -> str:
     lines = [line for line in blocks[name].splitlines() if not line.startswith("--")]
-    return sql.SQL("\n".join(lines).strip())
+    return "\n".join(lines).strip()
+
+
+def function_names(name: str) -> tuple[str, ...]:
+    """The functions of the list ``name`` of roles.sql (one of :data:`FUNCTION_LISTS`), as
+    names in the awa schema, in their order."""
+    if name not in FUNCTION_LISTS:
+        raise KeyError(name)
+    entries = [e for e in re.split(r"[\s,]+", _statement_text(roles_blocks(), name)) if e]
+    names = []
+    for entry in entries:
+        match = _FUNCTION.fullmatch(entry)
+        if match is None:  # pragma: no cover - the packaged file is checked by the tests
+            raise ValueError(f"roles.sql, {name}: {entry!r} is not an awa function name")
+        names.append(match.group(1))
+    return tuple(names)
+
+
+def _functions(name: str) -> sql.Composed:
+    """The list ``name`` as a GRANT names its functions, one a line: ``"awa"."a",
+    "awa"."b"`` (by name alone: each awa function name has one signature)."""
+    return sql.SQL(",\n    ").join(sql.Identifier("awa", fn) for fn in function_names(name))
 
 
 def roles_script(
@@ -133,11 +156,12 @@ def roles_script(
     ``roles.sql`` of the roles given, in :data:`ROLE_KINDS` order, with every name an
     identifier. Running it twice changes nothing the first run did not. ``lock_advisory``
     adds the superuser block that takes the advisory-lock functions from ``PUBLIC`` in this
-    database and gives them to the owner and the worker and maintenance roles named."""
-    if lock_advisory and roles.worker is None and roles.maintenance is None:
+    database and gives them to the owner and the maintenance role (named: it is required)."""
+    if lock_advisory and roles.maintenance is None:
         raise InvalidOptionError(
             "--lock-advisory",
-            "name the --worker and --maintenance roles that keep the advisory-lock functions",
+            "name the --maintenance role, which keeps the advisory-lock functions (the "
+            "maintenance leader takes its lock outside any function)",
         )
     if roles.owner is not None and roles.owner != facts.schema_owner:
         raise InvalidOptionError(
@@ -148,7 +172,7 @@ def roles_script(
     for kind in ROLE_KINDS[1:]:
         if getattr(roles, kind) == facts.schema_owner:
             # Its block revokes from the role it names: the owner would lose its own rights,
-            # and with them every SECURITY DEFINER entry point, for every role.
+            # and with them every function that runs as the owner, for every role.
             raise InvalidOptionError(
                 f"--{kind}",
                 f"{facts.schema_owner!r} owns the awa schema; the {kind} role must be another",
@@ -158,28 +182,22 @@ def roles_script(
     values: dict[str, sql.Composable] = {
         "database": sql.Identifier(facts.database),
         "owner": sql.Identifier(owner),
-        "entry_points": _entry_points(blocks),
-        "ring_partitions": sql.SQL(", ").join(
-            sql.Identifier("awa", name) for name in facts.ring_partitions
+        "advisory_functions": sql.SQL(_statement_text(blocks, "advisory_functions")),
+        "advisory_roles": sql.SQL(", ").join(
+            sql.Identifier(name) for name in (owner, roles.maintenance) if name is not None
         ),
     }
+    for name in FUNCTION_LISTS:
+        values[name] = _functions(name)
     for kind in ROLE_KINDS[1:]:
-        name = getattr(roles, kind)
-        if name is not None:
-            values[kind] = sql.Identifier(name)
-    values["advisory_functions"] = _entry_points(blocks, "advisory_functions")
-    values["advisory_roles"] = sql.SQL(", ").join(
-        sql.Identifier(name)
-        for name in (owner, roles.worker, roles.maintenance)
-        if name is not None
-    )
-    parts: list[sql.Composable] = []
-    for kind in ROLE_KINDS:
-        if getattr(roles, kind) is None:
-            continue
-        if kind == "maintenance" and not facts.ring_partitions:
-            raise InvalidOptionError("--maintenance", "the awa schema has no ring partitions")
-        parts.append(sql.SQL(blocks[kind].strip() + "\n").format(**values))
+        role = getattr(roles, kind)
+        if role is not None:
+            values[kind] = sql.Identifier(role)
+    parts: list[sql.Composable] = [
+        sql.SQL(blocks[kind].strip() + "\n").format(**values)
+        for kind in ROLE_KINDS
+        if getattr(roles, kind) is not None
+    ]
     if lock_advisory:
         parts.append(sql.SQL(blocks["advisory"].strip() + "\n").format(**values))
     return sql.SQL("\n").join(parts)

@@ -75,7 +75,7 @@ class MaintenanceSettings:
 
     @property
     def queue_rotate_interval(self) -> float:
-        # Terminal history lives in the 15 sealed slots of the 16-slot queue ring.
+        # Terminal history lives in the sealed slots of the queue ring (all but the current one).
         return float(self.awa.HISTORY_RETENTION) / (RING_SLOTS["queue"] - 1)
 
     @property
@@ -107,6 +107,8 @@ class Maintenance:
             settings.awa.DATABASE_ALIAS, "leader", str(instance_id), on_connect=_leader_session
         )
         self._foreign_warned_at = -1e9
+        #: Whether this process's database role may run maintenance (None: not asked yet).
+        self.allowed: bool | None = None
         self.leader = False
         self.counters: dict[str, int] = {}
         s = settings
@@ -214,7 +216,8 @@ class Maintenance:
             await self.sync()
             await self._elect()
             if not self.leader:
-                log.info("awa maintenance: another process is the leader; nothing to do")
+                if self.allowed:
+                    log.info("awa maintenance: another process is the leader; nothing to do")
                 return
             for name, _, task in self.tasks:
                 await self._run_task(name, task)
@@ -249,6 +252,8 @@ class Maintenance:
             conn = await self.link.connection()
             if self.register:
                 await self._upsert_runtime(conn)
+            if not await self._allowed(conn):
+                return
             cursor = await conn.execute(query("leader_try"))
             row = await cursor.fetchone()
         except Exception as exc:
@@ -263,13 +268,30 @@ class Maintenance:
         self._due.clear()
         log.info("awa maintenance: %s is now the leader", self.instance_id)
         try:
-            await conn.execute(query("leader_mark"), [self.instance_id, self.instance_id])
+            await conn.execute(query("leader_mark"), [self.instance_id])
         except Exception as exc:
             if is_connection_lost(exc, self.link.conn):
                 await self.link.discard()
                 self._lose()
             else:
                 log.warning("awa maintenance: could not mark the leader (%s)", first_line(exc))
+
+    async def _allowed(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Whether this process's role may run the maintenance functions (asked at each
+        election: grants can change). A role that may not (a worker role, docs/roles.md) never
+        stands: as leader it would fail every task while no other process could take over.
+        Said once in the log, and again whenever the answer changes."""
+        cursor = await conn.execute(query("leader_allowed"))
+        row = await cursor.fetchone()
+        allowed = bool(row and row[0])
+        if not allowed and self.allowed is not False:
+            log.warning(
+                "awa maintenance: this database role may not run maintenance (no EXECUTE on "
+                "awa.promote_v1: manage.py awa_roles grants it to the maintenance role); this "
+                "process does not stand for leader (docs/roles.md)"
+            )
+        self.allowed = allowed
+        return allowed
 
     async def _check_holder(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Another process holds the leader lock: end it if it is an awa process that stopped

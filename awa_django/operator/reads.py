@@ -416,7 +416,7 @@ def job_list(
         "queue": queue,
         "kind": kind,
         "tag": tag,
-        "dlq": None if in_dlq is None else int(in_dlq),
+        "dlq": in_dlq,
         "limit": limit,
     }
     return fetch(JobSummary, "job_list", params, using=using, convert={"state": JobState})

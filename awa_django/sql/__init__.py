@@ -28,7 +28,7 @@ from types import MappingProxyType
 __all__ = ["RING_SLOTS", "query", "render", "roles_blocks", "sql_file"]
 
 #: The number of partitions (slots) of each ring, for a new database.
-RING_SLOTS: Mapping[str, int] = MappingProxyType({"queue": 16, "claim": 8, "lease": 8})
+RING_SLOTS: Mapping[str, int] = MappingProxyType({"queue": 8, "claim": 8, "lease": 8})
 
 _NAME_RE = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 _EACH_RE = re.compile(

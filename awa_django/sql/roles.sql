@@ -3,32 +3,65 @@
 -- role may hold on the awa schema, then grants what it needs, so running the script again
 -- (after a migrate, or on a database where the role had wider grants) converges.
 --
+-- No role but the owner holds INSERT, UPDATE, DELETE or TRUNCATE on any awa table, or any
+-- privilege on a sequence beyond reading it: every change to the queue goes through a function
+-- that runs as the owner (SECURITY DEFINER, search_path fixed), validates what it is given and
+-- writes only what the engine writes. A role may call the functions of its lists below and
+-- nothing else (awa_django/sql/functions/privileges.sql takes every awa function from PUBLIC).
+--
 -- The placeholders in braces are role names and the database name, validated and quoted as
--- identifiers by awa_django.db.roles (psycopg.sql.Identifier), the list of ring partitions
--- read from the catalog (quoted the same way) and the entry_points block below. Nothing else is
--- substituted.
+-- identifiers by awa_django.db.roles (psycopg.sql.Identifier), and the function lists below,
+-- whose names are checked and quoted the same way. Nothing else is substituted.
 --
 -- Tables and sequences that later migrations add, and the lane sequences that producers create
 -- (awa.ensure_lanes_v1, run as the owner), are covered by default privileges of the owner.
 
--- name: entry_points
--- The SECURITY DEFINER functions of migrations 0011 and 0012: run as the owner, EXECUTE
--- revoked from PUBLIC, granted to the roles that enqueue or resolve callbacks (and claim:
--- awa.flow_handoff_lane_v1 creates the hand-off lane a claim un-parks jobs into).
-FUNCTION awa.ensure_lanes_v1(text, integer, integer),
-    awa.flow_handoff_lane_v1(text, integer),
-    awa.enqueue_one_v1(text, text, integer, jsonb, integer, timestamptz, double precision,
-        double precision, jsonb, text[], jsonb),
-    awa.enqueue_one_v2(text, text, integer, jsonb, integer, timestamptz, double precision,
-        double precision, jsonb, text[], integer, integer, integer, integer, integer),
-    awa.enqueue_one_v3(text, text, integer, jsonb, integer, timestamptz, double precision,
-        double precision, jsonb, text[], integer, integer, integer, integer, integer, boolean,
-        text, double precision, text[], boolean),
-    awa.enqueue_v1(jsonb, jsonb),
-    awa.callback_resolve_v2(uuid, jsonb, jsonb, boolean, double precision),
-    awa.callback_extend_v1(uuid, double precision),
-    awa.callback_receive_v1(uuid, bigint, double precision, text, bytea, jsonb, jsonb, boolean,
-        double precision, double precision)
+-- name: producer_functions
+-- Enqueue (a new queue and priority included) and resolve or extend a callback: the
+-- application, and handlers in the workers.
+awa.ensure_lanes_v1, awa.enqueue_one_v1, awa.enqueue_one_v2, awa.enqueue_one_v3,
+awa.enqueue_v1, awa.callback_resolve_v2, awa.callback_extend_v1
+
+-- name: app_functions
+-- The application's own: the signed callback receiver's statement, one job by id (get_result,
+-- job_show), when a job was enqueued (the django.tasks backend), the health view's lag check.
+awa.callback_receive_v1, awa.job_v1, awa.job_enqueued_at_v1, awa.queue_lag_v1
+
+-- name: read_functions
+-- The read surfaces (docs/sql.md, "Reading jobs"), and the two functions the views call
+-- (awa.lane_cursor_v1 in awa.live_jobs, awa._queue_names_v1 in awa.queue_stats).
+awa.job_v1, awa.job_list_v1, awa.job_enqueued_at_v1, awa.queue_counts_v1,
+awa.queue_depth_v1, awa.queue_lag_v1, awa.queue_stats_v1, awa.throughput_v1,
+awa.ring_slots_v1, awa.flow_status_v1, awa.flow_kind_status_v1, awa.lane_cursor_v1,
+awa._queue_names_v1
+
+-- name: worker_functions
+-- Claim, heartbeat, finalize (complete, retry, snooze, cancel, fail, park for a callback),
+-- release and retake flow permits and serial keys, register the process, find work across
+-- queues, and write what the code declares: queue and kind limits, periodic schedules, the
+-- queues' DLQ setting.
+awa.claim_v3, awa._attempt_open_v1, awa.finalize_v2, awa.finalize_v3, awa.heartbeat_v1,
+awa.callback_register_v1, awa.flow_release_v1, awa.flow_retake_v1, awa.flow_reset_v1,
+awa.serial_release_v1, awa.serial_retake_v1, awa.serial_reset_v1, awa.flow_sync_v1,
+awa.flow_kind_sync_v1, awa.cron_sync_v1, awa.queue_dlq_v1, awa.runtime_upsert_v1,
+awa.runtime_remove_v1, awa.queues_ready_v1, awa.queues_idle_v2
+
+-- name: maintenance_functions
+-- The leader's tasks: promotion, rescue, rotation and prune (TRUNCATE of sealed slots, as the
+-- owner), retention, unique and serial sweeps, periodic fires, the leader's mark. Two run with
+-- the caller's privileges, because what they do is end other sessions (frozen leaders and
+-- workers), which takes pg_signal_backend: awa.leader_takeover_v1, awa.flow_reap_v1.
+awa.promote_v1, awa.rescue_v1, awa.rotate_v3, awa.prune_v1, awa.dlq_expire_v1,
+awa.cleanup_v1, awa.callback_receipts_prune_v1, awa.unique_sweep_v1, awa.serial_sweep_v1,
+awa.cron_fire_v1, awa.leader_mark_v1, awa.leader_takeover_v1, awa.flow_reap_v1
+
+-- name: operator_functions
+-- The admin's actions and the CLI's (docs/operations.md): cancel, DLQ retry and purge, retry
+-- from history, pause, resume and drain a queue, its DLQ on or off, flow limits, periodic
+-- schedules paused, resumed or triggered, callbacks resolved or extended.
+awa.cancel_v1, awa.dlq_retry_v2, awa.dlq_purge_v1, awa.history_retry_v1, awa.queue_pause_v1,
+awa.queue_drain_v2, awa.queue_dlq_v1, awa.flow_set_v1, awa.flow_kind_set_v1,
+awa.cron_pause_v1, awa.cron_trigger_v1, awa.callback_resolve_v2, awa.callback_extend_v1
 
 -- name: advisory_functions
 -- PostgreSQL's advisory-lock functions (every signature): any role may call them by default.
@@ -53,81 +86,107 @@ FUNCTION pg_catalog.pg_advisory_lock(bigint), pg_catalog.pg_advisory_lock(intege
 -- name: advisory
 -- (--lock-advisory; run as a superuser.) awa_django's leader election, lane locks, flow
 -- permits and serial keys are advisory locks, which any role may take by default: a session of
--- the app or operator role could hold one for ever (no leader, a stalled queue). In this
--- database only, the functions are taken from PUBLIC and given to the owner and the worker
--- and maintenance roles; the app role takes its locks inside the SECURITY DEFINER entry
--- points (as the owner). Other software in this database that uses advisory locks needs a
--- grant too.
+-- the app, operator or reader role could hold one for ever (no leader, a stalled queue). In
+-- this database only, the functions are taken from PUBLIC and given to the owner and the
+-- maintenance role (the leader's lock is taken outside any function); every other lock is
+-- taken inside the functions that run as the owner. Other software in this database that uses
+-- advisory locks needs a grant too.
 REVOKE EXECUTE ON {advisory_functions} FROM PUBLIC;
 GRANT EXECUTE ON {advisory_functions} TO {advisory_roles};
 
 -- name: owner
 -- The migration owner runs `manage.py migrate`: it creates the awa schema and owns everything
--- in it, and the entry points run as it. It must not be a superuser (docs/roles.md).
+-- in it, and the functions the other roles call run as it. It must not be a superuser
+-- (docs/roles.md).
 GRANT CONNECT, CREATE ON DATABASE {database} TO {owner};
 
 -- name: app
--- The application: enqueue (a new queue and priority included), resolve callbacks, read job
--- state and results. No INSERT, UPDATE, DELETE or TRUNCATE on any awa table, no CREATE.
+-- The application: enqueue (a new queue and priority included), resolve callbacks, read one
+-- job by id. It reads no table but two control tables without job data (the lanes, for its
+-- cache of them; the processes, for the health view): no list of jobs, no arguments or results
+-- but by id, no callback ids.
 GRANT CONNECT ON DATABASE {database} TO {app};
 REVOKE CREATE ON SCHEMA awa FROM {app};
 GRANT USAGE ON SCHEMA awa TO {app};
 REVOKE ALL ON ALL TABLES IN SCHEMA awa FROM {app};
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA awa FROM {app};
-GRANT SELECT ON ALL TABLES IN SCHEMA awa TO {app};
-GRANT SELECT ON ALL SEQUENCES IN SCHEMA awa TO {app};
-ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa GRANT SELECT ON TABLES TO {app};
-ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa GRANT SELECT ON SEQUENCES TO {app};
-GRANT EXECUTE ON {entry_points} TO {app};
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA awa FROM {app};
+ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa REVOKE ALL ON TABLES FROM {app};
+ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa REVOKE ALL ON SEQUENCES FROM {app};
+GRANT SELECT ON awa.queue_lanes, awa.runtime_instances TO {app};
+GRANT EXECUTE ON FUNCTION {producer_functions}, {app_functions} TO {app};
 
 -- name: worker
 -- Workers (`awa_worker --no-maintenance`): claim, heartbeat, finalize, park and resolve
--- callbacks, and enqueue from handlers, through the engine's functions, which run with its
--- privileges: row-level reads and writes of the awa tables. No TRUNCATE (so no prune), no
--- CREATE. LISTEN needs no grant.
+-- callbacks, and enqueue from handlers, through the functions above, and read every awa table
+-- and view (a worker claims any job of its queues: reading them gives it nothing more). No
+-- maintenance function, so it never stands for leader. LISTEN needs no grant.
 GRANT CONNECT ON DATABASE {database} TO {worker};
 REVOKE CREATE ON SCHEMA awa FROM {worker};
 GRANT USAGE ON SCHEMA awa TO {worker};
 REVOKE ALL ON ALL TABLES IN SCHEMA awa FROM {worker};
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA awa FROM {worker};
-GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA awa TO {worker};
-REVOKE INSERT, UPDATE, DELETE ON awa.schema_migrations FROM {worker};
-GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA awa TO {worker};
-ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa
-    GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {worker};
-ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa
-    GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO {worker};
-GRANT EXECUTE ON {entry_points} TO {worker};
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA awa FROM {worker};
+ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa REVOKE ALL ON TABLES FROM {worker};
+ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa REVOKE ALL ON SEQUENCES FROM {worker};
+GRANT SELECT ON ALL TABLES IN SCHEMA awa TO {worker};
+GRANT SELECT ON ALL SEQUENCES IN SCHEMA awa TO {worker};
+ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa GRANT SELECT ON TABLES TO {worker};
+ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa GRANT SELECT ON SEQUENCES TO {worker};
+GRANT EXECUTE ON FUNCTION {producer_functions}, {read_functions}, {worker_functions} TO {worker};
 
 -- name: maintenance
 -- The maintenance leader (`awa_maintenance`, or workers that take part in the election):
--- everything a worker may, plus TRUNCATE of the ring partitions (prune), and nothing else.
+-- everything a worker may, plus the leader's tasks, through their functions. No TRUNCATE,
+-- DELETE or UPDATE of its own: prune truncates as the owner, and only slots it proved spent.
 GRANT CONNECT ON DATABASE {database} TO {maintenance};
 REVOKE CREATE ON SCHEMA awa FROM {maintenance};
 GRANT USAGE ON SCHEMA awa TO {maintenance};
 REVOKE ALL ON ALL TABLES IN SCHEMA awa FROM {maintenance};
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA awa FROM {maintenance};
-GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA awa TO {maintenance};
-REVOKE INSERT, UPDATE, DELETE ON awa.schema_migrations FROM {maintenance};
-GRANT TRUNCATE ON {ring_partitions} TO {maintenance};
-GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA awa TO {maintenance};
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA awa FROM {maintenance};
+ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa REVOKE ALL ON TABLES FROM {maintenance};
 ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa
-    GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {maintenance};
+    REVOKE ALL ON SEQUENCES FROM {maintenance};
+GRANT SELECT ON ALL TABLES IN SCHEMA awa TO {maintenance};
+GRANT SELECT ON ALL SEQUENCES IN SCHEMA awa TO {maintenance};
+ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa GRANT SELECT ON TABLES TO {maintenance};
 ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa
-    GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO {maintenance};
-GRANT EXECUTE ON {entry_points} TO {maintenance};
+    GRANT SELECT ON SEQUENCES TO {maintenance};
+GRANT EXECUTE ON FUNCTION {producer_functions}, {read_functions}, {worker_functions},
+    {maintenance_functions} TO {maintenance};
 
 -- name: operator
--- A read-only operator (the admin's lists, awa_status, awa_job show, SQL users): SELECT on every
--- awa table, view and sequence. No writes, and no EXECUTE on the entry points, so it cannot
--- enqueue or resolve callbacks either.
+-- An operator (the admin with its actions, awa_queue, awa_dlq, awa_job, awa_status, SQL
+-- users): read every awa table, view and sequence, and act through the operator functions.
+-- It cannot enqueue jobs of its choice, claim, finalize or run maintenance.
 GRANT CONNECT ON DATABASE {database} TO {operator};
 REVOKE CREATE ON SCHEMA awa FROM {operator};
 GRANT USAGE ON SCHEMA awa TO {operator};
 REVOKE ALL ON ALL TABLES IN SCHEMA awa FROM {operator};
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA awa FROM {operator};
-REVOKE EXECUTE ON {entry_points} FROM {operator};
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA awa FROM {operator};
+ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa REVOKE ALL ON TABLES FROM {operator};
+ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa REVOKE ALL ON SEQUENCES FROM {operator};
 GRANT SELECT ON ALL TABLES IN SCHEMA awa TO {operator};
 GRANT SELECT ON ALL SEQUENCES IN SCHEMA awa TO {operator};
 ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa GRANT SELECT ON TABLES TO {operator};
 ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa GRANT SELECT ON SEQUENCES TO {operator};
+GRANT EXECUTE ON FUNCTION {read_functions}, {operator_functions} TO {operator};
+
+-- name: reader
+-- Read-only (a read-only admin, dashboards, awa_status, awa_job show and list, SQL users):
+-- read every awa table, view and sequence, and the read functions. No action of any kind.
+GRANT CONNECT ON DATABASE {database} TO {reader};
+REVOKE CREATE ON SCHEMA awa FROM {reader};
+GRANT USAGE ON SCHEMA awa TO {reader};
+REVOKE ALL ON ALL TABLES IN SCHEMA awa FROM {reader};
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA awa FROM {reader};
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA awa FROM {reader};
+ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa REVOKE ALL ON TABLES FROM {reader};
+ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa REVOKE ALL ON SEQUENCES FROM {reader};
+GRANT SELECT ON ALL TABLES IN SCHEMA awa TO {reader};
+GRANT SELECT ON ALL SEQUENCES IN SCHEMA awa TO {reader};
+ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa GRANT SELECT ON TABLES TO {reader};
+ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA awa GRANT SELECT ON SEQUENCES TO {reader};
+GRANT EXECUTE ON FUNCTION {read_functions} TO {reader};

@@ -4,7 +4,7 @@
 -- signature, attributes, a digest of their body and their privileges (OWNER: the migrating
 -- role); their bodies are in awa_django/sql/functions/.
 
--- relation (110)
+-- relation (86)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
 TABLE attempt_state WITH (fillfactor=80)
@@ -33,20 +33,12 @@ TABLE dlq_entries
 TABLE done_entries PARTITION BY LIST (ready_slot)
 TABLE done_entries_0 PARTITION OF done_entries FOR VALUES IN (0)
 TABLE done_entries_1 PARTITION OF done_entries FOR VALUES IN (1)
-TABLE done_entries_10 PARTITION OF done_entries FOR VALUES IN (10)
-TABLE done_entries_11 PARTITION OF done_entries FOR VALUES IN (11)
-TABLE done_entries_12 PARTITION OF done_entries FOR VALUES IN (12)
-TABLE done_entries_13 PARTITION OF done_entries FOR VALUES IN (13)
-TABLE done_entries_14 PARTITION OF done_entries FOR VALUES IN (14)
-TABLE done_entries_15 PARTITION OF done_entries FOR VALUES IN (15)
 TABLE done_entries_2 PARTITION OF done_entries FOR VALUES IN (2)
 TABLE done_entries_3 PARTITION OF done_entries FOR VALUES IN (3)
 TABLE done_entries_4 PARTITION OF done_entries FOR VALUES IN (4)
 TABLE done_entries_5 PARTITION OF done_entries FOR VALUES IN (5)
 TABLE done_entries_6 PARTITION OF done_entries FOR VALUES IN (6)
 TABLE done_entries_7 PARTITION OF done_entries FOR VALUES IN (7)
-TABLE done_entries_8 PARTITION OF done_entries FOR VALUES IN (8)
-TABLE done_entries_9 PARTITION OF done_entries FOR VALUES IN (9)
 TABLE flow_kind_limits
 TABLE flow_kind_rate_state WITH (fillfactor=50)
 TABLE flow_limits
@@ -68,37 +60,21 @@ TABLE queue_meta
 TABLE ready_entries PARTITION BY LIST (ready_slot)
 TABLE ready_entries_0 PARTITION OF ready_entries FOR VALUES IN (0)
 TABLE ready_entries_1 PARTITION OF ready_entries FOR VALUES IN (1)
-TABLE ready_entries_10 PARTITION OF ready_entries FOR VALUES IN (10)
-TABLE ready_entries_11 PARTITION OF ready_entries FOR VALUES IN (11)
-TABLE ready_entries_12 PARTITION OF ready_entries FOR VALUES IN (12)
-TABLE ready_entries_13 PARTITION OF ready_entries FOR VALUES IN (13)
-TABLE ready_entries_14 PARTITION OF ready_entries FOR VALUES IN (14)
-TABLE ready_entries_15 PARTITION OF ready_entries FOR VALUES IN (15)
 TABLE ready_entries_2 PARTITION OF ready_entries FOR VALUES IN (2)
 TABLE ready_entries_3 PARTITION OF ready_entries FOR VALUES IN (3)
 TABLE ready_entries_4 PARTITION OF ready_entries FOR VALUES IN (4)
 TABLE ready_entries_5 PARTITION OF ready_entries FOR VALUES IN (5)
 TABLE ready_entries_6 PARTITION OF ready_entries FOR VALUES IN (6)
 TABLE ready_entries_7 PARTITION OF ready_entries FOR VALUES IN (7)
-TABLE ready_entries_8 PARTITION OF ready_entries FOR VALUES IN (8)
-TABLE ready_entries_9 PARTITION OF ready_entries FOR VALUES IN (9)
 TABLE ready_tombstones PARTITION BY LIST (ready_slot)
 TABLE ready_tombstones_0 PARTITION OF ready_tombstones FOR VALUES IN (0)
 TABLE ready_tombstones_1 PARTITION OF ready_tombstones FOR VALUES IN (1)
-TABLE ready_tombstones_10 PARTITION OF ready_tombstones FOR VALUES IN (10)
-TABLE ready_tombstones_11 PARTITION OF ready_tombstones FOR VALUES IN (11)
-TABLE ready_tombstones_12 PARTITION OF ready_tombstones FOR VALUES IN (12)
-TABLE ready_tombstones_13 PARTITION OF ready_tombstones FOR VALUES IN (13)
-TABLE ready_tombstones_14 PARTITION OF ready_tombstones FOR VALUES IN (14)
-TABLE ready_tombstones_15 PARTITION OF ready_tombstones FOR VALUES IN (15)
 TABLE ready_tombstones_2 PARTITION OF ready_tombstones FOR VALUES IN (2)
 TABLE ready_tombstones_3 PARTITION OF ready_tombstones FOR VALUES IN (3)
 TABLE ready_tombstones_4 PARTITION OF ready_tombstones FOR VALUES IN (4)
 TABLE ready_tombstones_5 PARTITION OF ready_tombstones FOR VALUES IN (5)
 TABLE ready_tombstones_6 PARTITION OF ready_tombstones FOR VALUES IN (6)
 TABLE ready_tombstones_7 PARTITION OF ready_tombstones FOR VALUES IN (7)
-TABLE ready_tombstones_8 PARTITION OF ready_tombstones FOR VALUES IN (8)
-TABLE ready_tombstones_9 PARTITION OF ready_tombstones FOR VALUES IN (9)
 TABLE ring_prunes
 TABLE ring_rotations
 TABLE rings
@@ -644,7 +620,7 @@ CREATE UNIQUE INDEX schema_migrations_pkey ON awa.schema_migrations USING btree 
 CREATE UNIQUE INDEX serial_waiting_pkey ON awa.serial_waiting USING btree (job_id)
 CREATE UNIQUE INDEX unique_keys_pkey ON awa.unique_keys USING btree (unique_key)
 
--- partition index (72)
+-- partition index (48)
 claim_closures_0: 1
 claim_closures_1: 1
 claim_closures_2: 1
@@ -662,12 +638,6 @@ claims_5: 4
 claims_6: 4
 claims_7: 4
 done_entries_0: 5
-done_entries_10: 5
-done_entries_11: 5
-done_entries_12: 5
-done_entries_13: 5
-done_entries_14: 5
-done_entries_15: 5
 done_entries_1: 5
 done_entries_2: 5
 done_entries_3: 5
@@ -675,8 +645,6 @@ done_entries_4: 5
 done_entries_5: 5
 done_entries_6: 5
 done_entries_7: 5
-done_entries_8: 5
-done_entries_9: 5
 leases_0: 2
 leases_1: 2
 leases_2: 2
@@ -686,12 +654,6 @@ leases_5: 2
 leases_6: 2
 leases_7: 2
 ready_entries_0: 3
-ready_entries_10: 3
-ready_entries_11: 3
-ready_entries_12: 3
-ready_entries_13: 3
-ready_entries_14: 3
-ready_entries_15: 3
 ready_entries_1: 3
 ready_entries_2: 3
 ready_entries_3: 3
@@ -699,15 +661,7 @@ ready_entries_4: 3
 ready_entries_5: 3
 ready_entries_6: 3
 ready_entries_7: 3
-ready_entries_8: 3
-ready_entries_9: 3
 ready_tombstones_0: 2
-ready_tombstones_10: 2
-ready_tombstones_11: 2
-ready_tombstones_12: 2
-ready_tombstones_13: 2
-ready_tombstones_14: 2
-ready_tombstones_15: 2
 ready_tombstones_1: 2
 ready_tombstones_2: 2
 ready_tombstones_3: 2
@@ -715,187 +669,218 @@ ready_tombstones_4: 2
 ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
-ready_tombstones_8: 2
-ready_tombstones_9: 2
 
--- function (143)
+-- function (147)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
  AS body sha256 feae85dfb3c4ca61 (26 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._append_ready_v1(p_lane integer, p_jobs awa.job_body[])
  RETURNS void
  LANGUAGE plpgsql
  AS body sha256 4986c1409d9ec827 (33 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._attempt_open_v1(p_job_id bigint, p_run_lease bigint)
  RETURNS boolean
  LANGUAGE sql
- STABLE
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 a19a68c46b0023f8 (9 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._backoff_v2(p_attempt integer, p_base double precision, p_policy jsonb)
  RETURNS double precision
  LANGUAGE sql
  PARALLEL SAFE
  AS body sha256 e1117132a43f1d9b (12 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._bad_tags_v1(p_tags text[], p_max_length integer)
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE STRICT
  AS body sha256 0f2ddda04ef523da (4 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._callback_apply_v1(p_callback_id uuid, p_job_id bigint, p_run_lease bigint, p_result jsonb, p_error jsonb, p_terminal boolean, p_backoff_base double precision)
  RETURNS text
  LANGUAGE plpgsql
  AS body sha256 de643ea2e37ec603 (49 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._callback_attempt_v1(p_callback_id uuid)
  RETURNS TABLE(job_id bigint, run_lease bigint)
  LANGUAGE plpgsql
  STABLE
  AS body sha256 a929b65f82612fb1 (13 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._callback_extend_locked_v1(p_callback_id uuid, p_job_id bigint, p_run_lease bigint, p_timeout double precision)
  RETURNS TABLE(outcome text, timeout_at timestamp with time zone)
  LANGUAGE plpgsql
  AS body sha256 b84f89e534cbc1c7 (42 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._callback_stamp_v1(p_job_id bigint, p_run_lease bigint, p_callback_id uuid, p_result jsonb)
  RETURNS void
  LANGUAGE sql
  AS body sha256 51d533d047042166 (8 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._carry_claims_v1(p_slot integer)
  RETURNS integer
  LANGUAGE plpgsql
  AS body sha256 6ad904ccb420600f (36 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._check_callback_timeout_v1(p_timeout double precision)
  RETURNS void
  LANGUAGE plpgsql
  IMMUTABLE
  AS body sha256 4bdbd6059f2178cc (9 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._check_retry_policy_v1(p_metadata jsonb)
  RETURNS boolean
  LANGUAGE plpgsql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 c6b3d9b05c704da9 (10 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._claim_kind_v1(p_lane integer, p_cursor bigint, p_cslot integer, p_cgen bigint, p_worker uuid, p_units integer, p_jobs integer, p_wcap integer, p_default double precision, p_held integer[], p_taken integer[], p_lanes integer[], p_bounds bigint[], p_kinds text[], p_pheld integer[], p_kkeys integer[], p_rkinds text[], p_rtats timestamp with time zone[], p_rleft integer[], p_rused integer[], OUT o_rows awa.claimed_v3[], OUT o_taken integer[], OUT o_units integer, OUT o_retry boolean, OUT o_kkeys integer[], OUT o_rkinds text[], OUT o_rtats timestamp with time zone[], OUT o_rleft integer[], OUT o_rused integer[], OUT o_wait double precision)
  RETURNS record
  LANGUAGE plpgsql
  AS body sha256 de0ce86fc47bd1b5 (554 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._claim_serial_v1(p_lane integer, p_cursor bigint, p_cslot integer, p_cgen bigint, p_worker uuid, p_units integer, p_jobs integer, p_wcap integer, p_default double precision, p_held integer[], p_taken integer[], p_lanes integer[], p_bounds bigint[], OUT o_rows awa.claimed_v3[], OUT o_taken integer[], OUT o_units integer, OUT o_retry boolean)
  RETURNS record
  LANGUAGE plpgsql
  AS body sha256 87fa822d7a57a23f (91 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._completed_since_v1(p_queue text, p_since timestamp with time zone)
  RETURNS bigint
  LANGUAGE sql
  STABLE
  AS body sha256 4351af9402aa75a6 (4 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._cron_time_v1(p_at timestamp with time zone)
  RETURNS text
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 412b23c36b12ae3b (5 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._deadline_secs_v1(p_secs double precision)
  RETURNS double precision
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 1cff7a6188d2525c (4 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._depth_probe_v1(p_depth integer)
  RETURNS jsonpath
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 8ecebf2e612b56c5 (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._enqueue_check_v1(p_jobs jsonb, p_now timestamp with time zone, p_first integer, p_args_max integer, p_meta_max integer, p_depth integer, p_max_tags integer, p_tag_len integer, OUT first_error text, OUT deferred_count bigint)
  RETURNS record
  LANGUAGE plpgsql
  STABLE
  AS body sha256 f75f4e678e244ca4 (33 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._enqueue_conversion_error_v1(p_jobs jsonb, p_now timestamp with time zone, p_args_max integer, p_meta_max integer, p_depth integer, p_max_tags integer, p_tag_len integer)
  RETURNS text
  LANGUAGE plpgsql
  STABLE
  AS body sha256 6417240ab5678414 (37 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._enqueue_one_error_v2(p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer, p_run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_delay double precision DEFAULT NULL::double precision, p_deadline double precision DEFAULT NULL::double precision, p_metadata jsonb DEFAULT NULL::jsonb, p_tags text[] DEFAULT NULL::text[], p_args_max_bytes integer DEFAULT 1048576, p_metadata_max_bytes integer DEFAULT 65536, p_json_max_depth integer DEFAULT 32, p_max_tags integer DEFAULT 20, p_tag_max_length integer DEFAULT 100)
  RETURNS text
  LANGUAGE plpgsql
  STABLE
  AS body sha256 be390400efacb3af (69 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._finalize_error_v1(p_items jsonb)
  RETURNS text
  LANGUAGE sql
  IMMUTABLE
  AS body sha256 fa784fc328f1776d (34 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._finalize_pass_v1(p_items jsonb, p_hint boolean)
  RETURNS jsonb
  LANGUAGE plpgsql
  AS body sha256 f512c351920be7a5 (127 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._flow_key_v1(p_queue text, p_i integer)
  RETURNS integer
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 e4a0524b18158077 (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._flow_kind_key_v1(p_kind text, p_i integer)
  RETURNS integer
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 4f6f731ef736e30f (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._flow_kind_rate_row_v1()
  RETURNS trigger
  LANGUAGE plpgsql
  AS body sha256 167484455c6a1233 (9 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._flow_kind_take_v1(p_kind text, p_limit integer, p_seen integer, p_want integer, p_held integer[])
  RETURNS integer[]
  LANGUAGE plpgsql
  AS body sha256 a8b0a745a3aa86ec (50 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._flow_kind_tat_v1(p_rate double precision, p_burst integer, p_tat timestamp with time zone, p_now timestamp with time zone)
  RETURNS timestamp with time zone
  LANGUAGE sql
  IMMUTABLE
  AS body sha256 7ac8a51dc71d41de (9 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._flow_kind_tokens_v1(p_rate double precision, p_burst integer, p_tat timestamp with time zone, p_now timestamp with time zone, OUT o_tokens integer, OUT o_wait double precision)
  RETURNS record
  LANGUAGE plpgsql
  IMMUTABLE
  AS body sha256 8b47efea45518c8e (13 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._flow_take_above_v1(p_keys integer[], p_held integer[])
  RETURNS integer[]
  LANGUAGE sql
  AS body sha256 34818b060e2c88bb (6 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._flow_take_v1(p_queue text, p_limit integer, p_seen integer, p_want integer, p_held integer[])
  RETURNS integer[]
  LANGUAGE plpgsql
  AS body sha256 f9c565ec434f1da2 (50 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._flow_unpark_v2(p_queue text, p_max integer, p_held integer[], p_wcap integer, OUT o_moved integer, OUT o_wait double precision)
  RETURNS record
  LANGUAGE plpgsql
  AS body sha256 d0e0cfd27341ace1 (129 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._history_counts_v1(p_cap integer DEFAULT 10000, p_sample_pages integer DEFAULT 1000)
  RETURNS TABLE(queue text, state text, n bigint, exact boolean)
@@ -904,192 +889,225 @@ CREATE OR REPLACE FUNCTION awa._history_counts_v1(p_cap integer DEFAULT 10000, p
  SET enable_seqscan TO 'off'
  SET enable_bitmapscan TO 'off'
  AS body sha256 4bc6cf0557aabfd6 (42 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._job_brief_v1(p_job_id bigint)
  RETURNS TABLE(state text, queue text, priority integer)
  LANGUAGE sql
  STABLE
  AS body sha256 6789814a97051072 (46 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._job_conversion_error_v1(p_job jsonb)
  RETURNS text
  LANGUAGE plpgsql
  IMMUTABLE
  AS body sha256 83133c4b6a9a5729 (17 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._job_fields_error_v1(p_job jsonb, p_kind jsonb, p_queue jsonb, p_priority jsonb, p_max_attempts jsonb, p_run_at jsonb, p_delay jsonb, p_deadline jsonb, p_metadata jsonb, p_tags jsonb)
  RETURNS text
  LANGUAGE sql
  STABLE PARALLEL SAFE
  AS body sha256 f470f32bf3fede91 (29 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._job_key_v1(p_job_id bigint)
  RETURNS integer
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 4a40bf495e144356 (1 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._job_keys_v1()
  RETURNS text[]
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 424d10853d71b738 (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._job_request_error_v1(p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer, p_deadline double precision, p_metadata jsonb, p_tags text[], p_args_max integer, p_meta_max integer, p_depth integer, p_max_tags integer, p_tag_len integer)
  RETURNS text
  LANGUAGE sql
  STABLE
  AS body sha256 57857cdfbb7c17cd (35 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._job_shape_error_v1(p_job jsonb)
  RETURNS text
  LANGUAGE sql
  STABLE PARALLEL SAFE
  AS body sha256 98ba1958bd76ff2c (6 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._job_weight_v1(p_metadata jsonb, p_cap integer)
  RETURNS integer
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 be1cf80c0a313219 (8 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._json_integer_error_v1(p_value jsonb, p_field text, p_low integer, p_high integer)
  RETURNS text
  LANGUAGE sql
  STABLE PARALLEL SAFE
  AS body sha256 c95243854d47ca03 (11 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._json_show_v1(p_value jsonb)
  RETURNS text
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 545ce976117b2ec7 (4 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._lane_cursor_v2(p_lane_id integer)
  RETURNS bigint
  LANGUAGE plpgsql
  STABLE
  AS body sha256 953dd9d2382b4e29 (5 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._lane_for_v1(p_queue text, p_priority integer, p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
  AS body sha256 5d2797ecc690d51d (54 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._lane_skip_v1(p_lane integer)
  RETURNS bigint
  LANGUAGE plpgsql
  AS body sha256 543747346b51ca25 (32 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._limit_v1(p_limits jsonb, p_key text)
  RETURNS integer
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 505757f3d41d8802 (5 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._limits_error_v1(p_limits jsonb)
  RETURNS text
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 f6e9eb368a0e5112 (25 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._max_backoff_v1()
  RETURNS double precision
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 ed1827612f75ad75 (1 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._max_retry_names_v1()
  RETURNS integer
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 70e2f5bd7ac6ddef (1 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._max_seconds_v1()
  RETURNS double precision
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 3deb011a25c5a1a0 (1 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._park_v2(p_items jsonb)
  RETURNS jsonb
  LANGUAGE plpgsql
  AS body sha256 fb680a440419dd2a (84 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._prune_blocker_v1(p_ring text, p_slot integer)
  RETURNS text
  LANGUAGE plpgsql
  STABLE
  AS body sha256 9b0f13b83cc67138 (52 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._queue_names_v1()
  RETURNS SETOF text
  LANGUAGE sql
  STABLE
  AS body sha256 7924b85741db5963 (25 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._ready_kind_v2(p_lane integer, p_seq bigint, p_slot integer)
  RETURNS text
  LANGUAGE sql
  STABLE
  AS body sha256 732b1b536b10b8a6 (4 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._require_read_committed_v1(p_what text)
  RETURNS void
  LANGUAGE plpgsql
  AS body sha256 4a380af11633b2de (8 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._retry_names_ok_v1(p_value jsonb)
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 4ab039836291b55c (11 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._retry_number_ok_v1(p_value jsonb, p_low numeric, p_high numeric, p_above boolean DEFAULT false)
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 5f5d91fe3f668ba3 (8 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._retry_number_v1(p_policy jsonb, p_key text, p_low double precision, p_high double precision)
  RETURNS double precision
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 6f07bdc48abb7783 (8 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._retry_policy_error_v1(p_policy jsonb)
  RETURNS text
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 93d7e85bc3b4b93f (38 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._ring_children_v1(p_ring text, p_slot integer)
  RETURNS text[]
  LANGUAGE sql
  IMMUTABLE
  AS body sha256 f5bb932143b7aed7 (8 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._ring_key_v1(p_ring text)
  RETURNS integer
  LANGUAGE sql
  IMMUTABLE
  AS body sha256 f59f762e3865845c (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._ring_lock_v1(p_ring text)
  RETURNS integer
  LANGUAGE plpgsql
  AS body sha256 613ec1e53810a974 (15 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._serial_hand_off_v1(p_lock integer)
  RETURNS bigint
  LANGUAGE plpgsql
  AS body sha256 1590027f839c9eb4 (27 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._serial_lock_v1(p_queue text, p_key text)
  RETURNS integer
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 ff4ebd62771c4c48 (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._serial_older_ready_v1(p_queue text, p_lock integer, p_job bigint, p_lanes integer[] DEFAULT NULL::integer[], p_bounds bigint[] DEFAULT NULL::bigint[])
  RETURNS boolean
@@ -1097,41 +1115,48 @@ CREATE OR REPLACE FUNCTION awa._serial_older_ready_v1(p_queue text, p_lock integ
  STABLE
  SET enable_seqscan TO 'off'
  AS body sha256 fd644a00d70d1bb5 (33 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._short_message_v1(p_message text)
  RETURNS text
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 890b39c47c078f00 (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._slot_has_rows_v1(p_ring text, p_slot integer)
  RETURNS boolean
  LANGUAGE plpgsql
  STABLE
  AS body sha256 786c1168313a5b2b (14 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._timing_error_v1(p_run_at timestamp with time zone, p_delay double precision)
  RETURNS text
  LANGUAGE sql
  IMMUTABLE
  AS body sha256 a7baae25af6c02ea (10 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._unique_error_v1(p_key text, p_for double precision, p_states text[])
  RETURNS text
  LANGUAGE sql
  IMMUTABLE
  AS body sha256 a4a58573450d1a94 (14 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._unique_take_v1(p_digest bytea, p_job bigint, p_kind text, p_key_text text, p_states text[], p_for double precision, OUT holder bigint, OUT holder_state text, OUT holder_queue text, OUT holder_priority integer)
  RETURNS record
  LANGUAGE plpgsql
  AS body sha256 c1dfa5aceff09975 (40 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._unknown_key_v1(p_job jsonb)
  RETURNS text
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 8b16be481baf63a2 (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.callback_extend_v1(p_callback_id uuid, p_timeout double precision DEFAULT NULL::double precision)
  RETURNS TABLE(outcome text, timeout_at timestamp with time zone)
@@ -1144,7 +1169,10 @@ CREATE OR REPLACE FUNCTION awa.callback_extend_v1(p_callback_id uuid, p_timeout 
 CREATE OR REPLACE FUNCTION awa.callback_receipts_prune_v1(p_keep double precision, p_limit integer DEFAULT 1000)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 0f9b6036b66e110c (23 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.callback_receive_v1(p_callback_id uuid, p_sent_at bigint, p_window double precision, p_action text, p_digest bytea, p_result jsonb DEFAULT NULL::jsonb, p_error jsonb DEFAULT NULL::jsonb, p_terminal boolean DEFAULT false, p_timeout double precision DEFAULT NULL::double precision, p_backoff_base double precision DEFAULT 1.0)
  RETURNS TABLE(outcome text, replayed boolean, timeout_at timestamp with time zone)
@@ -1157,7 +1185,10 @@ CREATE OR REPLACE FUNCTION awa.callback_receive_v1(p_callback_id uuid, p_sent_at
 CREATE OR REPLACE FUNCTION awa.callback_register_v1(p_job_id bigint, p_run_lease bigint, p_callback_id uuid)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 6cab966c98544c0f (26 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.callback_resolve_v2(p_callback_id uuid, p_result jsonb DEFAULT NULL::jsonb, p_error jsonb DEFAULT NULL::jsonb, p_terminal boolean DEFAULT false, p_backoff_base double precision DEFAULT 1.0)
  RETURNS TABLE(outcome text, job_id bigint, run_lease bigint)
@@ -1170,60 +1201,91 @@ CREATE OR REPLACE FUNCTION awa.callback_resolve_v2(p_callback_id uuid, p_result 
 CREATE OR REPLACE FUNCTION awa.cancel_v1(p_job_id bigint, p_reason text DEFAULT 'cancelled'::text)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 410433f272f5958b (144 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.claim_v3(p_queue text, p_max integer, p_worker uuid DEFAULT NULL::uuid, p_aging_secs double precision DEFAULT 60, p_default_deadline double precision DEFAULT NULL::double precision, p_max_weight integer DEFAULT NULL::integer, p_held integer[] DEFAULT NULL::integer[], p_release integer[] DEFAULT NULL::integer[], p_serial_held integer[] DEFAULT NULL::integer[], p_serial_release integer[] DEFAULT NULL::integer[])
  RETURNS SETOF awa.claimed_v3
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET enable_bitmapscan TO 'off'
  SET plan_cache_mode TO 'force_generic_plan'
- AS body sha256 7999d6c0d8f124d0 (4527 lines)
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 87ae5b38c0777d3e (2847 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.cleanup_v1(p_retention double precision)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 38ef0f72ab680cff (22 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.cron_fire_v1(p_name text, p_after timestamp with time zone, p_fire_at timestamp with time zone, p_args_max_bytes integer DEFAULT 1048576, p_metadata_max_bytes integer DEFAULT 65536, p_json_max_depth integer DEFAULT 32, p_max_tags integer DEFAULT 20, p_tag_max_length integer DEFAULT 100)
  RETURNS bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 67a3ee2635e7929e (32 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.cron_pause_v1(p_name text, p_paused boolean, p_by text DEFAULT NULL::text)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 3ebef05c9365741e (13 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.cron_sync_v1(p_schedules jsonb)
  RETURNS TABLE(name text, change text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 c9204694453f4595 (50 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.cron_trigger_v1(p_name text, p_args_max_bytes integer DEFAULT 1048576, p_metadata_max_bytes integer DEFAULT 65536, p_json_max_depth integer DEFAULT 32, p_max_tags integer DEFAULT 20, p_tag_max_length integer DEFAULT 100)
  RETURNS bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 d5b90487ad92f9bb (21 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.dlq_expire_v1(p_retention double precision, p_limit integer DEFAULT 1000)
  RETURNS integer
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 897a3f7644393efa (9 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.dlq_purge_v1(p_job_ids bigint[])
  RETURNS SETOF bigint
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 b4d3b8c82b0d4d11 (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.dlq_retry_v1(p_job_ids bigint[], p_queue text DEFAULT NULL::text, p_priority integer DEFAULT NULL::integer)
  RETURNS SETOF bigint
  LANGUAGE plpgsql
  AS body sha256 86d4590de0fe9e10 (24 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.dlq_retry_v2(p_job_ids bigint[], p_queue text DEFAULT NULL::text, p_priority integer DEFAULT NULL::integer, p_on_conflict text DEFAULT 'refuse'::text)
  RETURNS TABLE(job_id bigint, outcome text, holder bigint)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 3e8a7de7d595ea75 (64 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.enqueue_one_v1(p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer, p_run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_delay double precision DEFAULT NULL::double precision, p_deadline double precision DEFAULT NULL::double precision, p_metadata jsonb DEFAULT NULL::jsonb, p_tags text[] DEFAULT NULL::text[], p_limits jsonb DEFAULT '{}'::jsonb, OUT job_id bigint, OUT state text)
  RETURNS record
@@ -1269,18 +1331,25 @@ CREATE OR REPLACE FUNCTION awa.finalize_v1(p_items jsonb)
  RETURNS TABLE(job_id bigint, run_lease bigint)
  LANGUAGE plpgsql
  AS body sha256 d4ae2ad17586b610 (36 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.finalize_v2(p_items jsonb)
  RETURNS TABLE(job_id bigint, run_lease bigint)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 386ebc9fc858b2c3 (368 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.finalize_v3(p_items jsonb)
  RETURNS TABLE(job_id bigint, run_lease bigint)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 69a18fce31a7555d (113 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.flow_handoff_lane_v1(p_queue text, p_priority integer)
  RETURNS integer
@@ -1295,257 +1364,402 @@ CREATE OR REPLACE FUNCTION awa.flow_in_use_v1()
  LANGUAGE sql
  STABLE
  AS body sha256 4917909d2ccefae9 (13 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.flow_kind_set_v1(p_kind text, p_max_running integer, p_rate double precision, p_burst integer, p_actor text, p_clear boolean, p_settings jsonb DEFAULT NULL::jsonb)
  RETURNS SETOF awa.flow_kind_limits
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 e25ddef54257795a (39 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.flow_kind_status_v1()
  RETURNS TABLE(kind text, max_running integer, in_use integer, rate double precision, burst integer, waiting bigint, source text, updated_by text, updated_at timestamp with time zone)
  LANGUAGE sql
- STABLE
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 6c7e02ec2a11fbf1 (20 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.flow_kind_sync_v1(p_limits jsonb, p_prune boolean DEFAULT true)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 9c4b80c8deff1591 (33 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.flow_reap_v1(p_staleness double precision)
  RETURNS TABLE(pid integer, instance text, action text)
  LANGUAGE plpgsql
  AS body sha256 655f8b66a2a43147 (29 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.flow_release_v1(p_keys integer[])
  RETURNS integer
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 aa94f1f995d78617 (4 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.flow_reset_v1(p_keep integer[])
  RETURNS integer
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 432950b68019f069 (17 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.flow_retake_v1(p_keys integer[])
  RETURNS integer[]
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 ea26b4656a25b57d (5 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.flow_set_v1(p_queue text, p_max_running integer, p_rate double precision, p_burst integer, p_actor text, p_clear boolean, p_settings jsonb DEFAULT NULL::jsonb)
  RETURNS SETOF awa.flow_limits
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 4739a9c3a1e8254a (40 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.flow_status_v1()
  RETURNS TABLE(queue text, max_running integer, in_use integer, rate double precision, burst integer, source text, updated_by text, updated_at timestamp with time zone)
  LANGUAGE sql
- STABLE
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 bd65bb29b2c46fc3 (8 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.flow_sync_v1(p_limits jsonb)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 3cbccddd7a20fbdd (33 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.heartbeat_v1(p_items jsonb)
  RETURNS TABLE(job_id bigint, run_lease bigint)
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 3caf6990c87ea1c0 (23 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.history_retry_v1(p_job_ids bigint[], p_by text DEFAULT NULL::text, p_queue text DEFAULT NULL::text, p_priority integer DEFAULT NULL::integer, p_keep double precision DEFAULT 172800, p_args_max_bytes integer DEFAULT 1048576, p_metadata_max_bytes integer DEFAULT 65536, p_json_max_depth integer DEFAULT 32, p_max_tags integer DEFAULT 20, p_tag_max_length integer DEFAULT 100)
  RETURNS TABLE(job_id bigint, outcome text, retry_job_id bigint, kind text, queue text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 a042711cb8832c5e (94 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.job_enqueued_at_v1(p_job_id bigint)
+ RETURNS timestamp with time zone
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 951678ec488c9360 (8 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.job_list_v1(p_state text DEFAULT NULL::text, p_queue text DEFAULT NULL::text, p_kind text DEFAULT NULL::text, p_tag text DEFAULT NULL::text, p_in_dlq boolean DEFAULT NULL::boolean, p_limit integer DEFAULT 100)
+ RETURNS TABLE(id bigint, kind text, queue text, state text, priority smallint, attempt smallint, max_attempts smallint, run_at timestamp with time zone, created_at timestamp with time zone, finalized_at timestamp with time zone, tags text[], in_dlq boolean)
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 7e3411c7b972266b (20 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.job_v1(p_job_id bigint)
+ RETURNS TABLE(id bigint, kind text, queue text, state text, priority smallint, attempt smallint, max_attempts smallint, run_lease bigint, args jsonb, run_at timestamp with time zone, created_at timestamp with time zone, attempted_at timestamp with time zone, finalized_at timestamp with time zone, deadline_at timestamp with time zone, heartbeat_at timestamp with time zone, errors jsonb, result jsonb, progress jsonb, metadata jsonb, tags text[], in_dlq boolean, dlq_reason text, claims jsonb)
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 8dbb18da0c2aec14 (9 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.lane_cursor_v1(p_lane_id integer)
  RETURNS bigint
  LANGUAGE sql
  STABLE
  AS body sha256 e58562b19f37b97c (5 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.leader_mark_v1(p_instance uuid)
+ RETURNS void
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 951b6876e387f052 (4 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.leader_takeover_v1(p_staleness double precision)
  RETURNS TABLE(pid integer, instance text, seen_ago double precision, action text)
  LANGUAGE plpgsql
  AS body sha256 eb79a4076be087f7 (37 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.promote_v1(p_limit integer DEFAULT 4096)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 ff9f2a6c883fcf4b (55 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.prune_v1(p_ring text, p_lock_timeout_ms integer DEFAULT 50)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 c32787a13013be89 (78 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_counts_v1()
  RETURNS TABLE(queue text, available bigint, running bigint, waiting_external bigint, scheduled bigint, retryable bigint, completed bigint, failed bigint, cancelled bigint, dlq bigint, paused boolean)
  LANGUAGE sql
- STABLE
+ STABLE SECURITY DEFINER
  SET work_mem TO '32MB'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 58014b2ce82cef86 (30 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_depth_v1(p_queue text DEFAULT NULL::text)
  RETURNS TABLE(queue text, available bigint)
  LANGUAGE sql
- STABLE
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 8bd18d753d521e42 (9 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_dlq_v1(p_queue text, p_enabled boolean)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 af32b413fd0bbf77 (18 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_drain_v2(p_queue text, p_limit integer DEFAULT 1000, p_max_job_id bigint DEFAULT NULL::bigint)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 e9c752427e0387ea (120 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_lag_v1()
  RETURNS TABLE(queue text, available bigint, lag_seconds double precision, paused boolean)
  LANGUAGE sql
- STABLE
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 1c4e66dcc2d07901 (25 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_pause_v1(p_queue text, p_paused boolean)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 f54d89c7a6c4edb0 (11 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_stats_v1()
  RETURNS TABLE(queue text, available bigint, running bigint, waiting_external bigint, scheduled bigint, retryable bigint, completed bigint, failed bigint, cancelled bigint, dlq bigint, paused boolean, lag_seconds double precision, completed_last_hour bigint)
  LANGUAGE sql
- STABLE
+ STABLE SECURITY DEFINER
  SET work_mem TO '32MB'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 b4163e0ee7056a68 (7 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queues_idle_v2(p_queues text[])
  RETURNS boolean
  LANGUAGE plpgsql
- STABLE
+ STABLE SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET max_parallel_workers_per_gather TO '0'
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 ded46523dc13a5db (66 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queues_ready_v1(p_queues text[])
  RETURNS SETOF text
  LANGUAGE plpgsql
- STABLE
+ STABLE SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 64a3032495973c1f (25 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.rescue_v1(p_staleness double precision, p_limit integer DEFAULT 500, p_backoff_base double precision DEFAULT 1.0)
  RETURNS TABLE(job_id bigint, run_lease bigint, reason text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 2d2c9fe8ae6ad1b6 (64 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.reserve_v1(p_queues text[], p_priorities integer[], p_counts integer[], p_total integer, OUT lane_ids integer[], OUT first_seqs bigint[], OUT ready_slot integer, OUT ready_generation bigint, OUT job_ids bigint[], OUT db_now timestamp with time zone)
  RETURNS record
  LANGUAGE plpgsql
  AS body sha256 0f9d285ac52b65ec (39 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.ring_slots_v1()
  RETURNS TABLE(ring text, slot integer, is_current boolean, rows bigint, last_prune text, last_prune_at timestamp with time zone)
  LANGUAGE plpgsql
- STABLE
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 fc871dcd1a78674d (43 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.rotate_v2(p_ring text, p_interval double precision DEFAULT 0)
  RETURNS text
  LANGUAGE plpgsql
  AS body sha256 ae0b7adf8c0480be (31 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.rotate_v3(p_ring text, p_interval double precision DEFAULT 0)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 7e8856ac7f930043 (51 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.runtime_remove_v1(p_instance uuid)
  RETURNS void
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 70a586008ce973da (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.runtime_upsert_v1(p_instance uuid, p_hostname text, p_pid integer, p_queues jsonb, p_concurrency integer, p_version text)
  RETURNS void
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 04f37cd2adabbcdf (7 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.serial_release_v1(p_keys integer[])
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 02c16aea537a2435 (22 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.serial_reset_v1(p_keep integer[], p_release integer[] DEFAULT NULL::integer[])
  RETURNS integer
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 1ff3b59a09ef3fc7 (14 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.serial_retake_v1(p_keys integer[])
  RETURNS integer[]
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 03c101af9fa24fcf (5 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.serial_sweep_v1(p_limit integer DEFAULT 1000)
  RETURNS SETOF bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 17d51e2444691aac (30 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.throughput_v1(p_queue text DEFAULT NULL::text)
  RETURNS TABLE(minute timestamp with time zone, completed bigint)
  LANGUAGE plpgsql
- STABLE
+ STABLE SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET enable_bitmapscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 e64ec77b4b24dc52 (31 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.unique_default_states_v1()
  RETURNS text[]
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 747b907bedae94c5 (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.unique_digest_v1(p_kind text, p_key text)
  RETURNS bytea
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 4cb4803877cf1bf1 (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.unique_key_text_v1(p_key text, p_args jsonb)
  RETURNS text
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 94eb6495e1a2cef0 (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.unique_states_v1()
  RETURNS text[]
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 f1a0799e3a0772ff (4 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.unique_sweep_v1(p_after_taken timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_key bytea DEFAULT NULL::bytea, p_limit integer DEFAULT 500)
  RETURNS TABLE(deleted integer, next_taken timestamp with time zone, next_key bytea)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 08cb96dd29a1fdf4 (42 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.valid_max_attempts(p_max_attempts integer)
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 8a0da543ad9bf55a (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.valid_priority(p_priority integer)
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 436407a365cebd96 (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.valid_queue_name(p_queue text)
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 7816f1019ef9f606 (3 lines)
+ GRANTS {OWNER=X/OWNER}
 
 -- trigger (1)
 CREATE TRIGGER flow_kind_rate_row AFTER INSERT OR UPDATE OF rate ON awa.flow_kind_limits FOR EACH ROW EXECUTE FUNCTION awa._flow_kind_rate_row_v1()

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 
 import psycopg
 
+from awa_django.sql import RING_SLOTS
 from tests.chaos.cluster import Cluster
 from tests.chaos.common import Run, child_rng
 from tests.chaos.db import CONNECTION_ERRORS, LedgerConn, composed, statement
@@ -40,11 +41,11 @@ KINDS = (
     "pin",
 )
 RING_CHILDREN = (
-    [f"ready_entries_{i}" for i in range(16)]
-    + [f"done_entries_{i}" for i in range(16)]
-    + [f"claims_{i}" for i in range(8)]
-    + [f"claim_closures_{i}" for i in range(8)]
-    + [f"leases_{i}" for i in range(8)]
+    [f"ready_entries_{i}" for i in range(RING_SLOTS["queue"])]
+    + [f"done_entries_{i}" for i in range(RING_SLOTS["queue"])]
+    + [f"claims_{i}" for i in range(RING_SLOTS["claim"])]
+    + [f"claim_closures_{i}" for i in range(RING_SLOTS["claim"])]
+    + [f"leases_{i}" for i in range(RING_SLOTS["lease"])]
 )
 
 

@@ -200,3 +200,118 @@ def test_worker_connections_never_jit_compile() -> None:
             await conn.close()
 
     assert asyncio.run(settings()) == ("off", "read committed")
+
+
+# -- the django.tasks backend's checks (AwaTaskBackend.check) -------------------------------------
+
+
+def tasks_backend_messages(options: dict[str, object], **params: object) -> list[CheckMessage]:
+    from awa_django.backends.tasks import AwaTaskBackend
+
+    return list(AwaTaskBackend("emails", {"OPTIONS": options, **params}).check())
+
+
+def test_e101_says_awa_django_is_not_installed_and_hints_how_to_install_it() -> None:
+    from django.conf import settings
+
+    without = [app for app in settings.INSTALLED_APPS if app != "awa_django"]
+    with override_settings(INSTALLED_APPS=without):
+        [message] = tasks_backend_messages({})
+    assert message.id == "awa.E101"
+    assert message.msg == (
+        "TASKS['emails'] uses AwaTaskBackend, but awa_django is not in INSTALLED_APPS."
+    )
+    assert message.hint is not None
+    assert message.hint.startswith("Add 'awa_django' to INSTALLED_APPS and run manage.py migrate")
+
+
+def test_e102_says_which_database_is_wrong_and_hints_at_a_postgresql_alias() -> None:
+    [message] = tasks_backend_messages({"database": "queue"})
+    assert message.id == "awa.E102"
+    assert message.msg == (
+        "TASKS['emails']: OPTIONS['database'] is 'queue', which is not in DATABASES "
+        "(aliases: default, repeatable)."
+    )
+    assert message.hint == (
+        "Name a PostgreSQL alias of DATABASES, or remove OPTIONS['database'] to use "
+        "AWA['DATABASE_ALIAS']."
+    )
+    assert tasks_backend_messages({"database": "repeatable"}) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "params", "problem", "remedy"),
+    [
+        (
+            {"max_attempt": 3},
+            {},
+            "TASKS['emails']: unknown OPTIONS 'max_attempt'.",
+            "Remove or rename them (did you mean 'max_attempts' for 'max_attempt'?)",
+        ),
+        (
+            {"max_attempts": 0},
+            {},
+            "TASKS['emails']: OPTIONS['max_attempts'] is 0, not an int in 1..1000.",
+            "Give an int in 1..1000",
+        ),
+        (
+            {"deadline": -1},
+            {},
+            "TASKS['emails']: OPTIONS['deadline'] is invalid: deadline: -1 is not a number",
+            "Give one attempt's time limit as a positive number of seconds",
+        ),
+        (
+            {"tags": "billing"},
+            {},
+            "TASKS['emails']: OPTIONS['tags'] is invalid: tags: must be a list of strings",
+            "Give a list of strings",
+        ),
+        (
+            {"retry": {"base": -1}},
+            {},
+            "TASKS['emails']: OPTIONS['retry'] is invalid: retry: base:",
+            "Give an awa_django.RetryPolicy or a dict of its fields",
+        ),
+        (
+            {},
+            {"QUEUES": ["Mail"]},
+            "TASKS['emails']: QUEUES: 'Mail' is not a valid queue name",
+            "Rename the queue",
+        ),
+    ],
+    ids=["unknown", "max_attempts", "deadline", "tags", "retry", "queues"],
+)
+def test_e103_says_what_is_wrong_in_msg_and_what_to_do_in_hint(
+    options: dict[str, object], params: dict[str, object], problem: str, remedy: str
+) -> None:
+    [message] = tasks_backend_messages(options, **params)
+    assert message.id == "awa.E103"
+    assert message.msg.startswith(problem)
+    assert message.hint is not None and message.hint.startswith(remedy)
+    assert remedy not in message.msg
+
+
+def test_every_awa_check_puts_its_remedy_in_the_hint() -> None:
+    core: list[CheckMessage] = []
+    for awa in (
+        {"POLL_INTERVL": 1},
+        {
+            "DATABASE_ALIAS": "queue",
+            "CALLBACK_MAX_BYTES": 4_000_000,
+            "CONCURRENCY": 2,
+            "QUEUES": {"bulk": {"concurrency": 3}},
+        },
+    ):
+        with override_settings(AWA=awa):
+            core += [m for m in run_checks() if m.id and m.id.startswith("awa.")]
+    backend = tasks_backend_messages({"database": "nope", "colour": 1, "max_attempts": 0})
+    assert {m.id for m in core + backend} == {
+        "awa.E001",
+        "awa.E005",
+        "awa.W001",
+        "awa.W004",
+        "awa.E102",
+        "awa.E103",
+    }
+    for message in core + backend:
+        assert message.hint, f"{message.id} has no hint: {message.msg}"

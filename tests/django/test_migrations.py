@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from io import StringIO
@@ -102,9 +103,9 @@ def test_migrate_installs_the_substrate_and_zero_removes_it() -> None:
     assert {
         k: v for k, v in partitions.items() if not k.endswith("_idx") and not k.endswith("_pkey")
     } == {
-        "ready_entries": 16,
-        "ready_tombstones": 16,
-        "done_entries": 16,
+        "ready_entries": 8,
+        "ready_tombstones": 8,
+        "done_entries": 8,
         "claims": 8,
         "claim_closures": 8,
         "leases": 8,
@@ -239,12 +240,28 @@ def test_two_migrate_processes_started_at_once_both_succeed() -> None:
 DEVELOPMENT_CHAIN = "75e4593"
 
 
+#: Lines of a catalog picture that name the queue ring's slots 8-15, or count relations: a
+#: database made by the development chain keeps the 16 queue slots it was made with (the
+#: functions read the count from awa.rings, and take their generic statements for slots 8-15).
+_EXTRA_QUEUE_SLOTS = re.compile(
+    r"\b(?:ready_entries|ready_tombstones|done_entries)_(?:[89]|1[0-5])\b"
+    r"|^-- (?:relation|partition index) \(\d+\)$"
+)
+
+
+def _without_extra_queue_slots(picture: str) -> str:
+    return "".join(
+        line for line in picture.splitlines(keepends=True) if not _EXTRA_QUEUE_SLOTS.search(line)
+    )
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_database_migrated_by_a_development_version_converges(tmp_path: Path) -> None:
     """A database migrated with the development chain takes the settled schema as applied
     (Django's ``replaces``), and the next migration converges it: its catalog is a fresh
-    database's, the functions nothing calls any more dropped (two retry-policy constraints stay
-    NOT VALID: added to tables that had rows, they were never validated)."""
+    database's apart from the queue slots 8-15 it keeps, the functions nothing calls any more
+    dropped (two retry-policy constraints stay NOT VALID: added to tables that had rows, they
+    were never validated)."""
     import io
     import shutil
     import tarfile
@@ -290,6 +307,7 @@ def test_a_database_migrated_by_a_development_version_converges(tmp_path: Path) 
             applied = conn.execute("SELECT app, name FROM django_migrations").fetchall()
         with psycopg.connect(conninfo(), autocommit=True) as conn:
             fresh = dump.schema_text(conn)
+        fresh, upgraded = _without_extra_queue_slots(fresh), _without_extra_queue_slots(upgraded)
         assert dump.diff(fresh, upgraded) == ""
         assert ("awa_django", "0002_engine") in applied
     finally:

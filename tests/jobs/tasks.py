@@ -191,3 +191,58 @@ from awa_django import RetryPolicy  # noqa: E402
 @task(max_attempts=3, retry=RetryPolicy("constant", base=900, jitter=0, retry_on=[KeyError]))
 def picky_task(error: str) -> None:
     raise {"key": KeyError, "value": ValueError}[error](error)
+
+
+# -- drained inside a test's transaction (tests/django/test_drain_keeps_the_test_transaction.py)
+
+
+@task(queue_name="drained")
+def records(label: str) -> str:
+    """Writes a Ledger row through the ORM and returns its label."""
+    from tests.testapp.models import Ledger
+
+    Ledger.objects.create(job_id=0, run_lease=0, attempt=0, queue="drained", note=label)
+    return label
+
+
+@task(queue_name="drained")
+async def records_async(label: str) -> str:
+    from asgiref.sync import sync_to_async
+
+    return str(await sync_to_async(records.func)(label))
+
+
+@task(queue_name="drained")
+async def explodes_async() -> None:
+    raise ValueError("async task exploded on purpose")
+
+
+@task(queue_name="drained")
+def leaves_a_transaction_open(label: str) -> str:
+    """Enters an atomic block, writes, and returns without leaving it."""
+    from django.db import transaction
+
+    transaction.atomic().__enter__()
+    records.func(label)
+    return "returned"
+
+
+@task(queue_name="drained")
+def fails_a_statement(label: str) -> None:
+    """Writes, then runs a statement that fails outside any atomic block of its own."""
+    from django.db import connection
+
+    records.func(label)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 / 0")
+
+
+# -- tasks the worker could not find by their path (tests/django/test_tasks_enqueue_readable.py)
+
+
+def not_a_task(value: int) -> int:
+    """A plain function: the task below is bound to another name, so its path names this."""
+    return value
+
+
+bound_to_another_name = task(not_a_task)

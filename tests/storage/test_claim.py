@@ -224,8 +224,13 @@ def test_claims_stay_index_probes_when_statistics_say_the_rings_are_empty() -> N
                 "enable_seqscan=off",
                 "enable_bitmapscan=off",
                 "plan_cache_mode=force_generic_plan",
+                "search_path=pg_catalog, pg_temp",
             ],
-            "finalize_v2": ["plan_cache_mode=force_generic_plan", "enable_seqscan=off"],
+            "finalize_v2": [
+                "plan_cache_mode=force_generic_plan",
+                "enable_seqscan=off",
+                "search_path=pg_catalog, pg_temp",
+            ],
         }
         assert first + claim_ids(conn, n=400) == ids  # all of them, in order, none twice
 

@@ -136,13 +136,15 @@ def test_weights_count_against_the_process_units_without_a_limit() -> None:
 def test_rate_limit_gives_the_burst_then_one_job_per_period_with_the_wait() -> None:
     with pg() as conn:
         enqueue(conn, "r", 50)
-        set_limits(conn, "r", rate=20, burst=5)
+        # A period of 250 ms: long enough that no token comes back between two claims in a
+        # row, even on a loaded machine.
+        set_limits(conn, "r", rate=4, burst=5)
         jobs, limited, wait = claim(conn, "r", 50)
         assert len(jobs) == 5 and limited
-        assert wait is not None and 0.0 < wait <= 0.05 + 1e-6
+        assert wait is not None and 0.0 < wait <= 0.25 + 1e-6
         jobs, limited, wait = claim(conn, "r", 50)
-        assert jobs == [] and limited and wait is not None and 0.0 < wait <= 0.05 + 1e-6
-        db_clock_passes(conn, 0.25)  # 5 periods of 50 ms
+        assert jobs == [] and limited and wait is not None and 0.0 < wait <= 0.25 + 1e-6
+        db_clock_passes(conn, 1.25)  # 5 periods of 250 ms
         jobs, _, _ = claim(conn, "r", 50)
         assert 4 <= len(jobs) <= 5
         # One row, updated once per claim that took jobs: no row per job.

@@ -238,7 +238,7 @@ def action(admin_client: Any, kinds: list[str], **fields: str) -> Any:
 def apply_roles(manage_py: Any) -> dict[str, str]:
     names = {
         "app": "katk_app",
-        "operator": "katk_ops",
+        "reader": "katk_ops",
         "worker": "katk_wrk",
         "maintenance": "katk_mnt",
     }

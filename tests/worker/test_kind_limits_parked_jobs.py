@@ -263,14 +263,14 @@ def test_paused_queue_keeps_parked_jobs_parked(manage_py: Any) -> None:
     no_leak("katk.lim1")
 
 
-def test_operator_role_cannot_change_kind_limit_app_role_enqueues_limited(
+def test_reader_role_cannot_change_kind_limit_app_role_enqueues_limited(
     manage_py: Any,
 ) -> None:
     from django.db import connection
 
     names = {
         "app": "katk_app",
-        "operator": "katk_ops",
+        "reader": "katk_ops",
         "worker": "katk_wrk",
         "maintenance": "katk_mnt",
     }
@@ -289,7 +289,7 @@ def test_operator_role_cannot_change_kind_limit_app_role_enqueues_limited(
     def as_role(role: str) -> psycopg.Connection[Any]:
         return psycopg.connect(**{**base, "user": role}, autocommit=True)
 
-    with as_role(names["operator"]) as c:
+    with as_role(names["reader"]) as c:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute(
                 "SELECT * FROM awa.flow_kind_set_v1('katk.lim2', 1, NULL, NULL, 'x', false, NULL)"

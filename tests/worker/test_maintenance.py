@@ -13,6 +13,7 @@ import pytest
 
 from awa_django.db import storage
 from awa_django.db.storage import Finalization
+from awa_django.sql import RING_SLOTS
 from tests.jobs import common as testjobs
 from tests.support.awa_schema import job_state
 from tests.support.database import pg
@@ -248,7 +249,7 @@ def rotate_until(conn: psycopg.Connection[Any], ring: str, slot: int) -> None:
 def test_queue_prune_never_truncates_live_work() -> None:
     with pg() as conn:
         [(job, _)] = enqueue_sql(conn, jobs_json(1, "live"))  # unclaimed, in queue slot 0
-        rotate_until(conn, "queue", 15)  # slot 0 is now the oldest sealed slot
+        rotate_until(conn, "queue", RING_SLOTS["queue"] - 1)  # slot 0: the oldest sealed slot
         assert conn.execute("SELECT awa.prune_v1('queue')").fetchone() == (
             "skipped_busy: available job not yet claimed",
         )

@@ -15,10 +15,11 @@ from awa_django.management.commands._cli import database_errors
 
 _HELP = {
     "owner": "the migration owner (runs migrate, owns the awa schema; not a superuser)",
-    "app": "the application: enqueue, resolve callbacks, read job state and results",
+    "app": "the application: enqueue, resolve callbacks, read one job by id",
     "worker": "workers run with --no-maintenance: claim, heartbeat, finalize",
-    "maintenance": "the maintenance leader: a worker's grants plus TRUNCATE of ring partitions",
-    "operator": "read-only: the admin's lists, awa_status, awa_job show",
+    "maintenance": "the maintenance leader: a worker's functions plus the leader's tasks",
+    "operator": "the admin's and the CLI's actions (cancel, retry, purge, pause) and reads",
+    "reader": "read-only: the admin's lists, awa_status, awa_job show and list",
 }
 
 
@@ -39,7 +40,7 @@ class Command(BaseCommand):
             "--lock-advisory",
             action="store_true",
             help="also take PostgreSQL's advisory-lock functions from PUBLIC in this database "
-            "and give them to the owner, worker and maintenance roles (run as a superuser; "
+            "and give them to the owner and the maintenance role (run as a superuser; "
             "docs/roles.md)",
         )
         parser.add_argument(
@@ -72,7 +73,7 @@ class Command(BaseCommand):
         if facts.owner_is_superuser:
             self.stderr.write(
                 f"warning: the awa schema is owned by {facts.schema_owner}, a superuser: the "
-                "SECURITY DEFINER entry points run as it. Migrate as a dedicated owner role "
+                "functions the other roles call run as it. Migrate as a dedicated owner role "
                 "(docs/roles.md)."
             )
         if options["apply"]:

@@ -174,6 +174,8 @@ CREATE OR REPLACE FUNCTION awa.callback_register_v1(
     p_job_id bigint, p_run_lease bigint, p_callback_id uuid)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 BEGIN
     PERFORM awa._require_read_committed_v1('awa.callback_register_v1');
@@ -373,6 +375,8 @@ CREATE OR REPLACE FUNCTION awa.callback_receipts_prune_v1(
     p_keep double precision, p_limit integer DEFAULT 1000)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     v_count integer;
@@ -396,11 +400,3 @@ BEGIN
     RETURN v_count;
 END
 $$;
-
--- SECURITY DEFINER entry points (docs/roles.md): only the roles granted them may call them.
-REVOKE EXECUTE ON FUNCTION
-    awa.callback_resolve_v2(uuid, jsonb, jsonb, boolean, double precision),
-    awa.callback_extend_v1(uuid, double precision),
-    awa.callback_receive_v1(uuid, bigint, double precision, text, bytea, jsonb, jsonb, boolean,
-        double precision, double precision)
-FROM PUBLIC;

@@ -148,9 +148,11 @@ CREATE OR REPLACE FUNCTION awa.claim_v3(
     p_serial_release integer[] DEFAULT NULL::integer[])
  RETURNS SETOF awa.claimed_v3
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET enable_bitmapscan TO 'off'
  SET plan_cache_mode TO 'force_generic_plan'
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -2051,8 +2053,10 @@ CREATE OR REPLACE FUNCTION awa.queues_ready_v1(p_queues text[])
  RETURNS SETOF text
  LANGUAGE plpgsql
  STABLE
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     v_cgen bigint;
@@ -2096,8 +2100,10 @@ CREATE OR REPLACE FUNCTION awa.queues_idle_v2(p_queues text[])
  RETURNS boolean
  LANGUAGE plpgsql
  STABLE
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET max_parallel_workers_per_gather TO '0'
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     v_lanes integer[];

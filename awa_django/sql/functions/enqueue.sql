@@ -1116,16 +1116,3 @@ BEGIN
     ORDER BY e.ord;
 END
 $$;
-
--- SECURITY DEFINER entry points (docs/roles.md): only the roles granted them may call them.
-REVOKE EXECUTE ON FUNCTION
-    awa.ensure_lanes_v1(text, integer, integer),
-    awa.enqueue_one_v1(text, text, integer, jsonb, integer, timestamptz, double precision,
-        double precision, jsonb, text[], jsonb),
-    awa.enqueue_one_v2(text, text, integer, jsonb, integer, timestamptz, double precision,
-        double precision, jsonb, text[], integer, integer, integer, integer, integer),
-    awa.enqueue_one_v3(text, text, integer, jsonb, integer, timestamptz, double precision,
-        double precision, jsonb, text[], integer, integer, integer, integer, integer, boolean,
-        text, double precision, text[], boolean),
-    awa.enqueue_v1(jsonb, jsonb)
-FROM PUBLIC;

@@ -245,8 +245,10 @@ $$;
 CREATE OR REPLACE FUNCTION awa.finalize_v2(p_items jsonb)
  RETURNS TABLE(job_id bigint, run_lease bigint)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -394,6 +396,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.finalize_v3(p_items jsonb)
  RETURNS TABLE(job_id bigint, run_lease bigint)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -608,6 +612,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.heartbeat_v1(p_items jsonb)
  RETURNS TABLE(job_id bigint, run_lease bigint)
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     WITH items AS (
         SELECT x.id, x.lease, x.progress
@@ -637,6 +643,8 @@ CREATE OR REPLACE FUNCTION awa._attempt_open_v1(p_job_id bigint, p_run_lease big
  RETURNS boolean
  LANGUAGE sql
  STABLE
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     SELECT EXISTS (
         SELECT 1 FROM awa.claims c

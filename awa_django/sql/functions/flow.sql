@@ -84,6 +84,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.flow_release_v1(p_keys integer[])
  RETURNS integer
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     SELECT count(*) FILTER (WHERE pg_advisory_unlock(4282182, k))::integer
     FROM unnest(COALESCE(p_keys, '{}')) AS k
@@ -95,6 +97,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.flow_retake_v1(p_keys integer[])
  RETURNS integer[]
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     SELECT COALESCE(array_agg(k), '{}')
     FROM unnest(COALESCE(p_keys, '{}')) AS k
@@ -106,6 +110,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.flow_reset_v1(p_keep integer[])
  RETURNS integer
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     SELECT count(*) FILTER (WHERE pg_advisory_unlock(4282182, k.key))::integer
     FROM (
@@ -189,6 +195,8 @@ CREATE OR REPLACE FUNCTION awa.flow_set_v1(
     p_clear boolean, p_settings jsonb DEFAULT NULL::jsonb)
  RETURNS SETOF awa.flow_limits
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 BEGIN
     IF NOT awa.valid_queue_name(p_queue) THEN
@@ -236,6 +244,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.flow_sync_v1(p_limits jsonb)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     v_changed integer := 0;
@@ -277,6 +287,9 @@ CREATE OR REPLACE FUNCTION awa.flow_status_v1()
     source text, updated_by text, updated_at timestamp with time zone)
  LANGUAGE sql
  STABLE
+ SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     SELECT f.queue, f.max_running, u.in_use, f.rate, f.burst, f.source, f.updated_by,
            f.updated_at
@@ -418,6 +431,8 @@ CREATE OR REPLACE FUNCTION awa.flow_kind_set_v1(
     p_clear boolean, p_settings jsonb DEFAULT NULL::jsonb)
  RETURNS SETOF awa.flow_kind_limits
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 BEGIN
     IF p_kind IS NULL OR length(p_kind) NOT BETWEEN 1 AND 255
@@ -468,6 +483,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.flow_kind_sync_v1(p_limits jsonb, p_prune boolean DEFAULT true)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     v_changed integer := 0;
@@ -510,6 +527,9 @@ CREATE OR REPLACE FUNCTION awa.flow_kind_status_v1()
     waiting bigint, source text, updated_by text, updated_at timestamp with time zone)
  LANGUAGE sql
  STABLE
+ SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     SELECT f.kind, f.max_running,
            CASE WHEN f.max_running IS NOT NULL THEN (
@@ -803,6 +823,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.serial_release_v1(p_keys integer[])
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     k integer;
@@ -834,6 +856,8 @@ CREATE OR REPLACE FUNCTION awa.serial_reset_v1(
     p_keep integer[], p_release integer[] DEFAULT NULL::integer[])
  RETURNS integer
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     SELECT awa.serial_release_v1(
         COALESCE(array_agg(k.key), '{}')
@@ -855,6 +879,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.serial_retake_v1(p_keys integer[])
  RETURNS integer[]
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     SELECT COALESCE(array_agg(k), '{}')
     FROM unnest(COALESCE(p_keys, '{}')) AS k
@@ -869,6 +895,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.serial_sweep_v1(p_limit integer DEFAULT 1000)
  RETURNS SETOF bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     k integer;
@@ -905,6 +933,3 @@ $$;
 -- opposite orders could deadlock.
 CREATE OR REPLACE TRIGGER flow_kind_rate_row AFTER INSERT OR UPDATE OF rate ON awa.flow_kind_limits
 FOR EACH ROW EXECUTE FUNCTION awa._flow_kind_rate_row_v1();
-
--- A SECURITY DEFINER entry point (docs/roles.md): only the roles granted it may call it.
-REVOKE EXECUTE ON FUNCTION awa.flow_handoff_lane_v1(text, integer) FROM PUBLIC;

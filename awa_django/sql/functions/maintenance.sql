@@ -122,6 +122,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.rotate_v3(p_ring text, p_interval double precision DEFAULT 0)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     v_outcome text;
@@ -290,6 +292,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.prune_v1(p_ring text, p_lock_timeout_ms integer DEFAULT 50)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     v_count integer;
@@ -382,6 +386,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.promote_v1(p_limit integer DEFAULT 4096)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -454,6 +460,8 @@ CREATE OR REPLACE FUNCTION awa.rescue_v1(
     p_backoff_base double precision DEFAULT 1.0)
  RETURNS TABLE(job_id bigint, run_lease bigint, reason text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -526,6 +534,8 @@ CREATE OR REPLACE FUNCTION awa.dlq_expire_v1(
     p_retention double precision, p_limit integer DEFAULT 1000)
  RETURNS integer
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     WITH gone AS (
         DELETE FROM awa.dlq_entries WHERE job_id IN (
@@ -542,6 +552,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.cleanup_v1(p_retention double precision)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     v_runtimes integer;
@@ -623,6 +635,8 @@ CREATE OR REPLACE FUNCTION awa.runtime_upsert_v1(
     p_version text)
  RETURNS void
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     INSERT INTO awa.runtime_instances AS r (
         instance_id, hostname, pid, queues, concurrency, version)
@@ -635,6 +649,20 @@ $$;
 CREATE OR REPLACE FUNCTION awa.runtime_remove_v1(p_instance uuid)
  RETURNS void
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     DELETE FROM awa.runtime_instances WHERE instance_id = p_instance
+$$;
+
+-- Mark one process as the maintenance leader (and no other), for the admin and the health
+-- checks: run by a process that just took the leader's lock.
+CREATE OR REPLACE FUNCTION awa.leader_mark_v1(p_instance uuid)
+ RETURNS void
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+    UPDATE awa.runtime_instances SET is_leader = (instance_id = p_instance)
+    WHERE is_leader OR instance_id = p_instance
 $$;

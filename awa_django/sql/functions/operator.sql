@@ -54,6 +54,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.cancel_v1(p_job_id bigint, p_reason text DEFAULT 'cancelled'::text)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -206,6 +208,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.queue_pause_v1(p_queue text, p_paused boolean)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 BEGIN
     IF NOT awa.valid_queue_name(p_queue) THEN
@@ -228,6 +232,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.queue_dlq_v1(p_queue text, p_enabled boolean)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     v_old boolean;
@@ -251,6 +257,8 @@ CREATE OR REPLACE FUNCTION awa.queue_drain_v2(
     p_queue text, p_limit integer DEFAULT 1000, p_max_job_id bigint DEFAULT NULL::bigint)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     v_error jsonb := jsonb_build_object('type', 'Cancelled', 'message', 'queue drained');
@@ -418,6 +426,8 @@ CREATE OR REPLACE FUNCTION awa.dlq_retry_v2(
     p_priority integer DEFAULT NULL::integer, p_on_conflict text DEFAULT 'refuse'::text)
  RETURNS TABLE(job_id bigint, outcome text, holder bigint)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -487,6 +497,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.dlq_purge_v1(p_job_ids bigint[])
  RETURNS SETOF bigint
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     DELETE FROM awa.dlq_entries WHERE job_id = ANY (p_job_ids) RETURNING job_id
 $$;
@@ -515,6 +527,8 @@ CREATE OR REPLACE FUNCTION awa.history_retry_v1(
     p_tag_max_length integer DEFAULT 100)
  RETURNS TABLE(job_id bigint, outcome text, retry_job_id bigint, kind text, queue text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 #variable_conflict use_variable
 DECLARE

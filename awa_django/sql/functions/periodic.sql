@@ -20,6 +20,8 @@ $$;
 CREATE OR REPLACE FUNCTION awa.cron_sync_v1(p_schedules jsonb)
  RETURNS TABLE(name text, change text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -85,6 +87,8 @@ CREATE OR REPLACE FUNCTION awa.cron_fire_v1(
     p_tag_max_length integer DEFAULT 100)
  RETURNS bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     v_row awa.cron_schedules;
@@ -127,6 +131,8 @@ CREATE OR REPLACE FUNCTION awa.cron_trigger_v1(
     p_max_tags integer DEFAULT 20, p_tag_max_length integer DEFAULT 100)
  RETURNS bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     v_row awa.cron_schedules;
@@ -156,6 +162,8 @@ CREATE OR REPLACE FUNCTION awa.cron_pause_v1(
     p_name text, p_paused boolean, p_by text DEFAULT NULL::text)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 BEGIN
     IF p_paused IS NULL THEN

@@ -111,7 +111,10 @@ CREATE OR REPLACE FUNCTION awa.queue_counts_v1()
     paused boolean)
  LANGUAGE sql
  STABLE
+ SECURITY DEFINER
  SET work_mem TO '32MB'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     WITH live AS (
         SELECT j.queue, j.state, count(*) AS n
@@ -150,6 +153,9 @@ CREATE OR REPLACE FUNCTION awa.queue_depth_v1(p_queue text DEFAULT NULL::text)
  RETURNS TABLE(queue text, available bigint)
  LANGUAGE sql
  STABLE
+ SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     SELECT l.queue,
            sum(GREATEST(COALESCE(pg_sequence_last_value(l.enqueue_seq), 0)
@@ -174,6 +180,9 @@ CREATE OR REPLACE FUNCTION awa.queue_lag_v1()
  RETURNS TABLE(queue text, available bigint, lag_seconds double precision, paused boolean)
  LANGUAGE sql
  STABLE
+ SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     WITH lanes AS (
         SELECT l.queue, l.lane_id, awa.lane_cursor_v1(l.lane_id) AS cursor,
@@ -209,7 +218,10 @@ CREATE OR REPLACE FUNCTION awa.queue_stats_v1()
     paused boolean, lag_seconds double precision, completed_last_hour bigint)
  LANGUAGE sql
  STABLE
+ SECURITY DEFINER
  SET work_mem TO '32MB'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     SELECT c.*,
            (SELECT extract(epoch FROM now() - min(j.run_at)) FROM awa.live_jobs j
@@ -225,8 +237,11 @@ CREATE OR REPLACE FUNCTION awa.throughput_v1(p_queue text DEFAULT NULL::text)
  RETURNS TABLE(minute timestamp with time zone, completed bigint)
  LANGUAGE plpgsql
  STABLE
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET enable_bitmapscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -269,6 +284,9 @@ CREATE OR REPLACE FUNCTION awa.ring_slots_v1()
     last_prune_at timestamp with time zone)
  LANGUAGE plpgsql
  STABLE
+ SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     g record;
@@ -334,3 +352,92 @@ SELECT n.queue,
        COALESCE((SELECT s.completed_last_hour FROM s WHERE s.queue = n.queue), 0)
            AS completed_last_hour
 FROM awa._queue_names_v1() AS n (queue);
+
+-- One job by id -------------------------------------------------------------------------------
+
+-- One job as awa.jobs shows it, from whichever plane holds it (no row: unknown, or aged out of
+-- history), and claims: [attempt, worker_id] of each of its claims still in the claim ring, by
+-- run lease. The read of an application role (docs/roles.md): it runs as the owner, so the role
+-- needs no privilege on the tables, and reads one job whose id it knows, never a list. JIT is
+-- off whatever the session says: the view spans every partition, and compiling it costs seconds
+-- for a few rows (docs/configuration.md). Planned for the id at each call, as a client's
+-- statement would be.
+CREATE OR REPLACE FUNCTION awa.job_v1(p_job_id bigint)
+ RETURNS TABLE(
+    id bigint, kind text, queue text, state text, priority smallint, attempt smallint,
+    max_attempts smallint, run_lease bigint, args jsonb, run_at timestamp with time zone,
+    created_at timestamp with time zone, attempted_at timestamp with time zone,
+    finalized_at timestamp with time zone, deadline_at timestamp with time zone,
+    heartbeat_at timestamp with time zone, errors jsonb, result jsonb, progress jsonb,
+    metadata jsonb, tags text[], in_dlq boolean, dlq_reason text, claims jsonb)
+ LANGUAGE plpgsql
+ STABLE
+ SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+BEGIN
+    RETURN QUERY EXECUTE
+        'SELECT j.*, (SELECT jsonb_agg(jsonb_build_array(k.attempt, k.worker_id) '
+        '             ORDER BY k.run_lease) FROM awa.claims k WHERE k.job_id = j.id) '
+        'FROM awa.jobs j WHERE j.id = $1 LIMIT 1'
+        USING p_job_id;
+END
+$$;
+
+-- When a job was enqueued (its created_at on the database clock), while it is available or
+-- scheduled: what the django.tasks backend shows right after an enqueue. Two index probes.
+CREATE OR REPLACE FUNCTION awa.job_enqueued_at_v1(p_job_id bigint)
+ RETURNS timestamp with time zone
+ LANGUAGE sql
+ STABLE
+ SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+    SELECT x.created_at FROM (
+        SELECT r.created_at FROM awa.ready_entries r WHERE r.job_id = p_job_id
+        UNION ALL
+        SELECT d.created_at FROM awa.deferred_jobs d WHERE d.job_id = p_job_id
+    ) x
+    LIMIT 1
+$$;
+
+-- Jobs of every plane, newest (highest id) first, at most p_limit (1 to 100,000), filtered by
+-- state, queue, kind (exactly), a tag the job carries and whether it is dead-lettered (NULL: no
+-- filter). Each filter is pushed into every plane of awa.jobs (history: the kind, queue and
+-- state indexes of done_entries; a tag alone filters history rows as they are read): the
+-- statement is planned with the values at each call. JIT is off whatever the session says.
+CREATE OR REPLACE FUNCTION awa.job_list_v1(
+    p_state text DEFAULT NULL::text, p_queue text DEFAULT NULL::text,
+    p_kind text DEFAULT NULL::text, p_tag text DEFAULT NULL::text,
+    p_in_dlq boolean DEFAULT NULL::boolean, p_limit integer DEFAULT 100)
+ RETURNS TABLE(
+    id bigint, kind text, queue text, state text, priority smallint, attempt smallint,
+    max_attempts smallint, run_at timestamp with time zone, created_at timestamp with time zone,
+    finalized_at timestamp with time zone, tags text[], in_dlq boolean)
+ LANGUAGE plpgsql
+ STABLE
+ SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 100000 THEN
+        RAISE EXCEPTION 'p_limit: must be an integer from 1 to 100000, not %',
+            COALESCE(p_limit::text, 'NULL') USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY EXECUTE
+        'SELECT j.id, j.kind, j.queue, j.state, j.priority, j.attempt, j.max_attempts, '
+        '       j.run_at, j.created_at, j.finalized_at, j.tags, j.in_dlq '
+        'FROM awa.jobs j '
+        'WHERE ($1::text IS NULL OR j.state = $1::text) '
+        '  AND ($2::text IS NULL OR j.queue = $2::text) '
+        '  AND ($3::text IS NULL OR j.kind = $3::text) '
+        '  AND ($4::text IS NULL OR j.tags @> ARRAY[$4::text]) '
+        '  AND ($5::boolean IS NULL OR j.in_dlq = $5::boolean) '
+        'ORDER BY j.id DESC '
+        'LIMIT $6'
+        USING p_state, p_queue, p_kind, p_tag, p_in_dlq, p_limit;
+END
+$$;

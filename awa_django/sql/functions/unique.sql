@@ -119,6 +119,8 @@ CREATE OR REPLACE FUNCTION awa.unique_sweep_v1(
     p_after_key bytea DEFAULT NULL::bytea, p_limit integer DEFAULT 500)
  RETURNS TABLE(deleted integer, next_taken timestamp with time zone, next_key bytea)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
     v_page awa.unique_keys[];

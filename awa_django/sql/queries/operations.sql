@@ -64,10 +64,11 @@ FROM awa.runtime_instances ORDER BY started_at
 SELECT ring, slot_count, current_slot, generation, rotated_at FROM awa.ring_state ORDER BY ring
 
 -- name: job_show
+-- Through awa.job_v1 (the one-job read every role that reads jobs may call; JIT off).
 SELECT id, kind, queue, state, priority, attempt, max_attempts, run_lease, args, run_at,
        created_at, attempted_at, finalized_at, errors, result, progress, metadata, tags, in_dlq,
        dlq_reason
-FROM awa.jobs WHERE id = %s
+FROM awa.job_v1(%s)
 
 -- name: dlq_list
 SELECT job_id, queue, kind, attempt, dlq_reason AS reason, dlq_at
@@ -99,18 +100,12 @@ SELECT job_id, outcome, retry_job_id, kind, queue
 FROM awa.history_retry_v1(%s::bigint[], %s, %s, %s, %s, %s, %s, %s, %s, %s)
 
 -- name: job_list
--- Newest first. Each filter is pushed into every plane of awa.jobs (history: the kind, queue
--- and state indexes of done_entries; a tag alone filters history rows as they are read).
+-- Newest first, through awa.job_list_v1, which pushes each filter into every plane of awa.jobs
+-- (history: the kind, queue and state indexes of done_entries; a tag alone filters history rows
+-- as they are read), with JIT off.
 SELECT id, kind, queue, state, priority, attempt, max_attempts, run_at, created_at,
        finalized_at, tags, in_dlq
-FROM awa.jobs
-WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
-  AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
-  AND (%(dlq)s::integer IS NULL OR in_dlq = (%(dlq)s::integer = 1))
-ORDER BY id DESC
-LIMIT %(limit)s
+FROM awa.job_list_v1(%(state)s, %(queue)s, %(kind)s, %(tag)s, %(dlq)s, %(limit)s)
 
 -- name: replica_status
 -- Read on the database the admin and awa_status read from. Caught up (everything received is

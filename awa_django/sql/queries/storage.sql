@@ -104,6 +104,11 @@ LISTEN awa_cancel
 -- A family leader hands a wake-up on to the rest of its family (awa_django/worker/family.py).
 SELECT pg_notify('awa_jobs', %s)
 
+-- name: leader_allowed
+-- Whether this session's role may run the maintenance functions (manage.py awa_roles grants
+-- them to the maintenance role, awa.promote_v1 among them): a role that may not never stands.
+SELECT has_function_privilege('awa.promote_v1(integer)', 'EXECUTE')
+
 -- name: leader_try
 -- Session-level: held while this connection lives; Postgres frees it if the leader dies.
 SELECT pg_try_advisory_lock(4708303813012965710)  -- 0x4157415f4d41494e, "AWA_MAIN"
@@ -117,7 +122,7 @@ SELECT pid, instance, seen_ago, action FROM awa.leader_takeover_v1(%s)
 SET lock_timeout = '5s'; SET statement_timeout = '60s'
 
 -- name: leader_mark
-UPDATE awa.runtime_instances SET is_leader = (instance_id = %s) WHERE is_leader OR instance_id = %s
+SELECT awa.leader_mark_v1(%s)
 
 -- name: rescue
 SELECT job_id, run_lease, reason FROM awa.rescue_v1(%s, %s, %s)

@@ -1,19 +1,15 @@
 -- Statements of the django.tasks backend (awa_django/backends/).
 
 -- name: task_row
--- A task as get_result shows it, with [attempt, worker_id] of each claim still in the claim ring.
-SELECT j.kind, j.state, j.args, j.attempt, j.created_at, j.attempted_at, j.finalized_at,
-       j.errors, j.result, j.progress,
-       (SELECT jsonb_agg(jsonb_build_array(k.attempt, k.worker_id) ORDER BY k.run_lease)
-        FROM awa.claims k WHERE k.job_id = j.id)
-FROM awa.jobs j WHERE j.id = %s
+-- A task as get_result shows it, with [attempt, worker_id] of each claim still in the claim
+-- ring: awa.job_v1, which an application role may call (docs/roles.md).
+SELECT kind, state, args, attempt, created_at, attempted_at, finalized_at, errors, result,
+       progress, claims
+FROM awa.job_v1(%s)
 
 -- name: task_enqueued_at
 -- When a task that was just enqueued (available or scheduled) was written, on the database clock.
-SELECT created_at FROM awa.ready_entries WHERE job_id = %s
-UNION ALL
-SELECT created_at FROM awa.deferred_jobs WHERE job_id = %s
-LIMIT 1
+SELECT awa.job_enqueued_at_v1(%s)
 
 -- name: task_attempt
 -- A running task attempt (job id, run lease): when the task was enqueued, the errors of its earlier

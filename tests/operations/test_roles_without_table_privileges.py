@@ -1,7 +1,8 @@
-"""Hostile tests of the least-privilege roles (docs/roles.md): what a malicious app or a
-read-only operator role can do to the system without any table privilege.
-
-Each test states the expected (documented or implied) behaviour; a failure is a finding.
+"""What a least-privilege role can still reach without any table privilege (docs/roles.md):
+PostgreSQL's advisory locks and notifications, session settings, and the inputs of the
+functions it may call. None of them lets the application or a reader stall or mislead the
+queue; ``awa_roles --lock-advisory`` takes the advisory locks from everyone but the owner and
+the maintenance role.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import call_command
 from psycopg import sql
 
 from tests.jobs import common as testjobs
@@ -26,10 +27,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 Start = Callable[..., ManagedProcess]
 ROLES = {
-    "app": "atk19_app",
-    "worker": "atk19_worker",
-    "maintenance": "atk19_maint",
-    "operator": "atk19_ops",
+    "app": "awa_locks_app",
+    "worker": "awa_locks_worker",
+    "maintenance": "awa_locks_maint",
+    "operator": "awa_locks_ops",
+    "reader": "awa_locks_reader",
 }
 LEADER_KEY = 4708303813012965710  # awa_django/sql/queries/storage.sql, leader_try
 LANE_LOCK = 4282177  # awa._lane_for_v1
@@ -54,14 +56,7 @@ def _roles(*extra: str) -> Iterator[Callable[[str], psycopg.Connection[Any]]]:
     call_command(
         "awa_roles",
         "--apply",
-        "--app",
-        ROLES["app"],
-        "--worker",
-        ROLES["worker"],
-        "--maintenance",
-        ROLES["maintenance"],
-        "--operator",
-        ROLES["operator"],
+        *[arg for kind, name in ROLES.items() for arg in (f"--{kind}", name)],
         *extra,
     )
     opened: list[psycopg.Connection[Any]] = []
@@ -99,131 +94,105 @@ def locked_down(clean_awa: None) -> Iterator[Callable[[str], psycopg.Connection[
             conn.execute(f"GRANT EXECUTE ON {functions} TO PUBLIC")
 
 
-def schema_owner() -> str:
-    with pg() as conn:
-        row = conn.execute(
-            "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'awa'"
-        ).fetchone()
-    assert row is not None
-    return str(row[0])
+# Advisory locks ----------------------------------------------------------------------------
 
 
-# --- Finding 1: the maintenance leader lock is an unprivileged advisory lock ----------------
-
-
-def test_a_read_only_operator_cannot_keep_the_maintenance_leadership_from_everyone(
+def test_with_lock_advisory_only_the_maintenance_role_may_take_the_leaders_lock(
     locked_down: Callable[[str], psycopg.Connection[Any]],
 ) -> None:
     # Holding the leader's advisory lock needs no privilege by default: while it is held no
-    # worker or awa_maintenance ever becomes leader. With --lock-advisory the operator (and the
-    # app) can no longer take it; the maintenance role still can.
-    ops = locked_down("operator")
-    ops.execute("SET application_name = 'awa:worker:00000000-0000-0000-0000-000000000000'")
-    with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        ops.execute("SELECT pg_try_advisory_lock(%s)", [LEADER_KEY])
+    # worker or awa_maintenance ever becomes leader. With --lock-advisory the reader, the
+    # operator, the app and the worker can no longer take it; the maintenance role still can.
+    for kind in ("reader", "operator", "app", "worker"):
+        conn = locked_down(kind)
+        conn.execute("SET application_name = 'awa:worker:00000000-0000-0000-0000-000000000000'")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT pg_try_advisory_lock(%s)", [LEADER_KEY])
     maint = locked_down("maintenance")
     got = maint.execute("SELECT pg_try_advisory_lock(%s)", [LEADER_KEY]).fetchone()
     assert got == (True,)
 
 
-# --- Finding 2: lane locks are unprivileged advisory locks ---------------------------------
-
-
-def test_a_read_only_operator_cannot_stall_every_enqueue_into_a_queue(
+def test_with_lock_advisory_no_reader_or_app_can_stall_the_enqueues_of_a_queue(
     locked_down: Callable[[str], psycopg.Connection[Any]],
 ) -> None:
     app = locked_down("app")
     app.execute("SELECT awa.ensure_lanes_v1('victim', 0)")
-    ops = locked_down("operator")
     lanes = [
         r[0]
-        for r in ops.execute(
+        for r in locked_down("reader").execute(
             "SELECT lane_id FROM awa.queue_lanes WHERE queue = 'victim' AND priority = 0"
-        ).fetchall()
+        )
     ]
     assert lanes
-    for who in ("operator", "app"):
+    for who in ("reader", "app"):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             locked_down(who).execute("SELECT pg_advisory_lock(%s, %s)", [LANE_LOCK, lanes[0]])
-    # The app enqueues all the same: its locks are taken inside the entry point, as the owner.
+    # The app enqueues all the same: its locks are taken inside the function, as the owner.
     row = app.execute(
         "SELECT state FROM awa.enqueue_one_v2('k', 'victim', 0, %s::jsonb, 3)", [ARGS]
     ).fetchone()
     assert row == ("available",)
 
 
-# --- Finding 3: flow-control permits are unprivileged advisory locks -----------------------
-
-
-def test_a_read_only_operator_cannot_take_a_queues_flow_permits(
+def test_with_lock_advisory_flow_permits_are_taken_inside_the_claim_only(
     locked_down: Callable[[str], psycopg.Connection[Any]],
 ) -> None:
-    ops = locked_down("operator")
-    (key,) = ops.execute("SELECT awa._flow_key_v1('limited', 0)").fetchone() or (None,)
-    with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        ops.execute("SELECT pg_try_advisory_lock(%s, %s)", [FLOW_LOCK, key])
-    worker = locked_down("worker")
-    # A worker of queue "limited" with max_running = 1 asks for its one permit.
-    row = worker.execute("SELECT awa._flow_take_v1('limited', 1, NULL, 1, '{}')").fetchone()
-    keys = row[0] if row else None
-    assert keys, "the worker role keeps the advisory-lock functions"
+    from awa_django.db import storage
+    from tests.support.factories import WORKER
+
+    with pg() as owner:
+        owner.execute("SELECT awa.flow_set_v1('limited', 1, NULL, NULL, 'test', false)")
+        (key,) = owner.execute("SELECT awa._flow_key_v1('limited', 0)").fetchone() or (None,)
+    for who in ("reader", "worker"):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            locked_down(who).execute("SELECT pg_try_advisory_lock(%s, %s)", [FLOW_LOCK, key])
+    locked_down("app").execute(
+        'SELECT * FROM awa.enqueue_v1(\'[{"kind": "k", "queue": "limited"}]\')'
+    )
+    # A worker of queue "limited" (max_running = 1) claims: the claim takes the permit.
+    [claimed] = storage.claim(locked_down("worker"), "limited", 5, WORKER)
+    assert claimed.permits
 
 
-# --- Finding 4: NOTIFY awa_cancel from any role stops a running handler ---------------------
+# Notifications -----------------------------------------------------------------------------
 
 
-def test_a_read_only_operator_cannot_make_a_running_handler_stop(
+def test_a_cancel_note_from_a_reader_does_not_stop_a_running_handler(
     as_role: Callable[[str], psycopg.Connection[Any]], manage_py: Start
 ) -> None:
+    # Any role may NOTIFY awa_cancel; the worker acts on a note only once the database says
+    # the attempt was closed.
     job = testjobs.slow_sync.enqueue(4)
     proc = manage_py("awa_worker", "--queue", "slow")
     try:
-        ops = as_role("operator")
+        reader = as_role("reader")
 
         def lease() -> Any:
-            row = ops.execute(
+            row = reader.execute(
                 "SELECT run_lease FROM awa.jobs WHERE id = %s AND state = 'running'", [job.id]
             ).fetchone()
             return row[0] if row else None
 
         wait_for(lambda: lease() is not None, timeout=20, message=lambda: proc.output())
         payload = json.dumps({"id": job.id, "lease": lease()})
-        ops.execute("SELECT pg_notify('awa_cancel', %s)", [payload])
+        reader.execute("SELECT pg_notify('awa_cancel', %s)", [payload])
         wait_for(
             lambda: (
-                ops.execute("SELECT state FROM awa.jobs WHERE id = %s", [job.id]).fetchone()
+                reader.execute("SELECT state FROM awa.jobs WHERE id = %s", [job.id]).fetchone()
                 == ("completed",)
             ),
             timeout=30,
             message=lambda: proc.output(),
         )
         assert not Ledger.objects.filter(job_id=job.id, note="saw-cancel").exists(), (
-            "a NOTIFY from the read-only operator role told the handler it was cancelled"
+            "a NOTIFY from the reader role told the handler it was cancelled"
         )
     finally:
         proc.send_signal(signal.SIGTERM)
 
 
-# --- Finding 5: awa_roles accepts the schema owner, or one role in two blocks ---------------
-
-
-def test_awa_roles_refuses_the_schema_owner_as_the_app_role(clean_awa: None) -> None:
-    # The app block revokes ALL on every awa table and CREATE on the schema from the role it
-    # names: named the owner, it takes the owner's own privileges away, and every SECURITY
-    # DEFINER entry point (which runs as the owner) then fails for every role.
-    with pytest.raises(CommandError):
-        call_command("awa_roles", "--print-sql", "--app", schema_owner())
-
-
-def test_awa_roles_refuses_one_role_for_two_kinds(clean_awa: None) -> None:
-    # --app x --operator x: the operator block revokes EXECUTE the app block granted; the
-    # last block silently wins. A role for two kinds is a mistake the command should name.
-    _create_roles()
-    with pytest.raises(CommandError):
-        call_command("awa_roles", "--print-sql", "--app", ROLES["app"], "--operator", ROLES["app"])
-
-
-# --- Finding 6: a caller-chosen backoff base moves a retry into the past --------------------
+# Inputs and session settings ---------------------------------------------------------------
 
 
 def test_an_app_role_cannot_resolve_a_callback_into_a_retry_in_the_past(
@@ -251,16 +220,13 @@ def test_an_app_role_cannot_resolve_a_callback_into_a_retry_in_the_past(
     assert job["run_at"] >= now[0], f"a negative backoff base put the retry at {job['run_at']}"
 
 
-# --- Finding 7: a malformed awa.xact_lanes (session state) breaks every later enqueue ---------
-
-
 @pytest.mark.parametrize("forged", ["x", "99999999999", "1,,2", "NaN"])
 def test_a_malformed_lane_record_does_not_break_enqueues(
     as_role: Callable[[str], psycopg.Connection[Any]], forged: str
 ) -> None:
-    # docs/roles.md: "Caller state they read is not trusted". A session-level value (behind
-    # PgBouncer transaction pooling: left on a server connection by one client, inherited by
-    # every client lent that connection afterwards) makes every enqueue fail with a cast error.
+    # A session-level value (behind PgBouncer transaction pooling: left on a server connection
+    # by one client, inherited by every client lent that connection afterwards) must not make
+    # every enqueue fail with a cast error.
     app = as_role("app")
     app.execute("SELECT set_config('awa.xact_lanes', %s, false)", [forged])
     row = app.execute(
@@ -269,14 +235,3 @@ def test_a_malformed_lane_record_does_not_break_enqueues(
     assert row == ("available",)
     rows = app.execute('SELECT state FROM awa.enqueue_v1(\'[{"kind": "k"}]\')').fetchall()
     assert rows == [("available",)]
-
-
-def test_awa_roles_refuses_an_owner_that_does_not_own_the_schema(clean_awa: None) -> None:
-    # --owner names the migration owner; once the awa schema exists it has one. Naming another
-    # role (a typo: --owner shop_app) prints GRANT CONNECT, CREATE ON DATABASE to it (the app
-    # could then create schemas, e.g. one named like the worker role, first in its search_path)
-    # and default privileges for a role that never creates awa objects.
-    _create_roles()
-    assert schema_owner() != ROLES["app"]
-    with pytest.raises(CommandError):
-        call_command("awa_roles", "--print-sql", "--owner", ROLES["app"], "--app", ROLES["app"])

@@ -1,0 +1,12 @@
+-- Who may call the awa functions (docs/roles.md). Run last: it covers every function the schema
+-- files before it created.
+--
+-- PostgreSQL lets PUBLIC execute every new function. Here nobody but the owner may call any awa
+-- function; `manage.py awa_roles` grants each role the functions it needs (awa_django/sql/
+-- roles.sql). The functions a role calls to change the queue run as the owner (SECURITY DEFINER,
+-- with search_path fixed to pg_catalog, pg_temp), so no role but the owner holds INSERT, UPDATE,
+-- DELETE or TRUNCATE on any awa table: every write is one the functions validate.
+--
+-- A migration that adds a function ends with this statement again (tests/test_roles_catalog.py
+-- fails on any awa function that PUBLIC may execute).
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA awa FROM PUBLIC;
