@@ -31,10 +31,17 @@ import pgserver
 import psycopg
 import pytest
 
-from tests.helpers import PGBOUNCER, REPO, ManagedProcess, database_url
 from tests.settings import database_settings, repeatable_settings
+from tests.support.database import PGBOUNCER, database_url
+from tests.support.processes import REPO, ManagedProcess
 
-pytest_plugins = ["tests.awa_fixtures", "tests.roles_support"]
+pytest_plugins = [
+    "tests.support.fixtures",
+    "tests.support.kind_limit_runs",
+    "tests.support.observability_probes",
+    "tests.support.roles",
+    "tests.support.unpark_sessions",
+]
 
 # AWA_TEST_PGDATA gives a session a cluster of its own (scripts/test runs the dj6 lane beside
 # the dj52 lane that way).

@@ -90,7 +90,7 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Intervals compressed so that worker and maintenance tests run in seconds. A subprocess can be
 # given more overrides as JSON in AWA_TEST_OVERRIDES.
 AWA: dict[str, Any] = {
-    "JOB_MODULES": ["tests.testjobs", "tests.tasks_for_tests"],
+    "JOB_MODULES": ["tests.jobs.common", "tests.jobs.tasks"],  # tests.jobs.DEFAULT_MODULES
     "POLL_INTERVAL": 0.05,
     "HEARTBEAT_INTERVAL": 0.2,
     "HEARTBEAT_STALENESS": 2.0,

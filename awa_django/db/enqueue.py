@@ -544,7 +544,7 @@ def _unique_values(spec: UniqueSpec | None) -> tuple[Any, ...]:
 
 #: How much larger PostgreSQL's binary jsonb can be than compact JSON text: a one-digit number
 #: in an array is 2 bytes of text ("0,") and 12 of jsonb (entry header, aligned numeric); every
-#: other value costs less (tests/test_faults_producer.py measures the shapes).
+#: other value costs less (tests/django/test_producer_faults.py measures the shapes).
 JSONB_GROWTH = 6
 
 #: The SQL functions take their limits as PostgreSQL integers.

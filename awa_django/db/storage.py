@@ -171,7 +171,7 @@ class Finalization(NamedTuple):
 
         Plain completions (``is_plain_completion``: the bulk of a busy worker's outcomes) are
         written as fixed text around their three integers; the others go through the encoder,
-        in the same order. Both give the same JSON (tests/test_storage_finalize.py compares
+        in the same order. Both give the same JSON (tests/storage/test_finalize.py compares
         them).
         """
         parts: list[str] = []

@@ -10,5 +10,5 @@ attempt is ``prepared`` (handler resolved, arguments decoded), run (sync handler
 ``config`` is what it serves; ``supervisor`` runs ``--processes N`` of them.
 
 Imports run one way: the worker imports ``awa_django.maintenance`` (it runs the elected
-leader) and ``awa_django.db``; neither imports the worker (tests/test_import_graph.py).
+leader) and ``awa_django.db``; neither imports the worker (tests/unit/test_import_graph.py).
 """

@@ -40,7 +40,7 @@ from awa_django.worker.config import connection_budget, own_connections
 from tests.fleet import settings
 from tests.fleet.net import Host, unavailable
 from tests.fleet.sql import statement
-from tests.helpers import wait_for
+from tests.support.polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -86,7 +86,8 @@ class Report:
 
 
 def _wait(what: str, fn: Callable[[], T | None], timeout: float, step: float = 0.1) -> T:
-    """``tests.helpers.wait_for`` (the one place tests sleep), with the fleet's argument order."""
+    """``tests.support.polling.wait_for`` (the one place tests sleep), with the fleet's argument
+    order."""
     return wait_for(fn, timeout=timeout, interval=step, message=what)  # type: ignore[arg-type]
 
 

@@ -1,0 +1,211 @@
+"""Admin actions end to end through the test client: the confirmation page, the 1,000-row limit
+under Django's default field limit, queue actions, and the LogEntry that commits with them."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.contrib.admin.models import LogEntry
+from django.test import override_settings
+
+from awa_django.admin.selection import BULK_LIMIT, SELECTION_FIELD
+from awa_django.models import DeadLetter
+from tests.jobs import common as testjobs
+from tests.support.admin_client import changelist, confirmed, form_fields, messages_of, post_action
+from tests.support.awa_schema import job_state
+from tests.support.database import pg
+from tests.support.factories import enqueue_sql, staff
+from tests.support.factories import hostile_dead_letter as dead_letter
+
+pytestmark = [pytest.mark.usefixtures("clean_awa")]
+
+
+def paused(queue: str) -> bool:
+    with pg() as conn:
+        row = conn.execute("SELECT paused FROM awa.queue_meta WHERE queue = %s", [queue]).fetchone()
+    return bool(row and row[0])
+
+
+def waiting(queue: str) -> int:
+    with pg() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM awa.live_jobs WHERE queue = %s"
+            " AND state IN ('available', 'scheduled', 'retryable')",
+            [queue],
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_confirming_the_limit_selected_across_a_filter_fits_djangos_field_limit() -> None:
+    assert settings.DATA_UPLOAD_MAX_NUMBER_FIELDS == 1000  # Django's default
+    bulk = dead_letter(BULK_LIMIT, queue="bulk")
+    others = dead_letter(150, queue="other")
+    client = staff("retry_dlq")
+    query = "?queue=bulk"
+    # The list shows 50 of them; "select all" across the filtered list.
+    page = post_action(client, "deadletter", "retry_jobs", bulk[:50], query, select_across="1")
+    assert page.status_code == 200
+    fields = form_fields(page)
+    assert len(fields) < 10  # one field carries the 1,000 ids
+    assert sorted(int(i) for i in fields[SELECTION_FIELD].split(",")) == sorted(bulk)
+    # A field per job, as the page used to post, is more than Django accepts.
+    one_field_each = {**fields, "_selected_action": [str(i) for i in bulk], "select_across": "0"}
+    assert client.post(changelist("deadletter") + query, one_field_each).status_code == 400
+    assert f"{BULK_LIMIT} jobs selected" in page.content.decode()
+    done = client.post(changelist("deadletter") + query, {**fields, "priority": "7"})
+    assert done.status_code == 302, done
+    assert messages_of(done) == [f"Retried {BULK_LIMIT} job(s)."]
+    assert sorted(DeadLetter.objects.values_list("job_id", flat=True)) == sorted(others)
+    assert LogEntry.objects.count() == BULK_LIMIT
+    with pg() as conn:
+        assert job_state(conn, bulk[-1])["priority"] == 7  # type: ignore[index]
+
+
+def test_selecting_more_than_the_limit_is_refused_and_changes_nothing() -> None:
+    ids = dead_letter(BULK_LIMIT + 1)
+    client = staff("purge_dlq")
+    refused = post_action(client, "deadletter", "purge_jobs", ids[:50], select_across="1")
+    assert refused.status_code == 302
+    assert messages_of(refused) == [
+        f"Select at most {BULK_LIMIT} jobs at a time (narrow the list with its filters); "
+        "nothing was changed."
+    ]
+    # A forged confirmation naming too many ids is refused as well.
+    forged = {
+        "action": "purge_jobs",
+        "select_across": "1",
+        "_selected_action": str(ids[0]),
+        SELECTION_FIELD: ",".join(map(str, ids)),
+        "confirm": "yes",
+    }
+    client.post(changelist("deadletter"), forged)
+    assert DeadLetter.objects.count() == BULK_LIMIT + 1
+    assert not LogEntry.objects.exists()
+
+
+def test_the_confirmation_acts_only_on_the_rows_it_named() -> None:
+    shown = dead_letter(3, queue="q")
+    client = staff("purge_dlq")
+    page = post_action(client, "deadletter", "purge_jobs", shown[:1], "?queue=q", select_across="1")
+    late = dead_letter(1, queue="q")  # matches the filter, arrived after the page was shown
+    done = client.post(changelist("deadletter") + "?queue=q", form_fields(page))
+    assert messages_of(done) == ["Purged 3 job(s)."]
+    assert list(DeadLetter.objects.values_list("job_id", flat=True)) == late
+
+
+@pytest.mark.parametrize(
+    "selection", ["", "abc", "1,²", "-1", "1,,2", str(2**63), ",".join(["1"] * (BULK_LIMIT + 1))]
+)
+def test_a_garbled_selection_changes_nothing(selection: str) -> None:
+    [job] = dead_letter()
+    client = staff("purge_dlq")
+    forged = {
+        "action": "purge_jobs",
+        "select_across": "1",
+        "_selected_action": str(job),
+        SELECTION_FIELD: selection,
+        "confirm": "yes",
+    }
+    response = client.post(changelist("deadletter"), forged)
+    assert response.status_code == 302
+    assert messages_of(response) == ["The selection was not understood; nothing was changed."]
+    assert DeadLetter.objects.filter(job_id=job).exists()
+
+
+@pytest.mark.parametrize("ticked", ["abc", "²", str(2**64), "1\x00"])
+def test_a_garbled_ticked_row_is_refused_not_an_error(ticked: str) -> None:
+    dead_letter()
+    response = post_action(staff("purge_dlq"), "deadletter", "purge_jobs", [ticked])
+    assert response.status_code == 302
+    assert messages_of(response) == ["The selection was not understood; nothing was changed."]
+
+
+def test_rows_gone_before_the_confirmation_change_nothing() -> None:
+    ids = dead_letter(2)
+    client = staff("purge_dlq")
+    page = post_action(client, "deadletter", "purge_jobs", ids)
+    other = staff("purge_dlq")
+    confirmed(other, "deadletter", "purge_jobs", ids)
+    done = client.post(changelist("deadletter"), form_fields(page))
+    assert messages_of(done) == ["None of the selected jobs is left; nothing was changed."]
+    assert LogEntry.objects.count() == 2  # the other operator's purge only
+
+
+def test_pause_resume_and_drain_are_confirmed_then_logged() -> None:
+    testjobs.noop.enqueue()
+    testjobs.noop.using(run_after=timedelta(hours=1)).enqueue()
+    client = staff("manage_queue")
+    page = post_action(client, "queuestat", "pause_queues", ["default"])
+    assert page.status_code == 200 and 'name="confirm"' in page.content.decode()
+    assert not paused("default")  # nothing happens before confirmation
+    client.post(changelist("queuestat"), form_fields(page))
+    assert paused("default")
+    confirmed(client, "queuestat", "resume_queues", ["default"])
+    assert not paused("default")
+    page = post_action(client, "queuestat", "drain_queues", ["default"])
+    assert "default: 2 waiting job(s)" in page.content.decode()
+    assert waiting("default") == 2
+    done = client.post(changelist("queuestat"), form_fields(page))
+    assert messages_of(done) == ["Drain queues: default drained: cancelled 2 waiting job(s)"]
+    assert waiting("default") == 0
+    assert list(LogEntry.objects.order_by("pk").values_list("object_id", "change_message")) == [
+        ("default", "paused"),
+        ("default", "resumed"),
+        ("default", "drained: cancelled 2 job(s)"),
+    ]
+
+
+def test_drain_cancels_every_waiting_job_beyond_ten_thousand_in_logged_batches() -> None:
+    n = 10_050
+    with pg() as conn:
+        job = {"kind": "tests.jobs.common.noop", "queue": "big", "args": {"args": [], "kwargs": {}}}
+        enqueue_sql(conn, json.dumps([job] * n))
+    _, done = confirmed(staff("manage_queue"), "queuestat", "drain_queues", ["big"])
+    assert messages_of(done) == [f"Drain queues: big drained: cancelled {n} waiting job(s)"]
+    assert waiting("big") == 0
+    # Batches of 1,000, each committed with its own log entry: a drain never holds the
+    # queue's lanes for the whole run.
+    logged = [int(m.split()[2]) for m in LogEntry.objects.values_list("change_message", flat=True)]
+    assert sorted(logged) == [50] + [1000] * 10 and sum(logged) == n
+
+
+@pytest.mark.parametrize("name", ["pause_queues", "drain_queues"])
+def test_a_queue_action_whose_log_entry_fails_changes_nothing(name: str) -> None:
+    testjobs.noop.enqueue()
+    client = staff("manage_queue")
+    client.raise_request_exception = False
+    page = post_action(client, "queuestat", name, ["default"])
+    with pg() as conn:
+        conn.execute(
+            "CREATE FUNCTION public.awa_test_refuse() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN RAISE EXCEPTION 'log refused'; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER awa_test_refuse BEFORE INSERT ON django_admin_log"
+            " FOR EACH ROW EXECUTE FUNCTION public.awa_test_refuse()"
+        )
+    try:
+        response = client.post(changelist("queuestat"), form_fields(page))
+    finally:
+        with pg() as conn:
+            conn.execute("DROP TRIGGER awa_test_refuse ON django_admin_log")
+            conn.execute("DROP FUNCTION public.awa_test_refuse()")
+    assert response.status_code == 500
+    assert not paused("default") and waiting("default") == 1
+    assert not LogEntry.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "repeatable"])
+def test_cancel_and_drain_work_when_the_queue_database_defaults_to_repeatable_read() -> None:
+    with override_settings(AWA={**settings.AWA, "DATABASE_ALIAS": "repeatable"}):
+        live = testjobs.noop.enqueue().id
+        testjobs.noop.enqueue()
+        client = staff("cancel_job", "manage_queue")
+        _, done = confirmed(client, "livejob", "cancel_jobs", [live])
+        assert messages_of(done) == ["Cancelled 1 job(s)."]
+        _, done = confirmed(client, "queuestat", "drain_queues", ["default"])
+        assert messages_of(done) == ["Drain queues: default drained: cancelled 1 waiting job(s)"]
+    assert waiting("default") == 0

@@ -1,0 +1,111 @@
+"""A real browser in the admin: Playwright driving Debian's Chromium headless.
+
+Logs in, opens the DLQ, retries a job through the confirmation page, sees it leave the DLQ, and
+saves screenshots of the dashboard and the DLQ list under tests/artifacts/. Chromium is
+installed by scripts/bootstrap (Debian's ``chromium`` package, as root); where it is missing the
+tests are skipped, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from tests.support.database import pg
+from tests.support.factories import hostile_dead_letter as dead_letter
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+
+# The tests never install a browser: scripts/bootstrap does (see docs/development.md). A
+# browser's start-up makes them slow: the dj6 lane leaves them to the dj52 lane.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not os.access(CHROMIUM, os.X_OK),
+        reason=f"{CHROMIUM} is missing: scripts/bootstrap dj52 installs Debian's chromium "
+        "package when it runs as root with apt-get (it failed or could not); install it by hand",
+    ),
+    pytest.mark.usefixtures("clean_awa"),
+]
+BROWSER_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def log_in(browser: Any, url: str) -> Any:
+    """A new page, logged in as the superuser ``admin`` (create it before Playwright starts:
+    its event loop forbids the ORM)."""
+    page = browser.new_page()
+    page.goto(f"{url}/admin/login/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "secret-pass")
+    page.click("input[type=submit]")
+    return page
+
+
+def test_retry_from_the_dlq_in_a_real_browser(live_server: Any) -> None:
+    executable = str(CHROMIUM)
+    playwright = pytest.importorskip("playwright.sync_api")
+    User.objects.create_superuser("admin", "admin@example.com", "secret-pass")
+    [job] = dead_letter()
+    ARTIFACTS.mkdir(exist_ok=True)
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=BROWSER_FLAGS)
+        try:
+            page = log_in(browser, live_server.url)
+            page.goto(f"{live_server.url}/admin/awa_django/deadletter/")
+            assert page.locator(f"input[name=_selected_action][value='{job}']").count() == 1
+            page.screenshot(path=str(ARTIFACTS / "dlq-list.png"), full_page=True)
+            page.check(f"input[name=_selected_action][value='{job}']")
+            page.select_option("select[name=action]", "retry_jobs")
+            page.click("button[name=index]")
+            page.wait_for_selector("input[name=confirm]", state="attached")
+            page.click('input[type=submit][value="Yes, I\'m sure"]')
+            page.wait_for_selector("text=Retried 1 job(s).")
+            assert page.locator(f"input[name=_selected_action][value='{job}']").count() == 0
+            page.goto(f"{live_server.url}/admin/awa_django/queuestat/dashboard/")
+            page.wait_for_selector("svg")
+            page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+        finally:
+            browser.close()
+    with pg() as conn:
+        row = conn.execute("SELECT state, in_dlq FROM awa.jobs WHERE id = %s", [job]).fetchone()
+    assert row == ("available", False)
+    assert (ARTIFACTS / "dashboard.png").stat().st_size > 0
+
+
+def test_purge_all_of_a_filtered_list_with_select_all_in_a_real_browser(live_server: Any) -> None:
+    executable = str(CHROMIUM)
+    playwright = pytest.importorskip("playwright.sync_api")
+    User.objects.create_superuser("admin", "admin@example.com", "secret-pass")
+    dead_letter(60, queue="many")
+    [other] = dead_letter(1, queue="other")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=BROWSER_FLAGS)
+        try:
+            page = log_in(browser, live_server.url)
+            page.goto(f"{live_server.url}/admin/awa_django/deadletter/?queue=many")
+            page.check("#action-toggle")  # the 50 rows of this page...
+            page.click(".question a")  # ...then "Select all 60"
+            page.select_option("select[name=action]", "purge_jobs")
+            page.click("button[name=index]")
+            page.wait_for_selector("text=60 jobs selected")
+            page.click('input[type=submit][value="Yes, I\'m sure"]')
+            page.wait_for_selector("text=Purged 60 job(s).")
+        finally:
+            browser.close()
+    with pg() as conn:
+        rows = conn.execute("SELECT job_id FROM awa.dlq_entries").fetchall()
+    assert rows == [(other,)]
