@@ -357,6 +357,8 @@ class ChaosRun:
         self._halt(self.stalls.stop)
         self.facts.stop_codes = self.fleet.stop_all(self.cfg.SHUTDOWN_TIMEOUT + 7.0)
         self._mark("workers stopped")
+        self.observer.observe_once()  # what their graceful stops finished
+        self.observer.db.close()
         self._scan_logs()
         self.facts.api_errors = list(self.run.api_errors)
         self._write_events()

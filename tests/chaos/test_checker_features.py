@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.check import CHECKS
+from tests.chaos.check import CHECKS, committed_terminal
 from tests.chaos.check_features import (
     callback_outcomes,
     periodic_fires,
@@ -456,6 +456,18 @@ def test_a_cancel_after_the_attempt_ended_is_not_a_second_outcome() -> None:
     cancelled = {"type": "Cancelled", "message": "chaos operator", "attempt": 1}
     later = callback_data([call("r1", "resolved")], None, [error, cancelled])
     assert callback_outcomes(later, FACTS) == []
+
+
+# -- committed jobs ------------------------------------------------------------------------------
+
+
+def test_a_job_finished_during_the_final_stop_is_not_lost() -> None:
+
+    finished = data(committed=(1,))
+    finished.current = {1: [("completed", False, 1, 1, [])]}
+    assert committed_terminal(finished, FACTS) == []
+    gone = data(committed=(1,))
+    assert invariants(committed_terminal(gone, FACTS)) == {"committed_terminal"}
 
 
 # -- the whole checker ----------------------------------------------------------------------------
