@@ -721,7 +721,7 @@ CREATE OR REPLACE FUNCTION awa._callback_attempt_v1(p_callback_id uuid)
 CREATE OR REPLACE FUNCTION awa._callback_extend_locked_v1(p_callback_id uuid, p_job_id bigint, p_run_lease bigint, p_timeout double precision)
  RETURNS TABLE(outcome text, timeout_at timestamp with time zone)
  LANGUAGE plpgsql
- AS body sha256 b84f89e534cbc1c7 (42 lines)
+ AS body sha256 36b0202263d0297f (45 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._callback_stamp_v1(p_job_id bigint, p_run_lease bigint, p_callback_id uuid, p_result jsonb)

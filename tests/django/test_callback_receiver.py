@@ -568,6 +568,23 @@ def test_a_heartbeat_before_the_park_is_kept_for_the_wait() -> None:
         assert row == (True,)
 
 
+def test_a_heartbeat_without_a_timeout_before_the_park_leaves_the_wait_its_own_timeout() -> None:
+    """An early heartbeat that names no timeout asks for the wait's own: nothing is kept, the
+    answer carries no timeout_at, and the wait parks with its own 2 s (not a century)."""
+    with pg() as conn:
+        c = claimed(conn)
+        callback = register(conn, c)
+    early = post(callback, {"heartbeat": True})
+    assert status_of(early) == (202, "pending")
+    assert json.loads(early.content).get("timeout_at") is None
+    with pg() as conn:
+        assert storage.finalize(conn, [wait_item(c, callback, timeout=2)]) == []
+        row = conn.execute(
+            "SELECT %s - now() <= interval '2 s'", [_timeout_at(c.job_id)]
+        ).fetchone()
+        assert row == (True,)
+
+
 # Surroundings -------------------------------------------------------------------------------
 
 

@@ -148,10 +148,13 @@ BEGIN
         RETURN QUERY SELECT 'extended'::text, v_until;
     END IF;
     -- Not parked yet: keep the extension for the park (an early resolution is kept the same way).
+    -- A heartbeat without a timeout asks for the wait's own timeout, which the park sets anyway:
+    -- nothing to keep (and the answer's timeout_at is an extension kept before, or NULL).
     UPDATE awa.attempt_state s
-    SET callback_extend_to = GREATEST(
-            s.callback_extend_to,
-            now() + make_interval(secs => LEAST(p_timeout, awa._max_seconds_v1()))),
+    SET callback_extend_to = CASE WHEN p_timeout IS NULL THEN s.callback_extend_to
+            ELSE GREATEST(
+                s.callback_extend_to,
+                now() + make_interval(secs => LEAST(p_timeout, awa._max_seconds_v1()))) END,
         updated_at = now()
     WHERE s.job_id = p_job_id AND s.run_lease = p_run_lease
       AND s.callback_id = p_callback_id AND s.callback_result IS NULL
