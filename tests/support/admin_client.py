@@ -14,6 +14,8 @@ from django.http import HttpResponse
 from django.test import Client
 from django.urls import reverse
 
+__all__ = ["changelist", "confirmed", "form_fields", "messages_of", "post_action"]
+
 _INPUT = re.compile(r"<input\b[^>]*>")
 _ATTR = re.compile(r'(\w[\w-]*)="([^"]*)"')
 

@@ -15,6 +15,8 @@ import psycopg
 from tests.support.database import pg
 from tests.support.processes import REPO
 
+__all__ = ["RESET_SQL", "count_jobs", "job_state", "reset_awa", "schema_dump"]
+
 
 def count_jobs() -> int:
     """How many jobs ``awa.jobs`` holds, read on Django's connection (so inside the test's

@@ -17,6 +17,22 @@ from awa_django.db import storage
 from awa_django.db.storage import ClaimedJob, Finalization
 from tests.support.factories import WORKER, enqueue_sql
 
+__all__ = [
+    "KEY",
+    "OLD_KEY",
+    "OTHER_KEY",
+    "claimed",
+    "client",
+    "job_row",
+    "parked",
+    "path_of",
+    "post",
+    "register",
+    "scalar",
+    "status_of",
+    "wait_item",
+]
+
 KEY = "k1-" + "a" * 40
 OLD_KEY = "k0-" + "b" * 40
 OTHER_KEY = "kx-" + "c" * 40

@@ -24,6 +24,35 @@ from awa_django.db.storage import Finalization
 from tests.support.database import conninfo, pg
 from tests.support.polling import wait_for
 
+__all__ = [
+    "BATCHES",
+    "CLAIM",
+    "ERROR",
+    "Claim",
+    "Ledger",
+    "all_terminal",
+    "check_attempts",
+    "check_lane_order",
+    "check_terminal",
+    "claim",
+    "claim_lanes",
+    "complete",
+    "connect",
+    "enqueue",
+    "enqueue_now",
+    "finalize_items",
+    "holding_claimers",
+    "join",
+    "missing",
+    "parked",
+    "permit_sampler",
+    "produce_then_drain",
+    "producer_conn",
+    "run_threads",
+    "run_until_terminal",
+    "terminal",
+]
+
 CLAIM = (
     "SELECT job_id, run_lease, attempt, claim_slot, kind, priority, weight, permits,"
     " serial_lock, wait_secs, metadata FROM awa.claim_v3(%s, %s, NULL, %s, NULL, %s, %s, %s,"

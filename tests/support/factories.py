@@ -19,6 +19,19 @@ from django.test import Client
 
 from tests.support.database import pg
 
+__all__ = [
+    "BAD_LIMITS",
+    "HOSTILE",
+    "TAGS",
+    "WORKER",
+    "claim_and_finish",
+    "dead_letter",
+    "enqueue_sql",
+    "hostile_dead_letter",
+    "staff",
+    "tagged_jobs",
+]
+
 # The worker id that claims jobs on behalf of the tests.
 WORKER = uuid.UUID("00000000-0000-0000-0000-00000000a0a0")
 

@@ -24,6 +24,37 @@ from tests.support.database import pg
 from tests.support.polling import wait_for
 from tests.support.processes import ManagedProcess
 
+__all__ = [
+    "EPOCH",
+    "GRACE",
+    "KIND_PERMIT_CLASS",
+    "RATES",
+    "Run",
+    "Session",
+    "assert_once",
+    "claim_calls",
+    "clean_logs",
+    "count_done",
+    "db_now",
+    "fuzz",
+    "fuzz_with",
+    "held_flow_locks",
+    "interrupter",
+    "peak_overlap",
+    "rate_spans",
+    "recorded_runs",
+    "running_of",
+    "serial_order",
+    "set_limit",
+    "signal_holder",
+    "sound_window_violations",
+    "start_workers",
+    "started_since",
+    "stop_workers",
+    "tables",
+    "wait_done",
+]
+
 assert kind_limit_fast_path  # registers the kinds in this process too (enqueue by name)
 
 

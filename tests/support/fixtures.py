@@ -8,6 +8,8 @@ import pytest
 
 from tests.support.awa_schema import reset_awa
 
+__all__ = ["clean_awa"]
+
 
 @pytest.fixture
 def clean_awa(transactional_db: None) -> Iterator[None]:

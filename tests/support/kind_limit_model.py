@@ -36,6 +36,27 @@ from awa_django.db.storage import Finalization
 from tests.support.database import pg
 from tests.support.polling import wait_for
 
+__all__ = [
+    "COLUMNS",
+    "PERMIT_CLASS",
+    "SERIAL_CLASS",
+    "A",
+    "Attempt",
+    "B",
+    "C",
+    "Claimer",
+    "F",
+    "Job",
+    "R",
+    "World",
+    "assert_clean",
+    "assert_no_permit_held",
+    "drain",
+    "note_holders",
+    "open_world",
+    "stuck",
+]
+
 #: The kinds of the walks: three limited by concurrency, one by rate, one free.
 A, B, C, R, F = "kfa.a", "kfa.b", "kfa.c", "kfa.rate", "kfa.free"
 

@@ -17,6 +17,35 @@ from tests.support.database import pg
 from tests.support.polling import wait_for
 from tests.support.processes import ManagedProcess
 
+__all__ = [
+    "BAD_VALUES",
+    "TABLES",
+    "action",
+    "all_completed",
+    "apply_roles",
+    "check_outputs",
+    "children",
+    "has_table",
+    "is_leader",
+    "katk_tables",
+    "kind_row",
+    "kind_rows",
+    "max_overlap",
+    "no_leak",
+    "one",
+    "park_some",
+    "peak",
+    "q",
+    "release",
+    "run_starts",
+    "runs_per_job",
+    "states",
+    "wait_completed",
+    "wait_kind_limit",
+    "window_violations",
+    "worker",
+]
+
 TABLES = """
 DROP TABLE IF EXISTS katk_runs, katk_gauge, katk_flags;
 CREATE TABLE katk_runs (job_id bigint, kind text, queue text, attempt int, pid int,

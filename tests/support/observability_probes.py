@@ -22,6 +22,28 @@ from tests.jobs import observability, worker_env
 from tests.support.polling import wait_for
 from tests.support.processes import REPO, ManagedProcess
 
+__all__ = [
+    "BAD_QUEUES",
+    "FORGED",
+    "HOSTILE_TEXT",
+    "HOSTILE_TRACEPARENTS",
+    "WEIRD_KINDS",
+    "BadRepr",
+    "circular",
+    "deep",
+    "free_port",
+    "hung_server",
+    "job_state",
+    "observability_env",
+    "record",
+    "run_python",
+    "scrape",
+    "start_metrics_worker",
+    "strict_json",
+    "total",
+    "try_scrape",
+]
+
 
 def free_port() -> int:
     with socket.socket() as s:

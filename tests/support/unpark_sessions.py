@@ -22,6 +22,36 @@ from awa_django.operator import (
 from tests.support.database import conninfo, pg
 from tests.support.factories import WORKER, enqueue_sql
 
+__all__ = [
+    "CLAIM",
+    "HEAVY",
+    "LIGHT",
+    "OTHER",
+    "Q2",
+    "WQ",
+    "Claimer",
+    "Q",
+    "claimers",
+    "ended",
+    "enqueue",
+    "fill_and_park",
+    "flag",
+    "kind_limit",
+    "kind_permits",
+    "observer",
+    "observer_conns",
+    "parked",
+    "permits_held",
+    "queue_limit",
+    "queue_permits",
+    "started",
+    "states",
+    "upk_tables",
+    "wjob",
+    "worker",
+    "wparked",
+]
+
 Q = "upk"
 
 
