@@ -76,7 +76,8 @@ def test_the_application_enqueues_and_reads_its_jobs_by_id(roles_db: RolesDB) ->
         import awa_django
         from awa_django.operator import reads
         from awa_django.telemetry.health import check_health, parse_lag_thresholds
-        from tests import tasks_for_tests, testjobs
+        from tests.jobs import common as testjobs
+        from tests.jobs import tasks as tasks_for_tests
 
         with transaction.atomic():
             one = testjobs.noop.using(queue="app-fresh", priority=37).enqueue()
