@@ -197,7 +197,7 @@ def test_queues_whose_jobs_wait_for_a_flow_limit_cost_no_claims_until_it_frees(
     while the limit holds (they used to be, every sweep), a job of another queue is picked up
     at once, and once the limit frees every parked job runs."""
     settings.AWA = {**settings.AWA, "ENQUEUE_SHARDS": 1}
-    kind = "tests.testjobs.slow_sync"
+    kind = "tests.jobs.common.slow_sync"
     with pg() as conn:
         conn.execute("SELECT * FROM awa.flow_kind_set_v1(%s, 1, NULL, NULL, 'test', false)", [kind])
     proc = worker(manage_py)
