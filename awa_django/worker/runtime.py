@@ -43,6 +43,7 @@ from typing import Any
 
 import psycopg
 
+from awa_django._version import __version__
 from awa_django.db.links import Link, first_line, is_connection_lost
 from awa_django.jobs import kind_flow_limits
 from awa_django.limits import QUEUE_NAME_RE
@@ -478,8 +479,6 @@ class WorkerRuntime:
         queues = json.dumps({q.name: q.concurrency for q in self.queues.values()})
 
         async def upsert(conn: psycopg.AsyncConnection[Any]) -> None:
-            from awa_django import __version__
-
             await conn.execute(
                 query("runtime_upsert"),
                 [
