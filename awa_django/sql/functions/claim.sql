@@ -2037,7 +2037,7 @@ END
 $$;
 
 -- Which queues have work, for many queues in one statement: the sweep of a worker's idle
--- queues (awa_django/worker/dispatch.py; docs/worker.md, "Many queues").
+-- queues (awa_django/worker/sweep.py; docs/worker.md, "Many queues").
 --
 -- A queue is reported ready when a claim now would take a job from it: it is not paused, a
 -- permit of its concurrency limit is free (if it has one), and a lane of it holds a committed
