@@ -8,6 +8,7 @@ Jobs enqueued inside ``transaction.atomic()`` commit or roll back with the calle
 Delivery is at-least-once: each attempt is fenced by ``(job_id, run_lease)``.
 """
 
+from awa_django._version import __version__ as __version__
 from awa_django.context import JobContext
 from awa_django.exceptions import (
     AwaError,
@@ -65,5 +66,3 @@ __all__ = [
     "job",
     "resolve_callback",
 ]
-
-__version__ = "0.1.0.dev0"

@@ -17,7 +17,7 @@ awa.W001  An ``AWA["QUEUES"]`` concurrency above ``AWA["CONCURRENCY"]``: a worke
           at most ``CONCURRENCY`` jobs at once across its queues, so it can never be reached.
 awa.W004  ``AWA["CALLBACK_MAX_BYTES"]`` above Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE``: the
           callback receiver refuses bodies over the smaller of the two (413).
-awa.W002  ``PROCESSES * (CONCURRENCY + 7)`` connections (``worker.config.connection_budget``)
+awa.W002  ``PROCESSES * (CONCURRENCY + 7)`` connections (``awa_django.connection_budget``)
           exceed the server's ``max_connections`` (database check).
 awa.W003  The alias's connections JIT-compile expensive statements: every read of awa's views
           (the admin's lists, SQL) pays 100 ms to seconds of compilation (database check).
@@ -40,9 +40,9 @@ from django.db import DatabaseError, connections
 from django.db.utils import ConnectionHandler
 
 from awa_django.conf import AwaSettings, get_awa_settings
+from awa_django.connection_budget import connection_budget, own_connections
 from awa_django.cron import declared
 from awa_django.sql import query
-from awa_django.worker.config import connection_budget, own_connections
 
 MIN_SERVER_VERSION = 150000
 """PostgreSQL 15, as ``server_version_num``."""
@@ -205,7 +205,7 @@ def connection_budget_warnings(
 ) -> list[CheckMessage]:
     """W002 when ``PROCESSES`` worker processes of ``CONCURRENCY`` handler threads each could
     need more connections than the server's ``max_connections``: the count of
-    :func:`awa_django.worker.config.connection_budget` (every handler thread may hold a Django
+    :func:`awa_django.connection_budget.connection_budget` (every handler thread may hold a Django
     connection, and each process holds its own claim, finalize, heartbeat, sweep, LISTEN and
     election connections plus one for async handlers' ORM calls); connects."""
     own = own_connections(listen=cfg.NOTIFY)

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> None:
         "enqueue_single_atomic_jobs_per_s": round(statistics.median(results["single_atomic"])),
         "floor_single_insert_atomic_per_s": round(statistics.median(results["floor_atomic"])),
         "enqueue_bulk_jobs_per_s": round(statistics.median(results["bulk"])),
-        # The target of issue 14 is a same-run ratio: each round's atomic enqueue over its bare
+        # The atomic enqueue's target is a same-run ratio: each round's atomic enqueue over its bare
         # INSERT (the machine's speed drifts between rounds, so medians of rates do not pair).
         "single_atomic_over_floor_per_round": [
             round(a / f, 3)

@@ -200,8 +200,8 @@ def seed(sizes: dict[str, int], *, scale: float, stale_stats: bool) -> None:
     started = time.perf_counter()
     with psycopg.connect(conninfo, autocommit=True) as conn:
         cur = psycopg.ClientCursor(conn)
-        # Terminal rows name their kind from 0008 on (the column is then required); before,
-        # only the wide ones did, and the migration fills in the others.
+        # Terminal rows name their kind where awa.done_entries.kind is NOT NULL; in older
+        # schemas only the wide ones did, and a migration filled in the others.
         params["done_kinds"] = conn.execute(
             "SELECT attnotnull FROM pg_attribute "
             "WHERE attrelid = 'awa.done_entries'::regclass AND attname = 'kind'"

@@ -42,6 +42,7 @@ from typing import Any
 
 import psycopg
 
+from awa_django._version import __version__
 from awa_django.conf import AwaSettings, get_awa_settings
 from awa_django.db.links import Link, first_line, is_connection_lost, is_transient
 from awa_django.maintenance.cron import CronFirer, sync_schedules
@@ -240,8 +241,6 @@ class Maintenance:
 
     async def _upsert_runtime(self, conn: psycopg.AsyncConnection[Any]) -> None:
         # A maintenance-only process (awa_maintenance) shows in runtime_instances too.
-        from awa_django import __version__
-
         await conn.execute(
             query("runtime_upsert"),
             [self.instance_id, socket.gethostname(), os.getpid(), "{}", 0, __version__],

@@ -285,7 +285,7 @@ CREATE TABLE awa.done_entries_{queue_slot} PARTITION OF awa.done_entries FOR VAL
 -- One receipt per claimed attempt. "Open" = no matching closure (an anti-join over live slots).
 -- kind is the claimed job's (copied into its terminal row by finalize); NULL is tolerated for
 -- receipts written by raw SQL (see awa._finalize_pass_v1). A closed claim with job_id -lane_id
--- is a cursor marker, never an attempt (docs/storage.md, "The claim cursor").
+-- is a cursor marker, never an attempt (docs/design/derived-claim-cursor.md).
 CREATE TABLE awa.claims (
     claim_slot integer NOT NULL,
     claim_generation bigint NOT NULL,

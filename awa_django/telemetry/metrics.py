@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from awa_django._version import __version__
 from awa_django.conf import get_awa_settings
 
 if TYPE_CHECKING:
@@ -122,8 +123,6 @@ class Metrics:
 
     def __init__(self, provider: MeterProvider | None = None) -> None:
         from opentelemetry import metrics as api
-
-        from awa_django import __version__
 
         meter = (provider or api.get_meter_provider()).get_meter("awa_django", __version__)
         self._lock = threading.Lock()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from awa_django._version import __version__
 from awa_django.conf import get_awa_settings
 
 if TYPE_CHECKING:
@@ -49,8 +50,6 @@ class Tracing:
     def __init__(self, provider: TracerProvider | None = None) -> None:
         from opentelemetry import context as otel_context
         from opentelemetry import propagate, trace
-
-        from awa_django import __version__
 
         self._trace = trace
         self._context = otel_context

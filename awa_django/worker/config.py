@@ -9,6 +9,9 @@ Queues: a worker given ``--queue`` serves exactly those. A worker without ``--qu
 every queue that exists in the database (anything was ever enqueued to), finding new ones as
 they appear (``WorkerConfig.discover``), plus the queues the configuration names, so that
 whatever can be enqueued is run.
+
+``OWN_CONNECTIONS``, ``own_connections`` and ``connection_budget`` are re-exported from
+``awa_django.connection_budget``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 from awa_django.conf import AwaSettings, QueueSettings, get_awa_settings
+from awa_django.connection_budget import OWN_CONNECTIONS, connection_budget, own_connections
 from awa_django.exceptions import InvalidOptionError
 from awa_django.jobs import registered_kinds
 from awa_django.limits import QUEUE_NAME_RE, check_queue_name
@@ -39,41 +43,6 @@ __all__ = [
 MAX_SLOTS = 10_000
 #: Most worker processes under one supervisor (--processes).
 MAX_PROCESSES = 256
-
-#: Connections a worker process opens for itself, each one psycopg connection named
-#: ``awa:worker:<instance id>``: the claim loop's, the finalization batcher's, the heartbeat
-#: and control loop's, the sweep's (idle queues, queue discovery, the burst check), the LISTEN
-#: connection (only with ``AWA["NOTIFY"]``), and the maintenance election's (held by every
-#: process that competes, leader or not; none with ``--no-maintenance``).
-OWN_CONNECTIONS = ("claim", "finalize", "heartbeat", "sweep", "listen", "leader")
-
-
-def own_connections(*, listen: bool = True, maintenance: bool = True) -> int:
-    """How many connections a worker process needs besides its handlers': the entries of
-    :data:`OWN_CONNECTIONS` it opens, plus one Django connection for the single thread on which
-    asgiref's ``sync_to_async`` (``thread_sensitive=True``, its default) runs the ORM calls of
-    async handlers."""
-    return len(OWN_CONNECTIONS) - (not listen) - (not maintenance) + 1
-
-
-def connection_budget(
-    processes: int, concurrency: int, *, listen: bool = True, maintenance: bool = True
-) -> int:
-    """The most PostgreSQL connections ``processes`` worker processes of ``concurrency``
-    handler threads each hold at once: per process, one Django connection per handler thread
-    (a thread opens it only if its sync handlers use the ORM, and keeps it for
-    ``CONN_MAX_AGE``) plus :func:`own_connections`. The ``awa.W002`` check, the worker's
-    start-up warning and docs/deployment.md all use this count; it assumes handlers open no
-    connections of their own (other aliases, ``sync_to_async(thread_sensitive=False)``).
-    ``processes`` must be an int of at least 1 and ``concurrency`` one of at least 0
-    (``TypeError``, ``ValueError``)."""
-    for name, value, least in (("processes", processes, 1), ("concurrency", concurrency, 0)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < least:
-            raise ValueError(f"{name} must be at least {least}, got {value}")
-    return processes * (concurrency + own_connections(listen=listen, maintenance=maintenance))
-
 
 _QUEUE_OPTION = re.compile(r"(?P<name>[^=]*)(?:=(?P<concurrency>.*))?", re.DOTALL)
 _DECIMAL = re.compile(r"[+-]?[0-9]+")

@@ -43,6 +43,8 @@ from typing import Any
 
 import psycopg
 
+from awa_django._version import __version__
+from awa_django.connection_budget import connection_budget, own_connections
 from awa_django.db.links import Link, first_line, is_connection_lost
 from awa_django.jobs import kind_flow_limits
 from awa_django.limits import QUEUE_NAME_RE
@@ -54,12 +56,7 @@ from awa_django.telemetry.metrics import active_metrics
 from awa_django.telemetry.tracing import active_tracing
 from awa_django.worker.attempts import EXIT_STUCK_HANDLERS, Attempts, Running
 from awa_django.worker.batcher import CompletionBatcher
-from awa_django.worker.config import (
-    QueueConfig,
-    WorkerConfig,
-    connection_budget,
-    own_connections,
-)
+from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.dispatch import Dispatcher
 from awa_django.worker.family import FAMILY_ENV, Family
 from awa_django.worker.finalizations import safe_str
@@ -478,8 +475,6 @@ class WorkerRuntime:
         queues = json.dumps({q.name: q.concurrency for q in self.queues.values()})
 
         async def upsert(conn: psycopg.AsyncConnection[Any]) -> None:
-            from awa_django import __version__
-
             await conn.execute(
                 query("runtime_upsert"),
                 [
@@ -496,7 +491,7 @@ class WorkerRuntime:
 
     async def _check_connection_budget(self) -> None:
         """Warn when this fleet could exhaust the server's max_connections: ``--processes``
-        processes of :func:`~awa_django.worker.config.connection_budget` connections each."""
+        processes of :func:`~awa_django.connection_budget.connection_budget` connections each."""
         processes = self.config.processes
         listen, maintenance = self.config.settings.NOTIFY, self.config.maintenance
         own = own_connections(listen=listen, maintenance=maintenance)

@@ -5,7 +5,7 @@ benchmark's ledger; every scenario run gets a fresh clone of it. Throughput scen
 drain, sync-handler drain, default-settings drain, awa_django's floor, its enqueue-in-atomic
 and claim-one probes), pickup latency and steady load run ``--rounds`` times with the systems
 interleaved, and the report quotes medians (a single steady run per system let one noisy
-minute decide issue 14's latency targets); pinned runs once per system.
+minute decide the latency targets); pinned runs once per system.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 14's targets ("Speed where users feel it") and their verdicts, computed from a run.
+"""The speed targets (docs/benchmarks.md, "Targets") and their verdicts, computed from a run.
 
 A target holds one awa_django figure to a reference: the best peer's figure (times a factor),
 a fixed number, or another awa_django figure (the bare INSERT its enqueue is compared with).
@@ -12,7 +12,7 @@ from typing import Any
 __all__ = ["TARGETS", "Target", "Verdict", "best_peer", "best_value", "evaluate", "rows"]
 
 US = "awa_django"
-FLOOR_BEFORE = 39_556  # jobs/s: the SQL floor when issue 14 was written
+FLOOR_BEFORE = 39_556  # jobs/s: the SQL floor measured before the targets were set
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The admin's callback waits (issue 17): the list with the time left, and the resolve, fail and
-extend actions, gated by awa_django.resolve_callback, confirmed and logged."""
+"""The admin's callback waits (docs/callbacks.md, docs/admin.md): the list with the time left, and
+the resolve, fail and extend actions, gated by awa_django.resolve_callback, confirmed and logged."""
 
 from __future__ import annotations
 

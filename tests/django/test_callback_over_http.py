@@ -1,5 +1,5 @@
-"""The callback receiver over real HTTP (issue 17): gunicorn serving the example project with
-production settings, requests signed by sign_request and by the curl recipe of
+"""The callback receiver over real HTTP (docs/callbacks.md): gunicorn serving the example project
+with production settings, requests signed by sign_request and by the curl recipe of
 docs/callbacks.md."""
 
 from __future__ import annotations

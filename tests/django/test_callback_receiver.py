@@ -1,4 +1,4 @@
-"""The signed callback receiver (issue 17): signatures, key rotation, the timestamp window,
+"""The signed callback receiver (docs/callbacks.md): signatures, key rotation, the timestamp window,
 replays, status codes and hostile bodies, through Django's test client with CSRF enforced.
 
 Attempts are parked through the engine's own functions (claim, register, finalize); the

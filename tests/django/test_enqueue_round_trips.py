@@ -1,5 +1,5 @@
-"""The single enqueue's cost (issue 14): what goes over the wire, and the options a ``Job``
-remembers between enqueues (``OptionsMemo``) without weakening the checks."""
+"""The single enqueue's cost (docs/design/enqueue-path.md): what goes over the wire, and the options
+a ``Job`` remembers between enqueues (``OptionsMemo``) without weakening the checks."""
 
 from __future__ import annotations
 

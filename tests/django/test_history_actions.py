@@ -1,6 +1,7 @@
-"""Operator actions of issue 18: retry failed and cancelled jobs from terminal history (API,
-``awa_job retry``, admin), a queue's DLQ on or off (``AWA["QUEUES"][name]["dlq"]``, admin),
-``awa_job list`` with filters, and tags in the admin lists."""
+"""Operator actions on history and queues (docs/operations.md): retry failed and cancelled jobs from
+terminal history (API, ``awa_job retry``, admin), a queue's DLQ on or off
+(``AWA["QUEUES"][name]["dlq"]``, admin), ``awa_job list`` with filters, and tags in the admin
+lists."""
 
 from __future__ import annotations
 

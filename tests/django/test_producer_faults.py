@@ -1,7 +1,8 @@
 """The producer and operator API under faults: one transaction per write, bad input refused with
 nothing written and the caller's transaction intact, isolation enforced.
 
-Each test reproduces a defect found by hostile use (issue 11).
+Each test gives the API what a careless or malicious caller could: wrong types, values past
+their bounds, a transaction at the wrong isolation, another database.
 """
 
 from __future__ import annotations
@@ -256,7 +257,7 @@ def test_writes_in_autocommit_run_at_read_committed_whatever_the_alias_default()
     assert connections["repeatable"].settings_dict["OPTIONS"]["isolation_level"]
 
 
-# Found by the attack ------------------------------------------------------------------------------
+# Odd datetimes, forged requests, odd arguments, isolation, a lost connection ----------------------
 
 
 def test_run_after_in_any_offset_is_stored_in_utc_or_refused_cleanly() -> None:
@@ -357,7 +358,7 @@ def test_a_bulk_enqueue_that_loses_its_connection_raises_djangos_error(
     assert count_jobs() == 0
 
 
-# What the second attack on issue 13 found ------------------------------------------------------
+# Operator reads' arguments, a database that is not PostgreSQL, odd worker rows -----------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Several worker hosts, simulated with Linux network namespaces (issue 19).
+"""Several worker hosts, simulated with Linux network namespaces (docs/several-hosts.md).
 
 ``python -m tests.fleet.run`` (root only) starts a PostgreSQL cluster that listens on one veth
 address per simulated host, runs ``awa_worker --processes 2`` inside each host's namespace,

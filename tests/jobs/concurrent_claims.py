@@ -1,4 +1,4 @@
-"""Job kinds for tests/storage/test_claim_concurrent_sessions.py (migration 0017's claim).
+"""Job kinds for tests/storage/test_claim_concurrent_sessions.py (``awa.claim_v3`` in workers).
 
 Workers load them with ``worker_env(concurrent_claims)`` (tests/jobs/__init__.py). Every handler
 records its attempt ``(job_id, run_lease, attempt)`` in ``l17_runs`` (created by the tests) over a

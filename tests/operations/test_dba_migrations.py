@@ -1,9 +1,9 @@
-"""Migrations run by a DBA (issue 19, docs/deployment.md "Migrations run by a DBA").
+"""Migrations run by a DBA (docs/deployment.md, "Migrations run by a DBA").
 
 ``manage.py sqlmigrate awa_django NNNN`` prints each migration's SQL; a DBA runs those scripts
 by hand with ``psql``, then the application's ``manage.py migrate awa_django --fake`` records
 them, and the install works: ``migrate`` has nothing left to do for awa_django, ``check``
-passes, the schema is exactly awa_django/sql/schema.sql, and a job enqueued then runs on a
+passes, the schema is exactly docs/reference/schema.sql, and a job enqueued then runs on a
 burst worker.
 """
 

@@ -1,4 +1,4 @@
-"""Producers behind PgBouncer in transaction pooling mode (issue 19, docs/deployment.md).
+"""Producers behind PgBouncer in transaction pooling mode (docs/pgbouncer.md).
 
 The ``pgbouncer`` lane of scripts/test runs these (and the other tests marked ``pooler``) with
 ``AWA_TEST_PGBOUNCER=1``: the test's Django connections go through a real PgBouncer in

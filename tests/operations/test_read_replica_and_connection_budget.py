@@ -1,5 +1,5 @@
-"""Hostile tests of the read replica (AWA["READ_DATABASE_ALIAS"]) and the connection budget,
-written from the docs (docs/deployment.md) only. Each test states the documented promise it
+"""The read replica (AWA["READ_DATABASE_ALIAS"]) and the connection budget under faults and odd
+input, written from the docs (docs/deployment.md) only. Each test states the documented promise it
 checks."""
 
 from __future__ import annotations

@@ -124,15 +124,15 @@ def test_claims_equal_the_generic_statements_through_weights_serial_keys_gaps_an
     end, in flight), cancels (tombstones), claims of 1 to 8 units with and without a weight cap
     and a default deadline, completions, and both rings rotated (with and without cursor
     markers) and pruned. Every claim returns what the generic statements return on the same
-    state. With a kind limited (not one the walk enqueues), the claim takes the full statement,
-    not the lean one; the first statement's reading of the kinds decides which. ``dense``: one
-    producer (one lane), more weights and serial keys, and a cancel on most steps, anywhere in
-    the first rows of the lane, so that tombstoned rows (with and without serial keys) sit
-    inside the runs claimed."""
+    state. With a kind limited (not one the walk enqueues), the claim takes its run statement
+    with kind permits, not the one used while no kind has limits; the first statement's reading
+    of the kinds decides which. ``dense``: one producer (one lane), more weights and serial
+    keys, and a cancel on most steps, anywhere in the first rows of the lane, so that tombstoned
+    rows (with and without serial keys) sit inside the runs claimed."""
     rnd = random.Random(17)
     held: list[tuple[int, int, int]] = []
     claimed: list[int] = []
-    lean = 0
+    took_jobs = 0
     with pg() as a, pg() as b, pg(autocommit=False) as d, pg(autocommit=False) as c:
         if kind_limits:
             a.execute("INSERT INTO awa.flow_kind_limits (kind, max_running) VALUES ('other', 5)")
@@ -166,7 +166,7 @@ def test_claims_equal_the_generic_statements_through_weights_serial_keys_gaps_an
             if in_flight:
                 d.commit()
             jobs = [(r[0], r[1], r[4]) for r in rows if r[0] is not None]
-            lean += bool(jobs)
+            took_jobs += bool(jobs)
             claimed += [j for j, _, _ in jobs]
             assert len(claimed) == len(set(claimed)), f"step {step}: a job twice"
             done = [j for j in jobs if rnd.random() < 0.85]
@@ -190,7 +190,7 @@ def test_claims_equal_the_generic_statements_through_weights_serial_keys_gaps_an
             rows = _claim_both(c, ["q", 8, WORKER, None, None])
             if not [r for r in rows if r[0] is not None]:
                 break
-    assert lean > 100, lean
+    assert took_jobs > 100, took_jobs
 
 
 @pytest.mark.usefixtures("reference")
@@ -251,7 +251,8 @@ def test_claims_and_finalizes_equal_the_generic_statements_through_every_rotatio
     several wraps, the queue ring through more than one. Every claim and every finalize returns
     what the generic statements return on the same state, and every job is claimed exactly once.
     With a kind limited (not the walk's: its permits are session locks, which a rolled-back
-    claim would keep), the claim runs its full statement rather than the lean one."""
+    claim would keep), the claim runs its run statement with kind permits rather than the one
+    used while no kind has limits."""
     rnd = random.Random(15)
     enqueued: list[int] = []
     claimed_ids: list[int] = []

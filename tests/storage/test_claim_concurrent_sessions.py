@@ -1,13 +1,15 @@
-"""Hostile tests of migration 0017's claim path (``awa.claim_v3``'s lean common path).
+"""Concurrent claimer sessions against ``awa.claim_v3``'s common path: its run statements while
+no job kind has limits (one window over the run after each lane's cursor, or one row when one
+unit is left).
 
-Written from the docs (docs/storage.md, docs/flow.md, docs/performance.md "Claim, fourth
-pass") and the public SQL API only. Each scenario runs concurrent claimer sessions (threads,
-each with its own psycopg connection, calling ``awa.claim_v3`` with batch sizes alternating
-between 1, the one-row statement, and larger ones) against concurrent producers and a chaos
-thread (promotion, ring rotations and prunes, cancels, ``pg_cancel_backend`` of claimers),
-keeps a ledger of every attempt handed out, and checks the contract against the database at
-the end: every committed job ends exactly once, no ``(job_id, run_lease)`` is handed out twice,
-lane order and priority order hold, flow limits are never exceeded at any instant.
+Written from the docs (docs/storage.md, docs/flow.md) and the public SQL API only. Each
+scenario runs concurrent claimer sessions (threads, each with its own psycopg connection,
+calling ``awa.claim_v3`` with batch sizes alternating between 1, the one-row statement, and
+larger ones) against concurrent producers and a chaos thread (promotion, ring rotations and
+prunes, cancels, ``pg_cancel_backend`` of claimers), keeps a ledger of every attempt handed
+out, and checks the contract against the database at the end: every committed job ends exactly
+once, no ``(job_id, run_lease)`` is handed out twice, lane order and priority order hold, flow
+limits are never exceeded at any instant.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile tests of migration 0017's claim path under flow control: a queue's global
+"""Concurrent claimer sessions against ``awa.claim_v3`` under flow control: a queue's global
 concurrency with weights above what a claim may take, a kind's concurrency (parking and
 un-parking, also when its limit is set and cleared mid-run), queue and kind rate limits, serial
 keys; one-job claims alternating with batches in concurrent claimer sessions. The harness is
@@ -327,7 +327,7 @@ def test_serial_keys_run_one_at_a_time_in_enqueue_order() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Scenario 9: a kind's limit set, cleared and set again while claimers run (0017's first
+# Scenario 9: a kind's limit set, cleared and set again while claimers run (the claim's first
 # statement reads the limited kinds): the limit holds, and jobs parked under it are un-parked
 # once it is cleared, also when nothing else is left in the queue.
 

@@ -1,6 +1,6 @@
 """Claim and finalize against the writers that race them: stale-snapshot producers, maintenance
 run at the wrong isolation, and carry-forwards that commit while a finalize waits for them
-(the cases the attack on issue 14 found; docs/storage.md, "The cursor in one probe")."""
+(docs/design/derived-claim-cursor.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The storage engine under faults: bounded values, idempotent parks, early callbacks, isolation,
 lock key spaces, rotation on the database clock, fair promotion, drains and lane cursors.
 
-Each test is named after the invariant it proves; each reproduces a defect found by hostile use
-(issue 11) and fails on the engine before migration 0007.
+Each test is named after the invariant it proves, and feeds the engine what a careless or
+malicious caller could: values at and past their bounds, calls at the wrong isolation or in
+the wrong order, concurrent writers.
 """
 
 from __future__ import annotations
@@ -413,7 +414,7 @@ def test_a_producer_that_waited_for_its_lane_writes_into_the_current_ring_slot(p
     assert generations == {1}
 
 
-# Found by the attack ------------------------------------------------------------------------------
+# Early callback resolutions, burst workers on paused queues, stopped leaders ----------------------
 
 
 def test_a_second_resolution_of_an_early_resolved_callback_is_stale() -> None:

@@ -1,7 +1,7 @@
-"""finalize_v2 finds each outcome's claim through the claims' index even when its session made
-its (generic, kept) plan while the claim partitions were empty (migration 0014): a plan made
-then scanned the whole partition on every later call, so a drain's finalizes grew with the
-claims already made."""
+"""finalize_v2 finds each outcome's claim through the claims' index even when its session made its
+(generic, kept) plan while the claim partitions were empty (``enable_seqscan = off`` in its
+definition): a plan made then would scan the whole partition on every later call, so a drain's
+finalizes would grow with the claims already made."""
 
 from __future__ import annotations
 

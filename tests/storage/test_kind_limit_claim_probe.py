@@ -1,6 +1,6 @@
-"""Second attack on the kind-limit fast claim path (migration 0013, docs/flow.md "Per kind").
+"""The edges of the claim's fast path for limited kinds (docs/flow.md, "Per kind").
 
-Aimed at the logic added since the first attack (tests/storage/test_kind_limit_claim_walks.py): the
+Beyond the random walks of tests/storage/test_kind_limit_claim_walks.py, case by case: the
 probe of the lane's next job and the second pass from the first job of a limited kind, the keys of a
 row drawn by a running sum (one cleared kind) or by per-kind offsets (several), the rate state
 locked first and inserted only when missing, rows after a gap, a tombstone or a serial key. Raw
@@ -81,12 +81,12 @@ def _raw_claim(conn: psycopg.Connection[Any], queue: str, out: dict[str, Any]) -
 
 @pytest.mark.parametrize("path", ["fast", "slow"])
 def test_two_claims_over_rate_states_in_opposite_orders_do_not_deadlock(path: str) -> None:
-    """Before migration 0013 a kind's rate state row was made by its first claim, and two claims
-    making two kinds' rows in opposite orders deadlocked (an insert waits for another claim's
-    uncommitted insert of the same row, which SKIP LOCKED cannot see). The row is now made when
-    the rate is set (by any writer), so a claim only ever locks rows that exist: the first
+    """A kind's rate state row is made when the rate is set (by any writer), never by a claim:
+    two claims making two kinds' rows in opposite orders would deadlock (an insert waits for
+    another claim's uncommitted insert of the same row, which SKIP LOCKED cannot see). So a claim
+    only ever locks rows that exist: the first
     rate-limited kind of a claim waits for its row, later ones skip a held one. ``slow``: every
-    job has a serial key, so the lanes go to awa._claim_kind_v1 (0012)."""
+    job has a serial key, so the lanes go to the slow path, awa._claim_kind_v1."""
     r0, r1, r2 = "kfb.r0", "kfb.r1", "kfb.r2"
     with pg() as admin:
         admin.execute(
@@ -261,7 +261,7 @@ def test_two_claims_taking_lowered_kinds_in_opposite_orders_do_not_deadlock() ->
         admin.execute(
             "SELECT * FROM awa.flow_kind_set_v1(%s, NULL, 1000, 100, 'katk3', false)", [r1]
         )
-        # The rate state row exists once the rate is set (migration 0013's trigger).
+        # The rate state row exists once the rate is set (trigger flow_kind_rate_row).
         assert admin.execute(
             "SELECT count(*) FROM awa.flow_kind_rate_state WHERE kind = %s", [r1]
         ).fetchone() == (1,)

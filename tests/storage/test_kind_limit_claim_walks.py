@@ -1,4 +1,4 @@
-"""Hostile tests of the kind-limit fast claim path (migration 0013, docs/flow.md "Per kind").
+"""Random walks through the claim's fast path for limited kinds (docs/flow.md, "Per kind").
 
 Raw ``awa.claim_v3`` claimers (tests/support/kind_limit_model.py) walk a random schedule of enqueues
 (mixed kinds, weights and serial keys in one lane, producers that roll back), cancels, limit changes

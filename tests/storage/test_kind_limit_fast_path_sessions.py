@@ -37,8 +37,8 @@ pytestmark = pytest.mark.usefixtures("clean_awa")
         (1, (6, 8, 10), (1, 1, 1, 2, 3, 4, 7, 12), None),
         (2, (6, 8, 10), (1, 1, 1, 2, 3, 4, 7, 12), 5),
         (3, (2, 3), (1, 1, 2), None),
-        # Sessions smaller than the heavy jobs (before migration 0015 such a session stranded
-        # a parked job whose min(weight, limit) was above its slots).
+        # Sessions smaller than the heavy jobs: a parked job whose min(weight, limit) is above
+        # a session's slots is still un-parked.
         (4, (2, 3, 5), (1, 1, 2, 3, 4, 7), None),
     ],
 )

@@ -1,6 +1,7 @@
-"""Flow limits per job kind in SQL (migration 0012): kind permits and rate, parking in
-awa.flow_waiting without head-of-line blocking, un-parking into the hand-off lane, limits shared
-across queues, serial keys, and the read and operator surfaces. docs/flow.md, "Per kind"."""
+"""Flow limits per job kind in SQL (awa.flow_kind_set_v1 and the claim): kind permits and rate,
+parking in awa.flow_waiting without head-of-line blocking, un-parking into the hand-off lane,
+limits shared across queues, serial keys, and the read and operator surfaces. docs/flow.md, "Per
+kind"."""
 
 from __future__ import annotations
 
@@ -276,8 +277,8 @@ def test_a_heavy_parked_job_is_not_moved_until_it_fits() -> None:
 
 def test_a_parked_job_heavier_than_the_claimers_slots_is_unparked() -> None:
     """Weight 3, kind limit 3, claimers of 2 units: the claim counts the job as 2 (its process
-    could never run more), and so must the un-parking, or the parked job never fits (it was
-    stranded before migration 0015)."""
+    could never run more), and so must the un-parking (awa._flow_unpark_v2), or the parked job
+    never fits and stays parked for good."""
     with pg() as one, pg() as two:
         set_kind(one, "k", max_running=3)
         enqueue(one, "q", ["k", "k"], **{"awa:weight": 3})
@@ -294,8 +295,8 @@ def test_a_parked_job_heavier_than_the_claimers_slots_is_unparked() -> None:
 def test_a_parked_job_heavier_than_its_kinds_rate_burst_is_unparked() -> None:
     """Rate tokens count jobs, permits count weight: a job of weight 2 of a kind limited to 3
     running and 10/s with a burst of 1 (the default burst at that rate) gets one token and two
-    permits once its turn comes (before migration 0015 the un-parking compared its weight with
-    the one token, and it never fit)."""
+    permits once its turn comes (an un-parking that compared its weight with the one token would
+    never let it fit)."""
     with pg() as one, pg() as two:
         set_kind(one, "k", max_running=3, rate=10.0, burst=1)
         enqueue(one, "q", ["k", "k"], **{"awa:weight": 2})
@@ -521,7 +522,8 @@ def test_bulk_a_binding_kind_reads_the_rest_of_the_window() -> None:
         assert set(claims_of(conn, ids)) == set(ids[:6])
 
 
-# Migration 0013: jobs of kinds that do not bind go through claim_v3's one statement.
+# Jobs of limited kinds whose limits do not bind go through claim_v3's own statement, not the
+# slow path (awa._claim_kind_v1).
 
 
 def slow_path_calls(conn: psycopg.Connection[Any]) -> int:
@@ -652,8 +654,8 @@ def test_a_job_that_does_not_fit_before_a_limited_kind_is_not_skipped() -> None:
         ids = enqueue_weighted(conn, "q", [("o", 1), ("o", 5), ("k", 1), ("k", 1)])
         got = claim(conn, "q", 3)
         # The job of weight 5 does not fit the 2 units left: the lane stops there, and the jobs
-        # of k after it wait (found by the attack on 0013: a second pass from the first job of a
-        # limited kind skipped it, and the lane's cursor passed it for good).
+        # of k after it wait (a second pass from the first job of a limited kind must not skip
+        # it, or the lane's cursor would pass it for good).
         assert [j.job_id for j in got.jobs] == [ids[0]]
         again = claim(conn, "q", 10)
         assert [j.job_id for j in again.jobs] == ids[1:]

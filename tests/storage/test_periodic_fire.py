@@ -374,7 +374,7 @@ def test_admin_lists_schedules_and_gates_pause_resume_trigger() -> None:
     assert detail.status_code == 200 and "Next fire" in detail.content.decode()
 
 
-# Found by the attack on periodic jobs -------------------------------------------------------------
+# Locked rows, long catch-ups, fire labels, failing schedules, new queues --------------------------
 
 
 def test_a_locked_schedule_row_is_skipped_not_waited_for() -> None:

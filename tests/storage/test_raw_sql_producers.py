@@ -407,7 +407,7 @@ def test_floats_with_an_exponent_come_back_as_int_and_negative_zero_as_zero() ->
     assert math.copysign(1.0, run.result[5]) == 1.0  # -0.0 is stored as 0.0
 
 
-# What the second attack found ------------------------------------------------------------------
+# run_at past year 9999, nested tags, a missing priority, producer limits -----------------------
 
 
 @pytest.mark.parametrize(
@@ -468,7 +468,7 @@ def test_producer_limits_are_checked_like_job_fields(limits: str, message: str) 
         assert cursor.fetchone() == (1,)
 
 
-# awa.enqueue_one_v2 (migration 0003): the same rules and messages as v1, integer limits -------
+# awa.enqueue_one_v2: the same rules and messages as v1, integer limits ------------------------
 
 _V1 = (
     "SELECT job_id, state FROM awa.enqueue_one_v1(%s, %s, %s, %s::jsonb, %s, %s::timestamptz, "

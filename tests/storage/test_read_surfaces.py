@@ -1,14 +1,15 @@
-"""Read surfaces: same answers as the definitions they replaced, bounded cost.
+"""Read surfaces: the same answers as simple definitions that read history without bounds,
+at a bounded cost.
 
 * Every job in every plane, built through the engine's own functions, reads the same through
-  the rewritten views and functions as through the definitions they replaced (re-created here
-  as temporary objects from tests/storage/reference_sql/read_surfaces_before_rewrite.sql).
+  the installed views and functions as through the simple definitions (re-created here as
+  temporary objects from tests/storage/reference_sql/read_surfaces_simple.sql).
 * Counts of terminal history above the cap are estimates: checked against the truth.
 * The cost of every surface the admin, the commands and get_result use does not grow with
   terminal history: tripling history changes the pages a surface reads by a few index pages,
   where a scan of history would read thousands; with fresh statistics and with statistics
   taken while every table was empty.
-* The plan shapes that made the issue's surfaces quadratic do not come back.
+* The plan shapes that once made these surfaces quadratic do not come back.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ pytestmark = [
 Conn = psycopg.Connection[Any]
 
 
-# The replaced definitions, as temporary objects ------------------------------------------------
+# The simple definitions, as temporary objects --------------------------------------------------
 
-REFERENCE = Path(__file__).resolve().parent / "reference_sql" / "read_surfaces_before_rewrite.sql"
+REFERENCE = Path(__file__).resolve().parent / "reference_sql" / "read_surfaces_simple.sql"
 
 
 def _statement(head: str) -> str:
@@ -215,7 +216,7 @@ def conn() -> Iterator[Conn]:
 # Same answers ------------------------------------------------------------------------------------
 
 
-def test_views_return_what_the_released_definitions_return(conn: Conn) -> None:
+def test_views_return_what_the_simple_definitions_return(conn: Conn) -> None:
     made = mixed_jobs(conn)
     add_history(conn, 0, 300)
     install_reference(conn)
@@ -266,7 +267,7 @@ def test_views_return_what_the_released_definitions_return(conn: Conn) -> None:
     assert len(made["running"]) == 24
 
 
-def test_counts_and_stats_match_the_released_functions_below_the_cap(conn: Conn) -> None:
+def test_counts_and_stats_match_the_simple_functions_below_the_cap(conn: Conn) -> None:
     mixed_jobs(conn)
     add_history(conn, 0, 300)
     install_reference(conn)
@@ -460,7 +461,7 @@ def join_filters(node: dict[str, Any]) -> tuple[int, list[str]]:
 
 
 def test_running_jobs_are_never_a_nested_scan_of_closures(conn: Conn) -> None:
-    """The issue's plan: a state filter estimated at 0.5 % of the claim ring made the planner
+    """The plan this prevents: a state filter estimated at 0.5 % of the claim ring made the planner
     scan every closure for every claim (196 million rows removed by a join filter)."""
     conn.execute("ANALYZE awa.claims, awa.claim_closures")  # statistics of empty partitions
     enqueue(conn, "a", 3000)

@@ -266,7 +266,7 @@ def test_sql_producers_are_refused_a_bad_policy(policy: Any, message: str) -> No
         assert row == (0,)
 
 
-# Found by the attack on retry policies ------------------------------------------------------------
+# Policies with numbers past double precision or a tiny base ---------------------------------------
 
 
 @pytest.mark.parametrize("number", ["1e-400", "-1e-400", "1." + "0" * 5000 + "1"])

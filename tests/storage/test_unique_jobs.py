@@ -527,7 +527,7 @@ def test_the_admins_dlq_retry_says_when_a_unique_job_stayed() -> None:
     assert state_of(first.id) == "failed"
 
 
-# Found by the attack on unique jobs ---------------------------------------------------------------
+# Unique keys under DLQ retries, the sweep, overlapping batches, hand-written specs ----------------
 
 
 def dead_letter_unique(n: int, **options: Any) -> int:

@@ -1,6 +1,7 @@
-"""Wire formats built by libraries (issue 13 item 6): the COPY rows of ``enqueue_many`` (psycopg's
-binary ``write_row``), the JSON of ``awa.enqueue_v1`` requests, finalizations and heartbeats
-(the stdlib encoder) hold exactly what the single-row path and the old hand-built text held."""
+"""Wire formats built by libraries (docs/design/wire-formats.md): the COPY rows of ``enqueue_many``
+(psycopg's binary ``write_row``), the JSON of ``awa.enqueue_v1`` requests, finalizations and
+heartbeats (the stdlib encoder) hold exactly what the single-row path and the old hand-built text
+held."""
 
 from __future__ import annotations
 

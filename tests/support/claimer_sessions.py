@@ -1,4 +1,4 @@
-"""Shared harness of tests/storage/test_claim_concurrent_sessions*.py (migration 0017's claim).
+"""Shared harness of tests/storage/test_claim_concurrent_sessions*.py (``awa.claim_v3``).
 
 Claimer sessions call ``awa.claim_v3`` through psycopg connections of their own; a ``Ledger``
 keeps every attempt they were handed, and the ``check_*`` functions hold it against the

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import typing
+from types import MappingProxyType
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -26,12 +29,56 @@ def test_every_default_has_a_typed_attribute() -> None:
     assert set(typing.get_type_hints(AwaSettings)) == set(DEFAULTS)
 
 
-def test_every_key_is_documented() -> None:
+#: A row of a table under "All keys" in docs/configuration.md: `` | `KEY` | type | `default` |
+#: meaning | ``, the default written as a Python literal.
+_DOCUMENTED_ROW = re.compile(r"^\| `([A-Z][A-Z0-9_]*)` \| [^|\n]* \| `([^`\n]*)` \|", re.M)
+
+
+def documented_defaults() -> dict[str, object]:
+    """Each key of the "All keys" tables of docs/configuration.md, with its default."""
     from tests.support.processes import REPO
 
     doc = (REPO / "docs" / "configuration.md").read_text()
-    missing = [name for name in DEFAULTS if f"`{name}`" not in doc]
-    assert not missing, f"undocumented AWA keys: {missing}"
+    section = doc[doc.index("\n## All keys\n") :]
+    section = section[: section.index("\n## ", 1)]
+    rows = _DOCUMENTED_ROW.findall(section)
+    documented = {name: ast.literal_eval(default) for name, default in rows}
+    assert len(documented) == len(rows), "a key has two rows"
+    return documented
+
+
+def as_written(value: object) -> object:
+    """A default as the docs write it: a tuple as a list, a read-only mapping as a dict."""
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, MappingProxyType):
+        return dict(value)
+    return value
+
+
+def wrong_defaults(documented: dict[str, object]) -> dict[str, tuple[object, object]]:
+    """``{key: (documented, default)}`` for every key whose documented default is not its
+    default, in value or in type (``1`` for ``True``, ``60`` for ``60.0``)."""
+    return {
+        name: (documented[name], default)
+        for name, default in DEFAULTS.items()
+        if documented[name] != as_written(default)
+        or type(documented[name]) is not type(as_written(default))
+    }
+
+
+def test_every_key_is_documented_with_its_default() -> None:
+    documented = documented_defaults()
+    assert set(documented) == set(DEFAULTS), "keys without a row, or rows of no key"
+    wrong = wrong_defaults(documented)
+    assert not wrong, f"documented defaults that are not the defaults (docs, code): {wrong}"
+
+
+def test_the_docs_check_finds_a_wrong_default() -> None:
+    row = "| `POLL_INTERVAL` | seconds | `0.5` | How often an idle worker asks. |"
+    assert _DOCUMENTED_ROW.findall(row) == [("POLL_INTERVAL", "0.5")]
+    documented = {**documented_defaults(), "POLL_INTERVAL": 0.5, "NOTIFY": 1, "QUEUES": {}}
+    assert wrong_defaults(documented) == {"POLL_INTERVAL": (0.5, 0.2), "NOTIFY": (1, True)}
 
 
 def test_values_are_merged_over_defaults() -> None:

@@ -147,7 +147,7 @@ def test_valid_declarations_from_settings_are_resolved_to_rows() -> None:
         ({"cron": 5}, "cron: must be a cron expression"),
         ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "'Mars/Olympus' is not a known IANA"),
         ({"cron": "* * * * *", "timezone": "../../etc/passwd"}, "is not a known IANA"),
-        # Found by the attack: the host's own zone is not an IANA name; what the table cannot
+        # The host's own zone is not an IANA name; what the table cannot
         # store is refused here, not by a failing sync.
         ({"cron": "* * * * *", "timezone": "localtime"}, "is not a known IANA"),
         ({"cron": " ".join([",".join(map(str, range(60)))] * 2) + " * * * *"}, "limit of 255"),

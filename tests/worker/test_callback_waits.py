@@ -1,4 +1,4 @@
-"""Waits for callbacks (issue 17): extending a wait, early resolution, sequential waits
+"""Waits for callbacks (docs/callbacks.md): extending a wait, early resolution, sequential waits
 (WaitForCallback(resume=True)), through the engine's functions and through worker processes."""
 
 from __future__ import annotations

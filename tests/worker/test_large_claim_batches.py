@@ -1,4 +1,4 @@
-"""Hostile tests of ``CLAIM_BATCH_SIZE`` defaulting to 512 (was 128).
+"""Workers under faults and load with ``CLAIM_BATCH_SIZE`` at its default of 512.
 
 A worker with 512 slots for a queue now claims up to 512 jobs in one ``claim_v3`` statement. These
 tests run real ``awa_worker`` subprocesses against the test database and wait on database state: a

@@ -3,8 +3,9 @@ error handling, in-process against the real database).
 
 Every background loop survives any error that is not a lost connection, fails only the
 offending item with a readable error and carries on; a handler ends its job whatever it raises
-or returns; a handler that will not stop loses its slot, not the worker. Each test reproduces a
-defect found by hostile use (issue 11).
+or returns; a handler that will not stop loses its slot, not the worker. Each test gives the
+worker a handler or a process that misbehaves: raising what it should not, blocking, exiting,
+ignoring signals.
 """
 
 from __future__ import annotations
@@ -318,7 +319,7 @@ def test_the_batcher_fails_only_an_item_the_database_refuses_and_goes_on(
     assert str(ids[2]) in caplog.text
 
 
-# Found by the attack: handlers and processes that defeat the worker -----------------------------
+# Handlers and processes that defeat the worker --------------------------------------------------
 
 
 @pytest.mark.worker

@@ -119,7 +119,7 @@ $$;
 -- copies into the terminal row. A stored deadline is bounded (awa._deadline_secs_v1), so a row
 -- written by raw SQL cannot make the claim fail for the whole queue. A lane's cursor is its
 -- highest claim in the current claim slot when that claim was made in the slot's generation,
--- else it is read from every slot (docs/storage.md, "The claim cursor").
+-- else it is read from every slot (docs/design/derived-claim-cursor.md).
 -- A job of a limited kind carries its kind permits after its queue permits; it goes through the
 -- claim's statement when its kind has the rate tokens and permits for all its rows there, else
 -- the slow path (awa._claim_kind_v1) decides; jobs its kind parked are un-parked first
@@ -2037,7 +2037,7 @@ END
 $$;
 
 -- Which queues have work, for many queues in one statement: the sweep of a worker's idle
--- queues (awa_django/worker/dispatch.py; docs/worker.md, "Many queues").
+-- queues (awa_django/worker/sweep.py; docs/worker.md, "Many queues").
 --
 -- A queue is reported ready when a claim now would take a job from it: it is not paused, a
 -- permit of its concurrency limit is free (if it has one), and a lane of it holds a committed

@@ -7,6 +7,6 @@
 -- with search_path fixed to pg_catalog, pg_temp), so no role but the owner holds INSERT, UPDATE,
 -- DELETE or TRUNCATE on any awa table: every write is one the functions validate.
 --
--- A migration that adds a function ends with this statement again (tests/test_roles_catalog.py
--- fails on any awa function that PUBLIC may execute).
+-- A migration that adds a function ends with this statement again
+-- (tests/operations/test_roles_catalog.py fails on any awa function that PUBLIC may execute).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA awa FROM PUBLIC;

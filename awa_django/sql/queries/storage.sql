@@ -88,7 +88,7 @@ SELECT awa.runtime_upsert_v1(%s, %s, %s, %s::jsonb, %s, %s)
 SELECT awa.runtime_remove_v1(%s)
 
 -- name: queues_ready
--- Which of these idle queues have work (the worker's sweep, awa_django/worker/dispatch.py):
+-- Which of these idle queues have work (the worker's sweep, awa_django/worker/sweep.py):
 -- a row (queue, ready, stamp, upto) per queue read, as many as fit in max_lanes lanes.
 SELECT queue, ready, stamp, upto
 FROM awa.queues_ready_v2(%(queues)s::text[], %(stamps)s::bigint[], %(caps)s::integer[],

@@ -1,9 +1,9 @@
--- The read surfaces as they were before they were rewritten to cost only bounded index ranges
--- of history (their first, simpler definitions). tests/storage/test_read_surfaces.py re-creates them as
--- temporary objects and checks that the current views and functions return the same rows. Test
--- data only: never installed by a migration.
+-- Simple definitions of the read surfaces, which read history without bounds: the reference for
+-- the installed views and functions, which read only bounded index ranges of it.
+-- tests/storage/test_read_surfaces.py re-creates them as temporary objects and checks that the
+-- installed views and functions return the same rows. Test data only: never installed by a
+-- migration.
 
--- from 0002_functions_v1.sql
 CREATE VIEW awa.terminal_jobs AS
 SELECT d.job_id AS id,
        COALESCE(d.kind, r.kind) AS kind,
@@ -29,7 +29,6 @@ FROM awa.done_entries d
 LEFT JOIN awa.ready_entries r
   ON r.lane_id = d.lane_id AND r.lane_seq = d.lane_seq AND r.ready_slot = d.ready_slot;
 
--- from 0002_functions_v1.sql
 CREATE VIEW awa.live_jobs AS
 SELECT r.job_id AS id, r.kind, r.queue, 'available'::text AS state, r.priority, r.attempt,
        r.max_attempts, r.run_lease, r.args, r.run_at, r.created_at,
@@ -65,7 +64,6 @@ SELECT d.job_id, d.kind, d.queue, d.state, d.priority, d.attempt, d.max_attempts
        d.progress, d.metadata, d.tags, false, NULL
 FROM awa.deferred_jobs d;
 
--- from 0002_functions_v1.sql
 CREATE VIEW awa.jobs AS
 SELECT * FROM awa.live_jobs
 UNION ALL
@@ -79,7 +77,6 @@ SELECT q.job_id, q.kind, q.queue, 'failed', q.priority, q.attempt, q.max_attempt
        q.progress, q.metadata, q.tags, true, q.dlq_reason
 FROM awa.dlq_entries q;
 
--- from 0002_functions_v1.sql
 CREATE FUNCTION awa.queue_counts_v1()
 RETURNS TABLE (queue text, available bigint, running bigint, waiting_external bigint,
                scheduled bigint, retryable bigint, completed bigint, failed bigint,
@@ -115,7 +112,6 @@ LANGUAGE sql STABLE AS $$
     ORDER BY n.queue
 $$;
 
--- from 0004_operator_v1.sql
 CREATE FUNCTION awa.queue_stats_v1()
 RETURNS TABLE (queue text, available bigint, running bigint, waiting_external bigint,
                scheduled bigint, retryable bigint, completed bigint, failed bigint,
@@ -131,7 +127,6 @@ LANGUAGE sql STABLE AS $$
     FROM awa.queue_counts_v1() c
 $$;
 
--- from 0004_operator_v1.sql
 CREATE FUNCTION awa.throughput_v1(p_queue text DEFAULT NULL)
 RETURNS TABLE (minute timestamptz, completed bigint)
 LANGUAGE sql STABLE AS $$
