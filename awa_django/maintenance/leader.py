@@ -111,6 +111,8 @@ class Maintenance:
         #: Whether this process's database role may run maintenance (None: not asked yet).
         self.allowed: bool | None = None
         self.leader = False
+        #: time.monotonic() when this process last became leader.
+        self.leading_since = 0.0
         self.counters: dict[str, int] = {}
         s = settings
         self.tasks: list[tuple[str, float, MaintenanceTask]] = [
@@ -264,6 +266,7 @@ class Maintenance:
             await self._check_holder(conn)
             return
         self.leader = True
+        self.leading_since = time.monotonic()
         self._due.clear()
         log.info("awa maintenance: %s is now the leader", self.instance_id)
         try:
@@ -395,20 +398,11 @@ class Maintenance:
                 )
 
         # Global-concurrency permits held by sessions of workers that are gone (docs/flow.md).
-        cursor = await conn.execute(query("flow_reap"), [self.settings.leader_staleness])
-        for pid, instance, action in await cursor.fetchall():
-            self.count("permits_reaped" if action == "terminated" else "permits_not_reaped")
-            log.warning(
-                "awa maintenance: %s backend %s of %s, which holds global-concurrency permits "
-                "or serial keys but has not refreshed its runtime row for %.0f s%s",
-                "terminated" if action == "terminated" else "could not terminate",
-                pid,
-                instance,
-                self.settings.leader_staleness,
-                ""
-                if action == "terminated"
-                else " (not permitted: grant pg_signal_backend to the maintenance role)",
-            )
+        # Not in a new leader's first moments: leadership moves when the database restarts or
+        # the old leader froze, and then live workers' runtime rows may be stale only because
+        # they could not reach the database either; terminating their sessions would hand
+        # their keys and permits to other jobs while their handlers still run.
+        await self._reap_permits(conn)
         # Serial keys nobody will hand on: their run lock is free (its worker died, or the job
         # it was handed to was cancelled) while jobs wait for them (docs/flow.md).
         cursor = await conn.execute(query("serial_sweep"), [1000])
@@ -419,6 +413,27 @@ class Maintenance:
                 "awa maintenance: handed %d serial key(s) on to their oldest waiting job: %s",
                 len(handed),
                 ", ".join(str(job_id) for job_id in handed[:20]) + ("..." * (len(handed) > 20)),
+            )
+
+    async def _reap_permits(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Terminate the sessions holding permits or serial keys of workers whose runtime
+        rows went stale (frozen processes), once this process has led for that long."""
+        staleness = self.settings.leader_staleness
+        if time.monotonic() - self.leading_since < staleness:
+            return
+        cursor = await conn.execute(query("flow_reap"), [staleness])
+        for pid, instance, action in await cursor.fetchall():
+            self.count("permits_reaped" if action == "terminated" else "permits_not_reaped")
+            log.warning(
+                "awa maintenance: %s backend %s of %s, which holds global-concurrency permits "
+                "or serial keys but has not refreshed its runtime row for %.0f s%s",
+                "terminated" if action == "terminated" else "could not terminate",
+                pid,
+                instance,
+                staleness,
+                ""
+                if action == "terminated"
+                else " (not permitted: grant pg_signal_backend to the maintenance role)",
             )
 
     async def _read_gauges(self, conn: psycopg.AsyncConnection[Any]) -> None:

@@ -272,6 +272,42 @@ def test_the_leader_keeps_leadership_through_lock_timeouts_and_bugs(
     assert "a bug in a task" in caplog.text
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_new_leader_reaps_no_permit_holder_before_it_has_led_for_the_staleness() -> None:
+    """Leadership moves when the database restarts: then every worker's runtime row is stale
+    only because none could reach the database. A new leader that terminated their sessions at
+    once handed their serial keys to other jobs while their handlers still ran (found by the
+    chaos soak). It reaps once it has led for the staleness bound, as before."""
+    instance = uuid.uuid4()
+    with pg() as conn:
+        conn.execute(
+            "INSERT INTO awa.runtime_instances (instance_id, hostname, pid, last_seen_at) "
+            "VALUES (%s, 'h', 1, now() - interval '1 hour')",
+            [instance],
+        )
+        with psycopg.connect(
+            conn.info.dsn, autocommit=True, application_name=f"awa:worker:{instance}"
+        ) as holder:
+            holder.execute("SELECT pg_advisory_lock(4282183, 7)")  # a serial key's run lock
+
+            async def scenario() -> tuple[bool, int, int]:
+                m = _maintenance()
+                try:
+                    await m._elect()
+                    link = await m.link.connection()
+                    await m._reap_permits(link)
+                    early = m.counters.get("permits_reaped", 0)
+                    m.leading_since -= m.settings.leader_staleness
+                    await m._reap_permits(link)
+                    return m.leader, early, m.counters.get("permits_reaped", 0)
+                finally:
+                    await m.link.close()
+
+            assert asyncio.run(scenario()) == (True, 0, 1)
+            with pytest.raises(psycopg.OperationalError):
+                holder.execute("SELECT 1")
+
+
 def test_only_lost_connections_count_as_lost_connections() -> None:
     assert not is_connection_lost(errors.LockNotAvailable("lock timeout"), None)
     assert not is_connection_lost(errors.DeadlockDetected("deadlock"), None)
