@@ -159,8 +159,7 @@ def test_one_process_answers_the_notes_of_its_family(manage_py: Start) -> None:
     # POLL_INTERVAL 60 s: a claim within seconds is a wake-up's.
     proc = manage_py("awa_worker", "--processes", "2", "--queue", "slow=4", extra_env=overrides(60))
     children(2, proc)
-    run_quick(proc, within=WOKEN)  # its note made a process the leader
-    first = leader_of(proc)
+    first = elect(proc)  # a note made a process the leader
     pids = collections.Counter(run_quick(proc, within=WOKEN)[0] for _ in range(15))
     # The leader's, but for what the other's own claims at start-up may take: a dispatcher's
     # first empty claims are retried after 1 ms, 2, 4, ... up to the poll interval (slots.py,
@@ -175,8 +174,7 @@ def test_a_leader_without_a_free_slot_hands_the_note_on(manage_py: Start) -> Non
     testjobs.overlap_sync.enqueue(0)
     proc = manage_py("awa_worker", "--processes", "2", "--queue", "slow=1", extra_env=overrides(60))
     children(2, proc)
-    run_quick(proc, within=WOKEN)
-    leader = leader_of(proc)
+    leader = elect(proc)  # a note made a process the leader
     busy = testjobs.slow_sync.enqueue(60).id  # holds the one slot of the process claiming it
     wait_for(lambda: state(busy) == "running", timeout=10, message=proc.output)
     holder = claimed_by(busy)  # the leader's, unless the other's start-up claims took it
@@ -191,8 +189,7 @@ def test_the_next_note_finds_a_new_leader_when_the_leader_dies(manage_py: Start)
     testjobs.overlap_sync.enqueue(0)
     proc = manage_py("awa_worker", "--processes", "2", "--queue", "slow=4", extra_env=overrides(60))
     pids = children(2, proc)
-    run_quick(proc, within=WOKEN)
-    leader = leader_of(proc)
+    leader = elect(proc)  # a note made a process the leader
     (other,) = [p for p in pids if p != leader]
     os.kill(leader, signal.SIGKILL)  # the supervisor restarts it, a second later at the soonest
     # The other process (now the leader), or the restarted one if it came up first (its
@@ -236,8 +233,7 @@ def test_a_job_no_process_is_woken_for_is_claimed_within_the_poll_interval(
         "awa_worker", "--processes", "2", "--queue", "slow=4", extra_env=overrides(poll)
     )
     pids = children(2, proc)
-    run_quick(proc, within=WOKEN)
-    leader = leader_of(proc)
+    leader = elect(proc)  # a note made a process the leader
     (other,) = [p for p in pids if p != leader]
     os.kill(leader, signal.SIGSTOP)
     try:
