@@ -61,10 +61,11 @@ AWA: dict[str, Any] = {
     "PROMOTE_INTERVAL": 0.05,
     "PRUNE_INTERVAL": 0.2,
     "CLAIM_ROTATE_INTERVAL": 0.5,
-    # Short, so that the queue ring rotates and prunes many times a run; a soak keeps more (a
-    # finished job's terminal row lives in the slot of its ready row: a job that waited longer
-    # than the retention may vanish before the observer samples it).
-    "HISTORY_RETENTION": float(os.environ.get("AWA_CHAOS_HISTORY_RETENTION", "15")),
+    # Short, so that the queue ring rotates and prunes within a run; a soak keeps more. A
+    # finished job's terminal row lives in the slot of its ready row, so a job that waited
+    # longer than 6/7 of the retention may leave the history before the observer samples it,
+    # and would be reported lost: at 15 s a loaded CI machine made one wait 24 s.
+    "HISTORY_RETENTION": float(os.environ.get("AWA_CHAOS_HISTORY_RETENTION", "30")),
     "LEADER_ELECTION_INTERVAL": 0.2,
     "RUNTIME_REFRESH_INTERVAL": 0.5,
     "SHUTDOWN_TIMEOUT": 3.0,
