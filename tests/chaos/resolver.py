@@ -154,8 +154,8 @@ class Resolver:
                     callback_path(callback_id), data=raw, content_type="application/json",
                     headers=headers,
                 )  # fmt: skip
-                status = str(json.loads(response.content).get("status"))
-                replayed = bool(json.loads(response.content).get("replayed", False))
+                data = json.loads(response.content)
+                status, replayed = str(data.get("status")), bool(data.get("replayed", False))
             except DJANGO_CONNECTION_ERRORS as exc:
                 # The receiver answers 503 to a database error, never raises one (a 500 to a
                 # real caller): report it, and keep the call on record, its effect unknown.
