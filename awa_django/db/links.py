@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -101,6 +102,8 @@ class Link:
         self.on_connect = on_connect
         self.conn: psycopg.AsyncConnection[Any] | None = None
         self.reconnects = 0
+        #: time.monotonic() when a call last worked on this link's connection.
+        self.last_ok = 0.0
         self._lock = asyncio.Lock()
 
     async def connection(self) -> psycopg.AsyncConnection[Any]:
@@ -129,7 +132,9 @@ class Link:
         while True:
             try:
                 async with self._lock:
-                    return await fn(await self.connection())
+                    result = await fn(await self.connection())
+                self.last_ok = time.monotonic()
+                return result
             except Exception as exc:
                 if is_connection_lost(exc, self.conn):
                     await self.discard()

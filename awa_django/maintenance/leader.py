@@ -88,6 +88,9 @@ class MaintenanceSettings:
         )
 
 
+#: The heartbeat staleness a leader that is not ``settled`` rescues at: none (about a century).
+_NO_STALENESS = 3e9
+
 MaintenanceTask = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
 
 
@@ -111,7 +114,8 @@ class Maintenance:
         #: Whether this process's database role may run maintenance (None: not asked yet).
         self.allowed: bool | None = None
         self.leader = False
-        #: time.monotonic() when this process last became leader.
+        #: time.monotonic() when this process last became leader (``run_once``: when the
+        #: database last started, if later): see ``settled``.
         self.leading_since = 0.0
         self.counters: dict[str, int] = {}
         s = settings
@@ -206,7 +210,8 @@ class Maintenance:
         self._lag_warned_at = now
         log.warning(
             "awa maintenance: %s ran %.1f s late (every %.2f s is due): the leader's process "
-            "is short of CPU; run `awa_maintenance` on its own, or fewer handlers beside it",
+            "was paused (SIGSTOP, a VM or container freeze) or is short of CPU; if this "
+            "repeats, run `awa_maintenance` on its own, or fewer handlers beside it",
             name,
             late,
             interval,
@@ -222,12 +227,40 @@ class Maintenance:
                 if self.allowed:
                     log.info("awa maintenance: another process is the leader; nothing to do")
                 return
+            await self._date_leadership_by_the_database()
             for name, _, task in self.tasks:
                 await self._run_task(name, task)
         finally:
             await self.deregister()
             await self.link.close()
             self.leader = False
+
+    async def _date_leadership_by_the_database(self) -> None:
+        """A one-shot run (``run_once``) has just been elected: date its leadership from the
+        database's start instead, so that it holds back (``settled``) only in the database's
+        first moments, when every worker's row is stale because none could reach it."""
+        try:
+            cursor = await (await self.link.connection()).execute(query("database_uptime"))
+            row = await cursor.fetchone()
+        except Exception as exc:
+            if is_connection_lost(exc, self.link.conn):
+                await self.link.discard()
+            log.warning(
+                "awa maintenance: could not read the database's uptime (%s)", first_line(exc)
+            )
+            return
+        if row and row[0] is not None:
+            self.leading_since = min(self.leading_since, time.monotonic() - float(row[0]))
+
+    def settled(self) -> bool:
+        """Whether this process has led for the staleness bound. Until then it takes no live
+        worker for dead: leadership moves when the database restarts or the old leader froze,
+        and then workers' rows and heartbeats may be stale only because they could not reach
+        the database either. So a new leader reaps no session, hands on no serial key whose
+        lock is free, and rescues no attempt for a stale heartbeat (deadlines and callback
+        timeouts it rescues at once) until its workers have had that long to show themselves
+        and take their locks back."""
+        return time.monotonic() - self.leading_since >= self.settings.leader_staleness
 
     async def sync(self) -> None:
         """Sync the schedules declared in this process's code (``sync_schedules``); a failure
@@ -367,9 +400,12 @@ class Maintenance:
                 return
 
     async def _rescue(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        settled = self.settled()
+        # Not settled: a staleness no heartbeat reaches, so only deadlines and callback
+        # timeouts are rescued (see ``settled``).
+        staleness = self.settings.awa.HEARTBEAT_STALENESS if settled else _NO_STALENESS
         cursor = await conn.execute(
-            query("rescue"),
-            [self.settings.awa.HEARTBEAT_STALENESS, 500, self.settings.awa.RETRY_BACKOFF_BASE],
+            query("rescue"), [staleness, 500, self.settings.awa.RETRY_BACKOFF_BASE]
         )
         rows = await cursor.fetchall()
         if rows:
@@ -397,11 +433,9 @@ class Maintenance:
                     ),
                 )
 
+        if not settled:
+            return
         # Global-concurrency permits held by sessions of workers that are gone (docs/flow.md).
-        # Not in a new leader's first moments: leadership moves when the database restarts or
-        # the old leader froze, and then live workers' runtime rows may be stale only because
-        # they could not reach the database either; terminating their sessions would hand
-        # their keys and permits to other jobs while their handlers still run.
         await self._reap_permits(conn)
         # Serial keys nobody will hand on: their run lock is free (its worker died, or the job
         # it was handed to was cancelled) while jobs wait for them (docs/flow.md).
@@ -417,9 +451,9 @@ class Maintenance:
 
     async def _reap_permits(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Terminate the sessions holding permits or serial keys of workers whose runtime
-        rows went stale (frozen processes), once this process has led for that long."""
+        rows went stale (frozen processes); only once ``settled``."""
         staleness = self.settings.leader_staleness
-        if time.monotonic() - self.leading_since < staleness:
+        if not self.settled():
             return
         cursor = await conn.execute(query("flow_reap"), [staleness])
         for pid, instance, action in await cursor.fetchall():

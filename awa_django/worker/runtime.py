@@ -38,6 +38,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 from typing import Any
 
@@ -255,6 +256,7 @@ class WorkerRuntime:
             background.append(self._watch(loop.create_task(self._listen_loop(), name="awa-listen")))
         if self.config.burst:
             background.append(self._watch(loop.create_task(self._burst_loop(), name="awa-burst")))
+        background.append(self._watch(loop.create_task(self._lock_watch(), name="awa-locks")))
         if self.config.maintenance:
             # On a thread of its own (awa_django/maintenance/thread.py): saturated handlers do
             # not delay its turns.
@@ -667,6 +669,29 @@ class WorkerRuntime:
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    async def _lock_watch(self) -> None:
+        """While this process holds permits or serial keys, make sure every ``POLL_INTERVAL``
+        that its claim connection lives (a ping when no claim used it meanwhile). The locks are
+        that session's: after a database restart or a terminated backend they are gone, and a
+        process whose slots are all busy makes no claim that would find out. So they are taken
+        back at once, and one another session took meanwhile is logged, instead of when a
+        handler next ends (docs/flow.md)."""
+        interval = self.config.settings.POLL_INTERVAL
+
+        async def ping(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(query("ping"))
+
+        while not self.stopping:
+            await asyncio.sleep(interval)
+            if not (self.permits.held_keys() or self.permits.serial_held_keys()):
+                continue
+            if time.monotonic() - self.claim_link.last_ok < interval:
+                continue
+            try:
+                await self.claim_link.run(ping, give_up=lambda: self.stopping)
+            except Exception as exc:
+                log.warning("awa worker: claim connection check failed (%s)", first_line(exc))
 
     async def _burst_loop(self) -> None:
         async def idle(conn: psycopg.AsyncConnection[Any]) -> bool:

@@ -1513,7 +1513,7 @@ CREATE OR REPLACE FUNCTION awa.leader_mark_v1(p_instance uuid)
  LANGUAGE sql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 951b6876e387f052 (4 lines)
+ AS body sha256 eb7797232f1b1f04 (6 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.leader_takeover_v1(p_staleness double precision)

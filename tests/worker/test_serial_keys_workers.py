@@ -22,7 +22,7 @@ from tests.support.ledger_runs import (
 )
 from tests.support.polling import wait_for
 from tests.support.processes import ManagedProcess
-from tests.support.workers import Start, exited, worker
+from tests.support.workers import Start, exited, worker, worker_env
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
@@ -77,7 +77,10 @@ def test_a_sigkilled_worker_frees_its_key_and_every_job_completes(manage_py: Sta
     requests = [testjobs.serial_sleep.using(serial_key=keys[i % 2]).prepare(0.3) for i in range(24)]
     handles = awa_django.enqueue_many(requests)
     expected = {key: [h.id for h in handles[i::2]] for i, key in enumerate(keys)}
-    procs = [worker(manage_py, "--queue", "serial=2") for _ in range(3)]
+    # The leader is a process of its own: a new leader would hand on no key until it has led
+    # for the staleness bound (docs/maintenance.md), and the kill is of a worker.
+    leader = manage_py("awa_maintenance", extra_env=worker_env())
+    procs = [worker(manage_py, "--queue", "serial=2", "--no-maintenance") for _ in range(3)]
     wait_for(lambda: completed("serial") >= 4, timeout=60, message="the first jobs")
 
     ledger = Ledger._meta.db_table
@@ -119,7 +122,7 @@ def test_a_sigkilled_worker_frees_its_key_and_every_job_completes(manage_py: Sta
     # The killed attempt is rescued and retried; the key goes on meanwhile (the leader hands
     # it to its next job): no job is lost and no key stays stuck.
     wait_for(lambda: completed("serial") == 24, timeout=120, message="every job to complete")
-    stop(survivors)
+    stop([*survivors, leader])
     runs = runs_by_key(killed_at)
     cut = {run[2] for key in keys for run in runs[key] if run[1] == killed_at}
     assert cut, "no attempt was running in the killed worker"
@@ -146,4 +149,35 @@ def test_a_sigkilled_worker_frees_its_key_and_every_job_completes(manage_py: Sta
         if after and any(run[2] in cut for run in runs[key]):
             assert after[0] not in cut, (key, after)
     assert count("SELECT count(*) FROM awa.serial_waiting") == 0
+    assert locks_held() == 0
+
+
+def test_a_busy_worker_takes_its_key_back_at_once_when_its_session_ends(manage_py: Start) -> None:
+    """A serial key's lock belongs to the worker's claim session. After a database restart (or
+    a terminated backend) a worker whose slots are all busy makes no claim, so it used to take
+    the key back only when its handler ended, and logged nothing; meanwhile the leader handed
+    the key to the next job. It checks its session while it holds locks, takes the key back at
+    once and says so."""
+    awa_django.enqueue_many([testjobs.serial_sleep.using(serial_key="k").prepare(3)])
+    proc = worker(manage_py, "--queue", "serial=1")
+
+    def holder() -> int | None:
+        with pg() as conn:
+            row = conn.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = 4282183 "
+                "AND granted"
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+    wait_for(lambda: holder() is not None, timeout=30, message="the worker to hold the key")
+    first = holder()
+    with pg() as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", [first])
+    wait_for(lambda: holder() not in (None, first), timeout=10, message="the key to be taken back")
+    assert count(f"SELECT count(*) FROM {Ledger._meta.db_table} WHERE note = 'end'") == 0, (
+        "the handler ended before the key was taken back"
+    )
+    wait_for(lambda: completed("serial") == 1, timeout=30, message="the job to complete")
+    stop([proc])
+    assert "claim connection reopened; took back 1 serial key lock(s)" in proc.output()
     assert locks_held() == 0

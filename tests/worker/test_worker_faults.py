@@ -272,40 +272,118 @@ def test_the_leader_keeps_leadership_through_lock_timeouts_and_bugs(
     assert "a bug in a task" in caplog.text
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_new_leader_reaps_no_permit_holder_before_it_has_led_for_the_staleness() -> None:
-    """Leadership moves when the database restarts: then every worker's runtime row is stale
-    only because none could reach the database. A new leader that terminated their sessions at
-    once handed their serial keys to other jobs while their handlers still ran (found by the
-    chaos soak). It reaps once it has led for the staleness bound, as before."""
+def _stale_holder(conn: psycopg.Connection[Any]) -> tuple[uuid.UUID, psycopg.Connection[Any]]:
+    """A session of a worker whose runtime row is an hour stale, holding a serial key's lock."""
     instance = uuid.uuid4()
-    with pg() as conn:
-        conn.execute(
-            "INSERT INTO awa.runtime_instances (instance_id, hostname, pid, last_seen_at) "
-            "VALUES (%s, 'h', 1, now() - interval '1 hour')",
-            [instance],
-        )
-        with psycopg.connect(
-            conn.info.dsn, autocommit=True, application_name=f"awa:worker:{instance}"
-        ) as holder:
-            holder.execute("SELECT pg_advisory_lock(4282183, 7)")  # a serial key's run lock
+    conn.execute(
+        "INSERT INTO awa.runtime_instances (instance_id, hostname, pid, last_seen_at) "
+        "VALUES (%s, 'h', 1, now() - interval '1 hour')",
+        [instance],
+    )
+    holder = psycopg.connect(
+        conn.info.dsn, autocommit=True, application_name=f"awa:worker:{instance}"
+    )
+    holder.execute("SELECT pg_advisory_lock(4282183, 7)")  # a serial key's run lock
+    return instance, holder
 
-            async def scenario() -> tuple[bool, int, int]:
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_leader_takes_no_live_worker_for_dead_before_it_has_led_for_the_staleness() -> None:
+    """Leadership moves when the database restarts: then every worker's runtime row and
+    heartbeats are stale only because none could reach the database. A new leader that
+    terminated their sessions at once handed their serial keys to other jobs while their
+    handlers still ran (found by the chaos soak). Until it has led for the staleness bound it
+    reaps no session and rescues no attempt for a stale heartbeat; a passed deadline it
+    rescues at once."""
+    with pg() as conn:
+        [(stale, _)] = enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "hb"}]))
+        storage.claim(conn, "hb", 1, WORKER)
+        conn.execute("UPDATE awa.claims SET claimed_at = now() - interval '2 hours'")
+        [(late, _)] = enqueue_sql(
+            conn, json.dumps([{"kind": "k", "queue": "dl", "deadline": 0.01, "max_attempts": 1}])
+        )
+        storage.claim(conn, "dl", 1, WORKER)
+        conn.execute("SELECT pg_sleep(0.05)")
+        _, holder = _stale_holder(conn)
+        with holder:
+
+            async def scenario() -> tuple[bool, dict[str, int], dict[str, int]]:
                 m = _maintenance()
                 try:
                     await m._elect()
                     link = await m.link.connection()
-                    await m._reap_permits(link)
-                    early = m.counters.get("permits_reaped", 0)
+                    await m._rescue(link)
+                    early = dict(m.counters)
                     m.leading_since -= m.settings.leader_staleness
-                    await m._reap_permits(link)
-                    return m.leader, early, m.counters.get("permits_reaped", 0)
+                    await m._rescue(link)
+                    return m.leader, early, dict(m.counters)
                 finally:
                     await m.link.close()
 
-            assert asyncio.run(scenario()) == (True, 0, 1)
+            elected, early, settled = asyncio.run(scenario())
+            assert elected
+            assert (early.get("rescued"), early.get("permits_reaped")) == (1, None)
+            assert (settled.get("rescued"), settled.get("permits_reaped")) == (2, 1)
             with pytest.raises(psycopg.OperationalError):
                 holder.execute("SELECT 1")
+        states = {job: job_state(conn, job)["state"] for job in (stale, late)}  # type: ignore[index]
+        assert states == {stale: "retryable", late: "failed"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_one_shot_leader_dates_its_leadership_from_the_database_start() -> None:
+    """``awa_maintenance --once`` (from cron) leads for one pass: it holds back only in the
+    database's first moments (the staleness bound after its start), so a frozen worker's
+    session is reaped by a cron run as by a long-running leader."""
+    m = _maintenance()
+    staleness = m.settings.leader_staleness
+    with pg() as conn:
+        wait_for(
+            lambda: (
+                conn.execute(
+                    "SELECT now() - pg_postmaster_start_time() > make_interval(secs => %s)",
+                    [staleness],
+                ).fetchone()
+                == (True,)
+            ),
+            timeout=staleness + 5,
+            message="the database to be up for the staleness bound",
+        )
+        _, holder = _stale_holder(conn)
+        with holder:
+            asyncio.run(m.run_once())
+            assert m.counters.get("permits_reaped") == 1
+            with pytest.raises(psycopg.OperationalError):
+                holder.execute("SELECT 1")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_elected_leader_refreshes_its_stale_runtime_row() -> None:
+    """After an outage longer than the staleness bound, a worker elected leader still has a
+    stale runtime row until its refresh comes round, and other processes ended it as a frozen
+    leader: leadership thrashed (10 elections in 2.2 s). The election refreshes the row."""
+    m = _maintenance()
+    with pg() as conn:
+        conn.execute(
+            "INSERT INTO awa.runtime_instances (instance_id, hostname, pid, last_seen_at) "
+            "VALUES (%s, 'h', 1, now() - interval '1 hour')",
+            [m.instance_id],
+        )
+
+        async def elect() -> bool:
+            try:
+                await m._elect()
+                return m.leader
+            finally:
+                await m.link.close()
+
+        assert asyncio.run(elect())
+        row = conn.execute(
+            "SELECT is_leader, now() - last_seen_at < interval '1 minute' "
+            "FROM awa.runtime_instances WHERE instance_id = %s",
+            [m.instance_id],
+        ).fetchone()
+        assert row == (True, True)
 
 
 def test_only_lost_connections_count_as_lost_connections() -> None:

@@ -656,13 +656,17 @@ AS $$
 $$;
 
 -- Mark one process as the maintenance leader (and no other), for the admin and the health
--- checks: run by a process that just took the leader's lock.
+-- checks: run by a process that just took the leader's lock. Its row is refreshed too: it is
+-- alive, and a row left stale by an outage would have other processes end it as a frozen
+-- leader (awa.leader_takeover_v1) before its own refresh comes round.
 CREATE OR REPLACE FUNCTION awa.leader_mark_v1(p_instance uuid)
  RETURNS void
  LANGUAGE sql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
-    UPDATE awa.runtime_instances SET is_leader = (instance_id = p_instance)
+    UPDATE awa.runtime_instances
+    SET is_leader = (instance_id = p_instance),
+        last_seen_at = CASE WHEN instance_id = p_instance THEN now() ELSE last_seen_at END
     WHERE is_leader OR instance_id = p_instance
 $$;

@@ -30,6 +30,10 @@ FROM awa.claim_v3(%s, %s, %s, %s, %s, %s, %s::integer[], %s::integer[], %s::inte
 -- when it is not.
 SELECT awa._attempt_open_v1(%s, %s)
 
+-- name: ping
+-- Whether a connection lives (the claim connection, while it holds permits or serial keys).
+SELECT 1
+
 -- name: flow_release
 SELECT awa.flow_release_v1(%s::integer[])
 
@@ -132,6 +136,10 @@ SELECT pid, instance, seen_ago, action FROM awa.leader_takeover_v1(%s)
 -- name: leader_session
 -- Once per leader connection: no maintenance statement waits on a lock or runs for ever.
 SET lock_timeout = '5s'; SET statement_timeout = '60s'
+
+-- name: database_uptime
+-- Seconds since the database server started (a one-shot leader dates its leadership from it).
+SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8
 
 -- name: leader_mark
 SELECT awa.leader_mark_v1(%s)
