@@ -63,6 +63,7 @@ class Running:
         "cancel_sent",
         "done",
         "exc",
+        "gone",
         "has_state",
         "queue",
         "span",
@@ -83,6 +84,8 @@ class Running:
         self.done = False
         self.abandoned = False
         self.cancel_sent = False
+        # A heartbeat found the attempt closed elsewhere (rescued, cancelled): no more beats.
+        self.gone = False
         # A strong reference: the event loop keeps only weak ones to running tasks.
         self.task: asyncio.Future[Any] | None = None
         self.timer: asyncio.TimerHandle | None = None

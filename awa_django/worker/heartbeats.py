@@ -59,6 +59,8 @@ class Heartbeats:
         now = loop.time()
         items: list[tuple[int, int, str | None]] = []
         for (job_id, lease), run in list(self.attempts.inflight.items()):
+            if run.gone:  # told to stop already; beating a closed attempt does nothing
+                continue
             ctx = run.attempt.ctx_made  # None: the handler never had one, so no progress
             dirty, progress = (False, None) if ctx is None else ctx.take_dirty_progress()
             # Short jobs never write attempt_state: only attempts running for a heartbeat
@@ -74,7 +76,8 @@ class Heartbeats:
             gone = await self._beat_one_by_one(items, exc)
         for key in gone:
             closed = self.attempts.inflight.get(key)
-            if closed is not None:
+            if closed is not None and not closed.gone:
+                closed.gone = True
                 log.info(
                     "job %s attempt lease %s is no longer open (rescued or cancelled); "
                     "its handler is told to stop",

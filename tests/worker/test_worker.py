@@ -238,6 +238,25 @@ def test_without_notify_cancellation_reaches_the_handler_through_the_heartbeat(
     assert exited(proc, timeout=20) == 0
 
 
+def test_an_attempt_closed_elsewhere_is_reported_once_while_its_handler_goes_on(
+    manage_py: Start,
+) -> None:
+    """A handler that ignores the stop it was told goes on for a while: its closed attempt is
+    logged once, not at every heartbeat after."""
+    job = testjobs.overlap_sync.enqueue(1.5)
+    proc = worker(manage_py, "--queue", "slow", overrides={"NOTIFY": False})
+    wait_for(lambda: states(job.id) == ["running"], timeout=20, message=lambda: proc.output())
+    assert awa_django.cancel(job.id) == "running"
+    wait_for(
+        lambda: Ledger.objects.filter(job_id=job.id, note="end").exists(),
+        timeout=20,
+        message=lambda: f"the handler to end; output:\n{proc.output()}",
+    )
+    proc.send_signal(signal.SIGTERM)
+    assert exited(proc, timeout=20) == 0
+    assert proc.output().count("is no longer open (rescued or cancelled)") == 1
+
+
 def test_sigterm_drains_in_flight_jobs_and_claims_nothing_new(manage_py: Start) -> None:
     running = [testjobs.slow_sync.enqueue(1.5).id for _ in range(2)]
     proc = worker(manage_py, "--queue", "slow=2", overrides={"HEARTBEAT_INTERVAL": 0.1})
