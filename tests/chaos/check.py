@@ -91,6 +91,13 @@ def load(conn: psycopg.Connection[Any]) -> Data:
         seen[job_id].append((state, in_dlq, lease, attempt, _json(errors) or []))
         job_tokens[token] = job_id
         last_terminal[job_id] = seen_at
+    written: dict[int, list[tuple[str, bool, int]]] = collections.defaultdict(list)
+    for job_id, state, in_dlq, lease, written_at in rows(
+        "SELECT job_id, state, in_dlq, run_lease, written_at "
+        "FROM chaos.terminal_written ORDER BY job_id, written_at"
+    ):
+        written[job_id].append((state, in_dlq, lease))
+        last_terminal[job_id] = max(written_at, last_terminal.get(job_id, written_at))
     current: dict[int, list[Any]] = collections.defaultdict(list)
     for job_id, state, in_dlq, lease, attempt, errors, token in rows(
         "SELECT id, state, in_dlq, run_lease, attempt, errors, args -> 'args' ->> 0 FROM awa.jobs"
@@ -127,6 +134,7 @@ def load(conn: psycopg.Connection[Any]) -> Data:
             for r in rows("SELECT kind, pid, detail, started_at, ended_at FROM chaos.faults")
         ],
         features=load_features(rows),
+        terminal_written=dict(written),
     )
 
 
@@ -143,7 +151,12 @@ def tracked_jobs(data: Data) -> dict[int, str]:
         found = job_id if job_id is not None else data.token_job(token)
         if found is None or found in jobs:
             continue
-        if found in data.current or found in data.terminal_seen or found in data.execs:
+        if (
+            found in data.current
+            or found in data.terminal_seen
+            or found in data.terminal_written
+            or found in data.execs
+        ):
             jobs[found] = f"indeterminate via {path}, exists"
     return jobs
 
@@ -162,14 +175,14 @@ def committed_terminal(data: Data, facts: EndFacts) -> list[Violation]:
                     f"({data.snapshot(job_id)}; {data.exec_summary(job_id)})",
                 )
             )
-        elif job_id not in data.terminal_seen and not now:
-            # Terminal in awa.jobs at the end counts as seen: a worker's graceful stop writes
-            # the completions it holds after the observer's last sample.
+        elif job_id not in data.terminal_seen and job_id not in data.terminal_written and not now:
+            # Every terminal write is recorded by a trigger (tests/chaos/ledger.sql), so a job
+            # whose history was pruned before any sample is not taken for lost.
             out.append(
                 Violation(
                     "committed_terminal",
                     (job_id,),
-                    f"{how}: lost: never seen in a terminal state and absent from awa.jobs "
+                    f"{how}: lost: never written in a terminal state and absent from awa.jobs "
                     f"({data.exec_summary(job_id)})",
                 )
             )
@@ -185,6 +198,7 @@ def committed_terminal(data: Data, facts: EndFacts) -> list[Violation]:
                 )
             )
         finals = {(s, d, lease) for s, d, lease, _, _ in data.terminal_seen.get(job_id, [])}
+        finals |= set(data.terminal_written.get(job_id, []))
         if len(finals) > 1 + data.dlq_retries[job_id]:
             out.append(
                 Violation(

@@ -201,6 +201,40 @@ CREATE TABLE chaos.terminal_seen (
     result jsonb,
     PRIMARY KEY (job_id, state, in_dlq, run_lease)
 );
+-- Every terminal write, recorded exactly by triggers on the tables that hold terminal rows, in
+-- the writing transaction (one that rolls back records nothing): a job whose history was pruned
+-- between two of the observer's samples is told apart from a job that was lost. A terminal row
+-- holds only what changed (the rest is read from its ready row), hence a table of its own.
+CREATE TABLE chaos.terminal_written (
+    job_id bigint NOT NULL,
+    state text NOT NULL,
+    in_dlq boolean NOT NULL,
+    run_lease bigint NOT NULL,
+    written_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (job_id, state, in_dlq, run_lease)
+);
+CREATE FUNCTION chaos.note_done() RETURNS trigger
+ LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+BEGIN
+    INSERT INTO chaos.terminal_written (job_id, state, in_dlq, run_lease)
+    VALUES (NEW.job_id, NEW.state, false, NEW.run_lease) ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$$;
+CREATE FUNCTION chaos.note_dlq() RETURNS trigger
+ LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+BEGIN
+    INSERT INTO chaos.terminal_written (job_id, state, in_dlq, run_lease)
+    VALUES (NEW.job_id, 'failed', true, NEW.run_lease) ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER chaos_terminal AFTER INSERT ON awa.done_entries
+    FOR EACH ROW EXECUTE FUNCTION chaos.note_done();
+CREATE TRIGGER chaos_terminal AFTER INSERT ON awa.dlq_entries
+    FOR EACH ROW EXECUTE FUNCTION chaos.note_dlq();
 -- Jobs the observer saw more than once in awa.jobs at the same moment.
 CREATE TABLE chaos.duplicates (
     job_id bigint NOT NULL,

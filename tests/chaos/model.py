@@ -139,6 +139,11 @@ class Data:
     slow_deaths: set[int]
     faults: list[Fault]
     features: Features = dataclasses.field(default_factory=lambda: Features())
+    #: Every terminal write (state, in_dlq, run_lease), recorded by triggers: exact, where
+    #: ``terminal_seen`` is sampled.
+    terminal_written: dict[int, list[tuple[str, bool, int]]] = dataclasses.field(
+        default_factory=dict
+    )
 
     def token_job(self, token: str) -> int | None:
         """The job carrying a producer's token (its first argument), if one was ever seen."""

@@ -2,11 +2,12 @@
 
 The observer samples, every second, every terminal fact in ``awa.jobs`` into
 ``chaos.terminal_seen`` (terminal history ages out after HISTORY_RETENTION, so the checker
-cannot read it at the end), any job that shows more than once in ``awa.jobs``, every job a
-periodic schedule fired (``chaos.cron_seen``), two live jobs holding one unique key
-(``chaos.unique_overlaps``), the maintenance leader (``chaos.leaders``), the workers' database
-sessions (``chaos.sessions``: when one ended, its permits and serial keys went with it) and the
-rows held by each ring. The callback resolver is in tests/chaos/resolver.py.
+cannot read it at the end; triggers record each terminal write in ``chaos.terminal_written``),
+any job that shows more than once in ``awa.jobs``, every job a periodic schedule fired
+(``chaos.cron_seen``), two live jobs holding one unique key (``chaos.unique_overlaps``), the
+maintenance leader (``chaos.leaders``), the workers' database sessions (``chaos.sessions``: when
+one ended, its permits and serial keys went with it) and the rows held by each ring. The
+callback resolver is in tests/chaos/resolver.py.
 """
 
 from __future__ import annotations

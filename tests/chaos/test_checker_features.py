@@ -470,6 +470,18 @@ def test_a_job_finished_during_the_final_stop_is_not_lost() -> None:
     assert invariants(committed_terminal(gone, FACTS)) == {"committed_terminal"}
 
 
+def test_a_job_pruned_before_any_sample_is_not_lost_and_two_written_outcomes_are_reported() -> None:
+    """The observer samples awa.jobs; a job that waited longer than the history's retention
+    can leave it before a sample. The triggers' record of each terminal write
+    (chaos.terminal_written) says whether it ever ended, and how."""
+    pruned = data(committed=(1,))
+    pruned.terminal_written = {1: [("completed", False, 1)]}
+    assert committed_terminal(pruned, FACTS) == []
+    twice = data(committed=(1,))
+    twice.terminal_written = {1: [("completed", False, 1), ("failed", True, 2)]}
+    assert invariants(committed_terminal(twice, FACTS)) == {"committed_terminal"}
+
+
 # -- the whole checker ----------------------------------------------------------------------------
 
 
