@@ -61,6 +61,8 @@ class Family:
         frozen."""
         self.path = path or None
         self.stale_after = stale_after
+        # The supervisor that made the lock file (this process's parent), which removes it.
+        self._parent = os.getppid()
         self._fd: int | None = None
         self._leader = self.path is None
         self._closed = False
@@ -145,7 +147,12 @@ class Family:
 
     def release(self) -> None:
         """Stop answering notes (a graceful stop): another process of the family takes the
-        lock with the next note."""
+        lock with the next note. A process whose supervisor is gone (killed: it never removed
+        the lock file) removes the file itself, so that no ``awa-family-*`` file is left in
+        the temporary directory."""
+        if self.path is not None and os.getppid() != self._parent:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
         self._closed = True
         self._leader = False
         if self._fd is not None:

@@ -592,6 +592,11 @@ def test_workers_do_not_outlive_a_killed_supervisor(manage_py: Start) -> None:
     proc = worker(manage_py, "--queue", "work", "--processes", "2")
     wait_for(lambda: len(jobs_running_instances()) == 2, timeout=20, message=proc.output)
     children = jobs_running_instances()
+    with open(f"/proc/{children[0]}/environ", "rb") as environ:
+        family = dict(item.split(b"=", 1) for item in environ.read().split(b"\0") if b"=" in item)[
+            b"AWA_WORKER_FAMILY"
+        ].decode()
+    assert os.path.exists(family)
     proc.send_signal(signal.SIGKILL)
 
     def gone(pid: int) -> bool:
@@ -603,6 +608,8 @@ def test_workers_do_not_outlive_a_killed_supervisor(manage_py: Start) -> None:
             return stat.read().split(") ")[-1].startswith("Z")
 
     wait_for(lambda: all(gone(p) for p in children), timeout=20, message="the children to exit")
+    # The supervisor never removed the family's lock file: its last children did.
+    assert not os.path.exists(family)
 
 
 # A database replaced under a running worker ------------------------------------------------------
