@@ -114,9 +114,10 @@ class Maintenance:
         #: Whether this process's database role may run maintenance (None: not asked yet).
         self.allowed: bool | None = None
         self.leader = False
-        #: time.monotonic() when this process last became leader (``run_once``: when the
-        #: database last started, if later): see ``settled``.
-        self.leading_since = 0.0
+        #: time.monotonic() until which this leader holds back (see ``settled``).
+        self.held_back_until = 0.0
+        # time.monotonic() when this process last lost its connection to the database.
+        self._lost_at = -1e9
         self.counters: dict[str, int] = {}
         s = settings
         self.tasks: list[tuple[str, float, MaintenanceTask]] = [
@@ -227,7 +228,6 @@ class Maintenance:
                 if self.allowed:
                     log.info("awa maintenance: another process is the leader; nothing to do")
                 return
-            await self._date_leadership_by_the_database()
             for name, _, task in self.tasks:
                 await self._run_task(name, task)
         finally:
@@ -235,32 +235,52 @@ class Maintenance:
             await self.link.close()
             self.leader = False
 
-    async def _date_leadership_by_the_database(self) -> None:
-        """A one-shot run (``run_once``) has just been elected: date its leadership from the
-        database's start instead, so that it holds back (``settled``) only in the database's
-        first moments, when every worker's row is stale because none could reach it."""
+    async def _hold_back(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Just elected: hold back (``settled``) for the staleness bound after an outage: when
+        this process lost its connection within that bound, or the database restarted within
+        it while processes seen before the restart may still live (``awa.leader_grace_v1``).
+        Then every worker's heartbeats and runtime row may be stale only because none could
+        reach the database, and the workers need that long to reconnect, heartbeat and take
+        their permits and keys back. A leader elected otherwise (a process that starts, or
+        takes over from a leader that died or froze) holds back nothing."""
+        now = time.monotonic()
+        staleness = self.settings.leader_staleness
+        until = now + staleness if now - self._lost_at < staleness else 0.0
         try:
-            cursor = await (await self.link.connection()).execute(query("database_uptime"))
+            cursor = await conn.execute(query("leader_grace"), [staleness])
             row = await cursor.fetchone()
         except Exception as exc:
             if is_connection_lost(exc, self.link.conn):
-                await self.link.discard()
+                await self._discard()
+                self._lose()
             log.warning(
-                "awa maintenance: could not read the database's uptime (%s)", first_line(exc)
+                "awa maintenance: could not ask whether the database restarted (%s); holding "
+                "back for the staleness bound",
+                first_line(exc),
             )
-            return
-        if row and row[0] is not None:
-            self.leading_since = min(self.leading_since, time.monotonic() - float(row[0]))
+            row = (staleness,)
+        if row and row[0]:
+            until = max(until, now + float(row[0]))
+        self.held_back_until = until
+        if until > now:
+            log.info(
+                "awa maintenance: the database restarted or was out of reach moments ago; for "
+                "%.0f s this leader rescues no attempt for a stale heartbeat, ends no worker's "
+                "session and hands on no serial key, while live workers reconnect",
+                until - now,
+            )
 
     def settled(self) -> bool:
-        """Whether this process has led for the staleness bound. Until then it takes no live
-        worker for dead: leadership moves when the database restarts or the old leader froze,
-        and then workers' rows and heartbeats may be stale only because they could not reach
-        the database either. So a new leader reaps no session, hands on no serial key whose
-        lock is free, and rescues no attempt for a stale heartbeat (deadlines and callback
-        timeouts it rescues at once) until its workers have had that long to show themselves
-        and take their locks back."""
-        return time.monotonic() - self.leading_since >= self.settings.leader_staleness
+        """Whether this leader takes workers that do not show themselves for dead. Not in the
+        staleness bound after an outage (``_hold_back``): then a leader reaps no session, hands
+        on no serial key whose lock is free, and rescues no attempt for a stale heartbeat
+        (deadlines and callback timeouts it rescues at once)."""
+        return time.monotonic() >= self.held_back_until
+
+    async def _discard(self) -> None:
+        """The connection was lost: drop it, and remember when (``_hold_back``)."""
+        self._lost_at = time.monotonic()
+        await self.link.discard()
 
     async def sync(self) -> None:
         """Sync the schedules declared in this process's code (``sync_schedules``); a failure
@@ -269,7 +289,7 @@ class Maintenance:
             await sync_schedules(await self.link.connection())
         except Exception as exc:
             if is_connection_lost(exc, self.link.conn):
-                await self.link.discard()
+                await self._discard()
             log.warning("awa maintenance: could not sync periodic schedules (%s)", first_line(exc))
             return
         self.synced = True
@@ -292,24 +312,24 @@ class Maintenance:
             row = await cursor.fetchone()
         except Exception as exc:
             if is_connection_lost(exc, self.link.conn):
-                await self.link.discard()
+                await self._discard()
             log.warning("awa maintenance: election failed (%s)", first_line(exc))
             return
         if not (row and row[0]):
             await self._check_holder(conn)
             return
         self.leader = True
-        self.leading_since = time.monotonic()
         self._due.clear()
         log.info("awa maintenance: %s is now the leader", self.instance_id)
         try:
             await conn.execute(query("leader_mark"), [self.instance_id])
         except Exception as exc:
             if is_connection_lost(exc, self.link.conn):
-                await self.link.discard()
+                await self._discard()
                 self._lose()
-            else:
-                log.warning("awa maintenance: could not mark the leader (%s)", first_line(exc))
+                return
+            log.warning("awa maintenance: could not mark the leader (%s)", first_line(exc))
+        await self._hold_back(conn)
 
     async def _allowed(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         """Whether this process's role may run the maintenance functions (asked at each
@@ -337,7 +357,7 @@ class Maintenance:
             rows = await cursor.fetchall()
         except Exception as exc:
             if is_connection_lost(exc, self.link.conn):
-                await self.link.discard()
+                await self._discard()
             log.warning("awa maintenance: could not check the leader (%s)", first_line(exc))
             return
         loop = asyncio.get_running_loop()
@@ -374,7 +394,7 @@ class Maintenance:
         except Exception as exc:
             if is_connection_lost(exc, self.link.conn):
                 # The session lock went with the connection: another process may lead now.
-                await self.link.discard()
+                await self._discard()
                 self._lose()
             elif is_transient(exc):
                 # Deadlock, lock or statement timeout: the statement failed, not the leader.

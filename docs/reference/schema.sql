@@ -670,7 +670,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (149)
+-- function (150)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1506,6 +1506,14 @@ CREATE OR REPLACE FUNCTION awa.lane_cursor_v1(p_lane_id integer)
  LANGUAGE sql
  STABLE
  AS body sha256 e58562b19f37b97c (5 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.leader_grace_v1(p_staleness double precision)
+ RETURNS double precision
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 c6cb53643d442073 (9 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.leader_mark_v1(p_instance uuid)

@@ -22,7 +22,7 @@ from tests.support.ledger_runs import (
 )
 from tests.support.polling import wait_for
 from tests.support.processes import ManagedProcess
-from tests.support.workers import Start, exited, worker, worker_env
+from tests.support.workers import Start, exited, worker
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
@@ -77,10 +77,7 @@ def test_a_sigkilled_worker_frees_its_key_and_every_job_completes(manage_py: Sta
     requests = [testjobs.serial_sleep.using(serial_key=keys[i % 2]).prepare(0.3) for i in range(24)]
     handles = awa_django.enqueue_many(requests)
     expected = {key: [h.id for h in handles[i::2]] for i, key in enumerate(keys)}
-    # The leader is a process of its own: a new leader would hand on no key until it has led
-    # for the staleness bound (docs/maintenance.md), and the kill is of a worker.
-    leader = manage_py("awa_maintenance", extra_env=worker_env())
-    procs = [worker(manage_py, "--queue", "serial=2", "--no-maintenance") for _ in range(3)]
+    procs = [worker(manage_py, "--queue", "serial=2") for _ in range(3)]
     wait_for(lambda: completed("serial") >= 4, timeout=60, message="the first jobs")
 
     ledger = Ledger._meta.db_table
@@ -122,7 +119,7 @@ def test_a_sigkilled_worker_frees_its_key_and_every_job_completes(manage_py: Sta
     # The killed attempt is rescued and retried; the key goes on meanwhile (the leader hands
     # it to its next job): no job is lost and no key stays stuck.
     wait_for(lambda: completed("serial") == 24, timeout=120, message="every job to complete")
-    stop([*survivors, leader])
+    stop(survivors)
     runs = runs_by_key(killed_at)
     cut = {run[2] for key in keys for run in runs[key] if run[1] == killed_at}
     assert cut, "no attempt was running in the killed worker"

@@ -288,13 +288,15 @@ def _stale_holder(conn: psycopg.Connection[Any]) -> tuple[uuid.UUID, psycopg.Con
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_new_leader_takes_no_live_worker_for_dead_before_it_has_led_for_the_staleness() -> None:
-    """Leadership moves when the database restarts: then every worker's runtime row and
-    heartbeats are stale only because none could reach the database. A new leader that
-    terminated their sessions at once handed their serial keys to other jobs while their
-    handlers still ran (found by the chaos soak). Until it has led for the staleness bound it
-    reaps no session and rescues no attempt for a stale heartbeat; a passed deadline it
-    rescues at once."""
+def test_a_leader_elected_after_an_outage_takes_no_live_worker_for_dead_within_the_staleness() -> (
+    None
+):
+    """After a database restart or an outage every worker's runtime row and heartbeats are
+    stale only because none could reach the database. A leader elected then that terminated
+    their sessions at once handed their serial keys to other jobs while their handlers still
+    ran (found by the chaos soak). For the staleness bound it reaps no session and rescues no
+    attempt for a stale heartbeat; a passed deadline it rescues at once. A leader elected
+    without an outage (a deploy's new process) holds back nothing."""
     with pg() as conn:
         [(stale, _)] = enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "hb"}]))
         storage.claim(conn, "hb", 1, WORKER)
@@ -304,17 +306,32 @@ def test_a_new_leader_takes_no_live_worker_for_dead_before_it_has_led_for_the_st
         )
         storage.claim(conn, "dl", 1, WORKER)
         conn.execute("SELECT pg_sleep(0.05)")
+
+        async def deploy() -> bool:
+            fresh = _maintenance()
+            try:
+                await fresh._elect()
+                return fresh.leader and fresh.settled()
+            finally:
+                await fresh.link.close()
+
+        assert asyncio.run(deploy())
         _, holder = _stale_holder(conn)
         with holder:
 
             async def scenario() -> tuple[bool, dict[str, int], dict[str, int]]:
                 m = _maintenance()
                 try:
+                    # An outage: the connection is gone; the next election notices it and
+                    # the one after elects this process.
+                    backend = (await m.link.connection()).info.backend_pid
+                    conn.execute("SELECT pg_terminate_backend(%s)", [backend])
+                    await m._elect()
                     await m._elect()
                     link = await m.link.connection()
                     await m._rescue(link)
                     early = dict(m.counters)
-                    m.leading_since -= m.settings.leader_staleness
+                    m.held_back_until = 0.0  # the staleness bound has passed
                     await m._rescue(link)
                     return m.leader, early, dict(m.counters)
                 finally:
@@ -331,13 +348,24 @@ def test_a_new_leader_takes_no_live_worker_for_dead_before_it_has_led_for_the_st
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_one_shot_leader_dates_its_leadership_from_the_database_start() -> None:
-    """``awa_maintenance --once`` (from cron) leads for one pass: it holds back only in the
-    database's first moments (the staleness bound after its start), so a frozen worker's
-    session is reaped by a cron run as by a long-running leader."""
+def test_a_leader_holds_back_after_a_database_restart_only_while_older_processes_may_live() -> None:
+    """A database restart ends every session, also of a process that just starts and never
+    saw the outage: a leader then holds back for the staleness bound after the database's
+    start, but only while a process seen before that start may still live. A database that
+    started empty holds nothing back, and ``awa_maintenance --once`` (from cron) reaps a frozen
+    worker's session as a long-running leader does."""
     m = _maintenance()
     staleness = m.settings.leader_staleness
     with pg() as conn:
+        grace = "SELECT awa.leader_grace_v1(%s)"
+        assert conn.execute(grace, [1e6]).fetchone() == (0.0,)
+        conn.execute(
+            "INSERT INTO awa.runtime_instances (instance_id, hostname, pid, last_seen_at) "
+            "VALUES (gen_random_uuid(), 'h', 1, pg_postmaster_start_time() - interval '1 s')"
+        )
+        row = conn.execute(grace, [1e6]).fetchone()
+        assert row is not None and 0 < row[0] < 1e6
+        conn.execute("DELETE FROM awa.runtime_instances")
         wait_for(
             lambda: (
                 conn.execute(

@@ -655,6 +655,27 @@ AS $$
     DELETE FROM awa.runtime_instances WHERE instance_id = p_instance
 $$;
 
+-- How long a leader elected now holds back (seconds; 0: not at all): the staleness bound after
+-- the database's start, while a process seen before that start may still be alive. Such a
+-- process could not reach the database while it was down, so its runtime row and heartbeats
+-- are stale without it being dead, and it needs that long to reconnect and take its permits and
+-- serial keys back; a database that started empty (no row from before) holds nothing back.
+CREATE OR REPLACE FUNCTION awa.leader_grace_v1(p_staleness double precision)
+ RETURNS double precision
+ LANGUAGE sql
+ STABLE
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+    SELECT CASE
+        WHEN EXISTS (SELECT 1 FROM awa.runtime_instances
+                     WHERE last_seen_at < pg_postmaster_start_time())
+        THEN GREATEST(0, LEAST(p_staleness, awa._max_seconds_v1())
+                         - extract(epoch FROM now() - pg_postmaster_start_time()))::float8
+        ELSE 0::float8
+    END
+$$;
+
 -- Mark one process as the maintenance leader (and no other), for the admin and the health
 -- checks: run by a process that just took the leader's lock. Its row is refreshed too: it is
 -- alive, and a row left stale by an outage would have other processes end it as a frozen

@@ -137,9 +137,9 @@ SELECT pid, instance, seen_ago, action FROM awa.leader_takeover_v1(%s)
 -- Once per leader connection: no maintenance statement waits on a lock or runs for ever.
 SET lock_timeout = '5s'; SET statement_timeout = '60s'
 
--- name: database_uptime
--- Seconds since the database server started (a one-shot leader dates its leadership from it).
-SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8
+-- name: leader_grace
+-- How long a leader elected now holds back after a database restart (see awa.leader_grace_v1).
+SELECT awa.leader_grace_v1(%s)
 
 -- name: leader_mark
 SELECT awa.leader_mark_v1(%s)
