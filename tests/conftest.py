@@ -32,6 +32,7 @@ import psycopg
 import pytest
 
 from tests.settings import database_settings, repeatable_settings
+from tests.support import flush
 from tests.support.database import PGBOUNCER, database_url
 from tests.support.processes import REPO, ManagedProcess
 
@@ -42,6 +43,8 @@ pytest_plugins = [
     "tests.support.roles",
     "tests.support.unpark_sessions",
 ]
+
+flush.install()
 
 # AWA_TEST_PGDATA gives a session a cluster of its own (scripts/test runs the dj6 lane beside
 # the dj52 lane that way).
