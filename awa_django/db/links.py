@@ -33,6 +33,7 @@ from awa_django.db.connection import connect_async
 
 __all__ = [
     "CONNECTION_ERRORS",
+    "RECONNECT_BACKOFF_MAX",
     "TRANSIENT_SQLSTATES",
     "Link",
     "first_line",
@@ -54,7 +55,10 @@ TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03", "57014"})
 _LOST_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
 
 _BACKOFF_FIRST = 0.05
-_BACKOFF_MAX = 5.0
+#: The longest pause between two reconnect attempts (seconds): a process may reconnect that
+#: long after the database is back.
+RECONNECT_BACKOFF_MAX = 5.0
+_BACKOFF_MAX = RECONNECT_BACKOFF_MAX
 _TRANSIENT_TRIES = 5
 
 

@@ -44,7 +44,13 @@ import psycopg
 
 from awa_django._version import __version__
 from awa_django.conf import AwaSettings, get_awa_settings
-from awa_django.db.links import Link, first_line, is_connection_lost, is_transient
+from awa_django.db.links import (
+    RECONNECT_BACKOFF_MAX,
+    Link,
+    first_line,
+    is_connection_lost,
+    is_transient,
+)
 from awa_django.maintenance.cron import CronFirer, sync_schedules
 from awa_django.sql import RING_SLOTS, query
 from awa_django.telemetry.logs import job_fields
@@ -78,6 +84,16 @@ class MaintenanceSettings:
     def queue_rotate_interval(self) -> float:
         # Terminal history lives in the sealed slots of the queue ring (all but the current one).
         return float(self.awa.HISTORY_RETENTION) / (RING_SLOTS["queue"] - 1)
+
+    @property
+    def outage_hold_back(self) -> float:
+        # How long a leader elected after an outage holds back (Maintenance.settled): the
+        # staleness bound, and at least what a live worker may take to show itself again: a
+        # reconnect (its back-off, twice for a slow connect), then a heartbeat and a refresh
+        # of its runtime row.
+        awa = self.awa
+        slowest = max(float(awa.HEARTBEAT_INTERVAL), float(awa.RUNTIME_REFRESH_INTERVAL))
+        return max(self.leader_staleness, 2 * RECONNECT_BACKOFF_MAX + slowest)
 
     @property
     def leader_staleness(self) -> float:
@@ -236,18 +252,18 @@ class Maintenance:
             self.leader = False
 
     async def _hold_back(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Just elected: hold back (``settled``) for the staleness bound after an outage: when
-        this process lost its connection within that bound, or the database restarted within
+        """Just elected: hold back (``settled``) for ``outage_hold_back`` after an outage: when
+        this process lost its connection within that time, or the database restarted within
         it while processes seen before the restart may still live (``awa.leader_grace_v1``).
         Then every worker's heartbeats and runtime row may be stale only because none could
         reach the database, and the workers need that long to reconnect, heartbeat and take
         their permits and keys back. A leader elected otherwise (a process that starts, or
         takes over from a leader that died or froze) holds back nothing."""
         now = time.monotonic()
-        staleness = self.settings.leader_staleness
-        until = now + staleness if now - self._lost_at < staleness else 0.0
+        hold = self.settings.outage_hold_back
+        until = now + hold if now - self._lost_at < hold else 0.0
         try:
-            cursor = await conn.execute(query("leader_grace"), [staleness])
+            cursor = await conn.execute(query("leader_grace"), [hold])
             row = await cursor.fetchone()
         except Exception as exc:
             if is_connection_lost(exc, self.link.conn):
@@ -255,10 +271,10 @@ class Maintenance:
                 self._lose()
             log.warning(
                 "awa maintenance: could not ask whether the database restarted (%s); holding "
-                "back for the staleness bound",
+                "back as after an outage",
                 first_line(exc),
             )
-            row = (staleness,)
+            row = (hold,)
         if row and row[0]:
             until = max(until, now + float(row[0]))
         self.held_back_until = until
@@ -271,8 +287,8 @@ class Maintenance:
             )
 
     def settled(self) -> bool:
-        """Whether this leader takes workers that do not show themselves for dead. Not in the
-        staleness bound after an outage (``_hold_back``): then a leader reaps no session, hands
+        """Whether this leader takes workers that do not show themselves for dead. Not right
+        after an outage (``_hold_back``): then a leader reaps no session, hands
         on no serial key whose lock is free, and rescues no attempt for a stale heartbeat
         (deadlines and callback timeouts it rescues at once)."""
         return time.monotonic() >= self.held_back_until

@@ -127,7 +127,7 @@ class Permits:
 
     def __init__(self) -> None:
         self._permits = _Locks(
-            "global-concurrency permit(s)",
+            "concurrency permit(s) (of queue and kind limits)",
             "the queue's global limit may be passed",
             "flow",
             hands_on=False,

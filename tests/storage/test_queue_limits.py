@@ -231,7 +231,21 @@ def test_reap_terminates_stale_worker_sessions_holding_permits() -> None:
         ):
             assert len(claim(stale, "reap", 1)[0]) == 1
             assert len(claim(live, "reap", 1)[0]) == 1  # not an awa worker: never reaped
-            rows = conn.execute(query("flow_reap"), [30.0]).fetchall()
+            # A session younger than the staleness bound is of a process that connected within
+            # it (one reconnecting after an outage): never reaped.
+            assert conn.execute(query("flow_reap"), [30.0]).fetchall() == []
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT now() - backend_start > interval '0.3 s' FROM pg_stat_activity "
+                        "WHERE pid = %s",
+                        [stale.info.backend_pid],
+                    ).fetchone()
+                    == (True,)
+                ),
+                message="the stale session to be older than the bound",
+            )
+            rows = conn.execute(query("flow_reap"), [0.3]).fetchall()
             assert [(r[1], r[2]) for r in rows] == [(f"awa:worker:{instance}", "terminated")]
             wait_for(lambda: in_use(conn, "reap") == 1, message="the reaped session's permit")
             assert in_use(conn, "reap") == 1

@@ -272,6 +272,31 @@ def test_the_leader_keeps_leadership_through_lock_timeouts_and_bugs(
     assert "a bug in a task" in caplog.text
 
 
+#: Settings that make the staleness bound half a second (a session must be older to be reaped).
+QUICK_STALENESS = {
+    "HEARTBEAT_STALENESS": 0.5,
+    "HEARTBEAT_INTERVAL": 0.1,
+    "RUNTIME_REFRESH_INTERVAL": 0.1,
+}
+
+
+def _aged(conn: psycopg.Connection[Any], holder: psycopg.Connection[Any], seconds: float) -> None:
+    """Wait until ``holder``'s session is older than ``seconds``: a younger one is of a process
+    that connected within the staleness bound, which the leader never takes for frozen."""
+    wait_for(
+        lambda: (
+            conn.execute(
+                "SELECT now() - backend_start > make_interval(secs => %s) FROM pg_stat_activity "
+                "WHERE pid = %s",
+                [seconds, holder.info.backend_pid],
+            ).fetchone()
+            == (True,)
+        ),
+        timeout=seconds + 5,
+        message="the holder's session to age",
+    )
+
+
 def _stale_holder(conn: psycopg.Connection[Any]) -> tuple[uuid.UUID, psycopg.Connection[Any]]:
     """A session of a worker whose runtime row is an hour stale, holding a serial key's lock."""
     instance = uuid.uuid4()
@@ -288,9 +313,9 @@ def _stale_holder(conn: psycopg.Connection[Any]) -> tuple[uuid.UUID, psycopg.Con
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_leader_elected_after_an_outage_takes_no_live_worker_for_dead_within_the_staleness() -> (
-    None
-):
+def test_a_leader_elected_after_an_outage_takes_no_live_worker_for_dead_within_the_staleness(
+    settings: Any,
+) -> None:
     """After a database restart or an outage every worker's runtime row and heartbeats are
     stale only because none could reach the database. A leader elected then that terminated
     their sessions at once handed their serial keys to other jobs while their handlers still
@@ -315,9 +340,11 @@ def test_a_leader_elected_after_an_outage_takes_no_live_worker_for_dead_within_t
             finally:
                 await fresh.link.close()
 
+        settings.AWA = {**settings.AWA, **QUICK_STALENESS}
         assert asyncio.run(deploy())
         _, holder = _stale_holder(conn)
         with holder:
+            _aged(conn, holder, 0.5)
 
             async def scenario() -> tuple[bool, dict[str, int], dict[str, int]]:
                 m = _maintenance()
@@ -348,14 +375,18 @@ def test_a_leader_elected_after_an_outage_takes_no_live_worker_for_dead_within_t
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_leader_holds_back_after_a_database_restart_only_while_older_processes_may_live() -> None:
+def test_a_leader_holds_back_after_a_database_restart_only_while_older_processes_may_live(
+    settings: Any,
+) -> None:
     """A database restart ends every session, also of a process that just starts and never
-    saw the outage: a leader then holds back for the staleness bound after the database's
-    start, but only while a process seen before that start may still live. A database that
-    started empty holds nothing back, and ``awa_maintenance --once`` (from cron) reaps a frozen
-    worker's session as a long-running leader does."""
+    saw the outage: a leader then holds back after the database's start, but only while a
+    process seen before that start may still live. A database that started empty holds
+    nothing back, and ``awa_maintenance --once`` (from cron) reaps a frozen worker's session as
+    a long-running leader does, but never a session opened within the staleness bound (a
+    worker that reconnected, its runtime row not refreshed yet)."""
+    settings.AWA = {**settings.AWA, **QUICK_STALENESS}
     m = _maintenance()
-    staleness = m.settings.leader_staleness
+    hold = m.settings.outage_hold_back
     with pg() as conn:
         grace = "SELECT awa.leader_grace_v1(%s)"
         assert conn.execute(grace, [1e6]).fetchone() == (0.0,)
@@ -370,15 +401,18 @@ def test_a_leader_holds_back_after_a_database_restart_only_while_older_processes
             lambda: (
                 conn.execute(
                     "SELECT now() - pg_postmaster_start_time() > make_interval(secs => %s)",
-                    [staleness],
+                    [hold],
                 ).fetchone()
                 == (True,)
             ),
-            timeout=staleness + 5,
-            message="the database to be up for the staleness bound",
+            timeout=hold + 5,
+            message="the database to be up for the hold-back after a restart",
         )
         _, holder = _stale_holder(conn)
         with holder:
+            asyncio.run(m.run_once())
+            assert m.counters.get("permits_reaped") is None  # a young session
+            _aged(conn, holder, m.settings.leader_staleness)
             asyncio.run(m.run_once())
             assert m.counters.get("permits_reaped") == 1
             with pytest.raises(psycopg.OperationalError):
