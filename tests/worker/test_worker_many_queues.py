@@ -9,6 +9,7 @@ sweep statements are counted with PostgreSQL's function statistics (``track_func
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -90,10 +91,26 @@ def calls() -> Iterator[Callable[[str], int]]:
         conn.execute(f'ALTER DATABASE "{name}" RESET track_functions')
 
 
+def settled_claims(calls: Callable[[str], int]) -> int:
+    """The count of claims once it has not moved for 1.5 s: a backend reports its calls up to
+    about a second after it made them, so a count read at once may grow later by claims made
+    before it was read."""
+    seen = [calls("claim_v3"), time.monotonic()]
+
+    def still() -> bool:
+        now = calls("claim_v3")
+        if now != seen[0]:
+            seen[:] = [now, time.monotonic()]
+        return time.monotonic() - seen[1] >= 1.5
+
+    wait_for(still, timeout=60, interval=0.1, message="the claims' count to settle")
+    return int(seen[0])
+
+
 def claims_over_sweeps(calls: Callable[[str], int], sweeps: int, proc: ManagedProcess) -> int:
     """Claims made while the sweep runs ``sweeps`` more statements (it had that many chances
-    to report a queue)."""
-    claims, probes = calls("claim_v3"), calls("queues_ready_v2")
+    to report a queue), counted from a settled count (``settled_claims``)."""
+    claims, probes = settled_claims(calls), calls("queues_ready_v2")
     wait_for(
         lambda: calls("queues_ready_v2") >= probes + sweeps,
         timeout=60,
@@ -227,6 +244,13 @@ def test_queues_whose_jobs_wait_for_a_flow_limit_cost_no_claims_until_it_frees(
             )
         ]
     wait_for(lambda: _parked() == 20, timeout=30, message=proc.output)
+    # The jobs parked at enqueue; the worker finds their queues and claims from each once
+    # when it does: the measure begins after that (from a settled count).
+    wait_for(
+        lambda: proc.output().count("now serving queue parked-") == 20,
+        timeout=30,
+        message=proc.output,
+    )
     assert _running(hold), "the measure below needs the limit held"
     assert claims_over_sweeps(calls, 20, proc) <= 2, proc.output()
     other = one_job_per_queue(["other"])
