@@ -1406,7 +1406,7 @@ CREATE OR REPLACE FUNCTION awa.flow_kind_sync_v1(p_limits jsonb, p_prune boolean
 CREATE OR REPLACE FUNCTION awa.flow_reap_v1(p_staleness double precision)
  RETURNS TABLE(pid integer, instance text, action text)
  LANGUAGE plpgsql
- AS body sha256 d607e95d49a269e3 (32 lines)
+ AS body sha256 39696ff68ba48fec (32 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.flow_release_v1(p_keys integer[])

@@ -151,7 +151,7 @@ BEGIN
           AND a.application_name ~ '^awa:worker:[0-9a-f-]{36}$'
           -- A session opened within the bound is of a process that was running then: one
           -- that reconnected after an outage, its runtime row not refreshed yet.
-          AND a.backend_start < now() - make_interval(secs => LEAST(p_staleness, awa._max_seconds_v1()))
+          AND a.backend_start < now() - make_interval(secs => LEAST(p_staleness, 3155760000))
           AND NOT EXISTS (
               SELECT 1 FROM awa.runtime_instances i
               WHERE i.instance_id = substr(a.application_name, 12)::uuid
