@@ -32,8 +32,9 @@ import psycopg
 import pytest
 
 from tests.settings import database_settings, repeatable_settings
-from tests.support import flush
+from tests.support import flush, forkserver
 from tests.support.database import PGBOUNCER, database_url
+from tests.support.forkserver import ForkServer
 from tests.support.processes import REPO, ManagedProcess
 
 pytest_plugins = [
@@ -225,8 +226,38 @@ def _pooler_left_no_session_state(request: pytest.FixtureRequest) -> Iterator[No
     assert not dirty, f"PgBouncer's server connections carry session state: {dirty}"
 
 
+@pytest.fixture(scope="session")
+def fork_servers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[[dict[str, str]], ForkServer | None]]:
+    """The session's fork servers (tests/support/forkserver.py): ``get(env)`` is the one for a
+    command's environment, started at its first use; None when a command with that
+    environment must be started with ``subprocess.Popen`` (``AWA_TEST_FORKSERVER=0``)."""
+    servers: list[ForkServer] = []
+
+    def get(env: dict[str, str]) -> ForkServer | None:
+        if not forkserver.enabled():
+            return None
+        for server in servers:
+            if server.matches(env):
+                return server
+        if servers:
+            return None  # one server a session: another environment is started as before
+        log = tmp_path_factory.mktemp("forkserver") / "server.log"
+        servers.append(ForkServer(env, REPO, log))
+        return servers[-1]
+
+    yield get
+    for server in servers:
+        server.close()
+
+
 @pytest.fixture
-def manage_py(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
+def manage_py(
+    transactional_db: None,
+    tmp_path: Path,
+    fork_servers: Callable[[dict[str, str]], ForkServer | None],
+) -> Iterator[Callable[..., ManagedProcess]]:
     """Start ``python -m django <args>`` against the test database; returns a factory.
 
     Each process runs with ``DJANGO_SETTINGS_MODULE=tests.settings`` and ``DATABASE_URL``
@@ -247,6 +278,13 @@ def manage_py(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..., 
     def start(*args: str, extra_env: dict[str, str] | None = None) -> ManagedProcess:
         argv = [sys.executable, "-m", "django", *args]
         log_path = tmp_path / f"process-{len(started)}.log"
+        full_env = {**env, **(extra_env or {})}
+        server = fork_servers(full_env)
+        if server is not None:
+            log_path.touch()
+            forked = server.spawn(args, full_env, REPO, log_path)
+            started.append(ManagedProcess(forked, log_path, argv))
+            return started[-1]
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 argv,

@@ -88,8 +88,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # Intervals compressed so that worker and maintenance tests run in seconds. A subprocess can be
-# given more overrides as JSON in AWA_TEST_OVERRIDES.
-AWA: dict[str, Any] = {
+# given more overrides as JSON in AWA_TEST_OVERRIDES (a child of the fork server rebuilds AWA
+# from AWA_BASE and its own overrides: tests/support/forkserver.py).
+AWA_BASE: dict[str, Any] = {
     "JOB_MODULES": ["tests.jobs.common", "tests.jobs.tasks"],  # tests.jobs.DEFAULT_MODULES
     "POLL_INTERVAL": 0.05,
     "HEARTBEAT_INTERVAL": 0.2,
@@ -100,8 +101,8 @@ AWA: dict[str, Any] = {
     "RUNTIME_REFRESH_INTERVAL": 0.5,
     "SHUTDOWN_TIMEOUT": 10.0,
     "RETRY_BACKOFF_BASE": 0.01,
-    **json.loads(env.str("AWA_TEST_OVERRIDES", default="{}")),
 }
+AWA: dict[str, Any] = {**AWA_BASE, **json.loads(env.str("AWA_TEST_OVERRIDES", default="{}"))}
 
 # The django.tasks backend (Django 6's django.tasks, or the django-tasks backport on 5.2).
 TASKS = {

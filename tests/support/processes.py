@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.support.forkserver import ForkedProcess
 from tests.support.polling import WaitTimeout
 
 __all__ = ["REPO", "ManagedProcess"]
@@ -20,7 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 class ManagedProcess:
     """A subprocess started by the ``manage_py`` fixture, in its own process group."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path, argv: Sequence[str]):
+    def __init__(
+        self, proc: subprocess.Popen[bytes] | ForkedProcess, log_path: Path, argv: Sequence[str]
+    ):
         self.proc = proc
         self.log_path = log_path
         self.argv = list(argv)
