@@ -149,6 +149,9 @@ class Maintenance:
         #: Whether this process synced its declared schedules (once, at start; retried).
         self.synced = False
         self._sync_retry_at = 0.0
+        self._sync_warned_at = -1e9
+        # A one-shot run (run_once): its hold-back is one pass, not a time.
+        self._one_shot = False
         if register:
             self.tasks.append(("runtime", s.awa.RUNTIME_REFRESH_INTERVAL, self._upsert_runtime))
         self.metrics = active_metrics()  # None unless OpenTelemetry metrics are on
@@ -237,6 +240,7 @@ class Maintenance:
     async def run_once(self) -> None:
         """One pass of every task (``awa_maintenance --once``), if leadership can be had. The
         process's runtime row is removed at the end either way."""
+        self._one_shot = True
         try:
             await self.sync()
             await self._elect()
@@ -280,10 +284,10 @@ class Maintenance:
         self.held_back_until = until
         if until > now:
             log.info(
-                "awa maintenance: the database restarted or was out of reach moments ago; for "
-                "%.0f s this leader rescues no attempt for a stale heartbeat, ends no worker's "
-                "session and hands on no serial key, while live workers reconnect",
-                until - now,
+                "awa maintenance: the database restarted or was out of reach moments ago; %s "
+                "rescues no attempt for a stale heartbeat, ends no worker's session and hands "
+                "on no serial key, while live workers reconnect",
+                "this pass" if self._one_shot else f"for {until - now:.0f} s this leader",
             )
 
     def settled(self) -> bool:
@@ -306,7 +310,14 @@ class Maintenance:
         except Exception as exc:
             if is_connection_lost(exc, self.link.conn):
                 await self._discard()
-            log.warning("awa maintenance: could not sync periodic schedules (%s)", first_line(exc))
+            # Retried at every election while the database is out of reach: said once a minute.
+            now = time.monotonic()
+            if now - self._sync_warned_at >= 60.0:
+                self._sync_warned_at = now
+                log.warning(
+                    "awa maintenance: could not sync periodic schedules (%s); retrying",
+                    first_line(exc),
+                )
             return
         self.synced = True
 

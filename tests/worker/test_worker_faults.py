@@ -711,3 +711,29 @@ def test_a_worker_whose_database_is_recreated_exits_70_before_touching_it(
     finally:
         with pg() as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_schedule_sync_that_keeps_failing_is_logged_once_a_minute(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sync is retried at every election while the database is out of reach (twice a
+    second in a compressed setup): it is retried each time, and said once a minute."""
+
+    async def unreachable(conn: Any) -> None:
+        raise psycopg.OperationalError("connection failed")
+
+    monkeypatch.setattr("awa_django.maintenance.leader.sync_schedules", unreachable)
+
+    async def scenario() -> bool:
+        m = _maintenance()
+        try:
+            for _ in range(3):
+                await m.sync()
+            return m.synced
+        finally:
+            await m.link.close()
+
+    with caplog.at_level(logging.WARNING, "awa_django.maintenance"):
+        assert asyncio.run(scenario()) is False
+    assert caplog.text.count("could not sync periodic schedules") == 1
