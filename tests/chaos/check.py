@@ -415,7 +415,12 @@ def rescues_explained(data: Data, facts: EndFacts) -> list[Violation]:
                 # and may be the rescued one, claimed by a worker that died before its handler
                 # wrote a row. Any worker's fault can explain it.
                 pid = None
-            if not _stale_cause(data, pid, at - staleness - CAUSE_LEAD, at):
+            start = at - staleness - CAUSE_LEAD
+            if _after_outage(data, at, facts):
+                # A leader elected after an outage rescues nothing stale until its hold-back
+                # ends (docs/maintenance.md): the cause may be that much older.
+                start -= timedelta(seconds=facts.outage_hold_back) + RESTART_TAIL
+            if not _stale_cause(data, pid, start, at):
                 where = runs[-1].describe() if runs else "its handler never started"
                 out.append(
                     Violation(
@@ -427,6 +432,18 @@ def rescues_explained(data: Data, facts: EndFacts) -> list[Violation]:
                     )
                 )
     return out
+
+
+def _after_outage(data: Data, at: datetime, facts: EndFacts) -> bool:
+    """Whether ``at`` falls within a leader's hold-back after a fault that cuts the leader off
+    (a server restart, terminated backends): its election comes up to ``RESTART_TAIL`` after
+    the fault, the hold-back that long after."""
+    hold = timedelta(seconds=facts.outage_hold_back) + RESTART_TAIL + CAUSE_LEAD
+    return any(
+        (f.kind.startswith("restart") or f.kind == "terminate_backends")
+        and f.started_at <= at <= f.ended_at + hold
+        for f in data.faults
+    )
 
 
 def _stale_cause(data: Data, pid: int | None, start: datetime, end: datetime) -> bool:

@@ -27,6 +27,7 @@ from django.db import connections
 
 from awa_django.conf import get_awa_settings
 from awa_django.db.enqueue import forget_known_lanes
+from awa_django.maintenance.leader import MaintenanceSettings
 from tests.chaos import control, jobs
 from tests.chaos.check import (
     CHECKS,
@@ -131,6 +132,7 @@ class ChaosRun:
         self.facts = EndFacts(
             heartbeat_staleness=self.cfg.HEARTBEAT_STALENESS,
             terminal_bound=self.terminal_bound(),
+            outage_hold_back=MaintenanceSettings(self.cfg).outage_hold_back,
             retry_backoff_base=self.cfg.RETRY_BACKOFF_BASE,
             retry_after_seconds=jobs.RETRY_AFTER_SECONDS,
             cron_eval_interval=self.cfg.CRON_EVAL_INTERVAL,

@@ -102,6 +102,8 @@ class EndFacts:
 
     heartbeat_staleness: float
     terminal_bound: float
+    #: How long a leader elected after an outage holds back its rescues (docs/maintenance.md).
+    outage_hold_back: float = 0.0
     terminal_wait_timed_out: bool = False
     workers_alive: list[int] = dataclasses.field(default_factory=list)
     workers_dead_at_end: list[int] = dataclasses.field(default_factory=list)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.check import CHECKS, committed_terminal
+from tests.chaos.check import CHECKS, committed_terminal, rescues_explained
 from tests.chaos.check_features import (
     callback_outcomes,
     periodic_fires,
@@ -480,6 +480,26 @@ def test_a_job_pruned_before_any_sample_is_not_lost_and_two_written_outcomes_are
     twice = data(committed=(1,))
     twice.terminal_written = {1: [("completed", False, 1), ("failed", True, 2)]}
     assert invariants(committed_terminal(twice, FACTS)) == {"committed_terminal"}
+
+
+def test_a_stale_rescue_late_by_a_leader_s_hold_back_after_a_restart_is_explained() -> None:
+    """A worker killed just before a server restart, holding an attempt whose handler never
+    started, has it rescued only when the new leader's hold-back ends (docs/maintenance.md),
+    long after the kill: explained. The same rescue with no restart before it is not."""
+    error = {
+        "type": "awa_django.Rescued",
+        "message": "heartbeat stale: worker presumed dead",
+        "attempt": 1,
+        "at": at(20).isoformat(),
+    }
+    facts = EndFacts(heartbeat_staleness=1.5, terminal_bound=40.0, outage_hold_back=10.5)
+    restarted = data(errors={1: [error]}, committed=(1,))
+    restarted.deaths = {100: at(5)}
+    restarted.faults = [Fault("restart_fast", None, "", at(8), at(9))]
+    assert rescues_explained(restarted, facts) == []
+    quiet = data(errors={1: [error]}, committed=(1,))
+    quiet.deaths = {100: at(5)}
+    assert invariants(rescues_explained(quiet, facts)) == {"rescues_explained"}
 
 
 # -- the whole checker ----------------------------------------------------------------------------
