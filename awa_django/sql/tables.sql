@@ -26,6 +26,7 @@
 --   4282181  periodic schedule syncs
 --   4282182  global-concurrency permits of queues and job kinds (functions/flow.sql)
 --   4282183  serial keys' run locks, 4282184 their decision locks (functions/flow.sql)
+--   4282185  the making of a hand-off lane, key hashtext(queue/priority) (functions/flow.sql)
 -- The leader election uses the single-bigint key space (queries/storage.sql: leader_try).
 CREATE SCHEMA awa;
 

@@ -891,7 +891,7 @@ CREATE OR REPLACE FUNCTION awa._flow_take_v1(p_queue text, p_limit integer, p_se
 CREATE OR REPLACE FUNCTION awa._flow_unpark_v2(p_queue text, p_max integer, p_held integer[], p_wcap integer, OUT o_moved integer, OUT o_wait double precision)
  RETURNS record
  LANGUAGE plpgsql
- AS body sha256 d0e0cfd27341ace1 (129 lines)
+ AS body sha256 7d73ef041a08d50d (129 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._history_counts_v1(p_cap integer DEFAULT 10000, p_sample_pages integer DEFAULT 1000)
@@ -1368,7 +1368,7 @@ CREATE OR REPLACE FUNCTION awa.flow_handoff_lane_v1(p_queue text, p_priority int
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 54001a86733b0975 (28 lines)
+ AS body sha256 197db81327bb5580 (35 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.flow_in_use_v1()

@@ -385,3 +385,18 @@ def test_a_job_heavier_than_its_kind_limit_counts_in_full_once_the_limit_is_rais
         enqueue(a, "hk", 6, weight=1)
         jobs, _, _ = claim(b, "hk", 8)
         assert len(jobs) == 3
+
+
+def test_a_hand_off_lane_being_made_elsewhere_is_passed_over_without_waiting() -> None:
+    """Claims make the hand-off lane of a (queue, priority) when they first unpark its jobs. A
+    claim that waited for another one's uncommitted lane while holding a lane of its own
+    deadlocked with a claim making the two in the other order; now it passes it over (NULL:
+    the jobs stay parked for the next claim) and finds it once made."""
+    with pg() as maker, pg() as other:
+        other.execute("SET lock_timeout = '2s'")
+        with maker.transaction():
+            made = maker.execute("SELECT awa.flow_handoff_lane_v1('handoff', 3)").fetchone()
+            assert made is not None and made[0] is not None
+            passed = other.execute("SELECT awa.flow_handoff_lane_v1('handoff', 3)").fetchone()
+            assert passed == (None,)
+        assert other.execute("SELECT awa.flow_handoff_lane_v1('handoff', 3)").fetchone() == made

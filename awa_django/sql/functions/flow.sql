@@ -554,7 +554,8 @@ AS $$
     ORDER BY f.kind
 $$;
 
--- The hand-off lane (shard 64) of (p_queue, p_priority), created when missing. Runs as its
+-- The hand-off lane (shard 64) of (p_queue, p_priority), created when missing; NULL while
+-- another transaction is making it (never waits for one). Runs as its
 -- owner (it creates the lane's sequence); granted like awa.ensure_lanes_v1 (sql/roles.sql).
 CREATE OR REPLACE FUNCTION awa.flow_handoff_lane_v1(p_queue text, p_priority integer)
  RETURNS integer
@@ -574,6 +575,13 @@ BEGIN
     IF NOT awa.valid_queue_name(p_queue) OR NOT awa.valid_priority(p_priority) THEN
         RAISE EXCEPTION 'hand-off lane: % / % is not a valid queue and priority',
             quote_nullable(p_queue), p_priority USING ERRCODE = '22023';
+    END IF;
+    -- One transaction at a time makes a lane, and another one never waits for it: the insert
+    -- below would wait for a concurrent one's transaction to end, and two claims making two
+    -- priorities' lanes in opposite orders deadlocked. NULL: being made (its jobs stay parked
+    -- for the next claim).
+    IF NOT pg_try_advisory_xact_lock(4282185, hashtext(p_queue || '/' || p_priority)) THEN
+        RETURN NULL;
     END IF;
     v_id := nextval('awa.lane_id_seq');
     v_seq := 'lane_seq_' || v_id;
@@ -699,7 +707,7 @@ BEGIN
         FOR p IN SELECT DISTINCT u.priority FROM unnest(v_prios) AS u(priority)
         LOOP
             v_lane := awa.flow_handoff_lane_v1(p_queue, p.priority);
-            CONTINUE WHEN NOT pg_try_advisory_xact_lock(4282177, v_lane);
+            CONTINUE WHEN v_lane IS NULL OR NOT pg_try_advisory_xact_lock(4282177, v_lane);
             WITH gone AS (
                 -- SKIP LOCKED: a job being cancelled is passed over.
                 DELETE FROM awa.flow_waiting w
