@@ -107,7 +107,8 @@ def test_raising_kind_limit_unparks_within_poll_interval(manage_py: Any) -> None
         timeout=10,
     )
     assert time.monotonic() - t0 < 1.5
-    assert one("SELECT cur FROM katk_gauge WHERE name = 'katk.plain'") == 4
+    # A handler writes its run row, then counts itself in the gauge: wait for the count.
+    wait_for(lambda: one("SELECT cur FROM katk_gauge WHERE name = 'katk.plain'") == 4, timeout=5)
     release("go")
     wait_completed([first, *rest], procs)
     assert peak("katk.plain") == 4
