@@ -58,7 +58,6 @@ _BACKOFF_FIRST = 0.05
 #: The longest pause between two reconnect attempts (seconds): a process may reconnect that
 #: long after the database is back.
 RECONNECT_BACKOFF_MAX = 5.0
-_BACKOFF_MAX = RECONNECT_BACKOFF_MAX
 _TRANSIENT_TRIES = 5
 
 
@@ -162,7 +161,7 @@ class Link:
                 else:
                     raise
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, _BACKOFF_MAX)
+                delay = min(delay * 2, RECONNECT_BACKOFF_MAX)
 
     async def discard(self) -> None:
         """Drop the connection (it is reopened on the next ``run``)."""

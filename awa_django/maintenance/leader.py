@@ -498,10 +498,8 @@ class Maintenance:
 
     async def _reap_permits(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Terminate the sessions holding permits or serial keys of workers whose runtime
-        rows went stale (frozen processes); only once ``settled``."""
+        rows went stale (frozen processes); run only once ``settled`` (``_rescue``)."""
         staleness = self.settings.leader_staleness
-        if not self.settled():
-            return
         cursor = await conn.execute(query("flow_reap"), [staleness])
         for pid, instance, action in await cursor.fetchall():
             self.count("permits_reaped" if action == "terminated" else "permits_not_reaped")

@@ -46,7 +46,7 @@ import psycopg
 
 from awa_django._version import __version__
 from awa_django.connection_budget import connection_budget, own_connections
-from awa_django.db.links import Link, first_line, is_connection_lost
+from awa_django.db.links import RECONNECT_BACKOFF_MAX, Link, first_line, is_connection_lost
 from awa_django.jobs import kind_flow_limits
 from awa_django.limits import QUEUE_NAME_RE
 from awa_django.maintenance.cron import sync_schedules
@@ -668,7 +668,7 @@ class WorkerRuntime:
                     delay,
                 )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, RECONNECT_BACKOFF_MAX)
 
     async def _lock_watch(self) -> None:
         """While this process holds permits or serial keys, make sure every ``POLL_INTERVAL``
