@@ -670,7 +670,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (150)
+-- function (151)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -686,7 +686,7 @@ CREATE OR REPLACE FUNCTION awa._append_ready_v1(p_lane integer, p_jobs awa.job_b
 CREATE OR REPLACE FUNCTION awa._attempt_open_v1(p_job_id bigint, p_run_lease bigint)
  RETURNS boolean
  LANGUAGE sql
- STABLE SECURITY DEFINER
+ SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 a19a68c46b0023f8 (9 lines)
  GRANTS {OWNER=X/OWNER}
@@ -1036,7 +1036,6 @@ CREATE OR REPLACE FUNCTION awa._park_v2(p_items jsonb)
 CREATE OR REPLACE FUNCTION awa._prune_blocker_v1(p_ring text, p_slot integer)
  RETURNS text
  LANGUAGE plpgsql
- STABLE
  AS body sha256 9b0f13b83cc67138 (52 lines)
  GRANTS {OWNER=X/OWNER}
 
@@ -1045,6 +1044,16 @@ CREATE OR REPLACE FUNCTION awa._queue_names_v1()
  LANGUAGE sql
  STABLE
  AS body sha256 7924b85741db5963 (25 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa._queues_idle_v1(p_queues text[])
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+ SET enable_seqscan TO 'off'
+ SET max_parallel_workers_per_gather TO '0'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 ded46523dc13a5db (66 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._ready_kind_v2(p_lane integer, p_seq bigint, p_slot integer)
@@ -1504,7 +1513,6 @@ CREATE OR REPLACE FUNCTION awa.job_v1(p_job_id bigint)
 CREATE OR REPLACE FUNCTION awa.lane_cursor_v1(p_lane_id integer)
  RETURNS bigint
  LANGUAGE sql
- STABLE
  AS body sha256 e58562b19f37b97c (5 lines)
  GRANTS {OWNER=X/OWNER}
 
@@ -1611,11 +1619,9 @@ CREATE OR REPLACE FUNCTION awa.queue_stats_v1()
 CREATE OR REPLACE FUNCTION awa.queues_idle_v2(p_queues text[])
  RETURNS boolean
  LANGUAGE plpgsql
- STABLE SECURITY DEFINER
- SET enable_seqscan TO 'off'
- SET max_parallel_workers_per_gather TO '0'
+ SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 ded46523dc13a5db (66 lines)
+ AS body sha256 5d1bab26afeb8cb0 (7 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queues_ready_v2(p_queues text[], p_stamps bigint[] DEFAULT NULL::bigint[], p_caps integer[] DEFAULT NULL::integer[], p_max_lanes integer DEFAULT 128, p_after_lane integer DEFAULT NULL::integer)

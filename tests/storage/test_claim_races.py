@@ -139,3 +139,101 @@ def test_a_completion_waiting_on_a_carry_forward_finds_the_carried_claim() -> No
         assert _open_slot(conn, held) is None
         state = conn.execute("SELECT state FROM awa.jobs WHERE id = %s", [held.job_id]).fetchone()
         assert state == ("completed",)
+
+
+def _prune_next(conn: psycopg.Connection[Any], slot: int) -> None:
+    """Step the claim ring until `slot` is the one the next claim prune truncates."""
+    for _ in range(40):
+        current = conn.execute(
+            "SELECT current_slot FROM awa.ring_state WHERE ring = 'claim'"
+        ).fetchone()
+        assert current is not None
+        if (current[0] + 1) % 8 == slot:
+            return
+        _ring_step(conn)
+    raise AssertionError(f"claim slot {slot} never came up for pruning")  # pragma: no cover
+
+
+# A unique job that blocks duplicates only while it runs.
+UNIQUE_RUNNING = (
+    "SELECT duplicate FROM awa.enqueue_one_v3('k', 'spent', 0, '{\"args\": [], \"kwargs\": {}}',"
+    " 5, p_unique_key => 'one', p_unique_states => ARRAY['running'])"
+)
+
+
+RUNNING = ("unique holder", "attempt check", "burst exit check")
+
+
+@pytest.mark.parametrize(
+    "reader", ["drain", "claim", "unique holder", "attempt check", "burst exit check"]
+)
+def test_a_reader_waiting_on_a_claim_prune_keeps_the_lane_cursor_it_moved(reader: str) -> None:
+    """A claim prune truncates the slot holding a lane's last claim and writes the lane's cursor
+    as a marker in the current slot, in one transaction. TRUNCATE is not MVCC-safe: a statement
+    whose snapshot is older than the prune and that first touches the claim ring while the prune
+    holds it sees the slot empty and not the marker (nor the open claims the prune carried
+    forward). A drain or a claim that waited there must still see the completed job as spent;
+    a unique key's holder check, a worker's check of an attempt and a burst worker's exit check
+    must still see the running job."""
+    with pg() as conn:
+        conn.execute("SELECT awa.ensure_lanes_v1('spent', 0, 1)")  # one lane
+        if reader in RUNNING:
+            assert conn.execute(UNIQUE_RUNNING).fetchone() == (False,)
+            # The holder runs: its claim stays open and is carried forward by the prune.
+            [job] = storage.claim(conn, "spent", 1, WORKER)
+        else:
+            enqueue_sql(conn, one("spent"))
+            [job] = storage.claim(conn, "spent", 1, WORKER)
+            assert complete(conn, [job]) == []
+        with pg(autocommit=False) as locker:  # the rotation passes over the locked lane
+            locker.execute("SELECT 1 FROM awa.queue_lanes WHERE queue = 'spent' FOR UPDATE")
+            assert conn.execute("SELECT awa.rotate_v3('claim')").fetchone() == ("rotated",)
+        _prune_next(conn, job.claim_slot)
+        with pg(autocommit=False) as pruner, pg() as other:
+            assert pruner.execute("SELECT awa.prune_v1('claim')").fetchone() == ("pruned",)
+            pid = other.execute("SELECT pg_backend_pid()").fetchone()
+            result: dict[str, Any] = {}
+
+            def read() -> None:
+                if reader == "drain":
+                    result["got"] = other.execute(
+                        "SELECT awa.queue_drain_v2('spent', 1000, NULL)"
+                    ).fetchone()
+                elif reader == "claim":
+                    result["got"] = [j.job_id for j in storage.claim(other, "spent", 10, WORKER)]
+                elif reader == "unique holder":
+                    result["got"] = other.execute(UNIQUE_RUNNING).fetchone()
+                elif reader == "burst exit check":
+                    result["got"] = other.execute(
+                        "SELECT awa.queues_idle_v2(ARRAY['spent'])"
+                    ).fetchone()
+                else:  # a cancel note or a callback asks whether the attempt is open
+                    result["got"] = other.execute(
+                        "SELECT awa._attempt_open_v1(%s, %s)", [job.job_id, job.run_lease]
+                    ).fetchone()
+
+            thread = threading.Thread(target=read)
+            thread.start()
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", pid
+                    ).fetchone()
+                    == (True,)
+                ),
+                message=f"the {reader} waiting for the prune's truncation",
+            )
+            pruner.commit()
+            thread.join(timeout=30)
+        expected = {
+            "drain": (0,),
+            "claim": [],
+            "unique holder": (True,),
+            "attempt check": (True,),
+            "burst exit check": (False,),
+        }
+        assert result["got"] == expected[reader]
+        states = conn.execute(
+            "SELECT state FROM awa.jobs WHERE queue = 'spent' ORDER BY id"
+        ).fetchall()
+        assert states == [("running",) if reader in RUNNING else ("completed",)]

@@ -15,10 +15,16 @@
 --     of an attempt wins, the others learn they are stale and change nothing.
 
 -- Highest lane position consumed by a claim (0 when none): rows at or below it are spent.
+-- VOLATILE, so that it reads in a snapshot of its own taken after it has locked the claim ring:
+-- a claim prune truncates a slot and writes the lanes' cursors into the current slot in one
+-- transaction, and TRUNCATE is not MVCC-safe. A STABLE function would read in its caller's
+-- snapshot, which may predate the prune; if its first lock on the ring waited for the prune,
+-- it would see the slot empty and not the markers, a cursor below spent rows
+-- (docs/design/derived-claim-cursor.md).
 CREATE OR REPLACE FUNCTION awa.lane_cursor_v1(p_lane_id integer)
  RETURNS bigint
  LANGUAGE sql
- STABLE
+ VOLATILE
 AS $$
     SELECT GREATEST(
         COALESCE((SELECT max(c.lane_seq) FROM awa.claims c WHERE c.lane_id = p_lane_id), 0),
@@ -27,7 +33,8 @@ $$;
 
 -- The cursor of a lane from every claim slot and its floor: awa.lane_cursor_v1, through
 -- PL/pgSQL so that a statement that falls back to it (rarely) does not carry its plan (and the
--- locks of every claim partition) when it does not. STABLE: it reads the caller's snapshot.
+-- locks of every claim partition) when it does not. awa.lane_cursor_v1 reads in a snapshot of
+-- its own, taken after its locks.
 CREATE OR REPLACE FUNCTION awa._lane_cursor_v2(p_lane_id integer)
  RETURNS bigint
  LANGUAGE plpgsql
@@ -2234,7 +2241,7 @@ $$;
 -- Whether the queues p_queues have nothing available, parked or running: the exit check of
 -- burst workers, paid every POLL_INTERVAL in which such a worker has nothing in flight. It
 -- answers from the cheapest evidence first, each step a bounded probe, and stops at the first
--- that says "not idle" (all in the caller's snapshot: the function is STABLE):
+-- that says "not idle" (all in one snapshot, taken after the rings are locked: see below):
 --   1. available: per lane of a queue not paused, its cursor, then the first ready row above
 --      it that no tombstone covers (an index probe per lane, never a scan of the backlog);
 --   2. parked: a job of a queue not paused waiting for its serial key (serial_waiting) or its
@@ -2244,11 +2251,29 @@ $$;
 --   4. only then every claim of those lanes against the closures: the answer "idle", or an
 --      attempt open behind 128 later closed ones (a stuck handler).
 -- Scheduled and retryable jobs (deferred_jobs) do not count.
+--
+-- The rings are locked first, in a statement of their own, and the steps then run in one
+-- snapshot taken after those locks (awa._queues_idle_v1 is STABLE): a prune that truncated a
+-- claim slot while this waited is seen whole, with the open claims it carried forward, not as
+-- a slot gone empty (docs/design/derived-claim-cursor.md).
 CREATE OR REPLACE FUNCTION awa.queues_idle_v2(p_queues text[])
  RETURNS boolean
  LANGUAGE plpgsql
- STABLE
+ VOLATILE
  SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+BEGIN
+    LOCK TABLE awa.claims, awa.claim_closures, awa.ready_entries, awa.ready_tombstones
+        IN ACCESS SHARE MODE;
+    RETURN awa._queues_idle_v1(p_queues);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION awa._queues_idle_v1(p_queues text[])
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
  SET enable_seqscan TO 'off'
  SET max_parallel_workers_per_gather TO '0'
  SET search_path TO 'pg_catalog', 'pg_temp'

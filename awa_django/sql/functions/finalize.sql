@@ -639,10 +639,12 @@ AS $$
 $$;
 
 -- Whether the attempt (p_job_id, p_run_lease) is open: a claim of it without closure.
+-- VOLATILE: it reads in a snapshot taken after its locks, so a claim prune that carried the
+-- claim forward and truncated its slot while this waited is seen whole (awa.lane_cursor_v1).
 CREATE OR REPLACE FUNCTION awa._attempt_open_v1(p_job_id bigint, p_run_lease bigint)
  RETURNS boolean
  LANGUAGE sql
- STABLE
+ VOLATILE
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$

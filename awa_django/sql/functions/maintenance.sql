@@ -177,11 +177,12 @@ END
 $$;
 
 -- Why a sealed slot cannot be truncated yet (NULL when it can). Checked before and again after
--- the slot's children are locked.
+-- the slot's children are locked. VOLATILE: each statement reads in a snapshot taken after its
+-- locks, so a prune of another ring committed while it waited is seen whole.
 CREATE OR REPLACE FUNCTION awa._prune_blocker_v1(p_ring text, p_slot integer)
  RETURNS text
  LANGUAGE plpgsql
- STABLE
+ VOLATILE
 AS $$
 BEGIN
     IF p_ring = 'queue' THEN
