@@ -38,14 +38,17 @@ import fcntl
 import logging
 import os
 import struct
+import tempfile
 import time
 
-__all__ = ["FAMILY_ENV", "HAND_OFF", "Family"]
+__all__ = ["FAMILY_ENV", "FAMILY_PREFIX", "HAND_OFF", "Family", "sweep_family_files"]
 
 log = logging.getLogger("awa_django.worker")
 
 #: The environment variable naming the family's lock file (set by the supervisor).
 FAMILY_ENV = "AWA_WORKER_FAMILY"
+#: A family's lock file in the temporary directory: this, the supervisor's pid, ``-``, a suffix.
+FAMILY_PREFIX = "awa-family-"
 #: The payload prefix of a note handed on by a family's leader (not a queue name character).
 HAND_OFF = "+"
 #: The leader's beat at the start of the lock file: monotonic time (seconds) and pid.
@@ -159,3 +162,32 @@ class Family:
             with contextlib.suppress(OSError):
                 os.close(self._fd)  # frees the flock
             self._fd = None
+
+
+def sweep_family_files(directory: str | None = None) -> int:
+    """Remove the lock files that families whose supervisor is gone left in ``directory`` (the
+    temporary directory by default): a family killed whole (supervisor and children at once)
+    removes nothing, so each supervisor sweeps when it starts. Returns how many were removed.
+    A file whose supervisor lives, another user's file, and a name without a pid are left."""
+    directory = directory or tempfile.gettempdir()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        pid_text, dash, _ = name.removeprefix(FAMILY_PREFIX).partition("-")
+        if not name.startswith(FAMILY_PREFIX) or not dash or not pid_text.isdigit():
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if int(pid_text) <= 0 or os.stat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid_text), 0)  # the supervisor lives (or is another user's: EPERM)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed += 1
+        except (OSError, OverflowError):
+            continue
+    return removed

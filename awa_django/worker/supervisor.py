@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from awa_django.worker.family import FAMILY_ENV
+from awa_django.worker.family import FAMILY_ENV, FAMILY_PREFIX, sweep_family_files
 
 __all__ = ["Supervisor", "child_command", "die_with_parent", "launcher"]
 
@@ -97,8 +97,9 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         # The family's lock file: one child at a time answers NOTIFY (worker/family.py).
+        sweep_family_files()
         try:
-            handle, self.family = tempfile.mkstemp(prefix="awa-family-")
+            handle, self.family = tempfile.mkstemp(prefix=f"{FAMILY_PREFIX}{os.getpid()}-")
             os.close(handle)
         except OSError as exc:
             log.warning("awa supervisor: no family lock file (%s); every child answers NOTIFY", exc)

@@ -10,13 +10,14 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from awa_django.worker.family import Family
+from awa_django.worker.family import FAMILY_PREFIX, Family, sweep_family_files
 from tests.jobs import common as testjobs
 from tests.jobs import worker_env
 from tests.support.database import pg
@@ -41,6 +42,25 @@ def test_one_member_leads_and_another_takes_over_when_it_stops(tmp_path: Path) -
     assert not first.leads()  # a stopping process answers no note
     assert second.leads()
     second.release()
+
+
+def test_a_supervisor_sweeps_the_lock_files_of_families_killed_whole(tmp_path: Path) -> None:
+    """A family killed whole (supervisor and children by SIGKILL) leaves its lock file: the next
+    supervisor removes the files whose supervisor pid is gone, and no other."""
+    done = subprocess.Popen(["true"])
+    done.wait()
+    dead = done.pid  # a pid that has exited
+    files = {
+        "dead": tmp_path / f"{FAMILY_PREFIX}{dead}-abc",
+        "live": tmp_path / f"{FAMILY_PREFIX}{os.getpid()}-abc",
+        "no pid": tmp_path / f"{FAMILY_PREFIX}abc",
+        "pid 0": tmp_path / f"{FAMILY_PREFIX}0-abc",
+        "other": tmp_path / f"other-{dead}-abc",
+    }
+    for path in files.values():
+        path.write_bytes(b"")
+    assert sweep_family_files(str(tmp_path)) == 1
+    assert {k for k, p in files.items() if p.exists()} == {"live", "no pid", "pid 0", "other"}
 
 
 def test_a_process_without_a_family_answers_every_note() -> None:
