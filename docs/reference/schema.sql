@@ -1513,6 +1513,7 @@ CREATE OR REPLACE FUNCTION awa.job_v1(p_job_id bigint)
 CREATE OR REPLACE FUNCTION awa.lane_cursor_v1(p_lane_id integer)
  RETURNS bigint
  LANGUAGE sql
+ STABLE
  AS body sha256 e58562b19f37b97c (5 lines)
  GRANTS {OWNER=X/OWNER}
 
@@ -1586,7 +1587,7 @@ CREATE OR REPLACE FUNCTION awa.queue_drain_v2(p_queue text, p_limit integer DEFA
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 e9c752427e0387ea (120 lines)
+ AS body sha256 3d8440247e3aba50 (124 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_lag_v1()

@@ -15,16 +15,16 @@
 --     of an attempt wins, the others learn they are stale and change nothing.
 
 -- Highest lane position consumed by a claim (0 when none): rows at or below it are spent.
--- VOLATILE, so that it reads in a snapshot of its own taken after it has locked the claim ring:
--- a claim prune truncates a slot and writes the lanes' cursors into the current slot in one
--- transaction, and TRUNCATE is not MVCC-safe. A STABLE function would read in its caller's
--- snapshot, which may predate the prune; if its first lock on the ring waited for the prune,
--- it would see the slot empty and not the markers, a cursor below spent rows
+-- STABLE: it reads in its caller's snapshot, consistent with the caller's other reads. A claim
+-- prune truncates a slot and writes the lanes' cursors into the current slot in one
+-- transaction, and TRUNCATE is not MVCC-safe: a caller whose snapshot predates a prune must
+-- hold the claim ring's locks before it takes that snapshot, or its first lock here may wait
+-- for the prune and then see the slot empty and not the markers, a cursor below spent rows
 -- (docs/design/derived-claim-cursor.md).
 CREATE OR REPLACE FUNCTION awa.lane_cursor_v1(p_lane_id integer)
  RETURNS bigint
  LANGUAGE sql
- VOLATILE
+ STABLE
 AS $$
     SELECT GREATEST(
         COALESCE((SELECT max(c.lane_seq) FROM awa.claims c WHERE c.lane_id = p_lane_id), 0),
@@ -33,8 +33,7 @@ $$;
 
 -- The cursor of a lane from every claim slot and its floor: awa.lane_cursor_v1, through
 -- PL/pgSQL so that a statement that falls back to it (rarely) does not carry its plan (and the
--- locks of every claim partition) when it does not. awa.lane_cursor_v1 reads in a snapshot of
--- its own, taken after its locks.
+-- locks of every claim partition) when it does not. STABLE: it reads the caller's snapshot.
 CREATE OR REPLACE FUNCTION awa._lane_cursor_v2(p_lane_id integer)
  RETURNS bigint
  LANGUAGE plpgsql

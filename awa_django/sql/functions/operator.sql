@@ -348,6 +348,10 @@ BEGIN
     GET DIAGNOSTICS v_got = ROW_COUNT;
     v_n := v_n + v_got;
 
+    -- The claim ring's locks before the cursors are read, in a statement of its own: a claim
+    -- prune that truncated a slot while this waited is then seen whole, with the cursor markers
+    -- it wrote (awa.lane_cursor_v1), and no prune truncates one until this commits.
+    LOCK TABLE awa.claims, awa.lane_floors IN ACCESS SHARE MODE;
     FOR v_lane IN SELECT l.lane_id FROM awa.queue_lanes l WHERE l.queue = p_queue ORDER BY l.lane_id
     LOOP
         EXIT WHEN v_n >= p_limit;
