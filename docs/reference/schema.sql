@@ -721,7 +721,7 @@ CREATE OR REPLACE FUNCTION awa._callback_attempt_v1(p_callback_id uuid)
 CREATE OR REPLACE FUNCTION awa._callback_extend_locked_v1(p_callback_id uuid, p_job_id bigint, p_run_lease bigint, p_timeout double precision)
  RETURNS TABLE(outcome text, timeout_at timestamp with time zone)
  LANGUAGE plpgsql
- AS body sha256 36b0202263d0297f (45 lines)
+ AS body sha256 8054adbd157c61f4 (46 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._callback_stamp_v1(p_job_id bigint, p_run_lease bigint, p_callback_id uuid, p_result jsonb)
@@ -1495,7 +1495,7 @@ CREATE OR REPLACE FUNCTION awa.job_enqueued_at_v1(p_job_id bigint)
 CREATE OR REPLACE FUNCTION awa.job_list_v1(p_state text DEFAULT NULL::text, p_queue text DEFAULT NULL::text, p_kind text DEFAULT NULL::text, p_tag text DEFAULT NULL::text, p_in_dlq boolean DEFAULT NULL::boolean, p_limit integer DEFAULT 100)
  RETURNS TABLE(id bigint, kind text, queue text, state text, priority smallint, attempt smallint, max_attempts smallint, run_at timestamp with time zone, created_at timestamp with time zone, finalized_at timestamp with time zone, tags text[], in_dlq boolean)
  LANGUAGE plpgsql
- STABLE SECURITY DEFINER
+ SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 7e3411c7b972266b (20 lines)
@@ -1504,7 +1504,7 @@ CREATE OR REPLACE FUNCTION awa.job_list_v1(p_state text DEFAULT NULL::text, p_qu
 CREATE OR REPLACE FUNCTION awa.job_v1(p_job_id bigint)
  RETURNS TABLE(id bigint, kind text, queue text, state text, priority smallint, attempt smallint, max_attempts smallint, run_lease bigint, args jsonb, run_at timestamp with time zone, created_at timestamp with time zone, attempted_at timestamp with time zone, finalized_at timestamp with time zone, deadline_at timestamp with time zone, heartbeat_at timestamp with time zone, errors jsonb, result jsonb, progress jsonb, metadata jsonb, tags text[], in_dlq boolean, dlq_reason text, claims jsonb)
  LANGUAGE plpgsql
- STABLE SECURITY DEFINER
+ SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 8dbb18da0c2aec14 (9 lines)
@@ -1558,7 +1558,7 @@ CREATE OR REPLACE FUNCTION awa.prune_v1(p_ring text, p_lock_timeout_ms integer D
 CREATE OR REPLACE FUNCTION awa.queue_counts_v1()
  RETURNS TABLE(queue text, available bigint, running bigint, waiting_external bigint, scheduled bigint, retryable bigint, completed bigint, failed bigint, cancelled bigint, dlq bigint, paused boolean)
  LANGUAGE sql
- STABLE SECURITY DEFINER
+ SECURITY DEFINER
  SET work_mem TO '32MB'
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1568,7 +1568,7 @@ CREATE OR REPLACE FUNCTION awa.queue_counts_v1()
 CREATE OR REPLACE FUNCTION awa.queue_depth_v1(p_queue text DEFAULT NULL::text)
  RETURNS TABLE(queue text, available bigint)
  LANGUAGE sql
- STABLE SECURITY DEFINER
+ SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 8bd18d753d521e42 (9 lines)
@@ -1593,7 +1593,7 @@ CREATE OR REPLACE FUNCTION awa.queue_drain_v2(p_queue text, p_limit integer DEFA
 CREATE OR REPLACE FUNCTION awa.queue_lag_v1()
  RETURNS TABLE(queue text, available bigint, lag_seconds double precision, paused boolean)
  LANGUAGE sql
- STABLE SECURITY DEFINER
+ SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 1c4e66dcc2d07901 (25 lines)
@@ -1610,7 +1610,7 @@ CREATE OR REPLACE FUNCTION awa.queue_pause_v1(p_queue text, p_paused boolean)
 CREATE OR REPLACE FUNCTION awa.queue_stats_v1()
  RETURNS TABLE(queue text, available bigint, running bigint, waiting_external bigint, scheduled bigint, retryable bigint, completed bigint, failed bigint, cancelled bigint, dlq bigint, paused boolean, lag_seconds double precision, completed_last_hour bigint)
  LANGUAGE sql
- STABLE SECURITY DEFINER
+ SECURITY DEFINER
  SET work_mem TO '32MB'
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'

@@ -161,20 +161,18 @@ UNIQUE_RUNNING = (
 )
 
 
-RUNNING = ("unique holder", "attempt check", "burst exit check")
+RUNNING = ("unique holder", "attempt check", "burst exit check", "job read", "queue counts")
 
 
-@pytest.mark.parametrize(
-    "reader", ["drain", "claim", "unique holder", "attempt check", "burst exit check"]
-)
+@pytest.mark.parametrize("reader", ["drain", "claim", *RUNNING])
 def test_a_reader_waiting_on_a_claim_prune_keeps_the_lane_cursor_it_moved(reader: str) -> None:
     """A claim prune truncates the slot holding a lane's last claim and writes the lane's cursor
     as a marker in the current slot, in one transaction. TRUNCATE is not MVCC-safe: a statement
     whose snapshot is older than the prune and that first touches the claim ring while the prune
     holds it sees the slot empty and not the marker (nor the open claims the prune carried
     forward). A drain or a claim that waited there must still see the completed job as spent;
-    a unique key's holder check, a worker's check of an attempt and a burst worker's exit check
-    must still see the running job."""
+    a unique key's holder check, a worker's check of an attempt, a burst worker's exit check and
+    the read surfaces (what get_result and the admin show) must still see the running job."""
     with pg() as conn:
         conn.execute("SELECT awa.ensure_lanes_v1('spent', 0, 1)")  # one lane
         if reader in RUNNING:
@@ -203,6 +201,14 @@ def test_a_reader_waiting_on_a_claim_prune_keeps_the_lane_cursor_it_moved(reader
                     result["got"] = [j.job_id for j in storage.claim(other, "spent", 10, WORKER)]
                 elif reader == "unique holder":
                     result["got"] = other.execute(UNIQUE_RUNNING).fetchone()
+                elif reader == "job read":
+                    result["got"] = other.execute(
+                        "SELECT state FROM awa.job_v1(%s)", [job.job_id]
+                    ).fetchall()
+                elif reader == "queue counts":
+                    result["got"] = other.execute(
+                        "SELECT running FROM awa.queue_counts_v1() WHERE queue = 'spent'"
+                    ).fetchone()
                 elif reader == "burst exit check":
                     result["got"] = other.execute(
                         "SELECT awa.queues_idle_v2(ARRAY['spent'])"
@@ -231,6 +237,8 @@ def test_a_reader_waiting_on_a_claim_prune_keeps_the_lane_cursor_it_moved(reader
             "unique holder": (True,),
             "attempt check": (True,),
             "burst exit check": (False,),
+            "job read": [("running",)],
+            "queue counts": (1,),
         }
         assert result["got"] == expected[reader]
         states = conn.execute(

@@ -96,6 +96,13 @@ def test_extend_callback_outcomes_and_refusals() -> None:
     with pg() as conn:
         assert storage.finalize(conn, [wait_item(c, callback, timeout=5)]) == []
     assert awa_django.extend_callback(callback) == "extended"  # by its own 5 s: not later
+    with pg() as conn:  # one answer per call; a parked wait's extension is not kept for a park
+        kept = "SELECT callback_extend_to FROM awa.attempt_state WHERE job_id = %s"
+        before = conn.execute(kept, [c.job_id]).fetchone()
+        rows = conn.execute("SELECT * FROM awa.callback_extend_v1(%s, 20)", [callback]).fetchall()
+        assert [r[0] for r in rows] == ["extended"]
+        assert rows[0][1] == timeout_at(conn, c.job_id)
+        assert conn.execute(kept, [c.job_id]).fetchone() == before
     assert awa_django.resolve_callback(callback, result=1) == "resolved"
     assert awa_django.extend_callback(callback, 10) == "stale"
     with pg() as conn, pytest.raises(errors.InvalidParameterValue, match="timeout"):

@@ -146,6 +146,7 @@ BEGIN
     SELECT min(m.callback_timeout_at) INTO v_until FROM moved m;
     IF v_until IS NOT NULL THEN
         RETURN QUERY SELECT 'extended'::text, v_until;
+        RETURN;
     END IF;
     -- Not parked yet: keep the extension for the park (an early resolution is kept the same way).
     -- A heartbeat without a timeout asks for the wait's own timeout, which the park sets anyway:

@@ -100,6 +100,11 @@ BEGIN
 END
 $$;
 
+-- The read surfaces below that see the claim ring are VOLATILE: their one statement reads in a
+-- snapshot taken after its locks, so a claim prune that carried a running job's claim forward
+-- and truncated its slot while the read waited for it is seen whole; a STABLE function reads in
+-- its caller's snapshot and would miss the job (docs/design/derived-claim-cursor.md).
+
 -- Counts per queue and state. Live planes (available, running, waiting_external, scheduled,
 -- retryable, dlq) are exact; terminal history (completed, failed, cancelled) is exact up to
 -- 10,000 per queue and outcome and estimated beyond (awa._history_counts_v1). Costs what the
@@ -110,7 +115,7 @@ CREATE OR REPLACE FUNCTION awa.queue_counts_v1()
     retryable bigint, completed bigint, failed bigint, cancelled bigint, dlq bigint,
     paused boolean)
  LANGUAGE sql
- STABLE
+ VOLATILE
  SECURITY DEFINER
  SET work_mem TO '32MB'
  SET jit TO 'off'
@@ -152,7 +157,7 @@ $$;
 CREATE OR REPLACE FUNCTION awa.queue_depth_v1(p_queue text DEFAULT NULL::text)
  RETURNS TABLE(queue text, available bigint)
  LANGUAGE sql
- STABLE
+ VOLATILE
  SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -179,7 +184,7 @@ $$;
 CREATE OR REPLACE FUNCTION awa.queue_lag_v1()
  RETURNS TABLE(queue text, available bigint, lag_seconds double precision, paused boolean)
  LANGUAGE sql
- STABLE
+ VOLATILE
  SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -217,7 +222,7 @@ CREATE OR REPLACE FUNCTION awa.queue_stats_v1()
     retryable bigint, completed bigint, failed bigint, cancelled bigint, dlq bigint,
     paused boolean, lag_seconds double precision, completed_last_hour bigint)
  LANGUAGE sql
- STABLE
+ VOLATILE
  SECURITY DEFINER
  SET work_mem TO '32MB'
  SET jit TO 'off'
@@ -371,7 +376,7 @@ CREATE OR REPLACE FUNCTION awa.job_v1(p_job_id bigint)
     heartbeat_at timestamp with time zone, errors jsonb, result jsonb, progress jsonb,
     metadata jsonb, tags text[], in_dlq boolean, dlq_reason text, claims jsonb)
  LANGUAGE plpgsql
- STABLE
+ VOLATILE
  SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -417,7 +422,7 @@ CREATE OR REPLACE FUNCTION awa.job_list_v1(
     max_attempts smallint, run_at timestamp with time zone, created_at timestamp with time zone,
     finalized_at timestamp with time zone, tags text[], in_dlq boolean)
  LANGUAGE plpgsql
- STABLE
+ VOLATILE
  SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
