@@ -92,11 +92,13 @@ def load(conn: psycopg.Connection[Any]) -> Data:
         job_tokens[token] = job_id
         last_terminal[job_id] = seen_at
     written: dict[int, list[tuple[str, bool, int]]] = collections.defaultdict(list)
+    written_at_of: dict[int, list[datetime]] = collections.defaultdict(list)
     for job_id, state, in_dlq, lease, written_at in rows(
         "SELECT job_id, state, in_dlq, run_lease, written_at "
         "FROM chaos.terminal_written ORDER BY job_id, written_at"
     ):
         written[job_id].append((state, in_dlq, lease))
+        written_at_of[job_id].append(written_at)
         last_terminal[job_id] = max(written_at, last_terminal.get(job_id, written_at))
     current: dict[int, list[Any]] = collections.defaultdict(list)
     for job_id, state, in_dlq, lease, attempt, errors, token in rows(
@@ -135,6 +137,7 @@ def load(conn: psycopg.Connection[Any]) -> Data:
         ],
         features=load_features(rows),
         terminal_written=dict(written),
+        terminal_written_at=dict(written_at_of),
     )
 
 

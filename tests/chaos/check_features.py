@@ -71,13 +71,17 @@ def _at(value: object) -> datetime | None:
 
 def _holds(data: Data, job_id: int, took: datetime) -> list[tuple[datetime, datetime]]:
     """When ``job_id`` certainly held its key: from ``took`` (and each DLQ retry) to the next
-    terminal fact's ``finalized_at`` (or the end of time)."""
-    ends = sorted(t.finalized_at for t in data.features.terminals.get(job_id, []) if t.finalized_at)
-    starts = [took, *data.features.dlq_retried_at.get(job_id, [])]
-    holds = []
-    for start in starts:
-        end = next((e for e in ends if e > start), FOREVER)
-        holds.append((start, end))
+    terminal write (sampled ``finalized_at``, or the trigger's exact record), or the end of
+    time. ``took`` is when the producer recorded its commit: a job may have run and finished
+    before that (a producer stalled between its commit and its record), and then it held the
+    key at no moment the record can place: an empty hold."""
+    ends = sorted(
+        [t.finalized_at for t in data.features.terminals.get(job_id, []) if t.finalized_at]
+        + data.terminal_written_at.get(job_id, [])
+    )
+    holds = [(took, next((e for e in ends if e > took), took if ends else FOREVER))]
+    for start in data.features.dlq_retried_at.get(job_id, []):
+        holds.append((start, next((e for e in ends if e > start), FOREVER)))
     return holds
 
 

@@ -146,6 +146,8 @@ class Data:
     terminal_written: dict[int, list[tuple[str, bool, int]]] = dataclasses.field(
         default_factory=dict
     )
+    #: When each of those writes committed's transaction wrote it (the database clock).
+    terminal_written_at: dict[int, list[datetime]] = dataclasses.field(default_factory=dict)
 
     def token_job(self, token: str) -> int | None:
         """The job carrying a producer's token (its first argument), if one was ever seen."""

@@ -266,6 +266,26 @@ def test_two_jobs_holding_one_unique_key_at_once_are_reported() -> None:
     assert unique_one_holder(data(features=fine, committed=(1, 2)), FACTS) == []
 
 
+def test_a_unique_holder_that_ended_before_its_producer_recorded_the_enqueue_holds_nothing() -> (
+    None
+):
+    """A producer stalled between its commit and its record: the job ran and ended (the
+    trigger's exact record, the sample without a finish time) before the record's time. It held
+    the key before the next holder took it, not for ever."""
+    a = UniqueEnqueue("a", "k", "chaos.sync", 1, False, at(5))
+    b = UniqueEnqueue("b", "k", "chaos.sync", 2, False, at(6))
+    features = unique_features(a, b, ends={2: 20})
+    features.terminals[1] = [Terminal(1, "completed", False, 1, 1, None)]
+    stalled = data(features=features, committed=(1, 2))
+    assert invariants(unique_one_holder(stalled, FACTS)) == {"unique_one_holder"}  # unknown end
+    stalled.terminal_written_at = {1: [at(4)]}
+    assert unique_one_holder(stalled, FACTS) == []
+    retried = data(features=features, committed=(1, 2))  # a DLQ retry holds it again
+    retried.terminal_written_at = {1: [at(4)]}
+    features.dlq_retried_at = {1: [at(5.5)]}
+    assert invariants(unique_one_holder(retried, FACTS)) == {"unique_one_holder"}
+
+
 def test_a_duplicate_answer_must_name_a_holder_of_the_same_key() -> None:
     a = UniqueEnqueue("a", "k", "chaos.sync", 1, False, at(0))
     dup = UniqueEnqueue("b", "k", "chaos.sync", 1, True, at(1))
