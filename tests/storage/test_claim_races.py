@@ -24,6 +24,19 @@ pytestmark = [
 ]
 
 
+def wait_for_lock(conn: psycopg.Connection[Any], pid: Any, what: str) -> None:
+    """Until the backend ``pid`` (a row of ``pg_backend_pid()``) waits for a lock."""
+    wait_for(
+        lambda: (
+            conn.execute(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", pid
+            ).fetchone()
+            == (True,)
+        ),
+        message=what,
+    )
+
+
 def one(queue: str) -> str:
     return json.dumps([{"kind": "k", "queue": queue}])
 
@@ -123,15 +136,7 @@ def test_a_completion_waiting_on_a_carry_forward_finds_the_carried_claim() -> No
 
             thread = threading.Thread(target=finalize)
             thread.start()
-            wait_for(
-                lambda: (
-                    conn.execute(
-                        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", pid
-                    ).fetchone()
-                    == (True,)
-                ),
-                message="the finalize waiting for the prune's closure",
-            )
+            wait_for_lock(conn, pid, "the finalize waiting for the prune's closure")
             pruner.commit()
             reader.rollback()
             thread.join(timeout=30)
@@ -220,15 +225,7 @@ def test_a_reader_waiting_on_a_claim_prune_keeps_the_lane_cursor_it_moved(reader
 
             thread = threading.Thread(target=read)
             thread.start()
-            wait_for(
-                lambda: (
-                    conn.execute(
-                        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", pid
-                    ).fetchone()
-                    == (True,)
-                ),
-                message=f"the {reader} waiting for the prune's truncation",
-            )
+            wait_for_lock(conn, pid, f"the {reader} waiting for the prune's truncation")
             pruner.commit()
             thread.join(timeout=30)
         expected = {
