@@ -548,8 +548,14 @@ def test_concurrent_claims_while_kinds_gain_and_lose_limits(world: World) -> Non
         states = dict(
             conn.execute("SELECT id, state FROM awa.jobs WHERE queue = %s", [QUEUE]).fetchall()
         )
+        pruned = conn.execute(
+            "SELECT count(*) FROM awa.ring_prunes WHERE ring = 'queue' AND outcome = 'pruned'"
+        ).fetchone()
     assert set(states.values()) <= {"completed", "cancelled"}, states
     # Every job completed once (it started once), or was cancelled (maybe while it ran: a
     # cancel that raced its claim).
     assert {j for j, s in states.items() if s == "completed"} <= set(starts)
-    assert set(starts) <= set(states)
+    # A started job is in history, unless the chaos thread's queue-ring prune took its slot
+    # (a slot is pruned only once every job in it has ended).
+    missing = set(starts) - set(states)
+    assert not missing or pruned != (0,), sorted(missing)[:10]
