@@ -547,7 +547,10 @@ def test_a_pause_holds_for_claims_started_after_it_under_load() -> None:
     ids = set(enqueue_now([{"kind": "l17.z", "queue": queue} for _ in range(3000)]))
     ledger = Ledger()
     ledger.committed = ids
+    # A claim is checked when it started after the pause committed and returned before the
+    # resume began (a claim in flight across the resume may take jobs).
     paused_at = [float("inf")]
+    resuming_at = [float("inf")]
     after = [0]
     stop = threading.Event()
 
@@ -559,8 +562,9 @@ def test_a_pause_holds_for_claims_started_after_it_under_load() -> None:
                 k += 1
                 started = time.monotonic()
                 rows = claim(conn, queue, BATCHES[k % len(BATCHES)])
+                ended = time.monotonic()
                 with ledger.lock:
-                    if started > paused_at[0]:
+                    if paused_at[0] < started and ended < resuming_at[0]:
                         after[0] += 1
                         if rows:
                             ledger.errors.append(f"claimed {len(rows)} jobs after the pause")
@@ -584,9 +588,9 @@ def test_a_pause_holds_for_claims_started_after_it_under_load() -> None:
             paused_at[0] = time.monotonic()
         wait_for(lambda: after[0] >= 60, timeout=10, message="60 claims after the pause")
         assert len(ledger.attempts) < len(ids), "the queue drained before the pause"
-        queue_pause(queue, paused=False)
         with ledger.lock:
-            paused_at[0] = float("inf")
+            resuming_at[0] = time.monotonic()
+        queue_pause(queue, paused=False)
         wait_for(lambda: ledger.ended() >= ids, timeout=30, interval=0.1, message="every job")
     finally:
         stop.set()
