@@ -2,8 +2,8 @@
 
 Logs in, opens the DLQ, retries a job through the confirmation page, sees it leave the DLQ, and
 saves screenshots of the dashboard and the DLQ list under tests/artifacts/. Chromium is
-installed by scripts/bootstrap (Debian's ``chromium`` package, as root); where it is missing the
-tests are skipped, saying why.
+installed by scripts/bootstrap browser (Debian's ``chromium`` package, as root); where it is
+missing the tests are skipped, saying why.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         not os.access(CHROMIUM, os.X_OK),
-        reason=f"{CHROMIUM} is missing: scripts/bootstrap dj52 installs Debian's chromium "
+        reason=f"{CHROMIUM} is missing: scripts/bootstrap browser installs Debian's chromium "
         "package when it runs as root with apt-get (it failed or could not); install it by hand",
     ),
     pytest.mark.usefixtures("clean_awa"),
