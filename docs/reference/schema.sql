@@ -670,7 +670,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (151)
+-- function (152)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -978,6 +978,14 @@ CREATE OR REPLACE FUNCTION awa._lane_cursor_v2(p_lane_id integer)
  LANGUAGE plpgsql
  STABLE
  AS body sha256 953dd9d2382b4e29 (5 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa._lane_depth_v1(p_lane_id integer, p_cursor bigint, p_last bigint)
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 bd4420fe62978ab8 (12 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._lane_for_v1(p_queue text, p_priority integer, p_wait boolean)
@@ -1571,7 +1579,7 @@ CREATE OR REPLACE FUNCTION awa.queue_depth_v1(p_queue text DEFAULT NULL::text)
  SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 8bd18d753d521e42 (9 lines)
+ AS body sha256 b4f50273b1ca4824 (18 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_dlq_v1(p_queue text, p_enabled boolean)
@@ -1596,7 +1604,7 @@ CREATE OR REPLACE FUNCTION awa.queue_lag_v1()
  SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 1c4e66dcc2d07901 (25 lines)
+ AS body sha256 02c2279ee878d09c (27 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_pause_v1(p_queue text, p_paused boolean)

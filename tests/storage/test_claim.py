@@ -194,6 +194,22 @@ def test_approximate_depth_follows_lane_cursors() -> None:
         assert storage.queue_depth(conn, "depth") == {"depth": 6}
 
 
+def test_depth_is_zero_on_a_quiet_queue_after_rolled_back_enqueues() -> None:
+    """A rolled-back enqueue spends a lane position and writes no row: the depth (and the
+    metrics' available, awa.queue_lag_v1) counts the rows, not the positions."""
+    with pg() as conn:
+        enqueue_sql(conn, jobs_json(2, queue="ghost"))
+        claim_ids(conn, "ghost", n=1)
+        for _ in range(5):
+            with conn.transaction(force_rollback=True):
+                enqueue_sql(conn, jobs_json(1, queue="ghost"))
+        assert storage.queue_depth(conn, "ghost") == {"ghost": 1}
+        lag = conn.execute("SELECT available FROM awa.queue_lag_v1() WHERE queue = 'ghost'")
+        assert lag.fetchone() == (1,)
+        claim_ids(conn, "ghost", n=1)
+        assert storage.queue_depth(conn, "ghost") == {"ghost": 0}
+
+
 def test_claims_stay_index_probes_when_statistics_say_the_rings_are_empty() -> None:
     """An ANALYZE of empty ring partitions followed by a backlog: every claim must still read
     the claim ring by index (the lane cursor), so its cost does not grow with jobs claimed."""

@@ -151,9 +151,34 @@ AS $$
     ORDER BY n.queue
 $$;
 
--- Cheap approximate depth per queue for the hot path and metrics: for each lane, the enqueue
--- sequence minus the claim cursor. Over-counts briefly (rollbacks, in-flight producers,
--- cancelled rows); never scans history.
+-- The jobs waiting in one lane above its cursor p_cursor, up to its last enqueue position
+-- p_last: exact (one index range of the lane, each row's tombstone probed) while p_last -
+-- p_cursor is at most 1,000; beyond, the positions between them, which over-count by the
+-- lane's rolled-back enqueues and cancelled rows (a lane that deep is a backlog whatever the
+-- exact figure). A rolled-back enqueue spends a position and writes no row, so a sequence
+-- difference alone reads a quiet queue as non-empty for good.
+CREATE OR REPLACE FUNCTION awa._lane_depth_v1(p_lane_id integer, p_cursor bigint, p_last bigint)
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+    SELECT CASE
+        WHEN p_last <= p_cursor THEN 0::bigint
+        WHEN p_last - p_cursor > 1000 THEN p_last - p_cursor
+        ELSE (SELECT count(DISTINCT e.lane_seq) FROM awa.ready_entries e
+              WHERE e.lane_id = p_lane_id AND e.lane_seq > p_cursor AND e.lane_seq <= p_last
+                AND NOT EXISTS (
+                    SELECT 1 FROM awa.ready_tombstones t
+                    WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                      AND t.ready_slot = e.ready_slot))
+    END
+$$;
+
+-- Depth per queue for the hot path and metrics: the jobs waiting in the queue's lanes
+-- (awa._lane_depth_v1: exact while a lane holds at most 1,000 positions above its cursor, the
+-- positions beyond) plus the jobs parked by a limit or a serial key (flow_waiting,
+-- serial_waiting), which run once they may. Never scans history.
 CREATE OR REPLACE FUNCTION awa.queue_depth_v1(p_queue text DEFAULT NULL::text)
  RETURNS TABLE(queue text, available bigint)
  LANGUAGE sql
@@ -162,25 +187,34 @@ CREATE OR REPLACE FUNCTION awa.queue_depth_v1(p_queue text DEFAULT NULL::text)
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
-    SELECT l.queue,
-           sum(GREATEST(COALESCE(pg_sequence_last_value(l.enqueue_seq), 0)
-                        - awa.lane_cursor_v1(l.lane_id), 0))::bigint
-    FROM awa.queue_lanes l
-    WHERE p_queue IS NULL OR l.queue = p_queue
-    GROUP BY l.queue
-    ORDER BY l.queue
+    SELECT q.queue, sum(q.n)::bigint
+    FROM (
+        SELECT l.queue,
+               awa._lane_depth_v1(l.lane_id, awa.lane_cursor_v1(l.lane_id),
+                                  COALESCE(pg_sequence_last_value(l.enqueue_seq), 0)) AS n
+        FROM awa.queue_lanes l
+        WHERE p_queue IS NULL OR l.queue = p_queue
+        UNION ALL
+        SELECT w.queue, count(*) FROM awa.flow_waiting w
+        WHERE p_queue IS NULL OR w.queue = p_queue GROUP BY w.queue
+        UNION ALL
+        SELECT w.queue, count(*) FROM awa.serial_waiting w
+        WHERE p_queue IS NULL OR w.queue = p_queue GROUP BY w.queue
+    ) q
+    GROUP BY q.queue
+    ORDER BY q.queue
 $$;
 
 -- Lag ----------------------------------------------------------------------------------------------
 
--- One row per queue that has lanes: available (approximate: enqueue sequence minus claim
--- cursor, summed over its lanes; it over-counts briefly, like awa.queue_depth_v1),
--- lag_seconds (now() minus the run_at of the oldest unclaimed, uncancelled job at the head of
--- a lane; NULL when nothing waits) and paused. Each lane costs its cursor, its sequence and one
--- index probe of ready_entries from the cursor on: the head of a lane is its oldest job in
--- lane order, so lag_seconds is the age of the oldest waiting job give or take the FIFO order
--- of lanes (a promoted job is appended when it is promoted, behind jobs enqueued after its
--- run_at).
+-- One row per queue that has lanes: available (as awa.queue_depth_v1 counts: exact while a
+-- lane holds at most 1,000 positions above its cursor, parked jobs included), lag_seconds (now() minus the
+-- run_at of the oldest unclaimed, uncancelled job at the head of a lane; NULL when nothing
+-- waits) and paused. Each lane costs its cursor, its sequence, one index probe of
+-- ready_entries from the cursor on and, when it holds at most 1,000 positions, the range of
+-- them: the head of a lane is its oldest job in lane order, so lag_seconds is the age of the
+-- oldest waiting job give or take the FIFO order of lanes (a promoted job is appended when it
+-- is promoted, behind jobs enqueued after its run_at).
 CREATE OR REPLACE FUNCTION awa.queue_lag_v1()
  RETURNS TABLE(queue text, available bigint, lag_seconds double precision, paused boolean)
  LANGUAGE sql
@@ -195,7 +229,9 @@ AS $$
         FROM awa.queue_lanes l
     )
     SELECT x.queue,
-           sum(GREATEST(x.last_seq - x.cursor, 0))::bigint,
+           (sum(awa._lane_depth_v1(x.lane_id, x.cursor, x.last_seq))
+            + (SELECT count(*) FROM awa.flow_waiting w WHERE w.queue = x.queue)
+            + (SELECT count(*) FROM awa.serial_waiting w WHERE w.queue = x.queue))::bigint,
            extract(epoch FROM now() - min(h.run_at))::double precision,
            COALESCE(bool_or(m.paused), false)
     FROM lanes x
