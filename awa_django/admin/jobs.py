@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
@@ -25,7 +26,8 @@ from awa_django.admin.filters import (
     TerminalStateFilter,
 )
 from awa_django.admin.forms import RetryForm, RetryFromHistoryForm
-from awa_django.operator import cancel, dlq_purge, dlq_retry, history_retry
+from awa_django.admin.read_alias import admin_read_alias
+from awa_django.operator import cancel, dlq_purge, dlq_retry, history_retry, paused_queues
 
 __all__ = ["DeadLetterAdmin", "JobAdmin", "TerminalJobAdmin"]
 
@@ -211,13 +213,22 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
 
 
 class JobAdmin(JobDetail, JobListAdmin):
-    list_display = ("id", "kind", "queue", "state", "priority", "attempt", "tag_list", "run_at")
+    list_display = (
+        "id",
+        "kind",
+        "queue",
+        "state_shown",
+        "priority",
+        "attempt",
+        "tag_list",
+        "run_at",
+    )
     list_filter = (LiveStateFilter, QueueFilter, KindFilter, TagFilter)
     readonly_fields = (
         "id",
         "kind",
         "queue",
-        "state",
+        "state_shown",
         "priority",
         "attempt",
         "max_attempts",
@@ -237,8 +248,26 @@ class JobAdmin(JobDetail, JobListAdmin):
         "pretty_progress",
         "error_timeline",
     )
-    exclude = ("args", "metadata", "result", "progress", "errors", "tags")
+    exclude = ("args", "metadata", "result", "progress", "errors", "tags", "state")
     actions = ("cancel_jobs",)
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        # Which queues are paused: one read for the page, not one per row.
+        changelist = super().get_changelist_instance(request)
+        paused = paused_queues(using=admin_read_alias())
+        for job in changelist.result_list:
+            job.queue_paused = job.queue in paused
+        return changelist
+
+    @admin.display(description="state", ordering="state")
+    def state_shown(self, obj: Any) -> str:
+        """The job's state; an available job of a paused queue says that nothing runs it."""
+        paused = getattr(obj, "queue_paused", None)
+        if paused is None:  # the detail page: one job, one read
+            paused = obj.queue in paused_queues(using=admin_read_alias())
+        if obj.state == "available" and paused:
+            return "available (queue paused: nothing claims it until the queue resumes)"
+        return str(obj.state)
 
     @admin.action(description="Cancel selected jobs", permissions=["cancel_job"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:

@@ -56,15 +56,17 @@ def _waiting(stat: QueueStat) -> int:
 class QueueStatAdmin(ReadOnlyAdmin):
     list_display = (
         "queue",
-        "paused",
+        "status",
         "available",
         "running",
+        "waiting",
         "scheduled",
         "retryable",
         "completed_count",
         "failed_count",
-        "dlq",
-        "dlq_enabled",
+        "cancelled_count",
+        "in_dlq",
+        "failures_go_to",
         "lag",
         "completed_last_hour",
         "global_limit",
@@ -94,6 +96,24 @@ class QueueStatAdmin(ReadOnlyAdmin):
     @admin.display(description="failed")
     def failed_count(self, obj: QueueStat) -> str:
         return _history_count(obj.failed)
+
+    @admin.display(description="cancelled")
+    def cancelled_count(self, obj: QueueStat) -> str:
+        return _history_count(obj.cancelled)
+
+    @admin.display(description="status", ordering="paused")
+    def status(self, obj: QueueStat) -> str:
+        # A status, not a boolean: a red cross on every healthy queue read as an alarm.
+        return "paused" if obj.paused else "active"
+
+    @admin.display(description="waiting", ordering="waiting_external")
+    def waiting(self, obj: QueueStat) -> int:
+        """Jobs parked waiting for a callback (``waiting_external``)."""
+        return int(obj.waiting_external)
+
+    @admin.display(description="in DLQ", ordering="dlq")
+    def in_dlq(self, obj: QueueStat) -> int:
+        return int(obj.dlq)
 
     @admin.display(description="lag")
     def lag(self, obj: QueueStat) -> str:
@@ -157,6 +177,7 @@ class QueueStatAdmin(ReadOnlyAdmin):
                 "stat": stat,
                 "completed": stat.shown("completed"),
                 "failed": stat.shown("failed"),
+                "cancelled": stat.shown("cancelled"),
                 "sparkline": sparkline(throughput(stat.queue, using=read)),
             }
             for stat in queue_stats(using=read)
@@ -310,9 +331,11 @@ class QueueStatAdmin(ReadOnlyAdmin):
             describe=describe,
         )
 
-    @admin.display(description="DLQ", boolean=True)
-    def dlq_enabled(self, obj: QueueStat) -> bool:
-        return queue_dlq_enabled(obj.queue, using=admin_read_alias())  # as the list
+    @admin.display(description="failures go to")
+    def failures_go_to(self, obj: QueueStat) -> str:
+        """Where the queue's jobs that fail for good go: the DLQ, or history as failed."""
+        enabled = queue_dlq_enabled(obj.queue, using=admin_read_alias())  # as the list
+        return "DLQ" if enabled else "history"
 
     def _dlq(
         self, request: HttpRequest, queryset: QuerySet[Any], enabled: bool

@@ -43,6 +43,7 @@ __all__ = [
     "job_list",
     "job_show",
     "kind_limits",
+    "paused_queues",
     "queue_dlq_enabled",
     "queue_limits",
     "queue_stats",
@@ -446,6 +447,13 @@ def replica_status(using: str | None = None) -> ReplicaStatus:
     status = fetch_one(ReplicaStatus, "replica_status", using=using)
     assert status is not None  # one row, always
     return status
+
+
+def paused_queues(*, using: str | None = None) -> frozenset[str]:
+    """The names of the queues paused now (``queue_pause``): their jobs wait, unclaimed."""
+    with cursor(using) as c:
+        c.execute(query("paused_queues"))
+        return frozenset(str(row[0]) for row in c.fetchall())  # one column
 
 
 def queue_dlq_enabled(queue: str, *, using: str | None = None) -> bool:

@@ -3,6 +3,7 @@ that never fail, no history scans, the dashboard. Actions: tests/django/test_adm
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from tests.jobs import common as testjobs
 from tests.support.admin_client import changelist, confirmed, post_action
 from tests.support.awa_schema import job_state
 from tests.support.database import pg
-from tests.support.factories import HOSTILE, TAGS, WORKER, staff, tagged_jobs
+from tests.support.factories import HOSTILE, TAGS, WORKER, enqueue_sql, staff, tagged_jobs
 from tests.support.factories import hostile_dead_letter as dead_letter
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
@@ -353,6 +354,46 @@ def test_dashboard_renders_counts_and_a_sparkline() -> None:
         storage.finalize(conn, [Finalization(c.job_id, c.run_lease, c.claim_slot, "completed")])
     body = staff().get(reverse("admin:awa_django_dashboard")).content.decode()
     assert "<svg" in body and "default" in body and "peak 1" in body
+
+
+def test_every_overview_counts_each_state_and_shows_a_pause_as_a_status() -> None:
+    """One vocabulary on the Queues page, the dashboard, awa_status and the jobs list: a job
+    waiting for a callback and a cancelled job are counted; a paused queue says so."""
+    from django.core.management import call_command
+
+    from awa_django.operator import cancel, queue_pause
+    from tests.support.callbacks import parked
+
+    with pg() as conn:
+        parked(conn, queue="ops")
+        enqueue_sql(conn, '[{"kind": "k", "queue": "ops"}, {"kind": "k", "queue": "ops"}]')
+        ready = conn.execute(
+            "SELECT id FROM awa.live_jobs WHERE queue = 'ops' AND state = 'available' ORDER BY id"
+        ).fetchall()
+    assert cancel(ready[0][0])
+    queue_pause("ops")
+    client = staff()
+    queues = client.get(changelist("queuestat")).content.decode()
+    for field, value in [
+        ("status", "paused"),
+        ("available", "1"),
+        ("waiting", "1"),
+        ("running", "0"),
+        ("cancelled_count", "1"),
+        ("in_dlq", "0"),
+    ]:
+        assert f'<td class="field-{field}">{value}</td>' in queues, field
+    dashboard = client.get(reverse("admin:awa_django_dashboard")).content.decode()
+    assert "<th>waiting</th>" in dashboard and "<th>cancelled</th>" in dashboard
+    assert "<strong>paused</strong>" in dashboard
+    jobs = client.get(changelist("livejob")).content.decode()
+    assert "available (queue paused" in jobs
+    out = io.StringIO()
+    call_command("awa_status", stdout=out)
+    assert (
+        "ops: paused, 1 available, 0 running, 1 waiting, 0 scheduled, 0 retryable, "
+        "0 completed, 0 failed, 1 cancelled, 0 in DLQ" in out.getvalue()
+    )
 
 
 def test_models_are_read_only() -> None:

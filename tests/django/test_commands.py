@@ -15,6 +15,7 @@ from awa_django.db import storage
 from tests.jobs import common as testjobs
 from tests.support import factories
 from tests.support.awa_schema import job_state
+from tests.support.callbacks import parked
 from tests.support.database import pg
 from tests.support.factories import WORKER
 
@@ -35,7 +36,7 @@ def test_awa_status_text_and_json() -> None:
     testjobs.noop.enqueue()
     dead_letter("mail")
     text = run("awa_status")
-    assert "default: 1 available" in text and "mail:" in text and "1 in DLQ" in text
+    assert "default: active, 1 available" in text and "mail:" in text and "1 in DLQ" in text
     assert "rings:" in text
     data = json.loads(run("awa_status", "--json"))
     queues = {q["queue"]: q for q in data["queues"]}
@@ -80,6 +81,13 @@ def test_awa_job_show_retry_cancel() -> None:
     assert "cancelled (was available)" in run("awa_job", "cancel", str(live))
     [dead] = dead_letter()
     assert run("awa_job", "retry", str(dead)) == f"job {dead} retried\n"
+    assert "callback" not in shown
+    with pg() as conn:
+        waiting, callback = parked(conn, timeout=3600)
+    shown = json.loads(run("awa_job", "show", str(waiting.job_id)))
+    assert shown["state"] == "waiting_external"
+    assert shown["callback"]["callback_id"] == str(callback)
+    assert shown["callback"]["timeout_at"] is not None
 
 
 def test_awa_job_refuses_retry_of_live_job_and_cancel_of_terminal() -> None:

@@ -20,6 +20,8 @@ from awa_django.operator import (
     job_list,
     job_show,
 )
+from awa_django.operator.rows import cursor
+from awa_django.sql import query
 from awa_django.states import JobState
 
 #: Most jobs ``list`` shows.
@@ -33,6 +35,17 @@ def _by() -> str:
     except Exception:  # no user name (a container without an entry in /etc/passwd)
         user = "unknown"
     return f"{user}@{socket.gethostname()} (awa_job)"[:255]
+
+
+def _callback_wait(job_id: int) -> dict[str, Any] | None:
+    """The callback a waiting job waits for: its id (what the external system sends back),
+    when the job parked, when the wait times out, and whether resolving resumes the handler."""
+    with cursor(None) as c:
+        c.execute(query("job_callback_wait"), [job_id])
+        row = c.fetchone()
+        if row is None:  # resolved or timed out meanwhile
+            return None
+        return {d.name: v for d, v in zip(c.description, row, strict=True)}
 
 
 class Command(BaseCommand):
@@ -102,7 +115,10 @@ class Command(BaseCommand):
         if job is None:
             raise CommandError(f"job {job_id} not found (unknown, or aged out of history)")
         if action == "show":
-            self.stdout.write(json.dumps(dataclasses.asdict(job), indent=2, default=str))
+            shown = dataclasses.asdict(job)
+            if job.state == JobState.WAITING_EXTERNAL:
+                shown["callback"] = _callback_wait(job_id)
+            self.stdout.write(json.dumps(shown, indent=2, default=str))
         elif action == "retry":
             if job.in_dlq:
                 dlq_retry([job_id])

@@ -88,11 +88,11 @@ class Command(BaseCommand):
         for q in queues:
             lag = "-" if q.lag_seconds is None else f"{q.lag_seconds:.1f}s"
             self.stdout.write(
-                f"  {q.queue}{' (paused)' if q.paused else ''}: {q.available} available, "
-                f"{q.running} running, {q.scheduled + q.retryable} deferred, "
-                f"{q.shown('completed')} completed, {q.shown('failed')} failed, {q.dlq} in DLQ; "
-                f"lag {lag}; "
-                f"{q.completed_last_hour} completed in the last hour"
+                f"  {q.queue}: {'paused' if q.paused else 'active'}, {q.available} available, "
+                f"{q.running} running, {q.waiting_external} waiting, {q.scheduled} scheduled, "
+                f"{q.retryable} retryable, {q.shown('completed')} completed, "
+                f"{q.shown('failed')} failed, {q.shown('cancelled')} cancelled, "
+                f"{q.dlq} in DLQ; lag {lag}; {q.completed_last_hour} completed in the last hour"
             )
         self.stdout.write(self.style.MIGRATE_HEADING("flow limits:"))
         if not limits and not kinds:

@@ -70,6 +70,10 @@ SELECT id, kind, queue, state, priority, attempt, max_attempts, run_lease, args,
        dlq_reason
 FROM awa.job_v1(%s)
 
+-- name: job_callback_wait
+-- The callback a waiting job waits for (awa_job show), by column name.
+SELECT callback_id, parked_at, timeout_at, resume FROM awa.callback_waits WHERE job_id = %s
+
 -- name: dlq_list
 SELECT job_id, queue, kind, attempt, dlq_reason AS reason, dlq_at
 FROM awa.dlq_entries
@@ -90,6 +94,10 @@ SELECT current_setting('transaction_isolation')
 -- name: queue_dlq
 -- Returns whether the queue's DLQ setting changed.
 SELECT awa.queue_dlq_v1(%s, %s)
+
+-- name: paused_queues
+-- One column: the name of each paused queue.
+SELECT queue FROM awa.queue_meta WHERE paused
 
 -- name: queue_dlq_enabled
 -- One column: whether the queue's DLQ is on (no row: the queue has no metadata yet; it is on).
