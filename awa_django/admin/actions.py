@@ -101,6 +101,7 @@ def confirm(
     note: str = "",
     describe: Callable[[Any], str] = str,
     batched: bool = False,
+    initial: Callable[[list[Any]], dict[str, Any]] | None = None,
 ) -> HttpResponse | None:
     """Show a confirmation page (with ``form_class``), then run ``perform`` on confirmation.
 
@@ -113,6 +114,7 @@ def confirm(
     page what the action will do; ``describe`` names each selected row. ``batched``: the action
     commits in short batches of its own, each with its log entries (a drain of a large queue
     must not hold its lanes for the whole run), so ``perform`` is not wrapped in one transaction.
+    ``initial(objects)`` fills the form on the confirmation page (the settings in force now).
     """
     confirming = "confirm" in request.POST
     if confirming:
@@ -128,7 +130,12 @@ def confirm(
     objects = _rows_on_the_primary(modeladmin, request, queryset, keys, confirming=confirming)
     if objects is None:
         return None
-    form = form_class(request.POST if confirming else None) if form_class else None
+    if form_class is None:
+        form = None
+    elif confirming:
+        form = form_class(request.POST)
+    else:
+        form = form_class(initial=initial(objects) if initial else None)
     if confirming and (form is None or form.is_valid()):
         data = form.cleaned_data if form else {}
         _perform(modeladmin, request, lambda: perform(objects, data), batched=batched)

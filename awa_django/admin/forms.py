@@ -101,7 +101,7 @@ class FlowLimitsForm(forms.Form):
     clear = forms.BooleanField(
         required=False,
         help_text="Drop the operator's limits instead: the queue's AWA['QUEUES'] settings "
-        "apply again (leave the fields above empty).",
+        "apply again (the fields above are ignored).",
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -115,15 +115,27 @@ class FlowLimitsForm(forms.Form):
         if self.errors:
             return data
         limits = [data.get(f) for f in _LIMITS]
-        if data.get("clear"):
-            if any(v is not None for v in limits):
-                raise ValidationError("Clear takes no limits: leave the fields empty or untick it.")
-            return data
+        if data.get("clear"):  # the fields show the limits in force: clearing drops them all
+            return {**data, **dict.fromkeys(_LIMITS)}
         try:
             check_flow_limits(*limits)
         except InvalidOptionError as exc:
             raise ValidationError(str(exc)) from None
         return data
+
+
+def limits_in_force(limits: list[Any]) -> dict[str, Any] | None:
+    """The flow-limits form's initial values: the limits in force when every selected queue
+    (or kind) has the same ones (``None`` in ``limits``: none), so that changing one field
+    keeps the others; ``None`` when they differ."""
+    seen = {
+        (None, None, None) if x is None else (x.global_concurrency, x.rate_limit, x.rate_burst)
+        for x in limits
+    }
+    if len(seen) != 1:
+        return None
+    values = dict(zip(_LIMITS, seen.pop(), strict=True))
+    return {name: value for name, value in values.items() if value is not None}
 
 
 class KindFlowLimitsForm(FlowLimitsForm):
@@ -136,7 +148,7 @@ class KindFlowLimitsForm(FlowLimitsForm):
         "rate_limit": "The most jobs of the kind started per second across every worker (from "
         "0.001 to 1,000,000). Empty: no rate limit.",
         "clear": "Drop the operator's limits instead: the kind's @job options and "
-        "AWA['KINDS'] apply again (leave the fields above empty).",
+        "AWA['KINDS'] apply again (the fields above are ignored).",
     }
 
 

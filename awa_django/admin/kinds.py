@@ -20,7 +20,7 @@ from django.urls import reverse
 
 from awa_django.admin.actions import admin_actor, confirm, log_change, run_atomically
 from awa_django.admin.base import ReadOnlyAdmin
-from awa_django.admin.forms import KindFlowLimitsForm, LimitKindForm
+from awa_django.admin.forms import KindFlowLimitsForm, LimitKindForm, limits_in_force
 from awa_django.conf import awa_settings
 from awa_django.limits import check_kind_name
 from awa_django.models import KindLimit
@@ -111,14 +111,29 @@ class KindLimitAdmin(ReadOnlyAdmin):
             queryset,
             title="Set flow limits of job kinds",
             note=(
-                "The limits given replace each kind's flow limits in every queue and across "
-                "every worker: a limit left empty is lifted, also one @job or AWA['KINDS'] "
-                "sets, until cleared. Workers apply them from their next claim. docs/flow.md."
+                "The form shows the limits in force. The limits given replace each kind's "
+                "flow limits in every queue and across every worker: a limit left empty is "
+                "lifted, also one @job or AWA['KINDS'] sets, until cleared. Workers apply them "
+                "from their next claim. docs/flow.md."
             ),
             form_class=KindFlowLimitsForm,
             perform=perform,
             describe=describe,
+            initial=lambda objects: self._limits_now(
+                request, [current.get(o.kind) for o in objects]
+            ),
         )
+
+    def _limits_now(self, request: HttpRequest, limits: list[Any]) -> dict[str, Any]:
+        initial = limits_in_force(limits)
+        if initial is None:
+            self.message_user(
+                request,
+                "The selected kinds have different flow limits: the form is empty, and the "
+                "limits given replace each one's whole.",
+                messages.WARNING,
+            )
+        return initial or {}
 
     def has_manage_queue_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("awa_django.manage_queue"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
@@ -21,7 +21,7 @@ from django.urls import path
 from awa_django.admin.actions import admin_actor, confirm, log_change
 from awa_django.admin.base import ReadOnlyAdmin
 from awa_django.admin.display import sparkline
-from awa_django.admin.forms import FlowLimitsForm
+from awa_django.admin.forms import FlowLimitsForm, limits_in_force
 from awa_django.admin.read_alias import admin_read_alias, choose_read_alias
 from awa_django.db.storage import HISTORY_EXACT_UP_TO
 from awa_django.limits import check_queue_name
@@ -322,14 +322,29 @@ class QueueStatAdmin(ReadOnlyAdmin):
             queryset,
             title="Set flow limits",
             note=(
-                "The limits given replace each queue's flow limits across every worker: a "
-                "limit left empty is lifted, also one AWA['QUEUES'] sets, until cleared. "
-                "Workers apply them from their next claim. docs/flow.md."
+                "The form shows the limits in force. The limits given replace each queue's "
+                "flow limits across every worker: a limit left empty is lifted, also one "
+                "AWA['QUEUES'] sets, until cleared. Workers apply them from their next claim. "
+                "docs/flow.md."
             ),
             form_class=FlowLimitsForm,
             perform=perform,
             describe=describe,
+            initial=lambda objects: self._limits_now(
+                request, [current.get(o.queue) for o in objects]
+            ),
         )
+
+    def _limits_now(self, request: HttpRequest, limits: list[Any]) -> dict[str, Any]:
+        initial = limits_in_force(limits)
+        if initial is None:
+            self.message_user(
+                request,
+                "The selected queues have different flow limits: the form is empty, and the "
+                "limits given replace each one's whole.",
+                messages.WARNING,
+            )
+        return initial or {}
 
     @admin.display(description="failures go to")
     def failures_go_to(self, obj: QueueStat) -> str:

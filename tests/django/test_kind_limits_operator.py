@@ -265,11 +265,12 @@ def test_the_kinds_page_action_and_limit_page_are_gated_checked_and_logged() -> 
     assert f"{KIND}: limit 3 (in use 0), operator now" in confirm_page.content.decode()
     _, done = confirmed(client, "kindlimit", "limit_kinds", [KIND], rate_limit="nan")
     assert done.status_code == 200 and rows()[0][1] == 3  # the error, nothing written
+    # The form opens with the limits in force: giving a rate keeps the limit of 3.
     _, done = confirmed(client, "kindlimit", "limit_kinds", [KIND], rate_limit="20")
     assert messages_of(done) == [
-        f"Set flow limits: {KIND} flow limits set: rate 20/s burst 2, operator"
+        f"Set flow limits: {KIND} flow limits set: limit 3, rate 20/s burst 2, operator"
     ]
-    assert rows() == [(KIND, None, 20.0, None, "operator", "admin (u1)")]
+    assert rows() == [(KIND, 3, 20.0, None, "operator", "admin (u1)")]
     # A kind without a row yet: the "limit a job kind" page.
     add = reverse("admin:awa_django_kindlimit_add")
     refused = client.post(add, {"kind": "no.such.kind", "global_concurrency": "2"})
@@ -281,7 +282,7 @@ def test_the_kinds_page_action_and_limit_page_are_gated_checked_and_logged() -> 
     assert (testjobs.noop.kind, 2, None, None, "operator", "admin (u1)") in rows()
     assert sorted(LogEntry.objects.values_list("object_id", "change_message")) == sorted(
         [
-            (KIND, "flow limits set: rate 20/s burst 2, operator"),
+            (KIND, "flow limits set: limit 3, rate 20/s burst 2, operator"),
             (testjobs.noop.kind, "flow limits set: limit 2, operator"),
         ]
     )
