@@ -22,15 +22,17 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
+from django.core.paginator import Page, PageNotAnInteger, Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
 from django.utils.functional import cached_property
 
 from awa_django.admin.filters import KIND_MAX_LENGTH, storable
 from awa_django.admin.read_alias import admin_read_alias, choose_read_alias
 from awa_django.admin.selection import job_id_key, valid_key
 from awa_django.limits import MAX_BIGINT, MAX_TEXT
+from awa_django.operator import job_show
 
 __all__ = ["CappedPaginator", "JobListAdmin", "ReadOnlyAdmin", "search_jobs"]
 
@@ -41,10 +43,15 @@ class CappedPaginator(Paginator):  # type: ignore[type-arg]
     """Counts at most ``CAP + 1`` rows: a queue's history can be millions of rows.
 
     The count is ``SELECT count(*) FROM (SELECT pk ... LIMIT CAP + 1)``, without the list's
-    ordering (which does not change how many rows there are).
+    ordering (which does not change how many rows there are). A list of more than ``CAP``
+    rows says "more than 10,000" and pages on past them, up to page ``MAX_PAGE`` (an offset
+    costs the rows it skips: narrow a longer list with its filters). A page past the end is
+    the last page, and ``asked`` keeps the number asked for, so the list can say so.
     """
 
     CAP = 10_000
+    MAX_PAGE = 1_000
+    asked: int | None = None
 
     @cached_property
     def count(self) -> int:
@@ -52,6 +59,56 @@ class CappedPaginator(Paginator):  # type: ignore[type-arg]
         if isinstance(rows, QuerySet):
             return rows.order_by().values("pk")[: self.CAP + 1].count()
         return len(rows[: self.CAP + 1])
+
+    @property
+    def capped(self) -> bool:
+        """Whether the list holds more rows than it counts."""
+        return self.count > self.CAP
+
+    @property
+    def shown_count(self) -> str:
+        """The row count for people: ``1,234``, or ``more than 10,000``."""
+        return f"more than {self.CAP:,}" if self.capped else f"{self.count:,}"
+
+    @property
+    def last_page(self) -> int:
+        return self.MAX_PAGE if self.capped else int(self.num_pages)
+
+    def validate_number(self, number: Any) -> int:
+        try:
+            valid = max(int(number), 1)
+        except (TypeError, ValueError):
+            raise PageNotAnInteger("That page number is not an integer") from None
+        if valid > self.last_page:
+            self.asked, valid = valid, self.last_page
+        return valid
+
+    def get_elided_page_range(
+        self, number: Any = 1, *, on_each_side: int = 3, on_ends: int = 2
+    ) -> Any:
+        if not self.capped:
+            yield from super().get_elided_page_range(
+                number, on_each_side=on_each_side, on_ends=on_ends
+            )
+            return
+        # More rows than counted: no last page to link to, only the pages around this one.
+        number = self.validate_number(number)
+        start = max(number - on_each_side, 1)
+        if start > on_ends + 2:
+            yield from range(1, on_ends + 1)
+            yield self.ELLIPSIS
+        else:
+            start = 1
+        yield from range(start, min(number + on_each_side, self.last_page) + 1)
+        if number + on_each_side < self.last_page:
+            yield self.ELLIPSIS
+
+    def page(self, number: Any) -> Any:
+        if not self.capped:
+            return super().page(number)
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        return Page(self.object_list[bottom : bottom + self.per_page], number, self)
 
 
 def search_jobs(
@@ -155,7 +212,30 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         banner = choose_read_alias()
         if banner is not None and request.method == "GET":
             self.message_user(request, banner[1], banner[0])
-        return super().changelist_view(request, extra_context)
+        response = super().changelist_view(request, extra_context)
+        changelist = getattr(response, "context_data", None) or {}
+        paginator = getattr(changelist.get("cl"), "paginator", None)
+        if (
+            isinstance(paginator, CappedPaginator)
+            and paginator.capped
+            and changelist["cl"].page_num > 1
+            and not changelist["cl"].result_list
+        ):
+            self.message_user(
+                request,
+                f"Page {changelist['cl'].page_num:,} is past the end of the list.",
+                messages.WARNING,
+            )
+        elif isinstance(paginator, CappedPaginator) and paginator.asked is not None:
+            changelist["cl"].page_num = paginator.last_page
+            self.message_user(
+                request,
+                f"There is no page {paginator.asked:,}: this is the last page, "
+                f"{paginator.last_page:,}"
+                + (" (narrow a longer list with its filters)." if paginator.capped else "."),
+                messages.WARNING,
+            )
+        return response
 
     def change_view(
         self,
@@ -176,7 +256,12 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 class JobListAdmin(ReadOnlyAdmin):
-    """A list of jobs, searched by job id or kind (see :func:`search_jobs`)."""
+    """A list of jobs, searched by job id or kind (see :func:`search_jobs`).
+
+    A job's page that no longer has it (a live job that finished, a DLQ job retried) leads to
+    the page that has it now: the live jobs, history or the DLQ, whichever holds it; a job
+    that is nowhere (aged out of history, purged) leads to this list, saying so.
+    """
 
     search_fields = ("kind",)
     search_help_text = "A job id, or part of a job kind."
@@ -187,3 +272,27 @@ class JobListAdmin(ReadOnlyAdmin):
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Any], bool]:
         return search_jobs(queryset, search_term, whole_kind=self.search_whole_kind), False
+
+    def _get_obj_does_not_exist_redirect(
+        self, request: HttpRequest, opts: Any, object_id: str
+    ) -> HttpResponseRedirect:
+        key = job_id_key(object_id) if valid_key(object_id, job_id_key) else None
+        job = None if key is None else job_show(key, using=admin_read_alias())
+        if job is not None:
+            if job.in_dlq:
+                model = "deadletter"
+            elif job.state in ("completed", "failed", "cancelled"):
+                model = "terminaljob"
+            else:
+                model = "livejob"
+            if model != opts.model_name:
+                where = {"deadletter": "the DLQ", "terminaljob": "history"}.get(model, "live")
+                self.message_user(request, f"Job {key} is {job.state} now ({where}).")
+                return HttpResponseRedirect(reverse(f"admin:awa_django_{model}_change", args=[key]))
+        self.message_user(
+            request,
+            f"No job {object_id!r} here: it finished, left the DLQ, or aged out of history "
+            "(search for its id on the other job lists).",
+            messages.WARNING,
+        )
+        return HttpResponseRedirect(reverse(f"admin:awa_django_{opts.model_name}_changelist"))

@@ -18,7 +18,7 @@ from awa_django.db import storage
 from awa_django.db.storage import Finalization
 from awa_django.models import DeadLetter, LiveJob, ReadOnlyError, TerminalJob
 from tests.jobs import common as testjobs
-from tests.support.admin_client import changelist, confirmed, post_action
+from tests.support.admin_client import changelist, confirmed, messages_of, post_action
 from tests.support.awa_schema import job_state
 from tests.support.database import pg
 from tests.support.factories import HOSTILE, TAGS, WORKER, enqueue_sql, staff, tagged_jobs
@@ -347,6 +347,34 @@ def test_capped_paginator_counts_at_most_cap_plus_one(monkeypatch: pytest.Monkey
     assert CappedPaginator(DeadLetter.objects.all(), 2).count == 7
 
 
+def test_pages_past_the_end_and_past_the_count_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.contrib import admin
+
+    dead_letter(7)
+    monkeypatch.setattr(admin.site._registry[DeadLetter], "list_per_page", 2)
+    client = staff()
+    url = changelist("deadletter")
+    last = client.get(url + "?p=9")
+    assert last.status_code == 200 and last.context["cl"].page_num == 4
+    assert "There is no page 9: this is the last page, 4." in messages_of(last)
+    assert "7 jobs" in last.content.decode()
+    monkeypatch.setattr(CappedPaginator, "CAP", 5)
+    page = client.get(url + "?p=3")
+    text = page.content.decode()
+    assert "more than 5 jobs" in text
+    assert len(page.context["cl"].result_list) == 2  # pages go on past the count
+    assert len(client.get(url + "?p=4").context["cl"].result_list) == 1
+    acting = staff("retry_dlq").get(url).content.decode()
+    assert "Select all more than 5 jobs</a> (an action takes at most 1,000" not in acting
+    assert "Select all more than 5 jobs</a>" in acting
+    past = client.get(url + "?p=9")
+    assert past.status_code == 200 and "Page 9 is past the end of the list." in messages_of(past)
+    monkeypatch.setattr(CappedPaginator, "MAX_PAGE", 3)
+    assert (
+        "There is no page 9: this is the last page, 3" in messages_of(client.get(url + "?p=9"))[0]
+    )
+
+
 def test_dashboard_renders_counts_and_a_sparkline() -> None:
     testjobs.noop.enqueue()
     with pg() as conn:
@@ -415,6 +443,25 @@ def test_unknown_and_malformed_detail_ids_redirect_to_the_list() -> None:
     for pk in ("99999999999999999999999", "abc", "%C2%B2", "1"):
         response = client.get(f"{changelist('livejob')}{pk}/change/")
         assert response.status_code == 302, pk
+        assert response["Location"] == changelist("livejob"), pk
+
+
+def test_a_job_page_that_no_longer_has_the_job_leads_to_the_page_that_does() -> None:
+    job = testjobs.noop.enqueue().id
+    with pg() as conn:
+        [c] = storage.claim(conn, "default", 1, WORKER)
+        storage.finalize(conn, [Finalization(c.job_id, c.run_lease, c.claim_slot, "completed")])
+    [dead] = dead_letter()
+    client: Client = staff()
+    moved = client.get(f"{changelist('livejob')}{job}/change/")
+    assert moved["Location"] == f"{changelist('terminaljob')}{job}/change/"
+    assert client.get(moved["Location"]).status_code == 200
+    assert client.get(f"{changelist('livejob')}{dead}/change/")["Location"] == (
+        f"{changelist('deadletter')}{dead}/change/"
+    )
+    assert client.get(f"{changelist('deadletter')}{job}/change/")["Location"] == (
+        f"{changelist('terminaljob')}{job}/change/"
+    )
 
 
 def test_the_models_pass_system_checks_without_contrib_postgres() -> None:
