@@ -38,6 +38,7 @@ __all__ = [
     "JobFieldsFilter",
     "JsonFormatter",
     "current_job_fields",
+    "in_job",
     "job_fields",
     "job_log_fields",
     "one_line",
@@ -102,6 +103,11 @@ _current: contextvars.ContextVar[_Job | None] = contextvars.ContextVar(
 
 #: Set the attempt whose handler runs in this context (None: no job). For the worker.
 set_current_job = _current.set
+
+
+def in_job() -> bool:
+    """Whether a job's handler runs in this context."""
+    return _current.get() is not None
 
 
 def current_job_fields() -> dict[str, Any] | None:

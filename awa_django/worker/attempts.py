@@ -39,6 +39,7 @@ from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
 from awa_django.worker.finalizations import error_info, outcome_of, refused, safe_str
 from awa_django.worker.flow import Permits
+from awa_django.worker.outcome_log import log_ended
 from awa_django.worker.prepared import PreparedAttempt, prepare
 from awa_django.worker.slots import Slots
 from awa_django.worker.threads import HandlerThreads
@@ -376,7 +377,9 @@ class Attempts:
             outcome = Finalization(
                 job.job_id, job.run_lease, job.claim_slot, "fail", error=error_info(error)
             )
-        self.batcher.add(outcome, job)
+        assert self._loop is not None
+        ran = self._loop.time() - run.started
+        self.batcher.add(outcome, job, ran)
         self.finished += 1
         if self._metrics is not None and self._loop is not None:
             now = self._loop.time()
@@ -388,7 +391,7 @@ class Attempts:
         if run.thread is None:  # an async handler: its ORM connections, as after a request
             self.async_orm.job_ended()
         try:
-            self._log_outcome(run, outcome)
+            log_ended(job, outcome, ran, debug=self._debug)
         except Exception:  # pragma: no cover - logging must not break the loop
             log.exception(
                 "awa worker: could not log the outcome of job %s",
@@ -512,39 +515,6 @@ class Attempts:
                 EXIT_STUCK_HANDLERS,
             )
             self._restart(EXIT_STUCK_HANDLERS)
-
-    def _log_outcome(self, run: Running, outcome: Finalization) -> None:
-        job = run.attempt.job
-        assert self._loop is not None
-        elapsed = (self._loop.time() - run.started) * 1000
-        if outcome.outcome == "completed":
-            if self._debug:
-                log.debug(
-                    "job %s %s attempt %s completed in %.1f ms",
-                    job.job_id,
-                    one_line(job.kind),
-                    job.attempt,
-                    elapsed,
-                    extra=job_log_fields(job),
-                )
-            return
-        error = outcome.error or {}
-        what = outcome.outcome
-        if what == "retry" and job.attempt >= job.max_attempts:
-            what = "failed (max_attempts reached)"
-        level = logging.INFO if what in ("retry", "snooze", "wait") else logging.WARNING
-        log.log(
-            level,
-            "job %s %s attempt %s %s after %.1f ms: %s: %s",
-            job.job_id,
-            one_line(job.kind),
-            job.attempt,
-            what,
-            elapsed,
-            one_line(error.get("type", "-")),
-            one_line(error.get("message", "")),
-            extra=job_log_fields(job),
-        )
 
     # -- callbacks ---------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from awa_django.limits import clean_text
 from awa_django.sql import query
 from awa_django.telemetry.logs import job_fields, job_log_fields
 from awa_django.telemetry.metrics import Metrics
+from awa_django.worker.outcome_log import Fate, log_failures
 
 __all__ = ["CompletionBatcher"]
 
@@ -58,6 +59,8 @@ class CompletionBatcher:
         # The attempt of each pending outcome (None when not known), for the job fields of
         # the log records of a stale or refused one.
         self.pending_jobs: list[ClaimedJob | None] = []
+        # The run time of each pending failure (seconds), for its log line once written.
+        self.ran: dict[tuple[int, int], float] = {}
         self.written = 0
         self.stale = 0
         self.refused = 0
@@ -66,8 +69,13 @@ class CompletionBatcher:
         self._idle.set()
         self._closing = False
 
-    def add(self, item: Finalization, job: ClaimedJob | None = None) -> None:
-        """Queue one outcome (non-blocking); ``job`` is its attempt, when known."""
+    def add(
+        self, item: Finalization, job: ClaimedJob | None = None, ran: float | None = None
+    ) -> None:
+        """Queue one outcome (non-blocking); ``job`` is its attempt, when known, and ``ran``
+        its handler's run time in seconds (for a failure's log line)."""
+        if ran is not None and item.outcome in ("retry", "fail"):
+            self.ran[(item.job_id, item.run_lease)] = ran
         self.pending.append(item)
         self.pending_jobs.append(job)
         self._idle.clear()
@@ -125,8 +133,25 @@ class CompletionBatcher:
             await self._isolate(batch, jobs, exc)
             return
         self.written += len(batch) - len(stale)
+        closed = set(stale)
+        failed = [
+            (item, job)
+            for item, job in zip(batch, jobs, strict=True)
+            if item.outcome in ("retry", "fail")
+            and job is not None
+            and (item.job_id, item.run_lease) not in closed
+        ]
+        fates = await self._fates(failed) if failed else {}
+        ran = self.ran
+        try:
+            if failed:
+                log_failures(failed, fates, ran)
+        except Exception:  # pragma: no cover - logging must not lose an outcome
+            log.exception("awa worker: could not log %d failed attempt(s)", len(failed))
+        for item in batch:
+            ran.pop((item.job_id, item.run_lease), None)
         if self.metrics is not None:
-            await self._count(batch, jobs, stale)
+            await self._count(batch, jobs, closed, fates)
         if stale:
             if tries > 1:
                 # A retried batch may find attempts its interrupted first try already closed.
@@ -146,41 +171,51 @@ class CompletionBatcher:
                         extra=_fields(known.get((job_id, lease)), job_id, lease),
                     )
 
+    async def _fates(self, failed: list[tuple[Finalization, ClaimedJob]]) -> dict[int, Fate] | None:
+        """Where the written retry and fail outcomes went, by job id (the database decides:
+        max_attempts, a retry policy's max_age, the queue's DLQ policy as of the write), in one
+        statement by job id index; None when that read fails (they are then told apart by
+        attempt). A fate is kept only for the attempt that was written."""
+        ids = [job.job_id for _, job in failed]
+        attempts = {job.job_id: job.attempt for _, job in failed}
+
+        async def read(conn: object) -> dict[int, Fate]:
+            cursor = await conn.execute(  # type: ignore[attr-defined]
+                query("failure_fates"), {"ids": ids}
+            )
+            return {
+                int(i): (str(fate), None if due is None else float(due))
+                for i, attempt, fate, due in await cursor.fetchall()
+                if fate == "retryable" or attempts.get(int(i)) == attempt
+            }
+
+        try:
+            return await self.link.run(read, give_up=self.give_up)
+        except Exception as exc:  # only the log lines' and metrics' detail: never the outcomes
+            log.debug("awa worker: could not read where failures went (%s)", exc)
+            return None
+
     async def _count(
         self,
         batch: list[Finalization],
         jobs: list[ClaimedJob | None],
-        stale: list[tuple[int, int]],
+        closed: set[tuple[int, int]],
+        fates: dict[int, Fate] | None,
     ) -> None:
-        """Count a written batch's outcomes. A batch with retry or fail outcomes first reads
-        which of them failed for good, and where they went (the database decides:
-        max_attempts, a retry policy's max_age, the queue's DLQ policy as of the write), in one
-        statement by job id; should that read fail, they are told apart by attempt and the
-        DLQ policy read last."""
+        """Count a written batch's outcomes, the failures by their ``fates`` (see
+        :meth:`_fates`); without them (the read failed), by attempt and the DLQ policy read
+        last."""
         metrics = self.metrics
         assert metrics is not None
-        closed = set(stale)
-        retried = [
-            job.job_id
-            for item, job in zip(batch, jobs, strict=True)
-            if item.outcome in ("retry", "fail")
-            and job is not None
-            and (item.job_id, item.run_lease) not in closed
-        ]
-        fates: dict[tuple[int, int], str] | None = None
-        if retried:
-
-            async def read_fates(conn: object) -> dict[tuple[int, int], str]:
-                cursor = await conn.execute(  # type: ignore[attr-defined]
-                    query("failure_fates"), {"ids": retried}
-                )
-                return {(int(i), int(a)): fate for i, a, fate in await cursor.fetchall()}
-
-            try:
-                fates = await self.link.run(read_fates, give_up=self.give_up)
-            except Exception as exc:  # only the metrics' detail: never the outcomes
-                log.debug("awa worker: could not read where failures went (%s)", exc)
-        if fates is None and metrics.dlq_due(time.monotonic()):
+        ended: dict[tuple[int, int], str] | None = None
+        if fates is not None:
+            attempts = {j.job_id: j.attempt for j in jobs if j is not None}
+            ended = {
+                (job_id, attempts[job_id]): fate
+                for job_id, (fate, _) in fates.items()
+                if fate != "retryable" and job_id in attempts
+            }
+        elif metrics.dlq_due(time.monotonic()):
 
             async def read(conn: object) -> list[str]:
                 cursor = await conn.execute(query("queues_dlq_off"))  # type: ignore[attr-defined]
@@ -192,7 +227,7 @@ class CompletionBatcher:
                 )
             except Exception as exc:  # only the metrics' detail: never the outcomes
                 log.debug("awa worker: could not read the queues' DLQ policy (%s)", exc)
-        metrics.written(batch, jobs, closed, fates)
+        metrics.written(batch, jobs, closed, ended)
 
     async def _isolate(
         self, batch: list[Finalization], jobs: list[ClaimedJob | None], exc: Exception

@@ -55,7 +55,15 @@ def stopped(proc: ManagedProcess, sig: int = signal.SIGTERM, timeout: float = 30
     ("verbosity", "present", "absent"),
     [
         ("0", [], ["INFO", "WARNING", "DEBUG"]),
-        ("1", ["INFO awa_django.worker: awa worker", "WARNING awa_django.worker: job"], ["DEBUG"]),
+        (
+            "1",
+            [
+                "INFO awa_django.worker: awa worker",
+                "WARNING awa_django.worker: job",
+                "INFO tests.obs: sync handler says 7",  # a handler's own INFO line
+            ],
+            ["DEBUG"],
+        ),
         ("2", ["DEBUG awa_django.worker: job", "INFO"], ["DEBUG asyncio"]),
         ("3", ["DEBUG awa_django.worker: job", "DEBUG asyncio"], []),
     ],
@@ -63,10 +71,22 @@ def stopped(proc: ManagedProcess, sig: int = signal.SIGTERM, timeout: float = 30
 def test_verbosity_sets_the_level_of_the_package_logger(
     manage_py: Start, verbosity: str, present: list[str], absent: list[str]
 ) -> None:
+    from tests.jobs import observability as obsjobs
+
     ok = testjobs.ledger_sync.enqueue(1).id
     failed = testjobs.terminal.enqueue().id  # logged at WARNING
-    proc = manage_py("awa_worker", "--burst", "--queue", "work", "--verbosity", verbosity)
+    obsjobs.says.using(queue="work").enqueue(7)
+    proc = manage_py(
+        "awa_worker",
+        "--burst",
+        "--queue",
+        "work",
+        "--verbosity",
+        verbosity,
+        extra_env=worker_env(obsjobs),
+    )
     assert proc.wait(60) == 0, proc.output()
+    assert "moved to the DLQ after 1 attempt (it ran" in proc.output() or verbosity == "0"
     with pg() as conn:
         assert [job_state(conn, i)["state"] for i in (ok, failed)] == ["completed", "failed"]  # type: ignore[index]
     output = proc.output()

@@ -22,6 +22,7 @@ from django.db import DatabaseError
 
 from awa_django.exceptions import JobValidationError
 from awa_django.limits import MAX_BIGINT, check_queue_name, check_text
+from awa_django.telemetry.logs import in_job
 
 __all__ = [
     "LOG_LEVELS",
@@ -188,7 +189,8 @@ def _plain(message: str) -> str:
 
 def configure_logging(verbosity: int, stderr: OutputWrapper, style: Style) -> None:
     """Map ``--verbosity`` onto the ``awa_django`` logger: 0 errors only, 1 INFO (the default),
-    2 DEBUG of awa_django (every job's start and end), 3 DEBUG of every logger.
+    2 DEBUG of awa_django's jobs (every job's start and end; the maintenance leader's detail
+    stays at INFO), 3 DEBUG of every logger, maintenance included.
 
     When the project configured no logging handler (no ``LOGGING`` that reaches the
     ``awa_django`` or root logger), records go to the command's stderr, styled by level. When
@@ -197,6 +199,9 @@ def configure_logging(verbosity: int, stderr: OutputWrapper, style: Style) -> No
     """
     package_level, root_level = LOG_LEVELS[max(0, min(verbosity, 3))]
     package, root = logging.getLogger("awa_django"), logging.getLogger()
+    # Six lines a second of rotation and prune detail would bury the job lines of -v 2.
+    maintenance = logging.getLogger("awa_django.maintenance")
+    maintenance.setLevel(logging.INFO if verbosity == 2 else logging.NOTSET)
     if package.handlers or root.handlers:
         if verbosity != 1:
             package.setLevel(package_level)
@@ -205,7 +210,9 @@ def configure_logging(verbosity: int, stderr: OutputWrapper, style: Style) -> No
     handler.setFormatter(logging.Formatter(_FORMAT))
     handler.addFilter(_LevelsFilter(package_level, root_level))
     root.addHandler(handler)
-    root.setLevel(root_level)
+    # A handler's own records (any logger, while a job runs) show from the package's level:
+    # a job's INFO line is the user's; the filter holds other libraries to root_level.
+    root.setLevel(min(root_level, package_level))
     package.setLevel(package_level)
     if verbosity == 0:
         # Django's default logging sets the "django" logger to INFO with a console handler of
@@ -215,17 +222,22 @@ def configure_logging(verbosity: int, stderr: OutputWrapper, style: Style) -> No
 
 
 class _LevelsFilter(logging.Filter):
-    """Lets through what the verbosity asks for: ``awa_django`` records from ``package``,
-    others from ``other`` (records that reach the root logger by propagation skip the root's
-    level), and never a record a handler on its way up already wrote (Django's own console
-    handler on the ``django`` logger, with DEBUG=True): no line twice."""
+    """Lets through what the verbosity asks for: ``awa_django`` records, and those a job's
+    handler logs while it runs, from ``package``, others from ``other`` (records that reach
+    the root logger by propagation skip the root's level), and never a record a handler on its
+    way up already wrote (Django's own console handler on the ``django`` logger, with
+    DEBUG=True): no line twice."""
 
     def __init__(self, package: int, other: int) -> None:
         super().__init__()
         self.package, self.other = package, other
 
     def filter(self, record: logging.LogRecord) -> bool:
-        own = record.name == "awa_django" or record.name.startswith("awa_django.")
+        own = (
+            record.name == "awa_django"
+            or record.name.startswith("awa_django.")
+            or in_job()  # logged by a handler, while its job runs
+        )
         if record.levelno < (self.package if own else self.other):
             return False
         logger: logging.Logger | None = logging.getLogger(record.name)

@@ -198,11 +198,16 @@ SELECT id, kind, queue, attempt, CASE WHEN state = 'failed' THEN 'failed' END
 FROM awa.terminal_jobs WHERE id = ANY(%(ids)s::bigint[])
 
 -- name: failure_fates
--- Which attempts of a finalize batch's retry outcomes failed for good (the database decides:
--- max_attempts, a retry policy's max_age, the queue's DLQ policy as of the write), read right
--- after the batch: job id, the attempt that failed for good, and where it went. The others
--- were retried. Read by job id index.
-SELECT job_id, attempt, 'dead_lettered' FROM awa.dlq_entries WHERE job_id = ANY(%(ids)s::bigint[])
+-- Where a finalize batch's retry and fail outcomes went (the database decides: max_attempts, a
+-- retry policy's max_age, the queue's DLQ policy as of the write), read right after the batch:
+-- job id, attempt, fate (dead_lettered, failed, or retryable) and, for a retry, the seconds
+-- until it runs again. A retry due at once is not deferred and has no row. Read by job id
+-- index.
+SELECT job_id, attempt, 'dead_lettered', NULL::double precision
+FROM awa.dlq_entries WHERE job_id = ANY(%(ids)s::bigint[])
 UNION ALL
-SELECT id, attempt, 'failed' FROM awa.terminal_jobs
+SELECT id, attempt, 'failed', NULL FROM awa.terminal_jobs
 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'failed'
+UNION ALL
+SELECT job_id, attempt, 'retryable', extract(epoch FROM run_at - clock_timestamp())::float8
+FROM awa.deferred_jobs WHERE job_id = ANY(%(ids)s::bigint[]) AND state = 'retryable'
