@@ -23,11 +23,13 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, PageNotAnInteger, Paginator
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.functional import cached_property
 
+from awa_django.admin.display import when
 from awa_django.admin.filters import KIND_MAX_LENGTH, storable
 from awa_django.admin.read_alias import admin_read_alias, choose_read_alias
 from awa_django.admin.selection import job_id_key, valid_key
@@ -37,6 +39,16 @@ from awa_django.operator import job_show
 __all__ = ["CappedPaginator", "JobListAdmin", "ReadOnlyAdmin", "search_jobs"]
 
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() is also true for "²" and "٣"
+
+
+_SELECTED = re.compile(r"\s*(?:of |for )?selected (?:failed or cancelled )?\w+")
+
+
+def _button_label(description: str) -> str:
+    """A list action's description as its button on one row's page: "Retry selected jobs" is
+    "Retry", "Turn the DLQ on for selected queues" is "Turn the DLQ on"."""
+    label = _SELECTED.sub("", description, count=1).replace("(as new jobs)", "(as a new job)")
+    return label.strip() or description
 
 
 class CappedPaginator(Paginator):  # type: ignore[type-arg]
@@ -145,6 +157,49 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     #: What the confirmation page calls the selected rows.
     selection_noun = "jobs"
 
+    def __init__(self, model: Any, admin_site: Any) -> None:
+        super().__init__(model, admin_site)
+        # Every date-time column and field is shown by display.when (relative, the absolute
+        # time to the second on hover): each becomes a "<name>_when" display of this admin,
+        # sorted by its field where the field was sortable.
+        times = {f.name for f in model._meta.get_fields() if isinstance(f, models.DateTimeField)}
+
+        self._times = times
+
+        self.list_display = self._shown(self.list_display)
+
+    def _shown(self, names: Any) -> Any:
+        if names is None:
+            return None
+        return type(names)(self._when(n) if n in self._times else n for n in names)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self._shown(super().get_readonly_fields(request, obj))
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if self.fields:
+            return self._shown(self.fields)
+        return super().get_fields(request, obj)
+
+    def get_exclude(self, request: HttpRequest, obj: Any = None) -> Any:
+        # The fields shown through their "<name>_when" display, not as form fields.
+        return (*(super().get_exclude(request, obj) or ()), *sorted(self._times))
+
+    def get_sortable_by(self, request: HttpRequest) -> Any:
+        sortable = super().get_sortable_by(request)
+        return (*sortable, *(f"{n}_when" for n in sortable if n in self._times))
+
+    def _when(self, name: str) -> str:
+        field = self.model._meta.get_field(name)
+
+        def show(obj: Any) -> str:
+            return when(getattr(obj, name))
+
+        show.short_description = field.verbose_name  # type: ignore[attr-defined]
+        show.admin_order_field = name  # type: ignore[attr-defined]
+        setattr(self, f"{name}_when", show)
+        return f"{name}_when"
+
     @staticmethod
     def selection_key(text: str) -> Any:
         """A primary key from its text in a selection (``ValueError`` when it is not one)."""
@@ -247,7 +302,24 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         banner = choose_read_alias()
         if banner is not None and banner[0] >= messages.WARNING and request.method == "GET":
             self.message_user(request, banner[1], banner[0])
-        return super().change_view(request, object_id, form_url, extra_context)
+        response = super().change_view(request, object_id, form_url, extra_context)
+        context = getattr(response, "context_data", None)
+        if context is not None and context.get("original") is not None:
+            # The row's own actions, as buttons on its page: each posts the list's action for
+            # this one row, so it is confirmed, permission-checked and logged like any other.
+            original = context["original"]
+            context["object_actions"] = [
+                (name, _button_label(str(action[2])))
+                for name, action in self.get_actions(request).items()
+                if action is not None and self.object_action_applies(name, original)
+            ]
+            context["object_key"] = str(original.pk)
+        return response
+
+    def object_action_applies(self, name: str, obj: Any) -> bool:
+        """Whether the action ``name`` is offered on ``obj``'s own page (all of them, unless a
+        page says otherwise: a paused queue is not offered Pause)."""
+        return True
 
     def _checked(self, request: HttpRequest, perm: str) -> None:
         # The action list already hides actions without permission; a forged POST is refused.

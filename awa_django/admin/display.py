@@ -9,12 +9,32 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-__all__ = ["JobDetail", "error_timeline", "pretty", "sparkline"]
+from awa_django.timetext import ago
+
+__all__ = ["JobDetail", "error_timeline", "pretty", "sparkline", "when"]
+
+
+def when(value: datetime | None, now: datetime | None = None) -> str:
+    """A time as the admin shows it: how long ago (or from now), with the absolute time to
+    the second in the site's time zone on hover (``<time title=...>``), one format
+    everywhere."""
+    if not isinstance(value, datetime):
+        return "-"
+    moment = value if timezone.is_aware(value) else timezone.make_aware(value, UTC)
+    local = timezone.localtime(moment)
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        moment.isoformat(timespec="seconds"),
+        local.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        ago(((now or timezone.now()) - moment).total_seconds()),
+    )
 
 
 def pretty(value: Any) -> str:

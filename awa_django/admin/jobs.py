@@ -28,6 +28,7 @@ from awa_django.admin.filters import (
 from awa_django.admin.forms import RetryForm, RetryFromHistoryForm
 from awa_django.admin.read_alias import admin_read_alias
 from awa_django.operator import cancel, dlq_purge, dlq_retry, history_retry, paused_queues
+from awa_django.timetext import duration
 
 __all__ = ["DeadLetterAdmin", "JobAdmin", "TerminalJobAdmin"]
 
@@ -156,6 +157,8 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
         "created_at",
         "attempted_at",
         "finalized_at",
+        "queue_wait",
+        "run_time",
         "tag_list",
         "unique_key",
         "retry_policy",
@@ -166,6 +169,20 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
         "error_timeline",
     )
     exclude = ("args", "metadata", "result", "progress", "errors", "tags", "run_at")
+
+    @admin.display(description="queue wait (last attempt)")
+    def queue_wait(self, obj: Any) -> str:
+        """From when the last attempt was due to when a worker claimed it."""
+        if obj.run_at is None or obj.attempted_at is None:
+            return "-"
+        return duration((obj.attempted_at - obj.run_at).total_seconds())
+
+    @admin.display(description="run time (last attempt)")
+    def run_time(self, obj: Any) -> str:
+        """From the last attempt's claim to the job's end."""
+        if obj.attempted_at is None or obj.finalized_at is None:
+            return "-"
+        return duration((obj.finalized_at - obj.attempted_at).total_seconds())
 
     @admin.action(
         description="Retry selected failed or cancelled jobs (as new jobs)",
@@ -207,6 +224,9 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
             form_class=RetryFromHistoryForm,
             perform=perform,
         )
+
+    def object_action_applies(self, name: str, obj: Any) -> bool:
+        return name != "retry_jobs" or obj.state in ("failed", "cancelled")
 
     def has_retry_job_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("awa_django.retry_job"))

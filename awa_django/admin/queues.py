@@ -407,6 +407,14 @@ class QueueStatAdmin(ReadOnlyAdmin):
     def dlq_off_queues(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         return self._dlq(request, queryset, False)
 
+    def object_action_applies(self, name: str, obj: Any) -> bool:
+        if name in ("pause_queues", "resume_queues"):
+            return bool(obj.paused) == (name == "resume_queues")
+        if name in ("dlq_on_queues", "dlq_off_queues"):
+            on = queue_dlq_enabled(obj.queue, using=admin_read_alias())
+            return on == (name == "dlq_off_queues")
+        return True
+
     def has_manage_queue_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("awa_django.manage_queue"))
 

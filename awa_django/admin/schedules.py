@@ -156,5 +156,10 @@ class CronScheduleAdmin(ReadOnlyAdmin):
             act=act,
         )
 
+    def object_action_applies(self, name: str, obj: Any) -> bool:
+        if name in ("pause_schedules", "resume_schedules"):
+            return (obj.paused_at is not None) == (name == "resume_schedules")
+        return True
+
     def has_manage_schedule_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("awa_django.manage_schedule"))

@@ -16,29 +16,15 @@ from collections.abc import Mapping
 
 from awa_django.db.storage import ClaimedJob, Finalization
 from awa_django.telemetry.logs import job_log_fields, one_line
+from awa_django.timetext import duration
 
-__all__ = ["Fate", "duration", "log_ended", "log_failures"]
+__all__ = ["Fate", "log_ended", "log_failures"]
 
 log = logging.getLogger("awa_django.worker")
 
 #: Where the database sent a failed attempt: ``retryable`` (with the seconds until it runs
 #: again), ``dead_lettered`` or ``failed`` (with None).
 Fate = tuple[str, float | None]
-
-
-def duration(seconds: float) -> str:
-    """A span for people: ``18.9 ms``, ``4.2 s``, ``3 min 5 s``, ``2 h 10 min``, ``3.5 days``."""
-    if seconds < 1:
-        return f"{max(seconds, 0) * 1000:.1f} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        minutes, rest = divmod(round(seconds), 60)
-        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
-    if seconds < 172_800:
-        hours, minutes = divmod(round(seconds / 60), 60)
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    return f"{seconds / 86_400:.1f} days"
 
 
 def _error(outcome: Finalization) -> str:

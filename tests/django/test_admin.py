@@ -4,6 +4,7 @@ that never fail, no history scans, the dashboard. Actions: tests/django/test_adm
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 import pytest
@@ -345,6 +346,24 @@ def test_capped_paginator_counts_at_most_cap_plus_one(monkeypatch: pytest.Monkey
     assert CappedPaginator(DeadLetter.objects.all(), 2).count == 6
     monkeypatch.setattr(CappedPaginator, "CAP", 50)
     assert CappedPaginator(DeadLetter.objects.all(), 2).count == 7
+
+
+def test_times_read_relative_with_the_second_on_hover_and_runs_show_their_spans() -> None:
+    job = testjobs.noop.enqueue().id
+    with pg() as conn:
+        [c] = storage.claim(conn, "default", 1, WORKER)
+        storage.finalize(conn, [Finalization(c.job_id, c.run_lease, c.claim_slot, "completed")])
+    client = staff()
+    listed = client.get(changelist("terminaljob")).content.decode()
+    assert re.search(
+        r'<time datetime="[0-9T:+-]+" title="\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC">'
+        r"(just now|\d+ s ago)</time>",
+        listed,
+    ), listed
+    page = client.get(f"{changelist('terminaljob')}{job}/change/").content.decode()
+    assert "Queue wait (last attempt)" in page and "Run time (last attempt)" in page
+    assert re.search(r"\d+\.\d ms", page)
+    assert page.count("<time ") >= 3  # created, attempted, finalized: one format
 
 
 def test_pages_past_the_end_and_past_the_count_say_so(monkeypatch: pytest.MonkeyPatch) -> None:

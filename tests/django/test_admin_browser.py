@@ -59,7 +59,7 @@ def test_retry_from_the_dlq_in_a_real_browser(live_server: Any) -> None:
     executable = str(CHROMIUM)
     playwright = pytest.importorskip("playwright.sync_api")
     User.objects.create_superuser("admin", "admin@example.com", "secret-pass")
-    [job] = dead_letter()
+    [job, own_page] = dead_letter(2)
     ARTIFACTS.mkdir(exist_ok=True)
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=BROWSER_FLAGS)
@@ -75,14 +75,24 @@ def test_retry_from_the_dlq_in_a_real_browser(live_server: Any) -> None:
             page.click('input[type=submit][value="Yes, I\'m sure"]')
             page.wait_for_selector("text=Retried 1 job(s).")
             assert page.locator(f"input[name=_selected_action][value='{job}']").count() == 0
+            # The other one from its own page: its Retry button, then the same confirmation.
+            page.goto(f"{live_server.url}/admin/awa_django/deadletter/{own_page}/change/")
+            page.screenshot(path=str(ARTIFACTS / "dlq-job.png"), full_page=True)
+            page.click("form.awa-object-action button[value=retry_jobs]")
+            page.wait_for_selector("input[name=confirm]", state="attached")
+            page.click('input[type=submit][value="Yes, I\'m sure"]')
+            page.wait_for_selector("text=Retried 1 job(s).")
             page.goto(f"{live_server.url}/admin/awa_django/queuestat/dashboard/")
             page.wait_for_selector("svg")
             page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
         finally:
             browser.close()
     with pg() as conn:
-        row = conn.execute("SELECT state, in_dlq FROM awa.jobs WHERE id = %s", [job]).fetchone()
-    assert row == ("available", False)
+        for retried in (job, own_page):
+            row = conn.execute(
+                "SELECT state, in_dlq FROM awa.jobs WHERE id = %s", [retried]
+            ).fetchone()
+            assert row == ("available", False), retried
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 0
 
 

@@ -21,7 +21,7 @@ from django.test import override_settings
 
 from awa_django.maintenance.cron import CronFirer, sync_schedules
 from awa_django.operator import schedule_pause, schedule_trigger, schedules
-from tests.support.admin_client import changelist, confirmed, messages_of, post_action
+from tests.support.admin_client import buttons, changelist, confirmed, messages_of, post_action
 from tests.support.database import conninfo, pg
 from tests.support.factories import staff
 from tests.support.polling import wait_for
@@ -372,6 +372,12 @@ def test_admin_lists_schedules_and_gates_pause_resume_trigger() -> None:
     assert logged[2].startswith("triggered: enqueued job ")
     detail = operator.get(changelist("cronschedule") + "tick/change/")
     assert detail.status_code == 200 and "Next fire" in detail.content.decode()
+    # Its own page offers what applies to it (running: Pause, not Resume), as buttons.
+    assert {n: b[2] for n, b in buttons(detail).items()} == {
+        "pause_schedules": "Pause",
+        "trigger_schedules": "Trigger now",
+    }
+    assert buttons(viewer.get(changelist("cronschedule") + "tick/change/")) == {}
 
 
 # Locked rows, long catch-ups, fire labels, failing schedules, new queues --------------------------

@@ -14,7 +14,15 @@ from django.http import HttpResponse
 from django.test import Client
 from django.urls import reverse
 
-__all__ = ["changelist", "confirmed", "form_fields", "messages_of", "post_action"]
+__all__ = [
+    "buttons",
+    "changelist",
+    "confirmed",
+    "form_fields",
+    "messages_of",
+    "post_action",
+    "press",
+]
 
 _INPUT = re.compile(r"<input\b[^>]*>")
 _ATTR = re.compile(r'(\w[\w-]*)="([^"]*)"')
@@ -57,3 +65,29 @@ def confirmed(
 
 def messages_of(response: Any) -> list[str]:
     return [str(m) for m in response.wsgi_request._messages]
+
+
+_FORM = re.compile(
+    r'<form method="post" action="([^"]*)" class="awa-object-action">(.*?)</form>', re.S
+)
+_BUTTON = re.compile(r'<button type="submit" name="action" value="([^"]*)" class="button">([^<]*)<')
+
+
+def buttons(page: HttpResponse) -> dict[str, tuple[str, dict[str, str], str]]:
+    """The action buttons of a detail page: action name → (form URL, hidden fields, label)."""
+    found = {}
+    for url, body in _FORM.findall(page.content.decode()):
+        [(name, label)] = _BUTTON.findall(body)
+        hidden = dict(re.findall(r'name="([^"]+)" value="([^"]*)"', body))
+        hidden.pop("action", None)
+        found[name] = (html.unescape(url), hidden, html.unescape(label))
+    return found
+
+
+def press(client: Client, page: Any, name: str, **form: str) -> tuple[Any, Any]:
+    """Press a detail page's button, then confirm on the page it leads to."""
+    url, hidden, _ = buttons(page)[name]
+    confirmation = client.post(url, {**hidden, "action": name})
+    assert confirmation.status_code == 200, confirmation
+    done = client.post(url, {**form_fields(confirmation), **form})
+    return confirmation, done

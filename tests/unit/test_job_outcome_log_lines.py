@@ -9,7 +9,8 @@ import uuid
 import pytest
 
 from awa_django.db.storage import ClaimedJob, Finalization
-from awa_django.worker.outcome_log import duration, log_ended, log_failures
+from awa_django.timetext import ago, duration
+from awa_django.worker.outcome_log import log_ended, log_failures
 
 ERROR = {"type": "ValueError", "message": "boom\nsecond line", "traceback": ""}
 
@@ -50,6 +51,17 @@ def outcome(what: str, **fields: object) -> Finalization:
 )
 def test_durations_read_as_people_say_them(seconds: float, text: str) -> None:
     assert duration(seconds) == text
+
+
+def test_times_ago_and_from_now_are_coarse() -> None:
+    assert [ago(s) for s in (0.4, 12.9, -185, 7500, -3600, 400_000)] == [
+        "just now",
+        "12 s ago",
+        "in 3 min",
+        "2 h 5 min ago",
+        "in 1 h",
+        "4 days ago",
+    ]
 
 
 FAILURES = [
