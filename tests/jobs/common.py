@@ -424,7 +424,7 @@ def always_fails(ctx: Any) -> None:
     raise RuntimeError(f"attempt {ctx.attempt} fails")
 
 
-# Flow control (tests/worker/test_queue_limits_workers.py) -----------------------------------------
+# Flow control (tests/worker/limits/test_queue_limits_workers.py) ----------------------------------
 
 
 @job(takes_context=True, queue="flow")
@@ -447,7 +447,7 @@ async def flow_tick(ctx: Any) -> None:
 @job(takes_context=True, queue="flow")
 def kind_free(ctx: Any, seconds: float) -> None:
     """A kind without flow limits beside flow_sleep in queue "flow": notes "free-start" and
-    "free-end" (which tests.worker.test_queue_limits_workers.max_overlap does not count)."""
+    "free-end" (which tests.worker.limits.test_queue_limits_workers.max_overlap does not count)."""
     import time
 
     _record(ctx, "free-start")
@@ -503,7 +503,7 @@ def early_resume(ctx: Any) -> Any:
     return WaitForCallback(callback_id, timeout=60, resume=True)
 
 
-# Per-key serialisation (tests/worker/test_serial_keys_workers.py) ---------------------------------
+# Per-key serialisation (tests/worker/limits/test_serial_keys_workers.py) --------------------------
 
 
 @job(takes_context=True, queue="serial")

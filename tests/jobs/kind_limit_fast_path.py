@@ -1,4 +1,5 @@
-"""Job kinds for tests/worker/test_kind_limit_fast_path.py (flow control, third round).
+"""Job kinds for tests/worker/limits/test_kind_limit_fast_path_workers.py (per-kind limits on
+the claim fast path).
 
 Workers load them with ``worker_env(kind_limit_fast_path)`` (tests/jobs/__init__.py). Every handler
 records its run in ``fa3_runs`` (created by the tests) over a connection of its own, committed at

@@ -1,4 +1,4 @@
-"""Job kinds for tests/worker/test_kind_limits_promises.py (per-kind flow limits in workers).
+"""Job kinds for tests/worker/limits/test_kind_limits_workers.py (per-kind flow limits in workers).
 
 Workers load them with ``worker_env(kind_limits)`` (tests/jobs/__init__.py). Handlers record what
 they do in plain tables of the test database (``katk_runs``, ``katk_gauge``, ``katk_flags``),

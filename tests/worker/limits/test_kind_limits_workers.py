@@ -121,7 +121,8 @@ def test_kind_rate_holds_across_processes_without_busy_polling(manage_py: Start)
         stop(procs)
         check_kind_rate()
     finally:
-        # Later tests (tests/worker/test_queue_limits_workers.py) count claims of their own, from 0.
+        # Later tests (tests/worker/limits/test_queue_limits_workers.py) count claims of their
+        # own, from 0.
         with pg() as conn:
             conn.execute(f'ALTER DATABASE "{database}" RESET track_functions')
             conn.execute(RESET_CLAIM_COUNTS)

@@ -1,0 +1,1 @@
+"""Flow limits (per queue and per kind) and serial keys, held across real worker processes."""
