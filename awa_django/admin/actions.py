@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from django import forms
 from django.contrib import messages
@@ -37,6 +37,8 @@ from awa_django.sql import query
 from awa_django.telemetry.logs import one_line
 
 __all__ = ["admin_actor", "confirm", "log_change", "run_atomically"]
+
+T = TypeVar("T")
 
 #: How many selected rows the confirmation page names (the rest are counted).
 SHOWN = 50
@@ -59,7 +61,7 @@ def log_change(request: HttpRequest, objects: Sequence[Any], message: str) -> No
         )
 
 
-def run_atomically(perform: Callable[[], str]) -> str:
+def run_atomically(perform: Callable[[], T]) -> T:
     """Run ``perform`` in one transaction on awa_django's database alias and on ``default``
     (where ``LogEntry`` lives): the action and its log entries commit together, or not at all.
 

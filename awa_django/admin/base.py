@@ -31,10 +31,10 @@ from django.utils.functional import cached_property
 
 from awa_django.admin.display import when
 from awa_django.admin.filters import KIND_MAX_LENGTH, storable
+from awa_django.admin.find_job import job_page
 from awa_django.admin.read_alias import admin_read_alias, choose_read_alias
 from awa_django.admin.selection import job_id_key, valid_key
 from awa_django.limits import MAX_BIGINT, MAX_TEXT
-from awa_django.operator import job_show
 
 __all__ = ["CappedPaginator", "JobListAdmin", "ReadOnlyAdmin", "search_jobs"]
 
@@ -42,6 +42,13 @@ _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() is also true for "Â
 
 
 _SELECTED = re.compile(r"\s*(?:of |for )?selected (?:failed or cancelled )?\w+")
+
+
+def _description(action: Any) -> str:
+    """An action's description: an attribute on Django 6 (indexing it is deprecated there),
+    the third item of its tuple before."""
+    found = getattr(action, "description", None)
+    return str(found if found is not None else action[2])
 
 
 def _button_label(description: str) -> str:
@@ -156,6 +163,8 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_per_page = 50
     #: What the confirmation page calls the selected rows.
     selection_noun = "jobs"
+    #: Whether "Select all" past 1,000 rows runs the actions in batches (admin/bulk.py).
+    acts_on_all_matching = False
 
     def __init__(self, model: Any, admin_site: Any) -> None:
         super().__init__(model, admin_site)
@@ -309,7 +318,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             # this one row, so it is confirmed, permission-checked and logged like any other.
             original = context["original"]
             context["object_actions"] = [
-                (name, _button_label(str(action[2])))
+                (name, _button_label(_description(action)))
                 for name, action in self.get_actions(request).items()
                 if action is not None and self.object_action_applies(name, original)
             ]
@@ -348,19 +357,12 @@ class JobListAdmin(ReadOnlyAdmin):
     def _get_obj_does_not_exist_redirect(
         self, request: HttpRequest, opts: Any, object_id: str
     ) -> HttpResponseRedirect:
-        key = job_id_key(object_id) if valid_key(object_id, job_id_key) else None
-        job = None if key is None else job_show(key, using=admin_read_alias())
-        if job is not None:
-            if job.in_dlq:
-                model = "deadletter"
-            elif job.state in ("completed", "failed", "cancelled"):
-                model = "terminaljob"
-            else:
-                model = "livejob"
-            if model != opts.model_name:
-                where = {"deadletter": "the DLQ", "terminaljob": "history"}.get(model, "live")
-                self.message_user(request, f"Job {key} is {job.state} now ({where}).")
-                return HttpResponseRedirect(reverse(f"admin:awa_django_{model}_change", args=[key]))
+        found = job_page(object_id)
+        if found is not None and found[0] != opts.model_name:
+            model, state, key = found
+            where = {"deadletter": "the DLQ", "terminaljob": "history"}.get(model, "live")
+            self.message_user(request, f"Job {key} is {state} now ({where}).")
+            return HttpResponseRedirect(reverse(f"admin:awa_django_{model}_change", args=[key]))
         self.message_user(
             request,
             f"No job {object_id!r} here: it finished, left the DLQ, or aged out of history "

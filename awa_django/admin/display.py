@@ -16,9 +16,9 @@ from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from awa_django.timetext import ago
+from awa_django.timetext import ago, duration
 
-__all__ = ["JobDetail", "error_timeline", "pretty", "sparkline", "when"]
+__all__ = ["JobDetail", "attempt_timeline", "error_timeline", "pretty", "sparkline", "when"]
 
 
 def when(value: datetime | None, now: datetime | None = None) -> str:
@@ -143,9 +143,71 @@ class JobDetail:
     def pretty_progress(self, obj: Any) -> str:
         return pretty(obj.progress)
 
-    @admin.display(description="errors, one per failed attempt")
-    def error_timeline(self, obj: Any) -> str:
-        return error_timeline(obj.errors)
+    @admin.display(description="attempts")
+    def attempt_timeline(self, obj: Any) -> str:
+        """One line per attempt, oldest first: each failed one with when, how (failed, or
+        rescued by the maintenance leader, and why) and its error and traceback tail; then
+        the last one as it stands (running, waiting, completed after how long, in the DLQ)."""
+        return attempt_timeline(obj)
+
+
+_FAILED = "<li><b>attempt {}</b>, {}: {} {}: {}<pre style='white-space: pre-wrap'>{}</pre></li>"
+
+
+def attempt_timeline(obj: Any) -> str:
+    """The attempts of a job row (live, terminal or dead-lettered) as an ordered list."""
+    errors = [e for e in (obj.errors or []) if isinstance(e, dict)]
+    failed = format_html_join(
+        "",
+        _FAILED,
+        (
+            (
+                e.get("attempt", "?"),
+                _at(e.get("at")),
+                "rescued by the maintenance leader:"
+                if e.get("type") == "awa_django.Rescued"
+                else "failed with",
+                e.get("type", "-"),
+                e.get("message", ""),
+                e.get("traceback", ""),
+            )
+            for e in errors
+        ),
+    )
+    last = _last_attempt(obj, {e.get("attempt") for e in errors})
+    if not errors and not last:
+        return "-"
+    return format_html("<ol>{}{}</ol>", failed, last)
+
+
+def _at(value: Any) -> str:
+    """An error's time (ISO text in the job's errors) as the admin shows times."""
+    try:
+        return when(datetime.fromisoformat(str(value)))
+    except ValueError:
+        return str(value)
+
+
+def _last_attempt(obj: Any, failed: set[Any]) -> str:
+    attempt = getattr(obj, "attempt", 0) or 0
+    if getattr(obj, "dlq_at", None) is not None:  # a dead-lettered job
+        return format_html(
+            "<li>moved to the DLQ {}: {}</li>", when(obj.dlq_at), obj.dlq_reason or "-"
+        )
+    state = str(getattr(obj, "state", "") or "")
+    claimed = getattr(obj, "attempted_at", None)
+    if attempt < 1 or claimed is None or (state == "failed" and attempt in failed):
+        return ""
+    ended = getattr(obj, "finalized_at", None)
+    if state in ("completed", "failed", "cancelled") and ended is not None:
+        how = f"{state} after {duration((ended - claimed).total_seconds())}"
+    elif state == "waiting_external":
+        how = "waiting for a callback"
+    elif state == "running":
+        how = "running"
+    else:
+        return ""
+    return format_html("<li><b>attempt {}</b>, claimed {}: {}</li>", attempt, when(claimed), how)
 
 
 def _seconds_text(value: object) -> str:

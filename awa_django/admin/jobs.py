@@ -14,9 +14,11 @@ from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.urls import path
 
 from awa_django.admin.actions import confirm, log_change
 from awa_django.admin.base import JobListAdmin
+from awa_django.admin.bulk import confirm_matching, matching_all
 from awa_django.admin.display import JobDetail
 from awa_django.admin.filters import (
     KindFilter,
@@ -25,6 +27,7 @@ from awa_django.admin.filters import (
     TagFilter,
     TerminalStateFilter,
 )
+from awa_django.admin.find_job import find_job
 from awa_django.admin.forms import RetryForm, RetryFromHistoryForm
 from awa_django.admin.read_alias import admin_read_alias
 from awa_django.operator import cancel, dlq_purge, dlq_retry, history_retry, paused_queues
@@ -44,6 +47,7 @@ def _who(request: HttpRequest) -> str:
 
 
 class DeadLetterAdmin(JobDetail, JobListAdmin):
+    change_list_template = "admin/awa_django/job_change_list.html"
     list_display = ("job_id", "kind", "queue", "attempt", "tag_list", "dlq_at", "dlq_reason")
     list_filter = (QueueFilter, KindFilter, TagFilter)
     sortable_by = ("job_id", "dlq_at")  # indexed; sorting by another column sorts the whole DLQ
@@ -65,16 +69,17 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
         "pretty_args",
         "pretty_metadata",
         "pretty_progress",
-        "error_timeline",
+        "attempt_timeline",
     )
     exclude = ("args", "metadata", "progress", "errors", "tags", "run_lease", "attempted_at")
     actions = ("retry_jobs", "purge_jobs")
+    acts_on_all_matching = True
 
     @admin.action(description="Retry selected jobs", permissions=["retry_dlq"])
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         self._checked(request, "retry_dlq")
 
-        def perform(objects: list[Any], data: dict[str, Any]) -> str:
+        def retry(objects: list[Any], data: dict[str, Any]) -> tuple[int, int]:
             queue, priority = data.get("queue") or None, data.get("priority")
             ids = set(dlq_retry([o.job_id for o in objects], queue=queue, priority=priority))
             where = f" into queue {queue}" if queue else ""
@@ -85,20 +90,38 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
                 [o for o in objects if o.job_id in ids],
                 f"retried{where}{_together(len(ids))}",
             )
-            refused = len({o.job_id for o in objects} - ids)
+            return len(ids), len({o.job_id for o in objects} - ids)
+
+        title = "Retry dead-lettered jobs"
+        note = "These jobs go back to work with attempt 0 (their error history is kept)."
+        if matching_all(request, queryset):
+            return confirm_matching(
+                self,
+                request,
+                queryset,
+                title=title,
+                note=note,
+                form_class=RetryForm,
+                batch=retry,
+                verb="retried",
+                left_why="unique jobs whose key another job holds, or gone meanwhile",
+            )
+
+        def perform(objects: list[Any], data: dict[str, Any]) -> str:
+            done, refused = retry(objects, data)
             if refused:
                 return (
-                    f"Retried {len(ids)} job(s); {refused} stayed in the DLQ (gone meanwhile, "
+                    f"Retried {done} job(s); {refused} stayed in the DLQ (gone meanwhile, "
                     "or unique jobs whose key another job holds)."
                 )
-            return f"Retried {len(ids)} job(s)."
+            return f"Retried {done} job(s)."
 
         return confirm(
             self,
             request,
             queryset,
-            title="Retry dead-lettered jobs",
-            note="These jobs go back to work with attempt 0 (their error history is kept).",
+            title=title,
+            note=note,
             form_class=RetryForm,
             perform=perform,
         )
@@ -107,19 +130,35 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
     def purge_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         self._checked(request, "purge_dlq")
 
-        def perform(objects: list[Any], data: dict[str, Any]) -> str:
+        def purge(objects: list[Any], data: dict[str, Any]) -> tuple[int, int]:
             ids = set(dlq_purge([o.job_id for o in objects]))
             log_change(
                 request, [o for o in objects if o.job_id in ids], f"purged{_together(len(ids))}"
             )
-            return f"Purged {len(ids)} job(s)."
+            return len(ids), len(objects) - len(ids)
+
+        title, note = "Purge dead-lettered jobs", "These jobs are deleted for good."
+        if matching_all(request, queryset):
+            return confirm_matching(
+                self,
+                request,
+                queryset,
+                title=title,
+                note=note,
+                form_class=None,
+                batch=purge,
+                verb="purged",
+            )
+
+        def perform(objects: list[Any], data: dict[str, Any]) -> str:
+            return f"Purged {purge(objects, data)[0]} job(s)."
 
         return confirm(
             self,
             request,
             queryset,
-            title="Purge dead-lettered jobs",
-            note="These jobs are deleted for good.",
+            title=title,
+            note=note,
             form_class=None,
             perform=perform,
         )
@@ -132,6 +171,7 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
 
 
 class TerminalJobAdmin(JobDetail, JobListAdmin):
+    change_list_template = "admin/awa_django/job_change_list.html"
     list_display = ("id", "kind", "queue", "state", "attempt", "tag_list", "finalized_at")
     sortable_by = ("id", "finalized_at")  # sorting history by another column sorts all of it
     # Part of a kind would read every retained row; a whole kind is an index range.
@@ -166,7 +206,7 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
         "pretty_metadata",
         "pretty_result",
         "pretty_progress",
-        "error_timeline",
+        "attempt_timeline",
     )
     exclude = ("args", "metadata", "result", "progress", "errors", "tags", "run_at")
 
@@ -233,6 +273,13 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
 
 
 class JobAdmin(JobDetail, JobListAdmin):
+    change_list_template = "admin/awa_django/job_change_list.html"
+
+    def get_urls(self) -> list[Any]:
+        # The "find a job" box of the job lists and the dashboard.
+        find = path("find/", self.admin_site.admin_view(find_job), name="awa_django_find_job")
+        return [find, *super().get_urls()]
+
     list_display = (
         "id",
         "kind",
@@ -266,7 +313,7 @@ class JobAdmin(JobDetail, JobListAdmin):
         "pretty_metadata",
         "pretty_result",
         "pretty_progress",
-        "error_timeline",
+        "attempt_timeline",
     )
     exclude = ("args", "metadata", "result", "progress", "errors", "tags", "state")
     actions = ("cancel_jobs",)

@@ -366,6 +366,48 @@ def test_times_read_relative_with_the_second_on_hover_and_runs_show_their_spans(
     assert page.count("<time ") >= 3  # created, attempted, finalized: one format
 
 
+def test_a_jobs_page_shows_each_attempt_and_how_it_ended() -> None:
+    job = testjobs.noop.using(queue="tl").enqueue().id
+    with pg() as conn:
+        [c] = storage.claim(conn, "tl", 1, WORKER)
+        error = {"type": "ValueError", "message": "<b>boom</b>", "traceback": "tb"}
+        storage.finalize(
+            conn, [Finalization(c.job_id, c.run_lease, c.claim_slot, "retry", error=error, delay=0)]
+        )
+        conn.execute("SELECT awa.promote_v1()")
+        [c] = storage.claim(conn, "tl", 1, WORKER)
+        storage.finalize(conn, [Finalization(c.job_id, c.run_lease, c.claim_slot, "completed")])
+    page = staff().get(f"{changelist('terminaljob')}{job}/change/").content.decode()
+    assert re.search(
+        r"<b>attempt 1</b>, <time [^>]+>[^<]+</time>: failed with ValueError: &lt;b&gt;boom", page
+    ), page
+    assert re.search(
+        r"<b>attempt 2</b>, claimed <time [^>]+>[^<]+</time>: completed after \d+\.\d ms", page
+    ), page
+
+
+def test_the_find_box_leads_to_a_job_wherever_it_is() -> None:
+    [dead] = dead_letter()
+    live = testjobs.noop.enqueue().id
+    client: Client = staff()
+    find = reverse("admin:awa_django_find_job")
+    assert (
+        client.get(find, {"id": str(live)})["Location"] == f"{changelist('livejob')}{live}/change/"
+    )
+    assert client.get(find, {"id": f" {dead} "})["Location"] == (
+        f"{changelist('deadletter')}{dead}/change/"
+    )
+    for text in ("987654321", "abc", "9" * 30, "1\x00"):
+        missing = client.get(find, {"id": text, "next": changelist("terminaljob")})
+        assert missing["Location"] == changelist("terminaljob"), text
+        assert "No job" in messages_of(missing)[0]
+    offsite = client.get(find, {"id": "x", "next": "//evil.example/"})
+    assert offsite["Location"] == changelist("livejob")
+    assert 'action="' + find in client.get(changelist("deadletter")).content.decode()
+    assert 'action="' + find in client.get(reverse("admin:awa_django_dashboard")).content.decode()
+    assert staff(view=False).get(find, {"id": str(live)}).status_code == 403
+
+
 def test_pages_past_the_end_and_past_the_count_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
     from django.contrib import admin
 

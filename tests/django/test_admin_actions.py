@@ -66,8 +66,11 @@ def test_confirming_the_limit_selected_across_a_filter_fits_djangos_field_limit(
 
 def test_selecting_more_than_the_limit_is_refused_and_changes_nothing() -> None:
     ids = dead_letter(BULK_LIMIT + 1)
-    client = staff("purge_dlq")
-    refused = post_action(client, "deadletter", "purge_jobs", ids[:50], select_across="1")
+    # An action that takes at most BULK_LIMIT rows (the DLQ's retry and purge take them all).
+    client = staff("cancel_job", "purge_dlq")
+    with pg() as conn:
+        live = [i for i, _ in enqueue_sql(conn, json.dumps([{"kind": "k"}] * (BULK_LIMIT + 1)))]
+    refused = post_action(client, "livejob", "cancel_jobs", live[:50], select_across="1")
     assert refused.status_code == 302
     assert messages_of(refused) == [
         f"Select at most {BULK_LIMIT} jobs at a time (narrow the list with its filters); "
@@ -84,6 +87,60 @@ def test_selecting_more_than_the_limit_is_refused_and_changes_nothing() -> None:
     client.post(changelist("deadletter"), forged)
     assert DeadLetter.objects.count() == BULK_LIMIT + 1
     assert not LogEntry.objects.exists()
+    assert waiting("default") == BULK_LIMIT + 1
+
+
+def test_retry_and_purge_of_everything_a_filter_matches_run_in_batches_with_progress(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from awa_django.admin import bulk
+
+    many = dead_letter(7, queue="many")
+    [other] = dead_letter(1, queue="other")
+    monkeypatch.setattr(bulk, "BULK_LIMIT", 3)  # past 3 rows, "select all" runs in batches
+    monkeypatch.setattr(bulk, "BATCH", 2)
+    monkeypatch.setattr(bulk, "BUDGET", 0.0)  # a progress page after every batch
+    viewer = staff()
+    forged = post_action(
+        viewer,
+        "deadletter",
+        "retry_jobs",
+        many[:1],
+        "?queue=many",
+        select_across="1",
+        confirm="yes",
+        awa_after="0",
+    )
+    assert forged.status_code in (200, 302, 403) and DeadLetter.objects.count() == 8
+    client = staff("retry_dlq", "purge_dlq")
+    url = changelist("deadletter") + "?queue=many"
+    page = post_action(
+        client, "deadletter", "retry_jobs", many[:1], "?queue=many", select_across="1"
+    )
+    assert page.status_code == 200 and "<strong>7 jobs</strong> match" in page.content.decode()
+    assert DeadLetter.objects.count() == 8  # nothing before confirming
+    response = client.post(url, {**form_fields(page), "queue": "fixed"})
+    pages = 0
+    while response.status_code == 200:  # each progress page posts the next batch
+        pages += 1
+        assert "so far" in response.content.decode()
+        response = client.post(url, form_fields(response))
+    assert pages == 4, messages_of(response)  # after each batch: 2, 2, 2 and 1; then the end
+    assert messages_of(response) == ["Retry dead-lettered jobs: retried 7 jobs."]
+    assert list(DeadLetter.objects.values_list("job_id", flat=True)) == [other]
+    assert LogEntry.objects.count() == 7
+    with pg() as conn:
+        assert {job_state(conn, j)["queue"] for j in many} == {"fixed"}  # type: ignore[index]
+    # Purge of everything matching: no form, same batches.
+    more = dead_letter(5, queue="again")
+    page = post_action(
+        client, "deadletter", "purge_jobs", more[:1], "?queue=again", select_across="1"
+    )
+    response = client.post(changelist("deadletter") + "?queue=again", form_fields(page))
+    while response.status_code == 200:
+        response = client.post(changelist("deadletter") + "?queue=again", form_fields(response))
+    assert messages_of(response) == ["Purge dead-lettered jobs: purged 5 jobs."]
+    assert list(DeadLetter.objects.values_list("job_id", flat=True)) == [other]
 
 
 def test_the_confirmation_acts_only_on_the_rows_it_named() -> None:

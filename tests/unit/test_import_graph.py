@@ -182,6 +182,7 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "awa_django.retry",
             "awa_django.unique",
             "awa_django.states",
+            "awa_django.timetext",
             "awa_django.sql",
         ),
     ),

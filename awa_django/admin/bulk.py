@@ -1,0 +1,174 @@
+"""Actions on everything a filtered list matches, past :data:`BULK_LIMIT` rows: "Select all"
+on a filtered DLQ of 200,000 jobs, then Retry.
+
+The confirmation page counts the matching rows (as the primary has them) and names the first
+few. Confirmed, the action works through them in primary-key order, :data:`BATCH` rows per
+transaction, each batch committed with its ``LogEntry`` rows, for at most :data:`BUDGET`
+seconds per request; then a progress page (how many so far) posts the next request itself,
+carrying where it got to, until no matching row is left. A row that the action leaves in place
+(a unique job whose key another job holds) is passed over, never retried in a loop; rows that
+start to match meanwhile with a lower key are left for another run.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+
+from awa_django.admin.actions import SHOWN, run_atomically
+from awa_django.admin.base import ReadOnlyAdmin
+from awa_django.admin.selection import BULK_LIMIT, SELECTION_FIELD
+from awa_django.conf import awa_settings
+from awa_django.exceptions import AwaError
+
+__all__ = ["BATCH", "BUDGET", "confirm_matching", "matching_all"]
+
+#: Rows per transaction.
+BATCH = BULK_LIMIT
+#: Seconds of work per request before the progress page takes over (a proxy's or gunicorn's
+#: 30 s timeout never ends a request halfway).
+BUDGET = 8.0
+#: The form field carrying the last key worked through (empty: from the start).
+AFTER_FIELD = "awa_after"
+#: The form fields carrying the counts so far.
+DONE_FIELD, LEFT_FIELD = "awa_done", "awa_left"
+
+
+def matching_all(request: HttpRequest, queryset: QuerySet[Any]) -> bool:
+    """Whether this action acts on everything the filtered list matches, in batches: "Select
+    all" with more than :data:`BULK_LIMIT` matching rows, or a run under way."""
+    if request.POST.get("select_across") != "1" or SELECTION_FIELD in request.POST:
+        return False
+    if AFTER_FIELD in request.POST:
+        return True
+    primary = awa_settings.DATABASE_ALIAS
+    return len(queryset.using(primary).values_list("pk", flat=True)[: BULK_LIMIT + 1]) > BULK_LIMIT
+
+
+def _count(request: HttpRequest, name: str) -> int:
+    text = request.POST.get(name, "0")
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 12 else 0
+
+
+def confirm_matching(
+    modeladmin: ReadOnlyAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[Any],
+    *,
+    title: str,
+    note: str,
+    form_class: type[forms.Form] | None,
+    batch: Callable[[list[Any], dict[str, Any]], tuple[int, int]],
+    verb: str,
+    left_why: str = "",
+) -> HttpResponse | None:
+    """Confirm, then run ``batch(objects, cleaned_data)`` on every matching row, batch by
+    batch; it returns ``(changed, left in place)`` and logs what it changed. ``verb`` names
+    what was done ("retried"); ``left_why`` why a row was left in place."""
+    primary = awa_settings.DATABASE_ALIAS
+    matching = queryset.using(primary).order_by("pk")
+    noun = modeladmin.selection_noun
+    form = form_class(request.POST if "confirm" in request.POST else None) if form_class else None
+    if "confirm" not in request.POST or (form is not None and not form.is_valid()):
+        return _page(
+            modeladmin,
+            request,
+            "admin/awa_django/confirm_matching.html",
+            title=title,
+            note=note,
+            form=form,
+            count=matching.count(),
+            lines=[str(o) for o in matching[:SHOWN]],
+            extra={"first": request.POST.get("_selected_action", "")},
+        )
+    data = form.cleaned_data if form is not None else {}
+    after_text = request.POST.get(AFTER_FIELD, "")
+    after: Any = None
+    if after_text:
+        try:
+            after = modeladmin.selection_key(after_text)
+        except (ValueError, AwaError):
+            modeladmin.message_user(request, "The run was not understood.", messages.ERROR)
+            return None
+    done, left = _count(request, DONE_FIELD), _count(request, LEFT_FIELD)
+    deadline = time.monotonic() + BUDGET
+    while True:
+        objects = list((matching if after is None else matching.filter(pk__gt=after))[:BATCH])
+        if not objects:
+            text = f"{title}: {verb} {done:,} {noun}"
+            if left:
+                text += f"; {left:,} left in place ({left_why or 'changed meanwhile'})"
+            modeladmin.message_user(request, text + ".", messages.SUCCESS)
+            return None
+        try:
+            changed, kept = run_atomically(functools.partial(batch, objects, data))
+        except AwaError as exc:
+            modeladmin.message_user(
+                request,
+                f"{title}: {exc} Stopped after {done:,} {noun}; the batch that failed changed "
+                "nothing.",
+                messages.ERROR,
+            )
+            return None
+        done, left, after = done + changed, left + kept, objects[-1].pk
+        if time.monotonic() >= deadline:
+            return _page(
+                modeladmin,
+                request,
+                "admin/awa_django/bulk_progress.html",
+                title=title,
+                note=note,
+                form=form,
+                count=done,
+                lines=[],
+                extra={
+                    "first": str(after),  # Django posts an action only with a row named
+                    "after": str(after),
+                    "done": done,
+                    "left": left,
+                    "verb": verb,
+                    "after_field": AFTER_FIELD,
+                    "done_field": DONE_FIELD,
+                    "left_field": LEFT_FIELD,
+                },
+            )
+
+
+def _page(
+    modeladmin: ReadOnlyAdmin,
+    request: HttpRequest,
+    template: str,
+    *,
+    title: str,
+    note: str,
+    form: forms.Form | None,
+    count: int,
+    lines: list[str],
+    extra: dict[str, Any] | None = None,
+) -> TemplateResponse:
+    return TemplateResponse(
+        request,
+        template,
+        {
+            **modeladmin.admin_site.each_context(request),
+            "title": title,
+            "note": note,
+            "noun": modeladmin.selection_noun,
+            "count": count,
+            "lines": lines,
+            "more": max(count - len(lines), 0),
+            "form": form,
+            "action": request.POST.get("action", ""),
+            "opts": modeladmin.model._meta,
+            "batch": BATCH,
+            **(extra or {}),
+        },
+    )
