@@ -334,7 +334,7 @@ def surfaces(ids: dict[str, int]) -> list[Surface]:
 
     def page(name: str, url: str) -> None:
         def run() -> Any:
-            response = client.get(url)
+            response = client.get(url, follow=True)  # the find box redirects
             if response.status_code != 200:
                 raise RuntimeError(f"{url}: HTTP {response.status_code}")
             return response
@@ -435,15 +435,15 @@ def surfaces(ids: dict[str, int]) -> list[Surface]:
     admin = "/admin/awa_django"
     page("admin: queue list", f"{admin}/queuestat/")
     page("admin: dashboard", f"{admin}/queuestat/dashboard/")
-    page("admin: jobs", f"{admin}/job/")
+    page("admin: jobs", f"{admin}/livejob/")
     for state in ("available", "running", "waiting_external", "scheduled", "retryable"):
-        page(f"admin: jobs state={state}", f"{admin}/job/?state={state}")
-    page("admin: jobs queue=emails", f"{admin}/job/?queue=emails")
-    page("admin: jobs kind=app.rare.kind", f"{admin}/job/?kind=app.rare.kind")
-    page("admin: jobs search 'billing'", f"{admin}/job/?q=billing")
-    page("admin: jobs search id", f"{admin}/job/?q={ids['running']}")
+        page(f"admin: jobs state={state}", f"{admin}/livejob/?state={state}")
+    page("admin: jobs queue=emails", f"{admin}/livejob/?queue=emails")
+    page("admin: jobs kind=app.rare.kind", f"{admin}/livejob/?kind=app.rare.kind")
+    page("admin: jobs search 'billing'", f"{admin}/livejob/?q=billing")
+    page("admin: jobs search id", f"{admin}/livejob/?q={ids['running']}")
     for what in ("running", "waiting", "available", "scheduled"):
-        page(f"admin: job {what}", f"{admin}/job/{ids[what]}/change/")
+        page(f"admin: job {what}", f"{admin}/livejob/{ids[what]}/change/")
     page("admin: terminal jobs", f"{admin}/terminaljob/")
     for state in ("completed", "failed", "cancelled"):
         page(f"admin: terminal state={state}", f"{admin}/terminaljob/?state={state}")
@@ -485,6 +485,9 @@ def surfaces(ids: dict[str, int]) -> list[Surface]:
     page("admin: DLQ kind=app.sync.pull_crm", f"{admin}/deadletter/?kind=app.sync.pull_crm")
     page("admin: DLQ job", f"{admin}/deadletter/{ids['dlq']}/change/")
     page("admin: workers", f"{admin}/worker/")
+    page("admin: find a job (history)", f"{admin}/livejob/find/?id={ids['completed']}")
+    page("admin: jobs page 150", f"{admin}/livejob/?p=150")
+    page("admin: terminal page 500", f"{admin}/terminaljob/?p=500")
 
     command("awa_status", "awa_status")
     command("awa_status --json", "awa_status", "--json")

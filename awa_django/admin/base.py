@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -31,7 +32,7 @@ from django.utils.functional import cached_property
 
 from awa_django.admin.display import when
 from awa_django.admin.filters import KIND_MAX_LENGTH, storable
-from awa_django.admin.find_job import job_page
+from awa_django.admin.find_job import job_page, place
 from awa_django.admin.read_alias import admin_read_alias, choose_read_alias
 from awa_django.admin.selection import job_id_key, valid_key
 from awa_django.limits import MAX_BIGINT, MAX_TEXT
@@ -70,7 +71,9 @@ class CappedPaginator(Paginator):  # type: ignore[type-arg]
 
     CAP = 10_000
     MAX_PAGE = 1_000
+    #: The page number asked for when it was past the end, and the page shown instead.
     asked: int | None = None
+    landed: int = 1
 
     @cached_property
     def count(self) -> int:
@@ -124,10 +127,25 @@ class CappedPaginator(Paginator):  # type: ignore[type-arg]
 
     def page(self, number: Any) -> Any:
         if not self.capped:
+            self.landed = self.validate_number(number)
             return super().page(number)
         number = self.validate_number(number)
         bottom = (number - 1) * self.per_page
-        return Page(self.object_list[bottom : bottom + self.per_page], number, self)
+        rows = list(self.object_list[bottom : bottom + self.per_page])
+        if not rows and number > 1:
+            # Past the end of a list longer than the count: its last page, found by counting
+            # up to this page (at most MAX_PAGE pages of keys).
+            keys = self.object_list
+            if isinstance(keys, QuerySet):
+                rows_before = keys.order_by().values("pk")[:bottom].count()
+            else:
+                rows_before = len(keys[:bottom])
+            self.asked = self.asked or number
+            number = max(math.ceil(rows_before / self.per_page), 1)
+            bottom = (number - 1) * self.per_page
+            rows = list(self.object_list[bottom : bottom + self.per_page])
+        self.landed = number
+        return Page(rows, number, self)
 
 
 def search_jobs(
@@ -279,24 +297,17 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         response = super().changelist_view(request, extra_context)
         changelist = getattr(response, "context_data", None) or {}
         paginator = getattr(changelist.get("cl"), "paginator", None)
-        if (
-            isinstance(paginator, CappedPaginator)
-            and paginator.capped
-            and changelist["cl"].page_num > 1
-            and not changelist["cl"].result_list
-        ):
-            self.message_user(
-                request,
-                f"Page {changelist['cl'].page_num:,} is past the end of the list.",
-                messages.WARNING,
-            )
-        elif isinstance(paginator, CappedPaginator) and paginator.asked is not None:
-            changelist["cl"].page_num = paginator.last_page
+        if isinstance(paginator, CappedPaginator) and paginator.asked is not None:
+            changelist["cl"].page_num = paginator.landed
             self.message_user(
                 request,
                 f"There is no page {paginator.asked:,}: this is the last page, "
-                f"{paginator.last_page:,}"
-                + (" (narrow a longer list with its filters)." if paginator.capped else "."),
+                f"{paginator.landed:,}"
+                + (
+                    " (narrow a longer list with its filters)."
+                    if paginator.capped and paginator.landed >= paginator.MAX_PAGE
+                    else "."
+                ),
                 messages.WARNING,
             )
         return response
@@ -360,8 +371,7 @@ class JobListAdmin(ReadOnlyAdmin):
         found = job_page(object_id)
         if found is not None and found[0] != opts.model_name:
             model, state, key = found
-            where = {"deadletter": "the DLQ", "terminaljob": "history"}.get(model, "live")
-            self.message_user(request, f"Job {key} is {state} now ({where}).")
+            self.message_user(request, f"Job {key} is {place(model, state)} now.")
             return HttpResponseRedirect(reverse(f"admin:awa_django_{model}_change", args=[key]))
         self.message_user(
             request,

@@ -53,9 +53,10 @@ def matching_all(request: HttpRequest, queryset: QuerySet[Any]) -> bool:
     return len(queryset.using(primary).values_list("pk", flat=True)[: BULK_LIMIT + 1]) > BULK_LIMIT
 
 
-def _count(request: HttpRequest, name: str) -> int:
+def _count(request: HttpRequest, name: str) -> int | None:
+    """A count carried by the progress page: digits, at most 11 of them; None otherwise."""
     text = request.POST.get(name, "0")
-    return int(text) if text.isascii() and text.isdigit() and len(text) < 12 else 0
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 12 else None
 
 
 def confirm_matching(
@@ -92,13 +93,17 @@ def confirm_matching(
     data = form.cleaned_data if form is not None else {}
     after_text = request.POST.get(AFTER_FIELD, "")
     after: Any = None
-    if after_text:
-        try:
-            after = modeladmin.selection_key(after_text)
-        except (ValueError, AwaError):
-            modeladmin.message_user(request, "The run was not understood.", messages.ERROR)
-            return None
     done, left = _count(request, DONE_FIELD), _count(request, LEFT_FIELD)
+    try:
+        if after_text:
+            after = modeladmin.selection_key(after_text)
+        if done is None or left is None:
+            raise ValueError("a count")
+    except (ValueError, AwaError):
+        modeladmin.message_user(
+            request, "The run was not understood; nothing more was changed.", messages.ERROR
+        )
+        return None
     deadline = time.monotonic() + BUDGET
     while True:
         objects = list((matching if after is None else matching.filter(pk__gt=after))[:BATCH])

@@ -152,6 +152,11 @@ class JobDetail:
 
 
 _FAILED = "<li><b>attempt {}</b>, {}: {} {}: {}<pre style='white-space: pre-wrap'>{}</pre></li>"
+#: How an attempt with an error entry ended, by the error's type (else it failed).
+_ENDED = {
+    "awa_django.Rescued": "rescued by the maintenance leader:",
+    "awa_django.Cancel": "cancelled by its handler:",
+}
 
 
 def attempt_timeline(obj: Any) -> str:
@@ -164,9 +169,7 @@ def attempt_timeline(obj: Any) -> str:
             (
                 e.get("attempt", "?"),
                 _at(e.get("at")),
-                "rescued by the maintenance leader:"
-                if e.get("type") == "awa_django.Rescued"
-                else "failed with",
+                _ENDED.get(str(e.get("type")), "failed with"),
                 e.get("type", "-"),
                 e.get("message", ""),
                 e.get("traceback", ""),
@@ -196,8 +199,8 @@ def _last_attempt(obj: Any, failed: set[Any]) -> str:
         )
     state = str(getattr(obj, "state", "") or "")
     claimed = getattr(obj, "attempted_at", None)
-    if attempt < 1 or claimed is None or (state == "failed" and attempt in failed):
-        return ""
+    if attempt < 1 or claimed is None or (state in ("failed", "cancelled") and attempt in failed):
+        return ""  # its error entry above says how it ended
     ended = getattr(obj, "finalized_at", None)
     if state in ("completed", "failed", "cancelled") and ended is not None:
         how = f"{state} after {duration((ended - claimed).total_seconds())}"

@@ -112,11 +112,13 @@ class FlowLimitsForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data: dict[str, Any] = super().clean() or {}
+        if data.get("clear"):  # the fields show the limits in force: clearing drops them all,
+            for name in _LIMITS:  # whatever they hold
+                self.errors.pop(name, None)
+            return {**data, **dict.fromkeys(_LIMITS)}
         if self.errors:
             return data
         limits = [data.get(f) for f in _LIMITS]
-        if data.get("clear"):  # the fields show the limits in force: clearing drops them all
-            return {**data, **dict.fromkeys(_LIMITS)}
         try:
             check_flow_limits(*limits)
         except InvalidOptionError as exc:

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
+from django.db import connections
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
@@ -31,9 +32,14 @@ from awa_django.admin.find_job import find_job
 from awa_django.admin.forms import RetryForm, RetryFromHistoryForm
 from awa_django.admin.read_alias import admin_read_alias
 from awa_django.operator import cancel, dlq_purge, dlq_retry, history_retry, paused_queues
+from awa_django.sql import query
 from awa_django.timetext import duration
 
 __all__ = ["DeadLetterAdmin", "JobAdmin", "TerminalJobAdmin"]
+
+
+#: The log entry's note for a job of a run over everything a filtered list matched.
+_WHOLE_RUN = " (in one admin action on every job the list's filters matched)"
 
 
 def _together(n: int) -> str:
@@ -79,7 +85,9 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         self._checked(request, "retry_dlq")
 
-        def retry(objects: list[Any], data: dict[str, Any]) -> tuple[int, int]:
+        def retry(
+            objects: list[Any], data: dict[str, Any], together: str | None = None
+        ) -> tuple[int, int]:
             queue, priority = data.get("queue") or None, data.get("priority")
             ids = set(dlq_retry([o.job_id for o in objects], queue=queue, priority=priority))
             where = f" into queue {queue}" if queue else ""
@@ -88,7 +96,7 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
             log_change(
                 request,
                 [o for o in objects if o.job_id in ids],
-                f"retried{where}{_together(len(ids))}",
+                f"retried{where}{_together(len(ids)) if together is None else together}",
             )
             return len(ids), len({o.job_id for o in objects} - ids)
 
@@ -102,7 +110,7 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
                 title=title,
                 note=note,
                 form_class=RetryForm,
-                batch=retry,
+                batch=lambda objects, data: retry(objects, data, _WHOLE_RUN),
                 verb="retried",
                 left_why="unique jobs whose key another job holds, or gone meanwhile",
             )
@@ -130,11 +138,12 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
     def purge_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         self._checked(request, "purge_dlq")
 
-        def purge(objects: list[Any], data: dict[str, Any]) -> tuple[int, int]:
+        def purge(
+            objects: list[Any], data: dict[str, Any], together: str | None = None
+        ) -> tuple[int, int]:
             ids = set(dlq_purge([o.job_id for o in objects]))
-            log_change(
-                request, [o for o in objects if o.job_id in ids], f"purged{_together(len(ids))}"
-            )
+            suffix = _together(len(ids)) if together is None else together
+            log_change(request, [o for o in objects if o.job_id in ids], f"purged{suffix}")
             return len(ids), len(objects) - len(ids)
 
         title, note = "Purge dead-lettered jobs", "These jobs are deleted for good."
@@ -146,7 +155,7 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
                 title=title,
                 note=note,
                 form_class=None,
-                batch=purge,
+                batch=lambda objects, data: purge(objects, data, _WHOLE_RUN),
                 verb="purged",
             )
 
@@ -199,6 +208,7 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
         "finalized_at",
         "queue_wait",
         "run_time",
+        "retried_as",
         "tag_list",
         "unique_key",
         "retry_policy",
@@ -217,9 +227,10 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
             return "-"
         return duration((obj.attempted_at - obj.run_at).total_seconds())
 
-    @admin.display(description="run time (last attempt)")
+    @admin.display(description="claimed to finished (last attempt)")
     def run_time(self, obj: Any) -> str:
-        """From the last attempt's claim to the job's end."""
+        """From the last attempt's claim to the commit of its outcome: the handler's run time
+        plus the wait for its outcome's batch (worker.md has the handler's own, in the log)."""
         if obj.attempted_at is None or obj.finalized_at is None:
             return "-"
         return duration((obj.finalized_at - obj.attempted_at).total_seconds())
@@ -266,7 +277,17 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
         )
 
     def object_action_applies(self, name: str, obj: Any) -> bool:
-        return name != "retry_jobs" or obj.state in ("failed", "cancelled")
+        if name != "retry_jobs":
+            return True
+        return obj.state in ("failed", "cancelled") and self.retried_as(obj) is None
+
+    @admin.display(description="retried from history as")
+    def retried_as(self, obj: Any) -> int | None:
+        """The job this one was retried as from history (a job is retried at most once)."""
+        with connections[admin_read_alias()].cursor() as c:
+            c.execute(query("history_retried_as"), [obj.id])
+            row = c.fetchone()
+        return None if row is None else row[0]
 
     def has_retry_job_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("awa_django.retry_job"))
@@ -334,6 +355,8 @@ class JobAdmin(JobDetail, JobListAdmin):
             paused = obj.queue in paused_queues(using=admin_read_alias())
         if obj.state == "available" and paused:
             return "available (queue paused: nothing claims it until the queue resumes)"
+        if obj.state == "waiting_external":
+            return "waiting (for a callback)"
         return str(obj.state)
 
     @admin.action(description="Cancel selected jobs", permissions=["cancel_job"])

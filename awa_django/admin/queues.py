@@ -82,6 +82,25 @@ class QueueStatAdmin(ReadOnlyAdmin):
         "dlq_on_queues",
         "dlq_off_queues",
     )
+    # The detail page: the list's columns, in the list's words (a status, "waiting", "in DLQ").
+    fields = (
+        "queue",
+        "status",
+        "available",
+        "running",
+        "waiting",
+        "scheduled",
+        "retryable",
+        "completed_count",
+        "failed_count",
+        "cancelled_count",
+        "in_dlq",
+        "failures_go_to",
+        "lag",
+        "completed_last_hour",
+        "flow_limits_now",
+    )
+    readonly_fields = fields
     change_list_template = "admin/awa_django/queuestat/change_list.html"
     selection_noun = "queues"
 
@@ -128,6 +147,12 @@ class QueueStatAdmin(ReadOnlyAdmin):
         for stat in changelist.result_list:
             stat.flow_limits = limits.get(stat.queue)
         return changelist
+
+    @admin.display(description="flow limits")
+    def flow_limits_now(self, obj: QueueStat) -> str:
+        """The queue's flow limits in force (read on the primary, where the permits are)."""
+        limits = {q.queue: q for q in queue_limits()}.get(obj.queue)
+        return "none" if limits is None else limits.summary()
 
     @admin.display(description="global limit")
     def global_limit(self, obj: QueueStat) -> str:
@@ -411,6 +436,8 @@ class QueueStatAdmin(ReadOnlyAdmin):
         if name in ("pause_queues", "resume_queues"):
             return bool(obj.paused) == (name == "resume_queues")
         if name in ("dlq_on_queues", "dlq_off_queues"):
+            if obj.queue in declared_dlq():  # AWA["QUEUES"] sets it: the action leaves it alone
+                return False
             on = queue_dlq_enabled(obj.queue, using=admin_read_alias())
             return on == (name == "dlq_off_queues")
         return True

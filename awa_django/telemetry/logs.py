@@ -231,11 +231,16 @@ def _repr_short(value: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> str:
     return f"<{type(value).__name__} of {len(value)} item(s), nested too deep or cyclic>"
 
 
-_CONTROL: Final = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" for c in CONTROL_CHARACTERS}
+# Bidirectional controls too (U+202E reverses what follows it on a terminal): a line must read
+# as it was written.
+_BIDI: Final = frozenset((0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)))
+_CONTROL: Final = {
+    c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" for c in CONTROL_CHARACTERS | _BIDI
+}
 
 
 def one_line(value: object) -> str:
-    """``str(value)`` on one line: control characters (newlines included) as ``\\xNN``
-    escapes, so that a value from a producer or a handler (a job kind, an error message)
-    cannot start a log line of its own."""
+    """``str(value)`` on one line: control characters (newlines included) and bidirectional
+    controls as ``\\xNN`` / ``\\uNNNN`` escapes, so that a value from a producer or a handler (a
+    job kind, an error message) cannot start a log line of its own or reorder one."""
     return _text(str(value)).translate(_CONTROL)

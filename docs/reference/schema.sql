@@ -985,7 +985,7 @@ CREATE OR REPLACE FUNCTION awa._lane_depth_v1(p_lane_id integer, p_cursor bigint
  LANGUAGE sql
  STABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 bd4420fe62978ab8 (12 lines)
+ AS body sha256 a4da970ebbe17d86 (15 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._lane_for_v1(p_queue text, p_priority integer, p_wait boolean)

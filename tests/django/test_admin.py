@@ -361,7 +361,7 @@ def test_times_read_relative_with_the_second_on_hover_and_runs_show_their_spans(
         listed,
     ), listed
     page = client.get(f"{changelist('terminaljob')}{job}/change/").content.decode()
-    assert "Queue wait (last attempt)" in page and "Run time (last attempt)" in page
+    assert "Queue wait (last attempt)" in page and "Claimed to finished (last attempt)" in page
     assert re.search(r"\d+\.\d ms", page)
     assert page.count("<time ") >= 3  # created, attempted, finalized: one format
 
@@ -384,6 +384,25 @@ def test_a_jobs_page_shows_each_attempt_and_how_it_ended() -> None:
     assert re.search(
         r"<b>attempt 2</b>, claimed <time [^>]+>[^<]+</time>: completed after \d+\.\d ms", page
     ), page
+    # A handler's Cancel: one entry, saying so (not "failed", not twice).
+    cancelled = testjobs.noop.using(queue="tl").enqueue().id
+    with pg() as conn:
+        [c] = storage.claim(conn, "tl", 1, WORKER)
+        reason = {"type": "awa_django.Cancel", "message": "not needed", "traceback": ""}
+        storage.finalize(
+            conn, [Finalization(c.job_id, c.run_lease, c.claim_slot, "cancel", error=reason)]
+        )
+    page = staff().get(f"{changelist('terminaljob')}{cancelled}/change/").content.decode()
+    assert page.count("<b>attempt 1</b>") == 1
+    assert "cancelled by its handler: awa_django.Cancel: not needed" in page
+
+
+def _with_perms(client: Client, *codenames: str) -> Any:
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.get(pk=client.session["_auth_user_id"])
+    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    return User.objects.get(pk=user.pk)  # a fresh object: permissions are cached per object
 
 
 def test_the_find_box_leads_to_a_job_wherever_it_is() -> None:
@@ -406,6 +425,15 @@ def test_the_find_box_leads_to_a_job_wherever_it_is() -> None:
     assert 'action="' + find in client.get(changelist("deadletter")).content.decode()
     assert 'action="' + find in client.get(reverse("admin:awa_django_dashboard")).content.decode()
     assert staff(view=False).get(find, {"id": str(live)}).status_code == 403
+    # Only the jobs of the pages the user may view.
+    only_live = staff(view=False)
+    only_live.force_login(_with_perms(only_live, "view_livejob"))
+    assert only_live.get(find, {"id": str(live)})["Location"] == (
+        f"{changelist('livejob')}{live}/change/"
+    )
+    hidden = only_live.get(find, {"id": str(dead), "next": changelist("livejob")})
+    assert hidden["Location"] == changelist("livejob")
+    assert "on a page you may not view (the DLQ)" in messages_of(hidden)[0]
 
 
 def test_pages_past_the_end_and_past_the_count_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -428,8 +456,10 @@ def test_pages_past_the_end_and_past_the_count_say_so(monkeypatch: pytest.Monkey
     acting = staff("retry_dlq").get(url).content.decode()
     assert "Select all more than 5 jobs</a> (an action takes at most 1,000" not in acting
     assert "Select all more than 5 jobs</a>" in acting
-    past = client.get(url + "?p=9")
-    assert past.status_code == 200 and "Page 9 is past the end of the list." in messages_of(past)
+    past = client.get(url + "?p=9")  # past the end of a list longer than the count
+    assert past.status_code == 200 and past.context["cl"].page_num == 4
+    assert len(past.context["cl"].result_list) == 1
+    assert messages_of(past) == ["There is no page 9: this is the last page, 4."]
     monkeypatch.setattr(CappedPaginator, "MAX_PAGE", 3)
     assert (
         "There is no page 9: this is the last page, 3" in messages_of(client.get(url + "?p=9"))[0]

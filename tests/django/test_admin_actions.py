@@ -131,6 +131,22 @@ def test_retry_and_purge_of_everything_a_filter_matches_run_in_batches_with_prog
     assert LogEntry.objects.count() == 7
     with pg() as conn:
         assert {job_state(conn, j)["queue"] for j in many} == {"fixed"}  # type: ignore[index]
+    # A forged run (a count or a key that is not one) changes nothing more.
+    forged_run = dead_letter(4, queue="forged")
+    url = changelist("deadletter") + "?queue=forged"
+    page = post_action(
+        client, "deadletter", "purge_jobs", forged_run[:1], "?queue=forged", select_across="1"
+    )
+    for field, value in [
+        ("awa_done", "-5"),
+        ("awa_left", "x"),
+        ("awa_after", "1;2"),
+        ("awa_done", "9" * 30),
+        ("awa_after", "\x00"),
+    ]:
+        forged = client.post(url, {**form_fields(page), "awa_after": "0", field: value})
+        assert messages_of(forged)[-1] == "The run was not understood; nothing more was changed."
+    assert DeadLetter.objects.filter(queue="forged").count() == 4
     # Purge of everything matching: no form, same batches.
     more = dead_letter(5, queue="again")
     page = post_action(
@@ -140,7 +156,9 @@ def test_retry_and_purge_of_everything_a_filter_matches_run_in_batches_with_prog
     while response.status_code == 200:
         response = client.post(changelist("deadletter") + "?queue=again", form_fields(response))
     assert messages_of(response) == ["Purge dead-lettered jobs: purged 5 jobs."]
-    assert list(DeadLetter.objects.values_list("job_id", flat=True)) == [other]
+    assert sorted(DeadLetter.objects.values_list("job_id", flat=True)) == sorted(
+        [other, *forged_run]
+    )
 
 
 def test_the_confirmation_acts_only_on_the_rows_it_named() -> None:

@@ -89,3 +89,25 @@ def test_each_page_offers_what_applies_to_its_row() -> None:
         conn.execute("SELECT awa.cancel_v1(%s, %s)", [live, "test"])
     cancelled = {n: b[2] for n, b in buttons(detail(everything, "terminaljob", live)).items()}
     assert cancelled == {"retry_jobs": "Retry (as a new job)"}
+
+
+def test_buttons_that_could_not_act_are_not_offered() -> None:
+    from django.conf import settings
+    from django.test import override_settings
+
+    from awa_django.operator import history_retry
+
+    failed = testjobs.noop.enqueue().id
+    with pg() as conn:
+        conn.execute("SELECT awa.cancel_v1(%s, %s)", [failed, "test"])
+    operator = staff("retry_job", "manage_queue")
+    assert "retry_jobs" in buttons(detail(operator, "terminaljob", failed))
+    [done] = history_retry([failed], by="test")
+    page = detail(operator, "terminaljob", failed)
+    assert "retry_jobs" not in buttons(page)  # a job is retried from history at most once
+    assert f">{done.retry_job_id}<" in page.content.decode()  # "retried from history as"
+    pinned = {**settings.AWA, "QUEUES": {"default": {"dlq": False}}}
+    with override_settings(AWA=pinned):
+        offered = set(buttons(detail(operator, "queuestat", "default")))
+    assert not offered & {"dlq_on_queues", "dlq_off_queues"}  # the settings set it
+    assert "pause_queues" in offered

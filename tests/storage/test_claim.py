@@ -208,6 +208,10 @@ def test_depth_is_zero_on_a_quiet_queue_after_rolled_back_enqueues() -> None:
         assert lag.fetchone() == (1,)
         claim_ids(conn, "ghost", n=1)
         assert storage.queue_depth(conn, "ghost") == {"ghost": 0}
+        # One rollback of more positions than the exact count reads, on a quiet queue.
+        with conn.transaction(force_rollback=True):
+            enqueue_sql(conn, jobs_json(1500, queue="ghost"))
+        assert storage.queue_depth(conn, "ghost") == {"ghost": 0}
 
 
 def test_claims_stay_index_probes_when_statistics_say_the_rings_are_empty() -> None:

@@ -144,3 +144,13 @@ def test_a_wait_a_snooze_a_cancel_and_a_completion_say_what_happened(
         ),
         ("DEBUG", "job 41 shop.send completed in 18.9 ms (attempt 1)"),
     ]
+
+
+def test_a_kind_or_message_cannot_break_or_reorder_a_line(caplog: pytest.LogCaptureFixture) -> None:
+    job = attempt(1)._replace(kind="evil\u202ekind\nINFO fake")
+    hostile = {"type": "E\u2066", "message": "a\rb\u2028c"}
+    with caplog.at_level(logging.DEBUG, "awa_django.worker"):
+        log_failures([(outcome("retry", error=hostile), job)], {}, {})
+    text = caplog.records[0].getMessage()
+    assert "evil\\u202ekind\\x0aINFO fake" in text and "E\\u2066: a\\x0db\\u2028c" in text
+    assert not any(ch in text for ch in "\u202e\u2066\n\r\u2028")

@@ -152,11 +152,12 @@ AS $$
 $$;
 
 -- The jobs waiting in one lane above its cursor p_cursor, up to its last enqueue position
--- p_last: exact (one index range of the lane, each row's tombstone probed) while p_last -
--- p_cursor is at most 1,000; beyond, the positions between them, which over-count by the
--- lane's rolled-back enqueues and cancelled rows (a lane that deep is a backlog whatever the
--- exact figure). A rolled-back enqueue spends a position and writes no row, so a sequence
--- difference alone reads a quiet queue as non-empty for good.
+-- p_last: exact (one index range of the lane, at most 10,001 rows, each row's tombstone
+-- probed) while the lane holds at most 10,000 rows above its cursor; beyond, the positions
+-- between them, which over-count by the lane's cancelled rows (a lane that deep is a backlog
+-- whatever the exact figure). Rows, not positions: a rolled-back enqueue spends a position and
+-- writes no row, and the cursor passes its gap only when a later job is claimed, so a
+-- difference of positions alone reads a quiet queue as non-empty for good.
 CREATE OR REPLACE FUNCTION awa._lane_depth_v1(p_lane_id integer, p_cursor bigint, p_last bigint)
  RETURNS bigint
  LANGUAGE sql
@@ -165,18 +166,21 @@ CREATE OR REPLACE FUNCTION awa._lane_depth_v1(p_lane_id integer, p_cursor bigint
 AS $$
     SELECT CASE
         WHEN p_last <= p_cursor THEN 0::bigint
-        WHEN p_last - p_cursor > 1000 THEN p_last - p_cursor
-        ELSE (SELECT count(DISTINCT e.lane_seq) FROM awa.ready_entries e
-              WHERE e.lane_id = p_lane_id AND e.lane_seq > p_cursor AND e.lane_seq <= p_last
-                AND NOT EXISTS (
-                    SELECT 1 FROM awa.ready_tombstones t
-                    WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
-                      AND t.ready_slot = e.ready_slot))
+        ELSE (SELECT CASE WHEN count(*) > 10000 THEN p_last - p_cursor
+                          ELSE count(*) FILTER (WHERE NOT r.dead) END
+              FROM (SELECT EXISTS (
+                               SELECT 1 FROM awa.ready_tombstones t
+                               WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                                 AND t.ready_slot = e.ready_slot) AS dead
+                    FROM awa.ready_entries e
+                    WHERE e.lane_id = p_lane_id AND e.lane_seq > p_cursor
+                      AND e.lane_seq <= p_last
+                    LIMIT 10001) r)
     END
 $$;
 
 -- Depth per queue for the hot path and metrics: the jobs waiting in the queue's lanes
--- (awa._lane_depth_v1: exact while a lane holds at most 1,000 positions above its cursor, the
+-- (awa._lane_depth_v1: exact while a lane holds at most 10,000 rows above its cursor, the
 -- positions beyond) plus the jobs parked by a limit or a serial key (flow_waiting,
 -- serial_waiting), which run once they may. Never scans history.
 CREATE OR REPLACE FUNCTION awa.queue_depth_v1(p_queue text DEFAULT NULL::text)
@@ -208,11 +212,10 @@ $$;
 -- Lag ----------------------------------------------------------------------------------------------
 
 -- One row per queue that has lanes: available (as awa.queue_depth_v1 counts: exact while a
--- lane holds at most 1,000 positions above its cursor, parked jobs included), lag_seconds (now() minus the
+-- lane holds at most 10,000 rows above its cursor, parked jobs included), lag_seconds (now() minus the
 -- run_at of the oldest unclaimed, uncancelled job at the head of a lane; NULL when nothing
 -- waits) and paused. Each lane costs its cursor, its sequence, one index probe of
--- ready_entries from the cursor on and, when it holds at most 1,000 positions, the range of
--- them: the head of a lane is its oldest job in lane order, so lag_seconds is the age of the
+-- ready_entries from the cursor on and the range of its rows above it (at most 10,001): the head of a lane is its oldest job in lane order, so lag_seconds is the age of the
 -- oldest waiting job give or take the FIFO order of lanes (a promoted job is appended when it
 -- is promoted, behind jobs enqueued after its run_at).
 CREATE OR REPLACE FUNCTION awa.queue_lag_v1()

@@ -70,6 +70,10 @@ SELECT id, kind, queue, state, priority, attempt, max_attempts, run_lease, args,
        dlq_reason
 FROM awa.job_v1(%s)
 
+-- name: history_retried_as
+-- One column: the job a job of history was retried as (no row: not retried from history).
+SELECT retry_job_id FROM awa.history_retries WHERE job_id = %s
+
 -- name: job_callback_wait
 -- The callback a waiting job waits for (awa_job show), by column name.
 SELECT callback_id, parked_at, timeout_at, resume FROM awa.callback_waits WHERE job_id = %s
