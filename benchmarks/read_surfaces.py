@@ -46,6 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":
     sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
+from awa_django.sql import RING_SLOTS  # noqa: E402 (after the checkout is on sys.path)
+
 SEED_SQL = Path(__file__).with_name("read_surfaces.sql")
 #: Rows at scale 1.
 SIZES = {
@@ -70,10 +72,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+#: The queue ring's slot count (a new database's), and its current slot in the seed: the last.
+QUEUE_SLOTS = RING_SLOTS["queue"]
+SLOT_PARAMS = {"qslots": QUEUE_SLOTS, "qcur": QUEUE_SLOTS - 1}
+
+
 def statements() -> dict[str, str]:
     import re
 
-    text = SEED_SQL.read_text()
+    # A partition's name is not a parameter: {qcur} in a statement is the current slot.
+    text = SEED_SQL.read_text().replace("{qcur}", str(SLOT_PARAMS["qcur"]))
     parts = re.split(r"^-- name: (\w+)\s*$", text, flags=re.MULTILINE)
     return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
 
@@ -196,7 +204,7 @@ def seed(sizes: dict[str, int], *, scale: float, stale_stats: bool) -> None:
         host=settings["HOST"] or None,
         port=str(settings["PORT"]) if settings["PORT"] else None,
     )
-    params: dict[str, Any] = {**sizes, "scale": scale, "lo": 0, "hi": 0}
+    params: dict[str, Any] = {**sizes, **SLOT_PARAMS, "scale": scale, "lo": 0, "hi": 0}
     started = time.perf_counter()
     with psycopg.connect(conninfo, autocommit=True) as conn:
         cur = psycopg.ClientCursor(conn)
@@ -625,7 +633,7 @@ def write_cost(jobs: int, rounds: int) -> dict[str, float]:
             results["claim_finalize_us"].append((clock() - t0) / jobs * 1e6)
         # Leave the claim ring as the seed made it: the read surfaces scan it.
         cur = psycopg.ClientCursor(conn)
-        cur.execute(statements()["write_cost_cleanup"])
+        cur.execute(statements()["write_cost_cleanup"], SLOT_PARAMS)
         cur.execute(statements()["write_cost_vacuum"])
     return {k: statistics.median(v) for k, v in results.items()}
 

@@ -98,7 +98,7 @@ SELECT s, s, m.lane_id, (i / 10000) * m.k + m.r + 1, i + 1, m.priority, 0, 25, 0
        CASE WHEN i %% 20 = 0 THEN ARRAY['seed'] END
 FROM seed_params sp,
      generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) AS i,
-     LATERAL (SELECT ((i * 16) / sp.history)::integer AS s,
+     LATERAL (SELECT ((i * %(qslots)s) / sp.history)::integer AS s,
                      sp.t0 + make_interval(secs => i * 86400.0 / sp.history) AS ts) x,
      seed_map m
 WHERE m.p = i %% 10000 AND i %% 500 <> 250
@@ -132,7 +132,7 @@ SELECT s, s, i + 1,
        NULL, NULL
 FROM seed_params sp,
      generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) AS i,
-     LATERAL (SELECT ((i * 16) / sp.history)::integer AS s,
+     LATERAL (SELECT ((i * %(qslots)s) / sp.history)::integer AS s,
                      sp.t0 + make_interval(secs => i * 86400.0 / sp.history) AS ts,
                      i %% 500 = 250 AS wide) x,
      seed_map m
@@ -142,7 +142,7 @@ WHERE m.p = i %% 10000
 -- Claims and closures of the most recent `closed` history positions, in claim slots 0-6.
 WITH pos AS MATERIALIZED (
     SELECT i, ((i - (sp.history - sp.closed)) * 7 / sp.closed)::integer AS cslot,
-           ((i * 16) / sp.history)::integer AS s,
+           ((i * %(qslots)s) / sp.history)::integer AS s,
            sp.t0 + make_interval(secs => i * 86400.0 / sp.history) AS ts,
            m.lane_id, (i / 10000) * m.k + m.r + 1 AS lane_seq
     FROM seed_params sp,
@@ -181,11 +181,11 @@ INSERT INTO awa.claim_closures (claim_slot, job_id, run_lease, outcome)
 SELECT 7, -t.lane_id, t.top, 'marker' FROM tops t
 
 -- name: seed_live_ready
--- Ready rows of the running and available positions, in the current queue slot (15).
+-- Ready rows of the running and available positions, in the current queue slot (the last).
 INSERT INTO awa.ready_entries (
     ready_slot, ready_generation, lane_id, lane_seq, job_id, priority, attempt, max_attempts,
     run_lease, queue, kind, args, run_at, created_at, deadline_secs, metadata, tags)
-SELECT 15, 15, m.lane_id, (i / 10000) * m.k + m.r + 1, i + 1, m.priority, 0, 25, 0, m.queue,
+SELECT %(qcur)s, %(qcur)s, m.lane_id, (i / 10000) * m.k + m.r + 1, i + 1, m.priority, 0, 25, 0, m.queue,
        pg_temp.seed_kind(i),
        jsonb_build_object('args', jsonb_build_array(i), 'kwargs',
                           jsonb_build_object('to', 'user' || (i %% 100000) || '@example.com')),
@@ -217,7 +217,7 @@ WITH pos AS MATERIALIZED (
     INSERT INTO awa.claims (claim_slot, claim_generation, job_id, run_lease, ready_slot,
                             ready_generation, lane_id, lane_seq, attempt, claimed_at,
                             deadline_at, worker_id)
-    SELECT cslot, cslot, i + 1, 1, 15, 15, lane_id, lane_seq, 1, claimed_at,
+    SELECT cslot, cslot, i + 1, 1, %(qcur)s, %(qcur)s, lane_id, lane_seq, 1, claimed_at,
            CASE WHEN i %% 3 = 0 THEN claimed_at + interval '10 minutes' END,
            ('00000000-0000-0000-0000-00000000000' || (i %% 4))::uuid
     FROM pos
@@ -241,11 +241,11 @@ WITH pos AS MATERIALIZED (
     WHERE m.p = i %% 10000 AND i %% 100 = 42
 ), t AS (
     INSERT INTO awa.ready_tombstones (ready_slot, ready_generation, lane_id, lane_seq, job_id)
-    SELECT 15, 15, lane_id, lane_seq, i + 1 FROM pos
+    SELECT %(qcur)s, %(qcur)s, lane_id, lane_seq, i + 1 FROM pos
 )
 INSERT INTO awa.done_entries (ready_slot, ready_generation, job_id, run_lease, lane_id,
                               lane_seq, state, attempt, errors, queue, kind)
-SELECT 15, 15, i + 1, 0, lane_id, lane_seq, 'cancelled', 0,
+SELECT %(qcur)s, %(qcur)s, i + 1, 0, lane_id, lane_seq, 'cancelled', 0,
        '[{"type": "Cancelled", "message": "cancelled in admin", "attempt": 0}]', queue,
        CASE WHEN %(done_kinds)s THEN pg_temp.seed_kind(i) END
 FROM pos
@@ -283,7 +283,8 @@ FROM seed_params sp,
 -- name: seed_rings
 DELETE FROM awa.ring_rotations;
 INSERT INTO awa.ring_rotations (ring, generation, slot, rotated_at)
-SELECT 'queue', g, g, sp.t0 + make_interval(secs => g * 5400) FROM seed_params sp, generate_series(0, 15) g
+SELECT 'queue', g, g, sp.t0 + make_interval(secs => g * 86400.0 / %(qslots)s)
+FROM seed_params sp, generate_series(0, %(qcur)s) g
 UNION ALL
 SELECT 'claim', g, g, now() - make_interval(secs => (7 - g) * 10) FROM generate_series(0, 7) g
 UNION ALL
@@ -317,7 +318,7 @@ END
 $$
 
 -- name: write_cost_cleanup
--- Everything the write-path probe wrote (queue writecost, in the current queue slot 15 of the
+-- Everything the write-path probe wrote (queue writecost, in the current queue slot of the
 -- seed), gone, and its partitions vacuumed: the read surfaces see the seed as it was.
 DELETE FROM awa.claim_closures z USING awa.claims c
 WHERE c.lane_id IN (SELECT l.lane_id FROM awa.queue_lanes l WHERE l.queue = 'writecost')
@@ -325,7 +326,7 @@ WHERE c.lane_id IN (SELECT l.lane_id FROM awa.queue_lanes l WHERE l.queue = 'wri
 DELETE FROM awa.claims c
 WHERE c.lane_id IN (SELECT l.lane_id FROM awa.queue_lanes l WHERE l.queue = 'writecost');
 DELETE FROM awa.done_entries d
-WHERE d.ready_slot = 15
+WHERE d.ready_slot = %(qcur)s
   AND d.lane_id IN (SELECT l.lane_id FROM awa.queue_lanes l WHERE l.queue = 'writecost');
 DELETE FROM awa.ready_entries e
 WHERE e.lane_id IN (SELECT l.lane_id FROM awa.queue_lanes l WHERE l.queue = 'writecost');
@@ -333,7 +334,7 @@ DELETE FROM awa.queue_lanes WHERE queue = 'writecost';
 DELETE FROM awa.queue_meta WHERE queue = 'writecost'
 
 -- name: write_cost_vacuum
-VACUUM (ANALYZE) awa.claims, awa.claim_closures, awa.ready_entries_15, awa.done_entries_15,
+VACUUM (ANALYZE) awa.claims, awa.claim_closures, awa.ready_entries_{qcur}, awa.done_entries_{qcur},
     awa.queue_lanes, awa.queue_meta
 
 -- name: analyze
