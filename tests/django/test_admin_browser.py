@@ -1,9 +1,10 @@
 """A real browser in the admin: Playwright driving Debian's Chromium headless.
 
 Logs in, opens the DLQ, retries a job through the confirmation page, sees it leave the DLQ, and
-saves screenshots of the dashboard and the DLQ list under tests/artifacts/. Chromium is
-installed by scripts/bootstrap browser (Debian's ``chromium`` package, as root); where it is
-missing the tests are skipped, saying why.
+saves screenshots of the main pages (the DLQ list and a DLQ job, the dashboard, the queues,
+a retried job) under tests/artifacts/. Chromium is installed by scripts/bootstrap browser
+(Debian's ``chromium`` package, as root); where it is missing the tests are skipped, saying
+why.
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ def test_retry_from_the_dlq_in_a_real_browser(live_server: Any) -> None:
             page.goto(f"{live_server.url}/admin/awa_django/queuestat/dashboard/")
             page.wait_for_selector("svg")
             page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+            page.goto(f"{live_server.url}/admin/awa_django/queuestat/")
+            page.screenshot(path=str(ARTIFACTS / "queues.png"), full_page=True)
+            page.goto(f"{live_server.url}/admin/awa_django/livejob/{job}/change/")
+            page.wait_for_selector("text=Attempts")
+            page.screenshot(path=str(ARTIFACTS / "retried-job.png"), full_page=True)
         finally:
             browser.close()
     with pg() as conn:
