@@ -23,13 +23,13 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from awa_django.admin.actions import SHOWN, run_atomically
+from awa_django.admin.actions import SHOWN, confirm, run_atomically
 from awa_django.admin.base import ReadOnlyAdmin
 from awa_django.admin.selection import BULK_LIMIT, SELECTION_FIELD
 from awa_django.conf import awa_settings
 from awa_django.exceptions import AwaError
 
-__all__ = ["BATCH", "BUDGET", "confirm_matching", "matching_all"]
+__all__ = ["BATCH", "BUDGET", "confirm_matching", "confirm_rows", "matching_all"]
 
 #: Rows per transaction.
 BATCH = BULK_LIMIT
@@ -145,6 +145,48 @@ def confirm_matching(
                     "left_field": LEFT_FIELD,
                 },
             )
+
+
+def confirm_rows(
+    modeladmin: ReadOnlyAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[Any],
+    *,
+    title: str,
+    note: str,
+    form_class: type[forms.Form] | None,
+    act: Callable[[list[Any], dict[str, Any], str | None], tuple[int, int]],
+    said: Callable[[int, int], str],
+    verb: str,
+    left_why: str = "",
+    whole_run: str = "",
+) -> HttpResponse | None:
+    """An action that works on the selected rows (:func:`confirm`, at most
+    :data:`BULK_LIMIT`) or on everything the filtered list matches (:func:`confirm_matching`).
+    ``act(objects, data, note)`` changes and logs them (``note``: the log entries' remark for
+    a run over everything matching, None otherwise) and returns ``(changed, left in place)``;
+    ``said(changed, left)`` is the message of a selection's run."""
+    if matching_all(request, queryset):
+        return confirm_matching(
+            modeladmin,
+            request,
+            queryset,
+            title=title,
+            note=note,
+            form_class=form_class,
+            batch=lambda objects, data: act(objects, data, whole_run),
+            verb=verb,
+            left_why=left_why,
+        )
+    return confirm(
+        modeladmin,
+        request,
+        queryset,
+        title=title,
+        note=note,
+        form_class=form_class,
+        perform=lambda objects, data: said(*act(objects, data, None)),
+    )
 
 
 def _page(

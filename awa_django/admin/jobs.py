@@ -19,7 +19,7 @@ from django.urls import path
 
 from awa_django.admin.actions import confirm, log_change
 from awa_django.admin.base import JobListAdmin
-from awa_django.admin.bulk import confirm_matching, matching_all
+from awa_django.admin.bulk import confirm_rows
 from awa_django.admin.display import JobDetail
 from awa_django.admin.filters import (
     KindFilter,
@@ -100,23 +100,7 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
             )
             return len(ids), len({o.job_id for o in objects} - ids)
 
-        title = "Retry dead-lettered jobs"
-        note = "These jobs go back to work with attempt 0 (their error history is kept)."
-        if matching_all(request, queryset):
-            return confirm_matching(
-                self,
-                request,
-                queryset,
-                title=title,
-                note=note,
-                form_class=RetryForm,
-                batch=lambda objects, data: retry(objects, data, _WHOLE_RUN),
-                verb="retried",
-                left_why="unique jobs whose key another job holds, or gone meanwhile",
-            )
-
-        def perform(objects: list[Any], data: dict[str, Any]) -> str:
-            done, refused = retry(objects, data)
+        def said(done: int, refused: int) -> str:
             if refused:
                 return (
                     f"Retried {done} job(s); {refused} stayed in the DLQ (gone meanwhile, "
@@ -124,14 +108,18 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
                 )
             return f"Retried {done} job(s)."
 
-        return confirm(
+        return confirm_rows(
             self,
             request,
             queryset,
-            title=title,
-            note=note,
+            title="Retry dead-lettered jobs",
+            note="These jobs go back to work with attempt 0 (their error history is kept).",
             form_class=RetryForm,
-            perform=perform,
+            act=retry,
+            said=said,
+            verb="retried",
+            left_why="unique jobs whose key another job holds, or gone meanwhile",
+            whole_run=_WHOLE_RUN,
         )
 
     @admin.action(description="Purge selected jobs", permissions=["purge_dlq"])
@@ -146,30 +134,17 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
             log_change(request, [o for o in objects if o.job_id in ids], f"purged{suffix}")
             return len(ids), len(objects) - len(ids)
 
-        title, note = "Purge dead-lettered jobs", "These jobs are deleted for good."
-        if matching_all(request, queryset):
-            return confirm_matching(
-                self,
-                request,
-                queryset,
-                title=title,
-                note=note,
-                form_class=None,
-                batch=lambda objects, data: purge(objects, data, _WHOLE_RUN),
-                verb="purged",
-            )
-
-        def perform(objects: list[Any], data: dict[str, Any]) -> str:
-            return f"Purged {purge(objects, data)[0]} job(s)."
-
-        return confirm(
+        return confirm_rows(
             self,
             request,
             queryset,
-            title=title,
-            note=note,
+            title="Purge dead-lettered jobs",
+            note="These jobs are deleted for good.",
             form_class=None,
-            perform=perform,
+            act=purge,
+            said=lambda done, _: f"Purged {done} job(s).",
+            verb="purged",
+            whole_run=_WHOLE_RUN,
         )
 
     def has_retry_dlq_permission(self, request: HttpRequest) -> bool:

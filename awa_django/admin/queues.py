@@ -53,27 +53,27 @@ def _waiting(stat: QueueStat) -> int:
     return int(stat.available + stat.scheduled + stat.retryable)
 
 
+#: A queue's columns on the list and its page, in one vocabulary (a status, "waiting", "in DLQ").
+_COLUMNS = (
+    "queue",
+    "status",
+    "available",
+    "running",
+    "waiting",
+    "scheduled",
+    "retryable",
+    "completed_count",
+    "failed_count",
+    "cancelled_count",
+    "in_dlq",
+    "failures_go_to",
+    "lag",
+    "completed_last_hour",
+)
+
+
 class QueueStatAdmin(ReadOnlyAdmin):
-    list_display = (
-        "queue",
-        "status",
-        "available",
-        "running",
-        "waiting",
-        "scheduled",
-        "retryable",
-        "completed_count",
-        "failed_count",
-        "cancelled_count",
-        "in_dlq",
-        "failures_go_to",
-        "lag",
-        "completed_last_hour",
-        "global_limit",
-        "limit_in_use",
-        "rate",
-        "limits_by",
-    )
+    list_display = (*_COLUMNS, "global_limit", "limit_in_use", "rate", "limits_by")
     actions = (
         "pause_queues",
         "resume_queues",
@@ -82,24 +82,7 @@ class QueueStatAdmin(ReadOnlyAdmin):
         "dlq_on_queues",
         "dlq_off_queues",
     )
-    # The detail page: the list's columns, in the list's words (a status, "waiting", "in DLQ").
-    fields = (
-        "queue",
-        "status",
-        "available",
-        "running",
-        "waiting",
-        "scheduled",
-        "retryable",
-        "completed_count",
-        "failed_count",
-        "cancelled_count",
-        "in_dlq",
-        "failures_go_to",
-        "lag",
-        "completed_last_hour",
-        "flow_limits_now",
-    )
+    fields = (*_COLUMNS, "flow_limits_now")
     readonly_fields = fields
     change_list_template = "admin/awa_django/queuestat/change_list.html"
     selection_noun = "queues"
