@@ -361,6 +361,7 @@ def surfaces(ids: dict[str, int]) -> list[Surface]:
     sql("queue_stats view", "SELECT * FROM awa.queue_stats ORDER BY queue")
     sql("queue_depth_v1()", query("queue_depth"), [None])
     sql("throughput_v1(NULL)", query("throughput"), [None])
+    sql("outcomes_per_minute_v1('emails')", query("outcomes_per_minute"), ["emails"])
     sql("throughput_v1('emails')", query("throughput"), ["emails"])
     sql("ring_state", query("rings"))
     sql("ring_slots_v1()", "SELECT * FROM awa.ring_slots_v1()")

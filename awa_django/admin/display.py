@@ -18,7 +18,15 @@ from django.utils.html import format_html, format_html_join
 
 from awa_django.timetext import ago, duration
 
-__all__ = ["JobDetail", "attempt_timeline", "error_timeline", "pretty", "sparkline", "when"]
+__all__ = [
+    "JobDetail",
+    "attempt_timeline",
+    "error_timeline",
+    "outcome_chart",
+    "pretty",
+    "sparkline",
+    "when",
+]
 
 
 def when(value: datetime | None, now: datetime | None = None) -> str:
@@ -83,6 +91,36 @@ def sparkline(points: Sequence[int], width: int = 240, height: int = 40) -> str:
         height,
         f"completions per minute, last hour, peak {top}",
         coords,
+    )
+
+
+def outcome_chart(
+    completed: Sequence[int], failed: Sequence[int], width: int = 240, height: int = 40
+) -> str:
+    """Two lines on one scale, server-rendered SVG (no JavaScript, no CDN): completions per
+    minute (blue) and failures per minute (red: failed, cancelled by a handler or the
+    operator, and dead-lettered), oldest first."""
+    top = max(max(completed, default=0), max(failed, default=0), 1)
+    step = width / max(len(completed) - 1, 1)
+
+    def line(points: Sequence[int]) -> str:
+        return " ".join(
+            f"{i * step:.1f},{height - (p / top) * (height - 2) - 1:.1f}"
+            for i, p in enumerate(points)
+        )
+
+    return format_html(
+        '<svg width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="{}">'
+        '<polyline fill="none" stroke="#417690" stroke-width="1.5" points="{}"/>'
+        '<polyline fill="none" stroke="#ba2121" stroke-width="1.5" points="{}"/></svg>',
+        width,
+        height,
+        width,
+        height,
+        f"per minute, last hour: completed (blue, {sum(completed)} in all), "
+        f"failed (red, {sum(failed)} in all), peak {top}",
+        line(completed),
+        line(failed),
     )
 
 

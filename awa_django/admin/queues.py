@@ -20,7 +20,7 @@ from django.urls import path
 
 from awa_django.admin.actions import admin_actor, confirm, log_change
 from awa_django.admin.base import ReadOnlyAdmin
-from awa_django.admin.display import sparkline
+from awa_django.admin.display import outcome_chart
 from awa_django.admin.forms import FlowLimitsForm, limits_in_force
 from awa_django.admin.read_alias import admin_read_alias, choose_read_alias
 from awa_django.db.storage import HISTORY_EXACT_UP_TO
@@ -30,6 +30,7 @@ from awa_django.models import QueueStat
 from awa_django.operator import (
     QueueLimits,
     clear_queue_limits,
+    outcomes_per_minute,
     queue_dlq,
     queue_dlq_enabled,
     queue_drain,
@@ -37,7 +38,6 @@ from awa_django.operator import (
     queue_pause,
     queue_stats,
     set_queue_limits,
-    throughput,
     workers,
 )
 
@@ -186,7 +186,7 @@ class QueueStatAdmin(ReadOnlyAdmin):
                 "completed": stat.shown("completed"),
                 "failed": stat.shown("failed"),
                 "cancelled": stat.shown("cancelled"),
-                "sparkline": sparkline(throughput(stat.queue, using=read)),
+                "chart": _chart(stat.queue, read),
             }
             for stat in queue_stats(using=read)
         ]
@@ -427,6 +427,12 @@ class QueueStatAdmin(ReadOnlyAdmin):
 
     def has_manage_queue_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("awa_django.manage_queue"))
+
+
+def _chart(queue: str, using: str) -> str:
+    minutes = outcomes_per_minute(queue, using=using)
+    failed = [m.failed + m.cancelled + m.dead_lettered for m in minutes]
+    return outcome_chart([m.completed for m in minutes], failed)
 
 
 def _flow(stat: QueueStat) -> QueueLimits | None:

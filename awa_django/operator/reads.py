@@ -33,6 +33,7 @@ __all__ = [
     "JobDetail",
     "JobSummary",
     "KindLimits",
+    "OutcomeMinute",
     "QueueLimits",
     "QueueStats",
     "ReplicaStatus",
@@ -43,6 +44,7 @@ __all__ = [
     "job_list",
     "job_show",
     "kind_limits",
+    "outcomes_per_minute",
     "paused_queues",
     "queue_dlq_enabled",
     "queue_limits",
@@ -323,6 +325,26 @@ def throughput(queue: str | None = None, *, using: str | None = None) -> list[in
     with cursor(using) as c:
         c.execute(query("throughput"), [queue])
         return [int(row[0]) for row in c.fetchall()]  # one column
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutcomeMinute:
+    """One minute of a queue's outcomes: jobs completed, failed (to history), cancelled, and
+    dead-lettered in it."""
+
+    completed: int
+    failed: int
+    cancelled: int
+    dead_lettered: int
+
+
+def outcomes_per_minute(queue: str, *, using: str | None = None) -> list[OutcomeMinute]:
+    """``queue``'s outcomes per minute over the last hour (60 values, oldest first): one index
+    range of its history per outcome, and one of its DLQ."""
+    check_queue_name(queue)
+    with cursor(using) as c:
+        c.execute(query("outcomes_per_minute"), [queue])
+        return [OutcomeMinute(*map(int, row)) for row in c.fetchall()]
 
 
 def _queue_slots(value: object) -> dict[str, int]:

@@ -670,7 +670,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (152)
+-- function (153)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1545,6 +1545,17 @@ CREATE OR REPLACE FUNCTION awa.leader_takeover_v1(p_staleness double precision)
  RETURNS TABLE(pid integer, instance text, seen_ago double precision, action text)
  LANGUAGE plpgsql
  AS body sha256 eb79a4076be087f7 (37 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.outcomes_per_minute_v1(p_queue text)
+ RETURNS TABLE(minute timestamp with time zone, completed bigint, failed bigint, cancelled bigint, dead_lettered bigint)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 3940b83d97288563 (28 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.promote_v1(p_limit integer DEFAULT 4096)

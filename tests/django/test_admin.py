@@ -466,13 +466,17 @@ def test_pages_past_the_end_and_past_the_count_say_so(monkeypatch: pytest.Monkey
     )
 
 
-def test_dashboard_renders_counts_and_a_sparkline() -> None:
+def test_dashboard_charts_each_queues_outcomes_per_minute() -> None:
+    dead_letter()
     testjobs.noop.enqueue()
     with pg() as conn:
         [c] = storage.claim(conn, "default", 1, WORKER)
         storage.finalize(conn, [Finalization(c.job_id, c.run_lease, c.claim_slot, "completed")])
+        rows = conn.execute("SELECT * FROM awa.outcomes_per_minute_v1('default')").fetchall()
+    assert len(rows) == 60 and sum(r[1] for r in rows) == 1 and sum(r[4] for r in rows) == 1
     body = staff().get(reverse("admin:awa_django_dashboard")).content.decode()
-    assert "<svg" in body and "default" in body and "peak 1" in body
+    assert "<svg" in body and "default" in body
+    assert "completed (blue, 1 in all), failed (red, 1 in all), peak 1" in body
 
 
 def test_every_overview_counts_each_state_and_shows_a_pause_as_a_status() -> None:

@@ -318,6 +318,49 @@ BEGIN
 END
 $$;
 
+-- One queue's outcomes per minute over the last hour, oldest first, 60 buckets: completed,
+-- failed and cancelled (terminal history: one index range of the queue's history per outcome)
+-- and dead-lettered (one index range of its DLQ). The dashboard's chart.
+CREATE OR REPLACE FUNCTION awa.outcomes_per_minute_v1(p_queue text)
+ RETURNS TABLE(
+    minute timestamp with time zone, completed bigint, failed bigint, cancelled bigint,
+    dead_lettered bigint)
+ LANGUAGE sql
+ STABLE
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+    WITH span AS (
+        SELECT date_trunc('minute', now()) - interval '59 minutes' AS start
+    ), done AS (
+        SELECT date_trunc('minute', d.finalized_at) AS minute, d.state, count(*) AS n
+        FROM span, unnest(ARRAY['completed', 'failed', 'cancelled']) AS o (state)
+        CROSS JOIN LATERAL (
+            SELECT d.finalized_at, d.state FROM awa.done_entries d
+            WHERE d.queue = p_queue AND d.state = o.state AND d.finalized_at >= span.start) d
+        GROUP BY 1, 2
+    ), dead AS (
+        SELECT date_trunc('minute', q.dlq_at) AS minute, count(*) AS n
+        FROM span, awa.dlq_entries q
+        WHERE q.queue = p_queue AND q.dlq_at >= span.start
+        GROUP BY 1
+    )
+    SELECT g.minute,
+           COALESCE(sum(d.n) FILTER (WHERE d.state = 'completed'), 0)::bigint,
+           COALESCE(sum(d.n) FILTER (WHERE d.state = 'failed'), 0)::bigint,
+           COALESCE(sum(d.n) FILTER (WHERE d.state = 'cancelled'), 0)::bigint,
+           COALESCE((SELECT x.n FROM dead x WHERE x.minute = g.minute), 0)::bigint
+    FROM span,
+         generate_series(span.start, span.start + interval '59 minutes', interval '1 minute')
+             AS g (minute)
+    LEFT JOIN done d ON d.minute = g.minute
+    GROUP BY g.minute
+    ORDER BY g.minute
+$$;
+
 -- Per ring and slot: the rows its children hold and the last prune outcome. rows is exact for
 -- children of up to 1,000 pages (8 MB); a bigger child is estimated from its size and the row
 -- density PostgreSQL last measured (pg_class), as the planner does, or, when it has none, from a

@@ -88,6 +88,9 @@ LIMIT %(limit)s
 -- name: throughput
 SELECT completed FROM awa.throughput_v1(%s)
 
+-- name: outcomes_per_minute
+SELECT completed, failed, cancelled, dead_lettered FROM awa.outcomes_per_minute_v1(%s)
+
 -- name: read_committed
 -- The first statement of a transaction awa_django opens for a function that needs it.
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED
