@@ -90,6 +90,22 @@ def test_selecting_more_than_the_limit_is_refused_and_changes_nothing() -> None:
     assert waiting("default") == BULK_LIMIT + 1
 
 
+def test_select_all_retries_more_than_the_limit_of_one_action() -> None:
+    over = dead_letter(BULK_LIMIT + 7, queue="after-a-fix")
+    client = staff("retry_dlq")
+    query = "?queue=after-a-fix"
+    page = post_action(client, "deadletter", "retry_jobs", over[:50], query, select_across="1")
+    assert f"<strong>{BULK_LIMIT + 7} jobs</strong> match" in page.content.decode()
+    response = client.post(changelist("deadletter") + query, form_fields(page))
+    while response.status_code == 200:  # a progress page, if a batch took longer than 8 s
+        response = client.post(changelist("deadletter") + query, form_fields(response))
+    assert (
+        messages_of(response)[-1] == f"Retry dead-lettered jobs: retried {BULK_LIMIT + 7:,} jobs."
+    )
+    assert not DeadLetter.objects.filter(queue="after-a-fix").exists()
+    assert LogEntry.objects.count() == BULK_LIMIT + 7
+
+
 def test_retry_and_purge_of_everything_a_filter_matches_run_in_batches_with_progress(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
