@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.support.forkserver import ForkedProcess
 from tests.support.polling import WaitTimeout
 
-__all__ = ["REPO", "ManagedProcess"]
+__all__ = ["REPO", "ManagedProcess", "kill_together"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,3 +54,14 @@ class ManagedProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+
+def kill_together(processes: list[ManagedProcess]) -> None:
+    """SIGKILL every process group first, then reap them: a whole fleet dies at once. Killing
+    them one by one (each reaped before the next is signalled) lets the survivors act on the
+    first one's death (take its permits, claim a parked job) before they die in turn."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.proc.pid, signal.SIGKILL)
+    for process in processes:
+        process.proc.wait()

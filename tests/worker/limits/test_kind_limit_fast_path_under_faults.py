@@ -43,7 +43,7 @@ from tests.support.fast_path_runs import (
     wait_done,
 )
 from tests.support.polling import wait_for
-from tests.support.processes import ManagedProcess
+from tests.support.processes import ManagedProcess, kill_together
 
 pytestmark = pytest.mark.usefixtures("clean_awa")
 
@@ -385,8 +385,7 @@ def test_whole_fleet_killed_with_jobs_parked(manage_py: Callable[..., ManagedPro
             timeout=10,
             message="jobs parked",
         )
-    for w in first:
-        w.kill()
+    kill_together(first)  # one by one, a survivor could claim a job between the kills
     # The long job's attempt died with its worker; cancelled, so that no retry of it holds
     # the kind's permit for another 30 s.
     assert awa_django.cancel(long) == "running"
