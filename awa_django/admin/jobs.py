@@ -270,12 +270,6 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
 
 class JobAdmin(JobDetail, JobListAdmin):
     change_list_template = "admin/awa_django/job_change_list.html"
-
-    def get_urls(self) -> list[Any]:
-        # The "find a job" box of the job lists and the dashboard.
-        find = path("find/", self.admin_site.admin_view(find_job), name="awa_django_find_job")
-        return [find, *super().get_urls()]
-
     list_display = (
         "id",
         "kind",
@@ -313,6 +307,11 @@ class JobAdmin(JobDetail, JobListAdmin):
     )
     exclude = ("args", "metadata", "result", "progress", "errors", "tags", "state")
     actions = ("cancel_jobs",)
+
+    def get_urls(self) -> list[Any]:
+        # The "find a job" box of the job lists and the dashboard.
+        find = path("find/", self.admin_site.admin_view(find_job), name="awa_django_find_job")
+        return [find, *super().get_urls()]
 
     def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
         # Which queues are paused: one read for the page, not one per row.
