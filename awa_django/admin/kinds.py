@@ -30,9 +30,20 @@ __all__ = ["KindLimitAdmin"]
 
 
 class KindLimitAdmin(ReadOnlyAdmin):
-    list_display = ("kind", "global_limit", "limit_in_use", "rate", "parked", "limits_by")
+    list_display = ("kind", "global_limit", "limit_in_use", "rate_and_burst", "parked", "limits_by")
+    # The detail page in the list's words: a rate with its burst, not the row's raw numbers.
+    fields = (*list_display, "updated_at")
+    readonly_fields = fields
     actions = ("limit_kinds",)
     selection_noun = "kinds"
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Any:
+        row = super().get_object(request, object_id, from_field)
+        if row is not None:  # the permits in use and parked jobs, as the list reads them
+            row.flow_status = next((k for k in kind_limits() if k.kind == row.kind), None)
+        return row
 
     @staticmethod
     def selection_key(text: str) -> Any:
@@ -58,8 +69,9 @@ class KindLimitAdmin(ReadOnlyAdmin):
             return "-"
         return str(status.in_use or 0)
 
+    # Not named "rate": the model's field of that name would be shown instead, raw ("2.0").
     @admin.display(description="rate")
-    def rate(self, obj: KindLimit) -> str:
+    def rate_and_burst(self, obj: KindLimit) -> str:
         status = _status(obj)
         if status is None or status.rate_limit is None:
             return "-"

@@ -271,6 +271,9 @@ def test_the_kinds_page_action_and_limit_page_are_gated_checked_and_logged() -> 
         f"Set flow limits: {KIND} flow limits set: limit 3, rate 20/s burst 2, operator"
     ]
     assert rows() == [(KIND, 3, 20.0, None, "operator", "admin (u1)")]
+    detail = client.get(f"{changelist('kindlimit')}{KIND}/change/").content.decode()
+    assert "20/s (burst 2)" in detail and ">3<" in detail  # the list's words, not "20.0"
+    assert "20/s (burst 2)" in client.get(changelist("kindlimit")).content.decode()
     # A kind without a row yet: the "limit a job kind" page.
     add = reverse("admin:awa_django_kindlimit_add")
     refused = client.post(add, {"kind": "no.such.kind", "global_concurrency": "2"})
