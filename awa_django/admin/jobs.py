@@ -270,6 +270,7 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
 
 class JobAdmin(JobDetail, JobListAdmin):
     change_list_template = "admin/awa_django/job_change_list.html"
+    acts_on_all_matching = True
     list_display = (
         "id",
         "kind",
@@ -337,20 +338,27 @@ class JobAdmin(JobDetail, JobListAdmin):
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         self._checked(request, "cancel_job")
 
-        def perform(objects: list[Any], data: dict[str, Any]) -> str:
+        def act(
+            objects: list[Any], data: dict[str, Any], together: str | None = None
+        ) -> tuple[int, int]:
             ordered = sorted(objects, key=lambda o: int(o.id))  # one lock order for all
             done = [o for o in ordered if cancel(o.id, reason="cancelled in admin")]
-            log_change(request, done, f"cancelled{_together(len(done))}")
-            return f"Cancelled {len(done)} job(s)."
+            suffix = _together(len(done)) if together is None else together
+            log_change(request, done, f"cancelled{suffix}")
+            return len(done), len(objects) - len(done)
 
-        return confirm(
+        return confirm_rows(
             self,
             request,
             queryset,
             title="Cancel jobs",
             note="Waiting jobs are cancelled; running handlers are told to stop.",
             form_class=None,
-            perform=perform,
+            act=act,
+            said=lambda done, _: f"Cancelled {done} job(s).",
+            verb="cancelled",
+            left_why="finished meanwhile",
+            whole_run=_WHOLE_RUN,
         )
 
     def has_cancel_job_permission(self, request: HttpRequest) -> bool:

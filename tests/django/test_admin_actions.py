@@ -17,7 +17,7 @@ from tests.jobs import common as testjobs
 from tests.support.admin_client import changelist, confirmed, form_fields, messages_of, post_action
 from tests.support.awa_schema import job_state
 from tests.support.database import pg
-from tests.support.factories import enqueue_sql, staff
+from tests.support.factories import claim_and_finish, enqueue_sql, staff
 from tests.support.factories import hostile_dead_letter as dead_letter
 
 pytestmark = [pytest.mark.usefixtures("clean_awa")]
@@ -66,11 +66,14 @@ def test_confirming_the_limit_selected_across_a_filter_fits_djangos_field_limit(
 
 def test_selecting_more_than_the_limit_is_refused_and_changes_nothing() -> None:
     ids = dead_letter(BULK_LIMIT + 1)
-    # An action that takes at most BULK_LIMIT rows (the DLQ's retry and purge take them all).
-    client = staff("cancel_job", "purge_dlq")
+    # An action that takes at most BULK_LIMIT rows (the DLQ's and the live jobs' take them all):
+    # retry from history.
+    client = staff("retry_job", "purge_dlq")
     with pg() as conn:
-        live = [i for i, _ in enqueue_sql(conn, json.dumps([{"kind": "k"}] * (BULK_LIMIT + 1)))]
-    refused = post_action(client, "livejob", "cancel_jobs", live[:50], select_across="1")
+        jobs = json.dumps([{"kind": "k", "queue": "done"}] * (BULK_LIMIT + 1))
+        enqueue_sql(conn, jobs)
+        history = claim_and_finish(conn, "done", BULK_LIMIT + 1, "cancel")
+    refused = post_action(client, "terminaljob", "retry_jobs", history[:50], select_across="1")
     assert refused.status_code == 302
     assert messages_of(refused) == [
         f"Select at most {BULK_LIMIT} jobs at a time (narrow the list with its filters); "
@@ -87,7 +90,24 @@ def test_selecting_more_than_the_limit_is_refused_and_changes_nothing() -> None:
     client.post(changelist("deadletter"), forged)
     assert DeadLetter.objects.count() == BULK_LIMIT + 1
     assert not LogEntry.objects.exists()
-    assert waiting("default") == BULK_LIMIT + 1
+    with pg() as conn:
+        assert conn.execute("SELECT count(*) FROM awa.history_retries").fetchone() == (0,)
+
+
+def test_select_all_cancels_every_live_job_a_filter_matches() -> None:
+    with pg() as conn:
+        jobs = json.dumps([{"kind": "k", "queue": "stuck"}] * (BULK_LIMIT + 3))
+        live = [i for i, _ in enqueue_sql(conn, jobs)]
+        enqueue_sql(conn, '[{"kind": "k", "queue": "other"}]')
+    client = staff("cancel_job")
+    query = "?queue=stuck"
+    page = post_action(client, "livejob", "cancel_jobs", live[:50], query, select_across="1")
+    assert f"<strong>{BULK_LIMIT + 3} jobs</strong> match" in page.content.decode()
+    response = client.post(changelist("livejob") + query, form_fields(page))
+    while response.status_code == 200:
+        response = client.post(changelist("livejob") + query, form_fields(response))
+    assert messages_of(response)[-1] == f"Cancel jobs: cancelled {BULK_LIMIT + 3:,} jobs."
+    assert waiting("stuck") == 0 and waiting("other") == 1
 
 
 def test_select_all_retries_more_than_the_limit_of_one_action() -> None:
