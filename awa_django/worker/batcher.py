@@ -129,8 +129,9 @@ class CompletionBatcher:
                     len(batch),
                     first_line(exc),
                 )
+                self._forget(batch)
                 return
-            await self._isolate(batch, jobs, exc)
+            await self._isolate(batch, jobs, exc)  # each half is written, then forgotten
             return
         self.written += len(batch) - len(stale)
         closed = set(stale)
@@ -142,14 +143,12 @@ class CompletionBatcher:
             and (item.job_id, item.run_lease) not in closed
         ]
         fates = await self._fates(failed) if failed else {}
-        ran = self.ran
         try:
             if failed:
-                log_failures(failed, fates, ran)
+                log_failures(failed, fates, self.ran)
         except Exception:  # pragma: no cover - logging must not lose an outcome
             log.exception("awa worker: could not log %d failed attempt(s)", len(failed))
-        for item in batch:
-            ran.pop((item.job_id, item.run_lease), None)
+        self._forget(batch)
         if self.metrics is not None:
             await self._count(batch, jobs, closed, fates)
         if stale:
@@ -170,6 +169,11 @@ class CompletionBatcher:
                         lease,
                         extra=_fields(known.get((job_id, lease)), job_id, lease),
                     )
+
+    def _forget(self, batch: list[Finalization]) -> None:
+        """Drop the run times kept for a batch's log lines, once it is written or dropped."""
+        for item in batch:
+            self.ran.pop((item.job_id, item.run_lease), None)
 
     async def _fates(self, failed: list[tuple[Finalization, ClaimedJob]]) -> dict[int, Fate] | None:
         """Where the written retry and fail outcomes went, by job id (the database decides:
