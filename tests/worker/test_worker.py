@@ -61,10 +61,15 @@ def exited(proc: ManagedProcess, timeout: float) -> int:
     return code
 
 
+# Enough for both processes to claim full batches of sync and async jobs side by side for
+# seconds; exactly-once needs no more (the chaos lane and its soak run far more under faults).
+MIXED_JOBS = 3_000
+
+
 @pytest.mark.slow
-def test_ten_thousand_mixed_jobs_complete_exactly_once_on_two_processes(manage_py: Start) -> None:
+def test_thousands_of_mixed_jobs_complete_exactly_once_on_two_processes(manage_py: Start) -> None:
     requests = []
-    for i in range(10_000):
+    for i in range(MIXED_JOBS):
         handle = testjobs.ledger_sync if i % 2 else testjobs.ledger_async
         requests.append(handle.using(priority=(i % 3) * 10 - 10).prepare(i))
     handles = awa_django.enqueue_many(requests)
@@ -72,9 +77,9 @@ def test_ten_thousand_mixed_jobs_complete_exactly_once_on_two_processes(manage_p
         manage_py, "--burst", "--processes", "2", "--queue", "work=32", "--queue", "work-async=64"
     )
     assert exited(proc, timeout=240) == 0, proc.output()
-    assert Ledger.objects.count() == 10_000
-    assert Ledger.objects.values("job_id").distinct().count() == 10_000
-    assert count("SELECT count(*) FROM awa.jobs WHERE state = 'completed'") == 10_000
+    assert Ledger.objects.count() == MIXED_JOBS
+    assert Ledger.objects.values("job_id").distinct().count() == MIXED_JOBS
+    assert count("SELECT count(*) FROM awa.jobs WHERE state = 'completed'") == MIXED_JOBS
     assert count("SELECT count(*) FROM awa.jobs WHERE state <> 'completed'") == 0
     with pg() as conn:
         results = dict(
