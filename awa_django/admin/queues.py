@@ -16,10 +16,12 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
+from django.utils.html import format_html
 
 from awa_django.admin.actions import admin_actor, confirm, log_change
 from awa_django.admin.base import ReadOnlyAdmin
+from awa_django.admin.charts import REFRESH_SECONDS, queue_charts
 from awa_django.admin.display import outcome_chart
 from awa_django.admin.forms import FlowLimitsForm, limits_in_force
 from awa_django.admin.read_alias import admin_read_alias, choose_read_alias
@@ -82,7 +84,7 @@ class QueueStatAdmin(ReadOnlyAdmin):
         "dlq_on_queues",
         "dlq_off_queues",
     )
-    fields = (*_COLUMNS, "flow_limits_now")
+    fields = (*_COLUMNS, "flow_limits_now", "charts_link")
     readonly_fields = fields
     change_list_template = "admin/awa_django/queuestat/change_list.html"
     selection_noun = "queues"
@@ -172,8 +174,24 @@ class QueueStatAdmin(ReadOnlyAdmin):
                 self.admin_site.admin_view(self.dashboard),
                 name="awa_django_dashboard",
             ),
+            path(
+                "<str:queue>/charts/",
+                self.admin_site.admin_view(self.charts),
+                name="awa_django_queue_charts",
+            ),
             *super().get_urls(),
         ]
+
+    def charts(self, request: HttpRequest, queue: str) -> HttpResponse:
+        return queue_charts(self, request, queue)
+
+    @admin.display(description="charts")
+    def charts_link(self, obj: QueueStat) -> str:
+        return format_html(
+            '<a href="{}">the last hour</a> | <a href="{}?span=day">the last day</a>',
+            reverse("admin:awa_django_queue_charts", args=[obj.queue]),
+            reverse("admin:awa_django_queue_charts", args=[obj.queue]),
+        )
 
     def dashboard(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
@@ -190,6 +208,9 @@ class QueueStatAdmin(ReadOnlyAdmin):
             }
             for stat in queue_stats(using=read)
         ]
+        context = {"rows": rows, "workers": workers(using=read), "refresh": REFRESH_SECONDS}
+        if request.GET.get("fragment"):  # the refresh in place (static/awa_django/refresh.js)
+            return TemplateResponse(request, "admin/awa_django/dashboard_body.html", context)
         if banner is not None:
             self.message_user(request, banner[1], banner[0])
         return TemplateResponse(
@@ -197,9 +218,8 @@ class QueueStatAdmin(ReadOnlyAdmin):
             "admin/awa_django/dashboard.html",
             {
                 **self.admin_site.each_context(request),
+                **context,
                 "title": "Queue dashboard",
-                "rows": rows,
-                "workers": workers(using=read),
                 "opts": self.model._meta,
             },
         )

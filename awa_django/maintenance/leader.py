@@ -75,6 +75,9 @@ class MaintenanceSettings:
     cleanup_interval: float = 60.0
     #: How long a prune waits for the lock on a slot before it tries again later.
     lock_timeout_ms: int = 50
+    #: How often the queue charts' roll-up looks for minutes to add (each is added once, about
+    #: 10 s after it ends: awa.queue_minutes_record_v1).
+    minutes_interval: float = 15.0
 
     @classmethod
     def from_settings(cls) -> MaintenanceSettings:
@@ -142,6 +145,7 @@ class Maintenance:
             ("prune", s.awa.PRUNE_INTERVAL, self._prune),
             ("rotate", min(s.awa.PRUNE_INTERVAL, s.awa.CLAIM_ROTATE_INTERVAL), self._rotate),
             ("retention", s.cleanup_interval, self._retention),
+            ("minutes", s.minutes_interval, self._record_minutes),
             ("unique", s.awa.UNIQUE_SWEEP_INTERVAL, self._sweep_unique),
             ("cron", s.awa.CRON_EVAL_INTERVAL, self._cron),
         ]
@@ -569,6 +573,12 @@ class Maintenance:
             self.count("callback_receipts_pruned", pruned)
             if pruned < 1000:
                 break
+
+    async def _record_minutes(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Roll the minutes that ended into ``awa.queue_minutes`` (the admin's queue charts)."""
+        cursor = await conn.execute(query("queue_minutes_record"))
+        row = await cursor.fetchone()
+        self.count("minutes_recorded", int(row[0]) if row else 0)
 
     async def _sweep_unique(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Delete keys of unique jobs that no longer block duplicates, a bounded number of

@@ -35,6 +35,7 @@ __all__ = [
     "KindLimits",
     "OutcomeMinute",
     "QueueLimits",
+    "QueueMinute",
     "QueueStats",
     "ReplicaStatus",
     "RingState",
@@ -48,6 +49,7 @@ __all__ = [
     "paused_queues",
     "queue_dlq_enabled",
     "queue_limits",
+    "queue_minutes",
     "queue_stats",
     "replica_status",
     "rings",
@@ -345,6 +347,51 @@ def outcomes_per_minute(queue: str, *, using: str | None = None) -> list[Outcome
     with cursor(using) as c:
         c.execute(query("outcomes_per_minute"), [queue])
         return [OutcomeMinute(*map(int, row)) for row in c.fetchall()]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueMinute:
+    """One minute of a queue, as the maintenance leader rolled it up (``awa.queue_minutes``)
+    about 10 s after it ended.
+
+    ``recorded`` is False for a minute not rolled up (no leader ran then, or not yet): every
+    other figure is then None. Outcomes count the jobs that completed, failed (to history), were
+    cancelled, or went to the DLQ in the minute. Times are in seconds, over at most 2,000 of the
+    minute's completed and failed jobs: the queue wait (started minus ``run_at``) and run time
+    (finished minus started) of the attempt that finished, p50 and p95; None when none
+    finished. ``available``, ``retryable`` and ``oldest_seconds`` (the age of the oldest
+    available job) are the queue as it was when the minute was rolled up, for the newest minute
+    of each roll-up (the others read None); ``available`` is exact up to 10,000 per lane.
+    """
+
+    minute: datetime
+    recorded: bool
+    completed: int | None
+    failed: int | None
+    cancelled: int | None
+    dead_lettered: int | None
+    wait_p50: float | None
+    wait_p95: float | None
+    run_p50: float | None
+    run_p95: float | None
+    available: int | None
+    retryable: int | None
+    oldest_seconds: float | None
+
+
+#: The longest span :func:`queue_minutes` reads: the 24 hours the roll-up keeps.
+QUEUE_MINUTES_MAX = 1440
+
+
+def queue_minutes(queue: str, minutes: int = 60, *, using: str | None = None) -> list[QueueMinute]:
+    """``queue``'s last ``minutes`` minutes (1 to 1,440), oldest first, one
+    :class:`QueueMinute` each, up to the last minute that ended at least 10 s ago."""
+    check_queue_name(queue)
+    if type(minutes) is not int or not 1 <= minutes <= QUEUE_MINUTES_MAX:
+        raise InvalidOptionError(
+            "minutes", f"{show(minutes)} is not an int from 1 to {QUEUE_MINUTES_MAX}"
+        )
+    return fetch(QueueMinute, "queue_minutes", [queue, minutes], using=using)
 
 
 def _queue_slots(value: object) -> dict[str, int]:

@@ -32,7 +32,7 @@ awa.callback_receive_v1, awa.job_v1, awa.job_enqueued_at_v1, awa.queue_lag_v1
 -- (awa.lane_cursor_v1 in awa.live_jobs, awa._queue_names_v1 in awa.queue_stats).
 awa.job_v1, awa.job_list_v1, awa.job_enqueued_at_v1, awa.queue_counts_v1,
 awa.queue_depth_v1, awa.queue_lag_v1, awa.queue_stats_v1, awa.throughput_v1,
-awa.outcomes_per_minute_v1,
+awa.outcomes_per_minute_v1, awa.queue_minutes_v1,
 awa.ring_slots_v1, awa.flow_status_v1, awa.flow_kind_status_v1, awa.lane_cursor_v1,
 awa._queue_names_v1
 
@@ -49,13 +49,14 @@ awa.runtime_remove_v1, awa.queues_ready_v2, awa.queues_idle_v2
 
 -- name: maintenance_functions
 -- The leader's tasks: promotion, rescue, rotation and prune (TRUNCATE of sealed slots, as the
--- owner), retention, unique and serial sweeps, periodic fires, the leader's mark. Two run with
--- the caller's privileges, because what they do is end other sessions (frozen leaders and
--- workers), which takes pg_signal_backend: awa.leader_takeover_v1, awa.flow_reap_v1.
+-- owner), retention, unique and serial sweeps, periodic fires, the leader's mark, the queue
+-- charts' roll-up. Two run with the caller's privileges, because what they do is end other
+-- sessions (frozen leaders and workers), which takes pg_signal_backend:
+-- awa.leader_takeover_v1, awa.flow_reap_v1.
 awa.promote_v1, awa.rescue_v1, awa.rotate_v3, awa.prune_v1, awa.dlq_expire_v1,
 awa.cleanup_v1, awa.callback_receipts_prune_v1, awa.unique_sweep_v1, awa.serial_sweep_v1,
 awa.cron_fire_v1, awa.leader_mark_v1, awa.leader_grace_v1, awa.leader_takeover_v1,
-awa.flow_reap_v1
+awa.flow_reap_v1, awa.queue_minutes_record_v1
 
 -- name: operator_functions
 -- The admin's actions and the CLI's (docs/operations.md): cancel, DLQ retry and purge, retry

@@ -633,3 +633,29 @@ CREATE TABLE awa.history_retries (
 );
 
 CREATE INDEX history_retries_at_idx ON awa.history_retries (retried_at);
+
+-- Per queue and minute, for the admin's queue charts: what the minute finished (terminal history
+-- by finalized_at, the DLQ by dlq_at), the queue wait and run time of its completed and failed
+-- jobs, and, for the newest minute of each roll-up, the queue's depth as it was then. Written by
+-- the maintenance leader (awa.queue_minutes_record_v1) about 10 s after each minute ends: a row
+-- for each queue with something to show, and one with the queue '' (no queue's name) for every
+-- minute rolled up, which is how a reader tells a quiet minute from one nobody rolled up. Rows
+-- older than 25 hours are deleted by the same function.
+CREATE TABLE awa.queue_minutes (
+    queue text NOT NULL,
+    minute timestamptz NOT NULL,
+    completed integer NOT NULL,
+    failed integer NOT NULL,
+    cancelled integer NOT NULL,
+    dead_lettered integer NOT NULL,
+    wait_p50 double precision,
+    wait_p95 double precision,
+    run_p50 double precision,
+    run_p95 double precision,
+    available bigint,
+    retryable bigint,
+    oldest_seconds double precision,
+    PRIMARY KEY (queue, minute)
+);
+
+CREATE INDEX queue_minutes_minute_idx ON awa.queue_minutes (minute);

@@ -4,3 +4,22 @@
 
 -- A callback extension that arrives before the attempt parks is kept for its wait.
 ALTER TABLE awa.attempt_state ADD COLUMN IF NOT EXISTS callback_extend_to timestamptz;
+
+-- The per-minute roll-up of each queue that the admin's queue charts read.
+CREATE TABLE IF NOT EXISTS awa.queue_minutes (
+    queue text NOT NULL,
+    minute timestamptz NOT NULL,
+    completed integer NOT NULL,
+    failed integer NOT NULL,
+    cancelled integer NOT NULL,
+    dead_lettered integer NOT NULL,
+    wait_p50 double precision,
+    wait_p95 double precision,
+    run_p50 double precision,
+    run_p95 double precision,
+    available bigint,
+    retryable bigint,
+    oldest_seconds double precision,
+    PRIMARY KEY (queue, minute)
+);
+CREATE INDEX IF NOT EXISTS queue_minutes_minute_idx ON awa.queue_minutes (minute);

@@ -4,7 +4,7 @@
 -- signature, attributes, a digest of their body and their privileges (OWNER: the migrating
 -- role); their bodies are in awa_django/sql/functions/.
 
--- relation (86)
+-- relation (87)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
 TABLE attempt_state WITH (fillfactor=80)
@@ -57,6 +57,7 @@ TABLE leases_6 PARTITION OF leases FOR VALUES IN (6)
 TABLE leases_7 PARTITION OF leases FOR VALUES IN (7)
 TABLE queue_lanes WITH (fillfactor=50)
 TABLE queue_meta
+TABLE queue_minutes
 TABLE ready_entries PARTITION BY LIST (ready_slot)
 TABLE ready_entries_0 PARTITION OF ready_entries FOR VALUES IN (0)
 TABLE ready_entries_1 PARTITION OF ready_entries FOR VALUES IN (1)
@@ -92,7 +93,7 @@ VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (401)
+-- column (414)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -383,6 +384,19 @@ queue_meta.003 dlq_enabled boolean NOT NULL DEFAULT true
 queue_meta.004 enqueue_shards smallint NOT NULL DEFAULT 4
 queue_meta.005 created_at timestamp with time zone NOT NULL DEFAULT now()
 queue_meta.006 updated_at timestamp with time zone NOT NULL DEFAULT now()
+queue_minutes.001 queue text NOT NULL
+queue_minutes.002 minute timestamp with time zone NOT NULL
+queue_minutes.003 completed integer NOT NULL
+queue_minutes.004 failed integer NOT NULL
+queue_minutes.005 cancelled integer NOT NULL
+queue_minutes.006 dead_lettered integer NOT NULL
+queue_minutes.007 wait_p50 double precision
+queue_minutes.008 wait_p95 double precision
+queue_minutes.009 run_p50 double precision
+queue_minutes.010 run_p95 double precision
+queue_minutes.011 available bigint
+queue_minutes.012 retryable bigint
+queue_minutes.013 oldest_seconds double precision
 queue_stats.001 queue text
 queue_stats.002 available bigint
 queue_stats.003 running bigint
@@ -499,7 +513,7 @@ unique_keys.007 taken_at timestamp with time zone NOT NULL DEFAULT clock_timesta
 job_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 lane_id_seq AS integer START 1 INCREMENT 1 MIN 1 MAX 2147483647 CACHE 1
 
--- constraint (62)
+-- constraint (63)
 attempt_state attempt_state_pkey PRIMARY KEY (job_id, run_lease)
 callback_receipts callback_receipts_action_check CHECK ((action = ANY (ARRAY['resolve'::text, 'heartbeat'::text])))
 callback_receipts callback_receipts_pkey PRIMARY KEY (callback_id, request_digest)
@@ -551,6 +565,7 @@ queue_lanes queue_lanes_shard_check CHECK (((shard >= 0) AND (shard <= 64)))
 queue_meta queue_meta_enqueue_shards_check CHECK (((enqueue_shards >= 1) AND (enqueue_shards <= 64)))
 queue_meta queue_meta_pkey PRIMARY KEY (queue)
 queue_meta queue_meta_queue_check CHECK (awa.valid_queue_name(queue))
+queue_minutes queue_minutes_pkey PRIMARY KEY (queue, minute)
 ready_entries ready_entries_pkey PRIMARY KEY (lane_id, lane_seq, ready_slot)
 ready_entries ready_entries_retry_policy_check CHECK (((run_lease > 0) OR (metadata IS NULL) OR (NOT (metadata ? 'awa:retry'::text)) OR awa._check_retry_policy_v1(metadata)))
 ready_tombstones ready_tombstones_pkey PRIMARY KEY (lane_id, lane_seq, ready_slot)
@@ -563,7 +578,7 @@ schema_migrations schema_migrations_pkey PRIMARY KEY (name)
 serial_waiting serial_waiting_pkey PRIMARY KEY (job_id)
 unique_keys unique_keys_pkey PRIMARY KEY (unique_key)
 
--- index (55)
+-- index (57)
 CREATE INDEX attempt_state_callback_idx ON awa.attempt_state USING btree (callback_id) WHERE (callback_id IS NOT NULL)
 CREATE INDEX callback_receipts_received_idx ON awa.callback_receipts USING btree (received_at)
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at)
@@ -584,6 +599,7 @@ CREATE INDEX flow_waiting_queue_idx ON awa.flow_waiting USING btree (queue, kind
 CREATE INDEX flow_waiting_serial_idx ON awa.flow_waiting USING btree (serial_lock, job_id) WHERE (serial_lock IS NOT NULL)
 CREATE INDEX history_retries_at_idx ON awa.history_retries USING btree (retried_at)
 CREATE INDEX leases_callback_idx ON ONLY awa.leases USING btree (callback_id) WHERE (callback_id IS NOT NULL)
+CREATE INDEX queue_minutes_minute_idx ON awa.queue_minutes USING btree (minute)
 CREATE INDEX ready_entries_job_idx ON ONLY awa.ready_entries USING btree (job_id)
 CREATE INDEX ready_entries_serial_idx ON ONLY awa.ready_entries USING btree (awa._serial_lock_v1(queue, (metadata ->> 'awa:serial'::text)), lane_id, lane_seq, job_id) WHERE (metadata ? 'awa:serial'::text)
 CREATE INDEX ready_tombstones_job_idx ON ONLY awa.ready_tombstones USING btree (job_id)
@@ -611,6 +627,7 @@ CREATE UNIQUE INDEX leases_pkey ON ONLY awa.leases USING btree (job_id, run_leas
 CREATE UNIQUE INDEX queue_lanes_pkey ON awa.queue_lanes USING btree (lane_id)
 CREATE UNIQUE INDEX queue_lanes_queue_priority_shard_key ON awa.queue_lanes USING btree (queue, priority, shard)
 CREATE UNIQUE INDEX queue_meta_pkey ON awa.queue_meta USING btree (queue)
+CREATE UNIQUE INDEX queue_minutes_pkey ON awa.queue_minutes USING btree (queue, minute)
 CREATE UNIQUE INDEX ready_entries_pkey ON ONLY awa.ready_entries USING btree (lane_id, lane_seq, ready_slot)
 CREATE UNIQUE INDEX ready_tombstones_pkey ON ONLY awa.ready_tombstones USING btree (lane_id, lane_seq, ready_slot)
 CREATE UNIQUE INDEX ring_rotations_pkey ON awa.ring_rotations USING btree (ring, generation)
@@ -670,7 +687,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (153)
+-- function (155)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1616,6 +1633,24 @@ CREATE OR REPLACE FUNCTION awa.queue_lag_v1()
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 02c2279ee878d09c (27 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.queue_minutes_record_v1(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 11b66d18417b06e8 (87 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.queue_minutes_v1(p_queue text, p_minutes integer)
+ RETURNS TABLE(minute timestamp with time zone, recorded boolean, completed integer, failed integer, cancelled integer, dead_lettered integer, wait_p50 double precision, wait_p95 double precision, run_p50 double precision, run_p95 double precision, available bigint, retryable bigint, oldest_seconds double precision)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 29c236b5cd8ff4c0 (21 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_pause_v1(p_queue text, p_paused boolean)

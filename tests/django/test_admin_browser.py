@@ -9,6 +9,7 @@ why.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,47 @@ def test_purge_all_of_a_filtered_list_with_select_all_in_a_real_browser(live_ser
     with pg() as conn:
         rows = conn.execute("SELECT job_id FROM awa.dlq_entries").fetchall()
     assert rows == [(other,)]
+
+
+def test_a_queues_charts_refresh_in_place_in_a_real_browser(
+    live_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from awa_django.admin import charts
+
+    executable = str(CHROMIUM)
+    playwright = pytest.importorskip("playwright.sync_api")
+    monkeypatch.setattr(charts, "REFRESH_SECONDS", 2)
+    User.objects.create_superuser("admin", "admin@example.com", "secret-pass")
+    finished_minutes_ago("shop", 3, 4)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=BROWSER_FLAGS)
+        try:
+            page = log_in(browser, live_server.url)
+            page.goto(f"{live_server.url}/admin/awa_django/queuestat/shop/charts/")
+            page.wait_for_selector("text=(peak 4)")
+            page.screenshot(path=str(ARTIFACTS / "queue-charts.png"), full_page=True)
+            finished_minutes_ago("shop", 2, 7)  # a later minute, rolled up while the page is open
+            page.wait_for_selector("#awa-charts[data-awa-refreshed] >> text=(peak 7)")
+            assert page.url.endswith("/shop/charts/")  # in place: the page was not reloaded
+        finally:
+            browser.close()
+
+
+def finished_minutes_ago(queue: str, minutes: int, n: int) -> None:
+    """``n`` jobs of ``queue`` completed ``minutes`` minutes ago, and that minute rolled up."""
+    from tests.support.factories import claim_and_finish, enqueue_sql
+
+    with pg() as conn:
+        enqueue_sql(conn, json.dumps([{"kind": "k", "queue": queue}] * n))
+        ids = claim_and_finish(conn, queue, n, "completed")
+        conn.execute(
+            "UPDATE awa.done_entries SET finalized_at = date_trunc('minute', now())"
+            " - make_interval(mins => %s) + interval '1 s' WHERE job_id = ANY(%s)",
+            [minutes, ids],
+        )
+        conn.execute(
+            "SELECT awa.queue_minutes_record_v1(date_trunc('minute', now())"
+            " - make_interval(mins => %s) + interval '70 s')",
+            [minutes],
+        )

@@ -51,7 +51,8 @@ DECLARE
         'leases', 'attempt_state', 'deferred_jobs', 'dlq_entries', 'queue_meta', 'queue_lanes',
         'lane_floors', 'ring_rotations', 'ring_prunes', 'runtime_instances', 'unique_keys',
         'cron_schedules', 'flow_limits', 'flow_rate_state', 'callback_receipts',
-        'serial_waiting', 'flow_kind_limits', 'flow_kind_rate_state', 'flow_waiting'];
+        'serial_waiting', 'flow_kind_limits', 'flow_kind_rate_state', 'flow_waiting',
+        'history_retries', 'queue_minutes'];
 BEGIN
     SELECT string_agg(format('awa.%I', c.relname), ', ') INTO v_tables
     FROM pg_class c

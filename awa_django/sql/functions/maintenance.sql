@@ -692,3 +692,107 @@ AS $$
         last_seen_at = CASE WHEN instance_id = p_instance THEN now() ELSE last_seen_at END
     WHERE is_leader OR instance_id = p_instance
 $$;
+
+-- The queue charts' roll-up (awa.queue_minutes), run by the leader every few seconds: every
+-- minute that ended at least 10 s before p_now (default now(): a parameter for tests) and is
+-- after the last minute rolled up, at most the last 60. Per queue and minute: the outcomes
+-- (index ranges of terminal history and of the DLQ) and the p50 and p95 of the queue wait
+-- (started minus run_at) and run time (finished minus started) of the attempts that finished,
+-- over at most 2,000 of the minute's completed and failed jobs; the newest minute also takes
+-- the queue's depth, retryable jobs and oldest available job's age as they are now. A row only
+-- for a queue with something to show, and the minute's marker row (queue ''). A minute is
+-- written once (ON CONFLICT DO NOTHING): a second caller at the same time, or a retry, changes
+-- nothing. Rows older than 25 hours are deleted. Returns the minutes rolled up.
+CREATE OR REPLACE FUNCTION awa.queue_minutes_record_v1(p_now timestamptz DEFAULT NULL)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+DECLARE
+    v_now timestamptz := COALESCE(p_now, now());
+    v_last timestamptz := date_trunc('minute', COALESCE(p_now, now()) - interval '70 seconds');
+    v_minute timestamptz;
+    v_n integer := 0;
+BEGIN
+    IF v_now > now() + interval '2 minutes' THEN
+        -- Minutes rolled up ahead of the clock would never be rolled up again.
+        RAISE EXCEPTION 'awa: queue_minutes_record_v1: p_now % is in the future', p_now
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT max(m.minute) + interval '1 minute' INTO v_minute
+    FROM awa.queue_minutes m WHERE m.queue = '';
+    v_minute := GREATEST(COALESCE(v_minute, v_last), v_last - interval '59 minutes');
+    WHILE v_minute <= v_last LOOP
+        INSERT INTO awa.queue_minutes AS m (
+            queue, minute, completed, failed, cancelled, dead_lettered,
+            wait_p50, wait_p95, run_p50, run_p95, available, retryable, oldest_seconds)
+        SELECT q.queue, v_minute, o.completed, o.failed, o.cancelled, o.dead_lettered,
+               t.wait_p50, t.wait_p95, t.run_p50, t.run_p95,
+               l.available, COALESCE(r.n, 0), l.lag_seconds
+        FROM (SELECT DISTINCT ql.queue FROM awa.queue_lanes ql) q
+        CROSS JOIN LATERAL (
+            SELECT
+                (SELECT count(*) FROM awa.done_entries d
+                 WHERE d.queue = q.queue AND d.state = 'completed'
+                   AND d.finalized_at >= v_minute
+                   AND d.finalized_at < v_minute + interval '1 minute')::integer AS completed,
+                (SELECT count(*) FROM awa.done_entries d
+                 WHERE d.queue = q.queue AND d.state = 'failed'
+                   AND d.finalized_at >= v_minute
+                   AND d.finalized_at < v_minute + interval '1 minute')::integer AS failed,
+                (SELECT count(*) FROM awa.done_entries d
+                 WHERE d.queue = q.queue AND d.state = 'cancelled'
+                   AND d.finalized_at >= v_minute
+                   AND d.finalized_at < v_minute + interval '1 minute')::integer AS cancelled,
+                (SELECT count(*) FROM awa.dlq_entries x
+                 WHERE x.queue = q.queue AND x.dlq_at >= v_minute
+                   AND x.dlq_at < v_minute + interval '1 minute')::integer AS dead_lettered
+        ) o
+        LEFT JOIN (
+            SELECT lag.queue, lag.available, lag.lag_seconds
+            FROM awa.queue_lag_v1() lag
+            WHERE v_minute = v_last
+        ) l ON l.queue = q.queue
+        LEFT JOIN (
+            SELECT dj.queue, count(*) AS n FROM awa.deferred_jobs dj
+            WHERE dj.state = 'retryable' AND v_minute = v_last
+            GROUP BY dj.queue
+        ) r ON r.queue = q.queue
+        LEFT JOIN LATERAL (
+            SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s.wait) AS wait_p50,
+                   percentile_cont(0.95) WITHIN GROUP (ORDER BY s.wait) AS wait_p95,
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY s.run) AS run_p50,
+                   percentile_cont(0.95) WITHIN GROUP (ORDER BY s.run) AS run_p95
+            FROM (
+                SELECT GREATEST(extract(epoch FROM d.attempted_at
+                                    - COALESCE(d.run_at, e.run_at)), 0)::double precision
+                           AS wait,
+                       GREATEST(extract(epoch FROM d.finalized_at - d.attempted_at), 0)
+                           ::double precision AS run
+                FROM awa.done_entries d
+                LEFT JOIN awa.ready_entries e
+                  ON d.lane_id IS NOT NULL AND e.lane_id = d.lane_id
+                 AND e.lane_seq = d.lane_seq AND e.ready_slot = d.ready_slot
+                WHERE d.queue = q.queue AND d.state IN ('completed', 'failed')
+                  AND d.finalized_at >= v_minute
+                  AND d.finalized_at < v_minute + interval '1 minute'
+                  AND d.attempted_at IS NOT NULL
+                LIMIT 2000) s
+        ) t ON o.completed + o.failed > 0
+        WHERE o.completed + o.failed + o.cancelled + o.dead_lettered > 0
+           OR COALESCE(l.available, 0) > 0 OR COALESCE(r.n, 0) > 0
+        ON CONFLICT (queue, minute) DO NOTHING;
+        INSERT INTO awa.queue_minutes (queue, minute, completed, failed, cancelled, dead_lettered)
+        VALUES ('', v_minute, 0, 0, 0, 0)
+        ON CONFLICT (queue, minute) DO NOTHING;
+        v_n := v_n + 1;
+        v_minute := v_minute + interval '1 minute';
+    END LOOP;
+    IF v_n > 0 THEN
+        DELETE FROM awa.queue_minutes WHERE minute < v_now - interval '25 hours';
+    END IF;
+    RETURN v_n;
+END
+$$;

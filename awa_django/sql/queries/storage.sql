@@ -160,6 +160,9 @@ SELECT awa.dlq_expire_v1(%s, %s)
 -- name: cleanup
 SELECT awa.cleanup_v1(%s)
 
+-- name: queue_minutes_record
+SELECT awa.queue_minutes_record_v1()
+
 -- name: unique_sweep
 SELECT deleted, next_taken, next_key FROM awa.unique_sweep_v1(%s, %s, %s)
 

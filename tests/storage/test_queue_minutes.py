@@ -1,0 +1,191 @@
+"""The queue charts' roll-up: ``awa.queue_minutes_record_v1`` (the maintenance leader's task)
+and ``awa.queue_minutes_v1`` / ``operator.queue_minutes`` (what the admin's charts read).
+
+A minute is rolled up once, about 10 s after it ends, with the outcomes of terminal history and
+the DLQ, the queue wait and run time of the attempts that finished, and the queue's depth as it
+was then; a catch-up reaches back an hour at most; rows older than 25 hours go.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from awa_django.db import storage
+from awa_django.db.storage import Finalization
+from awa_django.exceptions import InvalidOptionError
+from awa_django.operator import queue_minutes
+from tests.support.database import pg
+from tests.support.factories import WORKER, enqueue_sql
+
+pytestmark = [
+    pytest.mark.storage,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("clean_awa"),
+]
+
+Conn = psycopg.Connection[Any]
+ERROR = {"type": "Boom", "message": "x", "traceback": "x"}
+
+
+@pytest.fixture
+def conn() -> Iterator[Conn]:
+    with pg() as c:
+        yield c
+
+
+def record(conn: Conn, at: datetime | None = None) -> int:
+    """Run the roll-up as if the clock read ``at``; the minutes it rolled up."""
+    [[n]] = conn.execute("SELECT awa.queue_minutes_record_v1(%s)", [at]).fetchall()
+    return int(n)
+
+
+def rows(conn: Conn, queue: str) -> list[dict[str, Any]]:
+    cur = conn.execute("SELECT * FROM awa.queue_minutes WHERE queue = %s ORDER BY minute", [queue])
+    assert cur.description is not None
+    names = [d.name for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def finish(conn: Conn, queue: str, outcomes: list[str]) -> None:
+    """Claim len(outcomes) jobs of ``queue`` and finalize each with its outcome."""
+    claimed = storage.claim(conn, queue, len(outcomes), WORKER)
+    assert len(claimed) == len(outcomes)
+    storage.finalize(
+        conn,
+        [
+            Finalization(
+                c.job_id, c.run_lease, c.claim_slot, o, error=ERROR if o != "completed" else None
+            )
+            for c, o in zip(claimed, outcomes, strict=True)
+        ],
+    )
+
+
+def finished_minutes(conn: Conn) -> list[datetime]:
+    """The minutes (by the database clock) in which the test's jobs finished."""
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT DISTINCT date_trunc('minute', t) FROM ("
+            " SELECT finalized_at AS t FROM awa.done_entries"
+            " UNION ALL SELECT dlq_at FROM awa.dlq_entries) x ORDER BY 1"
+        ).fetchall()
+    ]
+
+
+def claim_one(conn: Conn, queue: str, outcome: str, **options: Any) -> None:
+    [c] = storage.claim(conn, queue, 1, WORKER)
+    storage.finalize(
+        conn, [Finalization(c.job_id, c.run_lease, c.claim_slot, outcome, error=ERROR, **options)]
+    )
+
+
+def test_a_minute_is_rolled_up_once_with_its_outcomes_times_and_depth(conn: Conn) -> None:
+    body = {"kind": "k", "queue": "charts", "max_attempts": 1}
+    enqueue_sql(conn, json.dumps([body] * 4))
+    finish(conn, "charts", ["completed", "completed", "completed", "fail"])
+    enqueue_sql(conn, json.dumps([{**body, "max_attempts": 5}]))
+    claim_one(conn, "charts", "retry", delay=3600)  # attempts left: retryable for an hour
+    enqueue_sql(conn, json.dumps([body]))
+    claim_one(conn, "charts", "cancel")
+    enqueue_sql(conn, json.dumps([body] * 2))  # left available
+    minutes = finished_minutes(conn)
+    assert 1 <= len(minutes) <= 2  # the test may straddle a minute's end
+    # The first roll-up takes the last minute that ended 10 s ago: here, the one before.
+    assert record(conn, minutes[0] + timedelta(seconds=10)) == 1
+    # A minute is not rolled up until it is 10 s over...
+    record(conn, minutes[-1] + timedelta(seconds=69))
+    assert minutes[-1] not in [r["minute"] for r in rows(conn, "charts")]
+    # ...then it is.
+    assert record(conn, minutes[-1] + timedelta(seconds=70)) == 1
+    got = rows(conn, "charts")
+    assert got[-1]["minute"] == minutes[-1]
+    [states] = conn.execute(
+        "SELECT count(*) FILTER (WHERE state = 'completed'),"
+        " count(*) FILTER (WHERE state = 'failed'), count(*) FILTER (WHERE state = 'cancelled')"
+        " FROM awa.done_entries WHERE queue = 'charts'"
+    ).fetchall()
+    [[dead]] = conn.execute("SELECT count(*) FROM awa.dlq_entries WHERE queue = 'charts'")
+    assert states[0] == 3 and states[2] == 1 and states[1] + dead == 1
+    assert [sum(r[k] for r in got) for k in ("completed", "failed", "cancelled")] == list(states)
+    assert sum(r["dead_lettered"] for r in got) == dead
+    for r in got:
+        if r["completed"] + r["failed"]:
+            assert 0 <= r["wait_p50"] <= r["wait_p95"] < 60
+            assert 0 <= r["run_p50"] <= r["run_p95"] < 60
+    # The newest minute carries the queue as it was at the roll-up: 2 available, 1 retryable.
+    newest = got[-1]
+    assert (newest["available"], newest["retryable"]) == (2, 1)
+    assert newest["oldest_seconds"] >= 0
+    # Once: a second run changes nothing, nor does one that finds the minutes' marks gone.
+    assert record(conn, minutes[-1] + timedelta(seconds=70)) == 0
+    conn.execute("DELETE FROM awa.queue_minutes WHERE queue = ''")
+    record(conn, minutes[-1] + timedelta(seconds=70))
+    assert rows(conn, "charts") == got
+
+
+def test_a_catch_up_reaches_back_an_hour_and_rows_older_than_a_day_go(conn: Conn) -> None:
+    enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "idle"}]))  # depth 1, no outcome
+    [[now]] = conn.execute("SELECT date_trunc('minute', now())")
+    conn.execute(
+        "INSERT INTO awa.queue_minutes (queue, minute, completed, failed, cancelled,"
+        " dead_lettered) VALUES ('idle', %s, 1, 0, 0, 0), ('', %s, 0, 0, 0, 0)",
+        [now - timedelta(hours=26), now - timedelta(hours=3)],
+    )
+    assert record(conn, now + timedelta(seconds=70)) == 60
+    # The old row is gone; of the hour caught up, only the newest minute has something to show
+    # (the depth, read now): the others had no outcome and are not written.
+    assert [(r["minute"], r["available"], r["completed"]) for r in rows(conn, "idle")] == [
+        (now, 1, 0)
+    ]
+    [[marks]] = conn.execute("SELECT count(*) FROM awa.queue_minutes WHERE queue = ''")
+    assert marks == 61  # the hour caught up, and the mark three hours back
+    assert record(conn, now + timedelta(seconds=70)) == 0
+
+
+def test_the_read_tells_a_quiet_minute_from_one_not_rolled_up(conn: Conn) -> None:
+    enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "read"}] * 2))
+    finish(conn, "read", ["completed"])
+    # Five minutes ago, so that the read (up to the last minute that ended) shows it.
+    conn.execute("UPDATE awa.done_entries SET finalized_at = finalized_at - interval '5 min'")
+    [minute] = finished_minutes(conn)
+    before = queue_minutes("read", 5)
+    assert len(before) == 5 and not any(m.recorded for m in before)
+    assert all(m.completed is None and m.available is None for m in before)
+    record(conn, minute + timedelta(seconds=10))  # the minute before: quiet, but for the depth
+    record(conn, minute + timedelta(seconds=70))
+    shown = {m.minute: m for m in queue_minutes("read", 1440)}
+    assert len(shown) == 1440
+    assert shown[minute].recorded and shown[minute].completed == 1
+    assert shown[minute].run_p50 is not None and shown[minute].available == 1
+    quiet = shown[minute - timedelta(minutes=1)]
+    assert quiet.recorded and quiet.completed == 0 and quiet.run_p50 is None
+    assert not shown[minute - timedelta(minutes=2)].recorded
+    # The markers are no queue's: asking for the queue '' is refused before any read.
+    with pytest.raises(InvalidOptionError):
+        queue_minutes("")
+
+
+@pytest.mark.parametrize("minutes", [0, 1441, -1, True, 1.5, "60", None])
+def test_a_bad_span_is_refused_before_any_read(minutes: Any) -> None:
+    with pytest.raises(InvalidOptionError, match="minutes"):
+        queue_minutes("q", minutes)
+
+
+@pytest.mark.parametrize("queue", ["", "A", "x" * 64, "a/b", None, "q\x00"])
+def test_a_bad_queue_name_is_refused_before_any_read(queue: Any) -> None:
+    with pytest.raises(InvalidOptionError, match="queue"):
+        queue_minutes(queue)
+
+
+def test_a_roll_up_ahead_of_the_clock_is_refused(conn: Conn) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="in the future"):
+        conn.execute("SELECT awa.queue_minutes_record_v1(now() + interval '1 hour')")
+    [[n]] = conn.execute("SELECT count(*) FROM awa.queue_minutes").fetchall()
+    assert n == 0
