@@ -46,12 +46,12 @@ BROWSER_FLAGS = [
 ]
 
 
-def log_in(browser: Any, url: str) -> Any:
-    """A new page, logged in as the superuser ``admin`` (create it before Playwright starts:
-    its event loop forbids the ORM)."""
-    page = browser.new_page()
+def log_in(browser: Any, url: str, user: str = "admin") -> Any:
+    """A new page in a context of its own, logged in as ``user`` (the superuser ``admin`` by
+    default; create users before Playwright starts: its event loop forbids the ORM)."""
+    page = browser.new_context().new_page()
     page.goto(f"{url}/admin/login/")
-    page.fill("#id_username", "admin")
+    page.fill("#id_username", user)
     page.fill("#id_password", "secret-pass")
     page.click("input[type=submit]")
     return page
@@ -126,6 +126,72 @@ def test_purge_all_of_a_filtered_list_with_select_all_in_a_real_browser(live_ser
     with pg() as conn:
         rows = conn.execute("SELECT job_id FROM awa.dlq_entries").fetchall()
     assert rows == [(other,)]
+
+
+def test_each_detail_page_action_is_clicked_through_and_hidden_from_a_viewer(
+    live_server: Any,
+) -> None:
+    """As an operator, each action button on a row's own page, through its confirmation (with
+    its form filled in where it has one) to its message; as a staff user who may only view,
+    the same pages show no button."""
+    from awa_django.operator import cancel
+    from tests.jobs import common as testjobs
+    from tests.support.callbacks import parked
+
+    executable = str(CHROMIUM)
+    playwright = pytest.importorskip("playwright.sync_api")
+    User.objects.create_superuser("admin", "admin@example.com", "secret-pass")
+    viewer = User.objects.create_user("viewer", password="secret-pass", is_staff=True)
+    viewer.user_permissions.add(*view_permissions())
+    live = testjobs.noop.enqueue(queue="ops").id
+    finished = testjobs.noop.enqueue().id
+    assert cancel(finished)
+    with pg() as conn:
+        waiting, _ = parked(conn, queue="ops")
+    admin_url = f"{live_server.url}/admin/awa_django"
+    steps = [  # page, button, form fields, message
+        (f"livejob/{live}", "cancel_jobs", {}, "Cancelled 1 job(s)."),
+        (f"callbackwait/{waiting.job_id}", "extend_jobs", {"seconds": "600"}, "1 job(s) extended"),
+        (f"terminaljob/{finished}", "retry_jobs", {}, "Retried 1 job(s) as new jobs"),
+        ("queuestat/ops", "pause_queues", {}, "Pause queues: ops paused"),
+        ("queuestat/ops", "resume_queues", {}, "Resume queues: ops resumed"),
+    ]
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=BROWSER_FLAGS)
+        try:
+            page = log_in(browser, live_server.url)
+            for where, button, fields, message in steps:
+                page.goto(f"{admin_url}/{where}/change/")
+                page.click(f"form.awa-object-action button[value={button}]")
+                page.wait_for_selector("input[name=confirm]", state="attached")
+                for name, value in fields.items():
+                    page.fill(f"input[name={name}]", value)
+                page.click('input[type=submit][value="Yes, I\'m sure"]')
+                page.wait_for_selector(f"text={message}")
+            looker = log_in(browser, live_server.url, user="viewer")
+            for where, *_ in steps:
+                looker.goto(f"{admin_url}/{where}/change/")
+                assert looker.locator("form.awa-object-action").count() == 0, where
+        finally:
+            browser.close()
+    with pg() as conn:
+        states = dict(
+            conn.execute(
+                "SELECT id, state FROM awa.jobs WHERE id = ANY(%s)", [[live, finished]]
+            ).fetchall()
+        )
+        [[timeout_at]] = conn.execute(
+            "SELECT timeout_at - now() FROM awa.callback_waits WHERE job_id = %s",
+            [waiting.job_id],
+        ).fetchall()
+    assert states == {live: "cancelled", finished: "cancelled"}
+    assert timeout_at.total_seconds() > 300  # extended from 60 s
+
+
+def view_permissions() -> list[Any]:
+    from django.contrib.auth.models import Permission
+
+    return list(Permission.objects.filter(codename__startswith="view_"))
 
 
 def test_a_queues_charts_refresh_in_place_in_a_real_browser(
