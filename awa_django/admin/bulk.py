@@ -29,7 +29,7 @@ from awa_django.admin.selection import BULK_LIMIT, SELECTION_FIELD
 from awa_django.conf import awa_settings
 from awa_django.exceptions import AwaError
 
-__all__ = ["BATCH", "BUDGET", "confirm_matching", "confirm_rows", "matching_all"]
+__all__ = ["BATCH", "BUDGET", "COUNT_CAP", "confirm_matching", "confirm_rows", "matching_all"]
 
 #: Rows per transaction.
 BATCH = BULK_LIMIT
@@ -40,6 +40,9 @@ BUDGET = 8.0
 AFTER_FIELD = "awa_after"
 #: The form fields carrying the counts so far.
 DONE_FIELD, LEFT_FIELD = "awa_done", "awa_left"
+#: The confirmation counts the matching rows up to this many, then says "more than" (a count of
+#: millions of rows of history would take longer than the work it announces).
+COUNT_CAP = 100_000
 
 
 def matching_all(request: HttpRequest, queryset: QuerySet[Any]) -> bool:
@@ -86,9 +89,14 @@ def confirm_matching(
             title=title,
             note=note,
             form=form,
-            count=matching.count(),
+            count=(n := matching[: COUNT_CAP + 1].count()),
             lines=[str(o) for o in matching[:SHOWN]],
-            extra={"first": request.POST.get("_selected_action", "")},
+            extra={
+                "first": request.POST.get("_selected_action", ""),
+                # A count of millions of rows of history would take longer than the work.
+                "count_text": f"more than {COUNT_CAP:,}" if n > COUNT_CAP else f"{n:,}",
+                "capped": n > COUNT_CAP,
+            },
         )
     data = form.cleaned_data if form is not None else {}
     after_text = request.POST.get(AFTER_FIELD, "")

@@ -17,7 +17,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 
-from awa_django.admin.actions import confirm, log_change
+from awa_django.admin.actions import log_change
 from awa_django.admin.base import JobListAdmin
 from awa_django.admin.bulk import confirm_rows
 from awa_django.admin.display import JobDetail
@@ -40,6 +40,8 @@ __all__ = ["DeadLetterAdmin", "JobAdmin", "TerminalJobAdmin"]
 
 #: The log entry's note for a job of a run over everything a filtered list matched.
 _WHOLE_RUN = " (in one admin action on every job the list's filters matched)"
+#: Why a job of history was not retried.
+_NOT_RETRIED = "completed, already retried, or unique jobs whose key another job holds"
 
 
 def _together(n: int) -> str:
@@ -156,6 +158,7 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
 
 class TerminalJobAdmin(JobDetail, JobListAdmin):
     change_list_template = "admin/awa_django/job_change_list.html"
+    acts_on_all_matching = True
     list_display = ("id", "kind", "queue", "state", "attempt", "tag_list", "finalized_at")
     sortable_by = ("id", "finalized_at")  # sorting history by another column sorts all of it
     # Part of a kind would read every retained row; a whole kind is an index range.
@@ -216,28 +219,39 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
     )
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         self._checked(request, "retry_job")
+        retried: dict[int, int] = {}  # of a selection's run: named in its message
 
-        def perform(objects: list[Any], data: dict[str, Any]) -> str:
+        def retry(
+            objects: list[Any], data: dict[str, Any], together: str | None = None
+        ) -> tuple[int, int]:
             queue, priority = data.get("queue") or None, data.get("priority")
             rows = history_retry(
                 [o.id for o in objects], by=_who(request), queue=queue, priority=priority
             )
-            retried = {r.job_id: r.retry_job_id for r in rows if r.outcome == "retried"}
+            done = {
+                r.job_id: r.retry_job_id
+                for r in rows
+                if r.outcome == "retried" and r.retry_job_id is not None
+            }
             for obj in objects:
-                if obj.id in retried:
-                    log_change(request, [obj], f"retried from history as job {retried[obj.id]}")
-            left = len(objects) - len(retried)
-            text = f"Retried {len(retried)} job(s) as new jobs"
+                if obj.id in done:
+                    log_change(
+                        request,
+                        [obj],
+                        f"retried from history as job {done[obj.id]}{together or ''}",
+                    )
+            retried.update(done)
+            return len(done), len(objects) - len(done)
+
+        def said(done: int, left: int) -> str:
+            text = f"Retried {done} job(s) as new jobs"
             if retried:
                 text += " (" + ", ".join(f"{a} → {b}" for a, b in sorted(retried.items())) + ")"
             if left:
-                text += (
-                    f"; {left} not retried (completed, already retried, or unique jobs whose "
-                    "key another job holds)"
-                )
+                text += f"; {left} not retried ({_NOT_RETRIED})"
             return text + "."
 
-        return confirm(
+        return confirm_rows(
             self,
             request,
             queryset,
@@ -248,7 +262,11 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
                 "history at most once. Completed jobs are left alone."
             ),
             form_class=RetryFromHistoryForm,
-            perform=perform,
+            act=retry,
+            said=said,
+            verb="retried",
+            left_why=_NOT_RETRIED,
+            whole_run=_WHOLE_RUN,
         )
 
     def object_action_applies(self, name: str, obj: Any) -> bool:

@@ -64,21 +64,26 @@ def test_confirming_the_limit_selected_across_a_filter_fits_djangos_field_limit(
         assert job_state(conn, bulk[-1])["priority"] == 7  # type: ignore[index]
 
 
-def test_selecting_more_than_the_limit_is_refused_and_changes_nothing() -> None:
+def test_selecting_more_than_the_limit_is_refused_and_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from awa_django.admin import actions
+    from tests.support.callbacks import parked
+
     ids = dead_letter(BULK_LIMIT + 1)
-    # An action that takes at most BULK_LIMIT rows (the DLQ's and the live jobs' take them all):
-    # retry from history.
-    client = staff("retry_job", "purge_dlq")
+    # An action that takes at most BULK_LIMIT rows (those of the DLQ, the live jobs and history
+    # take them all): extend callback waits, past a limit of 2.
+    monkeypatch.setattr(actions, "BULK_LIMIT", 2)
+    client = staff("resolve_callback", "purge_dlq")
     with pg() as conn:
-        jobs = json.dumps([{"kind": "k", "queue": "done"}] * (BULK_LIMIT + 1))
-        enqueue_sql(conn, jobs)
-        history = claim_and_finish(conn, "done", BULK_LIMIT + 1, "cancel")
-    refused = post_action(client, "terminaljob", "retry_jobs", history[:50], select_across="1")
+        waits = [parked(conn)[0].job_id for _ in range(3)]
+    refused = post_action(client, "callbackwait", "extend_jobs", waits[:1], select_across="1")
     assert refused.status_code == 302
     assert messages_of(refused) == [
-        f"Select at most {BULK_LIMIT} jobs at a time (narrow the list with its filters); "
-        "nothing was changed."
+        "Select at most 2 waiting jobs at a time (narrow the list with its filters); nothing "
+        "was changed."
     ]
+    monkeypatch.undo()
     # A forged confirmation naming too many ids is refused as well.
     forged = {
         "action": "purge_jobs",
@@ -90,8 +95,6 @@ def test_selecting_more_than_the_limit_is_refused_and_changes_nothing() -> None:
     client.post(changelist("deadletter"), forged)
     assert DeadLetter.objects.count() == BULK_LIMIT + 1
     assert not LogEntry.objects.exists()
-    with pg() as conn:
-        assert conn.execute("SELECT count(*) FROM awa.history_retries").fetchone() == (0,)
 
 
 def test_select_all_cancels_every_live_job_a_filter_matches() -> None:
@@ -102,7 +105,7 @@ def test_select_all_cancels_every_live_job_a_filter_matches() -> None:
     client = staff("cancel_job")
     query = "?queue=stuck"
     page = post_action(client, "livejob", "cancel_jobs", live[:50], query, select_across="1")
-    assert f"<strong>{BULK_LIMIT + 3} jobs</strong> match" in page.content.decode()
+    assert f"<strong>{BULK_LIMIT + 3:,} jobs</strong> match" in page.content.decode()
     response = client.post(changelist("livejob") + query, form_fields(page))
     while response.status_code == 200:
         response = client.post(changelist("livejob") + query, form_fields(response))
@@ -115,7 +118,7 @@ def test_select_all_retries_more_than_the_limit_of_one_action() -> None:
     client = staff("retry_dlq")
     query = "?queue=after-a-fix"
     page = post_action(client, "deadletter", "retry_jobs", over[:50], query, select_across="1")
-    assert f"<strong>{BULK_LIMIT + 7} jobs</strong> match" in page.content.decode()
+    assert f"<strong>{BULK_LIMIT + 7:,} jobs</strong> match" in page.content.decode()
     response = client.post(changelist("deadletter") + query, form_fields(page))
     while response.status_code == 200:  # a progress page, if a batch took longer than 8 s
         response = client.post(changelist("deadletter") + query, form_fields(response))
@@ -195,6 +198,48 @@ def test_retry_and_purge_of_everything_a_filter_matches_run_in_batches_with_prog
     assert sorted(DeadLetter.objects.values_list("job_id", flat=True)) == sorted(
         [other, *forged_run]
     )
+
+
+def test_select_all_retries_every_failed_or_cancelled_job_of_filtered_history(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """History too, past the limit of one action: every failed or cancelled job the filter
+    matches is retried once, in batches; completed ones are passed over and counted."""
+    from awa_django.admin import bulk
+    from awa_django.operator import cancel
+
+    monkeypatch.setattr(bulk, "BULK_LIMIT", 3)
+    monkeypatch.setattr(bulk, "BATCH", 2)
+    monkeypatch.setattr(bulk, "COUNT_CAP", 6)
+    with pg() as conn:
+        ids = [i for i, _ in enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "hist"}] * 9))]
+        done = claim_and_finish(conn, "hist", 2, "completed")
+    cancelled = [i for i in ids if i not in done]
+    assert all(cancel(i) for i in cancelled)
+    client = staff("retry_job")
+    query = "?queue=hist"
+    page = post_action(client, "terminaljob", "retry_jobs", ids[:1], query, select_across="1")
+    assert "<strong>more than 6 jobs</strong> match" in page.content.decode()
+    response = client.post(changelist("terminaljob") + query, form_fields(page))
+    while response.status_code == 200:
+        response = client.post(changelist("terminaljob") + query, form_fields(response))
+    assert messages_of(response)[-1] == (
+        "Retry jobs from history: retried 7 jobs; 2 left in place (completed, already "
+        "retried, or unique jobs whose key another job holds)."
+    )
+    with pg() as conn:
+        [[retries, live]] = conn.execute(
+            "SELECT (SELECT count(*) FROM awa.history_retries),"
+            " (SELECT count(*) FROM awa.live_jobs WHERE queue = 'hist')"
+        ).fetchall()
+    assert (retries, live) == (7, 7)
+    assert LogEntry.objects.count() == 7
+    # Again: each job is retried from history at most once.
+    page = post_action(client, "terminaljob", "retry_jobs", ids[:1], query, select_across="1")
+    response = client.post(changelist("terminaljob") + query, form_fields(page))
+    while response.status_code == 200:
+        response = client.post(changelist("terminaljob") + query, form_fields(response))
+    assert messages_of(response)[-1].startswith("Retry jobs from history: retried 0 jobs; 9 left")
 
 
 def test_the_confirmation_acts_only_on_the_rows_it_named() -> None:
