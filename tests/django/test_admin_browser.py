@@ -9,8 +9,10 @@ why.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,19 @@ BROWSER_FLAGS = [
 ]
 
 
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """Debian's Chromium, headless, driven by Playwright (skipped when Playwright is missing);
+    closed at the end."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_FLAGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
 def log_in(browser: Any, url: str, user: str = "admin") -> Any:
     """A new page in a context of its own, logged in as ``user`` (the superuser ``admin`` by
     default; create users before Playwright starts: its event loop forbids the ORM)."""
@@ -58,42 +73,36 @@ def log_in(browser: Any, url: str, user: str = "admin") -> Any:
 
 
 def test_retry_from_the_dlq_in_a_real_browser(live_server: Any) -> None:
-    executable = str(CHROMIUM)
-    playwright = pytest.importorskip("playwright.sync_api")
     User.objects.create_superuser("admin", "admin@example.com", "secret-pass")
     [job, own_page] = dead_letter(2)
     ARTIFACTS.mkdir(exist_ok=True)
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=BROWSER_FLAGS)
-        try:
-            page = log_in(browser, live_server.url)
-            page.goto(f"{live_server.url}/admin/awa_django/deadletter/")
-            assert page.locator(f"input[name=_selected_action][value='{job}']").count() == 1
-            page.screenshot(path=str(ARTIFACTS / "dlq-list.png"), full_page=True)
-            page.check(f"input[name=_selected_action][value='{job}']")
-            page.select_option("select[name=action]", "retry_jobs")
-            page.click("button[name=index]")
-            page.wait_for_selector("input[name=confirm]", state="attached")
-            page.click('input[type=submit][value="Yes, I\'m sure"]')
-            page.wait_for_selector("text=Retried 1 job(s).")
-            assert page.locator(f"input[name=_selected_action][value='{job}']").count() == 0
-            # The other one from its own page: its Retry button, then the same confirmation.
-            page.goto(f"{live_server.url}/admin/awa_django/deadletter/{own_page}/change/")
-            page.screenshot(path=str(ARTIFACTS / "dlq-job.png"), full_page=True)
-            page.click("form.awa-object-action button[value=retry_jobs]")
-            page.wait_for_selector("input[name=confirm]", state="attached")
-            page.click('input[type=submit][value="Yes, I\'m sure"]')
-            page.wait_for_selector("text=Retried 1 job(s).")
-            page.goto(f"{live_server.url}/admin/awa_django/queuestat/dashboard/")
-            page.wait_for_selector("svg")
-            page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
-            page.goto(f"{live_server.url}/admin/awa_django/queuestat/")
-            page.screenshot(path=str(ARTIFACTS / "queues.png"), full_page=True)
-            page.goto(f"{live_server.url}/admin/awa_django/livejob/{job}/change/")
-            page.wait_for_selector("text=Attempts")
-            page.screenshot(path=str(ARTIFACTS / "retried-job.png"), full_page=True)
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = log_in(browser, live_server.url)
+        page.goto(f"{live_server.url}/admin/awa_django/deadletter/")
+        assert page.locator(f"input[name=_selected_action][value='{job}']").count() == 1
+        page.screenshot(path=str(ARTIFACTS / "dlq-list.png"), full_page=True)
+        page.check(f"input[name=_selected_action][value='{job}']")
+        page.select_option("select[name=action]", "retry_jobs")
+        page.click("button[name=index]")
+        page.wait_for_selector("input[name=confirm]", state="attached")
+        page.click('input[type=submit][value="Yes, I\'m sure"]')
+        page.wait_for_selector("text=Retried 1 job(s).")
+        assert page.locator(f"input[name=_selected_action][value='{job}']").count() == 0
+        # The other one from its own page: its Retry button, then the same confirmation.
+        page.goto(f"{live_server.url}/admin/awa_django/deadletter/{own_page}/change/")
+        page.screenshot(path=str(ARTIFACTS / "dlq-job.png"), full_page=True)
+        page.click("form.awa-object-action button[value=retry_jobs]")
+        page.wait_for_selector("input[name=confirm]", state="attached")
+        page.click('input[type=submit][value="Yes, I\'m sure"]')
+        page.wait_for_selector("text=Retried 1 job(s).")
+        page.goto(f"{live_server.url}/admin/awa_django/queuestat/dashboard/")
+        page.wait_for_selector("svg")
+        page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+        page.goto(f"{live_server.url}/admin/awa_django/queuestat/")
+        page.screenshot(path=str(ARTIFACTS / "queues.png"), full_page=True)
+        page.goto(f"{live_server.url}/admin/awa_django/livejob/{job}/change/")
+        page.wait_for_selector("text=Attempts")
+        page.screenshot(path=str(ARTIFACTS / "retried-job.png"), full_page=True)
     with pg() as conn:
         for retried in (job, own_page):
             row = conn.execute(
@@ -104,25 +113,19 @@ def test_retry_from_the_dlq_in_a_real_browser(live_server: Any) -> None:
 
 
 def test_purge_all_of_a_filtered_list_with_select_all_in_a_real_browser(live_server: Any) -> None:
-    executable = str(CHROMIUM)
-    playwright = pytest.importorskip("playwright.sync_api")
     User.objects.create_superuser("admin", "admin@example.com", "secret-pass")
     dead_letter(60, queue="many")
     [other] = dead_letter(1, queue="other")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=BROWSER_FLAGS)
-        try:
-            page = log_in(browser, live_server.url)
-            page.goto(f"{live_server.url}/admin/awa_django/deadletter/?queue=many")
-            page.check("#action-toggle")  # the 50 rows of this page...
-            page.click(".question a")  # ...then "Select all 60"
-            page.select_option("select[name=action]", "purge_jobs")
-            page.click("button[name=index]")
-            page.wait_for_selector("text=60 jobs selected")
-            page.click('input[type=submit][value="Yes, I\'m sure"]')
-            page.wait_for_selector("text=Purged 60 job(s).")
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = log_in(browser, live_server.url)
+        page.goto(f"{live_server.url}/admin/awa_django/deadletter/?queue=many")
+        page.check("#action-toggle")  # the 50 rows of this page...
+        page.click(".question a")  # ...then "Select all 60"
+        page.select_option("select[name=action]", "purge_jobs")
+        page.click("button[name=index]")
+        page.wait_for_selector("text=60 jobs selected")
+        page.click('input[type=submit][value="Yes, I\'m sure"]')
+        page.wait_for_selector("text=Purged 60 job(s).")
     with pg() as conn:
         rows = conn.execute("SELECT job_id FROM awa.dlq_entries").fetchall()
     assert rows == [(other,)]
@@ -138,8 +141,6 @@ def test_each_detail_page_action_is_clicked_through_and_hidden_from_a_viewer(
     from tests.jobs import common as testjobs
     from tests.support.callbacks import parked
 
-    executable = str(CHROMIUM)
-    playwright = pytest.importorskip("playwright.sync_api")
     User.objects.create_superuser("admin", "admin@example.com", "secret-pass")
     viewer = User.objects.create_user("viewer", password="secret-pass", is_staff=True)
     viewer.user_permissions.add(*view_permissions())
@@ -156,24 +157,20 @@ def test_each_detail_page_action_is_clicked_through_and_hidden_from_a_viewer(
         ("queuestat/ops", "pause_queues", {}, "Pause queues: ops paused"),
         ("queuestat/ops", "resume_queues", {}, "Resume queues: ops resumed"),
     ]
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=BROWSER_FLAGS)
-        try:
-            page = log_in(browser, live_server.url)
-            for where, button, fields, message in steps:
-                page.goto(f"{admin_url}/{where}/change/")
-                page.click(f"form.awa-object-action button[value={button}]")
-                page.wait_for_selector("input[name=confirm]", state="attached")
-                for name, value in fields.items():
-                    page.fill(f"input[name={name}]", value)
-                page.click('input[type=submit][value="Yes, I\'m sure"]')
-                page.wait_for_selector(f"text={message}")
-            looker = log_in(browser, live_server.url, user="viewer")
-            for where, *_ in steps:
-                looker.goto(f"{admin_url}/{where}/change/")
-                assert looker.locator("form.awa-object-action").count() == 0, where
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = log_in(browser, live_server.url)
+        for where, button, fields, message in steps:
+            page.goto(f"{admin_url}/{where}/change/")
+            page.click(f"form.awa-object-action button[value={button}]")
+            page.wait_for_selector("input[name=confirm]", state="attached")
+            for name, value in fields.items():
+                page.fill(f"input[name={name}]", value)
+            page.click('input[type=submit][value="Yes, I\'m sure"]')
+            page.wait_for_selector(f"text={message}")
+        looker = log_in(browser, live_server.url, user="viewer")
+        for where, *_ in steps:
+            looker.goto(f"{admin_url}/{where}/change/")
+            assert looker.locator("form.awa-object-action").count() == 0, where
     with pg() as conn:
         states = dict(
             conn.execute(
@@ -199,24 +196,18 @@ def test_a_queues_charts_refresh_in_place_in_a_real_browser(
 ) -> None:
     from awa_django.admin import charts
 
-    executable = str(CHROMIUM)
-    playwright = pytest.importorskip("playwright.sync_api")
     monkeypatch.setattr(charts, "REFRESH_SECONDS", 2)
     User.objects.create_superuser("admin", "admin@example.com", "secret-pass")
     finished_minutes_ago("shop", 3, 4)
     ARTIFACTS.mkdir(exist_ok=True)
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=BROWSER_FLAGS)
-        try:
-            page = log_in(browser, live_server.url)
-            page.goto(f"{live_server.url}/admin/awa_django/queuestat/shop/charts/")
-            page.wait_for_selector("text=(peak 4)")
-            page.screenshot(path=str(ARTIFACTS / "queue-charts.png"), full_page=True)
-            finished_minutes_ago("shop", 2, 7)  # a later minute, rolled up while the page is open
-            page.wait_for_selector("#awa-charts[data-awa-refreshed] >> text=(peak 7)")
-            assert page.url.endswith("/shop/charts/")  # in place: the page was not reloaded
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = log_in(browser, live_server.url)
+        page.goto(f"{live_server.url}/admin/awa_django/queuestat/shop/charts/")
+        page.wait_for_selector("text=(peak 4)")
+        page.screenshot(path=str(ARTIFACTS / "queue-charts.png"), full_page=True)
+        finished_minutes_ago("shop", 2, 7)  # a later minute, rolled up while the page is open
+        page.wait_for_selector("#awa-charts[data-awa-refreshed] >> text=(peak 7)")
+        assert page.url.endswith("/shop/charts/")  # in place: the page was not reloaded
 
 
 def finished_minutes_ago(queue: str, minutes: int, n: int) -> None:
