@@ -22,6 +22,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, PageNotAnInteger, Paginator
 from django.db import models
@@ -171,9 +172,24 @@ def search_jobs(
     return queryset.filter(kind__icontains=term)
 
 
+class RefusedSearchChangeList(ChangeList):
+    """A list whose search Django's own form refused (a NUL in ``?q=``: "Null characters are
+    not allowed") shows nothing, where Django shows every row: "Select all" and an action
+    must never act on the whole table because a search could not be read."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> Any:
+        queryset = super().get_queryset(request, exclude_parameters)
+        if SEARCH_VAR in request.GET and not self.search_form_class(request.GET).is_valid():
+            return queryset.none()
+        return queryset
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """No add, change or delete (so no "delete selected" either); view only, plus explicit
     actions (see ``awa_django.admin.actions``)."""
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return RefusedSearchChangeList
 
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER

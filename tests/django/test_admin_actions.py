@@ -242,6 +242,31 @@ def test_select_all_retries_every_failed_or_cancelled_job_of_filtered_history(
     assert messages_of(response)[-1].startswith("Retry jobs from history: retried 0 jobs; 9 left")
 
 
+def test_select_all_under_a_search_django_refuses_acts_on_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A NUL in the search: Django's form refuses it and would list every row; select-all
+    must then act on none, not on the whole DLQ."""
+    from awa_django.admin import bulk
+
+    monkeypatch.setattr(bulk, "BULK_LIMIT", 2)  # past 2 rows, select-all runs on all matching
+    ids = dead_letter(3)
+    client = staff("purge_dlq")
+    for query in ("?q=%00", "?q=tests.jobs.common.noop%00"):
+        response = client.post(
+            changelist("deadletter") + query,
+            {
+                "action": "purge_jobs",
+                "_selected_action": [str(ids[0])],
+                "select_across": "1",
+                "index": "0",
+                "confirm": "yes",
+            },
+        )
+        assert response.status_code in (200, 302)
+    assert DeadLetter.objects.count() == 3 and not LogEntry.objects.exists()
+
+
 def test_the_confirmation_acts_only_on_the_rows_it_named() -> None:
     shown = dead_letter(3, queue="q")
     client = staff("purge_dlq")
