@@ -199,6 +199,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     selection_noun = "jobs"
     #: Whether "Select all" past 1,000 rows runs the actions in batches (admin/bulk.py).
     acts_on_all_matching = False
+    #: The field saying when a row joined this list (``dlq_at``): such a run leaves rows that
+    #: joined after its confirmation, as well as rows with a higher key (admin/bulk.py).
+    arrived_field: str | None = None
 
     def __init__(self, model: Any, admin_site: Any) -> None:
         super().__init__(model, admin_site)

@@ -15,10 +15,12 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from django import forms
 from django.contrib import messages
+from django.db import connections
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -28,6 +30,7 @@ from awa_django.admin.base import ReadOnlyAdmin
 from awa_django.admin.selection import BULK_LIMIT, SELECTION_FIELD
 from awa_django.conf import awa_settings
 from awa_django.exceptions import AwaError
+from awa_django.sql import query
 
 __all__ = ["BATCH", "BUDGET", "COUNT_CAP", "confirm_matching", "confirm_rows", "matching_all"]
 
@@ -40,6 +43,10 @@ BUDGET = 8.0
 AFTER_FIELD = "awa_after"
 #: The form fields carrying the counts so far.
 DONE_FIELD, LEFT_FIELD = "awa_done", "awa_left"
+#: The form fields bounding a run to the rows that matched when it was confirmed: the highest
+#: key then, and the database's clock then (for a list whose ``arrived_field`` names when a row
+#: joined it, such as ``dlq_at``).
+UPTO_FIELD, BEFORE_FIELD = "awa_upto", "awa_before"
 #: The confirmation counts the matching rows up to this many, then says "more than" (a count of
 #: millions of rows of history would take longer than the work it announces).
 COUNT_CAP = 100_000
@@ -54,6 +61,18 @@ def matching_all(request: HttpRequest, queryset: QuerySet[Any]) -> bool:
         return True
     primary = awa_settings.DATABASE_ALIAS
     return len(queryset.using(primary).values_list("pk", flat=True)[: BULK_LIMIT + 1]) > BULK_LIMIT
+
+
+def _database_now(alias: str) -> str:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(query("database_now"))
+        row = cursor.fetchone()
+    assert row is not None
+    return str(row[0].isoformat())
+
+
+def _bounds_fields(upto: str, before: str) -> dict[str, str]:
+    return {"upto_field": UPTO_FIELD, "upto": upto, "before_field": BEFORE_FIELD, "before": before}
 
 
 def _count(request: HttpRequest, name: str) -> int | None:
@@ -82,6 +101,7 @@ def confirm_matching(
     noun = modeladmin.selection_noun
     form = form_class(request.POST if "confirm" in request.POST else None) if form_class else None
     if "confirm" not in request.POST or (form is not None and not form.is_valid()):
+        last = matching.order_by("-pk").values_list("pk", flat=True).first()
         return _page(
             modeladmin,
             request,
@@ -96,17 +116,32 @@ def confirm_matching(
                 # A count of millions of rows of history would take longer than the work.
                 "count_text": f"more than {COUNT_CAP:,}" if n > COUNT_CAP else f"{n:,}",
                 "capped": n > COUNT_CAP,
+                **_bounds_fields("" if last is None else str(last), _database_now(primary)),
             },
         )
     data = form.cleaned_data if form is not None else {}
     after_text = request.POST.get(AFTER_FIELD, "")
     after: Any = None
     done, left = _count(request, DONE_FIELD), _count(request, LEFT_FIELD)
+    upto_text, before_text = request.POST.get(UPTO_FIELD), request.POST.get(BEFORE_FIELD, "")
     try:
         if after_text:
             after = modeladmin.selection_key(after_text)
         if done is None or left is None:
             raise ValueError("a count")
+        # The rows that matched at the confirmation, and only those: none when none did.
+        if upto_text is None:
+            raise ValueError("no bound")
+        matching = (
+            matching.filter(pk__lte=modeladmin.selection_key(upto_text))
+            if upto_text
+            else matching.none()
+        )
+        before = datetime.fromisoformat(before_text)
+        if before.tzinfo is None:
+            raise ValueError("a time without its zone")
+        if modeladmin.arrived_field is not None:
+            matching = matching.filter(**{f"{modeladmin.arrived_field}__lte": before})
     except (ValueError, AwaError):
         modeladmin.message_user(
             request, "The run was not understood; nothing more was changed.", messages.ERROR
@@ -144,6 +179,7 @@ def confirm_matching(
                 lines=[],
                 extra={
                     "first": str(after),  # Django posts an action only with a row named
+                    **_bounds_fields(upto_text, before_text),
                     "after": str(after),
                     "done": done,
                     "left": left,

@@ -82,6 +82,7 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
     exclude = ("args", "metadata", "progress", "errors", "tags", "run_lease", "attempted_at")
     actions = ("retry_jobs", "purge_jobs")
     acts_on_all_matching = True
+    arrived_field = "dlq_at"
 
     @admin.action(description="Retry selected jobs", permissions=["retry_dlq"])
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
@@ -159,6 +160,7 @@ class DeadLetterAdmin(JobDetail, JobListAdmin):
 class TerminalJobAdmin(JobDetail, JobListAdmin):
     change_list_template = "admin/awa_django/job_change_list.html"
     acts_on_all_matching = True
+    arrived_field = "finalized_at"
     list_display = ("id", "kind", "queue", "state", "attempt", "tag_list", "finalized_at")
     sortable_by = ("id", "finalized_at")  # sorting history by another column sorts all of it
     # Part of a kind would read every retained row; a whole kind is an index range.

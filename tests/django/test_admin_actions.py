@@ -267,6 +267,60 @@ def test_select_all_under_a_search_django_refuses_acts_on_nothing(
     assert DeadLetter.objects.count() == 3 and not LogEntry.objects.exists()
 
 
+def test_select_all_acts_only_on_the_rows_that_matched_at_its_confirmation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Jobs that join the filtered list after the confirmation page (new ones, and an older
+    job dead-lettered meanwhile) are left for another run; so are jobs enqueued after a live
+    cancel was confirmed."""
+    from awa_django.admin import bulk
+    from tests.support.factories import dead_letter as dead_letter_of
+
+    monkeypatch.setattr(bulk, "BULK_LIMIT", 2)
+    kind = "tests.late"
+    with pg() as conn:  # an older job (a lower id), of the kind, in another queue
+        [(older, _)] = enqueue_sql(conn, json.dumps([{"kind": kind, "queue": "elsewhere"}]))
+    ids = dead_letter_of(3, queue="late", kind=kind)
+    client = staff("retry_dlq", "cancel_job")
+    url = changelist("deadletter") + f"?kind={kind}"
+    page = post_action(
+        client, "deadletter", "retry_jobs", ids[:1], f"?kind={kind}", select_across="1"
+    )
+    assert "<strong>3 jobs</strong> match" in page.content.decode()
+    newer = dead_letter_of(2, queue="late", kind=kind)
+    with pg() as conn:
+        error = {"type": "E", "message": "", "traceback": ""}
+        assert claim_and_finish(conn, "elsewhere", 1, "fail", error=error) == [older]
+    response = client.post(url, form_fields(page))
+    while response.status_code == 200:
+        response = client.post(url, form_fields(response))
+    assert messages_of(response)[-1] == "Retry dead-lettered jobs: retried 3 jobs."
+    assert sorted(DeadLetter.objects.values_list("job_id", flat=True)) == sorted([older, *newer])
+    # Live jobs: those enqueued after the confirmation stay.
+    with pg() as conn:
+        first = [i for i, _ in enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "c"}] * 3))]
+    page = post_action(client, "livejob", "cancel_jobs", first[:1], "?queue=c", select_across="1")
+    with pg() as conn:
+        later = [i for i, _ in enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "c"}] * 2))]
+    response = client.post(changelist("livejob") + "?queue=c", form_fields(page))
+    while response.status_code == 200:
+        response = client.post(changelist("livejob") + "?queue=c", form_fields(response))
+    assert messages_of(response)[-1] == "Cancel jobs: cancelled 3 jobs."
+    with pg() as conn:
+        left = conn.execute("SELECT id FROM awa.live_jobs WHERE queue = 'c' ORDER BY id")
+        assert [r[0] for r in left] == later
+    # A confirmation without its bounds (forged, or from an older page) changes nothing.
+    with pg() as conn:
+        enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "c"}] * 3))
+    bare = {k: v for k, v in form_fields(page).items() if k not in ("awa_upto", "awa_before")}
+    response = client.post(changelist("livejob") + "?queue=c", bare)
+    assert messages_of(response)[-1] == "The run was not understood; nothing more was changed."
+    with pg() as conn:
+        assert conn.execute("SELECT count(*) FROM awa.live_jobs WHERE queue = 'c'").fetchone() == (
+            5,
+        )
+
+
 def test_the_confirmation_acts_only_on_the_rows_it_named() -> None:
     shown = dead_letter(3, queue="q")
     client = staff("purge_dlq")

@@ -8,3 +8,8 @@ UNION
 SELECT queue FROM awa.queue_meta
 ORDER BY 1
 LIMIT %s
+
+-- name: database_now
+-- The database's clock, for the confirmation of an action on everything a list matches: the
+-- run leaves rows that join the list after it (awa_django/admin/bulk.py).
+SELECT now()
