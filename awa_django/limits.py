@@ -52,6 +52,7 @@ __all__ = [
     "check_uuid",
     "check_weight",
     "clean_text",
+    "rate_text",
     "show",
     "tag_tuple",
 ]
@@ -262,6 +263,13 @@ def check_seconds(field: str, value: Any, *, allow_zero: bool = False) -> float:
             "(100 years)",
         )
     return seconds
+
+
+def rate_text(per_second: float) -> str:
+    """A flow rate as people read it: ``2``, ``0.5``, ``1,000,000`` (never ``1e+06``)."""
+    if per_second == int(per_second):
+        return f"{int(per_second):,}"
+    return f"{per_second:,.6f}".rstrip("0")
 
 
 def show(value: Any) -> str:

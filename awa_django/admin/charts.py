@@ -185,7 +185,7 @@ def queue_charts(model_admin: ModelAdmin[Any], request: HttpRequest, queue: str)
         "minutes": len(rows),
         "refresh": REFRESH_SECONDS,
     }
-    if request.GET.get("fragment"):
+    if request.GET.get("fragment") == "1":
         return TemplateResponse(request, "admin/awa_django/queue_charts_body.html", context)
     return TemplateResponse(
         request,

@@ -22,7 +22,7 @@ from awa_django.admin.actions import admin_actor, confirm, log_change, run_atomi
 from awa_django.admin.base import ReadOnlyAdmin
 from awa_django.admin.forms import KindFlowLimitsForm, LimitKindForm, limits_in_force
 from awa_django.conf import awa_settings
-from awa_django.limits import check_kind_name
+from awa_django.limits import check_kind_name, rate_text
 from awa_django.models import KindLimit
 from awa_django.operator import KindLimits, clear_kind_limits, kind_limits, set_kind_limits
 
@@ -75,7 +75,7 @@ class KindLimitAdmin(ReadOnlyAdmin):
         status = _status(obj)
         if status is None or status.rate_limit is None:
             return "-"
-        return f"{status.rate_limit:g}/s (burst {status.burst_in_force})"
+        return f"{rate_text(status.rate_limit)}/s (burst {status.burst_in_force})"
 
     @admin.display(description="parked")
     def parked(self, obj: KindLimit) -> str:

@@ -26,7 +26,7 @@ from awa_django.admin.display import outcome_chart
 from awa_django.admin.forms import FlowLimitsForm, limits_in_force
 from awa_django.admin.read_alias import admin_read_alias, choose_read_alias
 from awa_django.db.storage import HISTORY_EXACT_UP_TO
-from awa_django.limits import check_queue_name
+from awa_django.limits import check_queue_name, rate_text
 from awa_django.maintenance.queues import declared_dlq
 from awa_django.models import QueueStat
 from awa_django.operator import (
@@ -158,7 +158,7 @@ class QueueStatAdmin(ReadOnlyAdmin):
         limits = _flow(obj)
         if limits is None or limits.rate_limit is None:
             return "-"
-        return f"{limits.rate_limit:g}/s (burst {limits.burst_in_force})"
+        return f"{rate_text(limits.rate_limit)}/s (burst {limits.burst_in_force})"
 
     @admin.display(description="limits by")
     def limits_by(self, obj: QueueStat) -> str:
@@ -209,7 +209,7 @@ class QueueStatAdmin(ReadOnlyAdmin):
             for stat in queue_stats(using=read)
         ]
         context = {"rows": rows, "workers": workers(using=read), "refresh": REFRESH_SECONDS}
-        if request.GET.get("fragment"):  # the refresh in place (static/awa_django/refresh.js)
+        if request.GET.get("fragment") == "1":  # refreshed in place: static/awa_django/refresh.js
             return TemplateResponse(request, "admin/awa_django/dashboard_body.html", context)
         if banner is not None:
             self.message_user(request, banner[1], banner[0])

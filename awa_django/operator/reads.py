@@ -23,7 +23,7 @@ from typing import Literal
 from awa_django.cron import next_fire
 from awa_django.db.storage import QueueCounts
 from awa_django.exceptions import InvalidOptionError
-from awa_django.limits import check_id, check_queue_name, check_text, show
+from awa_django.limits import check_id, check_queue_name, check_text, rate_text, show
 from awa_django.operator.rows import Json, Param, cursor, fetch, fetch_one, json_value
 from awa_django.sql import query
 from awa_django.states import JobState
@@ -108,7 +108,7 @@ class QueueLimits:
             used = f" (in use {self.in_use or 0})" if in_use else ""
             parts.append(f"limit {self.global_concurrency}{used}")
         if self.rate_limit is not None:
-            parts.append(f"rate {self.rate_limit:g}/s burst {self.burst_in_force}")
+            parts.append(f"rate {rate_text(self.rate_limit)}/s burst {self.burst_in_force}")
         return ", ".join([*(parts or ["no limits"]), self.source])
 
 
@@ -154,7 +154,7 @@ class KindLimits:
             used = f" (in use {self.in_use or 0})" if in_use else ""
             parts.append(f"limit {self.global_concurrency}{used}")
         if self.rate_limit is not None:
-            parts.append(f"rate {self.rate_limit:g}/s burst {self.burst_in_force}")
+            parts.append(f"rate {rate_text(self.rate_limit)}/s burst {self.burst_in_force}")
         if not parts:
             parts.append("no limits")
         if in_use and self.waiting:

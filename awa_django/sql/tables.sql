@@ -637,10 +637,12 @@ CREATE INDEX history_retries_at_idx ON awa.history_retries (retried_at);
 -- Per queue and minute, for the admin's queue charts: what the minute finished (terminal history
 -- by finalized_at, the DLQ by dlq_at), the queue wait and run time of its completed and failed
 -- jobs, and, for the newest minute of each roll-up, the queue's depth as it was then. Written by
--- the maintenance leader (awa.queue_minutes_record_v1) about 10 s after each minute ends: a row
--- for each queue with something to show, and one with the queue '' (no queue's name) for every
--- minute rolled up, which is how a reader tells a quiet minute from one nobody rolled up. Rows
--- older than 25 hours are deleted by the same function.
+-- the maintenance leader (awa.queue_minutes_record_v1) about 10 s after each minute ends, and
+-- its outcomes counted again 5 minutes after: a row for each queue with something to show, and
+-- one with the queue '' (no queue's name) for every minute rolled up, which is how a reader
+-- tells a quiet minute from one nobody rolled up (its available: 0 when the depth was read for
+-- the minute; its recounted: whether the second count ran). Rows older than 25 hours are
+-- deleted by the same function.
 CREATE TABLE awa.queue_minutes (
     queue text NOT NULL,
     minute timestamptz NOT NULL,
@@ -655,6 +657,7 @@ CREATE TABLE awa.queue_minutes (
     available bigint,
     retryable bigint,
     oldest_seconds double precision,
+    recounted boolean NOT NULL DEFAULT false,
     PRIMARY KEY (queue, minute)
 );
 

@@ -20,6 +20,8 @@ CREATE TABLE IF NOT EXISTS awa.queue_minutes (
     available bigint,
     retryable bigint,
     oldest_seconds double precision,
+    recounted boolean NOT NULL DEFAULT false,
     PRIMARY KEY (queue, minute)
 );
+ALTER TABLE awa.queue_minutes ADD COLUMN IF NOT EXISTS recounted boolean NOT NULL DEFAULT false;
 CREATE INDEX IF NOT EXISTS queue_minutes_minute_idx ON awa.queue_minutes (minute);

@@ -93,7 +93,7 @@ VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (414)
+-- column (415)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -397,6 +397,7 @@ queue_minutes.010 run_p95 double precision
 queue_minutes.011 available bigint
 queue_minutes.012 retryable bigint
 queue_minutes.013 oldest_seconds double precision
+queue_minutes.014 recounted boolean NOT NULL DEFAULT false
 queue_stats.001 queue text
 queue_stats.002 available bigint
 queue_stats.003 running bigint
@@ -687,7 +688,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (155)
+-- function (156)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1062,6 +1063,15 @@ CREATE OR REPLACE FUNCTION awa._prune_blocker_v1(p_ring text, p_slot integer)
  RETURNS text
  LANGUAGE plpgsql
  AS body sha256 9b0f13b83cc67138 (52 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa._queue_minute_outcomes_v1(p_minute timestamp with time zone)
+ RETURNS TABLE(queue text, completed integer, failed integer, cancelled integer, dead_lettered integer, wait_p50 double precision, wait_p95 double precision, run_p50 double precision, run_p95 double precision)
+ LANGUAGE sql
+ STABLE
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 900764c5164c9b7c (41 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._queue_names_v1()
@@ -1640,17 +1650,18 @@ CREATE OR REPLACE FUNCTION awa.queue_minutes_record_v1(p_now timestamp with time
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET jit TO 'off'
+ SET lock_timeout TO '200ms'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 11b66d18417b06e8 (87 lines)
+ AS body sha256 6cfee3cda9fa57ea (71 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_minutes_v1(p_queue text, p_minutes integer)
  RETURNS TABLE(minute timestamp with time zone, recorded boolean, completed integer, failed integer, cancelled integer, dead_lettered integer, wait_p50 double precision, wait_p95 double precision, run_p50 double precision, run_p95 double precision, available bigint, retryable bigint, oldest_seconds double precision)
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 29c236b5cd8ff4c0 (21 lines)
+ AS body sha256 711e32cbae0b1ba7 (25 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_pause_v1(p_queue text, p_paused boolean)

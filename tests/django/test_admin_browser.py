@@ -208,6 +208,11 @@ def test_a_queues_charts_refresh_in_place_in_a_real_browser(
         finished_minutes_ago("shop", 2, 7)  # a later minute, rolled up while the page is open
         page.wait_for_selector("#awa-charts[data-awa-refreshed] >> text=(peak 7)")
         assert page.url.endswith("/shop/charts/")  # in place: the page was not reloaded
+        # Logged out meanwhile (the session ended): the page reloads to the login page
+        # rather than drawing it inside the charts' box.
+        page.context.clear_cookies()
+        page.wait_for_url("**/admin/login/**")
+        assert page.locator("#awa-charts").count() == 0
 
 
 def finished_minutes_ago(queue: str, minutes: int, n: int) -> None:

@@ -274,6 +274,9 @@ def test_the_kinds_page_action_and_limit_page_are_gated_checked_and_logged() -> 
     detail = client.get(f"{changelist('kindlimit')}{KIND}/change/").content.decode()
     assert "20/s (burst 2)" in detail and ">3<" in detail  # the list's words, not "20.0"
     assert "20/s (burst 2)" in client.get(changelist("kindlimit")).content.decode()
+    set_kind_limits(KIND, global_concurrency=3, rate_limit=1_000_000.0, actor="test")
+    assert "1,000,000/s (burst" in client.get(changelist("kindlimit")).content.decode()
+    set_kind_limits(KIND, global_concurrency=3, rate_limit=20.0, actor="admin (u1)")
     # A kind without a row yet: the "limit a job kind" page.
     add = reverse("admin:awa_django_kindlimit_add")
     refused = client.post(add, {"kind": "no.such.kind", "global_concurrency": "2"})

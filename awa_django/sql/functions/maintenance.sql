@@ -693,21 +693,85 @@ AS $$
     WHERE is_leader OR instance_id = p_instance
 $$;
 
--- The queue charts' roll-up (awa.queue_minutes), run by the leader every few seconds: every
--- minute that ended at least 10 s before p_now (default now(): a parameter for tests) and is
--- after the last minute rolled up, at most the last 60. Per queue and minute: the outcomes
--- (index ranges of terminal history and of the DLQ) and the p50 and p95 of the queue wait
+-- One minute's outcomes per queue, for the queue charts' roll-up: the jobs each queue finished
+-- in [p_minute, p_minute + 1 minute) (index ranges of terminal history by queue, state and
+-- finalized_at, and of the DLQ by queue and dlq_at), and the p50 and p95 of the queue wait
 -- (started minus run_at) and run time (finished minus started) of the attempts that finished,
--- over at most 2,000 of the minute's completed and failed jobs; the newest minute also takes
--- the queue's depth, retryable jobs and oldest available job's age as they are now. A row only
--- for a queue with something to show, and the minute's marker row (queue ''). A minute is
--- written once (ON CONFLICT DO NOTHING): a second caller at the same time, or a retry, changes
--- nothing. Rows older than 25 hours are deleted. Returns the minutes rolled up.
+-- over at most 2,000 of the minute's completed and failed jobs. Only queues with an outcome.
+CREATE OR REPLACE FUNCTION awa._queue_minute_outcomes_v1(p_minute timestamptz)
+ RETURNS TABLE(
+    queue text, completed integer, failed integer, cancelled integer, dead_lettered integer,
+    wait_p50 double precision, wait_p95 double precision, run_p50 double precision,
+    run_p95 double precision)
+ LANGUAGE sql
+ STABLE
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+    SELECT q.queue, o.completed, o.failed, o.cancelled, o.dead_lettered,
+           t.wait_p50, t.wait_p95, t.run_p50, t.run_p95
+    FROM (SELECT DISTINCT ql.queue FROM awa.queue_lanes ql) q
+    CROSS JOIN LATERAL (
+        SELECT
+            (SELECT count(*) FROM awa.done_entries d
+             WHERE d.queue = q.queue AND d.state = 'completed' AND d.finalized_at >= p_minute
+               AND d.finalized_at < p_minute + interval '1 minute')::integer AS completed,
+            (SELECT count(*) FROM awa.done_entries d
+             WHERE d.queue = q.queue AND d.state = 'failed' AND d.finalized_at >= p_minute
+               AND d.finalized_at < p_minute + interval '1 minute')::integer AS failed,
+            (SELECT count(*) FROM awa.done_entries d
+             WHERE d.queue = q.queue AND d.state = 'cancelled' AND d.finalized_at >= p_minute
+               AND d.finalized_at < p_minute + interval '1 minute')::integer AS cancelled,
+            (SELECT count(*) FROM awa.dlq_entries x
+             WHERE x.queue = q.queue AND x.dlq_at >= p_minute
+               AND x.dlq_at < p_minute + interval '1 minute')::integer AS dead_lettered
+    ) o
+    LEFT JOIN LATERAL (
+        SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s.wait) AS wait_p50,
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY s.wait) AS wait_p95,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY s.run) AS run_p50,
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY s.run) AS run_p95
+        FROM (
+            SELECT GREATEST(extract(epoch FROM d.attempted_at - COALESCE(d.run_at, e.run_at)),
+                            0)::double precision AS wait,
+                   GREATEST(extract(epoch FROM d.finalized_at - d.attempted_at), 0)
+                       ::double precision AS run
+            FROM awa.done_entries d
+            LEFT JOIN awa.ready_entries e
+              ON d.lane_id IS NOT NULL AND e.lane_id = d.lane_id
+             AND e.lane_seq = d.lane_seq AND e.ready_slot = d.ready_slot
+            WHERE d.queue = q.queue AND d.state IN ('completed', 'failed')
+              AND d.finalized_at >= p_minute
+              AND d.finalized_at < p_minute + interval '1 minute'
+              AND d.attempted_at IS NOT NULL
+            LIMIT 2000) s
+    ) t ON o.completed + o.failed > 0
+    WHERE o.completed + o.failed + o.cancelled + o.dead_lettered > 0
+$$;
+
+-- The queue charts' roll-up (awa.queue_minutes), run by the leader every few seconds.
+--
+-- First count: every minute that ended at least 10 s before p_now (default now(); a test may
+-- pass an earlier time, never a later one) and is after the last minute counted, at most the
+-- last 60: each queue's outcomes and times (awa._queue_minute_outcomes_v1); the newest minute
+-- also takes each queue's depth, retryable jobs and oldest available job's age as they are
+-- now. A row only for a queue with something to show, and the minute's marker row (queue '':
+-- available 0 when the depth was read for the minute, NULL when not).
+--
+-- Second count, 5 minutes after a minute ends: its outcomes and times again, so that a job
+-- whose transaction began in the minute but committed after the first count is counted (a
+-- transaction longer than that is not); the marker's recounted then reads true. A row changes
+-- only when a count did.
+--
+-- Writes are idempotent (ON CONFLICT), so a second caller, or a retry, changes nothing. The
+-- function waits at most 200 ms for a lock (it is retried on the leader's next turn, without
+-- holding up promotion). Rows older than 25 hours are deleted. Returns the minutes counted.
 CREATE OR REPLACE FUNCTION awa.queue_minutes_record_v1(p_now timestamptz DEFAULT NULL)
  RETURNS integer
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET jit TO 'off'
+ SET lock_timeout TO '200ms'
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
@@ -716,10 +780,10 @@ DECLARE
     v_minute timestamptz;
     v_n integer := 0;
 BEGIN
-    IF v_now > now() + interval '2 minutes' THEN
-        -- Minutes rolled up ahead of the clock would never be rolled up again.
-        RAISE EXCEPTION 'awa: queue_minutes_record_v1: p_now % is in the future', p_now
-            USING ERRCODE = '22023';
+    IF v_now > now() OR v_now < now() - interval '25 hours' THEN
+        -- Minutes counted ahead of the clock would never be counted again.
+        RAISE EXCEPTION 'awa: queue_minutes_record_v1: p_now % is not within the last 25 hours',
+            p_now USING ERRCODE = '22023';
     END IF;
     SELECT max(m.minute) + interval '1 minute' INTO v_minute
     FROM awa.queue_minutes m WHERE m.queue = '';
@@ -728,67 +792,51 @@ BEGIN
         INSERT INTO awa.queue_minutes AS m (
             queue, minute, completed, failed, cancelled, dead_lettered,
             wait_p50, wait_p95, run_p50, run_p95, available, retryable, oldest_seconds)
-        SELECT q.queue, v_minute, o.completed, o.failed, o.cancelled, o.dead_lettered,
-               t.wait_p50, t.wait_p95, t.run_p50, t.run_p95,
-               l.available, COALESCE(r.n, 0), l.lag_seconds
-        FROM (SELECT DISTINCT ql.queue FROM awa.queue_lanes ql) q
-        CROSS JOIN LATERAL (
-            SELECT
-                (SELECT count(*) FROM awa.done_entries d
-                 WHERE d.queue = q.queue AND d.state = 'completed'
-                   AND d.finalized_at >= v_minute
-                   AND d.finalized_at < v_minute + interval '1 minute')::integer AS completed,
-                (SELECT count(*) FROM awa.done_entries d
-                 WHERE d.queue = q.queue AND d.state = 'failed'
-                   AND d.finalized_at >= v_minute
-                   AND d.finalized_at < v_minute + interval '1 minute')::integer AS failed,
-                (SELECT count(*) FROM awa.done_entries d
-                 WHERE d.queue = q.queue AND d.state = 'cancelled'
-                   AND d.finalized_at >= v_minute
-                   AND d.finalized_at < v_minute + interval '1 minute')::integer AS cancelled,
-                (SELECT count(*) FROM awa.dlq_entries x
-                 WHERE x.queue = q.queue AND x.dlq_at >= v_minute
-                   AND x.dlq_at < v_minute + interval '1 minute')::integer AS dead_lettered
-        ) o
-        LEFT JOIN (
-            SELECT lag.queue, lag.available, lag.lag_seconds
+        SELECT COALESCE(o.queue, l.queue), v_minute, COALESCE(o.completed, 0),
+               COALESCE(o.failed, 0), COALESCE(o.cancelled, 0), COALESCE(o.dead_lettered, 0),
+               o.wait_p50, o.wait_p95, o.run_p50, o.run_p95,
+               l.available, l.retryable, l.lag_seconds
+        FROM awa._queue_minute_outcomes_v1(v_minute) o
+        FULL JOIN (
+            SELECT lag.queue, lag.available, COALESCE(r.n, 0) AS retryable, lag.lag_seconds
             FROM awa.queue_lag_v1() lag
-            WHERE v_minute = v_last
-        ) l ON l.queue = q.queue
-        LEFT JOIN (
-            SELECT dj.queue, count(*) AS n FROM awa.deferred_jobs dj
-            WHERE dj.state = 'retryable' AND v_minute = v_last
-            GROUP BY dj.queue
-        ) r ON r.queue = q.queue
-        LEFT JOIN LATERAL (
-            SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s.wait) AS wait_p50,
-                   percentile_cont(0.95) WITHIN GROUP (ORDER BY s.wait) AS wait_p95,
-                   percentile_cont(0.5) WITHIN GROUP (ORDER BY s.run) AS run_p50,
-                   percentile_cont(0.95) WITHIN GROUP (ORDER BY s.run) AS run_p95
-            FROM (
-                SELECT GREATEST(extract(epoch FROM d.attempted_at
-                                    - COALESCE(d.run_at, e.run_at)), 0)::double precision
-                           AS wait,
-                       GREATEST(extract(epoch FROM d.finalized_at - d.attempted_at), 0)
-                           ::double precision AS run
-                FROM awa.done_entries d
-                LEFT JOIN awa.ready_entries e
-                  ON d.lane_id IS NOT NULL AND e.lane_id = d.lane_id
-                 AND e.lane_seq = d.lane_seq AND e.ready_slot = d.ready_slot
-                WHERE d.queue = q.queue AND d.state IN ('completed', 'failed')
-                  AND d.finalized_at >= v_minute
-                  AND d.finalized_at < v_minute + interval '1 minute'
-                  AND d.attempted_at IS NOT NULL
-                LIMIT 2000) s
-        ) t ON o.completed + o.failed > 0
-        WHERE o.completed + o.failed + o.cancelled + o.dead_lettered > 0
-           OR COALESCE(l.available, 0) > 0 OR COALESCE(r.n, 0) > 0
+            LEFT JOIN (
+                SELECT dj.queue, count(*) AS n FROM awa.deferred_jobs dj
+                WHERE dj.state = 'retryable' GROUP BY dj.queue
+            ) r ON r.queue = lag.queue
+            WHERE v_minute = v_last AND (lag.available > 0 OR r.n > 0)
+        ) l ON l.queue = o.queue
         ON CONFLICT (queue, minute) DO NOTHING;
-        INSERT INTO awa.queue_minutes (queue, minute, completed, failed, cancelled, dead_lettered)
-        VALUES ('', v_minute, 0, 0, 0, 0)
+        INSERT INTO awa.queue_minutes (queue, minute, completed, failed, cancelled, dead_lettered,
+                                       available)
+        VALUES ('', v_minute, 0, 0, 0, 0, CASE WHEN v_minute = v_last THEN 0 END)
         ON CONFLICT (queue, minute) DO NOTHING;
         v_n := v_n + 1;
         v_minute := v_minute + interval '1 minute';
+    END LOOP;
+    FOR v_minute IN
+        SELECT m.minute FROM awa.queue_minutes m
+        WHERE m.queue = '' AND NOT m.recounted
+          AND m.minute <= date_trunc('minute', v_now - interval '6 minutes')
+        ORDER BY m.minute
+        LIMIT 60
+    LOOP
+        INSERT INTO awa.queue_minutes AS m (
+            queue, minute, completed, failed, cancelled, dead_lettered,
+            wait_p50, wait_p95, run_p50, run_p95)
+        SELECT o.queue, v_minute, o.completed, o.failed, o.cancelled, o.dead_lettered,
+               o.wait_p50, o.wait_p95, o.run_p50, o.run_p95
+        FROM awa._queue_minute_outcomes_v1(v_minute) o
+        ON CONFLICT (queue, minute) DO UPDATE
+        SET completed = excluded.completed, failed = excluded.failed,
+            cancelled = excluded.cancelled, dead_lettered = excluded.dead_lettered,
+            wait_p50 = excluded.wait_p50, wait_p95 = excluded.wait_p95,
+            run_p50 = excluded.run_p50, run_p95 = excluded.run_p95
+        WHERE (m.completed, m.failed, m.cancelled, m.dead_lettered)
+              IS DISTINCT FROM (excluded.completed, excluded.failed, excluded.cancelled,
+                                excluded.dead_lettered);
+        UPDATE awa.queue_minutes SET recounted = true WHERE queue = '' AND minute = v_minute;
+        v_n := v_n + 1;
     END LOOP;
     IF v_n > 0 THEN
         DELETE FROM awa.queue_minutes WHERE minute < v_now - interval '25 hours';

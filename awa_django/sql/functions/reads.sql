@@ -361,41 +361,47 @@ AS $$
     ORDER BY g.minute
 $$;
 
--- One queue's roll-up (awa.queue_minutes) over its last p_minutes minutes (1 to 1,440),
--- oldest first, one row per minute: recorded is false for a minute the leader has not rolled up
--- (not yet, or not at all: no leader then), whose figures are NULL; a minute rolled up with
--- nothing to show reads zero outcomes and NULL depth and times.
+-- One queue's roll-up (awa.queue_minutes) over its last p_minutes minutes (1 to 1,440; a
+-- queue name and a span outside these are refused), oldest first, one row per minute up to the
+-- last that ended 10 s ago: recorded is false for a minute the leader has not rolled up (not
+-- yet, or not at all: no leader then), whose figures are NULL. A minute rolled up with nothing
+-- to show reads zero outcomes, NULL times, and zero depth when its depth was read (the newest
+-- minute of each roll-up), NULL when not.
 CREATE OR REPLACE FUNCTION awa.queue_minutes_v1(p_queue text, p_minutes integer)
  RETURNS TABLE(
     minute timestamp with time zone, recorded boolean, completed integer, failed integer,
     cancelled integer, dead_lettered integer, wait_p50 double precision,
     wait_p95 double precision, run_p50 double precision, run_p95 double precision,
     available bigint, retryable bigint, oldest_seconds double precision)
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE
  SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
-    WITH span AS (
-        SELECT date_trunc('minute', now() - interval '10 seconds') - interval '1 minute' AS last,
-               LEAST(GREATEST(COALESCE(p_minutes, 60), 1), 1440) AS n
-    )
+DECLARE
+    v_last timestamptz := date_trunc('minute', now() - interval '10 seconds') - interval '1 minute';
+BEGIN
+    IF NOT COALESCE(awa.valid_queue_name(p_queue) AND p_minutes BETWEEN 1 AND 1440, false) THEN
+        RAISE EXCEPTION 'awa: queue_minutes_v1: a queue name and 1 to 1440 minutes, got % and %',
+            quote_nullable(p_queue), quote_nullable(p_minutes) USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
     SELECT g.minute, mark.minute IS NOT NULL,
            CASE WHEN mark.minute IS NOT NULL THEN COALESCE(m.completed, 0) END,
            CASE WHEN mark.minute IS NOT NULL THEN COALESCE(m.failed, 0) END,
            CASE WHEN mark.minute IS NOT NULL THEN COALESCE(m.cancelled, 0) END,
            CASE WHEN mark.minute IS NOT NULL THEN COALESCE(m.dead_lettered, 0) END,
-           m.wait_p50, m.wait_p95, m.run_p50, m.run_p95, m.available, m.retryable,
+           m.wait_p50, m.wait_p95, m.run_p50, m.run_p95,
+           CASE WHEN mark.available IS NOT NULL THEN COALESCE(m.available, 0) END,
+           CASE WHEN mark.available IS NOT NULL THEN COALESCE(m.retryable, 0) END,
            m.oldest_seconds
-    FROM span
-    CROSS JOIN LATERAL generate_series(
-        span.last - make_interval(mins => span.n - 1), span.last, interval '1 minute')
-        AS g (minute)
+    FROM generate_series(v_last - make_interval(mins => p_minutes - 1), v_last,
+                         interval '1 minute') AS g (minute)
     LEFT JOIN awa.queue_minutes mark ON mark.queue = '' AND mark.minute = g.minute
-    LEFT JOIN awa.queue_minutes m
-      ON m.queue = p_queue AND p_queue <> '' AND m.minute = g.minute
-    ORDER BY g.minute
+    LEFT JOIN awa.queue_minutes m ON m.queue = p_queue AND m.minute = g.minute
+    ORDER BY g.minute;
+END
 $$;
 
 -- Per ring and slot: the rows its children hold and the last prune outcome. rows is exact for
