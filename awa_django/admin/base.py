@@ -304,6 +304,15 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        action = request.POST.get("action")
+        if (
+            request.method == "POST"
+            and action in (self.actions or ())
+            and action not in self.get_actions(request)
+        ):
+            # An action of this page the user may not run (its button and its entry in the
+            # list are not shown): a forged POST, refused as such.
+            raise PermissionDenied
         selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
         if not all(valid_key(text, self.selection_key) for text in selected):
             self.message_user(

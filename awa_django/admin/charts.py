@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from awa_django.admin.read_alias import admin_read_alias
+from awa_django.admin.read_alias import admin_read_alias, choose_read_alias
 from awa_django.exceptions import JobValidationError
 from awa_django.limits import check_queue_name
 from awa_django.operator import QueueMinute, queue_minutes
@@ -174,6 +174,7 @@ def queue_charts(model_admin: ModelAdmin[Any], request: HttpRequest, queue: str)
     span = request.GET.get("span", "hour")
     if span not in SPANS:
         span = "hour"
+    banner = choose_read_alias()  # where this request reads: a replica, or the primary
     rows = queue_minutes(queue, SPANS[span], using=admin_read_alias())
     recorded = sum(r.recorded for r in rows)
     context = {
@@ -187,6 +188,8 @@ def queue_charts(model_admin: ModelAdmin[Any], request: HttpRequest, queue: str)
     }
     if request.GET.get("fragment") == "1":
         return TemplateResponse(request, "admin/awa_django/queue_charts_body.html", context)
+    if banner is not None:
+        model_admin.message_user(request, banner[1], banner[0])
     return TemplateResponse(
         request,
         "admin/awa_django/queue_charts.html",

@@ -100,3 +100,12 @@ def test_a_chart_escapes_its_labels_and_breaks_its_line_where_a_minute_is_missin
     assert svg.count("<polyline") == 1 and svg.count("<circle") == 1  # a dot, a gap, a line
     empty = series_chart("t", [("x", "#000", [None, None])], minutes[:2], unit="s")
     assert "<polyline" not in empty
+
+
+def test_the_charts_read_where_this_request_reads_not_where_the_last_one_did() -> None:
+    from awa_django.admin.read_alias import _read_alias
+
+    rolled_up("shop")
+    _read_alias.set("repeatable")  # left by an earlier request served by this thread
+    page = staff().get(charts_url("shop"))
+    assert page.status_code == 200 and "(peak 2)" in page.content.decode()

@@ -53,7 +53,7 @@ def test_staff_without_the_permission_see_no_button_and_a_forged_post_changes_no
         changelist("deadletter"),
         {"action": "purge_jobs", "index": "0", "_selected_action": str(job), "confirm": "yes"},
     )
-    assert forged.status_code in (200, 302, 403)
+    assert forged.status_code == 403
     with pg() as conn:
         assert conn.execute("SELECT count(*) FROM awa.dlq_entries").fetchone() == (1,)
     assert not LogEntry.objects.exists()
