@@ -144,18 +144,37 @@ def test_each_detail_page_action_is_clicked_through_and_hidden_from_a_viewer(
     User.objects.create_superuser("admin", "admin@example.com", "secret-pass")
     viewer = User.objects.create_user("viewer", password="secret-pass", is_staff=True)
     viewer.user_permissions.add(*view_permissions())
+    with pg() as conn:  # each claims a job of its queue: before the others are enqueued
+        waiting, _ = parked(conn, queue="ops")
+        resolved, _ = parked(conn, queue="ops")
+        failed, _ = parked(conn, queue="ops")
+    [dead] = dead_letter(1)
     live = testjobs.noop.enqueue(queue="ops").id
     finished = testjobs.noop.enqueue().id
     assert cancel(finished)
-    with pg() as conn:
-        waiting, _ = parked(conn, queue="ops")
     admin_url = f"{live_server.url}/admin/awa_django"
     steps = [  # page, button, form fields, message
         (f"livejob/{live}", "cancel_jobs", {}, "Cancelled 1 job(s)."),
         (f"callbackwait/{waiting.job_id}", "extend_jobs", {"seconds": "600"}, "1 job(s) extended"),
+        (
+            f"callbackwait/{resolved.job_id}",
+            "resolve_jobs",
+            {"result": '{"ok": true}'},
+            "1 job(s) resolved with a result",
+        ),
+        (
+            f"callbackwait/{failed.job_id}",
+            "fail_jobs",
+            {"error": "the payment provider said no"},
+            "1 job(s) failed with an error",
+        ),
         (f"terminaljob/{finished}", "retry_jobs", {}, "Retried 1 job(s) as new jobs"),
+        (f"deadletter/{dead}", "purge_jobs", {}, "Purged 1 job(s)."),
         ("queuestat/ops", "pause_queues", {}, "Pause queues: ops paused"),
         ("queuestat/ops", "resume_queues", {}, "Resume queues: ops resumed"),
+        ("queuestat/ops", "limit_queues", {"global_concurrency": "4"}, "ops flow limits set"),
+        ("queuestat/ops", "dlq_off_queues", {}, "Dead letter queue turned off for 1 queue(s)"),
+        ("queuestat/ops", "drain_queues", {}, "Drain queues: ops drained"),
     ]
     with chromium() as browser:
         page = log_in(browser, live_server.url)
@@ -164,7 +183,7 @@ def test_each_detail_page_action_is_clicked_through_and_hidden_from_a_viewer(
             page.click(f"form.awa-object-action button[value={button}]")
             page.wait_for_selector("input[name=confirm]", state="attached")
             for name, value in fields.items():
-                page.fill(f"input[name={name}]", value)
+                page.fill(f"[name={name}]", value)
             page.click('input[type=submit][value="Yes, I\'m sure"]')
             page.wait_for_selector(f"text={message}")
         looker = log_in(browser, live_server.url, user="viewer")
