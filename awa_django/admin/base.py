@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
@@ -203,6 +204,13 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     #: joined after its confirmation, as well as rows with a higher key (admin/bulk.py).
     arrived_field: str | None = None
 
+    def arrived_by(self, queryset: QuerySet[Any], moment: datetime) -> QuerySet[Any]:
+        """The rows of ``queryset`` that were in this list at ``moment`` (the database clock
+        at a select-all's confirmation), as far as the rows tell: by :attr:`arrived_field`."""
+        if self.arrived_field is None:
+            return queryset
+        return queryset.filter(**{f"{self.arrived_field}__lte": moment})
+
     def __init__(self, model: Any, admin_site: Any) -> None:
         super().__init__(model, admin_site)
         # Every date-time column and field is shown by display.when (relative, the absolute
@@ -304,12 +312,8 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        action = request.POST.get("action")
-        if (
-            request.method == "POST"
-            and action in (self.actions or ())
-            and action not in self.get_actions(request)
-        ):
+        posted = request.POST.getlist("action") if request.method == "POST" else []
+        if any(a in (self.actions or ()) and a not in self.get_actions(request) for a in posted):
             # An action of this page the user may not run (its button and its entry in the
             # list are not shown): a forged POST, refused as such.
             raise PermissionDenied

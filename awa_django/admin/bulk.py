@@ -13,6 +13,7 @@ start to match meanwhile with a lower key are left for another run.
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -47,6 +48,9 @@ DONE_FIELD, LEFT_FIELD = "awa_done", "awa_left"
 #: key then, and the database's clock then (for a list whose ``arrived_field`` names when a row
 #: joined it, such as ``dlq_at``).
 UPTO_FIELD, BEFORE_FIELD = "awa_upto", "awa_before"
+#: The form field carrying the list's filters the confirmation counted under: a run posted to
+#: another list (other filters in the URL) changes nothing.
+QUERY_FIELD = "awa_filters"
 #: The confirmation counts the matching rows up to this many, then says "more than" (a count of
 #: millions of rows of history would take longer than the work it announces).
 COUNT_CAP = 100_000
@@ -71,8 +75,20 @@ def _database_now(alias: str) -> str:
     return str(row[0].isoformat())
 
 
-def _bounds_fields(upto: str, before: str) -> dict[str, str]:
-    return {"upto_field": UPTO_FIELD, "upto": upto, "before_field": BEFORE_FIELD, "before": before}
+def _filters(request: HttpRequest) -> str:
+    """The list's filters and search, as the URL carries them, in one order."""
+    return json.dumps(sorted((key, request.GET.getlist(key)) for key in request.GET))
+
+
+def _bounds_fields(request: HttpRequest, upto: str, before: str) -> dict[str, str]:
+    return {
+        "upto_field": UPTO_FIELD,
+        "upto": upto,
+        "before_field": BEFORE_FIELD,
+        "before": before,
+        "query_field": QUERY_FIELD,
+        "query": _filters(request),
+    }
 
 
 def _count(request: HttpRequest, name: str) -> int | None:
@@ -116,7 +132,9 @@ def confirm_matching(
                 # A count of millions of rows of history would take longer than the work.
                 "count_text": f"more than {COUNT_CAP:,}" if n > COUNT_CAP else f"{n:,}",
                 "capped": n > COUNT_CAP,
-                **_bounds_fields("" if last is None else str(last), _database_now(primary)),
+                **_bounds_fields(
+                    request, "" if last is None else str(last), _database_now(primary)
+                ),
             },
         )
     data = form.cleaned_data if form is not None else {}
@@ -137,11 +155,14 @@ def confirm_matching(
             if upto_text
             else matching.none()
         )
+        if not (before_text.isascii() and before_text.isprintable()):
+            raise ValueError("a time that is not one")
         before = datetime.fromisoformat(before_text)
         if before.tzinfo is None:
             raise ValueError("a time without its zone")
-        if modeladmin.arrived_field is not None:
-            matching = matching.filter(**{f"{modeladmin.arrived_field}__lte": before})
+        matching = modeladmin.arrived_by(matching, before)
+        if request.POST.get(QUERY_FIELD) != _filters(request):
+            raise ValueError("another list's confirmation")
     except (ValueError, AwaError):
         modeladmin.message_user(
             request, "The run was not understood; nothing more was changed.", messages.ERROR
@@ -179,7 +200,7 @@ def confirm_matching(
                 lines=[],
                 extra={
                     "first": str(after),  # Django posts an action only with a row named
-                    **_bounds_fields(upto_text, before_text),
+                    **_bounds_fields(request, upto_text, before_text),
                     "after": str(after),
                     "done": done,
                     "left": left,

@@ -8,12 +8,13 @@ confirmed on a separate page, acts on at most ``BULK_LIMIT`` rows and commits wi
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 
@@ -291,6 +292,12 @@ class TerminalJobAdmin(JobDetail, JobListAdmin):
 class JobAdmin(JobDetail, JobListAdmin):
     change_list_template = "admin/awa_django/job_change_list.html"
     acts_on_all_matching = True
+
+    def arrived_by(self, queryset: QuerySet[Any], moment: datetime) -> QuerySet[Any]:
+        """Live jobs that were due by ``moment``, or scheduled: a job enqueued, or retried
+        from the DLQ (it keeps its id), after a select-all's confirmation is due after it."""
+        return queryset.filter(Q(run_at__lte=moment) | Q(state="scheduled"))
+
     list_display = (
         "id",
         "kind",

@@ -1652,7 +1652,7 @@ CREATE OR REPLACE FUNCTION awa.queue_minutes_record_v1(p_now timestamp with time
  SET jit TO 'off'
  SET lock_timeout TO '200ms'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 6cfee3cda9fa57ea (71 lines)
+ AS body sha256 728acb090fbb7442 (73 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_minutes_v1(p_queue text, p_minutes integer)
@@ -1660,6 +1660,7 @@ CREATE OR REPLACE FUNCTION awa.queue_minutes_v1(p_queue text, p_minutes integer)
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
  SET jit TO 'off'
+ SET lock_timeout TO '2s'
  SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 711e32cbae0b1ba7 (25 lines)
  GRANTS {OWNER=X/OWNER}

@@ -217,6 +217,8 @@ def test_a_queues_charts_refresh_in_place_in_a_real_browser(
 
     monkeypatch.setattr(charts, "REFRESH_SECONDS", 2)
     User.objects.create_superuser("admin", "admin@example.com", "secret-pass")
+    viewer = User.objects.create_user("viewer", password="secret-pass", is_staff=True)
+    viewer.user_permissions.add(*view_permissions())
     finished_minutes_ago("shop", 3, 4)
     ARTIFACTS.mkdir(exist_ok=True)
     with chromium() as browser:
@@ -232,6 +234,14 @@ def test_a_queues_charts_refresh_in_place_in_a_real_browser(
         page.context.clear_cookies()
         page.wait_for_url("**/admin/login/**")
         assert page.locator("#awa-charts").count() == 0
+        # The permission taken away meanwhile: the page reloads, to say so.
+        looker = log_in(browser, live_server.url, user="viewer")
+        looker.goto(f"{live_server.url}/admin/awa_django/queuestat/shop/charts/")
+        looker.wait_for_selector("#awa-charts")
+        with pg() as conn:
+            conn.execute("DELETE FROM auth_user_user_permissions")
+        looker.wait_for_selector("text=403 Forbidden")
+        assert looker.locator("#awa-charts").count() == 0
 
 
 def finished_minutes_ago(queue: str, minutes: int, n: int) -> None:

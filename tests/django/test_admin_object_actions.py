@@ -54,6 +54,12 @@ def test_staff_without_the_permission_see_no_button_and_a_forged_post_changes_no
         {"action": "purge_jobs", "index": "0", "_selected_action": str(job), "confirm": "yes"},
     )
     assert forged.status_code == 403
+    # Two actions in one POST, the first withheld: refused too, whichever Django would run.
+    doubled = staff("retry_dlq").post(
+        changelist("deadletter"),
+        {"action": ["purge_jobs", "retry_jobs"], "index": "0", "_selected_action": str(job)},
+    )
+    assert doubled.status_code == 403
     with pg() as conn:
         assert conn.execute("SELECT count(*) FROM awa.dlq_entries").fetchone() == (1,)
     assert not LogEntry.objects.exists()

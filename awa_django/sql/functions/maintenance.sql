@@ -752,7 +752,7 @@ $$;
 -- The queue charts' roll-up (awa.queue_minutes), run by the leader every few seconds.
 --
 -- First count: every minute that ended at least 10 s before p_now (default now(); a test may
--- pass an earlier time, never a later one) and is after the last minute counted, at most the
+-- pass an earlier time within 25 hours, never one ahead of the clock) and is after the last minute counted, at most the
 -- last 60: each queue's outcomes and times (awa._queue_minute_outcomes_v1); the newest minute
 -- also takes each queue's depth, retryable jobs and oldest available job's age as they are
 -- now. A row only for a queue with something to show, and the minute's marker row (queue '':
@@ -761,7 +761,8 @@ $$;
 -- Second count, 5 minutes after a minute ends: its outcomes and times again, so that a job
 -- whose transaction began in the minute but committed after the first count is counted (a
 -- transaction longer than that is not); the marker's recounted then reads true. A row changes
--- only when a count did.
+-- only when a count grew: a count never shrinks (dead letters retried or purged since, say,
+-- still went to the DLQ in that minute).
 --
 -- Writes are idempotent (ON CONFLICT), so a second caller, or a retry, changes nothing. The
 -- function waits at most 200 ms for a lock (it is retried on the leader's next turn, without
@@ -780,9 +781,10 @@ DECLARE
     v_minute timestamptz;
     v_n integer := 0;
 BEGIN
-    IF v_now > now() OR v_now < now() - interval '25 hours' THEN
+    IF v_now > clock_timestamp() OR v_now < clock_timestamp() - interval '25 hours' THEN
         -- Minutes counted ahead of the clock would never be counted again.
-        RAISE EXCEPTION 'awa: queue_minutes_record_v1: p_now % is not within the last 25 hours',
+        RAISE EXCEPTION
+            'awa: queue_minutes_record_v1: p_now % is ahead of the clock or older than 25 hours',
             p_now USING ERRCODE = '22023';
     END IF;
     SELECT max(m.minute) + interval '1 minute' INTO v_minute
@@ -828,13 +830,14 @@ BEGIN
                o.wait_p50, o.wait_p95, o.run_p50, o.run_p95
         FROM awa._queue_minute_outcomes_v1(v_minute) o
         ON CONFLICT (queue, minute) DO UPDATE
-        SET completed = excluded.completed, failed = excluded.failed,
-            cancelled = excluded.cancelled, dead_lettered = excluded.dead_lettered,
+        SET completed = GREATEST(m.completed, excluded.completed),
+            failed = GREATEST(m.failed, excluded.failed),
+            cancelled = GREATEST(m.cancelled, excluded.cancelled),
+            dead_lettered = GREATEST(m.dead_lettered, excluded.dead_lettered),
             wait_p50 = excluded.wait_p50, wait_p95 = excluded.wait_p95,
             run_p50 = excluded.run_p50, run_p95 = excluded.run_p95
-        WHERE (m.completed, m.failed, m.cancelled, m.dead_lettered)
-              IS DISTINCT FROM (excluded.completed, excluded.failed, excluded.cancelled,
-                                excluded.dead_lettered);
+        WHERE excluded.completed > m.completed OR excluded.failed > m.failed
+           OR excluded.cancelled > m.cancelled OR excluded.dead_lettered > m.dead_lettered;
         UPDATE awa.queue_minutes SET recounted = true WHERE queue = '' AND minute = v_minute;
         v_n := v_n + 1;
     END LOOP;

@@ -366,7 +366,7 @@ $$;
 -- last that ended 10 s ago: recorded is false for a minute the leader has not rolled up (not
 -- yet, or not at all: no leader then), whose figures are NULL. A minute rolled up with nothing
 -- to show reads zero outcomes, NULL times, and zero depth when its depth was read (the newest
--- minute of each roll-up), NULL when not.
+-- minute of each roll-up), NULL when not. It waits at most 2 s for a lock (a page never hangs).
 CREATE OR REPLACE FUNCTION awa.queue_minutes_v1(p_queue text, p_minutes integer)
  RETURNS TABLE(
     minute timestamp with time zone, recorded boolean, completed integer, failed integer,
@@ -377,6 +377,7 @@ CREATE OR REPLACE FUNCTION awa.queue_minutes_v1(p_queue text, p_minutes integer)
  STABLE
  SECURITY DEFINER
  SET jit TO 'off'
+ SET lock_timeout TO '2s'
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
