@@ -25,7 +25,7 @@ from awa_django.limits import check_queue_name
 from awa_django.operator import QueueMinute, queue_minutes
 from awa_django.timetext import duration
 
-__all__ = ["REFRESH_SECONDS", "SPANS", "queue_charts", "series_chart"]
+__all__ = ["REFRESH_SECONDS", "SPANS", "live_page", "queue_charts", "series_chart"]
 
 #: The spans a page shows: ``?span=`` to minutes.
 SPANS = {"hour": 60, "day": 1440}
@@ -186,17 +186,39 @@ def queue_charts(model_admin: ModelAdmin[Any], request: HttpRequest, queue: str)
         "minutes": len(rows),
         "refresh": REFRESH_SECONDS,
     }
+    return live_page(
+        model_admin,
+        request,
+        "admin/awa_django/queue_charts",
+        context,
+        title=f"Queue {queue}: the last {span}",
+        banner=banner,
+    )
+
+
+def live_page(
+    model_admin: ModelAdmin[Any],
+    request: HttpRequest,
+    template: str,
+    context: dict[str, Any],
+    *,
+    title: str,
+    banner: tuple[int, str] | None,
+) -> TemplateResponse:
+    """A page whose live part refreshes in place (``static/awa_django/refresh.js``): for
+    ``?fragment=1`` only that part, ``<template>_body.html``; otherwise the whole admin page,
+    ``<template>.html``, with the read alias's ``banner`` as a message."""
     if request.GET.get("fragment") == "1":
-        return TemplateResponse(request, "admin/awa_django/queue_charts_body.html", context)
+        return TemplateResponse(request, f"{template}_body.html", context)
     if banner is not None:
         model_admin.message_user(request, banner[1], banner[0])
     return TemplateResponse(
         request,
-        "admin/awa_django/queue_charts.html",
+        f"{template}.html",
         {
             **model_admin.admin_site.each_context(request),
             **context,
-            "title": f"Queue {queue}: the last {span}",
+            "title": title,
             "opts": model_admin.model._meta,
         },
     )

@@ -15,13 +15,12 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
 from awa_django.admin.actions import admin_actor, confirm, log_change
 from awa_django.admin.base import ReadOnlyAdmin
-from awa_django.admin.charts import REFRESH_SECONDS, queue_charts
+from awa_django.admin.charts import REFRESH_SECONDS, live_page, queue_charts
 from awa_django.admin.display import outcome_chart
 from awa_django.admin.forms import FlowLimitsForm, limits_in_force
 from awa_django.admin.read_alias import admin_read_alias, choose_read_alias
@@ -209,19 +208,13 @@ class QueueStatAdmin(ReadOnlyAdmin):
             for stat in queue_stats(using=read)
         ]
         context = {"rows": rows, "workers": workers(using=read), "refresh": REFRESH_SECONDS}
-        if request.GET.get("fragment") == "1":  # refreshed in place: static/awa_django/refresh.js
-            return TemplateResponse(request, "admin/awa_django/dashboard_body.html", context)
-        if banner is not None:
-            self.message_user(request, banner[1], banner[0])
-        return TemplateResponse(
+        return live_page(
+            self,
             request,
-            "admin/awa_django/dashboard.html",
-            {
-                **self.admin_site.each_context(request),
-                **context,
-                "title": "Queue dashboard",
-                "opts": self.model._meta,
-            },
+            "admin/awa_django/dashboard",
+            context,
+            title="Queue dashboard",
+            banner=banner,
         )
 
     def _queues(
