@@ -267,6 +267,8 @@ def check_seconds(field: str, value: Any, *, allow_zero: bool = False) -> float:
 
 def rate_text(per_second: float) -> str:
     """A flow rate as people read it: ``2``, ``0.5``, ``1,000,000`` (never ``1e+06``)."""
+    if not math.isfinite(per_second):
+        return str(per_second)  # never stored (the limits refuse it); never a 500 either
     if per_second == int(per_second):
         return f"{int(per_second):,}"
     return f"{per_second:,.6f}".rstrip("0")
