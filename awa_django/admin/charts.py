@@ -129,8 +129,12 @@ def _charts(rows: Sequence[QueueMinute]) -> list[SafeString]:
     ]
     return [
         series_chart(
-            "Finished per minute",
-            [("completed", "#417690", column("completed")), ("failed", "#ba2121", failures)],
+            "Throughput per minute",
+            [
+                ("completed", "#417690", column("completed")),
+                ("failed", "#ba2121", failures),
+                ("retried", "#c77c02", column("retried")),
+            ],
             minutes,
         ),
         series_chart(

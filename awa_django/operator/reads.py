@@ -356,7 +356,9 @@ class QueueMinute:
 
     ``recorded`` is False for a minute not rolled up (no leader ran then, or not yet): every
     other figure is then None. Outcomes count the jobs that completed, failed (to history), were
-    cancelled, or went to the DLQ in the minute. Times are in seconds, over at most 2,000 of the
+    cancelled, or went to the DLQ in the minute; ``retried`` the attempts that failed in the
+    minute and were scheduled to run again (their backoff waited out or not; never fewer than
+    an earlier read of the minute showed). Times are in seconds, over at most 2,000 of the
     minute's completed and failed jobs: the queue wait (started minus ``run_at``) and run time
     (finished minus started) of the attempt that finished, p50 and p95; None when none
     finished. ``available``, ``retryable`` and ``oldest_seconds`` (the age of the oldest
@@ -370,6 +372,7 @@ class QueueMinute:
     failed: int | None
     cancelled: int | None
     dead_lettered: int | None
+    retried: int | None
     wait_p50: float | None
     wait_p95: float | None
     run_p50: float | None

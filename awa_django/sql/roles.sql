@@ -32,7 +32,7 @@ awa.callback_receive_v1, awa.job_v1, awa.job_enqueued_at_v1, awa.queue_lag_v1
 -- (awa.lane_cursor_v1 in awa.live_jobs, awa._queue_names_v1 in awa.queue_stats).
 awa.job_v1, awa.job_list_v1, awa.job_enqueued_at_v1, awa.queue_counts_v1,
 awa.queue_depth_v1, awa.queue_lag_v1, awa.queue_stats_v1, awa.throughput_v1,
-awa.outcomes_per_minute_v1, awa.queue_minutes_v1,
+awa.outcomes_per_minute_v1, awa.queue_minutes_v2,
 awa.ring_slots_v1, awa.flow_status_v1, awa.flow_kind_status_v1, awa.lane_cursor_v1,
 awa._queue_names_v1
 

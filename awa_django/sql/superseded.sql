@@ -7,3 +7,5 @@ DROP FUNCTION IF EXISTS awa._backoff_v1(integer, double precision);
 DROP FUNCTION IF EXISTS awa._flow_unpark_v1(text, integer, integer[]);
 DROP FUNCTION IF EXISTS awa.callback_resolve_v1(uuid, jsonb, jsonb, boolean, double precision);
 DROP FUNCTION IF EXISTS awa.queues_ready_v1(text[]);
+DROP FUNCTION IF EXISTS awa.queue_minutes_v1(text, integer);
+DROP FUNCTION IF EXISTS awa._queue_minute_outcomes_v1(timestamptz);

@@ -421,6 +421,8 @@ CREATE TABLE awa.deferred_jobs (
     tags text[],
     errors jsonb,
     progress jsonb,
+    -- When the row was written: for a retryable row, when its attempt failed (queue charts).
+    deferred_at timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT deferred_jobs_retry_policy_check
         CHECK (run_lease > 0 OR metadata IS NULL OR NOT metadata ? 'awa:retry'
                OR awa._check_retry_policy_v1(metadata))
@@ -428,6 +430,8 @@ CREATE TABLE awa.deferred_jobs (
 
 CREATE INDEX deferred_jobs_due_idx ON awa.deferred_jobs (run_at, job_id);
 CREATE INDEX deferred_jobs_queue_idx ON awa.deferred_jobs (queue, state);
+CREATE INDEX deferred_jobs_retried_idx ON awa.deferred_jobs (queue, deferred_at)
+    WHERE state = 'retryable';
 
 -- Dead letter queue: full body of jobs that failed terminally on a queue with DLQ enabled.
 CREATE TABLE awa.dlq_entries (
@@ -635,14 +639,14 @@ CREATE TABLE awa.history_retries (
 CREATE INDEX history_retries_at_idx ON awa.history_retries (retried_at);
 
 -- Per queue and minute, for the admin's queue charts: what the minute finished (terminal history
--- by finalized_at, the DLQ by dlq_at), the queue wait and run time of its completed and failed
--- jobs, and, for the newest minute of each roll-up, the queue's depth as it was then. Written by
--- the maintenance leader (awa.queue_minutes_record_v1) about 10 s after each minute ends, and
--- its outcomes counted again 5 minutes after: a row for each queue with something to show, and
--- one with the queue '' (no queue's name) for every minute rolled up, which is how a reader
--- tells a quiet minute from one nobody rolled up (its available: 0 when the depth was read for
--- the minute; its recounted: whether the second count ran). Rows older than 25 hours are
--- deleted by the same function.
+-- by finalized_at, the DLQ by dlq_at), the retries it scheduled, the queue wait and run time of
+-- its completed and failed jobs, and, for the newest minute of each roll-up, the queue's depth
+-- as it was then. Written by the maintenance leader (awa.queue_minutes_record_v1) about 10 s
+-- after each minute ends, and its outcomes counted again 5 minutes after: a row for each queue
+-- with something to show, and one with the queue '' (no queue's name) for every minute rolled
+-- up, which is how a reader tells a quiet minute from one nobody rolled up (its available: 0
+-- when the depth was read for the minute; its recounted: whether the second count ran). Rows
+-- older than 25 hours are deleted by the same function.
 CREATE TABLE awa.queue_minutes (
     queue text NOT NULL,
     minute timestamptz NOT NULL,
@@ -658,7 +662,20 @@ CREATE TABLE awa.queue_minutes (
     retryable bigint,
     oldest_seconds double precision,
     recounted boolean NOT NULL DEFAULT false,
+    retried integer NOT NULL DEFAULT 0,
     PRIMARY KEY (queue, minute)
 );
 
 CREATE INDEX queue_minutes_minute_idx ON awa.queue_minutes (minute);
+
+-- Per queue and minute of failure, the retries promotion has moved back to the queue since
+-- (awa.promote_v1, in the transaction that moves them). A retry still waiting out its backoff
+-- is a retryable row of awa.deferred_jobs; the two together are the retries the minute
+-- scheduled (awa._queue_minute_outcomes_v2). Rows older than 25 hours are deleted with
+-- awa.queue_minutes's.
+CREATE TABLE awa.queue_minute_retries (
+    queue text NOT NULL,
+    minute timestamptz NOT NULL,
+    promoted integer NOT NULL,
+    PRIMARY KEY (queue, minute)
+);

@@ -25,3 +25,17 @@ CREATE TABLE IF NOT EXISTS awa.queue_minutes (
 );
 ALTER TABLE awa.queue_minutes ADD COLUMN IF NOT EXISTS recounted boolean NOT NULL DEFAULT false;
 CREATE INDEX IF NOT EXISTS queue_minutes_minute_idx ON awa.queue_minutes (minute);
+ALTER TABLE awa.queue_minutes ADD COLUMN IF NOT EXISTS retried integer NOT NULL DEFAULT 0;
+
+-- Retries per minute in the queue charts: when a retryable row's attempt failed, and the
+-- retries promotion has moved back to the queue.
+ALTER TABLE awa.deferred_jobs ADD COLUMN IF NOT EXISTS deferred_at timestamptz NOT NULL
+    DEFAULT now();
+CREATE INDEX IF NOT EXISTS deferred_jobs_retried_idx ON awa.deferred_jobs (queue, deferred_at)
+    WHERE state = 'retryable';
+CREATE TABLE IF NOT EXISTS awa.queue_minute_retries (
+    queue text NOT NULL,
+    minute timestamptz NOT NULL,
+    promoted integer NOT NULL,
+    PRIMARY KEY (queue, minute)
+);

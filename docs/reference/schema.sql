@@ -4,7 +4,7 @@
 -- signature, attributes, a digest of their body and their privileges (OWNER: the migrating
 -- role); their bodies are in awa_django/sql/functions/.
 
--- relation (87)
+-- relation (88)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
 TABLE attempt_state WITH (fillfactor=80)
@@ -57,6 +57,7 @@ TABLE leases_6 PARTITION OF leases FOR VALUES IN (6)
 TABLE leases_7 PARTITION OF leases FOR VALUES IN (7)
 TABLE queue_lanes WITH (fillfactor=50)
 TABLE queue_meta
+TABLE queue_minute_retries
 TABLE queue_minutes
 TABLE ready_entries PARTITION BY LIST (ready_slot)
 TABLE ready_entries_0 PARTITION OF ready_entries FOR VALUES IN (0)
@@ -93,7 +94,7 @@ VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (415)
+-- column (420)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -219,6 +220,7 @@ deferred_jobs.014 metadata jsonb
 deferred_jobs.015 tags text[]
 deferred_jobs.016 errors jsonb
 deferred_jobs.017 progress jsonb
+deferred_jobs.018 deferred_at timestamp with time zone NOT NULL DEFAULT now()
 dlq_entries.001 job_id bigint NOT NULL
 dlq_entries.002 queue text NOT NULL
 dlq_entries.003 priority smallint NOT NULL
@@ -384,6 +386,9 @@ queue_meta.003 dlq_enabled boolean NOT NULL DEFAULT true
 queue_meta.004 enqueue_shards smallint NOT NULL DEFAULT 4
 queue_meta.005 created_at timestamp with time zone NOT NULL DEFAULT now()
 queue_meta.006 updated_at timestamp with time zone NOT NULL DEFAULT now()
+queue_minute_retries.001 queue text NOT NULL
+queue_minute_retries.002 minute timestamp with time zone NOT NULL
+queue_minute_retries.003 promoted integer NOT NULL
 queue_minutes.001 queue text NOT NULL
 queue_minutes.002 minute timestamp with time zone NOT NULL
 queue_minutes.003 completed integer NOT NULL
@@ -398,6 +403,7 @@ queue_minutes.011 available bigint
 queue_minutes.012 retryable bigint
 queue_minutes.013 oldest_seconds double precision
 queue_minutes.014 recounted boolean NOT NULL DEFAULT false
+queue_minutes.015 retried integer NOT NULL DEFAULT 0
 queue_stats.001 queue text
 queue_stats.002 available bigint
 queue_stats.003 running bigint
@@ -514,7 +520,7 @@ unique_keys.007 taken_at timestamp with time zone NOT NULL DEFAULT clock_timesta
 job_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 lane_id_seq AS integer START 1 INCREMENT 1 MIN 1 MAX 2147483647 CACHE 1
 
--- constraint (63)
+-- constraint (64)
 attempt_state attempt_state_pkey PRIMARY KEY (job_id, run_lease)
 callback_receipts callback_receipts_action_check CHECK ((action = ANY (ARRAY['resolve'::text, 'heartbeat'::text])))
 callback_receipts callback_receipts_pkey PRIMARY KEY (callback_id, request_digest)
@@ -566,6 +572,7 @@ queue_lanes queue_lanes_shard_check CHECK (((shard >= 0) AND (shard <= 64)))
 queue_meta queue_meta_enqueue_shards_check CHECK (((enqueue_shards >= 1) AND (enqueue_shards <= 64)))
 queue_meta queue_meta_pkey PRIMARY KEY (queue)
 queue_meta queue_meta_queue_check CHECK (awa.valid_queue_name(queue))
+queue_minute_retries queue_minute_retries_pkey PRIMARY KEY (queue, minute)
 queue_minutes queue_minutes_pkey PRIMARY KEY (queue, minute)
 ready_entries ready_entries_pkey PRIMARY KEY (lane_id, lane_seq, ready_slot)
 ready_entries ready_entries_retry_policy_check CHECK (((run_lease > 0) OR (metadata IS NULL) OR (NOT (metadata ? 'awa:retry'::text)) OR awa._check_retry_policy_v1(metadata)))
@@ -579,7 +586,7 @@ schema_migrations schema_migrations_pkey PRIMARY KEY (name)
 serial_waiting serial_waiting_pkey PRIMARY KEY (job_id)
 unique_keys unique_keys_pkey PRIMARY KEY (unique_key)
 
--- index (57)
+-- index (59)
 CREATE INDEX attempt_state_callback_idx ON awa.attempt_state USING btree (callback_id) WHERE (callback_id IS NOT NULL)
 CREATE INDEX callback_receipts_received_idx ON awa.callback_receipts USING btree (received_at)
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at)
@@ -587,6 +594,7 @@ CREATE INDEX claims_deadline_idx ON ONLY awa.claims USING btree (deadline_at) WH
 CREATE INDEX claims_lane_idx ON ONLY awa.claims USING btree (lane_id, lane_seq)
 CREATE INDEX deferred_jobs_due_idx ON awa.deferred_jobs USING btree (run_at, job_id)
 CREATE INDEX deferred_jobs_queue_idx ON awa.deferred_jobs USING btree (queue, state)
+CREATE INDEX deferred_jobs_retried_idx ON awa.deferred_jobs USING btree (queue, deferred_at) WHERE (state = 'retryable'::text)
 CREATE INDEX dlq_entries_at_idx ON awa.dlq_entries USING btree (dlq_at)
 CREATE INDEX dlq_entries_kind_idx ON awa.dlq_entries USING btree (kind, dlq_at)
 CREATE INDEX dlq_entries_queue_idx ON awa.dlq_entries USING btree (queue, dlq_at DESC)
@@ -628,6 +636,7 @@ CREATE UNIQUE INDEX leases_pkey ON ONLY awa.leases USING btree (job_id, run_leas
 CREATE UNIQUE INDEX queue_lanes_pkey ON awa.queue_lanes USING btree (lane_id)
 CREATE UNIQUE INDEX queue_lanes_queue_priority_shard_key ON awa.queue_lanes USING btree (queue, priority, shard)
 CREATE UNIQUE INDEX queue_meta_pkey ON awa.queue_meta USING btree (queue)
+CREATE UNIQUE INDEX queue_minute_retries_pkey ON awa.queue_minute_retries USING btree (queue, minute)
 CREATE UNIQUE INDEX queue_minutes_pkey ON awa.queue_minutes USING btree (queue, minute)
 CREATE UNIQUE INDEX ready_entries_pkey ON ONLY awa.ready_entries USING btree (lane_id, lane_seq, ready_slot)
 CREATE UNIQUE INDEX ready_tombstones_pkey ON ONLY awa.ready_tombstones USING btree (lane_id, lane_seq, ready_slot)
@@ -1065,13 +1074,13 @@ CREATE OR REPLACE FUNCTION awa._prune_blocker_v1(p_ring text, p_slot integer)
  AS body sha256 9b0f13b83cc67138 (52 lines)
  GRANTS {OWNER=X/OWNER}
 
-CREATE OR REPLACE FUNCTION awa._queue_minute_outcomes_v1(p_minute timestamp with time zone)
- RETURNS TABLE(queue text, completed integer, failed integer, cancelled integer, dead_lettered integer, wait_p50 double precision, wait_p95 double precision, run_p50 double precision, run_p95 double precision)
+CREATE OR REPLACE FUNCTION awa._queue_minute_outcomes_v2(p_minute timestamp with time zone)
+ RETURNS TABLE(queue text, completed integer, failed integer, cancelled integer, dead_lettered integer, retried integer, wait_p50 double precision, wait_p95 double precision, run_p50 double precision, run_p95 double precision)
  LANGUAGE sql
  STABLE
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 900764c5164c9b7c (41 lines)
+ AS body sha256 6857bf213163c77d (47 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._queue_names_v1()
@@ -1590,7 +1599,7 @@ CREATE OR REPLACE FUNCTION awa.promote_v1(p_limit integer DEFAULT 4096)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 ff9f2a6c883fcf4b (55 lines)
+ AS body sha256 32d25d0ffe649e02 (63 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.prune_v1(p_ring text, p_lock_timeout_ms integer DEFAULT 50)
@@ -1652,17 +1661,17 @@ CREATE OR REPLACE FUNCTION awa.queue_minutes_record_v1(p_now timestamp with time
  SET jit TO 'off'
  SET lock_timeout TO '200ms'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 728acb090fbb7442 (73 lines)
+ AS body sha256 bbe36fc2b01dc646 (76 lines)
  GRANTS {OWNER=X/OWNER}
 
-CREATE OR REPLACE FUNCTION awa.queue_minutes_v1(p_queue text, p_minutes integer)
- RETURNS TABLE(minute timestamp with time zone, recorded boolean, completed integer, failed integer, cancelled integer, dead_lettered integer, wait_p50 double precision, wait_p95 double precision, run_p50 double precision, run_p95 double precision, available bigint, retryable bigint, oldest_seconds double precision)
+CREATE OR REPLACE FUNCTION awa.queue_minutes_v2(p_queue text, p_minutes integer)
+ RETURNS TABLE(minute timestamp with time zone, recorded boolean, completed integer, failed integer, cancelled integer, dead_lettered integer, retried integer, wait_p50 double precision, wait_p95 double precision, run_p50 double precision, run_p95 double precision, available bigint, retryable bigint, oldest_seconds double precision)
  LANGUAGE plpgsql
  STABLE SECURITY DEFINER
  SET jit TO 'off'
  SET lock_timeout TO '2s'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 711e32cbae0b1ba7 (25 lines)
+ AS body sha256 c4162633fd3ff7fc (26 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_pause_v1(p_queue text, p_paused boolean)

@@ -45,7 +45,7 @@ def test_a_queues_charts_show_the_last_hour_and_day_and_refresh_in_place() -> No
     client = staff()
     page = client.get(charts_url("shop")).content.decode()
     assert page.count("<figure") == 5
-    for title in ("Finished per minute", "Depth", "Age of the oldest available job"):
+    for title in ("Throughput per minute", "Depth", "Age of the oldest available job"):
         assert title in page
     assert "Queue wait" in page and "Run time" in page
     assert 'data-awa-refresh="15"' in page and "awa_django/refresh.js" in page

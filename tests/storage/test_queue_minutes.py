@@ -1,5 +1,5 @@
 """The queue charts' roll-up: ``awa.queue_minutes_record_v1`` (the maintenance leader's task)
-and ``awa.queue_minutes_v1`` / ``operator.queue_minutes`` (what the admin's charts read).
+and ``awa.queue_minutes_v2`` / ``operator.queue_minutes`` (what the admin's charts read).
 
 A minute is rolled up once, about 10 s after it ends, with the outcomes of terminal history and
 the DLQ, the queue wait and run time of the attempts that finished, and the queue's depth as it
@@ -176,6 +176,43 @@ def test_a_minute_is_counted_with_its_outcomes_times_and_depth_then_once_more(
     assert rows(conn, "charts") == got
 
 
+def test_a_minute_counts_the_retries_it_scheduled_whether_run_since_or_waiting(
+    conn: Conn,
+) -> None:
+    body = {"kind": "k", "queue": "retries", "max_attempts": 5}
+    enqueue_sql(conn, json.dumps([body] * 4 + [{**body, "max_attempts": 1}]))
+    claimed = storage.claim(conn, "retries", 5, WORKER)
+    storage.finalize(
+        conn,
+        [
+            Finalization(c.job_id, c.run_lease, c.claim_slot, "retry", error=ERROR, delay=d)
+            for c, d in zip(claimed, [0, 0, 3600, 3600, 0], strict=True)
+        ],
+    )  # four retries, and one out of attempts: to the DLQ, not a retry
+    conn.execute("SELECT awa.promote_v1()")  # two are back in the queue, two wait an hour
+    for sql in (
+        "UPDATE awa.deferred_jobs SET deferred_at = deferred_at - interval '20 minutes'",
+        "UPDATE awa.queue_minute_retries SET minute = minute - interval '20 minutes'",
+    ):
+        conn.execute(sql)
+    finished_earlier(conn, 20)
+    [minute] = finished_minutes(conn)
+    [[waiting]] = conn.execute("SELECT count(*) FROM awa.deferred_jobs").fetchall()
+    assert waiting == 2
+    record(conn, minute + timedelta(seconds=70))
+    [row] = [r for r in rows(conn, "retries") if r["minute"] == minute]
+    assert (row["retried"], row["dead_lettered"], row["failed"]) == (4, 1, 0)
+    # The two waiting run later: the minute they failed in still counts them, once.
+    conn.execute("UPDATE awa.deferred_jobs SET run_at = now()")
+    conn.execute("SELECT awa.promote_v1()")
+    [[tally]] = conn.execute("SELECT sum(promoted) FROM awa.queue_minute_retries").fetchall()
+    assert tally == 4
+    record(conn, minute + timedelta(minutes=6))
+    assert recounted(conn, minute)
+    [shown] = [m for m in queue_minutes("retries", 60) if m.minute == minute]
+    assert shown.retried == 4
+
+
 def test_a_catch_up_reaches_back_an_hour_and_rows_older_than_a_day_go(conn: Conn) -> None:
     enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "idle"}]))  # depth 1, no outcome
     [[now, last]] = conn.execute(
@@ -227,9 +264,9 @@ def test_the_read_tells_a_quiet_minute_from_one_not_rolled_up(conn: Conn) -> Non
     with pytest.raises(InvalidOptionError):
         queue_minutes("")
     with pytest.raises(psycopg.errors.InvalidParameterValue):
-        conn.execute("SELECT * FROM awa.queue_minutes_v1('', 60)")
+        conn.execute("SELECT * FROM awa.queue_minutes_v2('', 60)")
     with pytest.raises(psycopg.errors.InvalidParameterValue):
-        conn.execute("SELECT * FROM awa.queue_minutes_v1('read', 1441)")
+        conn.execute("SELECT * FROM awa.queue_minutes_v2('read', 1441)")
 
 
 @pytest.mark.parametrize("minutes", [0, 1441, -1, True, 1.5, "60", None])

@@ -346,7 +346,7 @@ SURFACES = {
     "throughput all": "SELECT * FROM awa.throughput_v1(NULL)",
     "throughput hist": "SELECT * FROM awa.throughput_v1('hist')",
     "ring_slots": "SELECT * FROM awa.ring_slots_v1()",
-    "queue minutes": "SELECT * FROM awa.queue_minutes_v1('a', 1440)",
+    "queue minutes": "SELECT * FROM awa.queue_minutes_v2('a', 1440)",
     "live newest": "SELECT * FROM awa.live_jobs ORDER BY id DESC LIMIT 50",
     "live count": "SELECT count(*) FROM (SELECT id FROM awa.live_jobs LIMIT 10001) x",
     "live running": "SELECT * FROM awa.live_jobs WHERE state = 'running' ORDER BY id DESC LIMIT 50",

@@ -427,6 +427,14 @@ BEGIN
             END IF;
             WITH moved AS (
                 DELETE FROM awa.deferred_jobs d WHERE d.job_id = ANY (g.ids) RETURNING d.*
+            ), retried AS (
+                -- The queue charts' retries per minute of failure (awa.queue_minute_retries).
+                INSERT INTO awa.queue_minute_retries AS t (queue, minute, promoted)
+                SELECT m.queue, date_trunc('minute', m.deferred_at), count(*)
+                FROM moved m
+                WHERE m.state = 'retryable' AND m.deferred_at >= now() - interval '25 hours'
+                GROUP BY m.queue, date_trunc('minute', m.deferred_at)
+                ON CONFLICT (queue, minute) DO UPDATE SET promoted = t.promoted + excluded.promoted
             )
             SELECT array_agg(ROW(m.job_id, m.kind, m.queue, m.priority, m.args, m.attempt,
                                  m.max_attempts, m.run_lease, m.run_at, m.created_at,
@@ -697,18 +705,21 @@ $$;
 -- in [p_minute, p_minute + 1 minute) (index ranges of terminal history by queue, state and
 -- finalized_at, and of the DLQ by queue and dlq_at), and the p50 and p95 of the queue wait
 -- (started minus run_at) and run time (finished minus started) of the attempts that finished,
--- over at most 2,000 of the minute's completed and failed jobs. Only queues with an outcome.
-CREATE OR REPLACE FUNCTION awa._queue_minute_outcomes_v1(p_minute timestamptz)
+-- over at most 2,000 of the minute's completed and failed jobs; and the retries it scheduled
+-- (attempts that failed in the minute and run again): those promotion has moved back to the
+-- queue since (awa.queue_minute_retries) and those still waiting out their backoff (retryable
+-- rows of awa.deferred_jobs written in the minute). Only queues with an outcome or a retry.
+CREATE OR REPLACE FUNCTION awa._queue_minute_outcomes_v2(p_minute timestamptz)
  RETURNS TABLE(
     queue text, completed integer, failed integer, cancelled integer, dead_lettered integer,
-    wait_p50 double precision, wait_p95 double precision, run_p50 double precision,
-    run_p95 double precision)
+    retried integer, wait_p50 double precision, wait_p95 double precision,
+    run_p50 double precision, run_p95 double precision)
  LANGUAGE sql
  STABLE
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
-    SELECT q.queue, o.completed, o.failed, o.cancelled, o.dead_lettered,
+    SELECT q.queue, o.completed, o.failed, o.cancelled, o.dead_lettered, o.retried,
            t.wait_p50, t.wait_p95, t.run_p50, t.run_p95
     FROM (SELECT DISTINCT ql.queue FROM awa.queue_lanes ql) q
     CROSS JOIN LATERAL (
@@ -724,7 +735,13 @@ AS $$
                AND d.finalized_at < p_minute + interval '1 minute')::integer AS cancelled,
             (SELECT count(*) FROM awa.dlq_entries x
              WHERE x.queue = q.queue AND x.dlq_at >= p_minute
-               AND x.dlq_at < p_minute + interval '1 minute')::integer AS dead_lettered
+               AND x.dlq_at < p_minute + interval '1 minute')::integer AS dead_lettered,
+            (COALESCE((SELECT r.promoted FROM awa.queue_minute_retries r
+                       WHERE r.queue = q.queue AND r.minute = p_minute), 0)
+             + (SELECT count(*) FROM awa.deferred_jobs dj
+                WHERE dj.queue = q.queue AND dj.state = 'retryable'
+                  AND dj.deferred_at >= p_minute
+                  AND dj.deferred_at < p_minute + interval '1 minute'))::integer AS retried
     ) o
     LEFT JOIN LATERAL (
         SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s.wait) AS wait_p50,
@@ -746,14 +763,14 @@ AS $$
               AND d.attempted_at IS NOT NULL
             LIMIT 2000) s
     ) t ON o.completed + o.failed > 0
-    WHERE o.completed + o.failed + o.cancelled + o.dead_lettered > 0
+    WHERE o.completed + o.failed + o.cancelled + o.dead_lettered + o.retried > 0
 $$;
 
 -- The queue charts' roll-up (awa.queue_minutes), run by the leader every few seconds.
 --
 -- First count: every minute that ended at least 10 s before p_now (default now(); a test may
 -- pass an earlier time within 25 hours, never one ahead of the clock) and is after the last minute counted, at most the
--- last 60: each queue's outcomes and times (awa._queue_minute_outcomes_v1); the newest minute
+-- last 60: each queue's outcomes and times (awa._queue_minute_outcomes_v2); the newest minute
 -- also takes each queue's depth, retryable jobs and oldest available job's age as they are
 -- now. A row only for a queue with something to show, and the minute's marker row (queue '':
 -- available 0 when the depth was read for the minute, NULL when not).
@@ -792,13 +809,13 @@ BEGIN
     v_minute := GREATEST(COALESCE(v_minute, v_last), v_last - interval '59 minutes');
     WHILE v_minute <= v_last LOOP
         INSERT INTO awa.queue_minutes AS m (
-            queue, minute, completed, failed, cancelled, dead_lettered,
+            queue, minute, completed, failed, cancelled, dead_lettered, retried,
             wait_p50, wait_p95, run_p50, run_p95, available, retryable, oldest_seconds)
         SELECT COALESCE(o.queue, l.queue), v_minute, COALESCE(o.completed, 0),
                COALESCE(o.failed, 0), COALESCE(o.cancelled, 0), COALESCE(o.dead_lettered, 0),
-               o.wait_p50, o.wait_p95, o.run_p50, o.run_p95,
+               COALESCE(o.retried, 0), o.wait_p50, o.wait_p95, o.run_p50, o.run_p95,
                l.available, l.retryable, l.lag_seconds
-        FROM awa._queue_minute_outcomes_v1(v_minute) o
+        FROM awa._queue_minute_outcomes_v2(v_minute) o
         FULL JOIN (
             SELECT lag.queue, lag.available, COALESCE(r.n, 0) AS retryable, lag.lag_seconds
             FROM awa.queue_lag_v1() lag
@@ -824,25 +841,28 @@ BEGIN
         LIMIT 60
     LOOP
         INSERT INTO awa.queue_minutes AS m (
-            queue, minute, completed, failed, cancelled, dead_lettered,
+            queue, minute, completed, failed, cancelled, dead_lettered, retried,
             wait_p50, wait_p95, run_p50, run_p95)
         SELECT o.queue, v_minute, o.completed, o.failed, o.cancelled, o.dead_lettered,
-               o.wait_p50, o.wait_p95, o.run_p50, o.run_p95
-        FROM awa._queue_minute_outcomes_v1(v_minute) o
+               o.retried, o.wait_p50, o.wait_p95, o.run_p50, o.run_p95
+        FROM awa._queue_minute_outcomes_v2(v_minute) o
         ON CONFLICT (queue, minute) DO UPDATE
         SET completed = GREATEST(m.completed, excluded.completed),
             failed = GREATEST(m.failed, excluded.failed),
             cancelled = GREATEST(m.cancelled, excluded.cancelled),
             dead_lettered = GREATEST(m.dead_lettered, excluded.dead_lettered),
+            retried = GREATEST(m.retried, excluded.retried),
             wait_p50 = excluded.wait_p50, wait_p95 = excluded.wait_p95,
             run_p50 = excluded.run_p50, run_p95 = excluded.run_p95
         WHERE excluded.completed > m.completed OR excluded.failed > m.failed
-           OR excluded.cancelled > m.cancelled OR excluded.dead_lettered > m.dead_lettered;
+           OR excluded.cancelled > m.cancelled OR excluded.dead_lettered > m.dead_lettered
+           OR excluded.retried > m.retried;
         UPDATE awa.queue_minutes SET recounted = true WHERE queue = '' AND minute = v_minute;
         v_n := v_n + 1;
     END LOOP;
     IF v_n > 0 THEN
         DELETE FROM awa.queue_minutes WHERE minute < v_now - interval '25 hours';
+        DELETE FROM awa.queue_minute_retries WHERE minute < v_now - interval '25 hours';
     END IF;
     RETURN v_n;
 END

@@ -367,10 +367,10 @@ $$;
 -- yet, or not at all: no leader then), whose figures are NULL. A minute rolled up with nothing
 -- to show reads zero outcomes, NULL times, and zero depth when its depth was read (the newest
 -- minute of each roll-up), NULL when not. It waits at most 2 s for a lock (a page never hangs).
-CREATE OR REPLACE FUNCTION awa.queue_minutes_v1(p_queue text, p_minutes integer)
+CREATE OR REPLACE FUNCTION awa.queue_minutes_v2(p_queue text, p_minutes integer)
  RETURNS TABLE(
     minute timestamp with time zone, recorded boolean, completed integer, failed integer,
-    cancelled integer, dead_lettered integer, wait_p50 double precision,
+    cancelled integer, dead_lettered integer, retried integer, wait_p50 double precision,
     wait_p95 double precision, run_p50 double precision, run_p95 double precision,
     available bigint, retryable bigint, oldest_seconds double precision)
  LANGUAGE plpgsql
@@ -384,7 +384,7 @@ DECLARE
     v_last timestamptz := date_trunc('minute', now() - interval '10 seconds') - interval '1 minute';
 BEGIN
     IF NOT COALESCE(awa.valid_queue_name(p_queue) AND p_minutes BETWEEN 1 AND 1440, false) THEN
-        RAISE EXCEPTION 'awa: queue_minutes_v1: a queue name and 1 to 1440 minutes, got % and %',
+        RAISE EXCEPTION 'awa: queue_minutes_v2: a queue name and 1 to 1440 minutes, got % and %',
             quote_nullable(p_queue), quote_nullable(p_minutes) USING ERRCODE = '22023';
     END IF;
     RETURN QUERY
@@ -393,6 +393,7 @@ BEGIN
            CASE WHEN mark.minute IS NOT NULL THEN COALESCE(m.failed, 0) END,
            CASE WHEN mark.minute IS NOT NULL THEN COALESCE(m.cancelled, 0) END,
            CASE WHEN mark.minute IS NOT NULL THEN COALESCE(m.dead_lettered, 0) END,
+           CASE WHEN mark.minute IS NOT NULL THEN COALESCE(m.retried, 0) END,
            m.wait_p50, m.wait_p95, m.run_p50, m.run_p95,
            CASE WHEN mark.available IS NOT NULL THEN COALESCE(m.available, 0) END,
            CASE WHEN mark.available IS NOT NULL THEN COALESCE(m.retryable, 0) END,

@@ -92,9 +92,9 @@ SELECT completed FROM awa.throughput_v1(%s)
 SELECT completed, failed, cancelled, dead_lettered FROM awa.outcomes_per_minute_v1(%s)
 
 -- name: queue_minutes
-SELECT minute, recorded, completed, failed, cancelled, dead_lettered, wait_p50, wait_p95,
-       run_p50, run_p95, available, retryable, oldest_seconds
-FROM awa.queue_minutes_v1(%s, %s)
+SELECT minute, recorded, completed, failed, cancelled, dead_lettered, retried, wait_p50,
+       wait_p95, run_p50, run_p95, available, retryable, oldest_seconds
+FROM awa.queue_minutes_v2(%s, %s)
 
 -- name: read_committed
 -- The first statement of a transaction awa_django opens for a function that needs it.
