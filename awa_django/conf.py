@@ -57,6 +57,7 @@ class _Kind(Enum):
     KINDS = "a dict of job kind to a dict of its flow limits"
     SCHEDULES = "a dict of schedule name to a dict (docs/periodic.md)"
     KEYS = "a list of secret keys (str of at least 32 characters each)"
+    TESTING = "a dict with MODE ('off' or 'immediate') and RAISE_FAILURES (a bool)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +130,9 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     "CALLBACK_KEYS": _Spec((), _Kind.KEYS),
     "CALLBACK_TIMESTAMP_TOLERANCE": _Spec(300.0, _Kind.SECONDS),
     "CALLBACK_MAX_BYTES": _Spec(65_536, _Kind.INT, 1),
+    # awa_django.testing (docs/testing.md): "immediate" runs each job when the transaction
+    # that enqueued it commits, in-process; for test settings only.
+    "TESTING": _Spec(MappingProxyType({"MODE": "off", "RAISE_FAILURES": True}), _Kind.TESTING),
 }
 
 #: The shortest callback key (characters): 32, as for an HMAC-SHA256 key of 256 bits.
@@ -273,6 +277,7 @@ class AwaSettings:
     CALLBACK_KEYS: tuple[str, ...]
     CALLBACK_TIMESTAMP_TOLERANCE: float
     CALLBACK_MAX_BYTES: int
+    TESTING: Mapping[str, object]
 
     def __init__(self, values: Mapping[str, object]) -> None:
         for name, value in values.items():
@@ -396,7 +401,27 @@ def _validate(label: str, value: object, spec: _Spec) -> object:
         return MappingProxyType(dict(value))
     if kind is _Kind.KINDS:
         return _validate_kinds(label, value)
+    if kind is _Kind.TESTING:
+        return _validate_testing(label, value)
     return _validate_queues(label, value)
+
+
+def _validate_testing(label: str, value: object) -> Mapping[str, object]:
+    if not isinstance(value, Mapping):
+        raise _wrong_type(label, _Kind.TESTING, value)
+    known = {"MODE", "RAISE_FAILURES"}
+    unknown = [key for key in value if key not in known]
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{label} has no setting {unknown[0]!r}; known: MODE, RAISE_FAILURES."
+        )
+    mode = value.get("MODE", "off")
+    if mode not in ("off", "immediate"):
+        raise ImproperlyConfigured(f"{label}['MODE'] must be 'off' or 'immediate', got {mode!r}.")
+    raise_failures = value.get("RAISE_FAILURES", True)
+    if not isinstance(raise_failures, bool):
+        raise _wrong_type(f"{label}['RAISE_FAILURES']", _Kind.BOOL, raise_failures)
+    return MappingProxyType({"MODE": mode, "RAISE_FAILURES": raise_failures})
 
 
 def _validate_keys(label: str, value: object) -> tuple[str, ...]:

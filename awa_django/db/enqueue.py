@@ -13,7 +13,7 @@ import contextlib
 import functools
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -345,6 +345,11 @@ def _check_tags(tags: tuple[str, ...]) -> tuple[str, ...]:
     return tags
 
 
+#: Called with the alias and the jobs after every enqueue, when set: awa_django.testing's
+#: immediate mode (docs/testing.md) sets it when it is imported. None otherwise.
+after_enqueue: Callable[[str, Sequence[EnqueuedJob]], None] | None = None
+
+
 def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJob]:
     """Write validated requests on ``using``'s Django connection; return handles in order."""
     if not requests:
@@ -353,6 +358,9 @@ def send_requests(requests: Sequence[JobRequest], using: str) -> list[EnqueuedJo
     metrics = active_metrics()
     if metrics is not None:  # OpenTelemetry metrics on: count what was written
         metrics.count("enqueued", [(job.queue, job.kind) for job in sent if not job.duplicate])
+    hook = after_enqueue
+    if hook is not None:
+        hook(using, sent)
     return sent
 
 

@@ -201,6 +201,14 @@ def test_settings_are_read_only() -> None:
             {"QUEUES": {"Bad Name": {"global_concurrency": 2}}},
             "AWA['QUEUES'] key 'Bad Name' is not a valid queue name",
         ),
+        ({"TESTING": "immediate"}, "AWA['TESTING'] must be a dict with MODE ('off' or"),
+        ({"TESTING": {"MODE": "eager"}}, "AWA['TESTING']['MODE'] must be 'off' or 'immediate'"),
+        ({"TESTING": {"MODE": ["x"]}}, "AWA['TESTING']['MODE'] must be 'off' or 'immediate'"),
+        ({"TESTING": {"mode": "off"}}, "AWA['TESTING'] has no setting 'mode'"),
+        (
+            {"TESTING": {"RAISE_FAILURES": 1}},
+            "AWA['TESTING']['RAISE_FAILURES'] must be a bool (True or False), got int (1).",
+        ),
         (
             {"HEARTBEAT_INTERVAL": 10, "HEARTBEAT_STALENESS": 10},
             "AWA['HEARTBEAT_STALENESS'] (10) must be greater than AWA['HEARTBEAT_INTERVAL'] (10)",

@@ -1,24 +1,11 @@
-"""Helpers for your own tests: run enqueued jobs in-process, inside the test's transaction.
+"""``drain()``: run enqueued jobs in-process, inside the test's transaction.
 
-``drain()`` works in a plain ``django.test.TestCase`` (or a pytest-django ``db`` test): it claims
-through the same Django connection, so it sees jobs your test enqueued and has not committed,
-runs each handler in the calling thread, and writes the outcome through the engine's normal
-fenced finalization. No worker process, no commit needed::
-
-    from awa_django.testing import drain
-
-    def test_signup_sends_welcome(self):
-        signup(email="a@example.com")   # enqueues send_welcome in its atomic block
-        [run] = drain("emails")
-        assert run.outcome == "completed" and run.result == "sent"
-
-Retries and snoozes land in the deferred plane as they would in production; ``drain()`` does not
-run them again (call your handler's ``.call()`` to unit-test it directly).
-
-django.tasks tasks (``@task`` on ``AwaTaskBackend``) drain the same way, with their signals.
-The test's transaction is never the handler's: a savepoint is set in it before each handler
-runs, and only a transaction the handler leaves open is rolled back (back to that savepoint),
-failing the job with ``TransactionLeftOpen`` as a worker would.
+It claims through the test's own Django connection, so it sees jobs the test enqueued and has
+not committed, runs each handler in the calling thread, and writes the outcome through the
+engine's normal fenced finalization. The test's transaction is never the handler's: a
+savepoint is set in it before each handler runs, and only a transaction the handler leaves
+open is rolled back (back to that savepoint), failing the job with ``TransactionLeftOpen`` as a
+worker would.
 """
 
 from __future__ import annotations
@@ -41,9 +28,10 @@ from awa_django.sql import query
 from awa_django.worker.finalizations import outcome_of
 from awa_django.worker.prepared import PreparedAttempt, prepare
 
-__all__ = ["JobRun", "drain"]
+__all__ = ["JobRun", "drain", "kind_names"]
 
 _TEST_WORKER = uuid.UUID("00000000-0000-0000-0000-0000000000aa")
+_PROMOTE_BATCH = 4096
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -61,23 +49,92 @@ class JobRun:
 
 
 def drain(
-    queues: str | Iterable[str] | None = None, *, using: str | None = None, max_jobs: int = 1000
+    queues: str | Iterable[str] | None = None,
+    *,
+    kinds: object = None,
+    with_scheduled: bool = False,
+    using: str | None = None,
+    max_jobs: int = 1000,
 ) -> list[JobRun]:
     """Run every available job of ``queues`` (default: all) in-process until none is left or
-    ``max_jobs`` ran; return what happened to each, in the order they ran.
+    ``max_jobs`` ran; return what happened to each, in the order they ran. Jobs the handlers
+    enqueue run in the same call.
+
+    ``kinds`` (a kind's name, a ``@job`` function or a django.tasks ``Task``, or a list of
+    them) runs only jobs of those kinds: a job of another kind at the head of a queue is set
+    aside and put back when the call ends, behind the queue's other jobs, its attempts
+    unchanged. ``with_scheduled=True`` also runs scheduled jobs and retries as if their time
+    had come, again and again until none is left (a job that always fails runs until its
+    attempts are spent).
 
     A queue's and a job kind's flow limits (docs/flow.md) apply: a job's permits and serial
     key are handed back when it ends (the key to its next job, which a later round runs), and
     jobs a rate limit holds back (of a queue, or parked by their kind's) are left for a later
-    call."""
+    call. Raises ``TypeError`` or ``ValueError`` for a bad argument, with nothing run."""
+    if isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 0:
+        raise ValueError(f"max_jobs must be an int of at least 0, got {max_jobs!r}")
+    if not isinstance(with_scheduled, bool):
+        raise TypeError(f"with_scheduled must be a bool, got {with_scheduled!r}")
+    wanted = kind_names(kinds)
     cfg = get_awa_settings()
     alias = using or cfg.DATABASE_ALIAS
-    names = [queues] if isinstance(queues, str) else list(queues) if queues else None
+    names = _queue_names(queues)
     if names is None:
         with connections[alias].cursor() as cursor:
             cursor.execute(query("queues_known"))
             names = [row[0] for row in cursor.fetchall()]
     runs: list[JobRun] = []
+    while True:
+        ran = len(runs)
+        if with_scheduled:
+            _make_due(alias, names)
+        set_aside = _round(alias, names, wanted, cfg, runs, max_jobs)
+        if set_aside:
+            _promote(alias)  # the jobs of other kinds, back into their queues
+        if not with_scheduled or len(runs) == ran or len(runs) >= max_jobs:
+            return runs
+
+
+def kind_names(kinds: object) -> frozenset[str] | None:
+    """The job kinds ``kinds`` names (None: every kind): a kind's name, a ``@job`` function,
+    a django.tasks ``Task``, or a list, tuple or set of them."""
+    if kinds is None:
+        return None
+    items = kinds if isinstance(kinds, list | tuple | set | frozenset) else [kinds]
+    names = set()
+    for item in items:
+        name = item if isinstance(item, str) else getattr(item, "kind", None)
+        if name is None:
+            name = getattr(item, "module_path", None)  # a django.tasks Task
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                f"a job kind is its name (str), a @job function or a django.tasks Task, "
+                f"not {item!r}"
+            )
+        names.add(name)
+    return frozenset(names)
+
+
+def _queue_names(queues: str | Iterable[str] | None) -> list[str] | None:
+    if queues is None:
+        return None
+    names = [queues] if isinstance(queues, str) else list(queues)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"a queue is named by a str, not {name!r}")
+    return names or None
+
+
+def _round(
+    alias: str,
+    names: list[str],
+    wanted: frozenset[str] | None,
+    cfg: Any,
+    runs: list[JobRun],
+    max_jobs: int,
+) -> bool:
+    """Run the queues' available jobs until none is left; whether any was set aside."""
+    set_aside = False
     progress = True
     while progress and len(runs) < max_jobs:
         progress = False
@@ -87,7 +144,11 @@ def drain(
                 continue  # nothing to run, or the queue's flow limits hold it back
             progress = True
             try:
-                runs.append(_run(alias, job, cfg))
+                if wanted is not None and job.kind not in wanted:
+                    _set_aside(alias, job)
+                    set_aside = True
+                else:
+                    runs.append(_run(alias, job, cfg))
             finally:
                 # A cursor of its own: the handler may have replaced the connection.
                 with connections[alias].cursor() as cursor:
@@ -97,7 +158,33 @@ def drain(
                         cursor.execute(query("serial_release"), [[job.serial_lock]])
             if len(runs) >= max_jobs:
                 break
-    return runs
+    return set_aside
+
+
+def _set_aside(alias: str, job: ClaimedJob) -> None:
+    """Put a claimed job of a kind the caller did not ask for aside, as a snooze of no delay
+    does: scheduled again now, its attempt not counted."""
+    snooze = Finalization(job.job_id, job.run_lease, job.claim_slot, "snooze", delay=0.0)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(finalize_statement([snooze]), [Finalization.batch_json([snooze])])
+        cursor.fetchall()
+
+
+def _make_due(alias: str, names: list[str]) -> None:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(query("testing_make_due"), {"queues": names})
+    _promote(alias)
+
+
+def _promote(alias: str) -> None:
+    """Move every due scheduled job and retry into its queue (as the maintenance leader
+    does)."""
+    with connections[alias].cursor() as cursor:
+        while True:
+            cursor.execute(query("promote"), [_PROMOTE_BATCH])
+            row = cursor.fetchone()
+            if row is None or row[0] < _PROMOTE_BATCH:
+                return
 
 
 def _claim(alias: str, queue: str, cfg: Any) -> ClaimedJob | None:
