@@ -33,6 +33,7 @@ from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.producer import aenqueue, aenqueue_many, enqueue, enqueue_many
 from awa_django.retry import RetryPolicy
 from awa_django.types import EnqueuedJob, JobRequest
+from awa_django.worker.middleware import JobCall
 
 __all__ = [
     "AwaError",
@@ -43,6 +44,7 @@ __all__ = [
     "InvalidOptionError",
     "IsolationLevelError",
     "Job",
+    "JobCall",
     "JobContext",
     "JobOptions",
     "JobRequest",

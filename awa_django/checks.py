@@ -39,7 +39,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.db.utils import ConnectionHandler
 
-from awa_django.conf import AwaSettings, get_awa_settings
+from awa_django.conf import AwaSettings, get_awa_settings, import_job_middleware
 from awa_django.connection_budget import connection_budget, own_connections
 from awa_django.cron import declared
 from awa_django.sql import query
@@ -56,6 +56,32 @@ def check_settings(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> li
     except ImproperlyConfigured as exc:
         return [Error(str(exc), hint="Fix settings.AWA; see docs/configuration.md.", id="awa.E005")]
     return []
+
+
+@register()
+def check_job_middleware(
+    app_configs: Sequence[AppConfig] | None, **kwargs: Any
+) -> list[CheckMessage]:
+    """awa.E009: every ``AWA["JOB_MIDDLEWARE"]`` entry imports and is callable. A wrong entry
+    would fail every job it wraps."""
+    try:
+        cfg = get_awa_settings()
+    except ImproperlyConfigured:
+        return []  # awa.E005's to report
+    errors: list[CheckMessage] = []
+    for path in cfg.JOB_MIDDLEWARE:
+        try:
+            import_job_middleware(path)
+        except (ImportError, TypeError) as exc:
+            errors.append(
+                Error(
+                    str(exc),
+                    hint="Fix AWA['JOB_MIDDLEWARE'] (docs/jobs.md, \"Job middleware\"); until "
+                    "then every job fails with this error.",
+                    id="awa.E009",
+                )
+            )
+    return errors
 
 
 @register()

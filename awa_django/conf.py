@@ -14,16 +14,17 @@ import difflib
 import functools
 import math
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
-from typing import Final, cast
+from typing import Any, Final, cast
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from django.utils.module_loading import import_string
 
 from awa_django.exceptions import InvalidOptionError
 from awa_django.limits import (
@@ -42,6 +43,7 @@ __all__ = [
     "KindSettings",
     "QueueSettings",
     "awa_settings",
+    "import_job_middleware",
     "load_settings",
 ]
 
@@ -53,6 +55,7 @@ class _Kind(Enum):
     RATE = "a number of jobs per second (int or float)"
     BOOL = "a bool (True or False)"
     MODULES = "a list of dotted module paths (str)"
+    PATHS = "a list of dotted paths (str)"
     QUEUES = "a dict of queue name to a dict of queue settings"
     KINDS = "a dict of job kind to a dict of its flow limits"
     SCHEDULES = "a dict of schedule name to a dict (docs/periodic.md)"
@@ -74,6 +77,8 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     # Where the admin's pages and awa_status read (a streaming replica); None: DATABASE_ALIAS.
     "READ_DATABASE_ALIAS": _Spec(None, _Kind.STR),
     "JOB_MODULES": _Spec((), _Kind.MODULES),
+    # Code around every handler (docs/jobs.md, "Job middleware"): factories, outermost first.
+    "JOB_MIDDLEWARE": _Spec((), _Kind.PATHS),
     "DEFAULT_QUEUE": _Spec("default", _Kind.STR),
     "MAX_ATTEMPTS": _Spec(25, _Kind.INT, *ATTEMPTS_RANGE),
     "ARGS_MAX_BYTES": _Spec(1_048_576, _Kind.INT, 1),
@@ -233,6 +238,7 @@ class AwaSettings:
     DATABASE_ALIAS: str
     READ_DATABASE_ALIAS: str | None
     JOB_MODULES: tuple[str, ...]
+    JOB_MIDDLEWARE: tuple[str, ...]
     DEFAULT_QUEUE: str
     MAX_ATTEMPTS: int
     ARGS_MAX_BYTES: int
@@ -389,7 +395,7 @@ def _validate(label: str, value: object, spec: _Spec) -> object:
                 f"{label} must be a number from {FLOW_RATE_MIN} to {spec.maximum:,}, got {value!r}."
             )
         return float(value)
-    if kind is _Kind.MODULES:
+    if kind is _Kind.MODULES or kind is _Kind.PATHS:
         if not isinstance(value, list | tuple) or not all(isinstance(m, str) and m for m in value):
             raise _wrong_type(label, kind, value)
         return tuple(value)
@@ -515,6 +521,20 @@ def _wrong_type(label: str, kind: _Kind, value: object) -> ImproperlyConfigured:
 
 def _describe(value: object) -> str:
     return f"{type(value).__name__} ({reprlib.repr(value)})"
+
+
+def import_job_middleware(path: str) -> Callable[..., Any]:
+    """The job middleware factory at ``path`` (an ``AWA["JOB_MIDDLEWARE"]`` entry);
+    ``ImportError`` or ``TypeError`` saying which entry is wrong."""
+    try:
+        factory = import_string(path)
+    except Exception as exc:  # ImportError, or what the module raised while it was imported
+        raise ImportError(
+            f"AWA['JOB_MIDDLEWARE'] entry {path!r} cannot be imported: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not callable(factory):
+        raise TypeError(f"AWA['JOB_MIDDLEWARE'] entry {path!r} is not callable")
+    return factory  # type: ignore[no-any-return]
 
 
 @functools.cache

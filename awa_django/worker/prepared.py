@@ -9,9 +9,11 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from awa_django.conf import get_awa_settings
 from awa_django.context import JobContext
 from awa_django.db.storage import ClaimedJob
 from awa_django.jobs import Job, registered_kinds
+from awa_django.worker.middleware import with_middleware
 
 __all__ = ["PreparedAttempt", "prepare"]
 
@@ -108,7 +110,8 @@ def prepare(
     elif handle is None:
         attempt.failure = _unknown(job.kind)
         return attempt
-    attempt.handle = handle
+    middleware = get_awa_settings().JOB_MIDDLEWARE
+    attempt.handle = with_middleware(handle, middleware) if middleware else handle
     attempt.args = args
     attempt.kwargs = kwargs
     return attempt

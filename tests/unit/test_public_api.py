@@ -13,6 +13,7 @@ EXPECTED = {
     "InvalidOptionError",
     "IsolationLevelError",
     "Job",
+    "JobCall",
     "JobContext",
     "JobOptions",
     "JobRequest",

@@ -1,0 +1,141 @@
+"""Job middleware: code around every handler, declared once in ``AWA["JOB_MIDDLEWARE"]``
+(docs/jobs.md, "Job middleware").
+
+Each entry is the dotted path of a factory, as Django's own middleware: called with
+``call_next`` (the next middleware, or the handler), it returns the callable that takes a
+:class:`JobCall` and returns the job's result. The first entry is the outermost. For an async
+handler ``call_next`` is a coroutine function and the factory must return one too.
+
+What a middleware raises, before or after ``call_next``, is what the handler raised: the
+attempt is retried or fails by the job's policy. What the outermost returns is the job's
+result; one that returns without calling ``call_next`` runs no handler. A factory that cannot be
+imported, is not callable, or returns a callable of the wrong kind fails the jobs it would run
+with that error (``manage.py check`` reports the first two: awa.E009), never the worker.
+
+Each handler's chain is built once, the first time one of its jobs runs, and kept while the
+setting is unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from awa_django.conf import import_job_middleware
+from awa_django.context import JobContext
+from awa_django.jobs import Job
+
+__all__ = ["JobCall", "with_middleware"]
+
+#: The most handlers whose chains are kept (django.tasks handles come and go by task).
+_MAX_CHAINS = 4096
+
+_chains: dict[Job[Any, Any], Job[Any, Any]] = {}
+_chains_for: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobCall:
+    """One call of a handler, as job middleware sees it.
+
+    ``context`` is the attempt's ``JobContext`` (``id``, ``kind``, ``queue``, ``attempt``,
+    ``max_attempts``, ``metadata``, ``tags``, ``errors``...), whether or not the handler takes
+    it; ``args`` and ``kwargs`` are what the handler is called with. Pass a changed copy
+    (``dataclasses.replace(call, kwargs=...)``) to ``call_next`` to call it with others."""
+
+    context: JobContext
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def with_middleware(handle: Job[Any, Any], paths: tuple[str, ...]) -> Job[Any, Any]:
+    """``handle`` with the middleware of ``paths`` around its function (a copy that takes the
+    context), or ``handle`` itself when there is none."""
+    if not paths:
+        return handle
+    global _chains_for
+    if paths != _chains_for:
+        _chains.clear()
+        _chains_for = paths
+    wrapped = _chains.get(handle)
+    if wrapped is None:
+        if len(_chains) >= _MAX_CHAINS:
+            _chains.clear()
+        wrapped = _chains[handle] = _wrap(handle, paths)
+    return wrapped
+
+
+def _is_async(function: object) -> bool:
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        getattr(function, "__call__", None)  # noqa: B004  (a callable object's method)
+    )
+
+
+def _chain(handle: Job[Any, Any], paths: tuple[str, ...]) -> Callable[[JobCall], Any]:
+    func = handle.func
+    takes_context = handle.takes_context
+    call_next: Callable[[JobCall], Any]
+    if handle.is_async:
+
+        async def handler(call: JobCall) -> Any:
+            if takes_context:
+                return await func(call.context, *call.args, **call.kwargs)
+            return await func(*call.args, **call.kwargs)
+
+        call_next = handler
+    else:
+
+        def sync_handler(call: JobCall) -> Any:
+            if takes_context:
+                return func(call.context, *call.args, **call.kwargs)
+            return func(*call.args, **call.kwargs)
+
+        call_next = sync_handler
+    for path in reversed(paths):
+        made = import_job_middleware(path)(call_next)
+        if not callable(made):
+            raise TypeError(f"job middleware {path!r} returned {made!r}, not a callable")
+        if _is_async(made) != handle.is_async:
+            kind = "an async" if handle.is_async else "a sync"
+            raise TypeError(
+                f"job middleware {path!r} returned a {'sync' if handle.is_async else 'async'} "
+                f"callable for {kind} handler ({handle.kind}): a factory returns an async "
+                "callable when call_next is a coroutine function, else a sync one"
+            )
+        call_next = made
+    return call_next
+
+
+def _wrap(handle: Job[Any, Any], paths: tuple[str, ...]) -> Job[Any, Any]:
+    chain: Callable[[JobCall], Any] | None = None
+    failure = ""
+    try:
+        chain = _chain(handle, paths)
+    except Exception as exc:  # every job of the handler fails with it; the worker goes on
+        failure = f"{type(exc).__name__}: {exc}"
+    run: Callable[..., Any]
+    if handle.is_async:
+
+        async def run_async(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
+            if chain is None:
+                raise ImproperlyConfigured(failure)
+            return await chain(JobCall(ctx, args, kwargs))
+
+        run = run_async
+    else:
+
+        def run_sync(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
+            if chain is None:
+                raise ImproperlyConfigured(failure)
+            return chain(JobCall(ctx, args, kwargs))
+
+        run = run_sync
+    wrapped = copy.copy(handle)
+    wrapped.func = run
+    wrapped.takes_context = True
+    return wrapped
