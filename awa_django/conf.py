@@ -15,7 +15,7 @@ import functools
 import math
 import reprlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 from typing import Any, Final, cast
@@ -34,6 +34,7 @@ from awa_django.limits import (
     FLOW_RATE_MAX,
     FLOW_RATE_MIN,
     QUEUE_NAME_RE,
+    check_descriptor,
     check_kind_name,
 )
 
@@ -113,6 +114,8 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     "HISTORY_RETENTION": _Spec(86_400.0, _Kind.SECONDS),
     "DLQ_RETENTION": _Spec(2_592_000.0, _Kind.SECONDS),
     "RUNTIME_RETENTION": _Spec(3_600.0, _Kind.SECONDS),
+    # Descriptors no live worker has declared for this long are deleted (docs/descriptors.md).
+    "DESCRIPTOR_RETENTION": _Spec(2_592_000.0, _Kind.SECONDS),
     "UNIQUE_SWEEP_INTERVAL": _Spec(60.0, _Kind.SECONDS),
     # Jobs one worker process runs at once across all its queues (its handler thread pool).
     "CONCURRENCY": _Spec(32, _Kind.INT, 1, 10_000),
@@ -210,7 +213,13 @@ class QueueSettings(_FlowLimits):
     global_concurrency: int | None = None
     rate_limit: float | None = None
     rate_burst: int | None = None
+    #: What the queue is for (docs/descriptors.md): ``label``, ``description``, ``owner``,
+    #: ``links``, as checked by :func:`awa_django.limits.check_descriptor`.
+    descriptor: Mapping[str, object] = field(default_factory=dict, hash=False)
 
+
+# Keys of one AWA["QUEUES"][name] dict that describe the queue (docs/descriptors.md).
+_DESCRIPTOR_KEYS = ("label", "description", "owner", "links")
 
 # Keys of one AWA["KINDS"][kind] dict: the flow limits of the queue settings.
 _KIND_SPECS: Final[Mapping[str, _Spec]] = {
@@ -270,6 +279,7 @@ class AwaSettings:
     HISTORY_RETENTION: float
     DLQ_RETENTION: float
     RUNTIME_RETENTION: float
+    DESCRIPTOR_RETENTION: float
     UNIQUE_SWEEP_INTERVAL: float
     CONCURRENCY: int
     PROCESSES: int
@@ -338,7 +348,7 @@ def load_settings(raw: object) -> AwaSettings:
     return AwaSettings(values)
 
 
-def _reject_unknown(where: str, raw: Mapping[object, object], specs: Mapping[str, _Spec]) -> None:
+def _reject_unknown(where: str, raw: Mapping[object, object], specs: Mapping[str, object]) -> None:
     for key in raw:
         if key in specs:
             continue
@@ -463,11 +473,20 @@ def _validate_queues(label: str, value: object) -> Mapping[str, QueueSettings]:
         where = f"{label}[{queue!r}]"
         if not isinstance(options, Mapping):
             raise ImproperlyConfigured(f"{where} must be a dict, got {_describe(options)}.")
-        _reject_unknown(where, options, _QUEUE_SPECS)
-        checked = {
+        described = {key: options[key] for key in _DESCRIPTOR_KEYS if key in options}
+        options = {key: value for key, value in options.items() if key not in _DESCRIPTOR_KEYS}
+        _reject_unknown(where, options, {**_QUEUE_SPECS, **dict.fromkeys(_DESCRIPTOR_KEYS)})
+        checked: dict[str, object] = {
             key: _validate(f"{where}[{key!r}]", options.get(key), spec)
             for key, spec in _QUEUE_SPECS.items()
         }
+        try:
+            shown = check_descriptor(**described)
+            checked["descriptor"] = MappingProxyType(
+                {key: value for key, value in shown.items() if value is not None}
+            )
+        except InvalidOptionError as exc:
+            raise ImproperlyConfigured(f"{where}: {exc}") from None
         if checked["rate_burst"] is not None and checked["rate_limit"] is None:
             raise ImproperlyConfigured(f"{where}['rate_burst'] needs a 'rate_limit'.")
         if not QUEUE_NAME_RE.fullmatch(queue):

@@ -20,7 +20,15 @@ from awa_django.conf import KindSettings
 from awa_django.context import JobContext
 from awa_django.db.enqueue import OptionsMemo, build_request, send_requests
 from awa_django.exceptions import UnknownKindError
-from awa_django.limits import check_flow_limits, check_kind_name, check_weight, tag_tuple
+from awa_django.limits import (
+    DESCRIPTION_MAX_LENGTH,
+    check_descriptor,
+    check_flow_limits,
+    check_kind_name,
+    check_weight,
+    clean_text,
+    tag_tuple,
+)
 from awa_django.retry import RetryPolicy, check_retry
 from awa_django.types import EnqueuedJob, JobOptions, JobRequest
 from awa_django.unique import states_tuple
@@ -60,6 +68,7 @@ class Job(Generic[P, R]):
         *,
         takes_context: bool = False,
         limits: KindSettings | None = None,
+        descriptor: Mapping[str, Any] | None = None,
     ) -> None:
         self.func = func
         self.kind = kind
@@ -67,6 +76,8 @@ class Job(Generic[P, R]):
         #: The kind's flow limits from ``@job(global_concurrency=, rate_limit=, rate_burst=)``
         #: (None: none; docs/flow.md, "Per kind").
         self.limits = limits
+        #: What the kind is for (docs/descriptors.md): label, description, owner, links.
+        self.descriptor: Mapping[str, Any] = descriptor or {}
         self.is_async = inspect.iscoroutinefunction(func)
         #: The function's first parameter is the attempt's ``JobContext``.
         self.takes_context = takes_context
@@ -138,6 +149,7 @@ class Job(Generic[P, R]):
             dataclasses.replace(self.options, **changes),
             takes_context=self.takes_context,
             limits=self.limits,
+            descriptor=self.descriptor,
         )
 
     def prepare(self, *args: P.args, **kwargs: P.kwargs) -> JobRequest:
@@ -222,6 +234,10 @@ def job(
     global_concurrency: int | None = None,
     rate_limit: float | None = None,
     rate_burst: int | None = None,
+    label: str | None = None,
+    description: str | None = None,
+    owner: str | None = None,
+    links: Mapping[str, str] | None = None,
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Job[P, R]]: ...
 
 
@@ -251,6 +267,10 @@ def job(
     global_concurrency: int | None = None,
     rate_limit: float | None = None,
     rate_burst: int | None = None,
+    label: str | None = None,
+    description: str | None = None,
+    owner: str | None = None,
+    links: Mapping[str, str] | None = None,
 ) -> Callable[[Callable[P, R]], Job[P, R]]: ...
 
 
@@ -281,6 +301,10 @@ def job(
     global_concurrency: int | None = None,
     rate_limit: float | None = None,
     rate_burst: int | None = None,
+    label: str | None = None,
+    description: str | None = None,
+    owner: str | None = None,
+    links: Mapping[str, str] | None = None,
 ) -> Any:
     """Register a function (sync or async) as a job kind; usable bare or with options.
 
@@ -307,6 +331,11 @@ def job(
     reported by ``manage.py check`` (awa.E007), not raised here. Registering two different
     functions under one kind raises ``ImproperlyConfigured``; re-importing the same module is
     fine.
+
+    ``label``, ``description`` (default: the first paragraph of the docstring), ``owner`` and
+    ``links`` (names to http(s) URLs: runbook, dashboard) say what the kind is for; workers
+    report them, and the admin and ``awa_status`` show them (docs/descriptors.md). Bad values
+    raise ``InvalidOptionError`` at once.
     """
     options = JobOptions(
         queue=queue,
@@ -326,9 +355,15 @@ def job(
 
     limits = _kind_limits(global_concurrency, rate_limit, rate_burst)
     periodic = _periodic(cron, timezone, args, kwargs, catch_up)
+    described = check_descriptor(label=label, description=description, owner=owner, links=links)
 
     def register(f: Callable[..., Any]) -> Job[Any, Any]:
-        return _register(f, name, options, takes_context, limits, periodic)
+        descriptor = {key: value for key, value in described.items() if value is not None}
+        if description is None:
+            summary = _summary(f)
+            if summary:
+                descriptor["description"] = summary
+        return _register(f, name, options, takes_context, limits, periodic, descriptor)
 
     if func is not None:
         return register(func)
@@ -378,6 +413,7 @@ def _register(
     takes_context: bool,
     limits: KindSettings | None,
     periodic: _Periodic | None,
+    descriptor: Mapping[str, Any] | None = None,
 ) -> Job[Any, Any]:
     """Register ``f`` as a job kind (``@job``): its kind is ``name`` or its dotted path."""
     qualname = getattr(f, "__qualname__", "")
@@ -396,7 +432,9 @@ def _register(
         )
     if takes_context:
         _check_takes_context(f, kind)
-    handle: Job[Any, Any] = Job(f, kind, options, takes_context=takes_context, limits=limits)
+    handle: Job[Any, Any] = Job(
+        f, kind, options, takes_context=takes_context, limits=limits, descriptor=descriptor
+    )
     _registry[kind] = handle
     if periodic is not None:
         kwargs = periodic.kwargs
@@ -412,6 +450,16 @@ def _register(
             )
         )
     return handle
+
+
+def _summary(func: Callable[..., Any]) -> str | None:
+    """The first paragraph of ``func``'s docstring on one line, cut to what a description
+    holds; None when it has none."""
+    doc = inspect.getdoc(func)
+    if not doc:
+        return None
+    paragraph = " ".join(doc.strip().split("\n\n", 1)[0].split())
+    return clean_text(paragraph)[:DESCRIPTION_MAX_LENGTH] or None
 
 
 def _origin(func: Callable[..., Any]) -> str:

@@ -356,3 +356,48 @@ def tag_tuple(tags: Iterable[str]) -> tuple[str, ...]:
     if isinstance(tags, str | bytes | Mapping) or not isinstance(tags, Iterable):
         raise InvalidOptionError("tags", f"must be a list of strings, got {type(tags).__name__}")
     return tuple(tags)
+
+
+# Descriptors (docs/descriptors.md): what a queue or job kind is for. The same bounds hold in
+# SQL (awa._descriptor_problem_v1).
+LABEL_MAX_LENGTH = 200
+DESCRIPTION_MAX_LENGTH = 4000
+OWNER_MAX_LENGTH = 200
+LINKS_MAX = 20
+LINK_NAME_MAX_LENGTH = 100
+LINK_URL_MAX_LENGTH = 2000
+_URL = re.compile(r"https?://\S+", re.IGNORECASE | re.ASCII)
+
+
+def check_descriptor(
+    *, label: object = None, description: object = None, owner: object = None, links: object = None
+) -> dict[str, Any]:
+    """The checked descriptor fields, as the worker reports them: ``label`` (up to 200
+    characters), ``description`` (4,000), ``owner`` (200), each text PostgreSQL can store or
+    None, and ``links``: up to 20 names (1-100 characters) of http(s) URLs (up to 2,000).
+    ``InvalidOptionError`` names the field otherwise."""
+    checked: dict[str, Any] = {}
+    for field, value, limit in (
+        ("label", label, LABEL_MAX_LENGTH),
+        ("description", description, DESCRIPTION_MAX_LENGTH),
+        ("owner", owner, OWNER_MAX_LENGTH),
+    ):
+        checked[field] = None if value is None else check_text(field, value, max_length=limit)
+    if links is None:
+        checked["links"] = None
+        return checked
+    if not isinstance(links, Mapping):
+        raise InvalidOptionError("links", f"must be a dict of names to URLs, got {links!r}")
+    if len(links) > LINKS_MAX:
+        raise InvalidOptionError("links", f"{len(links)} links exceeds the limit of {LINKS_MAX}")
+    shown: dict[str, str] = {}
+    for name, url in links.items():
+        check_text("links", name, max_length=LINK_NAME_MAX_LENGTH)
+        if not name:
+            raise InvalidOptionError("links", "a link's name must not be empty")
+        check_text(f"links[{name!r}]", url, max_length=LINK_URL_MAX_LENGTH)
+        if _URL.fullmatch(url) is None:
+            raise InvalidOptionError(f"links[{name!r}]", f"{url!r} is not an http(s) URL")
+        shown[name] = url
+    checked["links"] = shown
+    return checked

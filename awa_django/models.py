@@ -20,6 +20,7 @@ __all__ = [
     "CallbackWait",
     "CronSchedule",
     "DeadLetter",
+    "Descriptor",
     "KindLimit",
     "LiveJob",
     "QueueStat",
@@ -259,6 +260,37 @@ class KindLimit(ReadOnlyModel):
 
     def __str__(self) -> str:
         return self.kind
+
+
+class Descriptor(ReadOnlyModel):
+    """A queue or job kind declared in code (``awa.descriptor_status``, docs/descriptors.md):
+    what it is for, and whether live workers declare it (``stale``: none does) and agree on
+    it (``drift``: they do not). ``id`` is ``what:name``."""
+
+    id = models.TextField(primary_key=True)
+    what = models.TextField(choices=[("queue", "queue"), ("kind", "job kind")])
+    name = models.TextField()
+    label = models.TextField(null=True)
+    description = models.TextField(null=True)
+    owner = models.TextField(null=True)
+    links = models.JSONField(null=True)
+    declared_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    live_workers = models.IntegerField()
+    versions = models.IntegerField()
+    stale = models.BooleanField()
+    drift = models.BooleanField()
+
+    class Meta:
+        managed = False
+        db_table = 'awa"."descriptor_status'
+        ordering = ["-what", "name"]
+        default_permissions = ("view",)
+        verbose_name = "queue and job kind"
+        verbose_name_plural = "queues and job kinds"
+
+    def __str__(self) -> str:
+        return f"{self.what} {self.name}"
 
 
 class Worker(ReadOnlyModel):

@@ -5,8 +5,8 @@ holds one part:
 
 * pages (a ``ModelAdmin`` each): ``jobs`` (live jobs, terminal history, the dead letter queue),
   ``queues`` (the queue list, its actions and the dashboard), ``kinds`` (job kinds' flow
-  limits), ``callbacks`` (callback waits), ``schedules`` (periodic schedules), ``workers``
-  (worker processes);
+  limits), ``descriptors`` (the queues and kinds declared in code), ``callbacks`` (callback
+  waits), ``schedules`` (periodic schedules), ``workers`` (worker processes);
 * ``base``: the read-only base of every page (capped counts, permission before data, search
   and URL filters that never raise);
 * ``read_alias``: where the pages read (a replica, or the primary when it cannot be read), and
@@ -32,6 +32,7 @@ from django.contrib import admin
 from awa_django.admin.actions import confirm
 from awa_django.admin.base import CappedPaginator
 from awa_django.admin.callbacks import CallbackWaitAdmin
+from awa_django.admin.descriptors import DescriptorAdmin
 from awa_django.admin.display import error_timeline, pretty, sparkline
 from awa_django.admin.forms import FlowLimitsForm
 from awa_django.admin.jobs import DeadLetterAdmin, JobAdmin, TerminalJobAdmin
@@ -44,6 +45,7 @@ from awa_django.models import (
     CallbackWait,
     CronSchedule,
     DeadLetter,
+    Descriptor,
     KindLimit,
     LiveJob,
     QueueStat,
@@ -57,6 +59,7 @@ __all__ = [
     "CappedPaginator",
     "CronScheduleAdmin",
     "DeadLetterAdmin",
+    "DescriptorAdmin",
     "FlowLimitsForm",
     "JobAdmin",
     "KindLimitAdmin",
@@ -77,3 +80,4 @@ admin.site.register(QueueStat, QueueStatAdmin)
 admin.site.register(Worker, WorkerAdmin)
 admin.site.register(CronSchedule, CronScheduleAdmin)
 admin.site.register(KindLimit, KindLimitAdmin)
+admin.site.register(Descriptor, DescriptorAdmin)

@@ -563,6 +563,11 @@ class Maintenance:
         cursor = await conn.execute(query("cleanup"), [self.settings.awa.RUNTIME_RETENTION])
         row = await cursor.fetchone()
         self.count("cleaned", int(row[0]) if row else 0)
+        cursor = await conn.execute(
+            query("descriptors_prune"), [self.settings.awa.DESCRIPTOR_RETENTION]
+        )
+        row = await cursor.fetchone()
+        self.count("descriptors_pruned", int(row[0]) if row else 0)
         # Receipts of the callback receiver are kept while a replay of their request could still
         # pass its timestamp window (docs/callbacks.md, "Replays").
         keep = 2 * self.settings.awa.CALLBACK_TIMESTAMP_TOLERANCE + 60

@@ -152,6 +152,32 @@ class Migration(migrations.Migration):
             },
         ),
         migrations.CreateModel(
+            name="Descriptor",
+            fields=[
+                ("id", models.TextField(primary_key=True, serialize=False)),
+                ("what", models.TextField(choices=[("queue", "queue"), ("kind", "job kind")])),
+                ("name", models.TextField()),
+                ("label", models.TextField(null=True)),
+                ("description", models.TextField(null=True)),
+                ("owner", models.TextField(null=True)),
+                ("links", models.JSONField(null=True)),
+                ("declared_at", models.DateTimeField()),
+                ("last_seen_at", models.DateTimeField()),
+                ("live_workers", models.IntegerField()),
+                ("versions", models.IntegerField()),
+                ("stale", models.BooleanField()),
+                ("drift", models.BooleanField()),
+            ],
+            options={
+                "verbose_name": "queue and job kind",
+                "verbose_name_plural": "queues and job kinds",
+                "db_table": 'awa"."descriptor_status',
+                "ordering": ["-what", "name"],
+                "managed": False,
+                "default_permissions": ("view",),
+            },
+        ),
+        migrations.CreateModel(
             name="KindLimit",
             fields=[
                 ("kind", models.TextField(primary_key=True, serialize=False)),

@@ -30,6 +30,7 @@ class Migration(migrations.Migration):
             "functions/operator.sql",
             "views.sql",
             "functions/reads.sql",
+            "functions/descriptors.sql",
             "functions/privileges.sql",
             name="0002_engine",
         ),

@@ -28,6 +28,7 @@ from awa_django.operator.actions import (
     set_queue_limits,
 )
 from awa_django.operator.reads import (
+    DescriptorStatus,
     DlqEntry,
     JobDetail,
     JobSummary,
@@ -39,7 +40,9 @@ from awa_django.operator.reads import (
     ReplicaStatus,
     RingState,
     ScheduleStatus,
+    UndeclaredKind,
     WorkerStatus,
+    descriptors,
     dlq_list,
     job_list,
     job_show,
@@ -54,11 +57,13 @@ from awa_django.operator.reads import (
     rings,
     schedules,
     throughput,
+    undeclared_kinds,
     workers,
 )
 
 __all__ = [
     "DRAIN_BATCH",
+    "DescriptorStatus",
     "DlqEntry",
     "HistoryRetry",
     "JobDetail",
@@ -71,10 +76,12 @@ __all__ = [
     "ReplicaStatus",
     "RingState",
     "ScheduleStatus",
+    "UndeclaredKind",
     "WorkerStatus",
     "cancel",
     "clear_kind_limits",
     "clear_queue_limits",
+    "descriptors",
     "dlq_list",
     "dlq_purge",
     "dlq_retry",
@@ -101,5 +108,6 @@ __all__ = [
     "set_kind_limits",
     "set_queue_limits",
     "throughput",
+    "undeclared_kinds",
     "workers",
 ]

@@ -24,11 +24,18 @@ from awa_django.cron import next_fire
 from awa_django.db.storage import QueueCounts
 from awa_django.exceptions import InvalidOptionError
 from awa_django.limits import check_id, check_queue_name, check_text, rate_text, show
+from awa_django.operator.descriptors import (
+    DescriptorStatus,
+    UndeclaredKind,
+    descriptors,
+    undeclared_kinds,
+)
 from awa_django.operator.rows import Json, Param, cursor, fetch, fetch_one, json_value
 from awa_django.sql import query
 from awa_django.states import JobState
 
 __all__ = [
+    "DescriptorStatus",
     "DlqEntry",
     "JobDetail",
     "JobSummary",
@@ -40,7 +47,9 @@ __all__ = [
     "ReplicaStatus",
     "RingState",
     "ScheduleStatus",
+    "UndeclaredKind",
     "WorkerStatus",
+    "descriptors",
     "dlq_list",
     "job_list",
     "job_show",
@@ -55,6 +64,7 @@ __all__ = [
     "rings",
     "schedules",
     "throughput",
+    "undeclared_kinds",
     "workers",
 ]
 

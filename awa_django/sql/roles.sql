@@ -32,7 +32,7 @@ awa.callback_receive_v1, awa.job_v1, awa.job_enqueued_at_v1, awa.queue_lag_v1
 -- (awa.lane_cursor_v1 in awa.live_jobs, awa._queue_names_v1 in awa.queue_stats).
 awa.job_v1, awa.job_list_v1, awa.job_enqueued_at_v1, awa.queue_counts_v1,
 awa.queue_depth_v1, awa.queue_lag_v1, awa.queue_stats_v1, awa.throughput_v1,
-awa.outcomes_per_minute_v1, awa.queue_minutes_v2,
+awa.outcomes_per_minute_v1, awa.queue_minutes_v2, awa.undeclared_kinds_v1,
 awa.ring_slots_v1, awa.flow_status_v1, awa.flow_kind_status_v1, awa.lane_cursor_v1,
 awa._queue_names_v1
 
@@ -40,12 +40,12 @@ awa._queue_names_v1
 -- Claim, heartbeat, finalize (complete, retry, snooze, cancel, fail, park for a callback),
 -- release and retake flow permits and serial keys, register the process, find work across
 -- queues, and write what the code declares: queue and kind limits, periodic schedules, the
--- queues' DLQ setting.
+-- queues' DLQ setting, the queues' and kinds' descriptors.
 awa.claim_v3, awa._attempt_open_v1, awa.finalize_v2, awa.finalize_v3, awa.heartbeat_v1,
 awa.callback_register_v1, awa.flow_release_v1, awa.flow_retake_v1, awa.flow_reset_v1,
 awa.serial_release_v1, awa.serial_retake_v1, awa.serial_reset_v1, awa.flow_sync_v1,
 awa.flow_kind_sync_v1, awa.cron_sync_v1, awa.queue_dlq_v1, awa.runtime_upsert_v1,
-awa.runtime_remove_v1, awa.queues_ready_v2, awa.queues_idle_v2
+awa.runtime_remove_v1, awa.queues_ready_v2, awa.queues_idle_v2, awa.descriptors_report_v1
 
 -- name: maintenance_functions
 -- The leader's tasks: promotion, rescue, rotation and prune (TRUNCATE of sealed slots, as the
@@ -56,7 +56,7 @@ awa.runtime_remove_v1, awa.queues_ready_v2, awa.queues_idle_v2
 awa.promote_v1, awa.rescue_v1, awa.rotate_v3, awa.prune_v1, awa.dlq_expire_v1,
 awa.cleanup_v1, awa.callback_receipts_prune_v1, awa.unique_sweep_v1, awa.serial_sweep_v1,
 awa.cron_fire_v1, awa.leader_mark_v1, awa.leader_grace_v1, awa.leader_takeover_v1,
-awa.flow_reap_v1, awa.queue_minutes_record_v1
+awa.flow_reap_v1, awa.queue_minutes_record_v1, awa.descriptors_prune_v1
 
 -- name: operator_functions
 -- The admin's actions and the CLI's (docs/operations.md): cancel, DLQ retry and purge, retry

@@ -201,8 +201,29 @@ CREATE TABLE awa.runtime_instances (
     version text,
     is_leader boolean NOT NULL DEFAULT false,
     started_at timestamptz NOT NULL DEFAULT now(),
-    last_seen_at timestamptz NOT NULL DEFAULT now()
+    last_seen_at timestamptz NOT NULL DEFAULT now(),
+    -- What the process declares (awa.descriptors_report_v1): {"live_seconds": n, "queue":
+    -- {name: hash}, "kind": {name: hash}}; NULL for a process that declares nothing.
+    descriptors jsonb
 ) WITH (fillfactor = 70);
+
+-- The queues and job kinds declared in code (label, description, owner, links), as the last
+-- worker that reported each wrote it (awa.descriptors_report_v1), with the hash of the
+-- declaration. Whether live workers declare it, and whether they agree, is derived from
+-- awa.runtime_instances (the view awa.descriptor_status). Rows no live worker has declared
+-- for DESCRIPTOR_RETENTION are deleted by the leader (awa.descriptors_prune_v1).
+CREATE TABLE awa.descriptors (
+    what text NOT NULL CHECK (what IN ('queue', 'kind')),
+    name text NOT NULL,
+    label text,
+    description text,
+    owner text,
+    links jsonb,
+    hash text NOT NULL,
+    declared_at timestamptz NOT NULL DEFAULT now(),
+    last_seen_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (what, name)
+);
 
 -- Queue ring --------------------------------------------------------------------------------------
 

@@ -39,3 +39,18 @@ CREATE TABLE IF NOT EXISTS awa.queue_minute_retries (
     promoted integer NOT NULL,
     PRIMARY KEY (queue, minute)
 );
+
+-- Descriptors: the queues and job kinds declared in code, and what each process declares.
+ALTER TABLE awa.runtime_instances ADD COLUMN IF NOT EXISTS descriptors jsonb;
+CREATE TABLE IF NOT EXISTS awa.descriptors (
+    what text NOT NULL CHECK (what IN ('queue', 'kind')),
+    name text NOT NULL,
+    label text,
+    description text,
+    owner text,
+    links jsonb,
+    hash text NOT NULL,
+    declared_at timestamptz NOT NULL DEFAULT now(),
+    last_seen_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (what, name)
+);

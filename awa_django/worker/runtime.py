@@ -47,7 +47,7 @@ import psycopg
 from awa_django._version import __version__
 from awa_django.connection_budget import connection_budget, own_connections
 from awa_django.db.links import RECONNECT_BACKOFF_MAX, Link, first_line, is_connection_lost
-from awa_django.jobs import kind_flow_limits
+from awa_django.jobs import kind_flow_limits, registered_kinds
 from awa_django.limits import QUEUE_NAME_RE
 from awa_django.maintenance.cron import sync_schedules
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
@@ -58,6 +58,7 @@ from awa_django.telemetry.tracing import active_tracing
 from awa_django.worker.attempts import EXIT_STUCK_HANDLERS, Attempts, Running
 from awa_django.worker.batcher import CompletionBatcher
 from awa_django.worker.config import QueueConfig, WorkerConfig
+from awa_django.worker.declarations import declarations, live_seconds
 from awa_django.worker.dispatch import Dispatcher
 from awa_django.worker.family import FAMILY_ENV, Family
 from awa_django.worker.finalizations import safe_str
@@ -122,6 +123,7 @@ class WorkerRuntime:
             metrics=self._metrics,
         )
         self.queues: dict[str, QueueConfig] = {}
+        self._declare_failed = False
         self.slots = Slots(config.concurrency, config.settings.CLAIM_BATCH_SIZE)
         self.stopping = False
         self.exit_code = 0
@@ -490,6 +492,31 @@ class WorkerRuntime:
             )
 
         await self.control_link.run(upsert, give_up=lambda: self.stopping)
+        await self._declare()
+
+    async def _declare(self) -> None:
+        """Report what this process declares (docs/descriptors.md), after each runtime refresh;
+        the database writes only what changed. A failure is logged once and never stops the
+        worker."""
+        cfg = self.config.settings
+        items = json.dumps(declarations(registered_kinds(), self.queues, cfg))
+        seconds = live_seconds(cfg)
+
+        async def report(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(query("descriptors_report"), [self.instance_id, seconds, items])
+
+        try:
+            await self.control_link.run(report, give_up=lambda: self.stopping)
+        except Exception as exc:
+            if not self._declare_failed:
+                log.warning(
+                    "awa worker: could not report its queues and kinds (%s); the admin shows "
+                    "them as stale until it can",
+                    first_line(exc),
+                )
+            self._declare_failed = True
+        else:
+            self._declare_failed = False
 
     async def _check_connection_budget(self) -> None:
         """Warn when this fleet could exhaust the server's max_connections: ``--processes``

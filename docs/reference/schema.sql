@@ -4,7 +4,7 @@
 -- signature, attributes, a digest of their body and their privileges (OWNER: the migrating
 -- role); their bodies are in awa_django/sql/functions/.
 
--- relation (88)
+-- relation (90)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
 TABLE attempt_state WITH (fillfactor=80)
@@ -29,6 +29,7 @@ TABLE claims_6 PARTITION OF claims FOR VALUES IN (6)
 TABLE claims_7 PARTITION OF claims FOR VALUES IN (7)
 TABLE cron_schedules
 TABLE deferred_jobs
+TABLE descriptors
 TABLE dlq_entries
 TABLE done_entries PARTITION BY LIST (ready_slot)
 TABLE done_entries_0 PARTITION OF done_entries FOR VALUES IN (0)
@@ -88,13 +89,14 @@ TYPE claimed_v3
 TYPE job_body
 VIEW callback_waits
 VIEW cron_schedule_status
+VIEW descriptor_status
 VIEW jobs
 VIEW live_jobs
 VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (420)
+-- column (443)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -221,6 +223,28 @@ deferred_jobs.015 tags text[]
 deferred_jobs.016 errors jsonb
 deferred_jobs.017 progress jsonb
 deferred_jobs.018 deferred_at timestamp with time zone NOT NULL DEFAULT now()
+descriptor_status.001 id text
+descriptor_status.002 what text
+descriptor_status.003 name text
+descriptor_status.004 label text
+descriptor_status.005 description text
+descriptor_status.006 owner text
+descriptor_status.007 links jsonb
+descriptor_status.008 declared_at timestamp with time zone
+descriptor_status.009 last_seen_at timestamp with time zone
+descriptor_status.010 live_workers bigint
+descriptor_status.011 versions bigint
+descriptor_status.012 stale boolean
+descriptor_status.013 drift boolean
+descriptors.001 what text NOT NULL
+descriptors.002 name text NOT NULL
+descriptors.003 label text
+descriptors.004 description text
+descriptors.005 owner text
+descriptors.006 links jsonb
+descriptors.007 hash text NOT NULL
+descriptors.008 declared_at timestamp with time zone NOT NULL DEFAULT now()
+descriptors.009 last_seen_at timestamp with time zone NOT NULL DEFAULT now()
 dlq_entries.001 job_id bigint NOT NULL
 dlq_entries.002 queue text NOT NULL
 dlq_entries.003 priority smallint NOT NULL
@@ -468,6 +492,7 @@ runtime_instances.006 version text
 runtime_instances.007 is_leader boolean NOT NULL DEFAULT false
 runtime_instances.008 started_at timestamp with time zone NOT NULL DEFAULT now()
 runtime_instances.009 last_seen_at timestamp with time zone NOT NULL DEFAULT now()
+runtime_instances.010 descriptors jsonb
 schema_migrations.001 name text NOT NULL
 schema_migrations.002 applied_at timestamp with time zone NOT NULL DEFAULT now()
 serial_waiting.001 job_id bigint NOT NULL
@@ -520,7 +545,7 @@ unique_keys.007 taken_at timestamp with time zone NOT NULL DEFAULT clock_timesta
 job_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 lane_id_seq AS integer START 1 INCREMENT 1 MIN 1 MAX 2147483647 CACHE 1
 
--- constraint (64)
+-- constraint (66)
 attempt_state attempt_state_pkey PRIMARY KEY (job_id, run_lease)
 callback_receipts callback_receipts_action_check CHECK ((action = ANY (ARRAY['resolve'::text, 'heartbeat'::text])))
 callback_receipts callback_receipts_pkey PRIMARY KEY (callback_id, request_digest)
@@ -539,6 +564,8 @@ cron_schedules cron_schedules_timezone_check CHECK (((timezone <> ''::text) AND 
 deferred_jobs deferred_jobs_pkey PRIMARY KEY (job_id)
 deferred_jobs deferred_jobs_retry_policy_check CHECK (((run_lease > 0) OR (metadata IS NULL) OR (NOT (metadata ? 'awa:retry'::text)) OR awa._check_retry_policy_v1(metadata)))
 deferred_jobs deferred_jobs_state_check CHECK ((state = ANY (ARRAY['scheduled'::text, 'retryable'::text])))
+descriptors descriptors_pkey PRIMARY KEY (what, name)
+descriptors descriptors_what_check CHECK ((what = ANY (ARRAY['queue'::text, 'kind'::text])))
 dlq_entries dlq_entries_pkey PRIMARY KEY (job_id)
 done_entries done_entries_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
 flow_kind_limits flow_kind_limits_burst_check CHECK (((burst >= 1) AND (burst <= 1000000)))
@@ -586,7 +613,7 @@ schema_migrations schema_migrations_pkey PRIMARY KEY (name)
 serial_waiting serial_waiting_pkey PRIMARY KEY (job_id)
 unique_keys unique_keys_pkey PRIMARY KEY (unique_key)
 
--- index (59)
+-- index (60)
 CREATE INDEX attempt_state_callback_idx ON awa.attempt_state USING btree (callback_id) WHERE (callback_id IS NOT NULL)
 CREATE INDEX callback_receipts_received_idx ON awa.callback_receipts USING btree (received_at)
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at)
@@ -624,6 +651,7 @@ CREATE UNIQUE INDEX claim_closures_pkey ON ONLY awa.claim_closures USING btree (
 CREATE UNIQUE INDEX claims_pkey ON ONLY awa.claims USING btree (job_id, run_lease, claim_slot)
 CREATE UNIQUE INDEX cron_schedules_pkey ON awa.cron_schedules USING btree (name)
 CREATE UNIQUE INDEX deferred_jobs_pkey ON awa.deferred_jobs USING btree (job_id)
+CREATE UNIQUE INDEX descriptors_pkey ON awa.descriptors USING btree (what, name)
 CREATE UNIQUE INDEX dlq_entries_pkey ON awa.dlq_entries USING btree (job_id)
 CREATE UNIQUE INDEX flow_kind_limits_pkey ON awa.flow_kind_limits USING btree (kind)
 CREATE UNIQUE INDEX flow_kind_rate_state_pkey ON awa.flow_kind_rate_state USING btree (kind)
@@ -697,7 +725,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (156)
+-- function (160)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -815,6 +843,14 @@ CREATE OR REPLACE FUNCTION awa._depth_probe_v1(p_depth integer)
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  AS body sha256 8ecebf2e612b56c5 (3 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa._descriptor_problem_v1(p_item jsonb)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 14dd7545541a6861 (35 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._enqueue_check_v1(p_jobs jsonb, p_now timestamp with time zone, p_first integer, p_args_max integer, p_meta_max integer, p_depth integer, p_max_tags integer, p_tag_len integer, OUT first_error text, OUT deferred_count bigint)
@@ -1322,6 +1358,22 @@ CREATE OR REPLACE FUNCTION awa.cron_trigger_v1(p_name text, p_args_max_bytes int
  AS body sha256 d5b90487ad92f9bb (21 lines)
  GRANTS {OWNER=X/OWNER}
 
+CREATE OR REPLACE FUNCTION awa.descriptors_prune_v1(p_retention double precision)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 4555bdfd0185bad3 (19 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.descriptors_report_v1(p_instance uuid, p_live_seconds double precision, p_items jsonb)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 cc1e90fd52f265ba (50 lines)
+ GRANTS {OWNER=X/OWNER}
+
 CREATE OR REPLACE FUNCTION awa.dlq_expire_v1(p_retention double precision, p_limit integer DEFAULT 1000)
  RETURNS integer
  LANGUAGE sql
@@ -1807,6 +1859,15 @@ CREATE OR REPLACE FUNCTION awa.throughput_v1(p_queue text DEFAULT NULL::text)
  AS body sha256 e64ec77b4b24dc52 (31 lines)
  GRANTS {OWNER=X/OWNER}
 
+CREATE OR REPLACE FUNCTION awa.undeclared_kinds_v1()
+ RETURNS TABLE(kind text, available bigint)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 c85df5854ad31b2f (17 lines)
+ GRANTS {OWNER=X/OWNER}
+
 CREATE OR REPLACE FUNCTION awa.unique_default_states_v1()
  RETURNS text[]
  LANGUAGE sql
@@ -1867,7 +1928,7 @@ CREATE OR REPLACE FUNCTION awa.valid_queue_name(p_queue text)
 -- trigger (1)
 CREATE TRIGGER flow_kind_rate_row AFTER INSERT OR UPDATE OF rate ON awa.flow_kind_limits FOR EACH ROW EXECUTE FUNCTION awa._flow_kind_rate_row_v1()
 
--- view (7)
+-- view (8)
 CREATE VIEW awa.callback_waits AS
  SELECT job_id,
     run_lease,
@@ -1930,6 +1991,44 @@ CREATE VIEW awa.cron_schedule_status AS
            FROM awa.jobs s
           WHERE (id = last_job_id)
          LIMIT 1) j ON (true));
+
+CREATE VIEW awa.descriptor_status AS
+ WITH reported AS (
+         SELECT what,
+            key AS name,
+            value AS hash,
+            instance_id
+           FROM ((awa.runtime_instances r
+             CROSS JOIN LATERAL ( VALUES ('queue'::text), ('kind'::text)) w(what))
+             CROSS JOIN LATERAL jsonb_each_text(
+                CASE
+                    WHEN (jsonb_typeof((descriptors -> what)) = 'object'::text) THEN (descriptors -> what)
+                    ELSE '{}'::jsonb
+                END) e(key, value))
+          WHERE ((descriptors IS NOT NULL) AND (last_seen_at > (now() - make_interval(secs => ((descriptors ->> 'live_seconds'::text))::double precision))))
+        ), agreed AS (
+         SELECT what,
+            name,
+            count(DISTINCT instance_id) AS workers,
+            count(DISTINCT hash) AS versions
+           FROM reported x
+          GROUP BY what, name
+        )
+ SELECT ((what || ':'::text) || name) AS id,
+    what,
+    name,
+    label,
+    description,
+    owner,
+    links,
+    declared_at,
+    last_seen_at,
+    COALESCE(workers, (0)::bigint) AS live_workers,
+    COALESCE(versions, (0)::bigint) AS versions,
+    (workers IS NULL) AS stale,
+    COALESCE((versions > 1), false) AS drift
+   FROM (awa.descriptors d
+     LEFT JOIN agreed a ON (((what = what) AND (name = name))));
 
 CREATE VIEW awa.jobs AS
  SELECT id,

@@ -36,6 +36,7 @@ MODELS = (
     "cronschedule",
     "callbackwait",
     "kindlimit",
+    "descriptor",
 )
 JOB_MODELS = ("deadletter", "terminaljob", "livejob")
 

@@ -1,5 +1,6 @@
 """``manage.py awa_status [--json]``: queues, flow limits (of queues and job kinds), workers,
-the leader and the rings (thin).
+the leader, the rings (thin), and the declared queues and kinds with their stale and drift
+flags and the kinds of available jobs no live worker declares (docs/descriptors.md).
 
 Queues, workers and rings are read from ``AWA["READ_DATABASE_ALIAS"]`` (a streaming replica; by
 default ``AWA["DATABASE_ALIAS"]``), with the replica's lag; flow limits from the primary (the
@@ -16,11 +17,13 @@ from django.core.management.base import BaseCommand, CommandParser
 from awa_django.conf import awa_settings
 from awa_django.management.commands._cli import database_errors
 from awa_django.operator import (
+    descriptors,
     kind_limits,
     queue_limits,
     queue_stats,
     replica_status,
     rings,
+    undeclared_kinds,
     workers,
 )
 from awa_django.telemetry.logs import one_line
@@ -42,6 +45,8 @@ class Command(BaseCommand):
             queues = queue_stats(using=read)
             processes = workers(using=read)
             ring_states = rings(using=read)
+            declared = descriptors(using=read)
+            orphans = undeclared_kinds(using=read)
             replica = None if elsewhere is None else replica_status(using=read)
         with database_errors():
             limits = queue_limits()  # the primary's lock table holds the permits in use
@@ -71,6 +76,8 @@ class Command(BaseCommand):
                         "workers": [dataclasses.asdict(w) for w in processes],
                         "leader": next((w.instance_id for w in processes if w.is_leader), None),
                         "rings": [dataclasses.asdict(r) for r in ring_states],
+                        "descriptors": [dataclasses.asdict(d) for d in declared],
+                        "undeclared_kinds": [dataclasses.asdict(k) for k in orphans],
                     },
                     indent=2,
                     default=str,
@@ -113,4 +120,21 @@ class Command(BaseCommand):
         for r in ring_states:
             self.stdout.write(
                 f"  {r.ring}: slot {r.current_slot} of {r.slot_count}, generation {r.generation}"
+            )
+        self.stdout.write(self.style.MIGRATE_HEADING("declared queues and kinds:"))
+        if not declared:
+            self.stdout.write("  none reported")
+        for d in declared:  # texts from code or raw SQL: one line each, whatever they hold
+            flags = ("STALE, " if d.stale else "") + ("DRIFT, " if d.drift else "")
+            about = one_line(d.label or d.description or "")[:100]
+            owner = f" owner {one_line(d.owner)}" if d.owner else ""
+            self.stdout.write(
+                f"  {d.what} {one_line(d.name)}: {flags}{d.live_workers} live worker(s)"
+                f"{owner}{f': {about}' if about else ''}"
+            )
+        for orphan in orphans:
+            self.stdout.write(
+                self.style.WARNING(
+                    f"  no worker serves {one_line(orphan.kind)}; {orphan.available:,} available"
+                )
             )

@@ -140,3 +140,17 @@ SELECT pg_is_in_recovery() AS in_recovery,
        END::float8 AS lag_seconds,
        pg_is_in_recovery() AND pg_get_wal_replay_pause_state() <> 'not paused' AS replay_paused,
        pg_last_xact_replay_timestamp() AS last_replayed_at
+
+-- name: descriptors_report
+SELECT awa.descriptors_report_v1(%s, %s, %s::jsonb)
+
+-- name: descriptor_status
+SELECT what, name, label, description, owner, links, declared_at, last_seen_at, live_workers,
+       versions, stale, drift
+FROM awa.descriptor_status ORDER BY what DESC, name
+
+-- name: undeclared_kinds
+SELECT kind, available FROM awa.undeclared_kinds_v1()
+
+-- name: descriptors_prune
+SELECT awa.descriptors_prune_v1(%s)
