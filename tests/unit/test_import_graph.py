@@ -152,7 +152,10 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "awa_django.management",
         ),
     ),
-    ("HTTP views", ("awa_django.urls", "awa_django.views", "awa_django.callbacks")),
+    (
+        "HTTP views",
+        ("awa_django.urls", "awa_django.views", "awa_django.callbacks", "awa_django.http_targets"),
+    ),
     ("operator API", ("awa_django.operator",)),
     ("worker", ("awa_django.worker", "awa_django.maintenance", "awa_django.testing")),
     ("django.tasks", ("awa_django.backends",)),
