@@ -22,6 +22,7 @@ from awa_django.exceptions import (
     UnknownKindError,
 )
 from awa_django.jobs import Job, JobOptions, get_job, job
+from awa_django.middleware import JobCall
 from awa_django.operator.actions import (
     cancel,
     dlq_purge,
@@ -33,7 +34,6 @@ from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.producer import aenqueue, aenqueue_many, enqueue, enqueue_many
 from awa_django.retry import RetryPolicy
 from awa_django.types import EnqueuedJob, JobRequest
-from awa_django.worker.middleware import JobCall
 
 __all__ = [
     "AwaError",

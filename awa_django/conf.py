@@ -337,6 +337,11 @@ def load_settings(raw: object) -> AwaSettings:
             f"{tolerance:g}: signed timestamps are whole seconds, and the window is at most a "
             "day."
         )
+    if cast(float, values["DESCRIPTOR_RETENTION"]) < 3600:
+        raise ImproperlyConfigured(
+            "AWA['DESCRIPTOR_RETENTION'] must be at least 3600 seconds: a declaration's last "
+            "sighting is written hourly, so a shorter retention would delete live ones."
+        )
     interval = cast(float, values["HEARTBEAT_INTERVAL"])
     staleness = cast(float, values["HEARTBEAT_STALENESS"])
     if staleness <= interval:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Concatenate, Generic, Literal, NamedTuple, ParamSpec, TypeVar, overload
@@ -452,13 +453,17 @@ def _register(
     return handle
 
 
+#: A blank line (spaces and tabs allowed), or a paragraph separator.
+_PARAGRAPH_BREAK = re.compile(r"\r?\n[ \t]*\r?\n|\u2029")
+
+
 def _summary(func: Callable[..., Any]) -> str | None:
     """The first paragraph of ``func``'s docstring on one line, cut to what a description
     holds; None when it has none."""
     doc = inspect.getdoc(func)
     if not doc:
         return None
-    paragraph = " ".join(doc.strip().split("\n\n", 1)[0].split())
+    paragraph = " ".join(_PARAGRAPH_BREAK.split(doc.strip(), maxsplit=1)[0].split())
     return clean_text(paragraph)[:DESCRIPTION_MAX_LENGTH] or None
 
 

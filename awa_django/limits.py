@@ -366,7 +366,7 @@ OWNER_MAX_LENGTH = 200
 LINKS_MAX = 20
 LINK_NAME_MAX_LENGTH = 100
 LINK_URL_MAX_LENGTH = 2000
-_URL = re.compile(r"https?://\S+", re.IGNORECASE | re.ASCII)
+_URL = re.compile(r"https?://[!-~]+", re.IGNORECASE)  # printable ASCII, as in SQL
 
 
 def check_descriptor(

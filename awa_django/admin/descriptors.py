@@ -20,6 +20,9 @@ from awa_django.operator.descriptors import safe_links, undeclared_kinds
 
 __all__ = ["DescriptorAdmin"]
 
+#: The most "no worker serves" warnings one page shows.
+_WARNINGS = 10
+
 
 class DescriptorAdmin(ReadOnlyAdmin):
     list_display = (
@@ -52,6 +55,9 @@ class DescriptorAdmin(ReadOnlyAdmin):
 
     @staticmethod
     def selection_key(text: str) -> Any:
+        """``what:name``: text PostgreSQL can store (a NUL in a URL is no descriptor's)."""
+        if "\x00" in text or len(text) > 300 or ":" not in text:
+            raise ValueError("not a descriptor's id")
         return text
 
     @admin.display(description="status", ordering="stale")
@@ -81,10 +87,18 @@ class DescriptorAdmin(ReadOnlyAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         if request.method == "GET" and self.has_view_permission(request):
-            for orphan in undeclared_kinds(using=admin_read_alias()):
+            orphans = undeclared_kinds(using=admin_read_alias())
+            for orphan in orphans[:_WARNINGS]:
                 self.message_user(
                     request,
                     f"No worker serves {orphan.kind}; {orphan.available:,} available.",
+                    messages.WARNING,
+                )
+            if len(orphans) > _WARNINGS:
+                self.message_user(
+                    request,
+                    f"... and {len(orphans) - _WARNINGS:,} more kinds no worker serves "
+                    "(manage.py awa_status lists them).",
                     messages.WARNING,
                 )
         return super().changelist_view(request, extra_context)

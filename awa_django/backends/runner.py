@@ -20,6 +20,7 @@ sends no ``task_finished``: the database decides its outcome.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import json
 import logging
@@ -61,6 +62,7 @@ from awa_django.exceptions import (
     TransactionLeftOpen,
 )
 from awa_django.jobs import Job, JobOptions
+from awa_django.middleware import JobCall, task_chain
 from awa_django.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_django.retry import fails_at_once
 from awa_django.sql import query
@@ -244,17 +246,36 @@ def _release_connections(job_id: int, kept: dict[str, OpenTransaction]) -> None:
         )
 
 
+#: The attempt whose task function the middleware chain's innermost call runs.
+_current: contextvars.ContextVar[_Attempt] = contextvars.ContextVar("awa_task_attempt")
+
+
 def _runner(task: Any) -> Any:
-    """The handler the worker runs for ``task``: ``(ctx, *args, **kwargs)``."""
+    """The handler the worker runs for ``task``: ``(ctx, *args, **kwargs)``. Job middleware
+    (``AWA["JOB_MIDDLEWARE"]``) goes around the task function's call, inside the signals."""
     func = task.func
+    path = str(getattr(task, "module_path", ""))
 
     if inspect.iscoroutinefunction(func):
+
+        async def innermost_async(call: JobCall) -> object:
+            return await func(*_current.get().call_args(call.args), **call.kwargs)
+
+        async def call_async(ctx: JobContext, attempt: _Attempt, args: Any, kwargs: Any) -> Any:
+            chain = task_chain(func, path, True, innermost_async)
+            if chain is None:
+                return await func(*attempt.call_args(args), **kwargs)
+            token = _current.set(attempt)
+            try:
+                return await chain(JobCall(ctx, tuple(args), dict(kwargs)))
+            finally:
+                _current.reset(token)
 
         async def run_async(ctx: JobContext, *args: object, **kwargs: object) -> object:
             attempt = await sync_to_async(_Attempt)(task, ctx, args, kwargs)
             try:
                 await sync_to_async(attempt.start)()
-                value = await func(*attempt.call_args(args), **kwargs)
+                value = await call_async(ctx, attempt, args, kwargs)
                 stored = attempt.stored(value)
             except BaseException as exc:
                 await sync_to_async(attempt.finish)(None, exc)
@@ -264,6 +285,19 @@ def _runner(task: Any) -> Any:
 
         return run_async
 
+    def innermost(call: JobCall) -> object:
+        return func(*_current.get().call_args(call.args), **call.kwargs)
+
+    def call_sync(ctx: JobContext, attempt: _Attempt, args: Any, kwargs: Any) -> Any:
+        chain = task_chain(func, path, False, innermost)
+        if chain is None:
+            return func(*attempt.call_args(args), **kwargs)
+        token = _current.set(attempt)
+        try:
+            return chain(JobCall(ctx, tuple(args), dict(kwargs)))
+        finally:
+            _current.reset(token)
+
     def run_sync(ctx: JobContext, *args: object, **kwargs: object) -> object:
         attempt = _Attempt(task, ctx, args, kwargs)
         try:
@@ -271,7 +305,7 @@ def _runner(task: Any) -> Any:
             # None in a worker; under drain(), the test's, with what task_started wrote in it.
             kept = mark_open_transactions()
             try:
-                value = func(*attempt.call_args(args), **kwargs)
+                value = call_sync(ctx, attempt, args, kwargs)
             except BaseException:
                 with contextlib.suppress(TransactionLeftOpen):  # its own exception is its error
                     _release_connections(ctx.id, kept)

@@ -155,6 +155,9 @@ def _restore(conn: BaseDatabaseWrapper, mark: OpenTransaction) -> bool:
     aborted = False
     with contextlib.suppress(Exception):
         aborted = raw is not None and raw.info.transaction_status == 3  # INERROR
+    # transaction.set_rollback(True) outside a block of the handler's own: it marked the
+    # caller's block; the handler's part is rolled back instead (a worker refuses the flag).
+    aborted = aborted or (conn.needs_rollback and not mark.needs_rollback)
     if not (left_open or aborted):
         if mark.savepoint is not None:
             try:

@@ -49,7 +49,10 @@ class UndeclaredKind:
 def safe_links(value: object) -> dict[str, str]:
     """``value``'s links whose URL is http(s); anything else is dropped (rows are written by
     a function that checks them, but an admin page must never link to ``javascript:``)."""
-    decoded = json_value(value)
+    try:
+        decoded = json_value(value)
+    except ValueError:  # a JSON string Django already decoded, or not JSON at all
+        return {}
     if not isinstance(decoded, dict):
         return {}
     return {

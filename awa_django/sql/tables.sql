@@ -689,14 +689,15 @@ CREATE TABLE awa.queue_minutes (
 
 CREATE INDEX queue_minutes_minute_idx ON awa.queue_minutes (minute);
 
--- Per queue and minute of failure, the retries promotion has moved back to the queue since
--- (awa.promote_v1, in the transaction that moves them). A retry still waiting out its backoff
--- is a retryable row of awa.deferred_jobs; the two together are the retries the minute
--- scheduled (awa._queue_minute_outcomes_v2). Rows older than 25 hours are deleted with
+-- Per queue and minute of failure, the retries that left awa.deferred_jobs since: moved back
+-- to the queue by promotion (awa.promote_v1), or cancelled while they waited (awa.cancel_v1,
+-- awa.queue_drain_v2), each in the transaction that deletes them. A retry still waiting out
+-- its backoff is a retryable row of awa.deferred_jobs; the two together are the retries the
+-- minute scheduled (awa._queue_minute_outcomes_v2). Rows older than 25 hours are deleted with
 -- awa.queue_minutes's.
 CREATE TABLE awa.queue_minute_retries (
     queue text NOT NULL,
     minute timestamptz NOT NULL,
-    promoted integer NOT NULL,
+    retries integer NOT NULL,
     PRIMARY KEY (queue, minute)
 );

@@ -36,7 +36,7 @@ CREATE INDEX IF NOT EXISTS deferred_jobs_retried_idx ON awa.deferred_jobs (queue
 CREATE TABLE IF NOT EXISTS awa.queue_minute_retries (
     queue text NOT NULL,
     minute timestamptz NOT NULL,
-    promoted integer NOT NULL,
+    retries integer NOT NULL,
     PRIMARY KEY (queue, minute)
 );
 

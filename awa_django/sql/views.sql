@@ -184,31 +184,3 @@ JOIN awa.queue_lanes l ON l.lane_id = c.lane_id
 JOIN awa.ready_entries r
   ON r.lane_id = c.lane_id AND r.lane_seq = c.lane_seq AND r.ready_slot = c.ready_slot
 LEFT JOIN awa.attempt_state s ON s.job_id = w.job_id AND s.run_lease = w.run_lease;
-
--- Each declared queue and job kind (awa.descriptors) with the live processes that declare it
--- (seen within the live_seconds each reported), how many different declarations they hold,
--- and: stale (no live process declares it) and drift (live processes disagree: a deploy half
--- rolled out). id is what:name.
-CREATE OR REPLACE VIEW awa.descriptor_status AS
-WITH reported AS (
-    SELECT w.what, e.key AS name, e.value AS hash, r.instance_id
-    FROM awa.runtime_instances r
-    CROSS JOIN LATERAL (VALUES ('queue'), ('kind')) AS w (what)
-    CROSS JOIN LATERAL jsonb_each_text(
-        CASE WHEN jsonb_typeof(r.descriptors -> w.what) = 'object'
-             THEN r.descriptors -> w.what ELSE '{}'::jsonb END) AS e
-    WHERE r.descriptors IS NOT NULL
-      AND r.last_seen_at > now() - make_interval(
-          secs => (r.descriptors ->> 'live_seconds')::double precision)
-), agreed AS (
-    SELECT x.what, x.name, count(DISTINCT x.instance_id) AS workers,
-           count(DISTINCT x.hash) AS versions
-    FROM reported x
-    GROUP BY x.what, x.name
-)
-SELECT d.what || ':' || d.name AS id, d.what, d.name, d.label, d.description, d.owner, d.links,
-       d.declared_at, d.last_seen_at, COALESCE(a.workers, 0) AS live_workers,
-       COALESCE(a.versions, 0) AS versions, a.workers IS NULL AS stale,
-       COALESCE(a.versions > 1, false) AS drift
-FROM awa.descriptors d
-LEFT JOIN agreed a ON a.what = d.what AND a.name = d.name;

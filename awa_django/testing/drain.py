@@ -14,19 +14,22 @@ import dataclasses
 import json
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
-from asgiref.sync import async_to_sync
 from django.db import connections
 
 from awa_django.conf import get_awa_settings
 from awa_django.context import JobContext
 from awa_django.db.storage import ClaimedJob, Finalization, finalize_statement
-from awa_django.db.transactions import mark_open_transactions, release_thread_connections
-from awa_django.exceptions import TransactionLeftOpen
+from awa_django.db.transactions import (
+    checked_alias,
+)
+from awa_django.exceptions import IsolationLevelError
+from awa_django.limits import check_queue_name
 from awa_django.sql import query
+from awa_django.testing.handler_call import call_handler
 from awa_django.worker.finalizations import outcome_of
-from awa_django.worker.prepared import PreparedAttempt, prepare
+from awa_django.worker.prepared import prepare
 
 __all__ = ["JobRun", "drain", "kind_names"]
 
@@ -77,22 +80,44 @@ def drain(
         raise TypeError(f"with_scheduled must be a bool, got {with_scheduled!r}")
     wanted = kind_names(kinds)
     cfg = get_awa_settings()
-    alias = using or cfg.DATABASE_ALIAS
+    alias = checked_alias(using or cfg.DATABASE_ALIAS)
     names = _queue_names(queues)
+    _check_isolation(alias)
     if names is None:
         with connections[alias].cursor() as cursor:
             cursor.execute(query("queues_known"))
             names = [row[0] for row in cursor.fetchall()]
     runs: list[JobRun] = []
-    while True:
-        ran = len(runs)
-        if with_scheduled:
-            _make_due(alias, names)
-        set_aside = _round(alias, names, wanted, cfg, runs, max_jobs)
-        if set_aside:
-            _promote(alias)  # the jobs of other kinds, back into their queues
-        if not with_scheduled or len(runs) == ran or len(runs) >= max_jobs:
-            return runs
+    aside: list[bool] = []
+    try:
+        while True:
+            ran = len(runs)
+            # What the leader would have made available: jobs due by now (the wall clock's:
+            # a test's transaction keeps the time it began), and with_scheduled all of them.
+            _make_due(alias, names, wanted, "testing_make_due" if with_scheduled else "testing_due")
+            _round(alias, names, wanted, cfg, runs, max_jobs, aside)
+            if aside:
+                aside.clear()
+                _promote(alias)  # the jobs of other kinds, back into their queues
+            if not with_scheduled or len(runs) == ran or len(runs) >= max_jobs:
+                return runs
+    finally:
+        if aside:  # interrupted (Ctrl-C): the jobs set aside go back all the same
+            _promote(alias)
+
+
+def _check_isolation(alias: str) -> None:
+    """``IsolationLevelError`` unless the alias's transactions run at READ COMMITTED, as the
+    claim needs: before anything is sent, the transaction stays usable."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(query("isolation"))
+        row = cursor.fetchone()
+    level = str(row[0]) if row else ""
+    if level not in ("read committed", "read uncommitted"):
+        raise IsolationLevelError(
+            f"drain() claims jobs, which needs READ COMMITTED, but {alias!r} runs at "
+            f"{level.upper()}"
+        )
 
 
 def kind_names(kinds: object) -> frozenset[str] | None:
@@ -116,13 +141,17 @@ def kind_names(kinds: object) -> frozenset[str] | None:
 
 
 def _queue_names(queues: str | Iterable[str] | None) -> list[str] | None:
+    """The queues named (None: every queue); a name that is not a queue's is refused."""
     if queues is None:
         return None
+    if isinstance(cast(object, queues), bytes | bytearray):
+        raise TypeError(f"queues are named by str, not {type(queues).__name__}")
     names = [queues] if isinstance(queues, str) else list(queues)
     for name in names:
         if not isinstance(name, str):
             raise TypeError(f"a queue is named by a str, not {name!r}")
-    return names or None
+        check_queue_name(name)
+    return names
 
 
 def _round(
@@ -132,9 +161,10 @@ def _round(
     cfg: Any,
     runs: list[JobRun],
     max_jobs: int,
-) -> bool:
-    """Run the queues' available jobs until none is left; whether any was set aside."""
-    set_aside = False
+    aside: list[bool],
+) -> None:
+    """Run the queues' available jobs until none is left; ``aside`` gets an entry as soon as
+    one is set aside."""
     progress = True
     while progress and len(runs) < max_jobs:
         progress = False
@@ -145,8 +175,8 @@ def _round(
             progress = True
             try:
                 if wanted is not None and job.kind not in wanted:
+                    aside.append(True)
                     _set_aside(alias, job)
-                    set_aside = True
                 else:
                     runs.append(_run(alias, job, cfg))
             finally:
@@ -158,7 +188,6 @@ def _round(
                         cursor.execute(query("serial_release"), [[job.serial_lock]])
             if len(runs) >= max_jobs:
                 break
-    return set_aside
 
 
 def _set_aside(alias: str, job: ClaimedJob) -> None:
@@ -170,9 +199,13 @@ def _set_aside(alias: str, job: ClaimedJob) -> None:
         cursor.fetchall()
 
 
-def _make_due(alias: str, names: list[str]) -> None:
-    with connections[alias].cursor() as cursor:
-        cursor.execute(query("testing_make_due"), {"queues": names})
+def _make_due(alias: str, names: list[str], wanted: frozenset[str] | None, statement: str) -> None:
+    """Bring the queues' deferred jobs (of the wanted kinds) to now: those due by the wall
+    clock (``testing_due``), or all of them (``testing_make_due``); then promote."""
+    if names:
+        kinds = None if wanted is None else sorted(wanted)
+        with connections[alias].cursor() as cursor:
+            cursor.execute(query(statement), {"queues": names, "kinds": kinds})
     _promote(alias)
 
 
@@ -206,33 +239,6 @@ def _claim(alias: str, queue: str, cfg: Any) -> ClaimedJob | None:
     return ClaimedJob(**fields)
 
 
-def _call(attempt: PreparedAttempt) -> tuple[Any, BaseException | None]:
-    """Run the attempt's handler as a worker would: what it returns, or what it raises; a
-    transaction it leaves open (in the test's, which is kept) is rolled back and fails it
-    with ``TransactionLeftOpen``."""
-    kept = mark_open_transactions()  # the test's transaction: it stays open
-    value: Any = None
-    exc: BaseException | None = None
-    handle = attempt.handle
-    assert handle is not None
-    try:
-        func = handle.func
-        value = (async_to_sync(func) if handle.is_async else func)(
-            *attempt.call_args(), **attempt.kwargs
-        )
-    except KeyboardInterrupt:
-        raise  # in a test run, most likely the developer's Ctrl-C
-    except BaseException as error:  # SystemExit, CancelledError...: the job fails
-        exc = error
-    leaked = release_thread_connections(kept)
-    if leaked and exc is None:
-        exc = TransactionLeftOpen(
-            f"the handler left a transaction open on database(s) {', '.join(leaked)}; it "
-            "was rolled back (exit every transaction.atomic() block it enters)"
-        )
-    return value, exc
-
-
 def _is_task(job: ClaimedJob) -> bool:
     """Whether ``job`` is a django.tasks task (its arguments carry a task document)."""
     try:
@@ -257,7 +263,7 @@ def _run(alias: str, job: ClaimedJob, cfg: Any) -> JobRun:
     exc: BaseException | None = None
     if attempt.failure is None:
         assert attempt.handle is not None
-        value, exc = _call(attempt)
+        value, exc = call_handler(attempt)
     outcome: Finalization = outcome_of(
         attempt,
         value=value,
@@ -279,4 +285,6 @@ def _run(alias: str, job: ClaimedJob, cfg: Any) -> JobRun:
     reported = outcome.outcome
     if reported == "retry" and job.attempt >= job.max_attempts:
         reported = "fail"  # no attempt left: the database fails it (or dead-letters it)
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc  # in a test run, most likely the developer's Ctrl-C: its outcome is written
     return JobRun(job.job_id, job.kind, job.queue, reported, result, outcome.error)

@@ -18,6 +18,7 @@ from typing import Any
 from django.db import connections
 
 from awa_django.conf import get_awa_settings
+from awa_django.limits import check_queue_name
 from awa_django.sql import query
 from awa_django.testing.drain import kind_names
 
@@ -58,6 +59,8 @@ def enqueued_jobs(
     every kind) and ``queue`` (a name or a list; None: every queue)."""
     kinds = kind_names(kind)
     queues = [queue] if isinstance(queue, str) else None if queue is None else list(queue)
+    for name in queues or ():
+        check_queue_name(name)
     alias = using or get_awa_settings().DATABASE_ALIAS
     with connections[alias].cursor() as cursor:
         cursor.execute(query("testing_waiting_jobs"), {"queues": queues})
@@ -145,14 +148,18 @@ class _Expected:
             raise TypeError(f"args must be a list or tuple, got {type(args).__name__}")
         if kwargs is not None and not isinstance(kwargs, Mapping):
             raise TypeError(f"kwargs must be a mapping, got {type(kwargs).__name__}")
-        if queue is not None and not isinstance(queue, str):
-            raise TypeError(f"queue must be a str, got {queue!r}")
+        if queue is not None:
+            if not isinstance(queue, str):
+                raise TypeError(f"queue must be a str, got {queue!r}")
+            check_queue_name(queue)
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            raise TypeError(f"priority must be an int, got {priority!r}")
         if tags is not None and isinstance(tags, str):
             raise TypeError("tags must be a list of str, not one str")
         return cls(
             kinds,
-            None if args is None else _as_stored(list(args)),
-            None if kwargs is None else _as_stored(dict(kwargs)),
+            None if args is None else _as_stored("args", list(args)),
+            None if kwargs is None else _as_stored("kwargs", dict(kwargs)),
             queue,
             priority,
             None if tags is None else frozenset(tags),
@@ -177,13 +184,13 @@ class _Expected:
         found = []
         if job.kind not in self.kinds:
             found.append(f"kind {job.kind}")
-        if self.args is not None and job.args != self.args:
+        if self.args is not None and _show(job.args, cut=False) != _show(self.args, cut=False):
             found.append(f"args {_show(job.args)}")
         if self.kwargs is not None:
             for key, value in self.kwargs.items():
                 if key not in job.kwargs:
                     found.append(f"no kwarg {key!r}")
-                elif job.kwargs[key] != value:
+                elif _show(job.kwargs[key], cut=False) != _show(value, cut=False):
                     found.append(f"kwarg {key!r} is {_show(job.kwargs[key])}, not {_show(value)}")
         if self.queue is not None and job.queue != self.queue:
             found.append(f"queue {job.queue!r}")
@@ -232,18 +239,20 @@ def _more(n: int) -> str:
     return f"\n  ... and {n - _SHOWN} more" if n > _SHOWN else ""
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, *, cut: bool = True) -> str:
+    """``value`` as JSON text, keys sorted: two values match when these are equal, so that
+    ``true`` is not ``1`` and ``2.0`` is not ``2`` (as the handler sees them)."""
     text = json.dumps(value, ensure_ascii=False, sort_keys=True)
-    return text if len(text) <= 200 else text[:197] + "..."
+    return text if not cut or len(text) <= 200 else text[:197] + "..."
 
 
-def _as_stored(value: Any) -> Any:
-    """``value`` as the job's JSON stores it (tuples as lists); a value JSON cannot hold is
-    compared as it is (and never matches)."""
+def _as_stored(field: str, value: Any) -> Any:
+    """``value`` as the job's JSON stores it (tuples as lists); ``TypeError`` for what JSON
+    cannot hold (a model instance, a set, bytes, NaN), which no job could match."""
     try:
-        return json.loads(json.dumps(value))
-    except (TypeError, ValueError):
-        return value
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{field} must be plain JSON, as jobs hold it: {exc}") from None
 
 
 def _queued(row: Sequence[Any]) -> QueuedJob:

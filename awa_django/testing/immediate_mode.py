@@ -118,7 +118,10 @@ def _after_enqueue(using: str, jobs: Sequence[EnqueuedJob]) -> None:
         return
     blocks: list[Atomic] = list(connection.atomic_blocks)
     if not any(_from_testcase(block) for block in blocks):
-        transaction.on_commit(functools.partial(_run, using, queues, target), using=using)
+        _raise_after_commit_hooks(connection)
+        transaction.on_commit(
+            functools.partial(_run_at_commit, connection, using, queues, target), using=using
+        )
         return
     # In a TestCase: the outermost block of the code under test stands for the commit. Its
     # savepoint is released when it exits (rolled back first when it failed).
@@ -133,6 +136,33 @@ def _after_enqueue(using: str, jobs: Sequence[EnqueuedJob]) -> None:
         _run(using, queues, target)  # straight in the test: it would have committed
     else:
         _run_at_release(connection, sid, using, queues, target)
+
+
+def _run_at_commit(connection: Any, using: str, queues: set[str], target: _Target) -> None:
+    """The jobs, at the real commit: a failure is raised once every other ``on_commit``
+    callback of the commit has run (the application's own are not skipped)."""
+    try:
+        _run(using, queues, target)
+    except Exception as exc:
+        connection.__dict__.setdefault("_awa_failures", []).append(exc)
+
+
+def _raise_after_commit_hooks(connection: Any) -> None:
+    """Make the connection's commit hooks raise, after all of them ran, what the jobs run at
+    the commit raised (the first of them)."""
+    if "run_and_clear_commit_hooks" in connection.__dict__:
+        return
+    run_hooks = connection.run_and_clear_commit_hooks
+
+    def run_and_clear_commit_hooks() -> None:
+        try:
+            run_hooks()
+        finally:
+            failures = connection.__dict__.pop("_awa_failures", [])
+        if failures:
+            raise failures[0]
+
+    connection.run_and_clear_commit_hooks = run_and_clear_commit_hooks
 
 
 def _from_testcase(block: Atomic) -> bool:

@@ -13,7 +13,7 @@ from awa_django.conf import get_awa_settings
 from awa_django.context import JobContext
 from awa_django.db.storage import ClaimedJob
 from awa_django.jobs import Job, registered_kinds
-from awa_django.worker.middleware import with_middleware
+from awa_django.middleware import with_middleware
 
 __all__ = ["PreparedAttempt", "prepare"]
 
@@ -111,7 +111,9 @@ def prepare(
         attempt.failure = _unknown(job.kind)
         return attempt
     middleware = get_awa_settings().JOB_MIDDLEWARE
-    attempt.handle = with_middleware(handle, middleware) if middleware else handle
+    if middleware and task is None:  # a task's runner puts the chain around the task itself
+        handle = with_middleware(handle, middleware)
+    attempt.handle = handle
     attempt.args = args
     attempt.kwargs = kwargs
     return attempt

@@ -124,6 +124,8 @@ class WorkerRuntime:
         )
         self.queues: dict[str, QueueConfig] = {}
         self._declare_failed = False
+        self._declared: str | None = None  # the last report the database took
+        self._declare_ticks = 0
         self.slots = Slots(config.concurrency, config.settings.CLAIM_BATCH_SIZE)
         self.stopping = False
         self.exit_code = 0
@@ -495,11 +497,21 @@ class WorkerRuntime:
         await self._declare()
 
     async def _declare(self) -> None:
-        """Report what this process declares (docs/descriptors.md), after each runtime refresh;
-        the database writes only what changed. A failure is logged once and never stops the
-        worker."""
+        """Report what this process declares (docs/descriptors.md): at start, when it
+        changes, and every tenth runtime refresh (the database writes only what changed). The
+        queues are those it started with, not those it discovers later. A failure is logged
+        once and never stops the worker."""
         cfg = self.config.settings
-        items = json.dumps(declarations(registered_kinds(), self.queues, cfg))
+        try:
+            items = json.dumps(
+                declarations(registered_kinds(), [q.name for q in self.config.queues], cfg)
+            )
+        except Exception as exc:
+            self._declare_warn(exc)
+            return
+        self._declare_ticks += 1
+        if items == self._declared and self._declare_ticks % 10:
+            return
         seconds = live_seconds(cfg)
 
         async def report(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -508,15 +520,20 @@ class WorkerRuntime:
         try:
             await self.control_link.run(report, give_up=lambda: self.stopping)
         except Exception as exc:
-            if not self._declare_failed:
-                log.warning(
-                    "awa worker: could not report its queues and kinds (%s); the admin shows "
-                    "them as stale until it can",
-                    first_line(exc),
-                )
-            self._declare_failed = True
+            self._declare_warn(exc)
+            self._declared = None
         else:
             self._declare_failed = False
+            self._declared = items
+
+    def _declare_warn(self, exc: Exception) -> None:
+        if not self._declare_failed:
+            log.warning(
+                "awa worker: could not report its queues and kinds (%s); the admin shows them "
+                "as stale until it can",
+                first_line(exc),
+            )
+        self._declare_failed = True
 
     async def _check_connection_budget(self) -> None:
         """Warn when this fleet could exhaust the server's max_connections: ``--processes``

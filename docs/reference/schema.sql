@@ -412,7 +412,7 @@ queue_meta.005 created_at timestamp with time zone NOT NULL DEFAULT now()
 queue_meta.006 updated_at timestamp with time zone NOT NULL DEFAULT now()
 queue_minute_retries.001 queue text NOT NULL
 queue_minute_retries.002 minute timestamp with time zone NOT NULL
-queue_minute_retries.003 promoted integer NOT NULL
+queue_minute_retries.003 retries integer NOT NULL
 queue_minutes.001 queue text NOT NULL
 queue_minutes.002 minute timestamp with time zone NOT NULL
 queue_minutes.003 completed integer NOT NULL
@@ -725,7 +725,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (160)
+-- function (161)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -850,7 +850,7 @@ CREATE OR REPLACE FUNCTION awa._descriptor_problem_v1(p_item jsonb)
  LANGUAGE sql
  IMMUTABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 14dd7545541a6861 (35 lines)
+ AS body sha256 071b9e168c54a30b (36 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._enqueue_check_v1(p_jobs jsonb, p_now timestamp with time zone, p_first integer, p_args_max integer, p_meta_max integer, p_depth integer, p_max_tags integer, p_tag_len integer, OUT first_error text, OUT deferred_count bigint)
@@ -1077,6 +1077,14 @@ CREATE OR REPLACE FUNCTION awa._limits_error_v1(p_limits jsonb)
  AS body sha256 f6e9eb368a0e5112 (25 lines)
  GRANTS {OWNER=X/OWNER}
 
+CREATE OR REPLACE FUNCTION awa._live_seconds_v1(p_descriptors jsonb)
+ RETURNS double precision
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 c7aa359bc520b666 (6 lines)
+ GRANTS {OWNER=X/OWNER}
+
 CREATE OR REPLACE FUNCTION awa._max_backoff_v1()
  RETURNS double precision
  LANGUAGE sql
@@ -1116,7 +1124,7 @@ CREATE OR REPLACE FUNCTION awa._queue_minute_outcomes_v2(p_minute timestamp with
  STABLE
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 6857bf213163c77d (47 lines)
+ AS body sha256 ca01f87cf9bada90 (47 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._queue_names_v1()
@@ -1304,7 +1312,7 @@ CREATE OR REPLACE FUNCTION awa.cancel_v1(p_job_id bigint, p_reason text DEFAULT 
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 410433f272f5958b (144 lines)
+ AS body sha256 f69af4b574b0e7d2 (150 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.claim_v3(p_queue text, p_max integer, p_worker uuid DEFAULT NULL::uuid, p_aging_secs double precision DEFAULT 60, p_default_deadline double precision DEFAULT NULL::double precision, p_max_weight integer DEFAULT NULL::integer, p_held integer[] DEFAULT NULL::integer[], p_release integer[] DEFAULT NULL::integer[], p_serial_held integer[] DEFAULT NULL::integer[], p_serial_release integer[] DEFAULT NULL::integer[])
@@ -1363,7 +1371,7 @@ CREATE OR REPLACE FUNCTION awa.descriptors_prune_v1(p_retention double precision
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 4555bdfd0185bad3 (19 lines)
+ AS body sha256 9abc7a081a8cd254 (18 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.descriptors_report_v1(p_instance uuid, p_live_seconds double precision, p_items jsonb)
@@ -1651,7 +1659,7 @@ CREATE OR REPLACE FUNCTION awa.promote_v1(p_limit integer DEFAULT 4096)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 32d25d0ffe649e02 (63 lines)
+ AS body sha256 af779d800d496300 (63 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.prune_v1(p_ring text, p_lock_timeout_ms integer DEFAULT 50)
@@ -1694,7 +1702,7 @@ CREATE OR REPLACE FUNCTION awa.queue_drain_v2(p_queue text, p_limit integer DEFA
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 3d8440247e3aba50 (124 lines)
+ AS body sha256 0a8400dcfb749cd6 (132 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_lag_v1()
@@ -1865,7 +1873,7 @@ CREATE OR REPLACE FUNCTION awa.undeclared_kinds_v1()
  STABLE SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 c85df5854ad31b2f (17 lines)
+ AS body sha256 40309c000e7b6333 (18 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.unique_default_states_v1()
@@ -2005,7 +2013,7 @@ CREATE VIEW awa.descriptor_status AS
                     WHEN (jsonb_typeof((descriptors -> what)) = 'object'::text) THEN (descriptors -> what)
                     ELSE '{}'::jsonb
                 END) e(key, value))
-          WHERE ((descriptors IS NOT NULL) AND (last_seen_at > (now() - make_interval(secs => ((descriptors ->> 'live_seconds'::text))::double precision))))
+          WHERE ((descriptors IS NOT NULL) AND (last_seen_at > (now() - make_interval(secs => awa._live_seconds_v1(descriptors)))))
         ), agreed AS (
          SELECT what,
             name,

@@ -59,3 +59,21 @@ def test_the_page_shows_what_each_is_for_and_whether_workers_agree() -> None:
 
 def test_without_the_view_permission_the_page_is_refused() -> None:
     assert staff(view=False).get(URL).status_code == 403
+
+
+def test_odd_rows_and_urls_never_break_the_page() -> None:
+    declare(uuid.uuid4(), [{"what": "queue", "name": "odd", "hash": "4" * 64}])
+    with connection.cursor() as cursor:  # rows no function would write
+        cursor.execute("UPDATE awa.descriptors SET links = '\"https://x\"'")
+    client = staff()
+    assert client.get(URL).status_code == 200
+    for key in ("%00", "kind%3Aa%00b", "x" * 400):
+        assert client.get(f"{URL}{key}/change/").status_code == 302
+    with connection.cursor() as cursor:  # kinds no live worker declares: ten, then a count
+        cursor.execute(
+            "SELECT awa.enqueue_v1(%s::jsonb)",
+            [json.dumps([{"kind": f"old.kind{n}", "queue": "odd"} for n in range(12)])],
+        )
+    page = client.get(URL).content.decode()
+    assert page.count("No worker serves old.kind") == 10
+    assert "... and 2 more kinds no worker serves" in page

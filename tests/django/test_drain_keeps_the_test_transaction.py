@@ -20,6 +20,7 @@ from awa_django.backends.compat import TaskResultStatus
 from awa_django.exceptions import TransactionLeftOpen
 from awa_django.testing import JobRun, drain
 from tests.jobs import common as testjobs
+from tests.jobs import order_flow
 from tests.jobs import tasks as t
 from tests.testapp.models import Ledger, Order
 
@@ -190,6 +191,50 @@ class DrainInATestCase(TestCase):
         assert written() == ["kept"]
         assert t.leaves_a_transaction_open.get_result(leaky.id).status == TaskResultStatus.FAILED
         assert t.records.get_result(later.id).return_value == "kept"
+
+
+@in_the_test_transaction
+def test_a_rollback_flag_outside_the_handler_s_blocks_undoes_only_its_part() -> None:
+    order_flow.flags_rollback.enqueue()
+    run = only_run("habits")
+    assert (run.outcome, run.error and run.error["type"]) == (
+        "fail",
+        "django.db.transaction.TransactionManagementError",
+    )
+    assert not Order.objects.filter(note="flagged").exists()
+
+
+@in_the_test_transaction
+def test_closing_connections_in_a_handler_leaves_the_test_s_open() -> None:
+    order_flow.closes_connections.enqueue()
+    run = only_run("habits")
+    assert (run.outcome, run.result) == ("completed", "closed")
+    assert Order.objects.filter(note="after close").exists()
+
+
+@in_the_test_transaction
+def test_a_handler_s_on_commit_callbacks_run_when_it_returns() -> None:
+    order_flow.notes_on_commit.enqueue()
+    assert only_run("habits").outcome == "completed"
+    notes = set(Order.objects.values_list("note", flat=True))
+    assert {"committed", "on commit, outside", "on commit, in a block"} <= notes
+    assert connection.run_on_commit == []
+
+
+@in_the_test_transaction
+def test_ctrl_c_in_a_handler_writes_its_outcome_and_puts_set_aside_jobs_back() -> None:
+    other = order_flow.notify.using(queue="habits").enqueue(1)
+    stopped = order_flow.interrupted.enqueue()
+    with pytest.raises(KeyboardInterrupt):
+        drain("habits", kinds=order_flow.interrupted)
+    states = dict(enqueued_state(other.id, stopped.id))
+    assert states == {other.id: "available", stopped.id: "failed"}
+
+
+def enqueued_state(*ids: int) -> list[tuple[int, str]]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, state FROM awa.jobs WHERE id = ANY(%s)", [list(ids)])
+        return [(int(i), str(state)) for i, state in cursor.fetchall()]
 
 
 @pytest.mark.usefixtures("clean_awa")  # a transactional test: autocommit, rows committed

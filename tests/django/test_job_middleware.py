@@ -57,6 +57,13 @@ def test_the_first_entry_is_outermost_for_sync_and_async_handlers() -> None:
     assert [run.result for run in drain()] == [4]  # the setting is gone: no middleware
 
 
+def test_a_function_marked_as_a_coroutine_one_wraps_an_async_handler() -> None:
+    with chain("marked"):
+        testjobs.async_echo.enqueue(3)
+        [run] = drain()
+    assert (run.outcome, run.result) == ("completed", 3)
+
+
 def test_what_middleware_raises_or_returns_is_the_handler_s() -> None:
     with chain("gate", "outer"):
         for rule in ("refuse", "snooze", "boom", "double"):
@@ -107,6 +114,10 @@ def test_a_django_task_runs_through_the_chain() -> None:
     from tests.jobs.tasks import add
 
     with chain("outer"):
-        add.enqueue(2, 3)
+        result = add.enqueue(2, 3)
         [run] = drain()
-    assert (run.outcome, middleware.CALLS[0]) == ("completed", f"outer>{run.kind}")
+    # The chain is around the task function: it sees and shapes the task's return value.
+    assert (run.outcome, run.result) == ("completed", {"outer": 5})
+    assert middleware.CALLS[0] == f"outer>{run.kind}"
+    result.refresh()
+    assert result.return_value == {"outer": 5}

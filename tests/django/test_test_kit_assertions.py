@@ -3,12 +3,14 @@ drain()'s kind filter and with_scheduled, and the pytest fixtures, in a test's t
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import transaction
 
-from awa_django import enqueue
+from awa_django import IsolationLevelError, enqueue
 from awa_django.testing import (
     assert_enqueued,
     assert_not_enqueued,
@@ -99,6 +101,18 @@ def test_a_failed_assertion_lists_each_job_with_what_differs() -> None:
         (lambda: drain(with_scheduled="yes"), TypeError),
         (lambda: drain(kinds=[None]), TypeError),
         (lambda: drain(queues=[1]), TypeError),
+        (lambda: drain(queues=b"emails"), TypeError),
+        (lambda: drain("BAD QUEUE"), ValueError),
+        (lambda: drain(""), ValueError),
+        (lambda: enqueued_jobs(queue="BAD Q"), ValueError),
+        (lambda: assert_not_enqueued("k", queue="BAD Q"), ValueError),
+        (lambda: assert_not_enqueued("k", args=[Order()]), TypeError),  # not its id
+        (lambda: assert_not_enqueued("k", args=[float("nan")]), TypeError),
+        (lambda: assert_not_enqueued("k", args=[{1}]), TypeError),
+        (lambda: assert_not_enqueued("k", args=[b"x"]), TypeError),
+        (lambda: assert_not_enqueued("k", kwargs={"b": object()}), TypeError),
+        (lambda: assert_not_enqueued("k", priority="0"), TypeError),
+        (lambda: assert_not_enqueued("k", priority=False), TypeError),
     ],
 )
 def test_bad_arguments_are_refused_with_nothing_run(call: Any, error: type[Exception]) -> None:
@@ -106,6 +120,37 @@ def test_bad_arguments_are_refused_with_nothing_run(call: Any, error: type[Excep
     with pytest.raises(error):
         call()
     assert [j.id for j in enqueued_jobs()] == [sent.id]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "repeatable"])
+def test_drain_on_an_alias_that_is_not_read_committed_is_refused_before_it_claims() -> None:
+    with transaction.atomic(using="repeatable"):  # BEGIN ISOLATION LEVEL REPEATABLE READ
+        with pytest.raises(IsolationLevelError, match="READ COMMITTED"):
+            drain(using="repeatable")
+        assert enqueued_jobs(using="repeatable") == []  # its transaction is still usable
+
+
+def test_values_match_as_the_handler_sees_them_in_json() -> None:
+    testjobs.renamed.enqueue(True)
+    testjobs.renamed.enqueue(2.0)
+    assert_enqueued(testjobs.renamed, args=[True], count=1)
+    assert_not_enqueued(testjobs.renamed, args=[1])
+    assert_not_enqueued(testjobs.renamed, args=[2])
+    assert_enqueued(testjobs.renamed, args=(2.0,), count=1)
+    assert drain([]) == [] and len(enqueued_jobs()) == 2  # no queue named: nothing runs
+
+
+def test_due_jobs_run_by_the_clock_and_kinds_keep_the_others_schedules() -> None:
+    soon = testjobs.noop.using(run_after=timedelta(milliseconds=50)).enqueue()
+    later = testjobs.renamed.using(run_after=timedelta(hours=1)).enqueue(1)
+    assert drain() == []  # the test's transaction began before it was due...
+    time.sleep(0.06)
+    assert [r.id for r in drain()] == [soon.id]  # ...the clock says it is
+    failing = order_flow.refuse.enqueue(9)
+    runs = drain("orders", kinds=order_flow.refuse, with_scheduled=True)
+    assert [r.outcome for r in runs] == ["retry", "retry", "fail"]
+    [waiting] = enqueued_jobs()
+    assert (waiting.id, waiting.state, failing.id != waiting.id) == (later.id, "scheduled", True)
 
 
 def test_drain_runs_only_the_kinds_asked_for_and_puts_the_others_back() -> None:

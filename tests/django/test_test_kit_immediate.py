@@ -120,6 +120,12 @@ def test_in_a_transactional_test_jobs_run_at_the_real_commit() -> None:
             order_flow.refuse.enqueue(order.id)
         assert_enqueued(order_flow.refuse, args=[order.id])  # committed, and waits to retry
         order_flow.notify.enqueue(order.id)  # autocommit: at once
+        # A failed job is raised once the commit's other callbacks ran: the code's own too.
+        ran: list[str] = []
+        with pytest.raises(ImmediateJobFailed), transaction.atomic():
+            order_flow.refuse.enqueue(order.id)
+            transaction.on_commit(lambda: ran.append("the application's callback"))
+        assert ran == ["the application's callback"]
     order_flow.notify.enqueue(order.id)  # the mode is off again
     assert_enqueued(order_flow.notify)
 

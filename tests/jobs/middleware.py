@@ -8,6 +8,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import markcoroutinefunction
+
 from awa_django import JobCall, Snooze, TerminalError
 
 #: What the middleware saw, in order (cleared by the tests).
@@ -81,6 +83,17 @@ def gate(call_next: Callable[..., Any]) -> Callable[[JobCall], Any]:
 
 def sync_only(call_next: Callable[..., Any]) -> Callable[[JobCall], Any]:
     """Wrong for async handlers: always a sync callable."""
+    return lambda call: call_next(call)
+
+
+def marked(call_next: Callable[..., Any]) -> Callable[[JobCall], Any]:
+    """Django's convention for async middleware: a plain function marked as a coroutine one."""
+    if inspect.iscoroutinefunction(call_next):
+
+        def awaits(call: JobCall) -> Any:
+            return call_next(call)  # the coroutine, awaited by the caller
+
+        return markcoroutinefunction(awaits)
     return lambda call: call_next(call)
 
 

@@ -90,6 +90,8 @@ def test_a_report_writes_what_changed_and_live_workers_agree_or_drift(conn: Conn
         ([item("queue", "Not A Queue")], 30, "descriptor 1: name: not a queue name"),
         ([item(name="a\nb")], 30, "name: not a job kind"),
         ([item(name="")], 30, "name: not a job kind"),
+        ([item(name="   ")], 30, "name: not a job kind"),
+        ([item(links={"x": "https://x.io/\u3000"})], 30, "links: up to 20 names"),
         ([item(), item(hash_="x")], 30, "descriptor 2: hash: must be 64 hex digits"),
         ([item(label="x" * 201)], 30, "label: text of up to 200 characters"),
         ([item(description=5)], 30, "description: text"),
@@ -128,6 +130,22 @@ def test_retention_deletes_only_what_no_live_worker_declares(conn: Conn) -> None
     assert pruned == 0
 
 
+@pytest.mark.parametrize("live", ['"abc"', '"NaN"', "1e400", "true", "{}", "-5"])
+def test_a_runtime_row_with_garbage_declarations_never_breaks_a_reader(
+    conn: Conn, live: str
+) -> None:
+    report(conn, A, [item()])
+    report(conn, B, [item()])
+    conn.execute(
+        "UPDATE awa.runtime_instances SET descriptors = jsonb_set(descriptors,"
+        " '{live_seconds}', %s::jsonb) WHERE instance_id = %s",
+        [live, A],
+    )
+    assert status("shop.ship").live_workers == 1  # A reads as gone; B still declares it
+    assert undeclared_kinds() == []
+    conn.execute("SELECT awa.descriptors_prune_v1(3600)")
+
+
 def test_kinds_of_available_jobs_no_live_worker_declares_are_named(conn: Conn) -> None:
     enqueue_sql(
         conn,
@@ -137,6 +155,22 @@ def test_kinds_of_available_jobs_no_live_worker_declares_are_named(conn: Conn) -
             + [{"kind": "mail.send", "queue": "mail", "run_at": "2999-01-01T00:00:00Z"}]
         ),
     )
+    # Raw SQL arguments with a "task" key are no django.tasks task: still flagged.
+    enqueue_sql(
+        conn,
+        json.dumps(
+            [
+                {
+                    "kind": "raw.kind",
+                    "queue": "orders",
+                    "args": {"args": [], "kwargs": {}, "task": "x"},
+                }
+            ]
+        ),
+    )
     assert undeclared_kinds() == []  # no live worker reports what it declares: no verdict
     report(conn, A, [item(name="shop.ship")])
-    assert [(k.kind, k.available) for k in undeclared_kinds()] == [("shop.old_kind", 3)]
+    assert [(k.kind, k.available) for k in undeclared_kinds()] == [
+        ("shop.old_kind", 3),
+        ("raw.kind", 1),
+    ]

@@ -205,12 +205,31 @@ def test_a_minute_counts_the_retries_it_scheduled_whether_run_since_or_waiting(
     # The two waiting run later: the minute they failed in still counts them, once.
     conn.execute("UPDATE awa.deferred_jobs SET run_at = now()")
     conn.execute("SELECT awa.promote_v1()")
-    [[tally]] = conn.execute("SELECT sum(promoted) FROM awa.queue_minute_retries").fetchall()
+    [[tally]] = conn.execute("SELECT sum(retries) FROM awa.queue_minute_retries").fetchall()
     assert tally == 4
     record(conn, minute + timedelta(minutes=6))
     assert recounted(conn, minute)
     [shown] = [m for m in queue_minutes("retries", 60) if m.minute == minute]
     assert shown.retried == 4
+
+
+def test_a_retry_cancelled_while_it_waits_still_counts_in_its_minute(conn: Conn) -> None:
+    enqueue_sql(conn, json.dumps([{"kind": "k", "queue": "cancels", "max_attempts": 5}] * 2))
+    first, second = storage.claim(conn, "cancels", 2, WORKER)
+    storage.finalize(
+        conn,
+        [
+            Finalization(c.job_id, c.run_lease, c.claim_slot, "retry", error=ERROR, delay=3600)
+            for c in (first, second)
+        ],
+    )
+    conn.execute("SELECT awa.cancel_v1(%s, 'operator')", [first.job_id])
+    conn.execute("SELECT awa.queue_drain_v2('cancels', 100)")
+    [[waiting, tally]] = conn.execute(
+        "SELECT (SELECT count(*) FROM awa.deferred_jobs),"
+        " (SELECT sum(retries) FROM awa.queue_minute_retries)"
+    ).fetchall()
+    assert (waiting, tally) == (0, 2)
 
 
 def test_a_catch_up_reaches_back_an_hour_and_rows_older_than_a_day_go(conn: Conn) -> None:

@@ -202,6 +202,7 @@ def test_settings_are_read_only() -> None:
             "AWA['QUEUES'] key 'Bad Name' is not a valid queue name",
         ),
         ({"TESTING": "immediate"}, "AWA['TESTING'] must be a dict with MODE ('off' or"),
+        ({"DESCRIPTOR_RETENTION": 600}, "AWA['DESCRIPTOR_RETENTION'] must be at least 3600"),
         ({"TESTING": {"MODE": "eager"}}, "AWA['TESTING']['MODE'] must be 'off' or 'immediate'"),
         ({"TESTING": {"MODE": ["x"]}}, "AWA['TESTING']['MODE'] must be 'off' or 'immediate'"),
         ({"TESTING": {"mode": "off"}}, "AWA['TESTING'] has no setting 'mode'"),

@@ -12,8 +12,9 @@ from django.core.exceptions import ImproperlyConfigured
 import awa_django
 from awa_django.conf import load_settings
 from awa_django.exceptions import InvalidOptionError
+from awa_django.jobs import Job
 from awa_django.limits import check_descriptor
-from awa_django.worker.declarations import declarations
+from awa_django.worker.declarations import _canonical, declarations
 
 
 @awa_django.job(name="tests.unit.described", owner="team-shop", links={"runbook": "https://x.io"})
@@ -26,6 +27,13 @@ def described(order_id: int) -> None:
 @awa_django.job(name="tests.unit.plain", description="Told, not read")
 def plain() -> None:
     """Docstring."""
+
+
+@awa_django.job(name="tests.unit.odd", tags={"b", "a"}, metadata={1: "an int key"})
+def odd() -> None:
+    """First paragraph.
+    \t
+    A line of spaces and a tab is still a paragraph break."""
 
 
 @pytest.mark.parametrize(
@@ -41,6 +49,7 @@ def plain() -> None:
         ({"links": {"": "https://x.io"}}, "a link's name must not be empty"),
         ({"links": {f"l{i}": "https://x.io" for i in range(21)}}, "21 links exceeds"),
         ({"links": {"x": "https://x.io/" + "a" * 2000}}, "exceeds the limit of 2000"),
+        ({"links": {"x": "https://x.io/\u3000"}}, "is not an http(s) URL"),  # not ASCII
     ],
 )
 def test_bad_descriptor_fields_are_refused(fields: dict[str, Any], message: str) -> None:
@@ -58,6 +67,7 @@ def test_a_kind_is_described_by_its_docstring_unless_told() -> None:
         "links": {"runbook": "https://x.io"},
     }
     assert plain.descriptor == {"description": "Told, not read"}
+    assert odd.descriptor == {"description": "First paragraph."}
     assert described.using(queue="other").descriptor == described.descriptor
 
 
@@ -100,3 +110,30 @@ def test_the_hash_changes_with_the_declaration_and_only_then() -> None:
     ]
     moved = declarations({"tests.unit.plain": plain.using(max_attempts=3)}, [], cfg)
     assert moved[-1]["hash"] != first[-1]["hash"]  # an option is part of the declaration
+    # The defaults in force count (a job without max_attempts takes AWA's)...
+    defaults = load_settings({"MAX_ATTEMPTS": 7})
+    assert declarations(kinds, [], defaults)[-1]["hash"] != declarations(kinds, [], cfg)[-1]["hash"]
+    # ...and so do AWA["KINDS"] limits, which win over @job's.
+    limited = load_settings({"KINDS": {"tests.unit.plain": {"global_concurrency": 2}}})
+    assert declarations(kinds, [], limited)[-1]["hash"] != declarations(kinds, [], cfg)[-1]["hash"]
+
+
+def test_a_change_to_the_handler_s_source_is_a_new_declaration() -> None:
+    def ship_v1() -> int:
+        return 1
+
+    def ship_v2() -> int:
+        return 2
+
+    ship_v2.__qualname__ = ship_v1.__qualname__  # the same name, another body
+    cfg = load_settings({})
+    v1 = declarations({"k": Job(ship_v1, "k", plain.options)}, [], cfg)
+    v2 = declarations({"k": Job(ship_v2, "k", plain.options)}, [], cfg)
+    assert v1[0]["hash"] != v2[0]["hash"]
+
+
+def test_odd_options_are_described_in_a_form_that_does_not_depend_on_order() -> None:
+    [item] = declarations({"tests.unit.odd": odd}, [], load_settings({}))
+    assert len(item["hash"]) == 64  # a metadata key that is not a str does not stop it
+    assert _canonical({"b", "a", "c"}) == [["set"], "a", "b", "c"]
+    assert _canonical({"b": 1, "a": 2}) == _canonical({"a": 2, "b": 1})

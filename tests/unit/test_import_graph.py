@@ -167,6 +167,7 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "awa_django.periodic",
             "awa_django.outcomes",
             "awa_django.context",
+            "awa_django.middleware",
         ),
     ),
     ("storage and telemetry", ("awa_django.db", "awa_django.telemetry")),

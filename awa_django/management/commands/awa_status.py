@@ -132,9 +132,13 @@ class Command(BaseCommand):
                 f"  {d.what} {one_line(d.name)}: {flags}{d.live_workers} live worker(s)"
                 f"{owner}{f': {about}' if about else ''}"
             )
-        for orphan in orphans:
+        for orphan in orphans[:50]:
             self.stdout.write(
                 self.style.WARNING(
                     f"  no worker serves {one_line(orphan.kind)}; {orphan.available:,} available"
                 )
+            )
+        if len(orphans) > 50:
+            self.stdout.write(
+                self.style.WARNING(f"  ... and {len(orphans) - 50:,} more kinds (see --json)")
             )

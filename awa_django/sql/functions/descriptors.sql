@@ -6,7 +6,7 @@
 -- ("queue" or "kind"), name (a queue name, or a kind of 1 to 255 characters without control
 -- characters), hash (64 hex digits), and optional label (up to 200 characters), description
 -- (4,000), owner (200) and links (an object of up to 20 names of up to 100 characters to
--- http(s) URLs of up to 2,000).
+-- http(s) URLs of up to 2,000 printable ASCII characters: whatever the database's locale).
 CREATE OR REPLACE FUNCTION awa._descriptor_problem_v1(p_item jsonb)
  RETURNS text
  LANGUAGE sql
@@ -22,6 +22,7 @@ AS $$
             THEN 'name: not a queue name ([a-z0-9_.-]{1,63})'
         WHEN p_item ->> 'what' = 'kind'
              AND (length(p_item ->> 'name') NOT BETWEEN 1 AND 255
+                  OR btrim(p_item ->> 'name') = ''
                   OR (p_item ->> 'name') ~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]')
             THEN 'name: not a job kind (1-255 characters, no control characters)'
         WHEN NOT COALESCE((p_item ->> 'hash') ~ '^[0-9a-f]{64}$', false)
@@ -42,11 +43,53 @@ AS $$
                     WHERE length(l.key) NOT BETWEEN 1 AND 100
                        OR jsonb_typeof(l.value) <> 'string'
                        OR length(l.value #>> '{}') > 2000
-                       OR NOT (l.value #>> '{}') ~* '^https?://[^[:space:]]+$'))
+                       OR NOT (l.value #>> '{}') ~* '^https?://[!-~]+$'))
             THEN 'links: up to 20 names (1-100 characters) of http(s) URLs (up to 2000)'
         ELSE NULL
     END
 $$;
+
+-- How long after its last refresh a process that reported p_descriptors counts as live: its
+-- live_seconds, when that is a number from 0 to 86,400, else 0 (a row written by other means
+-- never breaks a reader).
+CREATE OR REPLACE FUNCTION awa._live_seconds_v1(p_descriptors jsonb)
+ RETURNS double precision
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+    SELECT CASE WHEN jsonb_typeof(p_descriptors -> 'live_seconds') = 'number'
+                     AND (p_descriptors ->> 'live_seconds')::numeric BETWEEN 0 AND 86400
+                THEN (p_descriptors ->> 'live_seconds')::double precision
+                ELSE 0 END
+$$;
+
+-- Each declared queue and job kind (awa.descriptors) with the live processes that declare it
+-- (seen within the live_seconds each reported), how many different declarations they hold,
+-- and: stale (no live process declares it) and drift (live processes disagree: a deploy half
+-- rolled out). id is what:name.
+CREATE OR REPLACE VIEW awa.descriptor_status AS
+WITH reported AS (
+    SELECT w.what, e.key AS name, e.value AS hash, r.instance_id
+    FROM awa.runtime_instances r
+    CROSS JOIN LATERAL (VALUES ('queue'), ('kind')) AS w (what)
+    CROSS JOIN LATERAL jsonb_each_text(
+        CASE WHEN jsonb_typeof(r.descriptors -> w.what) = 'object'
+             THEN r.descriptors -> w.what ELSE '{}'::jsonb END) AS e
+    WHERE r.descriptors IS NOT NULL
+      AND r.last_seen_at > now() - make_interval(secs => awa._live_seconds_v1(r.descriptors))
+), agreed AS (
+    SELECT x.what, x.name, count(DISTINCT x.instance_id) AS workers,
+           count(DISTINCT x.hash) AS versions
+    FROM reported x
+    GROUP BY x.what, x.name
+)
+SELECT d.what || ':' || d.name AS id, d.what, d.name, d.label, d.description, d.owner, d.links,
+       d.declared_at, d.last_seen_at, COALESCE(a.workers, 0) AS live_workers,
+       COALESCE(a.versions, 0) AS versions, a.workers IS NULL AS stale,
+       COALESCE(a.versions > 1, false) AS drift
+FROM awa.descriptors d
+LEFT JOIN agreed a ON a.what = d.what AND a.name = d.name;
 
 -- One worker process's declarations, sent when it starts and on each runtime refresh:
 -- p_items is a JSON array of descriptors (awa._descriptor_problem_v1), p_live_seconds how long
@@ -134,8 +177,7 @@ BEGIN
       AND NOT EXISTS (
           SELECT 1 FROM awa.runtime_instances r
           WHERE r.descriptors -> d.what ? d.name
-            AND r.last_seen_at > now() - make_interval(
-                secs => (r.descriptors ->> 'live_seconds')::double precision));
+            AND r.last_seen_at > now() - make_interval(secs => awa._live_seconds_v1(r.descriptors)));
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END
@@ -156,11 +198,12 @@ AS $$
     WITH live AS (
         SELECT r.descriptors FROM awa.runtime_instances r
         WHERE jsonb_typeof(r.descriptors -> 'kind') = 'object'
-          AND r.last_seen_at > now() - make_interval(
-              secs => (r.descriptors ->> 'live_seconds')::double precision)
+          AND r.last_seen_at > now() - make_interval(secs => awa._live_seconds_v1(r.descriptors))
     ), sample AS (
         SELECT j.kind FROM awa.live_jobs j
-        WHERE j.state = 'available' AND NOT COALESCE(j.args ? 'task', false)
+        WHERE j.state = 'available'
+          AND NOT COALESCE(jsonb_typeof(j.args -> 'task') = 'object'
+                           AND j.args -> 'task' ? 'backend', false)
           AND EXISTS (SELECT 1 FROM live)
         LIMIT 100000
     )

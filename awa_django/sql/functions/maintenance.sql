@@ -429,12 +429,12 @@ BEGIN
                 DELETE FROM awa.deferred_jobs d WHERE d.job_id = ANY (g.ids) RETURNING d.*
             ), retried AS (
                 -- The queue charts' retries per minute of failure (awa.queue_minute_retries).
-                INSERT INTO awa.queue_minute_retries AS t (queue, minute, promoted)
+                INSERT INTO awa.queue_minute_retries AS t (queue, minute, retries)
                 SELECT m.queue, date_trunc('minute', m.deferred_at), count(*)
                 FROM moved m
                 WHERE m.state = 'retryable' AND m.deferred_at >= now() - interval '25 hours'
                 GROUP BY m.queue, date_trunc('minute', m.deferred_at)
-                ON CONFLICT (queue, minute) DO UPDATE SET promoted = t.promoted + excluded.promoted
+                ON CONFLICT (queue, minute) DO UPDATE SET retries = t.retries + excluded.retries
             )
             SELECT array_agg(ROW(m.job_id, m.kind, m.queue, m.priority, m.args, m.attempt,
                                  m.max_attempts, m.run_lease, m.run_at, m.created_at,
@@ -736,7 +736,7 @@ AS $$
             (SELECT count(*) FROM awa.dlq_entries x
              WHERE x.queue = q.queue AND x.dlq_at >= p_minute
                AND x.dlq_at < p_minute + interval '1 minute')::integer AS dead_lettered,
-            (COALESCE((SELECT r.promoted FROM awa.queue_minute_retries r
+            (COALESCE((SELECT r.retries FROM awa.queue_minute_retries r
                        WHERE r.queue = q.queue AND r.minute = p_minute), 0)
              + (SELECT count(*) FROM awa.deferred_jobs dj
                 WHERE dj.queue = q.queue AND dj.state = 'retryable'

@@ -84,6 +84,12 @@ BEGIN
 
         DELETE FROM awa.deferred_jobs WHERE job_id = p_job_id RETURNING * INTO d;
         IF FOUND THEN
+            IF d.state = 'retryable' AND d.deferred_at >= now() - interval '25 hours' THEN
+                -- Still a retry its minute scheduled (queue charts).
+                INSERT INTO awa.queue_minute_retries AS t (queue, minute, retries)
+                VALUES (d.queue, date_trunc('minute', d.deferred_at), 1)
+                ON CONFLICT (queue, minute) DO UPDATE SET retries = t.retries + 1;
+            END IF;
             SELECT generation, slot INTO v_gen, v_slot
             FROM awa.ring_rotations WHERE ring = 'queue' ORDER BY generation DESC LIMIT 1;
             INSERT INTO awa.done_entries (
@@ -294,6 +300,14 @@ BEGIN
             ORDER BY d2.job_id LIMIT p_limit
             FOR UPDATE SKIP LOCKED)
         RETURNING d.*
+    ), retried AS (
+        -- A retry cancelled while it waits was still scheduled in its minute (queue charts).
+        INSERT INTO awa.queue_minute_retries AS t (queue, minute, retries)
+        SELECT g.queue, date_trunc('minute', g.deferred_at), count(*)
+        FROM gone g
+        WHERE g.state = 'retryable' AND g.deferred_at >= now() - interval '25 hours'
+        GROUP BY g.queue, date_trunc('minute', g.deferred_at)
+        ON CONFLICT (queue, minute) DO UPDATE SET retries = t.retries + excluded.retries
     )
     INSERT INTO awa.done_entries (
         ready_slot, ready_generation, job_id, run_lease, state, attempt, attempted_at, errors,

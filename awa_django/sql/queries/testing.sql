@@ -12,6 +12,15 @@ WHERE j.state IN ('available', 'scheduled', 'retryable')
 ORDER BY j.id
 
 -- name: testing_make_due
--- drain(with_scheduled=True): the scheduled and retryable jobs of the queues become due now.
+-- drain(with_scheduled=True): the scheduled and retryable jobs of the queues (and kinds: NULL,
+-- every kind) become due now.
 UPDATE awa.deferred_jobs SET run_at = now()
 WHERE queue = ANY (%(queues)s::text[]) AND run_at > now()
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY (%(kinds)s::text[]))
+
+-- name: testing_due
+-- drain(): the deferred jobs of the queues that are due by the wall clock (a test's
+-- transaction keeps the time it began as now()) become due now.
+UPDATE awa.deferred_jobs SET run_at = now()
+WHERE queue = ANY (%(queues)s::text[]) AND run_at > now() AND run_at <= clock_timestamp()
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY (%(kinds)s::text[]))

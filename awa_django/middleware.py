@@ -10,7 +10,10 @@ What a middleware raises, before or after ``call_next``, is what the handler rai
 attempt is retried or fails by the job's policy. What the outermost returns is the job's
 result; one that returns without calling ``call_next`` runs no handler. A factory that cannot be
 imported, is not callable, or returns a callable of the wrong kind fails the jobs it would run
-with that error (``manage.py check`` reports the first two: awa.E009), never the worker.
+with an ``ImproperlyConfigured`` error that says why (retried by their policy, as a setting a
+deploy fixes; ``manage.py check`` reports the first two: awa.E009), never the worker. For a
+django.tasks task the chain is around the task function itself (awa_django/backends/runner.py):
+``call_next`` returns the task's return value, and the task's signals are sent outside it.
 
 Each handler's chain is built once, the first time one of its jobs runs, and kept while the
 setting is unchanged.
@@ -20,22 +23,23 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 
-from awa_django.conf import import_job_middleware
+from awa_django.conf import get_awa_settings, import_job_middleware
 from awa_django.context import JobContext
 from awa_django.jobs import Job
 
-__all__ = ["JobCall", "with_middleware"]
+__all__ = ["JobCall", "build_chain", "task_chain", "with_middleware"]
 
 #: The most handlers whose chains are kept (django.tasks handles come and go by task).
 _MAX_CHAINS = 4096
 
 _chains: dict[Job[Any, Any], Job[Any, Any]] = {}
+_task_chains: dict[object, Callable[[JobCall], Any]] = {}
 _chains_for: tuple[str, ...] = ()
 
 
@@ -61,6 +65,7 @@ def with_middleware(handle: Job[Any, Any], paths: tuple[str, ...]) -> Job[Any, A
     global _chains_for
     if paths != _chains_for:
         _chains.clear()
+        _task_chains.clear()
         _chains_for = paths
     wrapped = _chains.get(handle)
     if wrapped is None:
@@ -71,15 +76,81 @@ def with_middleware(handle: Job[Any, Any], paths: tuple[str, ...]) -> Job[Any, A
 
 
 def _is_async(function: object) -> bool:
-    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+    # asgiref's: it honours markcoroutinefunction (Django's convention for async middleware).
+    return iscoroutinefunction(function) or iscoroutinefunction(
         getattr(function, "__call__", None)  # noqa: B004  (a callable object's method)
     )
 
 
-def _chain(handle: Job[Any, Any], paths: tuple[str, ...]) -> Callable[[JobCall], Any]:
+def build_chain(
+    kind: str, is_async: bool, innermost: Callable[[JobCall], Any], paths: tuple[str, ...]
+) -> Callable[[JobCall], Any]:
+    """The middleware of ``paths`` around ``innermost`` (the handler's call), outermost
+    first; ``ImportError`` or ``TypeError`` for an entry that cannot make one."""
+    call_next = innermost
+    for path in reversed(paths):
+        made = import_job_middleware(path)(call_next)
+        if not callable(made):
+            raise TypeError(f"job middleware {path!r} returned {made!r}, not a callable")
+        if _is_async(made) != is_async:
+            kind_of = "an async" if is_async else "a sync"
+            raise TypeError(
+                f"job middleware {path!r} returned a {'sync' if is_async else 'async'} "
+                f"callable for {kind_of} handler ({kind}): a factory returns an async "
+                "callable when call_next is a coroutine function, else a sync one"
+            )
+        call_next = made
+    return call_next
+
+
+def _safe_chain(
+    kind: str, is_async: bool, innermost: Callable[[JobCall], Any], paths: tuple[str, ...]
+) -> Callable[[JobCall], Any]:
+    """:func:`build_chain`, or, when it cannot be built, a chain that fails every call with
+    the reason (the worker goes on)."""
+    try:
+        return build_chain(kind, is_async, innermost, paths)
+    except Exception as exc:
+        failure = f"{type(exc).__name__}: {exc}"
+    if is_async:
+
+        async def refuse_async(call: JobCall) -> Any:
+            raise ImproperlyConfigured(failure)
+
+        return refuse_async
+
+    def refuse(call: JobCall) -> Any:
+        raise ImproperlyConfigured(failure)
+
+    return refuse
+
+
+def task_chain(
+    key: object, kind: str, is_async: bool, innermost: Callable[[JobCall], Any]
+) -> Callable[[JobCall], Any] | None:
+    """The middleware chain of a django.tasks task (``key``: its function), around the call
+    of the task function, so that middleware sees the task's own return value; None when
+    ``AWA["JOB_MIDDLEWARE"]`` is empty. Built once per task and setting."""
+    paths = get_awa_settings().JOB_MIDDLEWARE
+    if not paths:
+        return None
+    global _chains_for
+    if paths != _chains_for:
+        _chains.clear()
+        _task_chains.clear()
+        _chains_for = paths
+    chain = _task_chains.get(key)
+    if chain is None:
+        if len(_task_chains) >= _MAX_CHAINS:
+            _task_chains.clear()
+        chain = _task_chains[key] = _safe_chain(kind, is_async, innermost, paths)
+    return chain
+
+
+def _wrap(handle: Job[Any, Any], paths: tuple[str, ...]) -> Job[Any, Any]:
     func = handle.func
     takes_context = handle.takes_context
-    call_next: Callable[[JobCall], Any]
+    innermost: Callable[[JobCall], Any]
     if handle.is_async:
 
         async def handler(call: JobCall) -> Any:
@@ -87,7 +158,7 @@ def _chain(handle: Job[Any, Any], paths: tuple[str, ...]) -> Callable[[JobCall],
                 return await func(call.context, *call.args, **call.kwargs)
             return await func(*call.args, **call.kwargs)
 
-        call_next = handler
+        innermost = handler
     else:
 
         def sync_handler(call: JobCall) -> Any:
@@ -95,43 +166,18 @@ def _chain(handle: Job[Any, Any], paths: tuple[str, ...]) -> Callable[[JobCall],
                 return func(call.context, *call.args, **call.kwargs)
             return func(*call.args, **call.kwargs)
 
-        call_next = sync_handler
-    for path in reversed(paths):
-        made = import_job_middleware(path)(call_next)
-        if not callable(made):
-            raise TypeError(f"job middleware {path!r} returned {made!r}, not a callable")
-        if _is_async(made) != handle.is_async:
-            kind = "an async" if handle.is_async else "a sync"
-            raise TypeError(
-                f"job middleware {path!r} returned a {'sync' if handle.is_async else 'async'} "
-                f"callable for {kind} handler ({handle.kind}): a factory returns an async "
-                "callable when call_next is a coroutine function, else a sync one"
-            )
-        call_next = made
-    return call_next
-
-
-def _wrap(handle: Job[Any, Any], paths: tuple[str, ...]) -> Job[Any, Any]:
-    chain: Callable[[JobCall], Any] | None = None
-    failure = ""
-    try:
-        chain = _chain(handle, paths)
-    except Exception as exc:  # every job of the handler fails with it; the worker goes on
-        failure = f"{type(exc).__name__}: {exc}"
+        innermost = sync_handler
+    chain = _safe_chain(handle.kind, handle.is_async, innermost, paths)
     run: Callable[..., Any]
     if handle.is_async:
 
         async def run_async(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
-            if chain is None:
-                raise ImproperlyConfigured(failure)
             return await chain(JobCall(ctx, args, kwargs))
 
         run = run_async
     else:
 
         def run_sync(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
-            if chain is None:
-                raise ImproperlyConfigured(failure)
             return chain(JobCall(ctx, args, kwargs))
 
         run = run_sync
