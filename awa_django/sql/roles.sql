@@ -28,13 +28,14 @@ awa.enqueue_v1, awa.callback_resolve_v2, awa.callback_extend_v1
 awa.callback_receive_v1, awa.job_v1, awa.job_enqueued_at_v1, awa.queue_lag_v1
 
 -- name: read_functions
--- The read surfaces (docs/sql.md, "Reading jobs"), and the two functions the views call
--- (awa.lane_cursor_v1 in awa.live_jobs, awa._queue_names_v1 in awa.queue_stats).
+-- The read surfaces (docs/sql.md, "Reading jobs"), and the functions the views call
+-- (awa.lane_cursor_v1 in awa.live_jobs, awa._queue_names_v1 in awa.queue_stats,
+-- awa._live_seconds_v1 in awa.descriptor_status).
 awa.job_v1, awa.job_list_v1, awa.job_enqueued_at_v1, awa.queue_counts_v1,
 awa.queue_depth_v1, awa.queue_lag_v1, awa.queue_stats_v1, awa.throughput_v1,
 awa.outcomes_per_minute_v1, awa.queue_minutes_v2, awa.undeclared_kinds_v1,
 awa.ring_slots_v1, awa.flow_status_v1, awa.flow_kind_status_v1, awa.lane_cursor_v1,
-awa._queue_names_v1
+awa._queue_names_v1, awa._live_seconds_v1
 
 -- name: worker_functions
 -- Claim, heartbeat, finalize (complete, retry, snooze, cancel, fail, park for a callback),
