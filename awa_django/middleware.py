@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
@@ -34,6 +34,8 @@ from awa_django.context import JobContext
 from awa_django.jobs import Job
 
 __all__ = ["JobCall", "build_chain", "task_chain", "with_middleware"]
+
+T = TypeVar("T")
 
 #: The most handlers whose chains are kept (django.tasks handles come and go by task).
 _MAX_CHAINS = 4096
@@ -62,17 +64,23 @@ def with_middleware(handle: Job[Any, Any], paths: tuple[str, ...]) -> Job[Any, A
     context), or ``handle`` itself when there is none."""
     if not paths:
         return handle
+    return _cached(_chains, handle, paths, lambda: _wrap(handle, paths))
+
+
+def _cached(store: dict[Any, T], key: object, paths: tuple[str, ...], build: Callable[[], T]) -> T:
+    """``store[key]``, built by ``build`` the first time; every store is emptied when the
+    setting changes, and one that grows past :data:`_MAX_CHAINS` is emptied."""
     global _chains_for
     if paths != _chains_for:
         _chains.clear()
         _task_chains.clear()
         _chains_for = paths
-    wrapped = _chains.get(handle)
-    if wrapped is None:
-        if len(_chains) >= _MAX_CHAINS:
-            _chains.clear()
-        wrapped = _chains[handle] = _wrap(handle, paths)
-    return wrapped
+    found = store.get(key)
+    if found is None:
+        if len(store) >= _MAX_CHAINS:
+            store.clear()
+        found = store[key] = build()
+    return found
 
 
 def _is_async(function: object) -> bool:
@@ -134,17 +142,7 @@ def task_chain(
     paths = get_awa_settings().JOB_MIDDLEWARE
     if not paths:
         return None
-    global _chains_for
-    if paths != _chains_for:
-        _chains.clear()
-        _task_chains.clear()
-        _chains_for = paths
-    chain = _task_chains.get(key)
-    if chain is None:
-        if len(_task_chains) >= _MAX_CHAINS:
-            _task_chains.clear()
-        chain = _task_chains[key] = _safe_chain(kind, is_async, innermost, paths)
-    return chain
+    return _cached(_task_chains, key, paths, lambda: _safe_chain(kind, is_async, innermost, paths))
 
 
 def _wrap(handle: Job[Any, Any], paths: tuple[str, ...]) -> Job[Any, Any]:

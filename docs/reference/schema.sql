@@ -1080,7 +1080,8 @@ CREATE OR REPLACE FUNCTION awa._limits_error_v1(p_limits jsonb)
 CREATE OR REPLACE FUNCTION awa._live_seconds_v1(p_descriptors jsonb)
  RETURNS double precision
  LANGUAGE sql
- IMMUTABLE PARALLEL SAFE
+ IMMUTABLE PARALLEL SAFE SECURITY DEFINER
+ SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 c7aa359bc520b666 (6 lines)
  GRANTS {OWNER=X/OWNER}

@@ -56,6 +56,8 @@ CREATE OR REPLACE FUNCTION awa._live_seconds_v1(p_descriptors jsonb)
  RETURNS double precision
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
+ SECURITY DEFINER
+ SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
     SELECT CASE WHEN jsonb_typeof(p_descriptors -> 'live_seconds') = 'number'
