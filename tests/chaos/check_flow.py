@@ -20,10 +20,11 @@ only at its start.
   at the same time.
 
 What the documentation allows is allowed: an attempt whose worker lost its database session
-while it ran (a PostgreSQL restart, its connection terminated, the worker frozen long enough to
-be reaped by the leader) may run beside the attempts that took its permits or key meanwhile,
-until it ends; such executions are left out. The observer samples the workers' sessions every
-second (``chaos.sessions``), so a lost session is known to within a sample.
+between its claim and its handler's end (a PostgreSQL restart, its connection terminated, the
+worker frozen long enough to be reaped by the leader) may run beside the attempts that took its
+permits or key meanwhile, until it ends; such executions are left out. The observer samples
+the workers' sessions every second (``chaos.sessions``), so a lost session is known to within
+a sample.
 """
 
 from __future__ import annotations
@@ -115,17 +116,20 @@ def _end(e: Exec, data: Data) -> datetime:
     return e.started_at
 
 
-def _session_lost(e: Exec, end: datetime, data: Data) -> bool:
-    """Whether ``e``'s worker may have lost the session holding its permits and keys while
-    ``e`` ran: one of the worker's sessions ended meanwhile (the observer's samples), or, for a
-    worker the samples do not name, a fault that can end it (a server restart, its connections
-    terminated, the worker frozen, the machine stalling)."""
+def _session_lost(e: Exec, since: datetime, end: datetime, data: Data) -> bool:
+    """Whether ``e``'s worker may have lost the session holding its permits and keys between
+    ``since`` (the attempt's claim, which took them) and the handler's end: one of the worker's
+    sessions ended meanwhile (the observer's samples), or, for a worker the samples do not
+    name, a fault that can end it (a server restart, its connections terminated, the worker
+    frozen, the machine stalling). A worker frozen between a claim and its handler's start
+    finds, on waking, its permits reaped and taken; it runs the handler all the same (and says
+    so in its log), as a worker that lost its session mid-run does."""
     if e.worker_id is not None:
         losses = data.features.session_losses.get(f"awa:worker:{e.worker_id}", [])
-        if any(lo <= end and hi >= e.started_at for lo, hi in losses):
+        if any(lo <= end and hi >= since for lo, hi in losses):
             return True
     for f in data.faults:
-        if f.started_at > end or f.ended_at < e.started_at:
+        if f.started_at > end or f.ended_at < since:
             continue
         if f.kind.startswith("restart"):
             return True
@@ -147,7 +151,8 @@ def runs(data: Data, belongs: Callable[[Exec], bool]) -> list[Run]:
             weight = options.weight if options and options.weight else e.weight or 1
             end = _end(e, data)
             claimed = e.claimed_at or e.started_at - CLAIM_LEAD
-            found.append(Run(e, e.started_at, end, weight, claimed, _session_lost(e, end, data)))
+            excused = _session_lost(e, claimed, end, data)
+            found.append(Run(e, e.started_at, end, weight, claimed, excused))
     return sorted(found, key=lambda r: (r.start, r.exec.job_id))
 
 

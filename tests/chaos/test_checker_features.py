@@ -184,6 +184,15 @@ def test_an_attempt_whose_worker_lost_its_session_may_overlap() -> None:
     assert flow_concurrency(data(over, features), FACTS) == []
 
 
+def test_a_worker_that_lost_its_session_between_claim_and_start_may_overlap() -> None:
+    # Frozen after it claimed, reaped, woken: it runs the handler all the same (docs/flow.md).
+    features = limits("queue:q", (0, 1, None, None))
+    late = [run(2, 1, 6, worker="w2"), run(1, 3, 5, worker="w1", claimed=0)]
+    assert invariants(flow_concurrency(data(late, features), FACTS)) == {"flow_concurrency"}
+    features.session_losses = {"awa:worker:w1": [(at(0.5), at(2))]}  # before its handler began
+    assert flow_concurrency(data(late, features), FACTS) == []
+
+
 def test_kind_limits_count_the_kind_across_queues() -> None:
     features = limits("kind:chaos.limited", (0, 1, None, None))
     both = [
