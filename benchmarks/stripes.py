@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 
-from common import ROOT, with_server
+from common import drain, with_server
 
 
 def main() -> None:
@@ -73,36 +71,20 @@ def _round(args: argparse.Namespace, stripes: int) -> float:
         first = first or min(job.id for job in sent)
     with connection.cursor() as cursor:
         cursor.execute("CHECKPOINT")
-    command = [
-        sys.executable,
-        "-m",
-        "django",
-        "awa_worker",
-        "--burst",
-        "--no-maintenance",
-        "--processes",
-        str(args.processes),
-    ]
     # The process's slots are the same whatever the stripes: C in all, C per stripe at most.
-    for queue in queues:
-        command += ["--queue", f"{queue}={args.concurrency}"]
-    command += ["--concurrency", str(args.concurrency)]
-    subprocess.run(
-        command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    extra: list[str] = []
+    for queue in queues[1:]:
+        extra += ["--queue", f"{queue}={args.concurrency}"]
+    extra += ["--concurrency", str(args.concurrency)]
+    rate, _ = drain(
+        queues[0],
+        args.jobs,
+        first,
+        processes=args.processes,
+        concurrency=args.concurrency,
+        extra=tuple(extra),
     )
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*), count(DISTINCT d.job_id), "
-            "extract(epoch FROM max(d.finalized_at) - min(c.claimed_at)) "
-            "FROM awa.done_entries d JOIN awa.claims c "
-            "ON c.job_id = d.job_id AND c.run_lease = d.run_lease "
-            "WHERE d.job_id >= %s AND d.state = 'completed'",
-            [first],
-        )
-        done, distinct, seconds = cursor.fetchone()
-    if done != args.jobs or distinct != args.jobs:
-        raise SystemExit(f"expected {args.jobs} completions, found {done} ({distinct} distinct)")
-    return args.jobs / float(seconds)
+    return rate
 
 
 if __name__ == "__main__":
