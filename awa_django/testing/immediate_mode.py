@@ -57,7 +57,7 @@ class ImmediateJobFailed(Exception):
         super().__init__("\n".join(lines))
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, eq=False)  # by identity: nested blocks look alike
 class _Target:
     """Where one commit's runs go: the open ``immediate()`` block's list, and whether a
     failure raises."""

@@ -102,6 +102,18 @@ def test_a_failed_job_fails_the_commit_with_its_traceback_unless_told_not_to() -
 
 
 @pytest.mark.django_db
+def test_nested_blocks_each_keep_their_own_runs_and_mode() -> None:
+    with immediate(raise_failures=False) as outer:
+        with immediate(raise_failures=False) as inner:  # alike, yet another block
+            pass
+        order_flow.refuse.enqueue(2)  # after the inner block: the outer's
+        with immediate() as strict, pytest.raises(ImmediateJobFailed):
+            order_flow.refuse.enqueue(3)
+    assert inner == [] and [r.outcome for r in outer] == ["retry"]
+    assert [r.outcome for r in strict][:1] == ["retry"]
+
+
+@pytest.mark.django_db
 def test_a_job_that_enqueues_itself_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(immediate_mode, "MAX_RUNS", 5)
     with immediate(), pytest.raises(RuntimeError, match="more than 5 jobs for one commit"):
