@@ -318,7 +318,8 @@ def _exchange(
             else:
                 response.close()  # an answer not read to its end never serves another job
     except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-        if holder.get("cut"):
+        # The watchdog's cut, or a read that timed out as the deadline came: one outcome.
+        if holder.get("cut") or time.monotonic() >= ends - 0.05:
             raise HttpTargetError(
                 f"POST {url} ran past the attempt's deadline ({left:.3g} s left)"
             ) from None
