@@ -52,11 +52,9 @@ def declarations(
         }
         items.append(_item("queue", name, settings.descriptor, options))
     for kind in sorted(kinds):
-        handle = kinds[kind]
-        try:
-            items.append(_item("kind", kind, handle.descriptor, _kind_options(handle, cfg)))
-        except Exception as exc:  # a declaration that cannot be described: only it is left out
-            log.warning("awa worker: kind %s is not reported (%s)", kind, exc)
+        item = _kind_item(kind, kinds[kind], cfg)
+        if item is not None:
+            items.append(item)
     if len(items) > MAX_DECLARATIONS:
         log.warning(
             "awa worker: %d queues and kinds declared; only the first %d are reported",
@@ -65,6 +63,27 @@ def declarations(
         )
         del items[MAX_DECLARATIONS:]
     return items
+
+
+def _kind_item(kind: str, handle: Job[Any, Any], cfg: AwaSettings) -> dict[str, Any] | None:
+    """A kind's item, computed once per handle and settings (reading its source is not free,
+    and a worker reports on every tenth refresh); None when it cannot be described (logged
+    once)."""
+    key = (kind, handle, cfg)  # the objects themselves: an id could be reused
+    if key not in _kind_items:
+        if len(_kind_items) >= 10 * MAX_DECLARATIONS:
+            _kind_items.clear()
+        try:
+            _kind_items[key] = _item("kind", kind, handle.descriptor, _kind_options(handle, cfg))
+        except Exception as exc:  # a declaration that cannot be described: only it is left out
+            log.warning("awa worker: kind %s is not reported (%s)", kind, exc)
+            _kind_items[key] = None
+    return _kind_items[key]
+
+
+#: Items of kinds already described, by kind, handle and settings (both live as long as the
+#: process, or the settings until an override).
+_kind_items: dict[tuple[str, object, object], dict[str, Any] | None] = {}
 
 
 def _kind_options(handle: Job[Any, Any], cfg: AwaSettings) -> dict[str, Any]:

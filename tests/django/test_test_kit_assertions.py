@@ -3,12 +3,11 @@ drain()'s kind filter and with_scheduled, and the pytest fixtures, in a test's t
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from awa_django import IsolationLevelError, enqueue
 from awa_django.testing import (
@@ -19,6 +18,7 @@ from awa_django.testing import (
 )
 from tests.jobs import common as testjobs
 from tests.jobs import order_flow
+from tests.support.polling import wait_for
 from tests.testapp.models import Order
 
 pytestmark = pytest.mark.django_db  # a TestCase-style transaction, never committed
@@ -140,11 +140,19 @@ def test_values_match_as_the_handler_sees_them_in_json() -> None:
     assert drain([]) == [] and len(enqueued_jobs()) == 2  # no queue named: nothing runs
 
 
+def due_by_the_clock(job_id: int) -> bool:
+    """Whether the job's run_at has passed by the database's clock (not the transaction's)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT run_at <= clock_timestamp() FROM awa.jobs WHERE id = %s", [job_id])
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
 def test_due_jobs_run_by_the_clock_and_kinds_keep_the_others_schedules() -> None:
-    soon = testjobs.noop.using(run_after=timedelta(milliseconds=50)).enqueue()
+    soon = testjobs.noop.using(run_after=timedelta(milliseconds=300)).enqueue()
     later = testjobs.renamed.using(run_after=timedelta(hours=1)).enqueue(1)
     assert drain() == []  # the test's transaction began before it was due...
-    time.sleep(0.06)
+    wait_for(lambda: due_by_the_clock(soon.id), timeout=5, message="the job's time to come")
     assert [r.id for r in drain()] == [soon.id]  # ...the clock says it is
     failing = order_flow.refuse.enqueue(9)
     runs = drain("orders", kinds=order_flow.refuse, with_scheduled=True)
