@@ -36,6 +36,7 @@ from awa_django.limits import (
     QUEUE_NAME_RE,
     check_descriptor,
     check_kind_name,
+    check_schema_name,
 )
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
 
 class _Kind(Enum):
     STR = "a non-empty str"
+    SCHEMA = "a plain lower-case identifier (str)"
     INT = "an int"
     SECONDS = "a number of seconds (int or float)"
     RATE = "a number of jobs per second (int or float)"
@@ -75,6 +77,9 @@ class _Spec:
 # One line per key: default, type and bounds. Intervals are in seconds and must be > 0.
 _SPECS: Final[Mapping[str, _Spec]] = {
     "DATABASE_ALIAS": _Spec("default", _Kind.STR),
+    # The PostgreSQL schema of the queue's tables and functions (docs/schema.md); read once per
+    # process: migrations, models, queries and workers all use the one set at start-up.
+    "SCHEMA": _Spec("awa", _Kind.SCHEMA),
     # Where the admin's pages and awa_status read (a streaming replica); None: DATABASE_ALIAS.
     "READ_DATABASE_ALIAS": _Spec(None, _Kind.STR),
     "JOB_MODULES": _Spec((), _Kind.MODULES),
@@ -245,6 +250,7 @@ class AwaSettings:
     """The validated, merged ``AWA`` settings. Intervals are floats in seconds."""
 
     DATABASE_ALIAS: str
+    SCHEMA: str
     READ_DATABASE_ALIAS: str | None
     JOB_MODULES: tuple[str, ...]
     JOB_MIDDLEWARE: tuple[str, ...]
@@ -383,6 +389,11 @@ def _validate(label: str, value: object, spec: _Spec) -> object:
         if not isinstance(value, str) or not value:
             raise _wrong_type(label, kind, value)
         return value
+    if kind is _Kind.SCHEMA:
+        try:
+            return check_schema_name(value, label)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{exc}.") from None
     if kind is _Kind.INT:
         if value is None and spec.default is None:
             return None

@@ -33,6 +33,7 @@ __all__ = [
     "PRIORITY_RANGE",
     "QUEUE_NAME_RE",
     "RESERVED_METADATA_PREFIX",
+    "SCHEMA_NAME_MAX_LENGTH",
     "SERIAL_KEY",
     "SERIAL_KEY_MAX_LENGTH",
     "WEIGHT_KEY",
@@ -46,6 +47,7 @@ __all__ = [
     "check_no_control",
     "check_priority",
     "check_queue_name",
+    "check_schema_name",
     "check_seconds",
     "check_serial_key",
     "check_text",
@@ -182,6 +184,50 @@ def check_kind_name(value: object, field: str = "kind") -> str:
         raise InvalidOptionError(field, "must name a job kind (not empty or blank)")
     check_no_control(field, kind)
     return kind
+
+
+#: The longest ``AWA["SCHEMA"]`` (characters): PostgreSQL's 63-byte names less the longest
+#: suffix awa_django adds to it (``_cancel``, the name of its cancel channel).
+SCHEMA_NAME_MAX_LENGTH = 56
+
+_SCHEMA_NAME_RE = re.compile(r"[a-z_][a-z0-9_]*")
+
+# PostgreSQL's reserved keywords and those that cannot name a schema (``pg_get_keywords()``,
+# categories R and T, PostgreSQL 18): a schema named so would need quoting everywhere.
+_SQL_RESERVED = frozenset(
+    """all analyse analyze and any array as asc asymmetric authorization binary both case cast
+    check collate collation column concurrently constraint create cross current_catalog
+    current_date current_role current_schema current_time current_timestamp current_user default
+    deferrable desc distinct do else end except false fetch for foreign freeze from full grant
+    group having ilike in initially inner intersect into is isnull join lateral leading left like
+    limit localtime localtimestamp natural not notnull null offset on only or order outer
+    overlaps placing primary references returning right select session_user similar some
+    symmetric system_user table tablesample then to trailing true union unique user using
+    variadic verbose when where window with""".split()  # noqa: SIM905
+)
+
+
+def check_schema_name(value: object, field: str = "AWA['SCHEMA']") -> str:
+    """``value`` if it can be the schema awa_django installs into and reads from: a plain
+    lower-case SQL identifier (``[a-z_][a-z0-9_]*``, at most :data:`SCHEMA_NAME_MAX_LENGTH`
+    characters) that needs no quoting, is not a reserved word, and is none of PostgreSQL's own
+    schemas (``public``, ``information_schema``, ``pg_*``), which a reversed migration would
+    drop. Raises ``ValueError`` with a message that says what is wrong."""
+    if not isinstance(value, str):
+        raise ValueError(f"{field} must be a str naming a schema, got {show(value)}")
+    if len(value) > SCHEMA_NAME_MAX_LENGTH or _SCHEMA_NAME_RE.fullmatch(value) is None:
+        raise ValueError(
+            f"{field} must be a plain lower-case identifier of 1 to {SCHEMA_NAME_MAX_LENGTH} "
+            f"characters (letters a-z, digits and _, not starting with a digit), "
+            f"got {show(value)}",
+        )
+    if value in _SQL_RESERVED:
+        raise ValueError(f"{field} is {value!r}, a reserved word in SQL; choose another name")
+    if value in ("public", "information_schema") or value.startswith("pg_"):
+        raise ValueError(
+            f"{field} is {value!r}, PostgreSQL's own schema; awa_django needs one of its own"
+        )
+    return value
 
 
 #: Control characters (code points): C0, DEL, C1 and the Unicode line and paragraph

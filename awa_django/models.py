@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from awa_django.sql import table_name
 from awa_django.states import JobState
 
 __all__ = [
@@ -146,7 +147,7 @@ class LiveJob(_JobFields):
 
     class Meta:
         managed = False
-        db_table = 'awa"."live_jobs'
+        db_table = table_name("live_jobs")
         ordering = ["-id"]
         verbose_name = "job"
         default_permissions = ("view",)
@@ -161,7 +162,7 @@ class TerminalJob(_JobFields):
 
     class Meta:
         managed = False
-        db_table = 'awa"."terminal_jobs'
+        db_table = table_name("terminal_jobs")
         ordering = ["-finalized_at", "-id"]
         default_permissions = ("view",)
         permissions = [("retry_job", "Can retry failed and cancelled jobs from history")]
@@ -195,7 +196,7 @@ class DeadLetter(ReadOnlyModel):
 
     class Meta:
         managed = False
-        db_table = 'awa"."dlq_entries'
+        db_table = table_name("dlq_entries")
         ordering = ["-dlq_at", "-job_id"]
         default_permissions = ("view",)
         permissions = [
@@ -228,7 +229,7 @@ class QueueStat(ReadOnlyModel):
 
     class Meta:
         managed = False
-        db_table = 'awa"."queue_stats'
+        db_table = table_name("queue_stats")
         ordering = ["queue"]
         default_permissions = ("view",)
         permissions = [("manage_queue", "Can pause, resume and drain queues")]
@@ -253,7 +254,7 @@ class KindLimit(ReadOnlyModel):
 
     class Meta:
         managed = False
-        db_table = 'awa"."flow_kind_limits'
+        db_table = table_name("flow_kind_limits")
         ordering = ["kind"]
         default_permissions = ("view",)
         verbose_name = "job kind flow limit"
@@ -283,7 +284,7 @@ class Descriptor(ReadOnlyModel):
 
     class Meta:
         managed = False
-        db_table = 'awa"."descriptor_status'
+        db_table = table_name("descriptor_status")
         ordering = ["-what", "name"]
         default_permissions = ("view",)
         verbose_name = "queue and job kind"
@@ -308,7 +309,7 @@ class Worker(ReadOnlyModel):
 
     class Meta:
         managed = False
-        db_table = 'awa"."runtime_instances'
+        db_table = table_name("runtime_instances")
         ordering = ["started_at"]
         default_permissions = ("view",)
 
@@ -344,7 +345,7 @@ class CronSchedule(ReadOnlyModel):
 
     class Meta:
         managed = False
-        db_table = 'awa"."cron_schedule_status'
+        db_table = table_name("cron_schedule_status")
         ordering = ["name"]
         default_permissions = ("view",)
         permissions = [("manage_schedule", "Can pause, resume and trigger periodic schedules")]
@@ -377,7 +378,7 @@ class CallbackWait(ReadOnlyModel):
 
     class Meta:
         managed = False
-        db_table = 'awa"."callback_waits'
+        db_table = table_name("callback_waits")
         ordering = ["timeout_at", "job_id"]
         default_permissions = ("view",)
         permissions = [("resolve_callback", "Can resolve or fail jobs waiting for a callback")]

@@ -21,7 +21,13 @@ def database_settings(url: str) -> dict[str, Any]:
     # A worker subprocess may be given persistent connections (AWA_TEST_CONN_MAX_AGE seconds).
     config["CONN_MAX_AGE"] = env.int("AWA_TEST_CONN_MAX_AGE", default=0)
     # As docs/configuration.md recommends (awa.W003): no JIT compilation of awa's views.
-    config["OPTIONS"] = {**config.get("OPTIONS", {}), "options": "-c jit=off"}
+    options = "-c jit=off"
+    # A second Django project on the same database keeps its own tables in a schema of its own
+    # (tests/worker/test_queue_schema.py): AWA_TEST_SEARCH_PATH names it.
+    search_path = env.str("AWA_TEST_SEARCH_PATH", default="")
+    if search_path:
+        options += f" -c search_path={search_path}"
+    config["OPTIONS"] = {**config.get("OPTIONS", {}), "options": options}
     return config
 
 

@@ -9,13 +9,13 @@ from django.db import migrations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.state import ProjectState
 
-from awa_django.sql import query, sql_file
+from awa_django.sql import query, schema, sql_file
 
 __all__ = ["RunAwaSQL"]
 
-_VIEWS = re.compile(r"^CREATE OR REPLACE VIEW awa\.(\w+)", re.MULTILINE)
-_FUNCTIONS = re.compile(r"^CREATE OR REPLACE FUNCTION awa\.(\w+)\(", re.MULTILINE)
-_TRIGGERS = re.compile(r"^CREATE OR REPLACE TRIGGER (\w+) .*? ON awa\.(\w+)", re.MULTILINE)
+_VIEWS = r"^CREATE OR REPLACE VIEW {schema}\.(\w+)"
+_FUNCTIONS = r"^CREATE OR REPLACE FUNCTION {schema}\.(\w+)\("
+_TRIGGERS = r"^CREATE OR REPLACE TRIGGER (\w+) .*? ON {schema}\.(\w+)"
 _NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
 
@@ -55,6 +55,7 @@ class RunAwaSQL(migrations.RunSQL):
         self.files = files
         self.name = name
         self.drop_schema = drop_schema
+        self.schema = schema()
         self.script = "\n".join(sql_file(path) for path in files)
         reverse_sql_text = query("schema_drop") if drop_schema else query("migration_forget")
         if not drop_schema:
@@ -63,12 +64,16 @@ class RunAwaSQL(migrations.RunSQL):
 
     def _drop_created(self) -> str:
         """The statement that drops the views, triggers and functions the files create."""
-        triggers = _TRIGGERS.findall(self.script)
+
+        def found(pattern: str) -> list[Any]:
+            return re.findall(pattern.format(schema=self.schema), self.script, re.MULTILINE)
+
+        triggers = found(_TRIGGERS)
         return query("migration_drop_created").format(
-            views=_text_array(_VIEWS.findall(self.script)[::-1]),
+            views=_text_array(found(_VIEWS)[::-1]),
             triggers=_text_array([name for name, _ in triggers]),
             trigger_tables=_text_array([table for _, table in triggers]),
-            functions=_text_array(_FUNCTIONS.findall(self.script)),
+            functions=_text_array(found(_FUNCTIONS)),
         )
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:

@@ -16,7 +16,7 @@ from typing import Any
 from psycopg import sql
 
 from awa_django.exceptions import InvalidOptionError
-from awa_django.sql import query, roles_blocks
+from awa_django.sql import query, roles_blocks, schema
 
 __all__ = [
     "FUNCTION_LISTS",
@@ -48,7 +48,7 @@ _ROLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 # Names PostgreSQL keeps for itself: PUBLIC is not a role, pg_* roles are predefined.
 _RESERVED = re.compile(r"(?i)public|none|current_user|session_user|current_role|pg_.*")
 # One entry of a function list: an awa function by name (each name has one signature).
-_FUNCTION = re.compile(r"awa\.([a-z_][a-z0-9_]{0,62})")
+_FUNCTION = re.compile(r"[a-z_][a-z0-9_]{0,62}\.([a-z_][a-z0-9_]{0,62})")
 
 
 def check_role_name(option: str, value: str) -> str:
@@ -146,7 +146,7 @@ def function_names(name: str) -> tuple[str, ...]:
 def _functions(name: str) -> sql.Composed:
     """The list ``name`` as a GRANT names its functions, one a line: ``"awa"."a",
     "awa"."b"`` (by name alone: each awa function name has one signature)."""
-    return sql.SQL(",\n    ").join(sql.Identifier("awa", fn) for fn in function_names(name))
+    return sql.SQL(",\n    ").join(sql.Identifier(schema(), fn) for fn in function_names(name))
 
 
 def roles_script(

@@ -8,6 +8,7 @@ its functions (awa_django/sql/superseded.sql drops the ones nothing calls).
 from django.db import migrations, models
 
 from awa_django.db.migration import RunAwaSQL
+from awa_django.sql import table_name
 
 #: ``awa_django.states.JobState.choices`` (the ``state`` of LiveJob and TerminalJob, the last
 #: job state of CronSchedule).
@@ -72,7 +73,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "callback wait",
-                "db_table": 'awa"."callback_waits',
+                "db_table": table_name("callback_waits"),
                 "ordering": ["timeout_at", "job_id"],
                 "permissions": [
                     ("resolve_callback", "Can resolve or fail jobs waiting for a callback")
@@ -107,7 +108,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "periodic schedule",
-                "db_table": 'awa"."cron_schedule_status',
+                "db_table": table_name("cron_schedule_status"),
                 "ordering": ["name"],
                 "permissions": [
                     ("manage_schedule", "Can pause, resume and trigger periodic schedules")
@@ -141,7 +142,7 @@ class Migration(migrations.Migration):
             options={
                 "verbose_name": "dead-lettered job",
                 "verbose_name_plural": "dead letter queue",
-                "db_table": 'awa"."dlq_entries',
+                "db_table": table_name("dlq_entries"),
                 "ordering": ["-dlq_at", "-job_id"],
                 "permissions": [
                     ("retry_dlq", "Can retry dead-lettered jobs"),
@@ -171,7 +172,7 @@ class Migration(migrations.Migration):
             options={
                 "verbose_name": "queue and job kind",
                 "verbose_name_plural": "queues and job kinds",
-                "db_table": 'awa"."descriptor_status',
+                "db_table": table_name("descriptor_status"),
                 "ordering": ["-what", "name"],
                 "managed": False,
                 "default_permissions": ("view",),
@@ -190,7 +191,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "job kind flow limit",
-                "db_table": 'awa"."flow_kind_limits',
+                "db_table": table_name("flow_kind_limits"),
                 "ordering": ["kind"],
                 "managed": False,
                 "default_permissions": ("view",),
@@ -222,7 +223,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "job",
-                "db_table": 'awa"."live_jobs',
+                "db_table": table_name("live_jobs"),
                 "ordering": ["-id"],
                 "permissions": [("cancel_job", "Can cancel jobs")],
                 "managed": False,
@@ -248,7 +249,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "queue",
-                "db_table": 'awa"."queue_stats',
+                "db_table": table_name("queue_stats"),
                 "ordering": ["queue"],
                 "permissions": [("manage_queue", "Can pause, resume and drain queues")],
                 "managed": False,
@@ -279,7 +280,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "terminal job",
-                "db_table": 'awa"."terminal_jobs',
+                "db_table": table_name("terminal_jobs"),
                 "ordering": ["-finalized_at", "-id"],
                 "permissions": [("retry_job", "Can retry failed and cancelled jobs from history")],
                 "managed": False,
@@ -300,7 +301,7 @@ class Migration(migrations.Migration):
                 ("last_seen_at", models.DateTimeField()),
             ],
             options={
-                "db_table": 'awa"."runtime_instances',
+                "db_table": table_name("runtime_instances"),
                 "ordering": ["started_at"],
                 "managed": False,
                 "default_permissions": ("view",),

@@ -15,17 +15,42 @@
   placeholders ``awa_django.db.roles`` fills with quoted identifiers.
 * ``queries/*.sql``: named statements (``-- name: foo`` headers) used by the Python code. Python
   refers to them by name and passes every value as a parameter.
+
+Every file is written for the schema ``awa``. For another ``AWA["SCHEMA"]`` (docs/schema.md),
+:func:`for_schema` moves the text to it as it is loaded: the schema's objects, its name as a
+string, its NOTIFY channels (``awa_jobs``, ``awa_cancel``), its custom settings (``awa.*``) and
+its advisory-lock key spaces, so that two schemas in one database share nothing.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import zlib
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from types import MappingProxyType
 
-__all__ = ["RING_SLOTS", "query", "render", "roles_blocks", "sql_file"]
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from awa_django.limits import check_schema_name
+
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "RING_SLOTS",
+    "for_schema",
+    "notify_channel",
+    "query",
+    "render",
+    "roles_blocks",
+    "schema",
+    "sql_file",
+    "table_name",
+]
+
+#: The schema the SQL files are written for, and ``AWA["SCHEMA"]``'s default.
+DEFAULT_SCHEMA = "awa"
 
 #: The number of partitions (slots) of each ring, for a new database.
 RING_SLOTS: Mapping[str, int] = MappingProxyType({"queue": 8, "claim": 8, "lease": 8})
@@ -59,9 +84,81 @@ def render(
     return text
 
 
+def schema() -> str:
+    """The schema of awa_django's tables and functions: ``AWA["SCHEMA"]``, or ``awa`` when it
+    is not set or Django's settings are not configured (scripts). Read on its own, not with the
+    other settings, so that a bad value elsewhere in ``AWA`` still reaches ``manage.py check``;
+    a bad schema name raises ``ImproperlyConfigured``, since no model can name its table."""
+    if not settings.configured:
+        return DEFAULT_SCHEMA
+    raw = getattr(settings, "AWA", None)
+    value = raw.get("SCHEMA", DEFAULT_SCHEMA) if isinstance(raw, Mapping) else DEFAULT_SCHEMA
+    if value == DEFAULT_SCHEMA:
+        return DEFAULT_SCHEMA
+    try:
+        return check_schema_name(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{exc}.") from None
+
+
+def table_name(name: str, in_schema: str | None = None) -> str:
+    """A model's ``db_table`` for the table or view ``name`` of the schema (``in_schema``, or
+    the configured one): ``'awa"."live_jobs'``, which Django quotes to ``"awa"."live_jobs"``."""
+    return f'{in_schema or schema()}"."{name}'
+
+
+def notify_channel(kind: str, in_schema: str | None = None) -> str:
+    """The NOTIFY channel of ``kind`` (``jobs``: new work in a queue, ``cancel``: stop a running
+    attempt) for the schema: ``awa_jobs`` and ``awa_cancel`` for ``awa``."""
+    return f"{in_schema or schema()}_{kind}"
+
+
+_LOCK_CLASS = re.compile(r"\b42821(7[7-9]|8[0-5])\b")
+_LEADER_KEY = 4708303813012965710  # 0x4157415f4d41494e, "AWA_MAIN"
+_LEADER_OBJID = _LEADER_KEY & 0xFFFFFFFF
+_SCHEMA_RULES = (
+    (re.compile(r"\bawa\."), "{schema}."),
+    (re.compile(r"\b(SCHEMA (?:IF (?:NOT )?EXISTS )?)awa\b"), r"\g<1>{schema}"),
+    (re.compile(r"'awa'"), "'{schema}'"),
+    (re.compile(r"\bawa_(jobs|cancel)\b"), r"{schema}_\g<1>"),
+)
+
+
+def for_schema(text: str, name: str) -> str:
+    """SQL written for the schema ``awa`` (``text``) moved to the schema ``name``, a plain
+    identifier that :func:`awa_django.limits.check_schema_name` accepts. For ``awa``, ``text``
+    itself. Otherwise, every ``awa.`` qualifier (objects, and the ``awa.*`` custom settings) and
+    ``SCHEMA awa`` names ``name``, the string ``'awa'`` becomes ``'name'``, the channels
+    ``awa_jobs`` and ``awa_cancel`` become ``name_jobs`` and ``name_cancel``, and the advisory
+    locks move to key spaces of their own: the classes 4282177-4282185 by a multiple of 16
+    derived from the name (CRC-32), the leader's 64-bit key to the same high half and a low half
+    derived from the name, so no lock of one schema is ever a lock of another's (short of a
+    CRC-32 collision between two schema names, which ``manage.py check`` cannot see)."""
+    if name == DEFAULT_SCHEMA:
+        return text
+    for pattern, replacement in _SCHEMA_RULES:
+        text = pattern.sub(replacement.replace("{schema}", name), text)
+    crc = zlib.crc32(name.encode())
+    shift = 16 * (1 + crc % (1 << 26))
+    text = _LOCK_CLASS.sub(lambda m: str(int(m.group(0)) + shift), text)
+    objid = crc if crc != _LEADER_OBJID else crc ^ 1
+    text = re.sub(rf"\b{_LEADER_KEY}\b", str((_LEADER_KEY >> 32 << 32) | objid), text)
+    return re.sub(rf"\b{_LEADER_OBJID}\b", str(objid), text)
+
+
+def sql_file(path: str, in_schema: str | None = None) -> str:
+    """The rendered text of the schema file ``path`` (``tables.sql``, ``functions/claim.sql``)
+    for the schema ``in_schema``, or the configured one."""
+    return _schema_file(path, in_schema or schema())
+
+
 @functools.cache
-def sql_file(path: str) -> str:
-    """The rendered text of the schema file ``path`` (``tables.sql``, ``functions/claim.sql``)."""
+def _schema_file(path: str, name: str) -> str:
+    return for_schema(_rendered_file(path), name)
+
+
+@functools.cache
+def _rendered_file(path: str) -> str:
     folder = resources.files(__package__)
     for part in path.split("/"):
         folder = folder / part
@@ -80,31 +177,37 @@ def _named_blocks(text: str, source: str, into: dict[str, str], *, strip: bool) 
 
 
 @functools.cache
-def _load_queries() -> dict[str, str]:
+def _load_queries(name: str) -> dict[str, str]:
     queries: dict[str, str] = {}
     folder = resources.files(__package__) / "queries"
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):
             continue
-        _named_blocks(entry.read_text(encoding="utf-8"), entry.name, queries, strip=True)
+        text = for_schema(entry.read_text(encoding="utf-8"), name)
+        _named_blocks(text, entry.name, queries, strip=True)
     return queries
 
 
-@functools.cache
-def roles_blocks() -> dict[str, str]:
+def roles_blocks(in_schema: str | None = None) -> dict[str, str]:
     """The named blocks of ``roles.sql`` (``owner``, ``app``, ``worker``, ``maintenance``,
-    ``operator``, ``entry_points``), each several statements with ``{placeholders}`` for
-    identifiers only."""
+    ``operator``, ``entry_points``) for the schema ``in_schema`` or the configured one, each
+    several statements with ``{placeholders}`` for identifiers only."""
+    return _roles_blocks(in_schema or schema())
+
+
+@functools.cache
+def _roles_blocks(name: str) -> dict[str, str]:
     blocks: dict[str, str] = {}
     text = (resources.files(__package__) / "roles.sql").read_text(encoding="utf-8")
-    _named_blocks(text, "roles.sql", blocks, strip=False)
+    _named_blocks(for_schema(text, name), "roles.sql", blocks, strip=False)
     return blocks
 
 
-def query(name: str) -> str:
-    """Return the named statement ``name`` from ``queries/*.sql``.
+def query(name: str, in_schema: str | None = None) -> str:
+    """Return the named statement ``name`` from ``queries/*.sql``, for the schema ``in_schema``
+    or the configured one.
 
     Raises ``KeyError`` for an unknown name. The text is a constant shipped with the package;
     values are always passed separately as parameters.
     """
-    return _load_queries()[name]
+    return _load_queries(in_schema or schema())[name]

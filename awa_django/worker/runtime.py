@@ -52,7 +52,7 @@ from awa_django.limits import QUEUE_NAME_RE
 from awa_django.maintenance.cron import sync_schedules
 from awa_django.maintenance.leader import Maintenance, MaintenanceSettings
 from awa_django.maintenance.thread import MaintenanceThread
-from awa_django.sql import query
+from awa_django.sql import notify_channel, query
 from awa_django.telemetry.metrics import active_metrics
 from awa_django.telemetry.tracing import active_tracing
 from awa_django.worker.attempts import EXIT_STUCK_HANDLERS, Attempts, Running
@@ -684,6 +684,7 @@ class WorkerRuntime:
     async def _listen_loop(self) -> None:
         delay = 0.05
         listen = Link(self.config.settings.DATABASE_ALIAS, "listen", str(self.instance_id))
+        jobs, cancel = notify_channel("jobs"), notify_channel("cancel")
         while True:
             try:
                 conn = await listen.connection()
@@ -694,9 +695,9 @@ class WorkerRuntime:
                 if self.config.discover:
                     self._rediscover.set()
                 async for note in conn.notifies():
-                    if note.channel == "awa_jobs":
+                    if note.channel == jobs:
                         self.wakeups.on_note(note.payload)
-                    elif note.channel == "awa_cancel":
+                    elif note.channel == cancel:
                         self.attempts.on_cancel_note(note.payload)
             except asyncio.CancelledError:
                 await listen.close()

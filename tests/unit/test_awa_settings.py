@@ -210,6 +210,17 @@ def test_settings_are_read_only() -> None:
             {"TESTING": {"RAISE_FAILURES": 1}},
             "AWA['TESTING']['RAISE_FAILURES'] must be a bool (True or False), got int (1).",
         ),
+        ({"SCHEMA": "Shop"}, "AWA['SCHEMA'] must be a plain lower-case identifier of 1 to 56"),
+        ({"SCHEMA": "shop-jobs"}, "AWA['SCHEMA'] must be a plain lower-case identifier"),
+        ({"SCHEMA": "9jobs"}, "AWA['SCHEMA'] must be a plain lower-case identifier"),
+        ({"SCHEMA": 'a"; DROP'}, "AWA['SCHEMA'] must be a plain lower-case identifier"),
+        ({"SCHEMA": "a\x00b"}, "AWA['SCHEMA'] must be a plain lower-case identifier"),
+        ({"SCHEMA": "q" * 57}, "AWA['SCHEMA'] must be a plain lower-case identifier"),
+        ({"SCHEMA": ""}, "AWA['SCHEMA'] must be a plain lower-case identifier"),
+        ({"SCHEMA": None}, "AWA['SCHEMA'] must be a str naming a schema, got None."),
+        ({"SCHEMA": "select"}, "AWA['SCHEMA'] is 'select', a reserved word in SQL"),
+        ({"SCHEMA": "public"}, "AWA['SCHEMA'] is 'public', PostgreSQL's own schema"),
+        ({"SCHEMA": "pg_jobs"}, "AWA['SCHEMA'] is 'pg_jobs', PostgreSQL's own schema"),
         (
             {"HEARTBEAT_INTERVAL": 10, "HEARTBEAT_STALENESS": 10},
             "AWA['HEARTBEAT_STALENESS'] (10) must be greater than AWA['HEARTBEAT_INTERVAL'] (10)",
@@ -253,3 +264,17 @@ def test_callback_timestamp_tolerance_is_bounded(tolerance: float) -> None:
     with pytest.raises(ImproperlyConfigured, match="between 1 and 86400 seconds"):
         load_settings({"CALLBACK_TIMESTAMP_TOLERANCE": tolerance})
     assert load_settings({"CALLBACK_TIMESTAMP_TOLERANCE": 86_400}).CALLBACK_TIMESTAMP_TOLERANCE
+
+
+def test_a_schema_name_is_taken_as_given_and_read_on_its_own() -> None:
+    from awa_django.sql import schema, table_name
+
+    assert load_settings({"SCHEMA": "shop_jobs2"}).SCHEMA == "shop_jobs2"
+    assert load_settings({"SCHEMA": "q" * 56}).SCHEMA == "q" * 56
+    with override_settings(AWA={"SCHEMA": "shop_jobs", "POLL_INTERVAL": "fast"}):
+        # A bad value elsewhere is for manage.py check; the schema is still known.
+        assert schema() == "shop_jobs"
+        assert table_name("live_jobs") == 'shop_jobs"."live_jobs'
+    with override_settings(AWA={"SCHEMA": "public"}), pytest.raises(ImproperlyConfigured):
+        schema()
+    assert schema() == "awa"

@@ -22,6 +22,7 @@ from django.db import DatabaseError
 
 from awa_django.exceptions import JobValidationError
 from awa_django.limits import MAX_BIGINT, check_queue_name, check_text
+from awa_django.sql import schema
 from awa_django.telemetry.logs import in_job
 
 __all__ = [
@@ -141,7 +142,7 @@ def database_errors(read_alias: str | None = None) -> Iterator[None]:
                 f"(AWA['READ_DATABASE_ALIAS']): {message}"
             ) from exc
         hint = ""
-        if "awa" in message and "does not exist" in message:
+        if schema() in message and "does not exist" in message:
             hint = " (has `manage.py migrate` run on this database?)"
         raise CommandError(f"database error: {message}{hint}") from exc
 

@@ -1,0 +1,156 @@
+"""Queue storage in a schema of one's choice (docs/schema.md): a second Django project on the
+same database, with ``AWA["SCHEMA"] = "second_awa"`` and its own tables in ``second_project``,
+migrates, enqueues and drains only its own jobs while this project's worker drains its own;
+each schema elects its own leader; ``awa_roles`` grants on the project's schema and nothing of
+``awa``; ``sqlmigrate`` prints the SQL for the configured schema."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from awa_django.sql import for_schema, query
+from tests.jobs import common, worker_env
+from tests.support.polling import wait_for
+from tests.support.workers import Start, exited, worker
+
+pytestmark = [pytest.mark.worker, pytest.mark.usefixtures("clean_awa")]
+
+SCHEMA = "second_awa"
+TABLES = "second_project"
+ROLES = ("second_awa_app", "second_awa_worker")
+
+
+def second_env(**overrides: Any) -> dict[str, str]:
+    """The second project's environment: its AWA schema and its own Django tables."""
+    env = worker_env(SCHEMA=SCHEMA, **overrides)
+    env["AWA_TEST_SEARCH_PATH"] = TABLES
+    return env
+
+
+def sql(statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def drop_second_project() -> None:
+    sql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    sql(f"DROP SCHEMA IF EXISTS {TABLES} CASCADE")
+    for role in ROLES:
+        if sql("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)):
+            sql(f"DROP OWNED BY {role}")
+            sql(f"DROP ROLE {role}")
+
+
+@pytest.fixture
+def second_project(manage_py: Start) -> Iterator[None]:
+    """The second project, migrated (Django's tables in ``second_project``, awa's in
+    ``second_awa``); dropped again afterwards."""
+    drop_second_project()
+    sql(f"CREATE SCHEMA {TABLES}")
+    migrate = manage_py("migrate", "--verbosity", "0", extra_env=second_env())
+    assert exited(migrate, timeout=120) == 0, migrate.output()
+    assert sql(f"SELECT to_regclass('{TABLES}.django_migrations') IS NOT NULL") == [(True,)]
+    yield
+    drop_second_project()
+
+
+def states(schema: str) -> dict[str, list[Any]]:
+    rows = sql(f"SELECT state, args FROM {schema}.jobs WHERE queue = 'other'")
+    found: dict[str, list[Any]] = {}
+    for state, args in rows:
+        found.setdefault(state, []).append(json.loads(args) if isinstance(args, str) else args)
+    return found
+
+
+@pytest.mark.usefixtures("second_project")
+def test_two_projects_on_one_database_each_drain_only_their_own(manage_py: Start) -> None:
+    enqueue = manage_py(
+        "shell",
+        "-c",
+        "from tests.jobs.common import renamed\nfor n in range(5): renamed.enqueue(f'second-{n}')",
+        extra_env=second_env(),
+    )
+    assert exited(enqueue, timeout=60) == 0, enqueue.output()
+    for n in range(4):
+        common.renamed.enqueue(f"first-{n}")
+    # The same queue name in both projects: each sees only its own jobs.
+    assert len(states(SCHEMA)["available"]) == 5
+    assert len(states("awa")["available"]) == 4
+
+    second = manage_py("awa_worker", "--queue", "other", extra_env=second_env())
+    wait_for(
+        lambda: states(SCHEMA).get("completed", []) and len(states(SCHEMA)["completed"]) == 5,
+        timeout=60,
+        message=lambda: f"the second project's jobs to complete; output:\n{second.output()}",
+    )
+    waiting = states("awa")
+    assert set(waiting) == {"available"} and len(waiting["available"]) == 4
+
+    first = worker(manage_py, "--queue", "other")
+    wait_for(
+        lambda: len(states("awa").get("completed", [])) == 4,
+        timeout=60,
+        message=lambda: f"this project's jobs to complete; output:\n{first.output()}",
+    )
+    assert set(states(SCHEMA)) == {"completed"}
+    expected = (json.loads(common.renamed.prepare(f"second-{n}").args_json) for n in range(5))
+    assert sorted(map(str, states(SCHEMA)["completed"])) == sorted(map(str, expected))
+    # Each schema's leader lock is its own: both fleets elect a leader at once.
+    for schema in ("awa", SCHEMA):
+        wait_for(
+            lambda schema=schema: (
+                sql(f"SELECT count(*) FROM {schema}.runtime_instances WHERE is_leader")[0][0] == 1
+            ),
+            timeout=30,
+            message=f"a leader in {schema}",
+        )
+    first.kill()
+    second.kill()
+
+
+@pytest.mark.usefixtures("second_project")
+def test_roles_and_sqlmigrate_follow_the_schema(manage_py: Start) -> None:
+    for role in ROLES:
+        sql(f"CREATE ROLE {role} NOLOGIN")
+    roles = manage_py(
+        "awa_roles",
+        "--apply",
+        "--app",
+        ROLES[0],
+        "--worker",
+        ROLES[1],
+        extra_env=second_env(),
+    )
+    assert exited(roles, timeout=60) == 0, roles.output()
+    for role in ROLES:
+        assert sql("SELECT has_schema_privilege(%s, %s, 'USAGE')", (role, SCHEMA)) == [(True,)]
+        assert sql("SELECT has_schema_privilege(%s, 'awa', 'USAGE')", (role,)) == [(False,)]
+    enqueue = sql(
+        "SELECT has_function_privilege(%s, p.oid, 'EXECUTE') FROM pg_proc p"
+        " WHERE p.pronamespace = %s::regnamespace AND p.proname = 'enqueue_v1'",
+        (ROLES[0], SCHEMA),
+    )
+    assert enqueue == [(True,)]
+
+    printed = manage_py("sqlmigrate", "awa_django", "0001", extra_env=second_env())
+    assert exited(printed, timeout=60) == 0
+    text = printed.output()
+    assert f"CREATE SCHEMA {SCHEMA};" in text and f"{SCHEMA}.job_id_seq" in text
+    assert "awa." not in text.replace(f"{SCHEMA}.", "")
+
+
+def test_statements_for_another_schema_share_no_name_channel_or_lock() -> None:
+    text = "\n".join(query(name) for name in ("leader_try", "listen_jobs", "migration_lock"))
+    moved = "\n".join(
+        query(name, SCHEMA) for name in ("leader_try", "listen_jobs", "migration_lock")
+    )
+    assert for_schema(text, "awa") == text
+    assert moved == for_schema(text, SCHEMA) != text
+    assert "LISTEN second_awa_jobs" in moved and "4282180" not in moved
+    assert "4708303813012965710" not in moved
