@@ -21,9 +21,11 @@ awa.W002  ``PROCESSES * (CONCURRENCY + 7)`` connections (``awa_django.connection
           exceed the server's ``max_connections`` (database check).
 awa.W003  The alias's connections JIT-compile expensive statements: every read of awa's views
           (the admin's lists, SQL) pays 100 ms to seconds of compilation (database check).
+awa.W005  awa_django's migrations are recorded as applied, but ``AWA["SCHEMA"]`` names a
+          schema that holds no queue: the setting changed after ``migrate`` (database check).
 ========  ======================================================================================
 
-All checks are free of side effects. Only E004, E006, W002 and W003 connect, and only when
+All checks are free of side effects. Only E004, E006, W002, W003 and W005 connect, and only when
 Django runs database checks (``check --database ALIAS``, ``migrate``); plain ``manage.py check``
 does not run them.
 """
@@ -42,7 +44,7 @@ from django.db.utils import ConnectionHandler
 from awa_django.conf import AwaSettings, get_awa_settings, import_job_middleware
 from awa_django.connection_budget import connection_budget, own_connections
 from awa_django.cron import declared
-from awa_django.sql import query
+from awa_django.sql import query, schema
 
 MIN_SERVER_VERSION = 150000
 """PostgreSQL 15, as ``server_version_num``."""
@@ -190,6 +192,7 @@ def check_server_version(
     return [
         *connection_budget_warnings(alias, connections, get_awa_settings()),
         *jit_warnings(alias, connections),
+        *schema_warnings(alias, connections),
     ]
 
 
@@ -205,6 +208,36 @@ def _server_row(
     except DatabaseError:
         return None
     return None if row is None else tuple(row)
+
+
+def schema_warnings(alias: str, handler: ConnectionHandler) -> list[CheckMessage]:
+    """W005 when Django records awa_django's first migration as applied on ``alias`` but the
+    configured schema holds no queue (``AWA["SCHEMA"]`` changed after ``migrate``); connects."""
+    from django.db.migrations.recorder import MigrationRecorder
+
+    try:
+        applied = MigrationRecorder(handler[alias]).applied_migrations()
+    except DatabaseError:
+        return []
+    if ("awa_django", "0001_initial") not in applied:
+        return []
+    row = _server_row(alias, handler, "migrations_table_exists")
+    if row is None or row[0]:
+        return []
+    name = schema()
+    return [
+        Warning(
+            f"AWA['SCHEMA'] is {name!r}, but that schema holds no awa_django queue, while "
+            f"awa_django's migrations are recorded as applied on {alias!r}: they installed the "
+            f"queue in another schema, and `migrate` will not create this one.",
+            hint=(
+                "Set AWA['SCHEMA'] back, or install the queue in the new schema with "
+                "`manage.py migrate awa_django zero --fake` then `manage.py migrate awa_django` "
+                "(the old schema and its jobs stay where they are; docs/schema.md)."
+            ),
+            id="awa.W005",
+        )
+    ]
 
 
 def jit_warnings(alias: str, handler: ConnectionHandler) -> list[CheckMessage]:

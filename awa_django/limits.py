@@ -192,8 +192,9 @@ SCHEMA_NAME_MAX_LENGTH = 56
 
 _SCHEMA_NAME_RE = re.compile(r"[a-z_][a-z0-9_]*")
 
-# PostgreSQL's reserved keywords and those that cannot name a schema (``pg_get_keywords()``,
-# categories R and T, PostgreSQL 18): a schema named so would need quoting everywhere.
+# PostgreSQL's keywords that are not "unreserved" (``pg_get_keywords()``, categories R, T and C,
+# PostgreSQL 18): a schema named so could not qualify a type or function name without quoting.
+# ``migrate`` checks the server's own list again before it creates the schema.
 _SQL_RESERVED = frozenset(
     """all analyse analyze and any array as asc asymmetric authorization binary both case cast
     check collate collation column concurrently constraint create cross current_catalog
@@ -203,16 +204,23 @@ _SQL_RESERVED = frozenset(
     limit localtime localtimestamp natural not notnull null offset on only or order outer
     overlaps placing primary references returning right select session_user similar some
     symmetric system_user table tablesample then to trailing true union unique user using
-    variadic verbose when where window with""".split()  # noqa: SIM905
+    variadic verbose when where window with
+    between bigint bit boolean char character coalesce dec decimal exists extract float
+    greatest grouping inout int integer interval json json_array json_arrayagg json_exists
+    json_object json_objectagg json_query json_scalar json_serialize json_table json_value least
+    merge_action national nchar none normalize nullif numeric out overlay position precision
+    real row setof smallint substring time timestamp treat trim values varchar xmlattributes
+    xmlconcat xmlelement xmlexists xmlforest xmlnamespaces xmlparse xmlpi xmlroot xmlserialize
+    xmltable""".split()  # noqa: SIM905
 )
 
 
 def check_schema_name(value: object, field: str = "AWA['SCHEMA']") -> str:
     """``value`` if it can be the schema awa_django installs into and reads from: a plain
     lower-case SQL identifier (``[a-z_][a-z0-9_]*``, at most :data:`SCHEMA_NAME_MAX_LENGTH`
-    characters) that needs no quoting, is not a reserved word, and is none of PostgreSQL's own
-    schemas (``public``, ``information_schema``, ``pg_*``), which a reversed migration would
-    drop. Raises ``ValueError`` with a message that says what is wrong."""
+    characters) that needs no quoting, is no SQL keyword but an unreserved one, and is none of
+    PostgreSQL's own schemas (``public``, ``information_schema``, ``pg_*``), which a reversed
+    migration would drop. Raises ``ValueError`` with a message that says what is wrong."""
     if not isinstance(value, str):
         raise ValueError(f"{field} must be a str naming a schema, got {show(value)}")
     if len(value) > SCHEMA_NAME_MAX_LENGTH or _SCHEMA_NAME_RE.fullmatch(value) is None:
@@ -222,7 +230,7 @@ def check_schema_name(value: object, field: str = "AWA['SCHEMA']") -> str:
             f"got {show(value)}",
         )
     if value in _SQL_RESERVED:
-        raise ValueError(f"{field} is {value!r}, a reserved word in SQL; choose another name")
+        raise ValueError(f"{field} is {value!r}, a keyword of SQL; choose another name")
     if value in ("public", "information_schema") or value.startswith("pg_"):
         raise ValueError(
             f"{field} is {value!r}, PostgreSQL's own schema; awa_django needs one of its own"

@@ -236,7 +236,7 @@ def fork_servers(
     servers: list[ForkServer] = []
 
     def get(env: dict[str, str]) -> ForkServer | None:
-        if not forkserver.enabled():
+        if not forkserver.enabled() or forkserver.own_schema(env):
             return None
         for server in servers:
             if server.matches(env):

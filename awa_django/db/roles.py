@@ -111,6 +111,8 @@ class SchemaFacts:
     database: str
     schema_owner: str
     owner_is_superuser: bool
+    #: The other queues of the database (other ``AWA["SCHEMA"]``s): (schema, owner) each.
+    other_queues: tuple[tuple[str, str], ...] = ()
 
 
 def read_schema_facts(cursor: Any) -> SchemaFacts | None:
@@ -120,7 +122,9 @@ def read_schema_facts(cursor: Any) -> SchemaFacts | None:
     row = cursor.fetchone()
     if row is None:
         return None
-    return SchemaFacts(row[0], row[1], bool(row[2]))
+    cursor.execute(query("roles_other_queues"))
+    others = tuple((str(name), str(owner)) for name, owner in cursor.fetchall())
+    return SchemaFacts(row[0], row[1], bool(row[2]), others)
 
 
 def _statement_text(blocks: Mapping[str, str], name: str) -> str:
@@ -156,7 +160,8 @@ def roles_script(
     ``roles.sql`` of the roles given, in :data:`ROLE_KINDS` order, with every name an
     identifier. Running it twice changes nothing the first run did not. ``lock_advisory``
     adds the superuser block that takes the advisory-lock functions from ``PUBLIC`` in this
-    database and gives them to the owner and the maintenance role (named: it is required)."""
+    database and gives them to the owner, the maintenance role (named: it is required) and the
+    owners of the database's other queues (``facts.other_queues``)."""
     if lock_advisory and roles.maintenance is None:
         raise InvalidOptionError(
             "--lock-advisory",
@@ -166,8 +171,8 @@ def roles_script(
     if roles.owner is not None and roles.owner != facts.schema_owner:
         raise InvalidOptionError(
             "--owner",
-            f"the awa schema is owned by {facts.schema_owner!r}, not {roles.owner!r} (--owner "
-            "names the role that ran migrate)",
+            f"the {schema()} schema is owned by {facts.schema_owner!r}, not {roles.owner!r} "
+            "(--owner names the role that ran migrate)",
         )
     for kind in ROLE_KINDS[1:]:
         if getattr(roles, kind) == facts.schema_owner:
@@ -175,7 +180,8 @@ def roles_script(
             # and with them every function that runs as the owner, for every role.
             raise InvalidOptionError(
                 f"--{kind}",
-                f"{facts.schema_owner!r} owns the awa schema; the {kind} role must be another",
+                f"{facts.schema_owner!r} owns the {schema()} schema; the {kind} role must be "
+                "another",
             )
     blocks = roles_blocks()
     owner = facts.schema_owner
@@ -183,8 +189,14 @@ def roles_script(
         "database": sql.Identifier(facts.database),
         "owner": sql.Identifier(owner),
         "advisory_functions": sql.SQL(_statement_text(blocks, "advisory_functions")),
+        # The functions are the database's, not the schema's: the owners of the other queues
+        # in it keep them too, or their own functions could no longer take their locks.
         "advisory_roles": sql.SQL(", ").join(
-            sql.Identifier(name) for name in (owner, roles.maintenance) if name is not None
+            sql.Identifier(name)
+            for name in dict.fromkeys(
+                [owner, *(other for _, other in facts.other_queues), roles.maintenance]
+            )
+            if name is not None
         ),
     }
     for name in FUNCTION_LISTS:

@@ -40,11 +40,13 @@ __all__ = [
     "DEFAULT_SCHEMA",
     "RING_SLOTS",
     "for_schema",
+    "lock_space",
     "notify_channel",
     "query",
     "render",
     "roles_blocks",
     "schema",
+    "schema_setting",
     "sql_file",
     "table_name",
 ]
@@ -84,14 +86,28 @@ def render(
     return text
 
 
+_pinned: str | None = None
+
+
 def schema() -> str:
-    """The schema of awa_django's tables and functions: ``AWA["SCHEMA"]``, or ``awa`` when it
-    is not set or Django's settings are not configured (scripts). Read on its own, not with the
-    other settings, so that a bad value elsewhere in ``AWA`` still reaches ``manage.py check``;
-    a bad schema name raises ``ImproperlyConfigured``, since no model can name its table."""
+    """The schema of awa_django's tables and functions: ``AWA["SCHEMA"]`` as this process first
+    read it (``awa`` while Django's settings are not configured), pinned from then on, because
+    the models named their tables with it: an ``override_settings(AWA=...)`` cannot move a
+    running process to another schema."""
+    global _pinned
+    if _pinned is not None:
+        return _pinned
     if not settings.configured:
         return DEFAULT_SCHEMA
-    raw = getattr(settings, "AWA", None)
+    _pinned = schema_setting(getattr(settings, "AWA", None))
+    return _pinned
+
+
+def schema_setting(raw: object) -> str:
+    """The schema an ``AWA`` settings dict ``raw`` names, ``awa`` when it names none. Read on
+    its own, not with the other settings, so that a bad value elsewhere in ``AWA`` still
+    reaches ``manage.py check``; a bad schema name raises ``ImproperlyConfigured``, since no
+    model could name its table."""
     value = raw.get("SCHEMA", DEFAULT_SCHEMA) if isinstance(raw, Mapping) else DEFAULT_SCHEMA
     if value == DEFAULT_SCHEMA:
         return DEFAULT_SCHEMA
@@ -138,12 +154,21 @@ def for_schema(text: str, name: str) -> str:
         return text
     for pattern, replacement in _SCHEMA_RULES:
         text = pattern.sub(replacement.replace("{schema}", name), text)
-    crc = zlib.crc32(name.encode())
-    shift = 16 * (1 + crc % (1 << 26))
+    shift, objid = lock_space(name)
     text = _LOCK_CLASS.sub(lambda m: str(int(m.group(0)) + shift), text)
-    objid = crc if crc != _LEADER_OBJID else crc ^ 1
     text = re.sub(rf"\b{_LEADER_KEY}\b", str((_LEADER_KEY >> 32 << 32) | objid), text)
     return re.sub(rf"\b{_LEADER_OBJID}\b", str(objid), text)
+
+
+def lock_space(name: str) -> tuple[int, int]:
+    """The advisory-lock key space of the schema ``name``: how far its lock classes are moved
+    from ``awa``'s (4282177-4282185), and the low half of its leader key. ``(0, 1296124238)``
+    for ``awa``; two schemas with the same first number share their locks, which ``migrate``
+    refuses."""
+    if name == DEFAULT_SCHEMA:
+        return 0, _LEADER_OBJID
+    crc = zlib.crc32(name.encode())
+    return 16 * (1 + crc % (1 << 26)), crc if crc != _LEADER_OBJID else crc ^ 1
 
 
 def sql_file(path: str, in_schema: str | None = None) -> str:

@@ -85,7 +85,9 @@ $$;
 
 CREATE TABLE awa.schema_migrations (
     name text PRIMARY KEY,
-    applied_at timestamptz NOT NULL DEFAULT now()
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    -- The schema of the Django project's django_migrations table: whose installation this is.
+    installed_for text
 );
 
 -- Job ids and the composite rows carried between planes -------------------------------------------

@@ -2,6 +2,9 @@
 -- database whose tables an earlier development version created: on one that tables.sql created,
 -- each statement does nothing. Folded into tables.sql, and this file emptied, at the release.
 
+-- Whose installation the schema is (awa_django.db.migration: one schema, one project).
+ALTER TABLE awa.schema_migrations ADD COLUMN IF NOT EXISTS installed_for text;
+
 -- A callback extension that arrives before the attempt parks is kept for its wait.
 ALTER TABLE awa.attempt_state ADD COLUMN IF NOT EXISTS callback_extend_to timestamptz;
 

@@ -96,7 +96,7 @@ VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (443)
+-- column (444)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -495,6 +495,7 @@ runtime_instances.009 last_seen_at timestamp with time zone NOT NULL DEFAULT now
 runtime_instances.010 descriptors jsonb
 schema_migrations.001 name text NOT NULL
 schema_migrations.002 applied_at timestamp with time zone NOT NULL DEFAULT now()
+schema_migrations.003 installed_for text
 serial_waiting.001 job_id bigint NOT NULL
 serial_waiting.002 lock_key integer NOT NULL
 serial_waiting.003 serial_key text NOT NULL

@@ -68,7 +68,7 @@ def test_sqlmigrate_prints_the_sql_file_with_its_lock_and_record() -> None:
     assert "CREATE OR REPLACE FUNCTION awa.claim_v3(" in text
     # The claim's per-slot statements, rendered: one branch per claim slot, none left unrendered.
     assert "FROM awa.claims_7 c" in text and "\n    --@each" not in text and "_slot}" not in text
-    assert "INSERT INTO awa.schema_migrations (name) VALUES ('0002_engine')" in text
+    assert "INSERT INTO awa.schema_migrations (name, installed_for)\nVALUES ('0002_engine'," in text
     backwards = StringIO()
     call_command("sqlmigrate", "awa_django", "0001", "--backwards", stdout=backwards)
     assert "DROP SCHEMA IF EXISTS awa CASCADE" in backwards.getvalue()

@@ -20,8 +20,9 @@ The server is the children's parent, so it reaps them and reports their exit sta
 ``ForkedProcess`` handle asks it (a line of JSON each way over a Unix socket), and signals the
 child directly. A command whose environment differs from the server's in anything but
 ``AWA_TEST_OVERRIDES`` and ``PYTEST_CURRENT_TEST`` (another ``DATABASE_URL``, another settings
-module, a variable a test set) is started with ``subprocess.Popen`` as before, and so is every
-command when ``AWA_TEST_FORKSERVER=0``.
+module, a variable a test set), or whose overrides set ``AWA["SCHEMA"]`` (read once per
+process, when the models are imported), is started with ``subprocess.Popen`` as before, and
+so is every command when ``AWA_TEST_FORKSERVER=0``.
 """
 
 from __future__ import annotations
@@ -93,8 +94,11 @@ class ForkServer:
         self._file: BinaryIO = self._sock.makefile("rwb")
 
     def matches(self, env: Mapping[str, str]) -> bool:
-        """Whether a command with environment ``env`` can be forked from this server."""
-        return {k: v for k, v in env.items() if k not in _FREE} == self.env
+        """Whether a command with environment ``env`` can be forked from this server: not one
+        whose ``AWA`` names another schema, which the preloaded models were named with."""
+        return {k: v for k, v in env.items() if k not in _FREE} == self.env and not (
+            own_schema(env)
+        )
 
     def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -180,6 +184,11 @@ class ForkedProcess:
 
 
 # -- the server -------------------------------------------------------------------------------
+
+
+def own_schema(env: Mapping[str, str]) -> bool:
+    """Whether ``env``'s ``AWA_TEST_OVERRIDES`` sets ``AWA["SCHEMA"]``: a process of its own."""
+    return "SCHEMA" in json.loads(env.get(_OVERRIDES) or "{}")
 
 
 def _preload() -> None:

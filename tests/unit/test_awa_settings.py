@@ -218,7 +218,7 @@ def test_settings_are_read_only() -> None:
         ({"SCHEMA": "q" * 57}, "AWA['SCHEMA'] must be a plain lower-case identifier"),
         ({"SCHEMA": ""}, "AWA['SCHEMA'] must be a plain lower-case identifier"),
         ({"SCHEMA": None}, "AWA['SCHEMA'] must be a str naming a schema, got None."),
-        ({"SCHEMA": "select"}, "AWA['SCHEMA'] is 'select', a reserved word in SQL"),
+        ({"SCHEMA": "select"}, "AWA['SCHEMA'] is 'select', a keyword of SQL"),
         ({"SCHEMA": "public"}, "AWA['SCHEMA'] is 'public', PostgreSQL's own schema"),
         ({"SCHEMA": "pg_jobs"}, "AWA['SCHEMA'] is 'pg_jobs', PostgreSQL's own schema"),
         (
@@ -266,15 +266,16 @@ def test_callback_timestamp_tolerance_is_bounded(tolerance: float) -> None:
     assert load_settings({"CALLBACK_TIMESTAMP_TOLERANCE": 86_400}).CALLBACK_TIMESTAMP_TOLERANCE
 
 
-def test_a_schema_name_is_taken_as_given_and_read_on_its_own() -> None:
-    from awa_django.sql import schema, table_name
+def test_a_schema_name_is_read_on_its_own_and_pinned_for_the_process() -> None:
+    from awa_django.sql import schema, schema_setting
 
     assert load_settings({"SCHEMA": "shop_jobs2"}).SCHEMA == "shop_jobs2"
     assert load_settings({"SCHEMA": "q" * 56}).SCHEMA == "q" * 56
-    with override_settings(AWA={"SCHEMA": "shop_jobs", "POLL_INTERVAL": "fast"}):
-        # A bad value elsewhere is for manage.py check; the schema is still known.
-        assert schema() == "shop_jobs"
-        assert table_name("live_jobs") == 'shop_jobs"."live_jobs'
-    with override_settings(AWA={"SCHEMA": "public"}), pytest.raises(ImproperlyConfigured):
-        schema()
-    assert schema() == "awa"
+    # A bad value elsewhere is for manage.py check; the schema is still known.
+    assert schema_setting({"SCHEMA": "shop_jobs", "POLL_INTERVAL": "fast"}) == "shop_jobs"
+    assert schema_setting({}) == schema_setting(None) == "awa"
+    with pytest.raises(ImproperlyConfigured, match="PostgreSQL's own schema"):
+        schema_setting({"SCHEMA": "public"})
+    # The models named their tables at start-up: an override cannot move the process.
+    with override_settings(AWA={"SCHEMA": "shop_jobs"}):
+        assert schema() == "awa"

@@ -11,8 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, transaction
 
+from awa_django.db.migration import check_install, check_owned
+from awa_django.db.roles import RoleNames, read_schema_facts, roles_script
 from awa_django.sql import for_schema, query
 from tests.jobs import common, worker_env
 from tests.support.polling import wait_for
@@ -27,8 +30,9 @@ ROLES = ("second_awa_app", "second_awa_worker")
 
 def second_env(**overrides: Any) -> dict[str, str]:
     """The second project's environment: its AWA schema and its own Django tables."""
-    env = worker_env(SCHEMA=SCHEMA, **overrides)
-    env["AWA_TEST_SEARCH_PATH"] = TABLES
+    tables = overrides.pop("tables", TABLES)
+    env = worker_env(**{"SCHEMA": SCHEMA, **overrides})
+    env["AWA_TEST_SEARCH_PATH"] = tables
     return env
 
 
@@ -39,8 +43,8 @@ def sql(statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 
 
 def drop_second_project() -> None:
-    sql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-    sql(f"DROP SCHEMA IF EXISTS {TABLES} CASCADE")
+    for name in (SCHEMA, TABLES, "third_project", "reports", "app_iagfolnh", "collider_project"):
+        sql(f"DROP SCHEMA IF EXISTS {name} CASCADE")
     for role in ROLES:
         if sql("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)):
             sql(f"DROP OWNED BY {role}")
@@ -138,11 +142,83 @@ def test_roles_and_sqlmigrate_follow_the_schema(manage_py: Start) -> None:
     )
     assert enqueue == [(True,)]
 
+    # --lock-advisory takes database-wide functions from PUBLIC: the owners of the other queues
+    # of the database keep them.
+    sql(f"ALTER SCHEMA {SCHEMA} OWNER TO {ROLES[0]}")
+    with connection.cursor() as cursor:
+        facts = read_schema_facts(cursor)
+        assert facts is not None and facts.other_queues == ((SCHEMA, ROLES[0]),)
+        script = roles_script(RoleNames(maintenance=ROLES[1]), facts, lock_advisory=True)
+        text = script.as_string(cursor.cursor.connection)
+    assert f'TO "{facts.schema_owner}", "{ROLES[0]}", "{ROLES[1]}";' in text
+
     printed = manage_py("sqlmigrate", "awa_django", "0001", extra_env=second_env())
     assert exited(printed, timeout=60) == 0
     text = printed.output()
     assert f"CREATE SCHEMA {SCHEMA};" in text and f"{SCHEMA}.job_id_seq" in text
     assert "awa." not in text.replace(f"{SCHEMA}.", "")
+
+
+def preflight(name: str, search_path: str | None = None) -> None:
+    """The checks ``migrate`` runs before it creates the schema ``name``, on a connection
+    whose search_path is ``search_path`` (this transaction only)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        if search_path:
+            cursor.execute(f"SET LOCAL search_path TO {search_path}")
+        check_install(cursor, name, "0001_initial")
+
+
+@pytest.mark.usefixtures("second_project")
+def test_migrate_refuses_a_shared_a_foreign_an_unsafe_or_a_colliding_schema(
+    manage_py: Start,
+) -> None:
+    preflight(SCHEMA, TABLES)  # the second project itself: already installed, by it
+    sql("CREATE SCHEMA third_project")
+    sql("CREATE TABLE third_project.django_migrations (id int)")
+    sql("CREATE SCHEMA reports")
+    sql("CREATE TABLE reports.totals (n int)")
+    refusals = {
+        (SCHEMA, "third_project"): "holds the queue of another Django project",
+        ("reports", None): "holds no awa_django queue",
+        ("third_awa", "third_project, third_awa"): "on this connection's search_path",
+        ("postgres", None): "on this connection's search_path",  # "$user": the test's role
+    }
+    for (name, search_path), message in refusals.items():
+        with pytest.raises(ImproperlyConfigured, match=message):
+            preflight(name, search_path)
+    # migrate awa_django zero from another project leaves the queue alone.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL search_path TO third_project")
+        with pytest.raises(ImproperlyConfigured, match="another Django project"):
+            check_owned(cursor, SCHEMA, "0002_engine")
+    # The server's own keywords are checked too (the settings refuse those they know).
+    assert sql(query("migration_schema_keyword", "int")) == [(True,)]
+    assert sql(query("migration_schema_keyword", SCHEMA)) == [(False,)]
+    # Two names whose advisory-lock key spaces collide (CRC-32) cannot both hold a queue.
+    sql("CREATE SCHEMA collider_project")
+    collider = manage_py(
+        "migrate",
+        "awa_django",
+        "--verbosity",
+        "0",
+        extra_env=second_env(SCHEMA="app_iagfolnh", tables="collider_project"),
+    )
+    try:
+        assert exited(collider, timeout=120) == 0, collider.output()
+        with pytest.raises(ImproperlyConfigured, match="'app_iagfolnh'"):
+            preflight("app_ayfyqowf", "third_project")
+    finally:
+        sql("DROP SCHEMA IF EXISTS app_iagfolnh CASCADE")
+        sql("DROP SCHEMA IF EXISTS collider_project CASCADE")
+
+    # The setting changed after migrate: check warns (awa.W005) and the worker will not start.
+    moved = second_env(SCHEMA="moved_awa")
+    check = manage_py("check", "--database", "default", extra_env=moved)
+    exited(check, timeout=60)
+    assert "awa.W005" in check.output() and "migrate awa_django zero --fake" in check.output()
+    refused = manage_py("awa_worker", extra_env=moved)
+    assert exited(refused, timeout=60) == 1
+    assert "holds no awa_django queue in the schema 'moved_awa'" in refused.output()
 
 
 def test_statements_for_another_schema_share_no_name_channel_or_lock() -> None:

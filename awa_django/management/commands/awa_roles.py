@@ -12,6 +12,7 @@ from awa_django.conf import awa_settings
 from awa_django.db.roles import ROLE_KINDS, RoleNames, read_schema_facts, roles_script
 from awa_django.exceptions import JobValidationError
 from awa_django.management.commands._cli import database_errors
+from awa_django.sql import schema
 
 _HELP = {
     "owner": "the migration owner (runs migrate, owns the awa schema; not a superuser)",
@@ -60,8 +61,8 @@ class Command(BaseCommand):
             facts = read_schema_facts(cursor)
             if facts is None:
                 raise CommandError(
-                    "the awa schema does not exist on this database: run `manage.py migrate` "
-                    "(as the migration owner) first"
+                    f"the {schema()} schema does not exist on this database: run "
+                    "`manage.py migrate` (as the migration owner) first"
                 )
             try:
                 script = roles_script(roles, facts, lock_advisory=options["lock_advisory"])
@@ -70,10 +71,18 @@ class Command(BaseCommand):
             text = script.as_string(cursor.cursor.connection)
             if options["apply"]:
                 cursor.execute(text)
+        if options["lock_advisory"] and facts.other_queues:
+            named = ", ".join(f"{name} (owner {owner})" for name, owner in facts.other_queues)
+            self.stderr.write(
+                "note: --lock-advisory takes the advisory-lock functions from PUBLIC in the "
+                f"whole database; the owners of its other queues keep them: {named}. Their "
+                "maintenance roles, if any, need `awa_roles --lock-advisory --maintenance ROLE` "
+                "run in their own projects (docs/schema.md)."
+            )
         if facts.owner_is_superuser:
             self.stderr.write(
-                f"warning: the awa schema is owned by {facts.schema_owner}, a superuser: the "
-                "functions the other roles call run as it. Migrate as a dedicated owner role "
+                f"warning: the {schema()} schema is owned by {facts.schema_owner}, a superuser: "
+                "the functions the other roles call run as it. Migrate as a dedicated owner role "
                 "(docs/roles.md)."
             )
         if options["apply"]:

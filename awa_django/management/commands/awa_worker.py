@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
 from django.utils import autoreload
 
 from awa_django.conf import get_awa_settings
 from awa_django.jobs import autodiscover_jobs
 from awa_django.management.commands._cli import configure_logging, integer
+from awa_django.sql import query, schema
 from awa_django.worker.config import (
     MAX_PROCESSES,
     MAX_SLOTS,
@@ -141,6 +143,7 @@ class Command(BaseCommand):
             build_config(queues=queues or None, concurrency=options["concurrency"])
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from exc
+        _require_queue_schema(cfg.DATABASE_ALIAS)
         if processes > 1 and not options["supervised"]:
             self._supervise(processes, options)
             return
@@ -355,6 +358,26 @@ def _forwarded(options: dict[str, Any], processes: int) -> list[str]:
             args += [f"--{name}", str(options[name])]
     args += ["--verbosity", str(options["verbosity"]), "--processes", str(processes)]
     return args
+
+
+def _require_queue_schema(alias: str) -> None:
+    """Refuse to start when the database answers and ``AWA["SCHEMA"]`` holds no queue (not
+    migrated, or the setting changed after ``migrate``): a restart would not help. A database
+    that does not answer is left to the worker, which waits for it."""
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(query("migrations_table_exists"))
+            row = cursor.fetchone()
+    except DatabaseError:
+        return
+    finally:
+        connections[alias].close()
+    if row is not None and not row[0]:
+        raise CommandError(
+            f"the database of {alias!r} holds no awa_django queue in the schema "
+            f"{schema()!r} (AWA['SCHEMA']): run `manage.py migrate`; if AWA['SCHEMA'] changed "
+            f"after migrate, see `manage.py check --database {alias}` (awa.W005)"
+        )
 
 
 def _loop_ended(exc: BaseException) -> NoReturn:

@@ -12,7 +12,41 @@ SELECT to_regclass('awa.schema_migrations') IS NOT NULL
 SELECT EXISTS (SELECT 1 FROM awa.schema_migrations WHERE name = %s)
 
 -- name: migration_record
-INSERT INTO awa.schema_migrations (name) VALUES (%s)
+-- installed_for: the schema of the Django project's own django_migrations table (through its
+-- search_path), which tells one project's installation from another's.
+INSERT INTO awa.schema_migrations (name, installed_for)
+VALUES (%s, (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE c.oid = to_regclass('django_migrations')))
+
+-- name: migration_project
+-- The schema of this Django project's django_migrations table (NULL: none yet).
+SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass('django_migrations')
+
+-- name: migration_installed_for
+-- The project a migration was recorded for (NULL: not recorded, or by a version that did not
+-- say). Read through to_jsonb: a database of a development version has no such column.
+SELECT to_jsonb(m) ->> 'installed_for' FROM awa.schema_migrations m WHERE m.name = %s
+
+-- name: migration_schema_keyword
+-- Whether the schema's name is an SQL keyword of this server that cannot qualify a type name.
+SELECT EXISTS (SELECT 1 FROM pg_get_keywords() k WHERE k.catcode <> 'U' AND k.word = 'awa')
+
+-- name: migration_schema_on_search_path
+-- Whether the schema would be on this connection's search_path (by name, or as "$user"), so
+-- that Django would create its own tables in it.
+SELECT EXISTS (
+    SELECT 1 FROM unnest(string_to_array(current_setting('search_path'), ',')) AS p (entry)
+    WHERE btrim(p.entry, ' "') = 'awa'
+       OR (btrim(p.entry, ' "') = '$user' AND current_user = 'awa'))
+
+-- name: migration_queue_schemas
+-- Every schema of this database that holds an awa_django queue (any AWA["SCHEMA"]).
+SELECT n.nspname FROM pg_namespace n
+WHERE EXISTS (SELECT 1 FROM pg_class c
+              WHERE c.relnamespace = n.oid AND c.relname = 'schema_migrations')
+  AND EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'ready_entries')
+ORDER BY n.nspname
 
 -- name: migration_forget
 DELETE FROM awa.schema_migrations WHERE name = %s
