@@ -5,6 +5,7 @@ from typing import Any
 from django.apps import AppConfig
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
+from django.db.models.signals import pre_migrate
 
 
 class AwaDjangoConfig(AppConfig):
@@ -17,6 +18,7 @@ class AwaDjangoConfig(AppConfig):
 
     def ready(self) -> None:
         from awa_django import checks, periodic  # noqa: F401  (importing registers the checks)
+        from awa_django.db import schema_guard
         from awa_django.jobs import autodiscover_jobs
 
         # Import every installed app's jobs module and AWA["JOB_MODULES"], so kinds can be
@@ -24,6 +26,8 @@ class AwaDjangoConfig(AppConfig):
         autodiscover_jobs()
         _load_immediate_mode()
         setting_changed.connect(_on_setting_changed, dispatch_uid="awa_django.immediate_mode")
+        # One queue schema per project: refused before any app migrates (docs/schema.md).
+        pre_migrate.connect(schema_guard.check_before_migrate, sender=self)
 
 
 def _load_immediate_mode() -> None:

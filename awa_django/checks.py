@@ -22,12 +22,15 @@ awa.W002  ``PROCESSES * (CONCURRENCY + 7)`` connections (``awa_django.connection
 awa.W003  The alias's connections JIT-compile expensive statements: every read of awa's views
           (the admin's lists, SQL) pays 100 ms to seconds of compilation (database check).
 awa.W005  awa_django's migrations are recorded as applied, but ``AWA["SCHEMA"]`` names a
-          schema that holds no queue: the setting changed after ``migrate`` (database check).
+          schema that holds no queue: the setting changed after ``migrate`` (database check,
+          registered by ``awa_django.db.schema_guard``).
+awa.E010  ``AWA["SCHEMA"]`` names a schema that holds another Django project's (or another
+          database role's) queue (likewise).
 ========  ======================================================================================
 
-All checks are free of side effects. Only E004, E006, W002, W003 and W005 connect, and only when
-Django runs database checks (``check --database ALIAS``, ``migrate``); plain ``manage.py check``
-does not run them.
+All checks are free of side effects. Only E004, E006, E010, W002, W003 and W005 connect, and
+only when Django runs database checks (``check --database ALIAS``, ``migrate``); plain
+``manage.py check`` does not run them.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from django.db.utils import ConnectionHandler
 from awa_django.conf import AwaSettings, get_awa_settings, import_job_middleware
 from awa_django.connection_budget import connection_budget, own_connections
 from awa_django.cron import declared
-from awa_django.sql import query, schema
+from awa_django.sql import query
 
 MIN_SERVER_VERSION = 150000
 """PostgreSQL 15, as ``server_version_num``."""
@@ -163,7 +166,7 @@ def concurrency_warnings(cfg: AwaSettings) -> list[CheckMessage]:
 def check_database(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
     """awa.E001-E003: the configured aliases (``DATABASE_ALIAS``, and ``READ_DATABASE_ALIAS``
     when set) exist, are PostgreSQL and run on psycopg 3."""
-    alias = _configured_alias()
+    alias = configured_alias()
     if alias is None:
         return []  # invalid settings are awa.E005's to report
     errors = database_config_errors(alias, connections)
@@ -181,7 +184,7 @@ def check_server_version(
 ) -> list[CheckMessage]:
     """awa.E004/E006: the server is PostgreSQL 15 or newer; awa.W002: it allows enough
     connections for the workers. Runs only with ``--database`` (and in ``migrate``)."""
-    alias = _configured_alias()
+    alias = configured_alias()
     if alias is None or databases is None or alias not in databases:
         return []
     if database_config_errors(alias, connections):
@@ -192,7 +195,6 @@ def check_server_version(
     return [
         *connection_budget_warnings(alias, connections, get_awa_settings()),
         *jit_warnings(alias, connections),
-        *schema_warnings(alias, connections),
     ]
 
 
@@ -208,36 +210,6 @@ def _server_row(
     except DatabaseError:
         return None
     return None if row is None else tuple(row)
-
-
-def schema_warnings(alias: str, handler: ConnectionHandler) -> list[CheckMessage]:
-    """W005 when Django records awa_django's first migration as applied on ``alias`` but the
-    configured schema holds no queue (``AWA["SCHEMA"]`` changed after ``migrate``); connects."""
-    from django.db.migrations.recorder import MigrationRecorder
-
-    try:
-        applied = MigrationRecorder(handler[alias]).applied_migrations()
-    except DatabaseError:
-        return []
-    if ("awa_django", "0001_initial") not in applied:
-        return []
-    row = _server_row(alias, handler, "migrations_table_exists")
-    if row is None or row[0]:
-        return []
-    name = schema()
-    return [
-        Warning(
-            f"AWA['SCHEMA'] is {name!r}, but that schema holds no awa_django queue, while "
-            f"awa_django's migrations are recorded as applied on {alias!r}: they installed the "
-            f"queue in another schema, and `migrate` will not create this one.",
-            hint=(
-                "Set AWA['SCHEMA'] back, or install the queue in the new schema with "
-                "`manage.py migrate awa_django zero --fake` then `manage.py migrate awa_django` "
-                "(the old schema and its jobs stay where they are; docs/schema.md)."
-            ),
-            id="awa.W005",
-        )
-    ]
 
 
 def jit_warnings(alias: str, handler: ConnectionHandler) -> list[CheckMessage]:
@@ -367,7 +339,8 @@ def _format_version(version: int) -> str:
     return f"PostgreSQL {major}.{minor}" if major >= 10 else f"PostgreSQL {version}"
 
 
-def _configured_alias() -> str | None:
+def configured_alias() -> str | None:
+    """``AWA["DATABASE_ALIAS"]``, or None when the settings are invalid (E005 says why)."""
     try:
         return get_awa_settings().DATABASE_ALIAS
     except ImproperlyConfigured:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.db import migrations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.state import ProjectState
 
-from awa_django.sql import lock_space, query, schema, sql_file
+from awa_django.db.schema_guard import check_advisory, check_created, check_install, check_owned
+from awa_django.sql import query, schema, sql_file
 
 __all__ = ["RunAwaSQL"]
 
@@ -106,12 +106,15 @@ class RunAwaSQL(migrations.RunSQL):
             schema_editor.execute(query("migration_record"), params=[self.name])
             return
         with schema_editor.connection.cursor() as cursor:
+            check_advisory(cursor)
             cursor.execute(query("migration_lock"))
             if self.drop_schema:
                 check_install(cursor, self.schema, self.name)
             if self._applied(cursor):
                 return
             cursor.execute(self.script)
+            if self.drop_schema:
+                check_created(cursor, self.schema)
             cursor.execute(query("migration_record"), [self.name])
 
     def _applied(self, cursor: Any) -> bool:
@@ -139,6 +142,7 @@ class RunAwaSQL(migrations.RunSQL):
                 schema_editor.execute(query("migration_forget"), params=[self.name])
             return
         with schema_editor.connection.cursor() as cursor:
+            check_advisory(cursor)
             cursor.execute(query("migration_lock"))
             check_owned(cursor, self.schema, self.name)
             if self.drop_schema:
@@ -152,64 +156,3 @@ class RunAwaSQL(migrations.RunSQL):
 
     def describe(self) -> str:
         return f"Run awa_django SQL {self.name}"
-
-
-def _one(cursor: Any, statement: str, name: str, params: list[Any] | None = None) -> Any:
-    """The first column of the one row of ``statement`` for the schema ``name``."""
-    cursor.execute(query(statement, name), params)
-    row = cursor.fetchone()
-    return None if row is None else row[0]
-
-
-def check_owned(cursor: Any, name: str, migration: str) -> None:
-    """Refuse to touch the schema ``name`` when another Django project installed it (its
-    ``installed_for`` is another project's): the same ``AWA["SCHEMA"]`` in two projects."""
-    if not _one(cursor, "migrations_table_exists", name):
-        return
-    installed_for = _one(cursor, "migration_installed_for", name, [migration])
-    ours = _one(cursor, "migration_project", name)
-    if installed_for is not None and ours is not None and installed_for != ours:
-        raise ImproperlyConfigured(
-            f"AWA['SCHEMA'] is {name!r}, which holds the queue of another Django project (the "
-            f"one whose django_migrations table is in the schema {installed_for!r}; this "
-            f"project's is in {ours!r}). Two projects cannot share a queue schema: give this "
-            f"one an AWA['SCHEMA'] of its own (docs/schema.md). Nothing was changed."
-        )
-
-
-def check_install(cursor: Any, name: str, migration: str) -> None:
-    """Before the migration that creates the schema ``name``: refuse, with nothing written, a
-    schema another project installed, a schema that exists and is not a queue, a name this
-    server takes as a keyword, a schema on the connection's search_path (Django would create
-    its own tables in it, and reversing the migration would drop them), and a name whose
-    advisory-lock key space another queue of the database already uses."""
-    if _one(cursor, "schema_exists", name):
-        if not _one(cursor, "migrations_table_exists", name):
-            raise ImproperlyConfigured(
-                f"AWA['SCHEMA'] is {name!r}, a schema that already exists in this database "
-                f"and holds no awa_django queue: choose another name (docs/schema.md), or "
-                f"drop that schema first. Nothing was changed."
-            )
-        check_owned(cursor, name, migration)
-        return
-    if _one(cursor, "migration_schema_keyword", name):
-        raise ImproperlyConfigured(
-            f"AWA['SCHEMA'] is {name!r}, a keyword of this PostgreSQL server: choose another "
-            f"name (docs/schema.md). Nothing was changed."
-        )
-    if _one(cursor, "migration_schema_on_search_path", name):
-        raise ImproperlyConfigured(
-            f"AWA['SCHEMA'] is {name!r}, which is on this connection's search_path (by name "
-            f'or as "$user"): Django would create its own tables in the queue\'s schema. '
-            f"Choose another AWA['SCHEMA'] or change the search_path (docs/schema.md). "
-            f"Nothing was changed."
-        )
-    cursor.execute(query("migration_queue_schemas", name))
-    space = lock_space(name)[0]
-    for (other,) in cursor.fetchall():
-        if other != name and lock_space(other)[0] == space:
-            raise ImproperlyConfigured(
-                f"AWA['SCHEMA'] is {name!r}, whose advisory-lock key space is that of the "
-                f"queue in the schema {other!r} of this database (their names collide in "
-                f"CRC-32): choose another name. Nothing was changed."
-            )

@@ -132,6 +132,7 @@ def notify_channel(kind: str, in_schema: str | None = None) -> str:
 _LOCK_CLASS = re.compile(r"\b42821(7[7-9]|8[0-5])\b")
 _LEADER_KEY = 4708303813012965710  # 0x4157415f4d41494e, "AWA_MAIN"
 _LEADER_OBJID = _LEADER_KEY & 0xFFFFFFFF
+_SETTINGS = re.compile(r"'awa\.(xact_lanes|enqueue_shards)'")
 _SCHEMA_RULES = (
     (re.compile(r"\bawa\."), "{schema}."),
     (re.compile(r"\b(SCHEMA (?:IF (?:NOT )?EXISTS )?)awa\b"), r"\g<1>{schema}"),
@@ -143,17 +144,22 @@ _SCHEMA_RULES = (
 def for_schema(text: str, name: str) -> str:
     """SQL written for the schema ``awa`` (``text``) moved to the schema ``name``, a plain
     identifier that :func:`awa_django.limits.check_schema_name` accepts. For ``awa``, ``text``
-    itself. Otherwise, every ``awa.`` qualifier (objects, and the ``awa.*`` custom settings) and
-    ``SCHEMA awa`` names ``name``, the string ``'awa'`` becomes ``'name'``, the channels
+    itself. Otherwise, every ``awa.`` qualifier of an object and ``SCHEMA awa`` names ``name``, the
+    custom settings ``awa.xact_lanes`` and ``awa.enqueue_shards`` become ``awa.name_xact_lanes``
+    and ``awa.name_enqueue_shards``, the string ``'awa'`` becomes ``'name'``, the channels
     ``awa_jobs`` and ``awa_cancel`` become ``name_jobs`` and ``name_cancel``, and the advisory
     locks move to key spaces of their own: the classes 4282177-4282185 by a multiple of 16
     derived from the name (CRC-32), the leader's 64-bit key to the same high half and a low half
     derived from the name, so no lock of one schema is ever a lock of another's (short of a
-    CRC-32 collision between two schema names, which ``manage.py check`` cannot see)."""
+    CRC-32 collision between two schema names, which ``migrate`` refuses)."""
     if name == DEFAULT_SCHEMA:
         return text
+    # Custom settings keep the prefix awa (a schema's name may be a prefix an extension
+    # reserves, such as plpgsql) and carry the schema's name in their own.
+    text = _SETTINGS.sub(lambda m: "'\x00" + m.group(1) + "'", text)
     for pattern, replacement in _SCHEMA_RULES:
         text = pattern.sub(replacement.replace("{schema}", name), text)
+    text = text.replace("'\x00", f"'awa.{name}_")
     shift, objid = lock_space(name)
     text = _LOCK_CLASS.sub(lambda m: str(int(m.group(0)) + shift), text)
     text = re.sub(rf"\b{_LEADER_KEY}\b", str((_LEADER_KEY >> 32 << 32) | objid), text)

@@ -14,8 +14,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 
-from awa_django.db.migration import check_install, check_owned
 from awa_django.db.roles import RoleNames, read_schema_facts, roles_script
+from awa_django.db.schema_guard import check_advisory, check_install, check_owned, schema_problem
 from awa_django.sql import for_schema, query
 from tests.jobs import common, worker_env
 from tests.support.polling import wait_for
@@ -164,7 +164,7 @@ def preflight(name: str, search_path: str | None = None) -> None:
     whose search_path is ``search_path`` (this transaction only)."""
     with transaction.atomic(), connection.cursor() as cursor:
         if search_path:
-            cursor.execute(f"SET LOCAL search_path TO {search_path}")
+            cursor.execute("SELECT set_config('search_path', %s, true)", [search_path])
         check_install(cursor, name, "0001_initial")
 
 
@@ -182,6 +182,8 @@ def test_migrate_refuses_a_shared_a_foreign_an_unsafe_or_a_colliding_schema(
         ("reports", None): "holds no awa_django queue",
         ("third_awa", "third_project, third_awa"): "on this connection's search_path",
         ("postgres", None): "on this connection's search_path",  # "$user": the test's role
+        ("postgres", "$USER, public"): "on this connection's search_path",
+        ("third_awa", "third_project, Third_Awa"): "on this connection's search_path",
     }
     for (name, search_path), message in refusals.items():
         with pytest.raises(ImproperlyConfigured, match=message):
@@ -191,6 +193,27 @@ def test_migrate_refuses_a_shared_a_foreign_an_unsafe_or_a_colliding_schema(
         cursor.execute("SET LOCAL search_path TO third_project")
         with pytest.raises(ImproperlyConfigured, match="another Django project"):
             check_owned(cursor, SCHEMA, "0002_engine")
+    # A quoted entry keeps its case: "Third_Awa" is not third_awa.
+    preflight("third_awa", 'third_project, "Third_Awa"')
+    # A role that may not take advisory locks (awa_roles --lock-advisory ran for another queue)
+    # is told the GRANT that lets it migrate.
+    with (
+        pytest.raises(
+            ImproperlyConfigured, match=r"GRANT EXECUTE ON FUNCTION .* TO \"locked_out\""
+        ),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(
+            "REVOKE EXECUTE ON FUNCTION pg_advisory_xact_lock(integer, integer) FROM PUBLIC"
+        )
+        cursor.execute("CREATE ROLE locked_out")
+        cursor.execute("SET LOCAL ROLE locked_out")
+        check_advisory(cursor)
+    # Another project's queue, named by this one's settings.
+    with connection.cursor() as cursor:
+        assert "another Django project" in (schema_problem(cursor, SCHEMA) or "")
+        assert schema_problem(cursor, "awa") is None
     # The server's own keywords are checked too (the settings refuse those they know).
     assert sql(query("migration_schema_keyword", "int")) == [(True,)]
     assert sql(query("migration_schema_keyword", SCHEMA)) == [(False,)]
@@ -218,7 +241,11 @@ def test_migrate_refuses_a_shared_a_foreign_an_unsafe_or_a_colliding_schema(
     assert "awa.W005" in check.output() and "migrate awa_django zero --fake" in check.output()
     refused = manage_py("awa_worker", extra_env=moved)
     assert exited(refused, timeout=60) == 1
-    assert "holds no awa_django queue in the schema 'moved_awa'" in refused.output()
+    assert "the schema 'moved_awa' holds no awa_django queue" in refused.output()
+    # This project's settings naming the second project's schema: an error, which stops migrate.
+    foreign = manage_py("check", "--database", "default", extra_env=worker_env(SCHEMA=SCHEMA))
+    assert exited(foreign, timeout=60) != 0
+    assert "awa.E010" in foreign.output()
 
 
 def test_statements_for_another_schema_share_no_name_channel_or_lock() -> None:
@@ -230,3 +257,5 @@ def test_statements_for_another_schema_share_no_name_channel_or_lock() -> None:
     assert moved == for_schema(text, SCHEMA) != text
     assert "LISTEN second_awa_jobs" in moved and "4282180" not in moved
     assert "4708303813012965710" not in moved
+    # Custom settings keep the prefix awa: a schema may be named like a reserved prefix.
+    assert "'awa.plpgsql_xact_lanes'" in for_schema("current_setting('awa.xact_lanes')", "plpgsql")

@@ -17,9 +17,10 @@ from django.db import DatabaseError, connections
 from django.utils import autoreload
 
 from awa_django.conf import get_awa_settings
+from awa_django.db.schema_guard import schema_problem
 from awa_django.jobs import autodiscover_jobs
 from awa_django.management.commands._cli import configure_logging, integer
-from awa_django.sql import query, schema
+from awa_django.sql import schema
 from awa_django.worker.config import (
     MAX_PROCESSES,
     MAX_SLOTS,
@@ -362,21 +363,19 @@ def _forwarded(options: dict[str, Any], processes: int) -> list[str]:
 
 def _require_queue_schema(alias: str) -> None:
     """Refuse to start when the database answers and ``AWA["SCHEMA"]`` holds no queue (not
-    migrated, or the setting changed after ``migrate``): a restart would not help. A database
-    that does not answer is left to the worker, which waits for it."""
+    migrated, or the setting changed after ``migrate``) or another project's: a restart would
+    not help. A database that does not answer is left to the worker, which waits for it."""
     try:
         with connections[alias].cursor() as cursor:
-            cursor.execute(query("migrations_table_exists"))
-            row = cursor.fetchone()
+            problem = schema_problem(cursor, schema())
     except DatabaseError:
         return
     finally:
         connections[alias].close()
-    if row is not None and not row[0]:
+    if problem is not None:
         raise CommandError(
-            f"the database of {alias!r} holds no awa_django queue in the schema "
-            f"{schema()!r} (AWA['SCHEMA']): run `manage.py migrate`; if AWA['SCHEMA'] changed "
-            f"after migrate, see `manage.py check --database {alias}` (awa.W005)"
+            f"AWA['SCHEMA'] is {schema()!r}, and on the database of {alias!r} {problem}: run "
+            f"`manage.py check --database {alias}`, which says what to do (docs/schema.md)"
         )
 
 

@@ -6,7 +6,20 @@
 SELECT pg_advisory_xact_lock(4282180, 0)
 
 -- name: migrations_table_exists
-SELECT to_regclass('awa.schema_migrations') IS NOT NULL
+-- From the catalog: to_regclass would raise for a schema this role may not use.
+SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+               WHERE n.nspname = 'awa' AND c.relname = 'schema_migrations')
+
+-- name: migration_schema_usable
+SELECT has_schema_privilege('awa', 'USAGE')
+
+-- name: migration_may_lock
+-- Whether this role may take advisory locks (awa_roles --lock-advisory takes them from PUBLIC).
+SELECT has_function_privilege('pg_catalog.pg_advisory_xact_lock(integer, integer)', 'EXECUTE')
+
+-- name: migration_schema_searched
+-- Whether the schema, just created, is on this connection's search_path as the server reads it.
+SELECT 'awa' = ANY (current_schemas(false))
 
 -- name: migration_applied
 SELECT EXISTS (SELECT 1 FROM awa.schema_migrations WHERE name = %s)
@@ -34,11 +47,16 @@ SELECT EXISTS (SELECT 1 FROM pg_get_keywords() k WHERE k.catcode <> 'U' AND k.wo
 
 -- name: migration_schema_on_search_path
 -- Whether the schema would be on this connection's search_path (by name, or as "$user"), so
--- that Django would create its own tables in it.
+-- that Django would create its own tables in it. Unquoted entries are folded to lower case, as
+-- the server folds them; migration_schema_searched asks the server itself once it exists.
 SELECT EXISTS (
-    SELECT 1 FROM unnest(string_to_array(current_setting('search_path'), ',')) AS p (entry)
-    WHERE btrim(p.entry, ' "') = 'awa'
-       OR (btrim(p.entry, ' "') = '$user' AND current_user = 'awa'))
+    SELECT 1
+    FROM unnest(string_to_array(current_setting('search_path'), ',')) AS p (entry)
+    CROSS JOIN LATERAL (SELECT btrim(p.entry) AS e) t
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN t.e LIKE '"%"' THEN replace(substr(t.e, 2, length(t.e) - 2), '""', '"')
+                    ELSE lower(t.e) END AS name) n
+    WHERE n.name = 'awa' OR (n.name = '$user' AND current_user = 'awa'))
 
 -- name: migration_queue_schemas
 -- Every schema of this database that holds an awa_django queue (any AWA["SCHEMA"]).
