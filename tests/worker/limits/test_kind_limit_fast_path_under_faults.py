@@ -385,6 +385,20 @@ def test_whole_fleet_killed_with_jobs_parked(manage_py: Callable[..., ManagedPro
             timeout=10,
             message="jobs parked",
         )
+    # Frozen first, then killed once none of their statements is still running: a claim a
+    # dying worker's backend was still executing could otherwise take the permit the killed
+    # long job's session let go and start a parked job no one is left to run (until rescue).
+    for process in first:
+        process.send_signal(signal.SIGSTOP)
+    with pg() as c:
+        wait_for(
+            lambda: c.execute(
+                "SELECT count(*) = 0 FROM pg_stat_activity "
+                "WHERE application_name LIKE 'awa:%' AND state = 'active'"
+            ).fetchone()[0],  # type: ignore[index]
+            timeout=10,
+            message="the frozen workers' statements to end",
+        )
     kill_together(first)  # one by one, a survivor could claim a job between the kills
     # The long job's attempt died with its worker; cancelled, so that no retry of it holds
     # the kind's permit for another 30 s.
