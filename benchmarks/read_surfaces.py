@@ -235,6 +235,7 @@ def seed(sizes: dict[str, int], *, scale: float, stale_stats: bool) -> None:
             hi = min(lo + HISTORY_CHUNK, sizes["history"])
             run("seed_history_ready", lo=lo, hi=hi)
             run("seed_history_done", lo=lo, hi=hi)
+            run("seed_history_counts", lo=lo, hi=hi)
         for name in (
             "seed_closed_claims",
             "seed_markers",

@@ -103,6 +103,15 @@ FROM seed_params sp,
      seed_map m
 WHERE m.p = i %% 10000 AND i %% 500 <> 250
 
+-- name: seed_history_counts
+-- The counts of history positions [%(lo)s, %(hi)s): 32 deltas per slot, queue and outcome, as
+-- finalize batches write them, left unfolded (10,000,000 jobs: 320 a key, more than the
+-- leader's folds leave), so that the reads pay for every one.
+INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+SELECT d.ready_slot, d.queue, d.state, count(*) FROM awa.done_entries d
+WHERE d.job_id > %(lo)s AND d.job_id <= %(hi)s
+GROUP BY d.ready_slot, d.queue, d.state, d.job_id %% 32
+
 -- name: seed_history_done
 -- Done rows of history positions [%(lo)s, %(hi)s): ready-backed, or wide (1 in 500).
 INSERT INTO awa.done_entries (

@@ -24,7 +24,6 @@ from awa_django.admin.charts import REFRESH_SECONDS, live_page, queue_charts
 from awa_django.admin.display import outcome_chart
 from awa_django.admin.forms import FlowLimitsForm, limits_in_force
 from awa_django.admin.read_alias import admin_read_alias, choose_read_alias
-from awa_django.db.storage import HISTORY_EXACT_UP_TO
 from awa_django.limits import check_queue_name, rate_text
 from awa_django.maintenance.queues import declared_dlq
 from awa_django.models import QueueStat
@@ -43,11 +42,6 @@ from awa_django.operator import (
 )
 
 __all__ = ["QueueStatAdmin"]
-
-
-def _history_count(n: int) -> str:
-    # Counts of terminal history above HISTORY_EXACT_UP_TO are estimates (docs/storage.md).
-    return f"~{n:,}" if n > HISTORY_EXACT_UP_TO else str(n)
 
 
 def _waiting(stat: QueueStat) -> int:
@@ -93,16 +87,16 @@ class QueueStatAdmin(ReadOnlyAdmin):
         return check_queue_name(text)
 
     @admin.display(description="completed")
-    def completed_count(self, obj: QueueStat) -> str:
-        return _history_count(obj.completed)
+    def completed_count(self, obj: QueueStat) -> int:
+        return obj.completed
 
     @admin.display(description="failed")
-    def failed_count(self, obj: QueueStat) -> str:
-        return _history_count(obj.failed)
+    def failed_count(self, obj: QueueStat) -> int:
+        return obj.failed
 
     @admin.display(description="cancelled")
-    def cancelled_count(self, obj: QueueStat) -> str:
-        return _history_count(obj.cancelled)
+    def cancelled_count(self, obj: QueueStat) -> int:
+        return obj.cancelled
 
     @admin.display(description="status", ordering="paused")
     def status(self, obj: QueueStat) -> str:
@@ -200,9 +194,9 @@ class QueueStatAdmin(ReadOnlyAdmin):
         rows = [
             {
                 "stat": stat,
-                "completed": stat.shown("completed"),
-                "failed": stat.shown("failed"),
-                "cancelled": stat.shown("cancelled"),
+                "completed": stat.completed,
+                "failed": stat.failed,
+                "cancelled": stat.cancelled,
                 "chart": _chart(stat.queue, read),
             }
             for stat in queue_stats(using=read)

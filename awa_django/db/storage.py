@@ -195,9 +195,8 @@ class Finalization(NamedTuple):
 class QueueCounts:
     """Job counts of one queue, computed on demand (``awa.queue_counts_v1()``).
 
-    The live counts are exact. ``completed``, ``failed`` and ``cancelled`` (terminal history)
-    are exact up to :data:`HISTORY_EXACT_UP_TO` and estimated above it (``estimated`` names
-    them); an estimate is never below ``HISTORY_EXACT_UP_TO + 1``.
+    Every count is exact: the live ones counted, ``completed``, ``failed`` and ``cancelled``
+    (terminal history, as long as it is retained) from the history's own counts, at any size.
     """
 
     queue: str
@@ -211,25 +210,6 @@ class QueueCounts:
     cancelled: int
     dlq: int
     paused: bool
-
-    @property
-    def estimated(self) -> list[str]:
-        """The history counts of this queue that are estimates (above the exact range)."""
-        return [
-            name
-            for name in ("completed", "failed", "cancelled")
-            if getattr(self, name) > HISTORY_EXACT_UP_TO
-        ]
-
-    def shown(self, name: str) -> str:
-        """A count as text for people: ``~12,345`` when it is an estimate."""
-        value = int(getattr(self, name))
-        return f"~{value:,}" if name in self.estimated else str(value)
-
-
-#: Terminal-history counts per queue and outcome are exact up to this many rows
-#: (``awa._history_counts_v1``), estimated from a sample above.
-HISTORY_EXACT_UP_TO = 10_000
 
 
 _CLAIMED_JOB_FIELDS = ClaimedJob._fields

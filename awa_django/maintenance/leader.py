@@ -146,6 +146,7 @@ class Maintenance:
             ("rotate", min(s.awa.PRUNE_INTERVAL, s.awa.CLAIM_ROTATE_INTERVAL), self._rotate),
             ("retention", s.cleanup_interval, self._retention),
             ("minutes", s.minutes_interval, self._record_minutes),
+            ("counts", s.minutes_interval, self._fold_counts),
             ("unique", s.awa.UNIQUE_SWEEP_INTERVAL, self._sweep_unique),
             ("cron", s.awa.CRON_EVAL_INTERVAL, self._cron),
         ]
@@ -584,6 +585,13 @@ class Maintenance:
         cursor = await conn.execute(query("queue_minutes_record"))
         row = await cursor.fetchone()
         self.count("minutes_recorded", int(row[0]) if row else 0)
+
+    async def _fold_counts(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Fold the terminal-count deltas into their running totals (``awa.done_counts``), so
+        that exact history counts stay a few index probes at any history size."""
+        cursor = await conn.execute(query("done_counts_fold"))
+        row = await cursor.fetchone()
+        self.count("counts_folded", int(row[0]) if row else 0)
 
     async def _sweep_unique(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Delete keys of unique jobs that no longer block duplicates, a bounded number of

@@ -309,9 +309,8 @@ def schedules(name: str | None = None, *, using: str | None = None) -> list[Sche
 
 
 def queue_stats(using: str | None = None) -> list[QueueStats]:
-    """Statistics of every known queue, by name (``awa.queue_stats_v1()``: the live counts are
-    exact; the history counts are estimated above ``HISTORY_EXACT_UP_TO``, see
-    ``QueueCounts.estimated``)."""
+    """Statistics of every known queue, by name (``awa.queue_stats_v1()``), every count exact:
+    the history counts come from the history's own counts, at any size."""
     return fetch(QueueStats, "queue_stats", using=using)
 
 

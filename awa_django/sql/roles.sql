@@ -57,7 +57,8 @@ awa.runtime_remove_v1, awa.queues_ready_v2, awa.queues_idle_v2, awa.descriptors_
 awa.promote_v1, awa.rescue_v1, awa.rotate_v3, awa.prune_v1, awa.dlq_expire_v1,
 awa.cleanup_v1, awa.callback_receipts_prune_v1, awa.unique_sweep_v1, awa.serial_sweep_v1,
 awa.cron_fire_v1, awa.leader_mark_v1, awa.leader_grace_v1, awa.leader_takeover_v1,
-awa.flow_reap_v1, awa.queue_minutes_record_v1, awa.descriptors_prune_v1
+awa.flow_reap_v1, awa.queue_minutes_record_v1, awa.descriptors_prune_v1,
+awa.done_counts_fold_v1
 
 -- name: operator_functions
 -- The admin's actions and the CLI's (docs/operations.md): cancel, DLQ retry and purge, retry

@@ -9,3 +9,4 @@ DROP FUNCTION IF EXISTS awa.callback_resolve_v1(uuid, jsonb, jsonb, boolean, dou
 DROP FUNCTION IF EXISTS awa.queues_ready_v1(text[]);
 DROP FUNCTION IF EXISTS awa.queue_minutes_v1(text, integer);
 DROP FUNCTION IF EXISTS awa._queue_minute_outcomes_v1(timestamptz);
+DROP FUNCTION IF EXISTS awa._history_counts_v1(integer, integer);

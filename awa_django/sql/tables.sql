@@ -3,7 +3,7 @@
 -- storage.md describes the planes and docs/design/ the decisions behind them.
 --
 -- Planes:
---   queue ring (ready_slot):  ready_entries, ready_tombstones, done_entries
+--   queue ring (ready_slot):  ready_entries, ready_tombstones, done_entries, done_counts
 --   claim ring (claim_slot):  claims, claim_closures
 --   lease ring (lease_slot):  leases
 --   plain tables:             attempt_state, deferred_jobs, dlq_entries, unique_keys,
@@ -298,10 +298,27 @@ CREATE TABLE awa.done_entries (
     tags text[]
 ) PARTITION BY LIST (ready_slot);
 
+-- Exact terminal counts (docs/storage.md, "Counts"). Every statement that writes history appends
+-- one delta per (ready slot, queue, state) it wrote, in its own transaction (xid, the top-level
+-- transaction's id). The maintenance leader appends folds (folded_before set): a fold's n counts
+-- every delta of its key whose transaction ended before folded_before (an xmin of a snapshot,
+-- so none can commit later), its previous fold's included. A count is the key's latest fold
+-- plus the deltas since. Append-only, in the queue ring's slots: truncated with the history it
+-- counts, so no row of it is ever updated or deleted.
+CREATE TABLE awa.done_counts (
+    ready_slot integer NOT NULL,
+    queue text NOT NULL,
+    state text NOT NULL,
+    n bigint NOT NULL,
+    xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    folded_before xid8
+) PARTITION BY LIST (ready_slot);
+
 --@each queue_slot
 CREATE TABLE awa.ready_entries_{queue_slot} PARTITION OF awa.ready_entries FOR VALUES IN ({queue_slot});
 CREATE TABLE awa.ready_tombstones_{queue_slot} PARTITION OF awa.ready_tombstones FOR VALUES IN ({queue_slot});
 CREATE TABLE awa.done_entries_{queue_slot} PARTITION OF awa.done_entries FOR VALUES IN ({queue_slot});
+CREATE TABLE awa.done_counts_{queue_slot} PARTITION OF awa.done_counts FOR VALUES IN ({queue_slot});
 --@end
 
 -- Claim ring --------------------------------------------------------------------------------------
@@ -397,6 +414,8 @@ CREATE INDEX done_entries_outcome_idx
     ON awa.done_entries (state, finalized_at, job_id) WHERE state <> 'completed';
 -- History of one kind, newest first (the admin's kind filter and exact kind search).
 CREATE INDEX done_entries_kind_idx ON awa.done_entries (kind, finalized_at, job_id);
+-- A key's latest fold and the deltas since (awa._history_counts_v2), and the keys themselves.
+CREATE INDEX done_counts_key_idx ON awa.done_counts (queue, state, ready_slot, folded_before, xid);
 
 -- Plain tables ------------------------------------------------------------------------------------
 

@@ -57,3 +57,35 @@ CREATE TABLE IF NOT EXISTS awa.descriptors (
     last_seen_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (what, name)
 );
+
+-- Exact terminal counts: the table, and a delta per (slot, queue, state) for the history a
+-- database already holds. SHARE mode holds off finalizes of workers still running the previous
+-- functions until this commits, so that none of their rows is missed.
+DO $upgrade$
+DECLARE
+    v_slot integer;
+BEGIN
+    IF to_regclass('awa.done_counts') IS NOT NULL THEN
+        RETURN;
+    END IF;
+    CREATE TABLE awa.done_counts (
+        ready_slot integer NOT NULL,
+        queue text NOT NULL,
+        state text NOT NULL,
+        n bigint NOT NULL,
+        xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+        folded_before xid8
+    ) PARTITION BY LIST (ready_slot);
+    -- One partition per slot of the database's queue ring (its count may predate RING_SLOTS).
+    FOR v_slot IN 0 .. (SELECT r.slot_count - 1 FROM awa.rings r WHERE r.ring = 'queue') LOOP
+        EXECUTE format('CREATE TABLE awa.done_counts_%s PARTITION OF awa.done_counts '
+                       'FOR VALUES IN (%s)', v_slot, v_slot);
+    END LOOP;
+    CREATE INDEX done_counts_key_idx
+        ON awa.done_counts (queue, state, ready_slot, folded_before, xid);
+    LOCK TABLE awa.done_entries IN SHARE MODE;
+    INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+    SELECT d.ready_slot, d.queue, d.state, count(*)
+    FROM awa.done_entries d GROUP BY d.ready_slot, d.queue, d.state;
+END
+$upgrade$;

@@ -4,7 +4,7 @@
 -- signature, attributes, a digest of their body and their privileges (OWNER: the migrating
 -- role); their bodies are in awa_django/sql/functions/.
 
--- relation (90)
+-- relation (99)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
 TABLE attempt_state WITH (fillfactor=80)
@@ -31,6 +31,15 @@ TABLE cron_schedules
 TABLE deferred_jobs
 TABLE descriptors
 TABLE dlq_entries
+TABLE done_counts PARTITION BY LIST (ready_slot)
+TABLE done_counts_0 PARTITION OF done_counts FOR VALUES IN (0)
+TABLE done_counts_1 PARTITION OF done_counts FOR VALUES IN (1)
+TABLE done_counts_2 PARTITION OF done_counts FOR VALUES IN (2)
+TABLE done_counts_3 PARTITION OF done_counts FOR VALUES IN (3)
+TABLE done_counts_4 PARTITION OF done_counts FOR VALUES IN (4)
+TABLE done_counts_5 PARTITION OF done_counts FOR VALUES IN (5)
+TABLE done_counts_6 PARTITION OF done_counts FOR VALUES IN (6)
+TABLE done_counts_7 PARTITION OF done_counts FOR VALUES IN (7)
 TABLE done_entries PARTITION BY LIST (ready_slot)
 TABLE done_entries_0 PARTITION OF done_entries FOR VALUES IN (0)
 TABLE done_entries_1 PARTITION OF done_entries FOR VALUES IN (1)
@@ -96,7 +105,7 @@ VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
 
--- column (444)
+-- column (450)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -264,6 +273,12 @@ dlq_entries.016 errors jsonb
 dlq_entries.017 progress jsonb
 dlq_entries.018 dlq_reason text NOT NULL
 dlq_entries.019 dlq_at timestamp with time zone NOT NULL DEFAULT now()
+done_counts.001 ready_slot integer NOT NULL
+done_counts.002 queue text NOT NULL
+done_counts.003 state text NOT NULL
+done_counts.004 n bigint NOT NULL
+done_counts.005 xid xid8 NOT NULL DEFAULT pg_current_xact_id()
+done_counts.006 folded_before xid8
 done_entries.001 ready_slot integer NOT NULL
 done_entries.002 ready_generation bigint NOT NULL
 done_entries.003 job_id bigint NOT NULL
@@ -614,7 +629,7 @@ schema_migrations schema_migrations_pkey PRIMARY KEY (name)
 serial_waiting serial_waiting_pkey PRIMARY KEY (job_id)
 unique_keys unique_keys_pkey PRIMARY KEY (unique_key)
 
--- index (60)
+-- index (61)
 CREATE INDEX attempt_state_callback_idx ON awa.attempt_state USING btree (callback_id) WHERE (callback_id IS NOT NULL)
 CREATE INDEX callback_receipts_received_idx ON awa.callback_receipts USING btree (received_at)
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at)
@@ -626,6 +641,7 @@ CREATE INDEX deferred_jobs_retried_idx ON awa.deferred_jobs USING btree (queue, 
 CREATE INDEX dlq_entries_at_idx ON awa.dlq_entries USING btree (dlq_at)
 CREATE INDEX dlq_entries_kind_idx ON awa.dlq_entries USING btree (kind, dlq_at)
 CREATE INDEX dlq_entries_queue_idx ON awa.dlq_entries USING btree (queue, dlq_at DESC)
+CREATE INDEX done_counts_key_idx ON ONLY awa.done_counts USING btree (queue, state, ready_slot, folded_before, xid)
 CREATE INDEX done_entries_finalized_btree_idx ON ONLY awa.done_entries USING btree (finalized_at, job_id)
 CREATE INDEX done_entries_job_idx ON ONLY awa.done_entries USING btree (job_id)
 CREATE INDEX done_entries_kind_idx ON ONLY awa.done_entries USING btree (kind, finalized_at, job_id)
@@ -676,7 +692,7 @@ CREATE UNIQUE INDEX schema_migrations_pkey ON awa.schema_migrations USING btree 
 CREATE UNIQUE INDEX serial_waiting_pkey ON awa.serial_waiting USING btree (job_id)
 CREATE UNIQUE INDEX unique_keys_pkey ON awa.unique_keys USING btree (unique_key)
 
--- partition index (48)
+-- partition index (56)
 claim_closures_0: 1
 claim_closures_1: 1
 claim_closures_2: 1
@@ -693,6 +709,14 @@ claims_4: 4
 claims_5: 4
 claims_6: 4
 claims_7: 4
+done_counts_0: 1
+done_counts_1: 1
+done_counts_2: 1
+done_counts_3: 1
+done_counts_4: 1
+done_counts_5: 1
+done_counts_6: 1
+done_counts_7: 1
 done_entries_0: 5
 done_entries_1: 5
 done_entries_2: 5
@@ -726,7 +750,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (161)
+-- function (162)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -885,7 +909,7 @@ CREATE OR REPLACE FUNCTION awa._finalize_error_v1(p_items jsonb)
 CREATE OR REPLACE FUNCTION awa._finalize_pass_v1(p_items jsonb, p_hint boolean)
  RETURNS jsonb
  LANGUAGE plpgsql
- AS body sha256 f512c351920be7a5 (127 lines)
+ AS body sha256 a3bd51139dbcd61e (135 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._flow_free_v1(p_name text, p_kind boolean, p_limit integer, p_want integer)
@@ -958,13 +982,11 @@ CREATE OR REPLACE FUNCTION awa._flow_unpark_v2(p_queue text, p_max integer, p_he
  AS body sha256 7d73ef041a08d50d (129 lines)
  GRANTS {OWNER=X/OWNER}
 
-CREATE OR REPLACE FUNCTION awa._history_counts_v1(p_cap integer DEFAULT 10000, p_sample_pages integer DEFAULT 1000)
- RETURNS TABLE(queue text, state text, n bigint, exact boolean)
- LANGUAGE plpgsql
+CREATE OR REPLACE FUNCTION awa._history_counts_v2()
+ RETURNS TABLE(queue text, state text, n bigint)
+ LANGUAGE sql
  STABLE
- SET enable_seqscan TO 'off'
- SET enable_bitmapscan TO 'off'
- AS body sha256 4bc6cf0557aabfd6 (42 lines)
+ AS body sha256 7c1d7b152138c746 (30 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._job_brief_v1(p_job_id bigint)
@@ -1191,7 +1213,7 @@ CREATE OR REPLACE FUNCTION awa._ring_children_v1(p_ring text, p_slot integer)
  RETURNS text[]
  LANGUAGE sql
  IMMUTABLE
- AS body sha256 f5bb932143b7aed7 (8 lines)
+ AS body sha256 769c59a74b035635 (8 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._ring_key_v1(p_ring text)
@@ -1314,7 +1336,7 @@ CREATE OR REPLACE FUNCTION awa.cancel_v1(p_job_id bigint, p_reason text DEFAULT 
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 f69af4b574b0e7d2 (150 lines)
+ AS body sha256 533b8f6ea02f6466 (164 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.claim_v3(p_queue text, p_max integer, p_worker uuid DEFAULT NULL::uuid, p_aging_secs double precision DEFAULT 60, p_default_deadline double precision DEFAULT NULL::double precision, p_max_weight integer DEFAULT NULL::integer, p_held integer[] DEFAULT NULL::integer[], p_release integer[] DEFAULT NULL::integer[], p_serial_held integer[] DEFAULT NULL::integer[], p_serial_release integer[] DEFAULT NULL::integer[])
@@ -1414,6 +1436,15 @@ CREATE OR REPLACE FUNCTION awa.dlq_retry_v2(p_job_ids bigint[], p_queue text DEF
  AS body sha256 3e8a7de7d595ea75 (64 lines)
  GRANTS {OWNER=X/OWNER}
 
+CREATE OR REPLACE FUNCTION awa.done_counts_fold_v1(p_min integer DEFAULT 256)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 48041716a700f2b6 (44 lines)
+ GRANTS {OWNER=X/OWNER}
+
 CREATE OR REPLACE FUNCTION awa.enqueue_one_v1(p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer, p_run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_delay double precision DEFAULT NULL::double precision, p_deadline double precision DEFAULT NULL::double precision, p_metadata jsonb DEFAULT NULL::jsonb, p_tags text[] DEFAULT NULL::text[], p_limits jsonb DEFAULT '{}'::jsonb, OUT job_id bigint, OUT state text)
  RETURNS record
  LANGUAGE plpgsql
@@ -1467,7 +1498,7 @@ CREATE OR REPLACE FUNCTION awa.finalize_v2(p_items jsonb)
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 386ebc9fc858b2c3 (368 lines)
+ AS body sha256 df6b0c5d6163b133 (413 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.finalize_v3(p_items jsonb)
@@ -1679,7 +1710,7 @@ CREATE OR REPLACE FUNCTION awa.queue_counts_v1()
  SET work_mem TO '32MB'
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 58014b2ce82cef86 (30 lines)
+ AS body sha256 6d2595a8b29dd30a (30 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_depth_v1(p_queue text DEFAULT NULL::text)
@@ -1704,7 +1735,7 @@ CREATE OR REPLACE FUNCTION awa.queue_drain_v2(p_queue text, p_limit integer DEFA
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 0a8400dcfb749cd6 (132 lines)
+ AS body sha256 db2e1cf8e2228cb4 (158 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_lag_v1()

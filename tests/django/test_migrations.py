@@ -106,6 +106,7 @@ def test_migrate_installs_the_substrate_and_zero_removes_it() -> None:
         "ready_entries": 8,
         "ready_tombstones": 8,
         "done_entries": 8,
+        "done_counts": 8,
         "claims": 8,
         "claim_closures": 8,
         "leases": 8,
@@ -244,7 +245,7 @@ DEVELOPMENT_CHAIN = "75e4593"
 #: database made by the development chain keeps the 16 queue slots it was made with (the
 #: functions read the count from awa.rings, and take their generic statements for slots 8-15).
 _EXTRA_QUEUE_SLOTS = re.compile(
-    r"\b(?:ready_entries|ready_tombstones|done_entries)_(?:[89]|1[0-5])\b"
+    r"\b(?:ready_entries|ready_tombstones|done_entries|done_counts)_(?:[89]|1[0-5])\b"
     r"|^-- (?:relation|partition index) \(\d+\)$"
 )
 

@@ -4,7 +4,7 @@ at a bounded cost.
 * Every job in every plane, built through the engine's own functions, reads the same through
   the installed views and functions as through the simple definitions (re-created here as
   temporary objects from tests/storage/reference_sql/read_surfaces_simple.sql).
-* Counts of terminal history above the cap are estimates: checked against the truth.
+* Counts of terminal history are exact (tests/storage/test_history_counts.py for their folds).
 * The cost of every surface the admin, the commands and get_result use does not grow with
   terminal history: tripling history changes the pages a surface reads by a few index pages,
   where a scan of history would read thousands; with fresh statistics and with statistics
@@ -180,6 +180,9 @@ WITH lane AS (
     SELECT 1, 1, r.job_id, 1, r.lane_id, r.lane_seq, r.state, 1, r.at, r.at,
            '{"ok": true}', 'hist', 'hist.kind'
     FROM rows r
+), counted AS (
+    INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+    SELECT 1, 'hist', r.state, count(*) FROM rows r GROUP BY r.state
 ), marker AS (
     INSERT INTO awa.claims (claim_slot, claim_generation, job_id, run_lease, ready_slot,
                             ready_generation, lane_id, lane_seq, attempt)
@@ -288,40 +291,6 @@ def test_counts_and_stats_match_the_simple_functions_below_the_cap(conn: Conn) -
     assert by_queue["b"][10] is True  # paused
 
 
-def test_history_above_the_cap_is_estimated_from_a_sample(conn: Conn) -> None:
-    add_history(conn, 0, 3000)
-    truth = dict(
-        ((q, s), n)
-        for q, s, n in conn.execute(
-            "SELECT queue, state, count(*) FROM awa.done_entries GROUP BY 1, 2"
-        ).fetchall()
-    )
-    assert truth == {("hist", s): 1000 for s in ("completed", "failed", "cancelled")}
-    # A sample as big as history: the estimates are exact, and say they are estimates.
-    got = {
-        (q, s): (n, exact)
-        for q, s, n, exact in conn.execute(
-            "SELECT * FROM awa._history_counts_v1(999, 1000000)"
-        ).fetchall()
-    }
-    assert got == {("hist", s): (1000, False) for s in ("completed", "failed", "cancelled")}
-    # Exact below the cap; an estimate is never below the cap.
-    got = {
-        (q, s): (n, exact)
-        for q, s, n, exact in conn.execute(
-            "SELECT * FROM awa._history_counts_v1(1000, 1)"
-        ).fetchall()
-    }
-    assert got[("hist", "failed")] == (1000, True)
-    got = {
-        (q, s): (n, exact)
-        for q, s, n, exact in conn.execute(
-            "SELECT * FROM awa._history_counts_v1(500, 1)"
-        ).fetchall()
-    }
-    assert all(not exact and n > 500 for n, exact in got.values()), got
-
-
 def test_ring_slots_count_small_children_exactly(conn: Conn) -> None:
     mixed_jobs(conn)
     slots = conn.execute("SELECT ring, slot, rows FROM awa.ring_slots_v1()").fetchall()
@@ -329,6 +298,7 @@ def test_ring_slots_count_small_children_exactly(conn: Conn) -> None:
     [exact] = conn.execute(
         "SELECT (SELECT count(*) FROM awa.ready_entries) + (SELECT count(*) FROM "
         "awa.ready_tombstones) + (SELECT count(*) FROM awa.done_entries)"
+        " + (SELECT count(*) FROM awa.done_counts)"
     ).fetchone()  # type: ignore[misc]
     assert queue_rows == exact
 
@@ -420,8 +390,7 @@ def test_no_read_surface_grows_with_history(conn: Conn, statistics: str) -> None
                 "awa.claim_closures, awa.deferred_jobs, awa.dlq_entries"
             )
         made = mixed_jobs(conn)
-        # Enough history that the sample of awa._history_counts_v1 is at its full size (1,000
-        # pages) before and after, and every (queue, state) is past the cap of exact counts.
+        # Enough history that a count of it row by row would read thousands of pages.
         add_history(conn, 0, 60_000)
         ids = {
             "running": made["running"][0],
@@ -503,14 +472,3 @@ def test_claims_without_a_kind_finish_with_their_kind(conn: Conn) -> None:
     assert conn.execute("SELECT count(*) FROM awa.done_entries WHERE kind IS NULL").fetchone() == (
         0,
     )
-
-
-def test_history_counts_above_the_exact_range_are_shown_as_estimates() -> None:
-    counts = storage.QueueCounts("q", 5, 1, 0, 0, 0, 10_001, 10_000, 25_000, 3, False)
-    assert counts.estimated == ["completed", "cancelled"]
-    assert [counts.shown(n) for n in ("completed", "failed", "cancelled", "dlq")] == [
-        "~10,001",
-        "10000",
-        "~25,000",
-        "3",
-    ]

@@ -47,7 +47,8 @@ DO $$
 DECLARE
     v_tables text;
     v_reset text[] := ARRAY[
-        'ready_entries', 'ready_tombstones', 'done_entries', 'claims', 'claim_closures',
+        'ready_entries', 'ready_tombstones', 'done_entries', 'done_counts', 'claims',
+        'claim_closures',
         'leases', 'attempt_state', 'deferred_jobs', 'dlq_entries', 'queue_meta', 'queue_lanes',
         'lane_floors', 'ring_rotations', 'ring_prunes', 'runtime_instances', 'unique_keys',
         'cron_schedules', 'flow_limits', 'flow_rate_state', 'callback_receipts',

@@ -124,10 +124,7 @@ class Command(BaseCommand):
                 if stats is None:
                     raise CommandError(f"unknown queue {queue!r} (nothing was ever enqueued to it)")
                 for field in stats.__dataclass_fields__:
-                    shown = (
-                        stats.shown(field) if field in stats.estimated else getattr(stats, field)
-                    )
-                    self.stdout.write(f"{field}: {shown}")
+                    self.stdout.write(f"{field}: {getattr(stats, field)}")
 
     def _limit(self, queue: str, options: dict[str, Any], loud: bool) -> None:
         concurrency, rate, burst = options["global_concurrency"], options["rate"], options["burst"]

@@ -62,9 +62,7 @@ class Command(BaseCommand):
                 json.dumps(
                     {
                         "read_from": read_from,
-                        "queues": [
-                            {**dataclasses.asdict(q), "estimated": q.estimated} for q in queues
-                        ],
+                        "queues": [dataclasses.asdict(q) for q in queues],
                         "flow_limits": [
                             {**dataclasses.asdict(q), "burst_in_force": q.burst_in_force}
                             for q in limits
@@ -97,8 +95,8 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  {q.queue}: {'paused' if q.paused else 'active'}, {q.available} available, "
                 f"{q.running} running, {q.waiting_external} waiting, {q.scheduled} scheduled, "
-                f"{q.retryable} retryable, {q.shown('completed')} completed, "
-                f"{q.shown('failed')} failed, {q.shown('cancelled')} cancelled, "
+                f"{q.retryable} retryable, {q.completed} completed, "
+                f"{q.failed} failed, {q.cancelled} cancelled, "
                 f"{q.dlq} in DLQ; lag {lag}; {q.completed_last_hour} completed in the last hour"
             )
         self.stdout.write(self.style.MIGRATE_HEADING("flow limits:"))

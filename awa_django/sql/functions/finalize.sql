@@ -94,6 +94,7 @@ BEGIN
                                    AND r.ready_slot = w.ready_slot))
         FROM won w JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
         WHERE w.outcome = 'completed'
+        RETURNING ready_slot, queue, state
     ), other AS MATERIALIZED (
         SELECT w.*, r.queue, r.priority, r.kind, r.args, r.max_attempts, r.run_at, r.created_at,
                r.deadline_secs, r.metadata, r.tags,
@@ -139,6 +140,13 @@ BEGIN
         SELECT o.ready_slot, o.ready_generation, o.id, o.lease, o.lane_id, o.lane_seq, o.dest,
                o.attempt, o.claimed_at, o.new_errors, o.new_progress, o.queue, o.kind
         FROM other o WHERE o.dest IN ('cancelled', 'failed')
+        RETURNING ready_slot, queue, state
+    ), counted AS (
+        -- The history these wrote, counted (awa.done_counts).
+        INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+        SELECT x.ready_slot, x.queue, x.state, count(*)
+        FROM (SELECT * FROM completed UNION ALL SELECT * FROM terminal) x
+        GROUP BY x.ready_slot, x.queue, x.state
     ), deferred AS (
         INSERT INTO awa.deferred_jobs (
             job_id, state, queue, priority, kind, args, attempt, max_attempts, run_lease, run_at,
@@ -331,6 +339,11 @@ BEGIN
                 JOIN closed k
                   ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
                 JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+                RETURNING ready_slot, queue
+            ), counted AS (
+                INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+                SELECT c.ready_slot, c.queue, 'completed', count(*)
+                FROM completed c GROUP BY c.ready_slot, c.queue
             )
             SELECT jsonb_agg(i.raw) INTO v_stale
             FROM items i
@@ -366,6 +379,11 @@ BEGIN
                 JOIN closed k
                   ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
                 JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
+                RETURNING ready_slot, queue
+            ), counted AS (
+                INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+                SELECT c.ready_slot, c.queue, 'completed', count(*)
+                FROM completed c GROUP BY c.ready_slot, c.queue
             )
             SELECT jsonb_agg(i.raw) INTO v_stale
             FROM items i

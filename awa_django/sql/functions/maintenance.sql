@@ -39,7 +39,7 @@ CREATE OR REPLACE FUNCTION awa._ring_children_v1(p_ring text, p_slot integer)
 AS $$
     SELECT CASE p_ring
         WHEN 'queue' THEN ARRAY['ready_entries_' || p_slot, 'ready_tombstones_' || p_slot,
-                                'done_entries_' || p_slot]
+                                'done_entries_' || p_slot, 'done_counts_' || p_slot]
         WHEN 'claim' THEN ARRAY['claims_' || p_slot, 'claim_closures_' || p_slot]
         WHEN 'lease' THEN ARRAY['leases_' || p_slot]
     END
@@ -784,6 +784,62 @@ $$;
 -- Writes are idempotent (ON CONFLICT), so a second caller, or a retry, changes nothing. The
 -- function waits at most 200 ms for a lock (it is retried on the leader's next turn, without
 -- holding up promotion). Rows older than 25 hours are deleted. Returns the minutes counted.
+-- Fold the terminal-count deltas of awa.done_counts (maintenance leader, every 15 s): for each
+-- (queue, state, ready slot) with at least p_min deltas since its latest fold, append a fold
+-- whose n is that fold's plus every delta since whose transaction ended before this call's
+-- snapshot xmin (folded_before), which no transaction still running can join. Appends only:
+-- the rows go with their slot's truncation. Returns the folds written.
+CREATE OR REPLACE FUNCTION awa.done_counts_fold_v1(p_min integer DEFAULT 256)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+DECLARE
+    v_before xid8 := pg_snapshot_xmin(pg_current_snapshot());
+    v_n integer;
+BEGIN
+    IF p_min IS NULL OR p_min < 1 THEN
+        RAISE EXCEPTION 'p_min: must be a positive integer, not %', quote_nullable(p_min)
+            USING ERRCODE = '22023';
+    END IF;
+    WITH RECURSIVE keys AS (
+        -- Every (queue, state, slot) holding counts: a skip scan of done_counts_key_idx.
+        (SELECT c.queue, c.state, c.ready_slot FROM awa.done_counts c
+         ORDER BY c.queue, c.state, c.ready_slot LIMIT 1)
+        UNION ALL
+        SELECT x.queue, x.state, x.ready_slot
+        FROM keys k
+        CROSS JOIN LATERAL (
+            SELECT c.queue, c.state, c.ready_slot FROM awa.done_counts c
+            WHERE (c.queue, c.state, c.ready_slot) > (k.queue, k.state, k.ready_slot)
+            ORDER BY c.queue, c.state, c.ready_slot LIMIT 1) x
+    ), latest AS (
+        SELECT k.queue, k.state, k.ready_slot, f.n AS fold_n, f.folded_before
+        FROM keys k
+        LEFT JOIN LATERAL (
+            SELECT c.n, c.folded_before FROM awa.done_counts c
+            WHERE c.queue = k.queue AND c.state = k.state AND c.ready_slot = k.ready_slot
+              AND c.folded_before IS NOT NULL
+            ORDER BY c.folded_before DESC LIMIT 1) f ON true
+    ), fresh AS (
+        SELECT l.queue, l.state, l.ready_slot, COALESCE(l.fold_n, 0) + d.n AS n
+        FROM latest l
+        CROSS JOIN LATERAL (
+            SELECT sum(c.n) AS n, count(*) AS deltas FROM awa.done_counts c
+            WHERE c.queue = l.queue AND c.state = l.state AND c.ready_slot = l.ready_slot
+              AND c.folded_before IS NULL
+              AND c.xid >= COALESCE(l.folded_before, '0'::xid8) AND c.xid < v_before) d
+        WHERE d.deltas >= p_min
+    )
+    INSERT INTO awa.done_counts (ready_slot, queue, state, n, folded_before)
+    SELECT f.ready_slot, f.queue, f.state, f.n, v_before FROM fresh f;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION awa.queue_minutes_record_v1(p_now timestamptz DEFAULT NULL)
  RETURNS integer
  LANGUAGE plpgsql

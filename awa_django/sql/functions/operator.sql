@@ -101,6 +101,8 @@ BEGIN
                     || jsonb_build_array(v_error || jsonb_build_object('attempt', d.attempt, 'at', now())),
                     d.progress, d.kind, d.queue, d.priority, d.args, d.max_attempts, d.run_at,
                     d.created_at, d.metadata, d.tags);
+            INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+            VALUES (v_slot, d.queue, 'cancelled', 1);
             RETURN d.state;
         END IF;
 
@@ -118,6 +120,8 @@ BEGIN
                     || jsonb_build_array(v_error || jsonb_build_object('attempt', w.attempt, 'at', now())),
                     w.progress, w.kind, w.queue, w.priority, w.args, w.max_attempts, w.run_at,
                     w.created_at, w.metadata, w.tags);
+            INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+            VALUES (v_slot, w.queue, 'cancelled', 1);
             RETURN 'available';
         END IF;
 
@@ -135,6 +139,8 @@ BEGIN
                     || jsonb_build_array(v_error || jsonb_build_object('attempt', fw.attempt, 'at', now())),
                     fw.progress, fw.kind, fw.queue, fw.priority, fw.args, fw.max_attempts,
                     fw.run_at, fw.created_at, fw.metadata, fw.tags);
+            INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+            VALUES (v_slot, fw.queue, 'cancelled', 1);
             RETURN 'available';
         END IF;
 
@@ -155,17 +161,23 @@ BEGIN
                 SELECT 1 FROM awa.leases ls
                 WHERE ls.job_id = c.job_id AND ls.run_lease = c.run_lease
                   AND ls.state = 'waiting_external') THEN 'waiting_external' ELSE 'running' END;
-            INSERT INTO awa.done_entries (
-                ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
-                attempted_at, errors, progress, queue, kind)
-            SELECT c.ready_slot, c.ready_generation, c.job_id, c.run_lease, c.lane_id, c.lane_seq,
-                   'cancelled', c.attempt, c.claimed_at,
-                   COALESCE(e.errors, '[]'::jsonb)
-                   || jsonb_build_array(v_error || jsonb_build_object('attempt', c.attempt, 'at', now())),
-                   COALESCE(s.progress, e.progress), e.queue, e.kind
-            FROM awa.ready_entries e
-            LEFT JOIN awa.attempt_state s ON s.job_id = c.job_id AND s.run_lease = c.run_lease
-            WHERE e.lane_id = c.lane_id AND e.lane_seq = c.lane_seq AND e.ready_slot = c.ready_slot;
+            WITH done AS (
+                INSERT INTO awa.done_entries (
+                    ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state,
+                    attempt, attempted_at, errors, progress, queue, kind)
+                SELECT c.ready_slot, c.ready_generation, c.job_id, c.run_lease, c.lane_id,
+                       c.lane_seq, 'cancelled', c.attempt, c.claimed_at,
+                       COALESCE(e.errors, '[]'::jsonb)
+                       || jsonb_build_array(v_error || jsonb_build_object('attempt', c.attempt, 'at', now())),
+                       COALESCE(s.progress, e.progress), e.queue, e.kind
+                FROM awa.ready_entries e
+                LEFT JOIN awa.attempt_state s ON s.job_id = c.job_id AND s.run_lease = c.run_lease
+                WHERE e.lane_id = c.lane_id AND e.lane_seq = c.lane_seq
+                  AND e.ready_slot = c.ready_slot
+                RETURNING ready_slot, queue, state)
+            INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+            SELECT d.ready_slot, d.queue, d.state, count(*) FROM done d
+            GROUP BY d.ready_slot, d.queue, d.state;
             DELETE FROM awa.attempt_state WHERE job_id = c.job_id AND run_lease = c.run_lease;
             PERFORM pg_notify('awa_cancel',
                               json_build_object('id', c.job_id, 'lease', c.run_lease)::text);
@@ -200,6 +212,8 @@ BEGIN
                 COALESCE(r.errors, '[]'::jsonb)
                 || jsonb_build_array(v_error || jsonb_build_object('attempt', r.attempt, 'at', now())),
                 r.progress, r.queue, r.kind);
+        INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+        VALUES (r.ready_slot, r.queue, 'cancelled', 1);
         PERFORM awa._lane_skip_v1(r.lane_id);
         RETURN 'available';
     END LOOP;
@@ -308,17 +322,24 @@ BEGIN
         WHERE g.state = 'retryable' AND g.deferred_at >= now() - interval '25 hours'
         GROUP BY g.queue, date_trunc('minute', g.deferred_at)
         ON CONFLICT (queue, minute) DO UPDATE SET retries = t.retries + excluded.retries
+    ), done AS (
+        INSERT INTO awa.done_entries (
+            ready_slot, ready_generation, job_id, run_lease, state, attempt, attempted_at,
+            errors, progress, kind, queue, priority, args, max_attempts, run_at, created_at,
+            metadata, tags)
+        SELECT v_slot, v_gen, g.job_id, g.run_lease, 'cancelled', g.attempt, g.attempted_at,
+               COALESCE(g.errors, '[]'::jsonb)
+               || jsonb_build_array(v_error || jsonb_build_object('attempt', g.attempt, 'at', now())),
+               g.progress, g.kind, g.queue, g.priority, g.args, g.max_attempts, g.run_at,
+               g.created_at, g.metadata, g.tags
+        FROM gone g
+        RETURNING ready_slot, queue, state
+    ), counted AS (
+        INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+        SELECT d.ready_slot, d.queue, d.state, count(*) FROM done d
+        GROUP BY d.ready_slot, d.queue, d.state
     )
-    INSERT INTO awa.done_entries (
-        ready_slot, ready_generation, job_id, run_lease, state, attempt, attempted_at, errors,
-        progress, kind, queue, priority, args, max_attempts, run_at, created_at, metadata, tags)
-    SELECT v_slot, v_gen, g.job_id, g.run_lease, 'cancelled', g.attempt, g.attempted_at,
-           COALESCE(g.errors, '[]'::jsonb)
-           || jsonb_build_array(v_error || jsonb_build_object('attempt', g.attempt, 'at', now())),
-           g.progress, g.kind, g.queue, g.priority, g.args, g.max_attempts, g.run_at, g.created_at,
-           g.metadata, g.tags
-    FROM gone g;
-    GET DIAGNOSTICS v_n = ROW_COUNT;
+    SELECT count(*) INTO v_n FROM done;
     -- Jobs parked behind their serial keys.
     WITH gone AS (
         DELETE FROM awa.serial_waiting w
@@ -328,17 +349,23 @@ BEGIN
             ORDER BY w2.job_id LIMIT GREATEST(p_limit - v_n, 0)
             FOR UPDATE SKIP LOCKED)
         RETURNING w.*
+    ), done AS (
+        INSERT INTO awa.done_entries (
+            ready_slot, ready_generation, job_id, run_lease, state, attempt, errors, progress,
+            kind, queue, priority, args, max_attempts, run_at, created_at, metadata, tags)
+        SELECT v_slot, v_gen, g.job_id, g.run_lease, 'cancelled', g.attempt,
+               COALESCE(g.errors, '[]'::jsonb)
+               || jsonb_build_array(v_error || jsonb_build_object('attempt', g.attempt, 'at', now())),
+               g.progress, g.kind, g.queue, g.priority, g.args, g.max_attempts, g.run_at,
+               g.created_at, g.metadata, g.tags
+        FROM gone g
+        RETURNING ready_slot, queue, state
+    ), counted AS (
+        INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+        SELECT d.ready_slot, d.queue, d.state, count(*) FROM done d
+        GROUP BY d.ready_slot, d.queue, d.state
     )
-    INSERT INTO awa.done_entries (
-        ready_slot, ready_generation, job_id, run_lease, state, attempt, errors, progress, kind,
-        queue, priority, args, max_attempts, run_at, created_at, metadata, tags)
-    SELECT v_slot, v_gen, g.job_id, g.run_lease, 'cancelled', g.attempt,
-           COALESCE(g.errors, '[]'::jsonb)
-           || jsonb_build_array(v_error || jsonb_build_object('attempt', g.attempt, 'at', now())),
-           g.progress, g.kind, g.queue, g.priority, g.args, g.max_attempts, g.run_at, g.created_at,
-           g.metadata, g.tags
-    FROM gone g;
-    GET DIAGNOSTICS v_got = ROW_COUNT;
+    SELECT count(*) INTO v_got FROM done;
     v_n := v_n + v_got;
     -- Jobs parked by their kind's flow limits.
     WITH gone AS (
@@ -349,17 +376,23 @@ BEGIN
             ORDER BY w2.job_id LIMIT GREATEST(p_limit - v_n, 0)
             FOR UPDATE SKIP LOCKED)
         RETURNING w.*
+    ), done AS (
+        INSERT INTO awa.done_entries (
+            ready_slot, ready_generation, job_id, run_lease, state, attempt, errors, progress,
+            kind, queue, priority, args, max_attempts, run_at, created_at, metadata, tags)
+        SELECT v_slot, v_gen, g.job_id, g.run_lease, 'cancelled', g.attempt,
+               COALESCE(g.errors, '[]'::jsonb)
+               || jsonb_build_array(v_error || jsonb_build_object('attempt', g.attempt, 'at', now())),
+               g.progress, g.kind, g.queue, g.priority, g.args, g.max_attempts, g.run_at,
+               g.created_at, g.metadata, g.tags
+        FROM gone g
+        RETURNING ready_slot, queue, state
+    ), counted AS (
+        INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+        SELECT d.ready_slot, d.queue, d.state, count(*) FROM done d
+        GROUP BY d.ready_slot, d.queue, d.state
     )
-    INSERT INTO awa.done_entries (
-        ready_slot, ready_generation, job_id, run_lease, state, attempt, errors, progress, kind,
-        queue, priority, args, max_attempts, run_at, created_at, metadata, tags)
-    SELECT v_slot, v_gen, g.job_id, g.run_lease, 'cancelled', g.attempt,
-           COALESCE(g.errors, '[]'::jsonb)
-           || jsonb_build_array(v_error || jsonb_build_object('attempt', g.attempt, 'at', now())),
-           g.progress, g.kind, g.queue, g.priority, g.args, g.max_attempts, g.run_at, g.created_at,
-           g.metadata, g.tags
-    FROM gone g;
-    GET DIAGNOSTICS v_got = ROW_COUNT;
+    SELECT count(*) INTO v_got FROM done;
     v_n := v_n + v_got;
 
     -- The claim ring's locks before the cursors are read, in a statement of its own: a claim
@@ -386,18 +419,25 @@ BEGIN
             SELECT p.ready_slot, p.ready_generation, p.lane_id, p.lane_seq, p.job_id FROM picked p
             ON CONFLICT DO NOTHING
             RETURNING lane_id, lane_seq, ready_slot
+        ), done AS (
+            INSERT INTO awa.done_entries (
+                ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state,
+                attempt, errors, progress, queue, kind)
+            SELECT p.ready_slot, p.ready_generation, p.job_id, p.run_lease, p.lane_id,
+                   p.lane_seq, 'cancelled', p.attempt,
+                   COALESCE(p.errors, '[]'::jsonb)
+                   || jsonb_build_array(v_error || jsonb_build_object('attempt', p.attempt, 'at', now())),
+                   p.progress, p.queue, p.kind
+            FROM picked p
+            JOIN tomb t
+              ON t.lane_id = p.lane_id AND t.lane_seq = p.lane_seq AND t.ready_slot = p.ready_slot
+            RETURNING ready_slot, queue, state
+        ), counted AS (
+            INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+            SELECT d.ready_slot, d.queue, d.state, count(*) FROM done d
+            GROUP BY d.ready_slot, d.queue, d.state
         )
-        INSERT INTO awa.done_entries (
-            ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state, attempt,
-            errors, progress, queue, kind)
-        SELECT p.ready_slot, p.ready_generation, p.job_id, p.run_lease, p.lane_id, p.lane_seq,
-               'cancelled', p.attempt,
-               COALESCE(p.errors, '[]'::jsonb)
-               || jsonb_build_array(v_error || jsonb_build_object('attempt', p.attempt, 'at', now())),
-               p.progress, p.queue, p.kind
-        FROM picked p
-        JOIN tomb t ON t.lane_id = p.lane_id AND t.lane_seq = p.lane_seq AND t.ready_slot = p.ready_slot;
-        GET DIAGNOSTICS v_got = ROW_COUNT;
+        SELECT count(*) INTO v_got FROM done;
         v_n := v_n + v_got;
         PERFORM awa._lane_skip_v1(v_lane);
     END LOOP;

@@ -44,60 +44,43 @@ $$;
 
 -- Counts ------------------------------------------------------------------------------------------
 
--- Terminal history per queue and outcome: exact up to p_cap rows per (queue, state) (an index
--- range of done_entries_queue_state_idx that stops at p_cap + 1 rows); beyond that, an estimate
--- scaled from a sample of about p_sample_pages pages of history (TABLESAMPLE SYSTEM ...
--- REPEATABLE: the same pages while history does not change), never below p_cap + 1. exact says
--- which. Costs at most queues x 3 x (p_cap + 1) index entries plus the sample, whatever history
--- holds. Queues come from history itself (a skip scan of the same index: one probe per queue).
-CREATE OR REPLACE FUNCTION awa._history_counts_v1(
-    p_cap integer DEFAULT 10000, p_sample_pages integer DEFAULT 1000)
- RETURNS TABLE(queue text, state text, n bigint, exact boolean)
- LANGUAGE plpgsql
+-- Terminal history per queue and outcome, exact at any size: per (queue, state, ready slot),
+-- the latest fold of awa.done_counts plus the deltas written since (at most a few hundred per
+-- key between two of the leader's folds, more only while a long transaction holds the fold
+-- back). Costs a few index probes per queue, outcome and slot holding history.
+CREATE OR REPLACE FUNCTION awa._history_counts_v2()
+ RETURNS TABLE(queue text, state text, n bigint)
+ LANGUAGE sql
  STABLE
- SET enable_seqscan TO 'off'
- SET enable_bitmapscan TO 'off'
 AS $$
-#variable_conflict use_column
-DECLARE
-    v_pages double precision;
-    v_pct double precision;
-BEGIN
-    SELECT sum(pg_relation_size(i.inhrelid)) / current_setting('block_size')::double precision
-    INTO v_pages
-    FROM pg_inherits i WHERE i.inhparent = 'awa.done_entries'::regclass;
-    v_pct := LEAST(100, 100.0 * GREATEST(p_sample_pages, 1) / GREATEST(v_pages, 1));
-    RETURN QUERY
-    WITH RECURSIVE names AS (
-        (SELECT d.queue FROM awa.done_entries d ORDER BY d.queue LIMIT 1)
+    WITH RECURSIVE keys AS (
+        -- Every (queue, state, slot) holding counts: a skip scan of done_counts_key_idx.
+        (SELECT c.queue, c.state, c.ready_slot FROM awa.done_counts c
+         ORDER BY c.queue, c.state, c.ready_slot LIMIT 1)
         UNION ALL
-        SELECT (SELECT d.queue FROM awa.done_entries d WHERE d.queue > q.queue
-                ORDER BY d.queue LIMIT 1)
-        FROM names q WHERE q.queue IS NOT NULL
-    ), capped AS MATERIALIZED (
-        SELECT q.queue, s.state, x.n
-        FROM names q
-        CROSS JOIN (VALUES ('completed'), ('failed'), ('cancelled')) AS s (state)
+        SELECT x.queue, x.state, x.ready_slot
+        FROM keys k
         CROSS JOIN LATERAL (
-            SELECT count(*) AS n
-            FROM (SELECT 1 FROM awa.done_entries d
-                  WHERE d.queue = q.queue AND d.state = s.state
-                  LIMIT p_cap + 1) y) x
-        WHERE q.queue IS NOT NULL
-    ), sampled AS (
-        SELECT d.queue, d.state, count(*) AS n
-        FROM awa.done_entries d TABLESAMPLE SYSTEM (v_pct) REPEATABLE (0)
-        WHERE EXISTS (SELECT 1 FROM capped c WHERE c.n > p_cap)
-        GROUP BY d.queue, d.state
+            SELECT c.queue, c.state, c.ready_slot FROM awa.done_counts c
+            WHERE (c.queue, c.state, c.ready_slot) > (k.queue, k.state, k.ready_slot)
+            ORDER BY c.queue, c.state, c.ready_slot LIMIT 1) x
+    ), latest AS (
+        SELECT k.queue, k.state, k.ready_slot, f.n AS fold_n, f.folded_before
+        FROM keys k
+        LEFT JOIN LATERAL (
+            SELECT c.n, c.folded_before FROM awa.done_counts c
+            WHERE c.queue = k.queue AND c.state = k.state AND c.ready_slot = k.ready_slot
+              AND c.folded_before IS NOT NULL
+            ORDER BY c.folded_before DESC LIMIT 1) f ON true
     )
-    SELECT c.queue, c.state,
-           CASE WHEN c.n <= p_cap THEN c.n
-                ELSE GREATEST(p_cap + 1, round(COALESCE(m.n, 0) * 100.0 / v_pct))::bigint END,
-           c.n <= p_cap
-    FROM capped c
-    LEFT JOIN sampled m ON m.queue = c.queue AND m.state = c.state
-    WHERE c.n > 0;
-END
+    SELECT l.queue, l.state, sum(COALESCE(l.fold_n, 0) + COALESCE(d.n, 0))::bigint
+    FROM latest l
+    CROSS JOIN LATERAL (
+        SELECT sum(c.n) AS n FROM awa.done_counts c
+        WHERE c.queue = l.queue AND c.state = l.state AND c.ready_slot = l.ready_slot
+          AND c.folded_before IS NULL
+          AND c.xid >= COALESCE(l.folded_before, '0'::xid8)) d
+    GROUP BY l.queue, l.state
 $$;
 
 -- The read surfaces below that see the claim ring are VOLATILE: their one statement reads in a
@@ -105,10 +88,10 @@ $$;
 -- and truncated its slot while the read waited for it is seen whole; a STABLE function reads in
 -- its caller's snapshot and would miss the job (docs/design/derived-claim-cursor.md).
 
--- Counts per queue and state. Live planes (available, running, waiting_external, scheduled,
--- retryable, dlq) are exact; terminal history (completed, failed, cancelled) is exact up to
--- 10,000 per queue and outcome and estimated beyond (awa._history_counts_v1). Costs what the
--- live planes hold plus a bounded part of history.
+-- Counts per queue and state, all exact: the live planes (available, running,
+-- waiting_external, scheduled, retryable, dlq) counted, terminal history (completed, failed,
+-- cancelled) from its counts (awa._history_counts_v2). Costs what the
+-- live planes hold plus a few index probes per queue, outcome and ring slot.
 CREATE OR REPLACE FUNCTION awa.queue_counts_v1()
  RETURNS TABLE(
     queue text, available bigint, running bigint, waiting_external bigint, scheduled bigint,
@@ -126,7 +109,7 @@ AS $$
         FROM awa.live_jobs j
         GROUP BY j.queue, j.state
     ), done AS (
-        SELECT h.queue, h.state, h.n FROM awa._history_counts_v1() h
+        SELECT h.queue, h.state, h.n FROM awa._history_counts_v2() h
     ), dead AS (
         SELECT q.queue, 'dlq'::text AS state, count(*) AS n FROM awa.dlq_entries q GROUP BY q.queue
     ), allq AS (

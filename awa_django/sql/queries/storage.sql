@@ -163,6 +163,9 @@ SELECT awa.cleanup_v1(%s)
 -- name: queue_minutes_record
 SELECT awa.queue_minutes_record_v1()
 
+-- name: done_counts_fold
+SELECT awa.done_counts_fold_v1()
+
 -- name: unique_sweep
 SELECT deleted, next_taken, next_key FROM awa.unique_sweep_v1(%s, %s, %s)
 
