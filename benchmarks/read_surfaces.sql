@@ -251,6 +251,9 @@ WITH pos AS MATERIALIZED (
 ), t AS (
     INSERT INTO awa.ready_tombstones (ready_slot, ready_generation, lane_id, lane_seq, job_id)
     SELECT %(qcur)s, %(qcur)s, lane_id, lane_seq, i + 1 FROM pos
+), c AS (
+    INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+    SELECT %(qcur)s, queue, 'cancelled', count(*) FROM pos GROUP BY queue
 )
 INSERT INTO awa.done_entries (ready_slot, ready_generation, job_id, run_lease, lane_id,
                               lane_seq, state, attempt, errors, queue, kind)
@@ -337,6 +340,7 @@ WHERE c.lane_id IN (SELECT l.lane_id FROM awa.queue_lanes l WHERE l.queue = 'wri
 DELETE FROM awa.done_entries d
 WHERE d.ready_slot = %(qcur)s
   AND d.lane_id IN (SELECT l.lane_id FROM awa.queue_lanes l WHERE l.queue = 'writecost');
+DELETE FROM awa.done_counts WHERE queue = 'writecost';
 DELETE FROM awa.ready_entries e
 WHERE e.lane_id IN (SELECT l.lane_id FROM awa.queue_lanes l WHERE l.queue = 'writecost');
 DELETE FROM awa.queue_lanes WHERE queue = 'writecost';
