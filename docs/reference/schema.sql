@@ -750,7 +750,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (162)
+-- function (163)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -878,6 +878,13 @@ CREATE OR REPLACE FUNCTION awa._descriptor_problem_v1(p_item jsonb)
  AS body sha256 071b9e168c54a30b (36 lines)
  GRANTS {OWNER=X/OWNER}
 
+CREATE OR REPLACE FUNCTION awa._done_count_folds_v1()
+ RETURNS TABLE(queue text, state text, ready_slot integer, fold_n bigint, folded_before xid8)
+ LANGUAGE sql
+ STABLE
+ AS body sha256 cb54ae88af8e0efe (23 lines)
+ GRANTS {OWNER=X/OWNER}
+
 CREATE OR REPLACE FUNCTION awa._enqueue_check_v1(p_jobs jsonb, p_now timestamp with time zone, p_first integer, p_args_max integer, p_meta_max integer, p_depth integer, p_max_tags integer, p_tag_len integer, OUT first_error text, OUT deferred_count bigint)
  RETURNS record
  LANGUAGE plpgsql
@@ -986,7 +993,7 @@ CREATE OR REPLACE FUNCTION awa._history_counts_v2()
  RETURNS TABLE(queue text, state text, n bigint)
  LANGUAGE sql
  STABLE
- AS body sha256 7c1d7b152138c746 (30 lines)
+ AS body sha256 1a952492dd6bb1e5 (10 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._job_brief_v1(p_job_id bigint)
@@ -1442,7 +1449,7 @@ CREATE OR REPLACE FUNCTION awa.done_counts_fold_v1(p_min integer DEFAULT 256)
  SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 48041716a700f2b6 (44 lines)
+ AS body sha256 c3fb2e6446c04d4e (25 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.enqueue_one_v1(p_kind text, p_queue text, p_priority integer, p_args jsonb, p_max_attempts integer, p_run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_delay double precision DEFAULT NULL::double precision, p_deadline double precision DEFAULT NULL::double precision, p_metadata jsonb DEFAULT NULL::jsonb, p_tags text[] DEFAULT NULL::text[], p_limits jsonb DEFAULT '{}'::jsonb, OUT job_id bigint, OUT state text)

@@ -93,3 +93,36 @@ AS $$
              THEN (p_metadata ->> 'awa:weight')::integer ELSE 1 END,
         GREATEST(COALESCE(p_cap, 10000), 1))
 $$;
+
+-- History's counts (awa.done_counts) -----------------------------------------------------------
+
+-- Every (queue, state, ready slot) that holds counts, with its latest fold (NULLs: none yet): a
+-- skip scan of done_counts_key_idx and one backward probe a key. The counts' reader
+-- (awa._history_counts_v2) and the leader's folds (awa.done_counts_fold_v1) start from it.
+CREATE OR REPLACE FUNCTION awa._done_count_folds_v1()
+ RETURNS TABLE(queue text, state text, ready_slot integer, fold_n bigint, folded_before xid8)
+ LANGUAGE sql
+ STABLE
+AS $$
+    WITH RECURSIVE keys AS (
+        -- Every (queue, state, slot) holding counts: a skip scan of done_counts_key_idx.
+        (SELECT c.queue, c.state, c.ready_slot FROM awa.done_counts c
+         ORDER BY c.queue, c.state, c.ready_slot LIMIT 1)
+        UNION ALL
+        SELECT x.queue, x.state, x.ready_slot
+        FROM keys k
+        CROSS JOIN LATERAL (
+            SELECT c.queue, c.state, c.ready_slot FROM awa.done_counts c
+            WHERE (c.queue, c.state, c.ready_slot) > (k.queue, k.state, k.ready_slot)
+            ORDER BY c.queue, c.state, c.ready_slot LIMIT 1) x
+    ), latest AS (
+        SELECT k.queue, k.state, k.ready_slot, f.n AS fold_n, f.folded_before
+        FROM keys k
+        LEFT JOIN LATERAL (
+            SELECT c.n, c.folded_before FROM awa.done_counts c
+            WHERE c.queue = k.queue AND c.state = k.state AND c.ready_slot = k.ready_slot
+              AND c.folded_before IS NOT NULL
+            ORDER BY c.folded_before DESC LIMIT 1) f ON true
+    )
+    SELECT l.queue, l.state, l.ready_slot, l.fold_n, l.folded_before FROM latest l
+$$;

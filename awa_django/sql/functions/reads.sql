@@ -53,28 +53,8 @@ CREATE OR REPLACE FUNCTION awa._history_counts_v2()
  LANGUAGE sql
  STABLE
 AS $$
-    WITH RECURSIVE keys AS (
-        -- Every (queue, state, slot) holding counts: a skip scan of done_counts_key_idx.
-        (SELECT c.queue, c.state, c.ready_slot FROM awa.done_counts c
-         ORDER BY c.queue, c.state, c.ready_slot LIMIT 1)
-        UNION ALL
-        SELECT x.queue, x.state, x.ready_slot
-        FROM keys k
-        CROSS JOIN LATERAL (
-            SELECT c.queue, c.state, c.ready_slot FROM awa.done_counts c
-            WHERE (c.queue, c.state, c.ready_slot) > (k.queue, k.state, k.ready_slot)
-            ORDER BY c.queue, c.state, c.ready_slot LIMIT 1) x
-    ), latest AS (
-        SELECT k.queue, k.state, k.ready_slot, f.n AS fold_n, f.folded_before
-        FROM keys k
-        LEFT JOIN LATERAL (
-            SELECT c.n, c.folded_before FROM awa.done_counts c
-            WHERE c.queue = k.queue AND c.state = k.state AND c.ready_slot = k.ready_slot
-              AND c.folded_before IS NOT NULL
-            ORDER BY c.folded_before DESC LIMIT 1) f ON true
-    )
     SELECT l.queue, l.state, sum(COALESCE(l.fold_n, 0) + COALESCE(d.n, 0))::bigint
-    FROM latest l
+    FROM awa._done_count_folds_v1() l
     CROSS JOIN LATERAL (
         SELECT sum(c.n) AS n FROM awa.done_counts c
         WHERE c.queue = l.queue AND c.state = l.state AND c.ready_slot = l.ready_slot
