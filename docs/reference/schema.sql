@@ -2385,43 +2385,21 @@ CREATE VIEW awa.queue_stats AS
            FROM awa.queue_stats_v1() queue_stats_v1(queue, available, running, waiting_external, scheduled, retryable, completed, failed, cancelled, dlq, paused, lag_seconds, completed_last_hour)
         )
  SELECT queue,
-    COALESCE(( SELECT available
-           FROM s
-          WHERE (queue = queue)), (0)::bigint) AS available,
-    COALESCE(( SELECT running
-           FROM s
-          WHERE (queue = queue)), (0)::bigint) AS running,
-    COALESCE(( SELECT waiting_external
-           FROM s
-          WHERE (queue = queue)), (0)::bigint) AS waiting_external,
-    COALESCE(( SELECT scheduled
-           FROM s
-          WHERE (queue = queue)), (0)::bigint) AS scheduled,
-    COALESCE(( SELECT retryable
-           FROM s
-          WHERE (queue = queue)), (0)::bigint) AS retryable,
-    COALESCE(( SELECT completed
-           FROM s
-          WHERE (queue = queue)), (0)::bigint) AS completed,
-    COALESCE(( SELECT failed
-           FROM s
-          WHERE (queue = queue)), (0)::bigint) AS failed,
-    COALESCE(( SELECT cancelled
-           FROM s
-          WHERE (queue = queue)), (0)::bigint) AS cancelled,
-    COALESCE(( SELECT dlq
-           FROM s
-          WHERE (queue = queue)), (0)::bigint) AS dlq,
-    COALESCE(( SELECT paused
-           FROM s
-          WHERE (queue = queue)), false) AS paused,
-    ( SELECT lag_seconds
-           FROM s
-          WHERE (queue = queue)) AS lag_seconds,
-    COALESCE(( SELECT completed_last_hour
-           FROM s
-          WHERE (queue = queue)), (0)::bigint) AS completed_last_hour
-   FROM awa._queue_names_v1() n(queue);
+    COALESCE(((r ->> 'available'::text))::bigint, (0)::bigint) AS available,
+    COALESCE(((r ->> 'running'::text))::bigint, (0)::bigint) AS running,
+    COALESCE(((r ->> 'waiting_external'::text))::bigint, (0)::bigint) AS waiting_external,
+    COALESCE(((r ->> 'scheduled'::text))::bigint, (0)::bigint) AS scheduled,
+    COALESCE(((r ->> 'retryable'::text))::bigint, (0)::bigint) AS retryable,
+    COALESCE(((r ->> 'completed'::text))::bigint, (0)::bigint) AS completed,
+    COALESCE(((r ->> 'failed'::text))::bigint, (0)::bigint) AS failed,
+    COALESCE(((r ->> 'cancelled'::text))::bigint, (0)::bigint) AS cancelled,
+    COALESCE(((r ->> 'dlq'::text))::bigint, (0)::bigint) AS dlq,
+    COALESCE(((r ->> 'paused'::text))::boolean, false) AS paused,
+    ((r ->> 'lag_seconds'::text))::double precision AS lag_seconds,
+    COALESCE(((r ->> 'completed_last_hour'::text))::bigint, (0)::bigint) AS completed_last_hour
+   FROM (awa._queue_names_v1() n(queue)
+     CROSS JOIN LATERAL ( SELECT (( SELECT jsonb_object_agg(queue, to_jsonb(s.*)) AS jsonb_object_agg
+                   FROM s) -> queue) AS r) x);
 
 CREATE VIEW awa.ring_state AS
  SELECT ring,

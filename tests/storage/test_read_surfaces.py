@@ -291,6 +291,35 @@ def test_counts_and_stats_match_the_simple_functions_below_the_cap(conn: Conn) -
     assert by_queue["b"][10] is True  # paused
 
 
+def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+def test_the_queue_list_view_reads_its_statistics_once(conn: Conn) -> None:
+    """Each row of awa.queue_stats reads its queue's statistics by key: a scan of every queue
+    per row and column made the view quadratic (60 s for 32,000 queues); a read of the names
+    alone computes none."""
+    conn.execute(
+        "INSERT INTO awa.queue_meta (queue) SELECT 'q' || g FROM generate_series(1, 300) g"
+    )
+    enqueue(conn, "q7", 2)
+    [[plan]] = conn.execute(
+        "EXPLAIN (ANALYZE, FORMAT JSON) SELECT * FROM awa.queue_stats"
+    ).fetchone()  # type: ignore[misc]
+    scans = [n for n in plan_nodes(plan["Plan"]) if n["Node Type"] == "CTE Scan"]
+    assert scans and all(n["Actual Loops"] <= 1 for n in scans), scans
+    rows = {r[0]: r for r in conn.execute("SELECT * FROM awa.queue_stats").fetchall()}
+    assert len(rows) == 300 and rows["q7"][1] == 2 and rows["q8"][1:3] == (0, 0)
+    [[plan]] = conn.execute(
+        "EXPLAIN (ANALYZE, FORMAT JSON) "
+        "SELECT count(*) FROM (SELECT queue FROM awa.queue_stats LIMIT 10001) x"
+    ).fetchone()  # type: ignore[misc]
+    stats = [n for n in plan_nodes(plan["Plan"]) if "queue_stats_v1" in str(n.get("Function Name"))]
+    assert all(n["Actual Loops"] == 0 for n in stats), stats
+
+
 def test_ring_slots_count_small_children_exactly(conn: Conn) -> None:
     mixed_jobs(conn)
     slots = conn.execute("SELECT ring, slot, rows FROM awa.ring_slots_v1()").fetchall()

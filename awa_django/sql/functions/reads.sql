@@ -428,25 +428,26 @@ $$;
 
 -- The admin's queue list. Same rows as queue_stats_v1(), but a query that reads only the queue
 -- names (the admin's capped count of the list) computes no statistic: the statistics are
--- computed once per query, when a column needs them.
+-- computed once per query, when a column needs them, into one JSON object by queue (an init
+-- plan), which each row then reads by key (a lookup per row, not a scan of every queue).
 CREATE OR REPLACE VIEW awa.queue_stats AS
 WITH s AS MATERIALIZED (SELECT * FROM awa.queue_stats_v1())
 SELECT n.queue,
-       COALESCE((SELECT s.available FROM s WHERE s.queue = n.queue), 0) AS available,
-       COALESCE((SELECT s.running FROM s WHERE s.queue = n.queue), 0) AS running,
-       COALESCE((SELECT s.waiting_external FROM s WHERE s.queue = n.queue), 0)
-           AS waiting_external,
-       COALESCE((SELECT s.scheduled FROM s WHERE s.queue = n.queue), 0) AS scheduled,
-       COALESCE((SELECT s.retryable FROM s WHERE s.queue = n.queue), 0) AS retryable,
-       COALESCE((SELECT s.completed FROM s WHERE s.queue = n.queue), 0) AS completed,
-       COALESCE((SELECT s.failed FROM s WHERE s.queue = n.queue), 0) AS failed,
-       COALESCE((SELECT s.cancelled FROM s WHERE s.queue = n.queue), 0) AS cancelled,
-       COALESCE((SELECT s.dlq FROM s WHERE s.queue = n.queue), 0) AS dlq,
-       COALESCE((SELECT s.paused FROM s WHERE s.queue = n.queue), false) AS paused,
-       (SELECT s.lag_seconds FROM s WHERE s.queue = n.queue) AS lag_seconds,
-       COALESCE((SELECT s.completed_last_hour FROM s WHERE s.queue = n.queue), 0)
-           AS completed_last_hour
-FROM awa._queue_names_v1() AS n (queue);
+       COALESCE((x.r ->> 'available')::bigint, 0) AS available,
+       COALESCE((x.r ->> 'running')::bigint, 0) AS running,
+       COALESCE((x.r ->> 'waiting_external')::bigint, 0) AS waiting_external,
+       COALESCE((x.r ->> 'scheduled')::bigint, 0) AS scheduled,
+       COALESCE((x.r ->> 'retryable')::bigint, 0) AS retryable,
+       COALESCE((x.r ->> 'completed')::bigint, 0) AS completed,
+       COALESCE((x.r ->> 'failed')::bigint, 0) AS failed,
+       COALESCE((x.r ->> 'cancelled')::bigint, 0) AS cancelled,
+       COALESCE((x.r ->> 'dlq')::bigint, 0) AS dlq,
+       COALESCE((x.r ->> 'paused')::boolean, false) AS paused,
+       (x.r ->> 'lag_seconds')::double precision AS lag_seconds,
+       COALESCE((x.r ->> 'completed_last_hour')::bigint, 0) AS completed_last_hour
+FROM awa._queue_names_v1() AS n (queue)
+CROSS JOIN LATERAL (
+    SELECT (SELECT jsonb_object_agg(s.queue, to_jsonb(s)) FROM s) -> n.queue AS r) x;
 
 -- One job by id -------------------------------------------------------------------------------
 
