@@ -64,25 +64,34 @@ def check_advisory(cursor: Any) -> None:
     )
 
 
-def check_owned(cursor: Any, name: str, migration: str) -> None:
-    """Refuse to touch the schema ``name`` when another Django project installed it (its
-    ``installed_for`` is another project's): the same ``AWA["SCHEMA"]`` in two projects."""
-    if not _one(cursor, "migrations_table_exists", name):
-        return
+def _foreign(cursor: Any, name: str, migration: str) -> str | None:
+    """Whose queue the installed schema ``name`` is when not this project's: another database
+    role's (it may not be used), or another Django project's (its record of ``migration`` names
+    another project's ``django_migrations``); None when it is this project's, or unknown."""
     if not _one(cursor, "migration_schema_usable", name):
-        raise ImproperlyConfigured(
-            f"AWA['SCHEMA'] is {name!r}, a schema this database role may not use: it holds "
-            f"another role's queue. Give this project an AWA['SCHEMA'] of its own "
-            f"(docs/schema.md). Nothing was changed."
-        )
+        return f"the schema {name!r} holds another database role's queue"
     installed_for = _one(cursor, "migration_installed_for", name, [migration])
     ours = _one(cursor, "migration_project", name)
     if installed_for is not None and ours is not None and installed_for != ours:
+        return (
+            f"the schema {name!r} holds the queue of another Django project (whose "
+            f"django_migrations table is in the schema {installed_for!r}; this project's is "
+            f"in {ours!r})"
+        )
+    return None
+
+
+def check_owned(cursor: Any, name: str, migration: str) -> None:
+    """Refuse to touch the schema ``name`` when another Django project (or database role)
+    installed it: the same ``AWA["SCHEMA"]`` in two projects."""
+    if not _one(cursor, "migrations_table_exists", name):
+        return
+    problem = _foreign(cursor, name, migration)
+    if problem is not None:
         raise ImproperlyConfigured(
-            f"AWA['SCHEMA'] is {name!r}, which holds the queue of another Django project (the "
-            f"one whose django_migrations table is in the schema {installed_for!r}; this "
-            f"project's is in {ours!r}). Two projects cannot share a queue schema: give this "
-            f"one an AWA['SCHEMA'] of its own (docs/schema.md). Nothing was changed."
+            f"AWA['SCHEMA'] is {name!r}, but {problem}. Two projects cannot share a queue "
+            f"schema: give this one an AWA['SCHEMA'] of its own (docs/schema.md). Nothing was "
+            f"changed."
         )
 
 
@@ -139,16 +148,7 @@ def schema_problem(cursor: Any, name: str) -> str | None:
     no queue, or another project's (``AWA["SCHEMA"]`` changed after ``migrate``)."""
     if not _one(cursor, "migrations_table_exists", name):
         return f"the schema {name!r} holds no awa_django queue"
-    if not _one(cursor, "migration_schema_usable", name):
-        return f"the schema {name!r} holds another database role's queue"
-    installed_for = _one(cursor, "migration_installed_for", name, ["0001_initial"])
-    ours = _one(cursor, "migration_project", name)
-    if installed_for is not None and ours is not None and installed_for != ours:
-        return (
-            f"the schema {name!r} holds the queue of another Django project (whose "
-            f"django_migrations table is in the schema {installed_for!r})"
-        )
-    return None
+    return _foreign(cursor, name, "0001_initial")
 
 
 def schema_messages(alias: str, handler: ConnectionHandler) -> list[CheckMessage]:
