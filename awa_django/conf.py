@@ -118,6 +118,7 @@ _SPECS: Final[Mapping[str, _Spec]] = {
     "ABANDON_AFTER": _Spec(30.0, _Kind.SECONDS),
     "HISTORY_RETENTION": _Spec(86_400.0, _Kind.SECONDS),
     "DLQ_RETENTION": _Spec(2_592_000.0, _Kind.SECONDS),
+    "WORKFLOW_RETENTION": _Spec(86_400.0, _Kind.SECONDS),
     "RUNTIME_RETENTION": _Spec(3_600.0, _Kind.SECONDS),
     # Descriptors no live worker has declared for this long are deleted (docs/descriptors.md).
     "DESCRIPTOR_RETENTION": _Spec(2_592_000.0, _Kind.SECONDS),
@@ -284,6 +285,7 @@ class AwaSettings:
     ABANDON_AFTER: float
     HISTORY_RETENTION: float
     DLQ_RETENTION: float
+    WORKFLOW_RETENTION: float
     RUNTIME_RETENTION: float
     DESCRIPTOR_RETENTION: float
     UNIQUE_SWEEP_INTERVAL: float

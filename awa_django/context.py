@@ -7,17 +7,21 @@ import math
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
+
+from django.db import connections
 
 from awa_django import serialization
+from awa_django.conf import awa_settings
 from awa_django.exceptions import InvalidOptionError
 from awa_django.limits import check_text
+from awa_django.sql import query
 from awa_django.types import JSON
 
 if TYPE_CHECKING:
     from awa_django.db.storage import ClaimedJob
 
-__all__ = ["JobContext"]
+__all__ = ["JobContext", "WorkflowStep"]
 
 #: Registers a callback id for an attempt in the database, before the handler can hand it out:
 #: ``(ctx, callback_id) -> None``, blocking (sync handlers).
@@ -37,6 +41,17 @@ class Runtime(Protocol):
 
 #: The metadata key under which a resumed job carries the callback that resumed it.
 _RESUMED_KEY = "awa:callback"
+#: The metadata key of a workflow step: its workflow's id, its name and its dependencies' ends.
+_WORKFLOW_KEY = "awa:workflow"
+
+
+class WorkflowStep(NamedTuple):
+    """What ``JobContext.workflow`` returns."""
+
+    id: int
+    step: str
+    counts: dict[str, int]
+
 
 # Progress is stored with the attempt: the same bounds as job metadata.
 _PROGRESS_MAX_BYTES = 65_536
@@ -67,6 +82,7 @@ class JobContext:
         "_progress_set",
         "_registrar",
         "_runtime",
+        "_upstream",
         "attempt",
         "deadline_at",
         "errors",
@@ -119,6 +135,7 @@ class JobContext:
         self._runtime = runtime
         self._registrar = registrar
         self._aregistrar = aregistrar
+        self._upstream: dict[str, tuple[str, JSON]] | None = None
 
     @classmethod
     def for_job(
@@ -212,6 +229,62 @@ class JobContext:
             return uuid.UUID(raw) if isinstance(raw, str) else None
         except ValueError:
             return None
+
+    # -- workflows ---------------------------------------------------------------------------
+
+    @property
+    def workflow(self) -> WorkflowStep | None:
+        """The workflow (or batch) this job is a step of, or None: its id, this step's name and
+        how its dependencies ended (``counts``: completed, failed, cancelled, skipped; what a
+        batch callback reads). Reads nothing."""
+        entry = self.metadata.get(_WORKFLOW_KEY)
+        workflow_id = entry.get("id") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not isinstance(workflow_id, int):
+            return None
+        raw = entry.get("deps")
+        counts: dict[str, int] = {}
+        for key in ("completed", "failed", "cancelled", "skipped"):
+            value = raw.get(key) if isinstance(raw, dict) else None
+            counts[key] = value if isinstance(value, int) else 0
+        return WorkflowStep(workflow_id, str(entry.get("step", "")), counts)
+
+    @property
+    def upstream(self) -> dict[str, JSON]:
+        """The results of this step's dependencies that completed, by step name (empty for a
+        job outside a workflow). Read once from the database (a sync handler; an async one
+        awaits ``aupstream()``)."""
+        return {
+            step: result
+            for step, (state, result) in self._upstream_rows().items()
+            if state == "completed"
+        }
+
+    @property
+    def upstream_states(self) -> dict[str, str]:
+        """How each dependency ended, by step name: completed, failed, cancelled or skipped
+        (what a step with ``on_failure="run"`` looks at)."""
+        return {step: state for step, (state, _) in self._upstream_rows().items()}
+
+    async def aupstream(self) -> dict[str, JSON]:
+        """Async ``upstream``."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(lambda: self.upstream, thread_sensitive=True)()
+
+    def _upstream_rows(self) -> dict[str, tuple[str, JSON]]:
+        if self._upstream is None:
+            self._upstream = {}
+            if self.workflow is not None:
+                with connections[awa_settings.DATABASE_ALIAS].cursor() as cursor:
+                    cursor.execute(query("workflow_upstream"), [self.id])
+                    self._upstream = {
+                        row[0]: (
+                            row[2],
+                            serialization.loads(row[3]) if isinstance(row[3], str) else row[3],
+                        )
+                        for row in cursor.fetchall()
+                    }
+        return self._upstream
 
     # -- cancellation ------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ __all__ = [
     "InvalidResultError",
     "IsolationLevelError",
     "JobCancelled",
+    "JobFailedError",
     "JobValidationError",
     "LimitExceededError",
     "RecordedError",
@@ -190,3 +191,12 @@ class JobCancelled(AwaError):
 class RecordedError(AwaError):
     """A failure recorded under a type name that names no exception class (one written by a
     raw-SQL finalizer, say). The recorded type and message are kept in the traceback text."""
+
+
+class JobFailedError(AwaError):
+    """A job or workflow whose result was asked for ended without completing (failed,
+    cancelled, dead-lettered). ``outcome`` is its ``JobOutcome`` or ``WorkflowStatus``."""
+
+    def __init__(self, message: str, outcome: object) -> None:
+        super().__init__(message)
+        self.outcome = outcome

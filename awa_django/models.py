@@ -28,6 +28,7 @@ __all__ = [
     "ReadOnlyError",
     "TerminalJob",
     "Worker",
+    "WorkflowRecord",
 ]
 
 
@@ -386,3 +387,34 @@ class CallbackWait(ReadOnlyModel):
 
     def __str__(self) -> str:
         return f"job {self.job_id} ({self.kind})"
+
+
+class WorkflowRecord(ReadOnlyModel):
+    """A workflow or batch (``awa.workflow_status``, docs/workflows.md): its name, kind, state
+    (running, completed, failed) and how its steps ended so far."""
+
+    id = models.BigIntegerField(primary_key=True)
+    name = models.TextField()
+    kind = models.TextField(choices=[("workflow", "workflow"), ("batch", "batch")])
+    state = models.TextField(
+        choices=[("running", "running"), ("completed", "completed"), ("failed", "failed")]
+    )
+    steps = models.IntegerField()
+    completed = models.IntegerField()
+    failed = models.IntegerField()
+    cancelled = models.IntegerField()
+    skipped = models.IntegerField()
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = table_name("workflow_status")
+        ordering = ["-id"]
+        default_permissions = ("view",)
+        permissions = [("manage_workflow", "Can cancel workflows and retry their failed steps")]
+        verbose_name = "workflow"
+        verbose_name_plural = "workflows and batches"
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id} ({self.name})"

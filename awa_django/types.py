@@ -133,6 +133,10 @@ class EnqueuedJob(NamedTuple):
 
     ``duplicate`` is True when a unique job was not written because another job holds its key:
     ``id``, ``queue``, ``priority`` and ``state`` are then that job's.
+
+    ``wait(timeout)`` blocks until the job has ended and returns its ``JobOutcome``;
+    ``result(timeout)`` (and ``await aresult(timeout)``) returns its result, or raises
+    ``JobFailedError`` when it failed or was cancelled (docs/workflows.md, "Waiting").
     """
 
     id: int
@@ -142,3 +146,21 @@ class EnqueuedJob(NamedTuple):
     state: str
     using: str
     duplicate: bool = False
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the job has ended (``TimeoutError`` after ``timeout`` seconds); return
+        its ``awa_django.workflows.JobOutcome``."""
+        return job_waiters[0](self, timeout)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """``wait``, then the job's result; ``JobFailedError`` when it did not complete."""
+        return job_waiters[1](self, timeout)
+
+    async def aresult(self, timeout: float | None = None) -> Any:
+        """Async ``result``."""
+        return await job_waiters[2](self, timeout)
+
+
+#: The waits of ``EnqueuedJob`` (set by ``awa_django.workflows``, which the package imports):
+#: wait, result, async result.
+job_waiters: tuple[Any, Any, Any] = (None, None, None)

@@ -1,7 +1,7 @@
 """What a schema change costs the write path: server CPU per job, before and after, interleaved.
 
     .venv/dj52/bin/python benchmarks/write_cost.py [--before HEAD] [--jobs 20000]
-        [--rounds 7] [--warmup 100000]
+        [--rounds 7] [--warmup 100000] [--open-workflow]
 
 One PostgreSQL 18 (fsync off), two databases: one migrated by the awa_django of the git ref
 ``--before`` (default ``HEAD``, so: the working tree's change against the last commit; any
@@ -150,6 +150,11 @@ def main() -> None:
         "--outcome", choices=["completed", "retry"], default="completed", help="how jobs end"
     )
     parser.add_argument("--warmup", type=int, default=100_000, help="jobs through each side first")
+    parser.add_argument(
+        "--open-workflow",
+        action="store_true",
+        help="keep a workflow open on the after side (its finalizes then look for steps)",
+    )
     args = parser.parse_args()
 
     import pgserver  # type: ignore[import-not-found,unused-ignore]
@@ -172,6 +177,17 @@ def main() -> None:
         for side in sides:
             side.cycle(args.warmup, args.outcome)
             side.conn.execute("VACUUM ANALYZE")
+        if args.open_workflow:  # a step that waits on a job of a queue nobody claims
+            spec = {
+                "name": "open",
+                "steps": [
+                    {"step": "a", "job": {"kind": "k", "queue": "elsewhere"}},
+                    {"step": "b", "job": {"kind": "k", "queue": "elsewhere"}, "after": ["a"]},
+                ],
+            }
+            sides[1].conn.execute(
+                "SELECT count(*) FROM awa.workflow_enqueue_v1(%s::jsonb)", [json.dumps(spec)]
+            )
         started = time.perf_counter()
         for r in range(args.rounds):
             for side in sides if r % 2 == 0 else sides[::-1]:

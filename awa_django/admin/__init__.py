@@ -41,6 +41,7 @@ from awa_django.admin.queues import QueueStatAdmin
 from awa_django.admin.schedules import CronScheduleAdmin
 from awa_django.admin.selection import BULK_LIMIT
 from awa_django.admin.workers import WorkerAdmin
+from awa_django.admin.workflows import WorkflowAdmin
 from awa_django.models import (
     CallbackWait,
     CronSchedule,
@@ -51,6 +52,7 @@ from awa_django.models import (
     QueueStat,
     TerminalJob,
     Worker,
+    WorkflowRecord,
 )
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "QueueStatAdmin",
     "TerminalJobAdmin",
     "WorkerAdmin",
+    "WorkflowAdmin",
     "confirm",
     "error_timeline",
     "pretty",
@@ -81,3 +84,4 @@ admin.site.register(Worker, WorkerAdmin)
 admin.site.register(CronSchedule, CronScheduleAdmin)
 admin.site.register(KindLimit, KindLimitAdmin)
 admin.site.register(Descriptor, DescriptorAdmin)
+admin.site.register(WorkflowRecord, WorkflowAdmin)

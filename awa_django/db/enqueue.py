@@ -54,9 +54,11 @@ from awa_django.unique import UniqueSpec, unique_spec
 __all__ = [
     "OptionsMemo",
     "build_request",
+    "ensure_lanes",
     "forget_known_lanes",
     "send_requests",
     "sql_limit_values",
+    "sql_limits_json",
 ]
 
 
@@ -617,6 +619,17 @@ def sql_limit_values() -> tuple[int, int, int, int, int]:
 def _sql_limits() -> str:
     """The same limits as the JSON object of ``awa.enqueue_v1``."""
     return _limits_json(_sql_limit_values())
+
+
+def sql_limits_json() -> str:
+    """The limits as the JSON object ``awa.enqueue_v1`` and ``awa.workflow_enqueue_v1`` take."""
+    return _sql_limits()
+
+
+def ensure_lanes(using: str, pairs: set[tuple[str, int]]) -> None:
+    """Make sure the lanes of each (queue, priority) exist before a producer's statement (see
+    ``_ensure_lanes``)."""
+    _ensure_lanes(using, pairs)
 
 
 def _ensure_lanes(using: str, pairs: set[tuple[str, int]]) -> None:

@@ -531,7 +531,11 @@ class Maintenance:
         }
         cursor = await conn.execute(query("workers_alive"), [self.settings.leader_staleness])
         row = await cursor.fetchone()
-        self.metrics.snapshot = QueueSnapshot(queues, int(row[0]) if row else 0, time.monotonic())
+        cursor = await conn.execute(query("workflow_counts"))
+        flows = {(str(k), str(s)): int(n) for k, s, n in await cursor.fetchall()}
+        self.metrics.snapshot = QueueSnapshot(
+            queues, int(row[0]) if row else 0, time.monotonic(), flows
+        )
 
     async def _rotate(self, conn: psycopg.AsyncConnection[Any]) -> None:
         s = self.settings
@@ -561,6 +565,11 @@ class Maintenance:
         cursor = await conn.execute(query("dlq_expire"), [self.settings.awa.DLQ_RETENTION, 1000])
         row = await cursor.fetchone()
         self.count("dlq_expired", int(row[0]) if row else 0)
+        cursor = await conn.execute(
+            query("workflows_prune"), [self.settings.awa.WORKFLOW_RETENTION, 1000]
+        )
+        row = await cursor.fetchone()
+        self.count("workflows_pruned", int(row[0]) if row else 0)
         cursor = await conn.execute(query("cleanup"), [self.settings.awa.RUNTIME_RETENTION])
         row = await cursor.fetchone()
         self.count("cleaned", int(row[0]) if row else 0)

@@ -64,6 +64,7 @@ __all__ = [
     "DRAIN_BATCH",
     "HistoryRetry",
     "cancel",
+    "cancel_workflow",
     "clear_kind_limits",
     "clear_queue_limits",
     "dlq_purge",
@@ -74,6 +75,7 @@ __all__ = [
     "queue_drain",
     "queue_pause",
     "resolve_callback",
+    "retry_workflow",
     "schedule_pause",
     "schedule_trigger",
     "set_kind_limits",
@@ -554,3 +556,33 @@ def _kind_write(
     return _write_limits(
         KindLimits, "flow_kind_set", "kind_limits_of", "kind", using, params, kind, actor, done
     )
+
+
+def cancel_workflow(
+    workflow_id: int, *, reason: str = "workflow cancelled", using: str | None = None
+) -> int:
+    """Cancel every step of a workflow (or batch) that has not ended, in the caller's
+    transaction: steps waiting for their dependencies, live jobs (a running handler is told, as
+    by ``cancel``) and dead-lettered steps (they leave the DLQ for history). Returns how many
+    steps were cancelled (0 for an unknown or finished workflow)."""
+    check_id("workflow_id", workflow_id)
+    check_text("reason", reason, max_length=MAX_TEXT)
+    with (
+        write_transaction(alias(using), read_committed=True) as connection,
+        connection.cursor() as c,
+    ):
+        c.execute(query("workflow_cancel"), [workflow_id, reason])
+        row = c.fetchone()
+    return int(row[0]) if row else 0
+
+
+def retry_workflow(workflow_id: int, *, using: str | None = None) -> list[int]:
+    """Retry the dead-lettered steps of a workflow (or batch); once they complete, the workflow
+    goes on. Returns the job ids retried."""
+    check_id("workflow_id", workflow_id)
+    with (
+        write_transaction(alias(using), read_committed=True) as connection,
+        connection.cursor() as c,
+    ):
+        c.execute(query("workflow_retry"), [workflow_id])
+        return [int(row[0]) for row in c.fetchall()]

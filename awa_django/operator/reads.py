@@ -33,6 +33,7 @@ from awa_django.operator.descriptors import (
 from awa_django.operator.rows import Json, Param, cursor, fetch, fetch_one, json_value
 from awa_django.sql import query
 from awa_django.states import JobState
+from awa_django.workflows import WorkflowStatus
 
 __all__ = [
     "DescriptorStatus",
@@ -49,6 +50,8 @@ __all__ = [
     "ScheduleStatus",
     "UndeclaredKind",
     "WorkerStatus",
+    "WorkflowOf",
+    "WorkflowStepState",
     "descriptors",
     "dlq_list",
     "job_list",
@@ -66,6 +69,10 @@ __all__ = [
     "throughput",
     "undeclared_kinds",
     "workers",
+    "workflow_counts",
+    "workflow_of",
+    "workflow_steps",
+    "workflows",
 ]
 
 
@@ -545,3 +552,79 @@ def queue_dlq_enabled(queue: str, *, using: str | None = None) -> bool:
         c.execute(query("queue_dlq_enabled"), [queue])
         row = c.fetchone()
     return True if row is None else bool(row[0])  # one column
+
+
+# Workflows ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkflowStepState:
+    """One step of a workflow: its name, job, policy, dependencies (job ids) and state: waiting
+    (for its dependencies), a job state, ``dead_lettered``, ``skipped``, or ``gone`` (purged
+    from the DLQ, or its history pruned)."""
+
+    step: str
+    job_id: int
+    kind: str | None
+    queue: str | None
+    on_failure: str
+    state: str
+    after: list[int]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkflowOf:
+    """The workflow a job is a step of."""
+
+    workflow_id: int
+    name: str
+    kind: str
+    step: str
+
+
+def workflows(
+    state: str | None = None,
+    *,
+    limit: int = 100,
+    before: int | None = None,
+    using: str | None = None,
+) -> list[WorkflowStatus]:
+    """Workflows and batches newest first (ids below ``before``), of one ``state`` (running,
+    completed, failed) when given."""
+    if state not in (None, "running", "completed", "failed"):
+        raise InvalidOptionError(
+            "state", f"must be running, completed or failed, got {show(state)}"
+        )
+    if type(limit) is not int or not 0 <= limit <= 10_000:
+        raise InvalidOptionError("limit", "must be an int from 0 to 10,000")
+    if before is not None:
+        check_id("before", before)
+    return fetch(WorkflowStatus, "workflow_list", [state, limit, before], using=using)
+
+
+def workflow_steps(
+    workflow_id: int, *, limit: int = 10_000, using: str | None = None
+) -> list[WorkflowStepState]:
+    """The steps of a workflow in the order they were added (at most ``limit``)."""
+    check_id("workflow_id", workflow_id)
+    if type(limit) is not int or not 0 <= limit <= 100_002:
+        raise InvalidOptionError("limit", "must be an int from 0 to 100,002")
+    return fetch(
+        WorkflowStepState,
+        "workflow_steps",
+        [workflow_id, limit],
+        using=using,
+        convert={"after": list},
+    )
+
+
+def workflow_of(job_id: int, *, using: str | None = None) -> WorkflowOf | None:
+    """The workflow job ``job_id`` is a step of, or None."""
+    return fetch_one(WorkflowOf, "workflow_of", [check_id("job_id", job_id)], using=using)
+
+
+def workflow_counts(using: str | None = None) -> dict[tuple[str, str], int]:
+    """How many workflows and batches are in each state: ``{(kind, state): n}``."""
+    with cursor(using) as c:
+        c.execute(query("workflow_counts"))
+        return {(str(k), str(s)): int(n) for k, s, n in c.fetchall()}

@@ -137,7 +137,7 @@ _SCHEMA_RULES = (
     (re.compile(r"\bawa\."), "{schema}."),
     (re.compile(r"\b(SCHEMA (?:IF (?:NOT )?EXISTS )?)awa\b"), r"\g<1>{schema}"),
     (re.compile(r"'awa'"), "'{schema}'"),
-    (re.compile(r"\bawa_(jobs|cancel)\b"), r"{schema}_\g<1>"),
+    (re.compile(r"\bawa_(jobs|cancel|done)\b"), r"{schema}_\g<1>"),
 )
 
 

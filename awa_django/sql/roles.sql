@@ -20,12 +20,14 @@
 -- Enqueue (a new queue and priority included) and resolve or extend a callback: the
 -- application, and handlers in the workers.
 awa.ensure_lanes_v1, awa.enqueue_one_v1, awa.enqueue_one_v2, awa.enqueue_one_v3,
-awa.enqueue_v1, awa.callback_resolve_v2, awa.callback_extend_v1
+awa.enqueue_v1, awa.workflow_enqueue_v1, awa.callback_resolve_v2, awa.callback_extend_v1
 
 -- name: app_functions
 -- The application's own: the signed callback receiver's statement, one job by id (get_result,
--- job_show), when a job was enqueued (the django.tasks backend), the health view's lag check.
-awa.callback_receive_v1, awa.job_v1, awa.job_enqueued_at_v1, awa.queue_lag_v1
+-- job_show), when a job was enqueued (the django.tasks backend), the health view's lag check,
+-- a workflow's state and results (its handle's waits; a step's ctx.upstream).
+awa.callback_receive_v1, awa.job_v1, awa.job_enqueued_at_v1, awa.queue_lag_v1, awa.workflow_v1,
+awa.workflow_results_v1, awa.workflow_upstream_v1
 
 -- name: read_functions
 -- The read surfaces (docs/sql.md, "Reading jobs"), and the functions the views call
@@ -35,18 +37,21 @@ awa.job_v1, awa.job_list_v1, awa.job_enqueued_at_v1, awa.queue_counts_v1,
 awa.queue_depth_v1, awa.queue_lag_v1, awa.queue_stats_v1, awa.throughput_v1,
 awa.outcomes_per_minute_v1, awa.queue_minutes_v2, awa.undeclared_kinds_v1,
 awa.ring_slots_v1, awa.flow_status_v1, awa.flow_kind_status_v1, awa.lane_cursor_v1,
-awa._queue_names_v1, awa._live_seconds_v1
+awa._queue_names_v1, awa._live_seconds_v1, awa.workflow_v1, awa.workflows_v1,
+awa.workflow_counts_v1, awa.workflow_steps_v1, awa.workflow_results_v1,
+awa.workflow_upstream_v1, awa.workflow_of_v1
 
 -- name: worker_functions
 -- Claim, heartbeat, finalize (complete, retry, snooze, cancel, fail, park for a callback),
 -- release and retake flow permits and serial keys, register the process, find work across
 -- queues, and write what the code declares: queue and kind limits, periodic schedules, the
--- queues' DLQ setting, the queues' and kinds' descriptors.
+-- queues' DLQ setting, the queues' and kinds' descriptors; a step's dependencies' results.
 awa.claim_v3, awa._attempt_open_v1, awa.finalize_v2, awa.finalize_v3, awa.heartbeat_v1,
 awa.callback_register_v1, awa.flow_release_v1, awa.flow_retake_v1, awa.flow_reset_v1,
 awa.serial_release_v1, awa.serial_retake_v1, awa.serial_reset_v1, awa.flow_sync_v1,
 awa.flow_kind_sync_v1, awa.cron_sync_v1, awa.queue_dlq_v1, awa.runtime_upsert_v1,
-awa.runtime_remove_v1, awa.queues_ready_v2, awa.queues_idle_v2, awa.descriptors_report_v1
+awa.runtime_remove_v1, awa.queues_ready_v2, awa.queues_idle_v2, awa.descriptors_report_v1,
+awa.workflow_upstream_v1
 
 -- name: maintenance_functions
 -- The leader's tasks: promotion, rescue, rotation and prune (TRUNCATE of sealed slots, as the
@@ -58,7 +63,7 @@ awa.promote_v1, awa.rescue_v1, awa.rotate_v3, awa.prune_v1, awa.dlq_expire_v1,
 awa.cleanup_v1, awa.callback_receipts_prune_v1, awa.unique_sweep_v1, awa.serial_sweep_v1,
 awa.cron_fire_v1, awa.leader_mark_v1, awa.leader_grace_v1, awa.leader_takeover_v1,
 awa.flow_reap_v1, awa.queue_minutes_record_v1, awa.descriptors_prune_v1,
-awa.done_counts_fold_v1
+awa.done_counts_fold_v1, awa.workflows_prune_v1
 
 -- name: operator_functions
 -- The admin's actions and the CLI's (docs/operations.md): cancel, DLQ retry and purge, retry
@@ -66,7 +71,8 @@ awa.done_counts_fold_v1
 -- schedules paused, resumed or triggered, callbacks resolved or extended.
 awa.cancel_v1, awa.dlq_retry_v2, awa.dlq_purge_v1, awa.history_retry_v1, awa.queue_pause_v1,
 awa.queue_drain_v2, awa.queue_dlq_v1, awa.flow_set_v1, awa.flow_kind_set_v1,
-awa.cron_pause_v1, awa.cron_trigger_v1, awa.callback_resolve_v2, awa.callback_extend_v1
+awa.cron_pause_v1, awa.cron_trigger_v1, awa.callback_resolve_v2, awa.callback_extend_v1,
+awa.workflow_cancel_v1, awa.workflow_retry_v1
 
 -- name: advisory_functions
 -- PostgreSQL's advisory-lock functions (every signature): any role may call them by default.

@@ -89,3 +89,76 @@ BEGIN
     FROM awa.done_entries d GROUP BY d.ready_slot, d.queue, d.state;
 END
 $upgrade$;
+
+-- Workflows and batches (tables.sql has the comments). A workflow is a set of
+-- jobs (steps) and the edges between them, written in the producer's transaction; a batch is a
+-- workflow whose members have no edges but to its callbacks. The counters of a workflow row
+-- are moved by the statement that ends its steps, one update per statement and workflow (never
+-- per job of other queues); finished_at is set when the last step ends.
+CREATE SEQUENCE IF NOT EXISTS awa.workflow_id_seq AS bigint;
+
+CREATE TABLE IF NOT EXISTS awa.workflows (
+    workflow_id bigint PRIMARY KEY,
+    name text NOT NULL CHECK (name <> '' AND length(name) <= 200),
+    kind text NOT NULL CHECK (kind IN ('workflow', 'batch')),
+    steps integer NOT NULL CHECK (steps > 0),
+    completed integer NOT NULL DEFAULT 0,
+    failed integer NOT NULL DEFAULT 0,
+    cancelled integer NOT NULL DEFAULT 0,
+    skipped integer NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz
+) WITH (fillfactor = 70);
+
+CREATE INDEX IF NOT EXISTS workflows_created_idx ON awa.workflows (created_at, workflow_id);
+-- "Is any workflow open": the finalize's one probe before it looks for steps among its jobs.
+CREATE INDEX IF NOT EXISTS workflows_open_idx ON awa.workflows (workflow_id) WHERE finished_at IS NULL;
+
+-- One row per step, written once. on_failure: what the step does when a dependency fails or
+-- is cancelled: 'cancel' it (and what needs it), 'skip' it (its own dependents go on), 'run' it
+-- once every dependency has ended, or 'failed_only' (a batch's on_failure callback: run when
+-- something failed, skipped when everything completed).
+CREATE TABLE IF NOT EXISTS awa.workflow_steps (
+    job_id bigint PRIMARY KEY,
+    workflow_id bigint NOT NULL,
+    step text NOT NULL,
+    needs integer NOT NULL,
+    on_failure text NOT NULL CHECK (on_failure IN ('cancel', 'skip', 'run', 'failed_only')),
+    UNIQUE (workflow_id, step)
+);
+
+-- Dependencies, written once: downstream waits for upstream.
+CREATE TABLE IF NOT EXISTS awa.workflow_edges (
+    upstream bigint NOT NULL,
+    downstream bigint NOT NULL,
+    PRIMARY KEY (upstream, downstream)
+);
+
+CREATE INDEX IF NOT EXISTS workflow_edges_downstream_idx ON awa.workflow_edges (downstream);
+
+-- Steps whose dependencies have not all ended: the job body (the columns of
+-- awa.serial_waiting), the dependencies left and how those that ended ended. Updated once per
+-- statement that ends some of its dependencies; deleted when the step is released to the
+-- queue (or cancelled, or skipped). delay: seconds after its release that the step runs.
+CREATE TABLE IF NOT EXISTS awa.workflow_waiting (
+    job_id bigint PRIMARY KEY,
+    workflow_id bigint NOT NULL,
+    deps_left integer NOT NULL,
+    completed integer NOT NULL DEFAULT 0,
+    failed integer NOT NULL DEFAULT 0,
+    cancelled integer NOT NULL DEFAULT 0,
+    skipped integer NOT NULL DEFAULT 0,
+    delay double precision,
+    queue text NOT NULL,
+    priority smallint NOT NULL,
+    kind text NOT NULL,
+    args jsonb NOT NULL,
+    max_attempts smallint NOT NULL,
+    run_at timestamptz,
+    created_at timestamptz NOT NULL,
+    deadline_secs double precision,
+    metadata jsonb,
+    tags text[]
+) WITH (fillfactor = 70);
+
+CREATE INDEX IF NOT EXISTS workflow_waiting_workflow_idx ON awa.workflow_waiting (workflow_id);

@@ -118,7 +118,14 @@ UNION ALL
 SELECT w.job_id, w.kind, w.queue, 'available', w.priority, w.attempt, w.max_attempts,
        w.run_lease, w.args, w.run_at, w.created_at, NULL, NULL, NULL, NULL, w.errors, NULL,
        w.progress, w.metadata, w.tags, false, NULL
-FROM awa.flow_waiting w;
+FROM awa.flow_waiting w
+UNION ALL
+-- Workflow steps waiting for their dependencies: scheduled (run_at: when they were enqueued,
+-- or the time they asked for).
+SELECT w.job_id, w.kind, w.queue, 'scheduled', w.priority, 0::smallint, w.max_attempts,
+       0::bigint, w.args, COALESCE(w.run_at, w.created_at), w.created_at, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, w.metadata, w.tags, false, NULL
+FROM awa.workflow_waiting w;
 
 -- One row per job across every plane. state is one of scheduled, available, running,
 -- waiting_external, retryable, completed, failed, cancelled; dead-lettered jobs show as failed
@@ -184,3 +191,11 @@ JOIN awa.queue_lanes l ON l.lane_id = c.lane_id
 JOIN awa.ready_entries r
   ON r.lane_id = c.lane_id AND r.lane_seq = c.lane_seq AND r.ready_slot = c.ready_slot
 LEFT JOIN awa.attempt_state s ON s.job_id = w.job_id AND s.run_lease = w.run_lease;
+
+-- Workflows and batches as the admin lists them (awa.workflow_v1 for one).
+CREATE OR REPLACE VIEW awa.workflow_status AS
+SELECT w.workflow_id AS id, w.name, w.kind,
+       CASE WHEN w.finished_at IS NULL THEN 'running'
+            WHEN w.failed + w.cancelled = 0 THEN 'completed' ELSE 'failed' END AS state,
+       w.steps, w.completed, w.failed, w.cancelled, w.skipped, w.created_at, w.finished_at
+FROM awa.workflows w;

@@ -105,6 +105,8 @@ class QueueSnapshot:
     queues: Mapping[str, tuple[int, float | None]]
     workers: int
     read_at: float
+    #: Workflows and batches per ``(kind, state)``: running, completed, failed.
+    workflows: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
 
 
 class _Counted(Protocol):
@@ -194,6 +196,13 @@ class Metrics:
             callbacks=[self._lag],
             unit="s",
             description="Age of the oldest job waiting to be claimed, per queue (the leader's)",
+        )
+        meter.create_observable_gauge(
+            "awa.workflows",
+            callbacks=[self._workflows],
+            unit="{workflow}",
+            description="Workflows and batches by kind and state (running, completed, failed; "
+            "finished ones until WORKFLOW_RETENTION; the leader's)",
         )
         meter.create_observable_gauge(
             "awa.workers.alive",
@@ -407,6 +416,20 @@ class Metrics:
         snap = self._fresh()
         for queue, (_depth, lag) in (snap.queues if snap else {}).items():
             yield Observation(lag or 0.0, _queue_attributes(queue))
+
+    def _workflows(self, options: CallbackOptions) -> Iterator[Observation]:
+        from opentelemetry.metrics import Observation
+
+        snap = self._fresh()
+        for (kind, state), n in (snap.workflows if snap else {}).items():
+            yield Observation(
+                n,
+                {
+                    "messaging.system": _SYSTEM,
+                    "awa.workflow.kind": kind,
+                    "awa.workflow.state": state,
+                },
+            )
 
     def _workers(self, options: CallbackOptions) -> Iterator[Observation]:
         from opentelemetry.metrics import Observation

@@ -4,9 +4,10 @@
 -- signature, attributes, a digest of their body and their privileges (OWNER: the migrating
 -- role); their bodies are in awa_django/sql/functions/.
 
--- relation (99)
+-- relation (105)
 SEQUENCE job_id_seq
 SEQUENCE lane_id_seq
+SEQUENCE workflow_id_seq
 TABLE attempt_state WITH (fillfactor=80)
 TABLE callback_receipts
 TABLE claim_closures PARTITION BY LIST (claim_slot)
@@ -94,6 +95,10 @@ TABLE runtime_instances WITH (fillfactor=70)
 TABLE schema_migrations
 TABLE serial_waiting
 TABLE unique_keys
+TABLE workflow_edges
+TABLE workflow_steps
+TABLE workflow_waiting WITH (fillfactor=70)
+TABLE workflows WITH (fillfactor=70)
 TYPE claimed_v3
 TYPE job_body
 VIEW callback_waits
@@ -104,8 +109,9 @@ VIEW live_jobs
 VIEW queue_stats
 VIEW ring_state
 VIEW terminal_jobs
+VIEW workflow_status
 
--- column (450)
+-- column (496)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -556,12 +562,59 @@ unique_keys.004 key_text text NOT NULL
 unique_keys.005 states text[] NOT NULL
 unique_keys.006 expires_at timestamp with time zone
 unique_keys.007 taken_at timestamp with time zone NOT NULL DEFAULT clock_timestamp()
+workflow_edges.001 upstream bigint NOT NULL
+workflow_edges.002 downstream bigint NOT NULL
+workflow_status.001 id bigint
+workflow_status.002 name text
+workflow_status.003 kind text
+workflow_status.004 state text
+workflow_status.005 steps integer
+workflow_status.006 completed integer
+workflow_status.007 failed integer
+workflow_status.008 cancelled integer
+workflow_status.009 skipped integer
+workflow_status.010 created_at timestamp with time zone
+workflow_status.011 finished_at timestamp with time zone
+workflow_steps.001 job_id bigint NOT NULL
+workflow_steps.002 workflow_id bigint NOT NULL
+workflow_steps.003 step text NOT NULL
+workflow_steps.004 needs integer NOT NULL
+workflow_steps.005 on_failure text NOT NULL
+workflow_waiting.001 job_id bigint NOT NULL
+workflow_waiting.002 workflow_id bigint NOT NULL
+workflow_waiting.003 deps_left integer NOT NULL
+workflow_waiting.004 completed integer NOT NULL DEFAULT 0
+workflow_waiting.005 failed integer NOT NULL DEFAULT 0
+workflow_waiting.006 cancelled integer NOT NULL DEFAULT 0
+workflow_waiting.007 skipped integer NOT NULL DEFAULT 0
+workflow_waiting.008 delay double precision
+workflow_waiting.009 queue text NOT NULL
+workflow_waiting.010 priority smallint NOT NULL
+workflow_waiting.011 kind text NOT NULL
+workflow_waiting.012 args jsonb NOT NULL
+workflow_waiting.013 max_attempts smallint NOT NULL
+workflow_waiting.014 run_at timestamp with time zone
+workflow_waiting.015 created_at timestamp with time zone NOT NULL
+workflow_waiting.016 deadline_secs double precision
+workflow_waiting.017 metadata jsonb
+workflow_waiting.018 tags text[]
+workflows.001 workflow_id bigint NOT NULL
+workflows.002 name text NOT NULL
+workflows.003 kind text NOT NULL
+workflows.004 steps integer NOT NULL
+workflows.005 completed integer NOT NULL DEFAULT 0
+workflows.006 failed integer NOT NULL DEFAULT 0
+workflows.007 cancelled integer NOT NULL DEFAULT 0
+workflows.008 skipped integer NOT NULL DEFAULT 0
+workflows.009 created_at timestamp with time zone NOT NULL DEFAULT now()
+workflows.010 finished_at timestamp with time zone
 
--- sequence (2)
+-- sequence (3)
 job_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 lane_id_seq AS integer START 1 INCREMENT 1 MIN 1 MAX 2147483647 CACHE 1
+workflow_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 
--- constraint (66)
+-- constraint (75)
 attempt_state attempt_state_pkey PRIMARY KEY (job_id, run_lease)
 callback_receipts callback_receipts_action_check CHECK ((action = ANY (ARRAY['resolve'::text, 'heartbeat'::text])))
 callback_receipts callback_receipts_pkey PRIMARY KEY (callback_id, request_digest)
@@ -628,8 +681,17 @@ runtime_instances runtime_instances_pkey PRIMARY KEY (instance_id)
 schema_migrations schema_migrations_pkey PRIMARY KEY (name)
 serial_waiting serial_waiting_pkey PRIMARY KEY (job_id)
 unique_keys unique_keys_pkey PRIMARY KEY (unique_key)
+workflow_edges workflow_edges_pkey PRIMARY KEY (upstream, downstream)
+workflow_steps workflow_steps_on_failure_check CHECK ((on_failure = ANY (ARRAY['cancel'::text, 'skip'::text, 'run'::text, 'failed_only'::text])))
+workflow_steps workflow_steps_pkey PRIMARY KEY (job_id)
+workflow_steps workflow_steps_workflow_id_step_key UNIQUE (workflow_id, step)
+workflow_waiting workflow_waiting_pkey PRIMARY KEY (job_id)
+workflows workflows_kind_check CHECK ((kind = ANY (ARRAY['workflow'::text, 'batch'::text])))
+workflows workflows_name_check CHECK (((name <> ''::text) AND (length(name) <= 200)))
+workflows workflows_pkey PRIMARY KEY (workflow_id)
+workflows workflows_steps_check CHECK ((steps > 0))
 
--- index (61)
+-- index (70)
 CREATE INDEX attempt_state_callback_idx ON awa.attempt_state USING btree (callback_id) WHERE (callback_id IS NOT NULL)
 CREATE INDEX callback_receipts_received_idx ON awa.callback_receipts USING btree (received_at)
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at)
@@ -661,6 +723,10 @@ CREATE INDEX serial_waiting_key_idx ON awa.serial_waiting USING btree (lock_key,
 CREATE INDEX serial_waiting_queue_idx ON awa.serial_waiting USING btree (queue, job_id)
 CREATE INDEX unique_keys_job_idx ON awa.unique_keys USING btree (job_id)
 CREATE INDEX unique_keys_taken_idx ON awa.unique_keys USING btree (taken_at, unique_key)
+CREATE INDEX workflow_edges_downstream_idx ON awa.workflow_edges USING btree (downstream)
+CREATE INDEX workflow_waiting_workflow_idx ON awa.workflow_waiting USING btree (workflow_id)
+CREATE INDEX workflows_created_idx ON awa.workflows USING btree (created_at, workflow_id)
+CREATE INDEX workflows_open_idx ON awa.workflows USING btree (workflow_id) WHERE (finished_at IS NULL)
 CREATE UNIQUE INDEX attempt_state_pkey ON awa.attempt_state USING btree (job_id, run_lease)
 CREATE UNIQUE INDEX callback_receipts_pkey ON awa.callback_receipts USING btree (callback_id, request_digest)
 CREATE UNIQUE INDEX callback_receipts_resolution_idx ON awa.callback_receipts USING btree (callback_id) WHERE (action = 'resolve'::text)
@@ -691,6 +757,11 @@ CREATE UNIQUE INDEX runtime_instances_pkey ON awa.runtime_instances USING btree 
 CREATE UNIQUE INDEX schema_migrations_pkey ON awa.schema_migrations USING btree (name)
 CREATE UNIQUE INDEX serial_waiting_pkey ON awa.serial_waiting USING btree (job_id)
 CREATE UNIQUE INDEX unique_keys_pkey ON awa.unique_keys USING btree (unique_key)
+CREATE UNIQUE INDEX workflow_edges_pkey ON awa.workflow_edges USING btree (upstream, downstream)
+CREATE UNIQUE INDEX workflow_steps_pkey ON awa.workflow_steps USING btree (job_id)
+CREATE UNIQUE INDEX workflow_steps_workflow_id_step_key ON awa.workflow_steps USING btree (workflow_id, step)
+CREATE UNIQUE INDEX workflow_waiting_pkey ON awa.workflow_waiting USING btree (job_id)
+CREATE UNIQUE INDEX workflows_pkey ON awa.workflows USING btree (workflow_id)
 
 -- partition index (56)
 claim_closures_0: 1
@@ -750,7 +821,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (163)
+-- function (180)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -808,6 +879,12 @@ CREATE OR REPLACE FUNCTION awa._callback_stamp_v1(p_job_id bigint, p_run_lease b
  RETURNS void
  LANGUAGE sql
  AS body sha256 51d533d047042166 (8 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa._cancel_one_v1(p_job_id bigint, p_reason text)
+ RETURNS text
+ LANGUAGE plpgsql
+ AS body sha256 0e1c7470422bd72a (156 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._carry_claims_v1(p_slot integer)
@@ -916,7 +993,7 @@ CREATE OR REPLACE FUNCTION awa._finalize_error_v1(p_items jsonb)
 CREATE OR REPLACE FUNCTION awa._finalize_pass_v1(p_items jsonb, p_hint boolean)
  RETURNS jsonb
  LANGUAGE plpgsql
- AS body sha256 a3bd51139dbcd61e (135 lines)
+ AS body sha256 372a77c6a9a35730 (144 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._flow_free_v1(p_name text, p_kind boolean, p_limit integer, p_want integer)
@@ -1000,7 +1077,7 @@ CREATE OR REPLACE FUNCTION awa._job_brief_v1(p_job_id bigint)
  RETURNS TABLE(state text, queue text, priority integer)
  LANGUAGE sql
  STABLE
- AS body sha256 6789814a97051072 (46 lines)
+ AS body sha256 3ea169d1524a6008 (49 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._job_conversion_error_v1(p_job jsonb)
@@ -1298,6 +1375,38 @@ CREATE OR REPLACE FUNCTION awa._unknown_key_v1(p_job jsonb)
  AS body sha256 8b16be481baf63a2 (3 lines)
  GRANTS {OWNER=X/OWNER}
 
+CREATE OR REPLACE FUNCTION awa._workflow_cancel_waiting_v1(p_ids bigint[], p_reason text)
+ RETURNS bigint[]
+ LANGUAGE plpgsql
+ AS body sha256 261d50c9e37e3ea6 (40 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa._workflow_emit_v1(p_bodies awa.job_body[])
+ RETURNS void
+ LANGUAGE plpgsql
+ AS body sha256 52d4c3fe3e044909 (23 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa._workflow_end_of_v1(p_job_id bigint)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+ AS body sha256 9d28cbadaab7f7ce (7 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa._workflow_max_steps_v1(p_kind text)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+ AS body sha256 6308324c9ff13389 (3 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa._workflow_settle_v1(p_ids bigint[], p_states text[])
+ RETURNS void
+ LANGUAGE plpgsql
+ AS body sha256 15fd8d047706a66d (166 lines)
+ GRANTS {OWNER=X/OWNER}
+
 CREATE OR REPLACE FUNCTION awa.callback_extend_v1(p_callback_id uuid, p_timeout double precision DEFAULT NULL::double precision)
  RETURNS TABLE(outcome text, timeout_at timestamp with time zone)
  LANGUAGE plpgsql
@@ -1343,7 +1452,7 @@ CREATE OR REPLACE FUNCTION awa.cancel_v1(p_job_id bigint, p_reason text DEFAULT 
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 533b8f6ea02f6466 (164 lines)
+ AS body sha256 89bf401a2813bbd7 (23 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.claim_v3(p_queue text, p_max integer, p_worker uuid DEFAULT NULL::uuid, p_aging_secs double precision DEFAULT 60, p_default_deadline double precision DEFAULT NULL::double precision, p_max_weight integer DEFAULT NULL::integer, p_held integer[] DEFAULT NULL::integer[], p_release integer[] DEFAULT NULL::integer[], p_serial_held integer[] DEFAULT NULL::integer[], p_serial_release integer[] DEFAULT NULL::integer[])
@@ -1415,18 +1524,18 @@ CREATE OR REPLACE FUNCTION awa.descriptors_report_v1(p_instance uuid, p_live_sec
 
 CREATE OR REPLACE FUNCTION awa.dlq_expire_v1(p_retention double precision, p_limit integer DEFAULT 1000)
  RETURNS integer
- LANGUAGE sql
+ LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 897a3f7644393efa (9 lines)
+ AS body sha256 a766dcfd90be88bf (16 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.dlq_purge_v1(p_job_ids bigint[])
  RETURNS SETOF bigint
- LANGUAGE sql
+ LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 b4d3b8c82b0d4d11 (3 lines)
+ AS body sha256 490ee2ed9df29de5 (13 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.dlq_retry_v1(p_job_ids bigint[], p_queue text DEFAULT NULL::text, p_priority integer DEFAULT NULL::integer)
@@ -1505,7 +1614,7 @@ CREATE OR REPLACE FUNCTION awa.finalize_v2(p_items jsonb)
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 df6b0c5d6163b133 (413 lines)
+ AS body sha256 b70556a1399ec2bb (435 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.finalize_v3(p_items jsonb)
@@ -1624,7 +1733,7 @@ CREATE OR REPLACE FUNCTION awa.history_retry_v1(p_job_ids bigint[], p_by text DE
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 a042711cb8832c5e (94 lines)
+ AS body sha256 64ed414a96e8550a (95 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.job_enqueued_at_v1(p_job_id bigint)
@@ -1742,7 +1851,7 @@ CREATE OR REPLACE FUNCTION awa.queue_drain_v2(p_queue text, p_limit integer DEFA
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 db2e1cf8e2228cb4 (158 lines)
+ AS body sha256 07d434a952d1e5d1 (169 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_lag_v1()
@@ -1973,10 +2082,105 @@ CREATE OR REPLACE FUNCTION awa.valid_queue_name(p_queue text)
  AS body sha256 7816f1019ef9f606 (3 lines)
  GRANTS {OWNER=X/OWNER}
 
+CREATE OR REPLACE FUNCTION awa.workflow_cancel_v1(p_workflow_id bigint, p_reason text DEFAULT 'workflow cancelled'::text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 57647d435c365f0d (60 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.workflow_counts_v1()
+ RETURNS TABLE(kind text, state text, n bigint)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 520aae3abe5946b6 (7 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.workflow_enqueue_v1(p_workflow jsonb, p_limits jsonb DEFAULT '{}'::jsonb)
+ RETURNS TABLE(workflow_id bigint, step text, job_id bigint, state text)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 28ae28f192f11adc (253 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.workflow_of_v1(p_job_id bigint)
+ RETURNS TABLE(workflow_id bigint, name text, kind text, step text)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 4e77ba2b886c950a (5 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.workflow_results_v1(p_workflow_id bigint, p_steps text[] DEFAULT NULL::text[])
+ RETURNS TABLE(step text, job_id bigint, state text, result jsonb)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 004cd05b6c2b805d (11 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.workflow_retry_v1(p_workflow_id bigint)
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 cdfb00733441ad98 (10 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.workflow_steps_v1(p_workflow_id bigint, p_limit integer DEFAULT 10000)
+ RETURNS TABLE(step text, job_id bigint, kind text, queue text, on_failure text, state text, after bigint[])
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 88bdd2c9955a9add (18 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.workflow_upstream_v1(p_job_id bigint)
+ RETURNS TABLE(step text, job_id bigint, state text, result jsonb)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 7cad07eb20d7e929 (9 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.workflow_v1(p_workflow_id bigint)
+ RETURNS TABLE(workflow_id bigint, name text, kind text, state text, steps integer, completed integer, failed integer, cancelled integer, skipped integer, created_at timestamp with time zone, finished_at timestamp with time zone)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 07f6990cee47eded (7 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.workflows_prune_v1(p_retention double precision, p_limit integer DEFAULT 1000)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 82cdefd798a7fb34 (21 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.workflows_v1(p_state text DEFAULT NULL::text, p_limit integer DEFAULT 100, p_before bigint DEFAULT NULL::bigint)
+ RETURNS TABLE(workflow_id bigint, name text, kind text, state text, steps integer, completed integer, failed integer, cancelled integer, skipped integer, created_at timestamp with time zone, finished_at timestamp with time zone)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 b37ec06ba7347447 (14 lines)
+ GRANTS {OWNER=X/OWNER}
+
 -- trigger (1)
 CREATE TRIGGER flow_kind_rate_row AFTER INSERT OR UPDATE OF rate ON awa.flow_kind_limits FOR EACH ROW EXECUTE FUNCTION awa._flow_kind_rate_row_v1()
 
--- view (8)
+-- view (9)
 CREATE VIEW awa.callback_waits AS
  SELECT job_id,
     run_lease,
@@ -2365,7 +2569,31 @@ UNION ALL
     tags,
     false AS in_dlq,
     NULL::text AS dlq_reason
-   FROM awa.flow_waiting w;
+   FROM awa.flow_waiting w
+UNION ALL
+ SELECT job_id AS id,
+    kind,
+    queue,
+    'scheduled'::text AS state,
+    priority,
+    (0)::smallint AS attempt,
+    max_attempts,
+    (0)::bigint AS run_lease,
+    args,
+    COALESCE(run_at, created_at) AS run_at,
+    created_at,
+    NULL::timestamp with time zone AS attempted_at,
+    NULL::timestamp with time zone AS finalized_at,
+    NULL::timestamp with time zone AS deadline_at,
+    NULL::timestamp with time zone AS heartbeat_at,
+    NULL::jsonb AS errors,
+    NULL::jsonb AS result,
+    NULL::jsonb AS progress,
+    metadata,
+    tags,
+    false AS in_dlq,
+    NULL::text AS dlq_reason
+   FROM awa.workflow_waiting w;
 
 CREATE VIEW awa.queue_stats AS
  WITH s AS MATERIALIZED (
@@ -2450,3 +2678,21 @@ CREATE VIEW awa.terminal_jobs AS
             random() AS plan_fence
            FROM awa.ready_entries e
           WHERE ((lane_id = lane_id) AND (lane_seq = lane_seq) AND (ready_slot = ready_slot))) r ON (true));
+
+CREATE VIEW awa.workflow_status AS
+ SELECT workflow_id AS id,
+    name,
+    kind,
+        CASE
+            WHEN (finished_at IS NULL) THEN 'running'::text
+            WHEN ((failed + cancelled) = 0) THEN 'completed'::text
+            ELSE 'failed'::text
+        END AS state,
+    steps,
+    completed,
+    failed,
+    cancelled,
+    skipped,
+    created_at,
+    finished_at
+   FROM awa.workflows w;

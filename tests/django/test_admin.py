@@ -37,6 +37,7 @@ MODELS = (
     "callbackwait",
     "kindlimit",
     "descriptor",
+    "workflowrecord",
 )
 JOB_MODELS = ("deadletter", "terminaljob", "livejob")
 

@@ -53,7 +53,8 @@ DECLARE
         'lane_floors', 'ring_rotations', 'ring_prunes', 'runtime_instances', 'unique_keys',
         'cron_schedules', 'flow_limits', 'flow_rate_state', 'callback_receipts',
         'serial_waiting', 'flow_kind_limits', 'flow_kind_rate_state', 'flow_waiting',
-        'history_retries', 'queue_minutes', 'queue_minute_retries', 'descriptors'];
+        'history_retries', 'queue_minutes', 'queue_minute_retries', 'descriptors',
+        'workflows', 'workflow_steps', 'workflow_edges', 'workflow_waiting'];
 BEGIN
     SELECT string_agg(format('awa.%I', c.relname), ', ') INTO v_tables
     FROM pg_class c

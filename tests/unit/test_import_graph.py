@@ -163,6 +163,7 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "job API",
         (
             "awa_django.producer",
+            "awa_django.workflows",
             "awa_django.jobs",
             "awa_django.periodic",
             "awa_django.outcomes",

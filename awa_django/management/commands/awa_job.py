@@ -19,6 +19,7 @@ from awa_django.operator import (
     history_retry,
     job_list,
     job_show,
+    workflow_of,
 )
 from awa_django.operator.rows import cursor
 from awa_django.sql import query
@@ -118,6 +119,9 @@ class Command(BaseCommand):
             shown = dataclasses.asdict(job)
             if job.state == JobState.WAITING_EXTERNAL:
                 shown["callback"] = _callback_wait(job_id)
+            step = workflow_of(job_id)
+            if step is not None:  # a step of a workflow or batch (docs/workflows.md)
+                shown["workflow"] = dataclasses.asdict(step)
             self.stdout.write(json.dumps(shown, indent=2, default=str))
         elif action == "retry":
             if job.in_dlq:

@@ -50,6 +50,8 @@ CREATE OR REPLACE FUNCTION awa._finalize_pass_v1(p_items jsonb, p_hint boolean)
 AS $$
 DECLARE
     v_stale jsonb;
+    v_ended bigint[];
+    v_states text[];
 BEGIN
     WITH items AS (
         SELECT x.*, e.value AS raw
@@ -94,7 +96,7 @@ BEGIN
                                    AND r.ready_slot = w.ready_slot))
         FROM won w JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
         WHERE w.outcome = 'completed'
-        RETURNING ready_slot, queue, state
+        RETURNING ready_slot, queue, state, job_id
     ), other AS MATERIALIZED (
         SELECT w.*, r.queue, r.priority, r.kind, r.args, r.max_attempts, r.run_at, r.created_at,
                r.deadline_secs, r.metadata, r.tags,
@@ -140,7 +142,7 @@ BEGIN
         SELECT o.ready_slot, o.ready_generation, o.id, o.lease, o.lane_id, o.lane_seq, o.dest,
                o.attempt, o.claimed_at, o.new_errors, o.new_progress, o.queue, o.kind
         FROM other o WHERE o.dest IN ('cancelled', 'failed')
-        RETURNING ready_slot, queue, state
+        RETURNING ready_slot, queue, state, job_id
     ), counted AS (
         -- The history these wrote, counted (awa.done_counts).
         INSERT INTO awa.done_counts (ready_slot, queue, state, n)
@@ -176,9 +178,16 @@ BEGIN
         USING won w
         WHERE w.st AND s.job_id = w.id AND s.run_lease = w.lease
     )
-    SELECT jsonb_agg(i.raw) INTO v_stale
-    FROM items i
-    WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+    SELECT (SELECT jsonb_agg(i.raw) FROM items i
+            WHERE NOT EXISTS (SELECT 1 FROM closed k
+                              WHERE k.job_id = i.id AND k.run_lease = i.lease)),
+           x.ids, x.states
+    INTO v_stale, v_ended, v_states
+    FROM (SELECT array_agg(y.job_id ORDER BY y.job_id) AS ids,
+                 array_agg(y.state ORDER BY y.job_id) AS states
+          FROM (SELECT * FROM completed UNION ALL SELECT * FROM terminal) y) x;
+    -- Their workflows, when some workflow is open (awa._workflow_settle_v1).
+    PERFORM awa._workflow_settle_v1(v_ended, v_states);
     RETURN v_stale;
 END
 $$;
@@ -266,6 +275,7 @@ DECLARE
     v_pass integer;
     v_other boolean;
     v_slot integer;
+    v_done bigint[];
 BEGIN
     IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
         RAISE EXCEPTION 'awa.finalize_v2 needs READ COMMITTED isolation' USING ERRCODE = '25000';
@@ -339,15 +349,17 @@ BEGIN
                 JOIN closed k
                   ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
                 JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
-                RETURNING ready_slot, queue
+                RETURNING ready_slot, queue, job_id
             ), counted AS (
                 INSERT INTO awa.done_counts (ready_slot, queue, state, n)
                 SELECT c.ready_slot, c.queue, 'completed', count(*)
                 FROM completed c GROUP BY c.ready_slot, c.queue
             )
-            SELECT jsonb_agg(i.raw) INTO v_stale
-            FROM items i
-            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+            SELECT (SELECT jsonb_agg(i.raw) FROM items i
+                    WHERE NOT EXISTS (SELECT 1 FROM closed k
+                                      WHERE k.job_id = i.id AND k.run_lease = i.lease)),
+                   (SELECT array_agg(c.job_id) FROM completed c)
+            INTO v_stale, v_done;
         --@end
         ELSE
             WITH items AS (
@@ -379,16 +391,21 @@ BEGIN
                 JOIN closed k
                   ON k.job_id = w.id AND k.run_lease = w.lease AND k.claim_slot = w.claim_slot
                 JOIN awa.queue_lanes l ON l.lane_id = w.lane_id
-                RETURNING ready_slot, queue
+                RETURNING ready_slot, queue, job_id
             ), counted AS (
                 INSERT INTO awa.done_counts (ready_slot, queue, state, n)
                 SELECT c.ready_slot, c.queue, 'completed', count(*)
                 FROM completed c GROUP BY c.ready_slot, c.queue
             )
-            SELECT jsonb_agg(i.raw) INTO v_stale
-            FROM items i
-            WHERE NOT EXISTS (SELECT 1 FROM closed k WHERE k.job_id = i.id AND k.run_lease = i.lease);
+            SELECT (SELECT jsonb_agg(i.raw) FROM items i
+                    WHERE NOT EXISTS (SELECT 1 FROM closed k
+                                      WHERE k.job_id = i.id AND k.run_lease = i.lease)),
+                   (SELECT array_agg(c.job_id) FROM completed c)
+            INTO v_stale, v_done;
         END CASE;
+        -- Their workflows, when some workflow is open (awa._workflow_settle_v1).
+        PERFORM awa._workflow_settle_v1(
+            v_done, array_fill('completed'::text, ARRAY[COALESCE(cardinality(v_done), 0)]));
     END IF;
     FOR v_pass IN 1..3 LOOP
         EXIT WHEN v_stale IS NULL;

@@ -539,20 +539,28 @@ $$;
 -- Retention ----------------------------------------------------------------------------------------
 
 -- Delete up to p_limit dead-lettered jobs older than p_retention seconds; returns the count.
+-- An expired step of a workflow ends there as failed (awa._workflow_settle_v1).
 CREATE OR REPLACE FUNCTION awa.dlq_expire_v1(
     p_retention double precision, p_limit integer DEFAULT 1000)
  RETURNS integer
- LANGUAGE sql
+ LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
+DECLARE
+    v_ids bigint[];
+BEGIN
     WITH gone AS (
         DELETE FROM awa.dlq_entries WHERE job_id IN (
             SELECT job_id FROM awa.dlq_entries
             WHERE dlq_at < now() - make_interval(secs => p_retention)
             ORDER BY dlq_at LIMIT p_limit)
-        RETURNING 1)
-    SELECT count(*)::integer FROM gone
+        RETURNING job_id)
+    SELECT array_agg(g.job_id ORDER BY g.job_id) INTO v_ids FROM gone g;
+    PERFORM awa._workflow_settle_v1(
+        v_ids, array_fill('failed'::text, ARRAY[COALESCE(cardinality(v_ids), 0)]));
+    RETURN COALESCE(cardinality(v_ids), 0);
+END
 $$;
 
 -- Delete runtime rows of processes not seen for p_retention seconds, prune-ledger rows older

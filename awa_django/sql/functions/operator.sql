@@ -18,6 +18,9 @@ AS $$
         SELECT 2, 'available', w.queue, w.priority::integer
         FROM awa.flow_waiting w WHERE w.job_id = p_job_id
         UNION ALL
+        SELECT 2, 'scheduled', w.queue, w.priority::integer
+        FROM awa.workflow_waiting w WHERE w.job_id = p_job_id
+        UNION ALL
         (SELECT 3, CASE WHEN EXISTS (
                         SELECT 1 FROM awa.leases ls
                         WHERE ls.job_id = c.job_id AND ls.run_lease = c.run_lease
@@ -57,6 +60,35 @@ CREATE OR REPLACE FUNCTION awa.cancel_v1(p_job_id bigint, p_reason text DEFAULT 
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
+DECLARE
+    v_state text;
+BEGIN
+    -- The bounds of awa_django.cancel (limits.MAX_TEXT), for callers that skip Python.
+    IF p_reason IS NULL THEN
+        RAISE EXCEPTION 'reason: must be text, not NULL' USING ERRCODE = '22023';
+    ELSIF length(p_reason) > 10000 THEN
+        RAISE EXCEPTION 'reason: % characters exceeds the limit of 10000', length(p_reason)
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM awa._require_read_committed_v1('awa.cancel_v1');
+    -- A workflow step still waiting for its dependencies.
+    IF cardinality(awa._workflow_cancel_waiting_v1(ARRAY[p_job_id], p_reason)) = 1 THEN
+        RETURN 'scheduled';
+    END IF;
+    v_state := awa._cancel_one_v1(p_job_id, p_reason);
+    IF v_state IS NOT NULL THEN
+        PERFORM awa._workflow_settle_v1(ARRAY[p_job_id], ARRAY['cancelled']);
+    END IF;
+    RETURN v_state;
+END
+$$;
+
+-- awa.cancel_v1 for a job in any plane but a workflow's waiting steps; NULL when no live job
+-- was found. Its workflow, if any, is the caller's to settle.
+CREATE OR REPLACE FUNCTION awa._cancel_one_v1(p_job_id bigint, p_reason text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $$
 #variable_conflict use_column
 DECLARE
     v_try integer := 0;
@@ -70,15 +102,7 @@ DECLARE
     r awa.ready_entries%ROWTYPE;
     v_error jsonb;
 BEGIN
-    -- The bounds of awa_django.cancel (limits.MAX_TEXT), for callers that skip Python.
-    IF p_reason IS NULL THEN
-        RAISE EXCEPTION 'reason: must be text, not NULL' USING ERRCODE = '22023';
-    ELSIF length(p_reason) > 10000 THEN
-        RAISE EXCEPTION 'reason: % characters exceeds the limit of 10000', length(p_reason)
-            USING ERRCODE = '22023';
-    END IF;
     v_error := jsonb_build_object('type', 'Cancelled', 'message', p_reason);
-    PERFORM awa._require_read_committed_v1('awa.cancel_v1');
     WHILE v_try < 5 LOOP
         v_try := v_try + 1;
 
@@ -295,6 +319,7 @@ DECLARE
     v_cursor bigint;
     v_n integer := 0;
     v_got integer;
+    v_ids bigint[] := '{}';
 BEGIN
     PERFORM awa._require_read_committed_v1('awa.queue_drain_v2');
     IF NOT awa.valid_queue_name(p_queue) THEN
@@ -333,13 +358,13 @@ BEGIN
                g.progress, g.kind, g.queue, g.priority, g.args, g.max_attempts, g.run_at,
                g.created_at, g.metadata, g.tags
         FROM gone g
-        RETURNING ready_slot, queue, state
+        RETURNING ready_slot, queue, state, job_id
     ), counted AS (
         INSERT INTO awa.done_counts (ready_slot, queue, state, n)
         SELECT d.ready_slot, d.queue, d.state, count(*) FROM done d
         GROUP BY d.ready_slot, d.queue, d.state
     )
-    SELECT count(*) INTO v_n FROM done;
+    SELECT count(*), COALESCE(array_agg(job_id), '{}') INTO v_n, v_ids FROM done;
     -- Jobs parked behind their serial keys.
     WITH gone AS (
         DELETE FROM awa.serial_waiting w
@@ -359,13 +384,13 @@ BEGIN
                g.progress, g.kind, g.queue, g.priority, g.args, g.max_attempts, g.run_at,
                g.created_at, g.metadata, g.tags
         FROM gone g
-        RETURNING ready_slot, queue, state
+        RETURNING ready_slot, queue, state, job_id
     ), counted AS (
         INSERT INTO awa.done_counts (ready_slot, queue, state, n)
         SELECT d.ready_slot, d.queue, d.state, count(*) FROM done d
         GROUP BY d.ready_slot, d.queue, d.state
     )
-    SELECT count(*) INTO v_got FROM done;
+    SELECT count(*), v_ids || COALESCE(array_agg(job_id), '{}') INTO v_got, v_ids FROM done;
     v_n := v_n + v_got;
     -- Jobs parked by their kind's flow limits.
     WITH gone AS (
@@ -386,13 +411,13 @@ BEGIN
                g.progress, g.kind, g.queue, g.priority, g.args, g.max_attempts, g.run_at,
                g.created_at, g.metadata, g.tags
         FROM gone g
-        RETURNING ready_slot, queue, state
+        RETURNING ready_slot, queue, state, job_id
     ), counted AS (
         INSERT INTO awa.done_counts (ready_slot, queue, state, n)
         SELECT d.ready_slot, d.queue, d.state, count(*) FROM done d
         GROUP BY d.ready_slot, d.queue, d.state
     )
-    SELECT count(*) INTO v_got FROM done;
+    SELECT count(*), v_ids || COALESCE(array_agg(job_id), '{}') INTO v_got, v_ids FROM done;
     v_n := v_n + v_got;
 
     -- The claim ring's locks before the cursors are read, in a statement of its own: a claim
@@ -431,16 +456,26 @@ BEGIN
             FROM picked p
             JOIN tomb t
               ON t.lane_id = p.lane_id AND t.lane_seq = p.lane_seq AND t.ready_slot = p.ready_slot
-            RETURNING ready_slot, queue, state
+            RETURNING ready_slot, queue, state, job_id
         ), counted AS (
             INSERT INTO awa.done_counts (ready_slot, queue, state, n)
             SELECT d.ready_slot, d.queue, d.state, count(*) FROM done d
             GROUP BY d.ready_slot, d.queue, d.state
         )
-        SELECT count(*) INTO v_got FROM done;
+        SELECT count(*), v_ids || COALESCE(array_agg(job_id), '{}') INTO v_got, v_ids FROM done;
         v_n := v_n + v_got;
         PERFORM awa._lane_skip_v1(v_lane);
     END LOOP;
+    -- Workflow steps of the queue still waiting for their dependencies, then what the
+    -- cancellations do to their workflows.
+    IF v_n < p_limit THEN
+        v_got := cardinality(awa._workflow_cancel_waiting_v1(ARRAY(
+            SELECT w.job_id FROM awa.workflow_waiting w
+            WHERE w.queue = p_queue AND (p_max_job_id IS NULL OR w.job_id <= p_max_job_id)
+            ORDER BY w.job_id LIMIT p_limit - v_n), 'queue drained'));
+        v_n := v_n + COALESCE(v_got, 0);
+    END IF;
+    PERFORM awa._workflow_settle_v1(v_ids, array_fill('cancelled'::text, ARRAY[cardinality(v_ids)]));
     RETURN v_n;
 END
 $$;
@@ -559,13 +594,24 @@ END
 $$;
 
 -- Delete dead-lettered jobs for good. Returns the ids purged.
+-- A purged step of a workflow ends there as failed (awa._workflow_settle_v1).
 CREATE OR REPLACE FUNCTION awa.dlq_purge_v1(p_job_ids bigint[])
  RETURNS SETOF bigint
- LANGUAGE sql
+ LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
-    DELETE FROM awa.dlq_entries WHERE job_id = ANY (p_job_ids) RETURNING job_id
+DECLARE
+    v_ids bigint[];
+BEGIN
+    WITH gone AS (
+        DELETE FROM awa.dlq_entries WHERE job_id = ANY (p_job_ids) RETURNING job_id
+    )
+    SELECT array_agg(g.job_id ORDER BY g.job_id) INTO v_ids FROM gone g;
+    PERFORM awa._workflow_settle_v1(
+        v_ids, array_fill('failed'::text, ARRAY[COALESCE(cardinality(v_ids), 0)]));
+    RETURN QUERY SELECT u FROM unnest(v_ids) u;
+END
 $$;
 
 -- Retry failed and cancelled jobs of terminal history. Each one found is enqueued again as a
@@ -652,8 +698,9 @@ BEGIN
             CONTINUE;
         END IF;
         v_spec := d.metadata -> 'awa:unique';
+        -- A retried workflow step runs alone: its workflow does not wait for it.
         v_metadata := (COALESCE(d.metadata, '{}'::jsonb) - 'awa:unique' - 'awa:retried_from'
-                       - 'awa:retried_by' - 'awa:retried_at')
+                       - 'awa:retried_by' - 'awa:retried_at' - 'awa:workflow')
                       || jsonb_build_object('awa:retried_from', d.job_id, 'awa:retried_by', p_by,
                                             'awa:retried_at', now());
         IF jsonb_typeof(v_spec) <> 'object' THEN

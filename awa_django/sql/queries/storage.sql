@@ -157,6 +157,9 @@ SELECT awa.prune_v1(%s, %s)
 -- name: dlq_expire
 SELECT awa.dlq_expire_v1(%s, %s)
 
+-- name: workflows_prune
+SELECT awa.workflows_prune_v1(%s, %s)
+
 -- name: cleanup
 SELECT awa.cleanup_v1(%s)
 
