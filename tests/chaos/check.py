@@ -22,8 +22,10 @@ invariant is one function of ``(Data, EndFacts)``:
   the machine itself stalling).
 
 The features' invariants are in tests/chaos/check_flow.py (``flow_concurrency``,
-``flow_rate``, ``flow_serial``) and tests/chaos/check_features.py (``unique_one_holder``,
-``unique_rollback_releases``, ``periodic_fires``, ``retry_delays``, ``callback_outcomes``);
+``flow_rate``, ``flow_serial``), tests/chaos/check_features.py (``unique_one_holder``,
+``unique_rollback_releases``, ``periodic_fires``, ``retry_delays``, ``callback_outcomes``) and
+tests/chaos/check_workflows.py (``workflow_order``, ``workflow_released_once``,
+``workflow_not_stuck``);
 ``CHECKS`` runs them all. The data they read is described in tests/chaos/model.py.
 """
 
@@ -39,6 +41,7 @@ import psycopg
 
 from tests.chaos.check_features import FEATURE_CHECKS
 from tests.chaos.check_flow import FLOW_CHECKS
+from tests.chaos.check_workflows import WORKFLOW_CHECKS, held_steps, load_workflows
 from tests.chaos.feature_load import load_features
 from tests.chaos.model import (
     CAUSE_LEAD,
@@ -138,6 +141,7 @@ def load(conn: psycopg.Connection[Any]) -> Data:
         features=load_features(rows),
         terminal_written=dict(written),
         terminal_written_at=dict(written_at_of),
+        workflows=load_workflows(rows),
     )
 
 
@@ -166,9 +170,10 @@ def tracked_jobs(data: Data) -> dict[int, str]:
 
 def committed_terminal(data: Data, facts: EndFacts) -> list[Violation]:
     out = []
+    held = held_steps(data)
     for job_id, how in sorted(tracked_jobs(data).items()):
         now = data.current.get(job_id, [])
-        live = [row[0] for row in now if row[0] not in TERMINAL]
+        live = [row[0] for row in now if row[0] not in TERMINAL and job_id not in held]
         if live:
             out.append(
                 Violation(
@@ -333,11 +338,13 @@ def overlap_rescued(data: Data, facts: EndFacts) -> list[Violation]:
 
 
 def nothing_left_live(data: Data, facts: EndFacts) -> list[Violation]:
+    # A workflow step held behind a dead-lettered dependency waits by design.
+    held = held_steps(data)
     live = sorted(
         (job_id, row[0])
         for job_id, rows in data.current.items()
         for row in rows
-        if row[0] not in TERMINAL
+        if row[0] not in TERMINAL and job_id not in held
     )
     if not live:
         return []
@@ -488,7 +495,7 @@ CORE_CHECKS: tuple[Callable[[Data, EndFacts], list[Violation]], ...] = (
     rescues_explained,
     api_calls_work,
 )
-CHECKS = CORE_CHECKS + FLOW_CHECKS + FEATURE_CHECKS
+CHECKS = CORE_CHECKS + FLOW_CHECKS + FEATURE_CHECKS + WORKFLOW_CHECKS
 
 
 def check_all(conn: psycopg.Connection[Any], facts: EndFacts) -> list[Violation]:

@@ -122,6 +122,25 @@ class EndFacts:
 
 
 @dataclasses.dataclass
+class WorkflowRecords:
+    """What awa holds of the run's workflows at the end (their records outlive the run:
+    ``WORKFLOW_RETENTION`` is a day)."""
+
+    #: step job id -> (workflow id, on_failure)
+    steps: dict[int, tuple[int, str]] = dataclasses.field(default_factory=dict)
+    #: downstream job id -> its dependencies' job ids
+    upstream: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    waiting: set[int] = dataclasses.field(default_factory=set)
+    in_dlq: set[int] = dataclasses.field(default_factory=set)
+    #: workflow id -> (steps, completed, failed, cancelled, skipped, finished)
+    flows: dict[int, tuple[int, int, int, int, int, bool]] = dataclasses.field(default_factory=dict)
+    #: step job id -> its latest history row's (state, last error type)
+    history: dict[int, tuple[str, str | None]] = dataclasses.field(default_factory=dict)
+    #: steps with more than one first emission in the ready ring
+    released_twice: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
 class Data:
     """Everything the checks read, loaded once."""
 
@@ -148,6 +167,8 @@ class Data:
     )
     #: When each of those writes committed's transaction wrote it (the database clock).
     terminal_written_at: dict[int, list[datetime]] = dataclasses.field(default_factory=dict)
+    #: The run's workflows and batches as awa holds them at the end.
+    workflows: WorkflowRecords = dataclasses.field(default_factory=lambda: WorkflowRecords())
 
     def token_job(self, token: str) -> int | None:
         """The job carrying a producer's token (its first argument), if one was ever seen."""

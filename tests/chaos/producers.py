@@ -6,7 +6,9 @@ whose enqueues roll back while the outer block commits others; a whole atomic bl
 back; the django.tasks backend inside atomic; jobs of the flow-limited queues and kind
 (``flow``), jobs with retry policies (``retry``), unique jobs (``unique``) and a unique holder
 rolled back while another producer waits for its key (``unique_rollback``; both in
-tests/chaos/unique_paths.py). Some jobs carry a short ``run_after``; most plain jobs go to the
+tests/chaos/unique_paths.py), workflows of 2-5 steps with random dependencies and policies
+(``workflow``) and batches with a callback (``batch``), each inside atomic (sometimes rolled
+back on purpose) or in autocommit. Some jobs carry a short ``run_after``; most plain jobs go to the
 spread queues (tests/chaos/specs.py).
 
 What a failed call means: an error inside the block (before COMMIT) rolls everything back; an
@@ -20,6 +22,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from django.db import connection, transaction
 
@@ -49,6 +52,8 @@ PATHS = {
     "retry": 6,
     "unique": 8,
     "unique_rollback": 3,
+    "workflow": 8,
+    "batch": 3,
 }
 FLOW_TARGETS = ("limit", "rate", "serial", "kind")
 
@@ -85,6 +90,10 @@ class Producer:
         self.round = 0
         self.in_atomic = False
         self.pause = 0.0
+        #: The drawn shape of a workflow (each step's dependencies and policy) or the batch's
+        #: callback, and whether its transaction is rolled back on purpose.
+        self.shape: Any = None
+        self.roll_back = False
         self.paths: dict[str, Callable[[list[list[JobSpec]]], None]] = {
             "atomic": lambda g: self._atomic("atomic", g[0], many=False),
             "autocommit": lambda g: self._autocommit("autocommit", g[0], many=False),
@@ -97,6 +106,8 @@ class Producer:
             "retry": lambda g: self._atomic("retry", g[0], many=True),
             "unique": self._unique,
             "unique_rollback": self._unique_rollback,
+            "workflow": self._workflow,
+            "batch": self._batch,
         }
 
     def loop(self) -> None:
@@ -144,6 +155,27 @@ class Producer:
         if path == "retry":
             count = rng.randint(1, 4)
             return path, [[make_retry_spec(rng, f"{prefix}j{i}", queues) for i in range(count)]]
+        if path in ("workflow", "batch"):
+            self.roll_back = self.in_atomic and rng.random() < 0.15
+
+            def step(token: str) -> JobSpec:
+                return make_spec(rng, token, rng.choice(("sync", "async")), queues)
+
+            if path == "batch":
+                members = [step(f"{prefix}b{i}") for i in range(rng.randint(3, 12))]
+                self.shape = rng.choice(("on_complete", "on_success", "on_failure"))
+                return path, [members, [step(f"{prefix}cb")]]
+            count = rng.randint(2, 5)
+            # Each step after the first waits for one or two earlier ones (from the third on,
+            # sometimes none: a second root).
+            self.shape = [
+                (
+                    sorted(rng.sample(range(i), rng.randint(0 if i > 1 else i, min(2, i)))),
+                    rng.choices(("cancel", "skip", "run"), weights=(5, 2, 3))[0],
+                )
+                for i in range(count)
+            ]
+            return path, [[step(f"{prefix}w{i}") for i in range(count)]]
         if path == "unique":
             count = rng.randint(1, 3)
             return path, [[make_unique_spec(rng, f"{prefix}j{i}") for i in range(count)]]
@@ -245,6 +277,66 @@ class Producer:
     def _unique_rollback(self, groups: list[list[JobSpec]]) -> None:
         [holder], [other] = groups
         unique_paths.rollback_race(self, holder, other, self.pause)
+
+    def _workflow(self, groups: list[list[JobSpec]]) -> None:
+        specs = groups[0]
+
+        def send(sent: Sent) -> None:
+            wf = awa_django.workflow(f"chaos {specs[0].token}")
+            steps: list[awa_django.Step] = []
+            for spec, (after, policy) in zip(specs, self.shape, strict=True):
+                deps = [steps[j] for j in after]
+                steps.append(wf.add(spec.prepare(), after=deps, name=spec.token, on_failure=policy))
+            run = wf.enqueue()
+            sent.extend((spec, run.jobs[spec.token].id) for spec in specs)
+
+        self._together("workflow", specs, send)
+
+    def _batch(self, groups: list[list[JobSpec]]) -> None:
+        members, [callback] = groups
+
+        def send(sent: Sent) -> None:
+            callbacks = {self.shape: callback.prepare()}
+            run = awa_django.batch(
+                [m.prepare() for m in members], name=f"chaos {callback.token}", **callbacks
+            ).enqueue()
+            sent.extend((m, run.jobs[str(i)].id) for i, m in enumerate(members))
+            sent.append((callback, run.jobs[self.shape].id))
+
+        self._together("batch", [*members, callback], send)
+
+    def _together(self, path: str, specs: list[JobSpec], send: Callable[[Sent], None]) -> None:
+        """Jobs written by one statement (a workflow, a batch): inside atomic (rolled back on
+        purpose when drawn so) or in autocommit, where a call that raised wrote all or none."""
+        sent: Sent = []
+        if not self.in_atomic:
+            try:
+                send(sent)
+            except Exception as exc:
+                self.closed_after(exc)
+                self.record("indeterminate_insert", path, [(s, None) for s in specs])
+                self.run.add("indeterminate", len(specs))
+                return
+            for spec, job_id in sent:
+                self.ledger.execute("committed_insert", spec.ledger_row(job_id, path))
+            self.committed(sent)
+            return
+        at_commit = False
+        try:
+            with transaction.atomic():
+                send(sent)
+                if self.roll_back:
+                    raise _Rollback
+                self._ledger_in_transaction(path, sent)
+                at_commit = True
+        except _Rollback:
+            self.record("rolled_back_insert", path, self._with_ids(specs, sent))
+            self.run.add("rolled_back", len(specs))
+            return
+        except Exception as exc:
+            self.failed(path, specs, sent, at_commit, exc)
+            return
+        self.committed(sent)
 
     # -- helpers -------------------------------------------------------------------------------
 
