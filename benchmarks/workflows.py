@@ -5,9 +5,11 @@
 On a fresh embedded PostgreSQL 18 (durability on), one database, interleaved rounds (ABAB):
 
 * chain: ``--chains`` chains of 10 steps (one ``awa.workflow_enqueue_v1`` per chain) against
-  the same number of plain jobs enqueued 10 per ``awa.enqueue_v1`` call; each side claimed
-  (256 per call) and finalized as a worker does until nothing is left. Reports server CPU
-  (the backend's user+system time) and wall time per job, and the ratio chain/plain.
+  the same number of plain jobs enqueued 10 per ``awa.enqueue_v1`` call (``chain``), and one
+  per call of ``awa.enqueue_one_v2``, the statement of ``Job.enqueue()`` (``chain1``); each
+  side claimed (256 per call) and finalized as a worker does until nothing is left. Reports
+  server CPU (the backend's user+system time) and wall time per job, and the ratio
+  chain/plain.
 * fan: one workflow of a root, 998 parallel steps and a sink (1,000 steps) against 1,000 plain
   jobs, the same way.
 * batch: one batch of ``--batch`` members and an ``on_complete`` callback against as many plain
@@ -134,10 +136,24 @@ def run(args: argparse.Namespace) -> None:
         for spec in specs:
             s.conn.execute("SELECT count(*) FROM awa.workflow_enqueue_v1(%s::jsonb)", [spec])
 
+    from awa_django.db.enqueue import _one_values, sql_limit_values
+    from awa_django.sql import query
+    from benchmarks import benchjobs
+
+    single = query("enqueue_one")
+    values = _one_values(benchjobs.noop.using(queue="wfbench").prepare(0), sql_limit_values())
+
+    def plain_singles() -> None:
+        for _ in range(args.chains * 10):
+            s.conn.execute(single, values)
+
     s.measure(plain_chains)  # warm-up
     s.measure(chains)
+    s.measure(plain_singles)
     plain, flow = rounds(s, plain_chains, chains, args.rounds)
     report("chain", plain, flow)
+    plain, flow = rounds(s, plain_singles, chains, args.rounds)
+    report("chain1", plain, flow)
 
     fan, thousand = fan_spec(), json.dumps([STEP] * 1000)
     plain, flow = rounds(

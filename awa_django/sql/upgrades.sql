@@ -124,6 +124,9 @@ CREATE TABLE IF NOT EXISTS awa.workflow_steps (
     step text NOT NULL,
     needs integer NOT NULL,
     on_failure text NOT NULL CHECK (on_failure IN ('cancel', 'skip', 'run', 'failed_only')),
+    -- The steps that wait for this one (its edges' downstream ends; NULL: none), read by the
+    -- settle of its end instead of an index probe of the edges.
+    feeds bigint[],
     UNIQUE (workflow_id, step)
 );
 

@@ -111,7 +111,7 @@ VIEW ring_state
 VIEW terminal_jobs
 VIEW workflow_status
 
--- column (496)
+-- column (497)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -580,6 +580,7 @@ workflow_steps.002 workflow_id bigint NOT NULL
 workflow_steps.003 step text NOT NULL
 workflow_steps.004 needs integer NOT NULL
 workflow_steps.005 on_failure text NOT NULL
+workflow_steps.006 feeds bigint[]
 workflow_waiting.001 job_id bigint NOT NULL
 workflow_waiting.002 workflow_id bigint NOT NULL
 workflow_waiting.003 deps_left integer NOT NULL
@@ -1404,7 +1405,7 @@ CREATE OR REPLACE FUNCTION awa._workflow_max_steps_v1(p_kind text)
 CREATE OR REPLACE FUNCTION awa._workflow_settle_v1(p_ids bigint[], p_states text[])
  RETURNS void
  LANGUAGE plpgsql
- AS body sha256 15fd8d047706a66d (166 lines)
+ AS body sha256 1de7c575179ba136 (179 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.callback_extend_v1(p_callback_id uuid, p_timeout double precision DEFAULT NULL::double precision)
@@ -1589,6 +1590,7 @@ CREATE OR REPLACE FUNCTION awa.enqueue_v1(p_jobs jsonb, p_limits jsonb DEFAULT '
  RETURNS TABLE(job_id bigint, state text)
  LANGUAGE plpgsql
  SECURITY DEFINER
+ SET plan_cache_mode TO 'force_generic_plan'
  SET search_path TO 'pg_catalog', 'pg_temp'
  AS body sha256 b23f1716032f0b91 (125 lines)
  GRANTS {OWNER=X/OWNER}
@@ -2103,8 +2105,9 @@ CREATE OR REPLACE FUNCTION awa.workflow_enqueue_v1(p_workflow jsonb, p_limits js
  RETURNS TABLE(workflow_id bigint, step text, job_id bigint, state text)
  LANGUAGE plpgsql
  SECURITY DEFINER
+ SET plan_cache_mode TO 'force_generic_plan'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 28ae28f192f11adc (253 lines)
+ AS body sha256 04deeaf0457da1af (255 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.workflow_of_v1(p_job_id bigint)

@@ -990,6 +990,7 @@ CREATE OR REPLACE FUNCTION awa.enqueue_v1(p_jobs jsonb, p_limits jsonb DEFAULT '
  RETURNS TABLE(job_id bigint, state text)
  LANGUAGE plpgsql
  SECURITY DEFINER
+ SET plan_cache_mode TO 'force_generic_plan'
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 #variable_conflict use_column

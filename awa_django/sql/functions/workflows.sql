@@ -59,9 +59,14 @@ AS $$
 DECLARE
     v_ids bigint[] := p_ids;
     v_states text[] := p_states;
-    v_sids bigint[];
     v_sstates text[];
-    v_wfs bigint[];
+    v_swfs bigint[];
+    v_down bigint[];
+    v_n bigint[];
+    v_c bigint[];
+    v_f bigint[];
+    v_k bigint[];
+    v_s bigint[];
     v_release bigint[];
     v_cancel bigint[];
     v_skip bigint[];
@@ -76,23 +81,38 @@ BEGIN
     END IF;
     LOOP
         v_depth := v_depth + 1;
-        SELECT array_agg(s.job_id), array_agg(x.state), array_agg(DISTINCT s.workflow_id)
-        INTO v_sids, v_sstates, v_wfs
-        FROM unnest(v_ids, v_states) AS x(id, state)
-        JOIN awa.workflow_steps s ON s.job_id = x.id;
-        EXIT WHEN v_sids IS NULL;
-        PERFORM 1 FROM awa.workflows w WHERE w.workflow_id = ANY (v_wfs)
+        WITH ended AS MATERIALIZED (
+            SELECT s.job_id, s.workflow_id, s.feeds, x.state
+            FROM unnest(v_ids, v_states) AS x(id, state)
+            JOIN awa.workflow_steps s ON s.job_id = x.id
+        ), hit AS (
+            SELECT d.downstream, count(*) AS n,
+                   count(*) FILTER (WHERE e.state = 'completed') AS c,
+                   count(*) FILTER (WHERE e.state = 'failed') AS f,
+                   count(*) FILTER (WHERE e.state = 'cancelled') AS k,
+                   count(*) FILTER (WHERE e.state = 'skipped') AS s
+            FROM ended e CROSS JOIN LATERAL unnest(e.feeds) AS d(downstream)
+            GROUP BY d.downstream
+        )
+        SELECT (SELECT array_agg(e.workflow_id) FROM ended e),
+               (SELECT array_agg(e.state) FROM ended e),
+               h.down, h.n, h.c, h.f, h.k, h.s
+        INTO v_swfs, v_sstates, v_down, v_n, v_c, v_f, v_k, v_s
+        FROM (SELECT array_agg(downstream) AS down, array_agg(n) AS n, array_agg(c) AS c,
+                     array_agg(f) AS f, array_agg(k) AS k, array_agg(s) AS s FROM hit) h;
+        EXIT WHEN v_swfs IS NULL;
+        PERFORM 1 FROM awa.workflows w
+        WHERE w.workflow_id IN (SELECT DISTINCT u FROM unnest(v_swfs) u)
         ORDER BY w.workflow_id FOR UPDATE;
 
         WITH tally AS (
-            SELECT s.workflow_id, count(*) AS n,
+            SELECT x.workflow_id, count(*) AS n,
                    count(*) FILTER (WHERE x.state = 'completed') AS c,
                    count(*) FILTER (WHERE x.state = 'failed') AS f,
                    count(*) FILTER (WHERE x.state = 'cancelled') AS k,
                    count(*) FILTER (WHERE x.state = 'skipped') AS s
-            FROM unnest(v_sids, v_sstates) AS x(id, state)
-            JOIN awa.workflow_steps s ON s.job_id = x.id
-            GROUP BY s.workflow_id
+            FROM unnest(v_swfs, v_sstates) AS x(workflow_id, state)
+            GROUP BY x.workflow_id
         ), moved AS (
             UPDATE awa.workflows w
             SET completed = w.completed + t.c, failed = w.failed + t.f,
@@ -109,14 +129,7 @@ BEGIN
         -- A step whose last dependencies these are, all of them completed (or skipped), is
         -- released by deleting its row (one write); the others' rows are updated and decided.
         WITH hit AS (
-            SELECT e.downstream, count(*) AS n,
-                   count(*) FILTER (WHERE x.state = 'completed') AS c,
-                   count(*) FILTER (WHERE x.state = 'failed') AS f,
-                   count(*) FILTER (WHERE x.state = 'cancelled') AS k,
-                   count(*) FILTER (WHERE x.state = 'skipped') AS s
-            FROM unnest(v_sids, v_sstates) AS x(id, state)
-            JOIN awa.workflow_edges e ON e.upstream = x.id
-            GROUP BY e.downstream
+            SELECT * FROM unnest(v_down, v_n, v_c, v_f, v_k, v_s) AS h(downstream, n, c, f, k, s)
         ), ready AS (
             DELETE FROM awa.workflow_waiting w
             USING hit h, awa.workflow_steps s
@@ -295,6 +308,7 @@ CREATE OR REPLACE FUNCTION awa.workflow_enqueue_v1(p_workflow jsonb, p_limits js
  RETURNS TABLE(workflow_id bigint, step text, job_id bigint, state text)
  LANGUAGE plpgsql
  SECURITY DEFINER
+ SET plan_cache_mode TO 'force_generic_plan'
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 #variable_conflict use_column
@@ -313,8 +327,8 @@ DECLARE
     v_policies text[];
     v_delays double precision[];
     v_all awa.job_body[];
-    v_roots bigint[];
-    v_later bigint[];
+    v_roots awa.job_body[];
+    v_waits boolean[];
 BEGIN
     IF p_workflow IS NULL OR jsonb_typeof(p_workflow) <> 'object' THEN
         RAISE EXCEPTION 'workflow: expected a JSON object' USING ERRCODE = '22023';
@@ -481,9 +495,10 @@ BEGIN
              args jsonb, max_attempts integer, run_at timestamptz, delay double precision,
              deadline double precision, metadata jsonb, tags text[]);
 
+    -- The dependencies, the steps and the waiting steps' bodies, in one statement.
     WITH n AS (
         SELECT u.name, u.ord FROM unnest(v_names) WITH ORDINALITY AS u(name, ord)
-    ), edges AS (
+    ), pairs AS MATERIALIZED (
         -- Named dependencies.
         SELECT v_ids[n.ord] AS upstream, v_ids[e.ord] AS downstream
         FROM jsonb_array_elements(v_steps) WITH ORDINALITY AS e(value, ord)
@@ -498,55 +513,56 @@ BEGIN
         JOIN jsonb_array_elements(v_steps) WITH ORDINALITY AS u(value, ord)
           ON u.ord < e.ord AND u.value -> 'after' IS DISTINCT FROM '"*"'::jsonb
         WHERE e.value -> 'after' = '"*"'::jsonb
-    )
-    INSERT INTO awa.workflow_edges (upstream, downstream)
-    SELECT x.upstream, x.downstream FROM edges x;
-
-    WITH needs AS (
-        SELECT e.downstream, count(*)::integer AS n FROM awa.workflow_edges e
-        WHERE e.downstream = ANY (v_ids) GROUP BY e.downstream
+    ), edges AS (
+        INSERT INTO awa.workflow_edges (upstream, downstream)
+        SELECT p.upstream, p.downstream FROM pairs p
+    ), needs AS (
+        SELECT p.downstream, count(*)::integer AS n FROM pairs p GROUP BY p.downstream
+    ), feeds AS (
+        SELECT p.upstream, array_agg(p.downstream ORDER BY p.downstream) AS ids
+        FROM pairs p GROUP BY p.upstream
     ), steps AS (
-        INSERT INTO awa.workflow_steps (job_id, workflow_id, step, needs, on_failure)
-        SELECT v_ids[u.ord], v_wf, u.name, COALESCE(d.n, 0), v_policies[u.ord]
-        FROM unnest(v_names) WITH ORDINALITY AS u(name, ord)
-        LEFT JOIN needs d ON d.downstream = v_ids[u.ord]
+        INSERT INTO awa.workflow_steps (job_id, workflow_id, step, needs, on_failure, feeds)
+        -- (Arrays are read by unnest, never by subscript: a subscript of a text array reads
+        -- it from the start, quadratic over a batch of 100,000.)
+        SELECT u.id, v_wf, u.name, COALESCE(d.n, 0), u.policy, f.ids
+        FROM unnest(v_ids, v_names, v_policies) AS u(id, name, policy)
+        LEFT JOIN needs d ON d.downstream = u.id
+        LEFT JOIN feeds f ON f.upstream = u.id
         RETURNING job_id, needs
+    ), waiting AS (
+        INSERT INTO awa.workflow_waiting (
+            job_id, workflow_id, deps_left, delay, queue, priority, kind, args, max_attempts,
+            run_at, created_at, deadline_secs, metadata, tags)
+        SELECT b.job_id, v_wf, d.n, b.delay, b.queue, b.priority, b.kind, b.args,
+               b.max_attempts, CASE WHEN b.delay IS NULL THEN b.run_at END, v_now,
+               b.deadline_secs, b.metadata, b.tags
+        FROM unnest(v_all, v_delays) AS b(job_id, kind, queue, priority, args, attempt,
+            max_attempts, run_lease, run_at, created_at, deadline_secs, metadata, tags, errors,
+            progress, delay)
+        JOIN needs d ON d.downstream = b.job_id
     )
-    SELECT array_agg(s.job_id) FILTER (WHERE s.needs = 0),
-           array_agg(s.job_id) FILTER (WHERE s.needs > 0)
-    INTO v_roots, v_later
-    FROM steps s;
-
-    INSERT INTO awa.workflow_waiting (
-        job_id, workflow_id, deps_left, delay, queue, priority, kind, args, max_attempts,
-        run_at, created_at, deadline_secs, metadata, tags)
-    SELECT b.job_id, v_wf, w.needs, v_delays[b.ord],
-           b.queue, b.priority, b.kind, b.args, b.max_attempts,
-           CASE WHEN v_delays[b.ord] IS NULL THEN b.run_at END, v_now, b.deadline_secs,
-           b.metadata, b.tags
+    -- Each step's body, if it runs at once, and whether it waits (joined, never searched:
+    -- a search of an array per step is quadratic over a batch).
+    SELECT array_agg(ROW(b.job_id, b.kind, b.queue, b.priority, b.args, b.attempt,
+                         b.max_attempts, b.run_lease, b.run_at, b.created_at, b.deadline_secs,
+                         b.metadata, b.tags, b.errors, b.progress)::awa.job_body ORDER BY b.ord)
+               FILTER (WHERE s.needs = 0),
+           array_agg(s.needs > 0 ORDER BY b.ord)
+    INTO v_roots, v_waits
     FROM unnest(v_all) WITH ORDINALITY AS b(job_id, kind, queue, priority, args, attempt,
         max_attempts, run_lease, run_at, created_at, deadline_secs, metadata, tags, errors,
         progress, ord)
-    JOIN awa.workflow_steps w ON w.job_id = b.job_id
-    WHERE b.job_id = ANY (COALESCE(v_later, '{}'));
+    JOIN steps s ON s.job_id = b.job_id;
 
-    PERFORM awa._workflow_emit_v1(ARRAY(
-        SELECT ROW(b.job_id, b.kind, b.queue, b.priority, b.args, b.attempt, b.max_attempts,
-                   b.run_lease, b.run_at, b.created_at, b.deadline_secs, b.metadata, b.tags,
-                   b.errors, b.progress)::awa.job_body
-        FROM unnest(v_all) WITH ORDINALITY AS b(job_id, kind, queue, priority, args, attempt,
-        max_attempts, run_lease, run_at, created_at, deadline_secs, metadata, tags, errors,
-        progress, ord)
-        WHERE b.job_id = ANY (COALESCE(v_roots, '{}')) ORDER BY b.ord));
+    PERFORM awa._workflow_emit_v1(v_roots);
 
     RETURN QUERY
-    SELECT v_wf, v_names[b.ord], b.job_id,
-           CASE WHEN b.job_id = ANY (COALESCE(v_later, '{}')) OR b.run_at > v_now
-                THEN 'scheduled' ELSE 'available' END
-    FROM unnest(v_all) WITH ORDINALITY AS b(job_id, kind, queue, priority, args, attempt,
-        max_attempts, run_lease, run_at, created_at, deadline_secs, metadata, tags, errors,
-        progress, ord)
-    ORDER BY b.ord;
+    SELECT v_wf, u.name, u.job_id,
+           CASE WHEN u.waits OR u.run_at > v_now THEN 'scheduled' ELSE 'available' END
+    FROM unnest(v_names, v_ids, v_waits, ARRAY(SELECT b.run_at FROM unnest(v_all) b))
+         WITH ORDINALITY AS u(name, job_id, waits, run_at, ord)
+    ORDER BY u.ord;
 END
 $$;
 
