@@ -752,7 +752,11 @@ CREATE TABLE awa.workflow_waiting (
     created_at timestamptz NOT NULL,
     deadline_secs double precision,
     metadata jsonb,
-    tags text[]
+    tags text[],
+    -- The ready ring's own check, so that a waiting step can always be released.
+    CONSTRAINT workflow_waiting_retry_policy_check
+        CHECK (metadata IS NULL OR NOT metadata ? 'awa:retry'
+               OR awa._check_retry_policy_v1(metadata))
 ) WITH (fillfactor = 70);
 
 CREATE INDEX workflow_waiting_workflow_idx ON awa.workflow_waiting (workflow_id);

@@ -116,6 +116,18 @@ JOB = {"kind": "k", "queue": "wf"}
             {"name": "w", "steps": [{"job": {"kind": "k", "metadata": {"awa:workflow": 1}}}]},
             "reserved",
         ),
+        # A waiting step's policy is checked at enqueue, not when its dependency's finalize
+        # releases it.
+        (
+            {
+                "name": "w",
+                "steps": [
+                    {"job": JOB, "step": "a"},
+                    {"job": {"kind": "k", "metadata": {"awa:retry": [1]}}, "after": ["a"]},
+                ],
+            },
+            "step 1: metadata: awa:retry: must be a JSON object",
+        ),
         (
             {"name": "w", "steps": [{"job": JOB}] * (MAX_WORKFLOW_STEPS + 1)},
             "10001 steps exceeds the limit of 10000",

@@ -131,3 +131,31 @@ def test_a_rolled_back_enqueue_leaves_nothing() -> None:
             " (SELECT count(*) FROM awa.workflow_waiting), (SELECT count(*) FROM awa.jobs)"
         ).fetchone()
     assert counts == (0, 0, 0, 0)
+
+
+def test_a_step_that_cannot_be_released_fails_alone_and_the_finalize_commits() -> None:
+    spec = {
+        "name": "poison",
+        "steps": [
+            {"step": "a", "job": {"kind": "k", "queue": "wf"}},
+            {"step": "b", "job": {"kind": "k", "queue": "wf"}, "after": ["a"]},
+            {"step": "c", "job": {"kind": "k", "queue": "wf"}, "after": ["b"]},
+        ],
+    }
+    with pg() as conn:
+        ids = enqueue_workflow(conn, spec)
+        # A body no check of the table refuses but the ready ring cannot take (a forged row).
+        conn.execute(
+            "UPDATE awa.workflow_waiting SET queue = 'NOT A QUEUE' WHERE job_id = %s", [ids["b"]]
+        )
+        [c] = storage.claim(conn, "wf", 1, WORKER)
+        done = Finalization(c.job_id, c.run_lease, c.claim_slot, "completed")
+        assert storage.finalize(conn, [done]) == []
+        workflow_id = conn.execute("SELECT max(workflow_id) FROM awa.workflows").fetchone()
+        steps = conn.execute("SELECT step, state FROM awa.workflow_steps_v1(%s)", workflow_id)
+        assert dict(steps.fetchall()) == {"a": "completed", "b": "failed", "c": "cancelled"}
+        error = conn.execute(
+            "SELECT errors -> -1 ->> 'message' FROM awa.done_entries WHERE job_id = %s",
+            [ids["b"]],
+        ).fetchone()
+        assert error is not None and error[0].startswith("release failed: queue:")

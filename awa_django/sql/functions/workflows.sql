@@ -39,6 +39,57 @@ BEGIN
 END
 $$;
 
+-- Release waiting steps (their bodies) to their queues, in the caller's transaction; never
+-- raises for a body that cannot be written (a data or constraint error: the table checks make
+-- it impossible, this is the last line): such a step goes to history as failed ("release
+-- failed: ..."), and its id is returned for the caller to settle. Other errors (a deadlock, a
+-- lost lock, a cancel) are raised: the caller's transaction is retried as a whole.
+CREATE OR REPLACE FUNCTION awa._workflow_release_v1(p_bodies awa.job_body[])
+ RETURNS bigint[]
+ LANGUAGE plpgsql
+AS $$
+DECLARE
+    b awa.job_body;
+    v_failed bigint[] := '{}';
+    v_message text;
+    v_gen bigint;
+    v_slot integer;
+BEGIN
+    IF COALESCE(cardinality(p_bodies), 0) = 0 THEN
+        RETURN v_failed;
+    END IF;
+    BEGIN
+        PERFORM awa._workflow_emit_v1(p_bodies);
+        RETURN v_failed;
+    EXCEPTION WHEN data_exception OR integrity_constraint_violation THEN
+        NULL;  -- one body is bad: release them one by one below
+    END;
+    FOREACH b IN ARRAY p_bodies LOOP
+        BEGIN
+            PERFORM awa._workflow_emit_v1(ARRAY[b]);
+        EXCEPTION WHEN data_exception OR integrity_constraint_violation THEN
+            GET STACKED DIAGNOSTICS v_message = MESSAGE_TEXT;
+            SELECT r.generation, r.slot INTO v_gen, v_slot
+            FROM awa.ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1;
+            INSERT INTO awa.done_entries (
+                ready_slot, ready_generation, job_id, run_lease, state, attempt, errors, kind,
+                queue, priority, args, max_attempts, run_at, created_at, metadata, tags)
+            VALUES (v_slot, v_gen, b.job_id, 0, 'failed', 0,
+                    jsonb_build_array(jsonb_build_object(
+                        'type', 'awa_django.ReleaseFailed',
+                        'message', 'release failed: ' || left(v_message, 2000),
+                        'attempt', 0, 'at', now())),
+                    b.kind, b.queue, b.priority, b.args, b.max_attempts, b.run_at, b.created_at,
+                    b.metadata, b.tags);
+            INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+            VALUES (v_slot, b.queue, 'failed', 1);
+            v_failed := v_failed || b.job_id;
+        END;
+    END LOOP;
+    RETURN v_failed;
+END
+$$;
+
 -- What the ends of jobs p_ids (each with its state in p_states: completed, failed, cancelled,
 -- or skipped) do to their workflows, in the caller's transaction: the workflows' counters move;
 -- each waiting step whose dependencies have now all ended is released to its queue (or, when
@@ -71,6 +122,7 @@ DECLARE
     v_cancel bigint[];
     v_skip bigint[];
     v_bodies awa.job_body[];
+    v_failed bigint[];
     v_gen bigint;
     v_slot integer;
     v_depth integer := 0;
@@ -166,7 +218,7 @@ BEGIN
                (SELECT array_agg(d.job_id) FILTER (WHERE d.what = 'cancel') FROM decided d),
                (SELECT array_agg(d.job_id) FILTER (WHERE d.what = 'skip') FROM decided d)
         INTO v_bodies, v_release, v_cancel, v_skip;
-        PERFORM awa._workflow_emit_v1(v_bodies);
+        v_failed := awa._workflow_release_v1(v_bodies);
 
         IF v_release IS NOT NULL THEN
             -- Steps that run whatever their dependencies did (on_failure 'run', or a batch's
@@ -188,10 +240,10 @@ BEGIN
                                                     'skipped', g.skipped)),
                        g.tags, NULL, NULL)::awa.job_body ORDER BY g.job_id)
             INTO v_bodies FROM gone g;
-            PERFORM awa._workflow_emit_v1(v_bodies);
+            v_failed := v_failed || awa._workflow_release_v1(v_bodies);
         END IF;
 
-        EXIT WHEN v_cancel IS NULL AND v_skip IS NULL;
+        EXIT WHEN v_cancel IS NULL AND v_skip IS NULL AND cardinality(v_failed) = 0;
         -- Steps that will not run: into history as cancelled, then settled in turn.
         SELECT r.generation, r.slot INTO v_gen, v_slot
         FROM awa.ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1;
@@ -224,9 +276,11 @@ BEGIN
             INSERT INTO awa.done_counts (ready_slot, queue, state, n)
             SELECT v_slot, w.queue, 'cancelled', count(*) FROM written w GROUP BY w.queue
         )
-        SELECT array_agg(w.job_id ORDER BY w.job_id),
-               array_agg(CASE WHEN w.job_id = ANY (COALESCE(v_skip, '{}')) THEN 'skipped'
-                              ELSE 'cancelled' END ORDER BY w.job_id)
+        SELECT COALESCE(array_agg(w.job_id ORDER BY w.job_id), '{}') || v_failed,
+               COALESCE(array_agg(CASE WHEN w.job_id = ANY (COALESCE(v_skip, '{}'))
+                                       THEN 'skipped' ELSE 'cancelled' END ORDER BY w.job_id),
+                        '{}')
+               || array_fill('failed'::text, ARRAY[cardinality(v_failed)])
         INTO v_ids, v_states
         FROM written w;
         EXIT WHEN v_ids IS NULL OR v_depth > 10001;
@@ -461,11 +515,17 @@ BEGIN
     IF v_error IS NOT NULL THEN
         RAISE EXCEPTION '%', regexp_replace(v_error, '^job ', 'step ') USING ERRCODE = '22023';
     END IF;
-    SELECT format('step %s: job: metadata key %s is reserved for awa_django', e.ord - 1,
-                  quote_literal('awa:workflow'))
+    SELECT CASE WHEN e.value -> 'metadata' ? 'awa:workflow'
+                THEN format('step %s: job: metadata key %s is reserved for awa_django',
+                            e.ord - 1, quote_literal('awa:workflow'))
+                ELSE format('step %s: metadata: awa:retry: %s', e.ord - 1,
+                            awa._retry_policy_error_v1(e.value -> 'metadata' -> 'awa:retry'))
+           END
     INTO v_error
     FROM jsonb_array_elements(v_jobs) WITH ORDINALITY AS e(value, ord)
-    WHERE jsonb_typeof(e.value -> 'metadata') = 'object' AND e.value -> 'metadata' ? 'awa:workflow'
+    WHERE jsonb_typeof(e.value -> 'metadata') = 'object'
+      AND (e.value -> 'metadata' ? 'awa:workflow'
+           OR awa._retry_policy_error_v1(e.value -> 'metadata' -> 'awa:retry') IS NOT NULL)
     ORDER BY e.ord LIMIT 1;
     IF v_error IS NOT NULL THEN
         RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
