@@ -713,6 +713,8 @@ CREATE TABLE awa.workflow_steps (
     job_id bigint PRIMARY KEY,
     workflow_id bigint NOT NULL,
     step text NOT NULL,
+    kind text NOT NULL,
+    queue text NOT NULL,
     needs integer NOT NULL,
     on_failure text NOT NULL CHECK (on_failure IN ('cancel', 'skip', 'run', 'failed_only')),
     -- The steps that wait for this one (its edges' downstream ends; NULL: none), read by the

@@ -111,7 +111,7 @@ VIEW ring_state
 VIEW terminal_jobs
 VIEW workflow_status
 
--- column (497)
+-- column (499)
 attempt_state.001 job_id bigint NOT NULL
 attempt_state.002 run_lease bigint NOT NULL
 attempt_state.003 heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
@@ -578,9 +578,11 @@ workflow_status.011 finished_at timestamp with time zone
 workflow_steps.001 job_id bigint NOT NULL
 workflow_steps.002 workflow_id bigint NOT NULL
 workflow_steps.003 step text NOT NULL
-workflow_steps.004 needs integer NOT NULL
-workflow_steps.005 on_failure text NOT NULL
-workflow_steps.006 feeds bigint[]
+workflow_steps.004 kind text NOT NULL
+workflow_steps.005 queue text NOT NULL
+workflow_steps.006 needs integer NOT NULL
+workflow_steps.007 on_failure text NOT NULL
+workflow_steps.008 feeds bigint[]
 workflow_waiting.001 job_id bigint NOT NULL
 workflow_waiting.002 workflow_id bigint NOT NULL
 workflow_waiting.003 deps_left integer NOT NULL
@@ -615,7 +617,7 @@ job_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 lane_id_seq AS integer START 1 INCREMENT 1 MIN 1 MAX 2147483647 CACHE 1
 workflow_id_seq AS bigint START 1 INCREMENT 1 MIN 1 MAX 9223372036854775807 CACHE 1
 
--- constraint (75)
+-- constraint (76)
 attempt_state attempt_state_pkey PRIMARY KEY (job_id, run_lease)
 callback_receipts callback_receipts_action_check CHECK ((action = ANY (ARRAY['resolve'::text, 'heartbeat'::text])))
 callback_receipts callback_receipts_pkey PRIMARY KEY (callback_id, request_digest)
@@ -687,6 +689,7 @@ workflow_steps workflow_steps_on_failure_check CHECK ((on_failure = ANY (ARRAY['
 workflow_steps workflow_steps_pkey PRIMARY KEY (job_id)
 workflow_steps workflow_steps_workflow_id_step_key UNIQUE (workflow_id, step)
 workflow_waiting workflow_waiting_pkey PRIMARY KEY (job_id)
+workflow_waiting workflow_waiting_retry_policy_check CHECK (((metadata IS NULL) OR (NOT (metadata ? 'awa:retry'::text)) OR awa._check_retry_policy_v1(metadata)))
 workflows workflows_kind_check CHECK ((kind = ANY (ARRAY['workflow'::text, 'batch'::text])))
 workflows workflows_name_check CHECK (((name <> ''::text) AND (length(name) <= 200)))
 workflows workflows_pkey PRIMARY KEY (workflow_id)
@@ -822,7 +825,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (180)
+-- function (181)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1402,10 +1405,16 @@ CREATE OR REPLACE FUNCTION awa._workflow_max_steps_v1(p_kind text)
  AS body sha256 6308324c9ff13389 (3 lines)
  GRANTS {OWNER=X/OWNER}
 
+CREATE OR REPLACE FUNCTION awa._workflow_release_v1(p_bodies awa.job_body[])
+ RETURNS bigint[]
+ LANGUAGE plpgsql
+ AS body sha256 3b8914325ba7c8cf (42 lines)
+ GRANTS {OWNER=X/OWNER}
+
 CREATE OR REPLACE FUNCTION awa._workflow_settle_v1(p_ids bigint[], p_states text[])
  RETURNS void
  LANGUAGE plpgsql
- AS body sha256 1de7c575179ba136 (179 lines)
+ AS body sha256 91219d2c27f3eac0 (182 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.callback_extend_v1(p_callback_id uuid, p_timeout double precision DEFAULT NULL::double precision)
@@ -2107,7 +2116,7 @@ CREATE OR REPLACE FUNCTION awa.workflow_enqueue_v1(p_workflow jsonb, p_limits js
  SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 04deeaf0457da1af (255 lines)
+ AS body sha256 c610c58b6336dce0 (264 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.workflow_of_v1(p_job_id bigint)
@@ -2142,7 +2151,7 @@ CREATE OR REPLACE FUNCTION awa.workflow_steps_v1(p_workflow_id bigint, p_limit i
  STABLE SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 88bdd2c9955a9add (18 lines)
+ AS body sha256 cd80be89cec9d698 (21 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.workflow_upstream_v1(p_job_id bigint)
