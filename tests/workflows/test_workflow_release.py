@@ -115,3 +115,30 @@ def test_a_batch_calls_back_once_with_its_counts() -> None:
     assert result["on_failure"]["step"] == "on_failure"
     assert states(run)["on_success"] == "skipped"
     assert run.status().state == "failed"
+
+
+def test_awa_job_show_names_the_workflow_and_the_operator_reads_it() -> None:
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    from awa_django import operator
+
+    run = chain(steps.value.prepare(1), steps.value.prepare(2), name="shown").enqueue()
+    out = io.StringIO()
+    call_command("awa_job", "show", str(run.jobs["value-2"].id), stdout=out)
+    shown = json.loads(out.getvalue())
+    assert shown["state"] == "scheduled"
+    assert shown["workflow"] == {
+        "workflow_id": run.id,
+        "name": "shown",
+        "kind": "workflow",
+        "step": "value-2",
+    }
+    assert [(s.step, s.state) for s in operator.workflow_steps(run.id)] == [
+        ("value", "available"),
+        ("value-2", "waiting"),
+    ]
+    assert operator.workflow_counts()[("workflow", "running")] >= 1
+    assert [w.id for w in operator.workflows("running")][0] == run.id

@@ -9,7 +9,7 @@ SELECT workflow_id, name, kind, state, steps, completed, failed, cancelled, skip
 FROM awa.workflow_v1(%s)
 
 -- name: workflow_list
-SELECT workflow_id, name, kind, state, steps, completed, failed, cancelled, skipped,
+SELECT workflow_id AS id, name, kind, state, steps, completed, failed, cancelled, skipped,
        created_at, finished_at
 FROM awa.workflows_v1(%s, %s, %s)
 
