@@ -141,4 +141,4 @@ def test_awa_job_show_names_the_workflow_and_the_operator_reads_it() -> None:
         ("value-2", "waiting"),
     ]
     assert operator.workflow_counts()[("workflow", "running")] >= 1
-    assert [w.id for w in operator.workflows("running")][0] == run.id
+    assert operator.workflows("running")[0].id == run.id
