@@ -9,11 +9,11 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
-from django.db import connections
+from django.db import OperationalError, connections
 
 from awa_django import serialization
 from awa_django.conf import awa_settings
-from awa_django.exceptions import InvalidOptionError
+from awa_django.exceptions import InvalidOptionError, LimitExceededError
 from awa_django.limits import check_text
 from awa_django.sql import query
 from awa_django.types import JSON
@@ -43,6 +43,8 @@ class Runtime(Protocol):
 _RESUMED_KEY = "awa:callback"
 #: The metadata key of a workflow step: its workflow's id, its name and its dependencies' ends.
 _WORKFLOW_KEY = "awa:workflow"
+#: The most stored bytes ``JobContext.upstream`` reads at once (the dependencies' results).
+_UPSTREAM_MAX_BYTES = 64 * 1024 * 1024
 
 
 class WorkflowStep(NamedTuple):
@@ -83,6 +85,7 @@ class JobContext:
         "_registrar",
         "_runtime",
         "_upstream",
+        "_upstream_results",
         "attempt",
         "deadline_at",
         "errors",
@@ -136,6 +139,7 @@ class JobContext:
         self._registrar = registrar
         self._aregistrar = aregistrar
         self._upstream: dict[str, tuple[str, JSON]] | None = None
+        self._upstream_results = False
 
     @classmethod
     def for_job(
@@ -252,18 +256,30 @@ class JobContext:
     def upstream(self) -> dict[str, JSON]:
         """The results of this step's dependencies that completed, by step name (empty for a
         job outside a workflow). Read once from the database (a sync handler; an async one
-        awaits ``aupstream()``)."""
-        return {
-            step: result
-            for step, (state, result) in self._upstream_rows().items()
-            if state == "completed"
-        }
+        awaits ``aupstream()``). Results that together take more than 64 MiB are refused
+        (``LimitExceededError``): read them one at a time with ``upstream_result(step)``."""
+        rows = self._upstream_rows(results=True)
+        return {step: result for step, (state, result) in rows.items() if state == "completed"}
 
     @property
     def upstream_states(self) -> dict[str, str]:
         """How each dependency ended, by step name: completed, failed, cancelled or skipped
-        (what a step with ``on_failure="run"`` looks at)."""
-        return {step: state for step, (state, _) in self._upstream_rows().items()}
+        (what a step with ``on_failure="run"`` looks at). Reads no result."""
+        return {step: state for step, (state, _) in self._upstream_rows(results=False).items()}
+
+    def upstream_result(self, step: str) -> JSON:
+        """The result of the dependency ``step`` (``KeyError`` when it is not one that
+        completed): one result read, however many dependencies there are."""
+        states = self._upstream_rows(results=False)
+        if states.get(step, ("", None))[0] != "completed":
+            raise KeyError(step)
+        with connections[awa_settings.DATABASE_ALIAS].cursor() as cursor:
+            cursor.execute(query("workflow_upstream_result"), [self.id, step])
+            row = cursor.fetchone()
+        if row is None:
+            raise KeyError(step)
+        value: JSON = serialization.loads(row[0]) if isinstance(row[0], str) else row[0]
+        return value
 
     async def aupstream(self) -> dict[str, JSON]:
         """Async ``upstream``."""
@@ -271,19 +287,30 @@ class JobContext:
 
         return await sync_to_async(lambda: self.upstream, thread_sensitive=True)()
 
-    def _upstream_rows(self) -> dict[str, tuple[str, JSON]]:
-        if self._upstream is None:
-            self._upstream = {}
+    async def aupstream_states(self) -> dict[str, str]:
+        """Async ``upstream_states``."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(lambda: self.upstream_states, thread_sensitive=True)()
+
+    def _upstream_rows(self, *, results: bool) -> dict[str, tuple[str, JSON]]:
+        if self._upstream is None or (results and not self._upstream_results):
+            rows: dict[str, tuple[str, JSON]] = {}
             if self.workflow is not None:
                 with connections[awa_settings.DATABASE_ALIAS].cursor() as cursor:
-                    cursor.execute(query("workflow_upstream"), [self.id])
-                    self._upstream = {
-                        row[0]: (
-                            row[2],
-                            serialization.loads(row[3]) if isinstance(row[3], str) else row[3],
+                    try:
+                        cursor.execute(
+                            query("workflow_upstream"), [self.id, results, _UPSTREAM_MAX_BYTES]
                         )
-                        for row in cursor.fetchall()
-                    }
+                    except OperationalError as exc:
+                        if getattr(exc.__cause__, "sqlstate", None) != "54000":
+                            raise
+                        raise LimitExceededError("upstream", str(exc.__cause__)) from None
+                    for step, _job, state, value in cursor.fetchall():
+                        loaded = serialization.loads(value) if isinstance(value, str) else value
+                        rows[step] = (state, loaded)
+            self._upstream = rows
+            self._upstream_results = results
         return self._upstream
 
     # -- cancellation ------------------------------------------------------------------------

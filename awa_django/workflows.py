@@ -24,7 +24,7 @@ from awa_django.conf import awa_settings
 from awa_django.db.enqueue import ensure_lanes, sql_limits_json
 from awa_django.db.transactions import checked_alias, write_transaction
 from awa_django.exceptions import InvalidOptionError, JobFailedError
-from awa_django.limits import show
+from awa_django.limits import check_id, check_no_control, show
 from awa_django.sql import query
 from awa_django.types import JSON, SEAL, EnqueuedJob, JobRequest
 
@@ -73,9 +73,12 @@ def _check_name(value: object, field: str) -> str:
         raise InvalidOptionError(field, f"must be a string, got {type(value).__name__}")
     if not 1 <= len(value) <= _MAX_NAME:
         raise InvalidOptionError(field, f"must be 1 to {_MAX_NAME} characters")
-    if any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in value):
-        raise InvalidOptionError(field, f"{show(value)} contains a control character")
-    return value
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise InvalidOptionError(field, f"{show(value)} contains a lone surrogate")
+    try:
+        return check_no_control(field, value)
+    except InvalidOptionError as exc:
+        raise InvalidOptionError(field, f"{show(value)} contains a control character") from exc
 
 
 def _check_request(request: object, what: str) -> JobRequest:
@@ -127,6 +130,7 @@ class Workflow:
         self.using = checked_alias(awa_settings.DATABASE_ALIAS if using is None else using)
         self._steps: list[dict[str, Any]] = []
         self._names: dict[str, Step] = {}
+        self._bases: dict[str, int] = {}  # default names given per base, for name-2, name-3...
         self._sent = False
 
     def __repr__(self) -> str:
@@ -170,10 +174,12 @@ class Workflow:
             )
         if name is None:
             base = request.kind.rsplit(".", 1)[-1][: _MAX_NAME - 8] or "step"
-            name, n = base, 1
-            while name in self._names:
+            n = self._bases.get(base, 0)
+            name = base if n == 0 else f"{base}-{n + 1}"
+            while name in self._names:  # taken by an explicit name
                 n += 1
-                name = f"{base}-{n}"
+                name = f"{base}-{n + 1}"
+            self._bases[base] = n + 1
         name = _check_name(name, "name")
         if name in self._names:
             raise InvalidOptionError("name", f"the workflow has a step named {show(name)} already")
@@ -189,6 +195,7 @@ class Workflow:
         if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
             raise InvalidOptionError("after", "must be a Step or an iterable of Steps")
         deps: list[Step] = []
+        seen: set[int] = set()
         for item in items:
             if not isinstance(item, Step):
                 raise InvalidOptionError(
@@ -200,7 +207,10 @@ class Workflow:
                     f"{item!r} is a step of another workflow: a step can only wait for "
                     "steps of its own workflow",
                 )
-            if item not in deps:
+            if self._names.get(item.name) is not item:
+                raise InvalidOptionError("after", f"{item!r} was not made by this workflow's add()")
+            if item.index not in seen:
+                seen.add(item.index)
                 deps.append(item)
         return deps
 
@@ -263,6 +273,7 @@ class Batch:
             raise InvalidOptionError(
                 "requests", f"a batch has at most {MAX_BATCH_MEMBERS:,} members"
             )
+        self._sent = False
         self.callbacks: dict[str, JobRequest] = {}
         for field, request in (
             ("on_complete", on_complete),
@@ -299,8 +310,12 @@ class Batch:
     def enqueue(self) -> WorkflowRun:
         """Write the batch in the caller's transaction; its handle names members ``"0"``,
         ``"1"``... and callbacks by their argument's name."""
+        if self._sent:
+            raise InvalidOptionError("batch", "this batch was enqueued already")
         requests = [*self.members, *self.callbacks.values()]
-        return _send(self.payload(), requests, self.using, "batch")
+        run = _send(self.payload(), requests, self.using, "batch")
+        self._sent = True
+        return run
 
     async def aenqueue(self) -> WorkflowRun:
         """Async ``enqueue``."""
@@ -460,7 +475,11 @@ class WorkflowRun(NamedTuple):
     def results(self, steps: Iterable[str] | None = None) -> dict[str, JSON]:
         """The results of the completed steps among ``steps`` (default: the final steps,
         those nothing waits for), by name."""
+        if isinstance(steps, str | bytes):
+            raise InvalidOptionError("steps", "must be an iterable of step names, not a string")
         names = None if steps is None else [_check_name(s, "steps") for s in steps]
+        if _workflow_status(self.using, self.id) is None:
+            raise LookupError(f"workflow {self.id} is not in the database (pruned?)")
         with connections[self.using].cursor() as cursor:
             cursor.execute(query("workflow_results"), [self.id, names])
             rows = cursor.fetchall()
@@ -475,12 +494,13 @@ class WorkflowRun(NamedTuple):
         return self.results()
 
     async def aresult(self, timeout: float | None = None) -> dict[str, JSON]:
-        """Async ``result``."""
-        return await sync_to_async(self.result, thread_sensitive=True)(timeout)
+        """Async ``result``: waits in a thread of its own, never holding up the event loop's
+        other sync work (the ORM, other handlers)."""
+        return await _in_own_thread(self.using, self.result, timeout)
 
     async def await_(self, timeout: float | None = None) -> WorkflowStatus:
-        """Async ``wait``."""
-        return await sync_to_async(self.wait, thread_sensitive=True)(timeout)
+        """Async ``wait`` (in a thread of its own, like ``aresult``)."""
+        return await _in_own_thread(self.using, self.wait, timeout)
 
 
 def _finished(status: WorkflowStatus | None) -> WorkflowStatus | None:
@@ -498,8 +518,7 @@ def _workflow_status(using: str, workflow_id: int) -> WorkflowStatus | None:
 
 def get_workflow(workflow_id: int, using: str | None = None) -> WorkflowRun:
     """The handle of workflow ``workflow_id`` (``LookupError`` when there is none)."""
-    if type(workflow_id) is not int:
-        raise InvalidOptionError("workflow_id", "must be an int")
+    check_id("workflow_id", workflow_id)
     alias = checked_alias(awa_settings.DATABASE_ALIAS if using is None else using)
     status = _workflow_status(alias, workflow_id)
     if status is None:
@@ -582,8 +601,21 @@ def _wait(
                 cursor.execute(query("unlisten_done"))
 
 
+async def _in_own_thread(using: str, fn: Callable[[float | None], T], timeout: float | None) -> T:
+    """``fn(timeout)`` in a worker thread of its own (not Django's one thread for sync code, which
+    a long wait would hold), its database connection closed when it returns."""
+
+    def run() -> T:
+        try:
+            return fn(timeout)
+        finally:
+            connections[using].close()
+
+    return await sync_to_async(run, thread_sensitive=False)()
+
+
 async def _ajob_result(job: EnqueuedJob, timeout: float | None = None) -> JSON:
-    return await sync_to_async(_job_result, thread_sensitive=True)(job, timeout)
+    return await _in_own_thread(job.using, lambda t: _job_result(job, t), timeout)
 
 
 types.job_waiters = (wait_for_job, _job_result, _ajob_result)

@@ -565,11 +565,17 @@ class Maintenance:
         cursor = await conn.execute(query("dlq_expire"), [self.settings.awa.DLQ_RETENTION, 1000])
         row = await cursor.fetchone()
         self.count("dlq_expired", int(row[0]) if row else 0)
-        cursor = await conn.execute(
-            query("workflows_prune"), [self.settings.awa.WORKFLOW_RETENTION, 1000]
-        )
-        row = await cursor.fetchone()
-        self.count("workflows_pruned", int(row[0]) if row else 0)
+        # Finished workflows, 1,000 a statement, until none is left (at most 100 statements a
+        # run, so that the other retention tasks are not held back).
+        for _ in range(100):
+            cursor = await conn.execute(
+                query("workflows_prune"), [self.settings.awa.WORKFLOW_RETENTION, 1000]
+            )
+            row = await cursor.fetchone()
+            pruned = int(row[0]) if row else 0
+            self.count("workflows_pruned", pruned)
+            if pruned < 1000:
+                break
         cursor = await conn.execute(query("cleanup"), [self.settings.awa.RUNTIME_RETENTION])
         row = await cursor.fetchone()
         self.count("cleaned", int(row[0]) if row else 0)

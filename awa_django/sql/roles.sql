@@ -27,7 +27,7 @@ awa.enqueue_v1, awa.workflow_enqueue_v1, awa.callback_resolve_v2, awa.callback_e
 -- job_show), when a job was enqueued (the django.tasks backend), the health view's lag check,
 -- a workflow's state and results (its handle's waits; a step's ctx.upstream).
 awa.callback_receive_v1, awa.job_v1, awa.job_enqueued_at_v1, awa.queue_lag_v1, awa.workflow_v1,
-awa.workflow_results_v1, awa.workflow_upstream_v1
+awa.workflow_results_v1, awa.workflow_upstream_v1, awa.workflow_upstream_result_v1
 
 -- name: read_functions
 -- The read surfaces (docs/sql.md, "Reading jobs"), and the functions the views call
@@ -39,7 +39,7 @@ awa.outcomes_per_minute_v1, awa.queue_minutes_v2, awa.undeclared_kinds_v1,
 awa.ring_slots_v1, awa.flow_status_v1, awa.flow_kind_status_v1, awa.lane_cursor_v1,
 awa._queue_names_v1, awa._live_seconds_v1, awa.workflow_v1, awa.workflows_v1,
 awa.workflow_counts_v1, awa.workflow_steps_v1, awa.workflow_results_v1,
-awa.workflow_upstream_v1, awa.workflow_of_v1
+awa.workflow_upstream_v1, awa.workflow_upstream_result_v1, awa.workflow_of_v1
 
 -- name: worker_functions
 -- Claim, heartbeat, finalize (complete, retry, snooze, cancel, fail, park for a callback),
@@ -51,7 +51,7 @@ awa.callback_register_v1, awa.flow_release_v1, awa.flow_retake_v1, awa.flow_rese
 awa.serial_release_v1, awa.serial_retake_v1, awa.serial_reset_v1, awa.flow_sync_v1,
 awa.flow_kind_sync_v1, awa.cron_sync_v1, awa.queue_dlq_v1, awa.runtime_upsert_v1,
 awa.runtime_remove_v1, awa.queues_ready_v2, awa.queues_idle_v2, awa.descriptors_report_v1,
-awa.workflow_upstream_v1
+awa.workflow_upstream_v1, awa.workflow_upstream_result_v1
 
 -- name: maintenance_functions
 -- The leader's tasks: promotion, rescue, rotation and prune (TRUNCATE of sealed slots, as the

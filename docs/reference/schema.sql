@@ -825,7 +825,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (181)
+-- function (183)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1379,6 +1379,12 @@ CREATE OR REPLACE FUNCTION awa._unknown_key_v1(p_job jsonb)
  AS body sha256 8b16be481baf63a2 (3 lines)
  GRANTS {OWNER=X/OWNER}
 
+CREATE OR REPLACE FUNCTION awa._workflow_cancel_unclaimed_v1(p_ids bigint[], p_reason text)
+ RETURNS bigint[]
+ LANGUAGE plpgsql
+ AS body sha256 804e7828c305d0d9 (88 lines)
+ GRANTS {OWNER=X/OWNER}
+
 CREATE OR REPLACE FUNCTION awa._workflow_cancel_waiting_v1(p_ids bigint[], p_reason text)
  RETURNS bigint[]
  LANGUAGE plpgsql
@@ -1402,7 +1408,7 @@ CREATE OR REPLACE FUNCTION awa._workflow_max_steps_v1(p_kind text)
  RETURNS integer
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
- AS body sha256 6308324c9ff13389 (3 lines)
+ AS body sha256 ffc82c5c99235916 (3 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._workflow_release_v1(p_bodies awa.job_body[])
@@ -1414,7 +1420,7 @@ CREATE OR REPLACE FUNCTION awa._workflow_release_v1(p_bodies awa.job_body[])
 CREATE OR REPLACE FUNCTION awa._workflow_settle_v1(p_ids bigint[], p_states text[])
  RETURNS void
  LANGUAGE plpgsql
- AS body sha256 91219d2c27f3eac0 (182 lines)
+ AS body sha256 0ada89308eaa7092 (182 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.callback_extend_v1(p_callback_id uuid, p_timeout double precision DEFAULT NULL::double precision)
@@ -2098,7 +2104,7 @@ CREATE OR REPLACE FUNCTION awa.workflow_cancel_v1(p_workflow_id bigint, p_reason
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 57647d435c365f0d (60 lines)
+ AS body sha256 f170f642cc562406 (80 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.workflow_counts_v1()
@@ -2116,7 +2122,7 @@ CREATE OR REPLACE FUNCTION awa.workflow_enqueue_v1(p_workflow jsonb, p_limits js
  SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 c610c58b6336dce0 (264 lines)
+ AS body sha256 3e8a327223c17770 (282 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.workflow_of_v1(p_job_id bigint)
@@ -2154,13 +2160,22 @@ CREATE OR REPLACE FUNCTION awa.workflow_steps_v1(p_workflow_id bigint, p_limit i
  AS body sha256 cd80be89cec9d698 (21 lines)
  GRANTS {OWNER=X/OWNER}
 
-CREATE OR REPLACE FUNCTION awa.workflow_upstream_v1(p_job_id bigint)
- RETURNS TABLE(step text, job_id bigint, state text, result jsonb)
+CREATE OR REPLACE FUNCTION awa.workflow_upstream_result_v1(p_job_id bigint, p_step text)
+ RETURNS jsonb
  LANGUAGE sql
  STABLE SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 7cad07eb20d7e929 (9 lines)
+ AS body sha256 3b08cdb64acbc057 (7 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa.workflow_upstream_v1(p_job_id bigint, p_results boolean DEFAULT true, p_max_bytes bigint DEFAULT 67108864)
+ RETURNS TABLE(step text, job_id bigint, state text, result jsonb)
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ AS body sha256 a066fb775df091b1 (29 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.workflow_v1(p_workflow_id bigint)

@@ -37,3 +37,9 @@ def counts(ctx: Any) -> dict[str, Any]:
     """A batch callback: the outcome counts of the batch's members."""
     step = ctx.workflow
     return {"id": step.id, "step": step.step, "counts": step.counts}
+
+
+@job(queue="wf", takes_context=True)
+def one_by_one(ctx: Any) -> list[Any]:
+    """The dependencies' results read one at a time (what a large fan-in does)."""
+    return [ctx.upstream_result(step) for step in sorted(ctx.upstream_states)]

@@ -41,7 +41,9 @@ def test_python_refuses_bad_steps_before_writing() -> None:
         (lambda: wf.add({"kind": "x"}), "Job.prepare()"),  # type: ignore[arg-type]
         (lambda: wf.add(steps.value.using(unique=True).prepare(3)), "unique"),
         (lambda: workflow(""), "1 to 200"),
-        (lambda: workflow("\ud800"), "control character"),
+        (lambda: workflow("\ud800"), "lone surrogate"),
+        (lambda: workflow("pay\u009b31m"), "control character"),
+        (lambda: wf.add(steps.value.prepare(2), name="a\u2028b"), "control character"),
         (lambda: Workflow("w").enqueue(), "at least one step"),
         (lambda: batch([]), "at least one member"),
         (lambda: batch("abc"), "iterable"),  # type: ignore[arg-type]
@@ -128,6 +130,19 @@ JOB = {"kind": "k", "queue": "wf"}
             },
             "step 1: metadata: awa:retry: must be a JSON object",
         ),
+        ({"name": "pay\u009b", "steps": [{"job": JOB}]}, "name: must not contain control"),
+        (
+            {"name": "b", "kind": "batch", "steps": [{"job": JOB}, {"job": JOB, "after": ["0"]}]},
+            'a batch\'s steps wait for nothing (members) or for "*" (callbacks)',
+        ),
+        (
+            {
+                "name": "b",
+                "kind": "batch",
+                "steps": [{"job": JOB}] + [{"job": JOB, "after": "*"}] * 4,
+            },
+            "at most 3 callbacks",
+        ),
         (
             {"name": "w", "steps": [{"job": JOB}] * (MAX_WORKFLOW_STEPS + 1)},
             "10001 steps exceeds the limit of 10000",
@@ -138,6 +153,12 @@ def test_sql_refuses_bad_workflows(spec: Any, message: str) -> None:
     with pg() as conn:
         assert message in sql_error(conn, spec)
     assert nothing_written()
+
+
+def test_a_batch_holds_100000_members_and_three_callbacks() -> None:
+    with pg() as conn:
+        bound = conn.execute("SELECT awa._workflow_max_steps_v1('batch')").fetchone()
+    assert bound == (MAX_BATCH_MEMBERS + 3,)
 
 
 def test_a_chain_of_one_and_names_made_unique() -> None:

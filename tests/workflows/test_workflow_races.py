@@ -159,3 +159,106 @@ def test_a_step_that_cannot_be_released_fails_alone_and_the_finalize_commits() -
             [ids["b"]],
         ).fetchone()
         assert error is not None and error[0].startswith("release failed: queue:")
+
+
+def test_a_step_is_decided_only_when_its_last_dependency_ends() -> None:
+    """B (cancel) waits for A and X; X fails while A runs: B is cancelled only when A ends, so
+    the cleanup after B (run) never starts while A, its ancestor, still runs."""
+    spec = {
+        "name": "transitive",
+        "steps": [
+            {"step": "a", "job": {"kind": "k", "queue": "wf"}},
+            {"step": "x", "job": {"kind": "k", "queue": "wf"}},
+            {"step": "b", "job": {"kind": "k", "queue": "wf"}, "after": ["a", "x"]},
+            {
+                "step": "cleanup",
+                "job": {"kind": "k", "queue": "wf"},
+                "after": ["b"],
+                "on_failure": "run",
+            },
+        ],
+    }
+    with pg() as conn:
+        conn.execute("SELECT awa.queue_dlq_v1('wf', false)")
+        ids = enqueue_workflow(conn, spec)
+        claimed = {c.job_id: c for c in storage.claim(conn, "wf", 2, WORKER)}
+        a, x = claimed[ids["a"]], claimed[ids["x"]]
+        failed = Finalization(
+            x.job_id, x.run_lease, x.claim_slot, "fail", error={"message": "boom"}
+        )
+        assert storage.finalize(conn, [failed]) == []
+        workflow_id = conn.execute("SELECT max(workflow_id) FROM awa.workflows").fetchone()
+
+        def states() -> dict[str, str]:
+            rows = conn.execute("SELECT step, state FROM awa.workflow_steps_v1(%s)", workflow_id)
+            return dict(rows.fetchall())
+
+        assert states() == {"a": "running", "x": "failed", "b": "waiting", "cleanup": "waiting"}
+        done = Finalization(a.job_id, a.run_lease, a.claim_slot, "completed")
+        assert storage.finalize(conn, [done]) == []
+        assert states() == {
+            "a": "completed",
+            "x": "failed",
+            "b": "cancelled",
+            "cleanup": "available",
+        }
+
+
+def test_cancel_workflow_ends_live_waiting_and_dead_lettered_steps_in_sets() -> None:
+    members = [{"job": {"kind": "k", "queue": "wf"}} for _ in range(300)]
+    callback = {
+        "step": "on_complete",
+        "job": {"kind": "cb", "queue": "wf"},
+        "after": "*",
+        "on_failure": "run",
+    }
+    with pg() as conn:
+        ids = enqueue_workflow(
+            conn, {"name": "big", "kind": "batch", "steps": [*members, callback]}
+        )
+        running = storage.claim(conn, "wf", 10, WORKER)
+        workflow_id = conn.execute("SELECT max(workflow_id) FROM awa.workflows").fetchone()
+        cancelled = conn.execute("SELECT awa.workflow_cancel_v1(%s)", workflow_id).fetchone()
+        assert cancelled == (301,)
+        state = conn.execute(
+            "SELECT state, cancelled, finished_at IS NOT NULL FROM awa.workflow_v1(%s)",
+            workflow_id,
+        ).fetchone()
+        assert state == ("failed", 301, True)
+        stale = storage.finalize(
+            conn, [Finalization(c.job_id, c.run_lease, c.claim_slot, "completed") for c in running]
+        )
+        assert len(stale) == 10  # the running members were told to stop; their ends lose
+        assert ready_rows(conn, ids["on_complete"]) == 0
+
+
+def test_a_long_async_wait_does_not_hold_up_other_sync_work() -> None:
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    wf = workflow("never runs")
+    wf.add(steps.value.prepare(1))
+    run = wf.enqueue()  # nothing drains it: the wait can only time out
+
+    def read() -> int:
+        from django.db import connection
+
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+                row = cursor.fetchone()
+            return int(row[0])
+        finally:
+            connection.close()  # this executor thread's own connection
+
+    async def scenario() -> tuple[bool, int]:
+        slow = asyncio.ensure_future(run.aresult(timeout=3))
+        await asyncio.sleep(0.1)
+        value = await sync_to_async(read, thread_sensitive=True)()
+        still_waiting = not slow.done()
+        with pytest.raises(TimeoutError):
+            await slow
+        return still_waiting, value
+
+    assert asyncio.run(scenario()) == (True, 1)

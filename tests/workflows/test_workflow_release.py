@@ -142,3 +142,28 @@ def test_awa_job_show_names_the_workflow_and_the_operator_reads_it() -> None:
     ]
     assert operator.workflow_counts()[("workflow", "running")] >= 1
     assert operator.workflows("running")[0].id == run.id
+
+
+def test_results_over_the_bound_are_refused_and_read_one_at_a_time(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from awa_django import context
+
+    monkeypatch.setattr(context, "_UPSTREAM_MAX_BYTES", 40)
+    wf = workflow("large results")
+    parts = [wf.add(steps.value.prepare("x" * 30), name=f"p{i}") for i in range(3)]
+    wf.add(steps.total.prepare(), after=parts, name="all at once")
+    wf.add(steps.one_by_one.prepare(), after=parts, name="one by one")
+    run = wf.enqueue()
+    runs = {r.id: r for r in drain()}
+    refused = runs[run.jobs["all at once"].id]
+    assert refused.outcome != "completed"
+    assert "upstream: the results of 3 dependencies take" in str(refused.error)
+    assert run.results(["one by one"]) == {"one by one": ["x" * 30] * 3}
+
+
+def test_default_names_skip_names_taken_explicitly() -> None:
+    wf = workflow("names")
+    wf.add(steps.value.prepare(1), name="value-2")
+    names = [wf.add(steps.value.prepare(i)).name for i in range(3)]
+    assert names == ["value", "value-3", "value-4"]
+    a = wf.steps[0]
+    assert wf.add(steps.total.prepare(), after=[a, a, a]).name == "total"

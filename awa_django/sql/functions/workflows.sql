@@ -1,13 +1,13 @@
 -- Workflows and batches (docs/workflows.md): steps written in the producer's transaction, each
 -- released to its queue by the transaction that ends its last dependency. Tables: tables.sql.
 
--- The most steps of one workflow, and of one batch (its members and callbacks).
+-- The most steps of one workflow, and of one batch (100,000 members and 3 callbacks).
 CREATE OR REPLACE FUNCTION awa._workflow_max_steps_v1(p_kind text)
  RETURNS integer
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $$
-    SELECT CASE p_kind WHEN 'batch' THEN 100002 ELSE 10000 END
+    SELECT CASE p_kind WHEN 'batch' THEN 100003 ELSE 10000 END
 $$;
 
 -- Write job bodies that may run now to the ready ring and those with a later run_at to the
@@ -125,14 +125,12 @@ DECLARE
     v_failed bigint[];
     v_gen bigint;
     v_slot integer;
-    v_depth integer := 0;
 BEGIN
     IF COALESCE(cardinality(p_ids), 0) = 0
        OR NOT EXISTS (SELECT 1 FROM awa.workflows w WHERE w.finished_at IS NULL) THEN
         RETURN;
     END IF;
     LOOP
-        v_depth := v_depth + 1;
         WITH ended AS MATERIALIZED (
             SELECT s.job_id, s.workflow_id, s.feeds, x.state
             FROM unnest(v_ids, v_states) AS x(id, state)
@@ -197,8 +195,10 @@ BEGIN
             RETURNING w.job_id, w.deps_left, w.failed + w.cancelled AS bad
         ), decided AS (
             SELECT m.job_id,
-                   CASE WHEN m.bad > 0 AND s.on_failure IN ('cancel', 'skip') THEN s.on_failure
-                        WHEN m.deps_left > 0 THEN 'wait'
+                   -- Decided once every dependency has ended, never before: a step after
+                   -- this one never starts while one of its ancestors still runs.
+                   CASE WHEN m.deps_left > 0 THEN 'wait'
+                        WHEN m.bad > 0 AND s.on_failure IN ('cancel', 'skip') THEN s.on_failure
                         WHEN m.bad = 0 AND s.on_failure = 'failed_only' THEN 'skip'
                         ELSE 'release' END AS what
             FROM moved m JOIN awa.workflow_steps s ON s.job_id = m.job_id
@@ -283,7 +283,7 @@ BEGIN
                || array_fill('failed'::text, ARRAY[cardinality(v_failed)])
         INTO v_ids, v_states
         FROM written w;
-        EXIT WHEN v_ids IS NULL OR v_depth > 10001;
+        EXIT WHEN v_ids IS NULL;
     END LOOP;
 END
 $$;
@@ -399,7 +399,7 @@ BEGIN
     IF v_error IS NULL AND (v_name = '' OR length(v_name) > 200) THEN
         v_error := 'name: must be 1 to 200 characters';
     END IF;
-    IF v_error IS NULL AND (v_name ~ '[\x01-\x1f\x7f]') THEN
+    IF v_error IS NULL AND (v_name ~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]') THEN
         v_error := 'name: must not contain control characters';
     END IF;
     v_kind := COALESCE(p_workflow ->> 'kind', 'workflow');
@@ -433,7 +433,7 @@ BEGIN
         WHEN jsonb_typeof(e.value -> 'step') NOT IN ('string', 'null')
             THEN 'step: must be a string'
         WHEN e.value ? 'step' AND (e.value ->> 'step' = '' OR length(e.value ->> 'step') > 200
-                                   OR e.value ->> 'step' ~ '[\x01-\x1f\x7f]')
+                                   OR e.value ->> 'step' ~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]')
             THEN 'step: must be 1 to 200 characters, no control characters'
         WHEN jsonb_typeof(e.value -> 'job') IS DISTINCT FROM 'object'
             THEN 'job: must be a job object'
@@ -449,9 +449,27 @@ BEGIN
         WHEN jsonb_typeof(e.value -> 'after') = 'array'
              AND jsonb_array_length(e.value -> 'after') > awa._workflow_max_steps_v1(v_kind)
             THEN 'after: too many dependencies'
+        -- A batch is members and callbacks: nothing else may wait (its bound is a batch's).
+        WHEN v_kind = 'batch' AND e.value ? 'after' AND e.value -> 'after' <> '"*"'
+            THEN 'after: a batch''s steps wait for nothing (members) or for "*" (callbacks)'
         END AS err) x
     WHERE x.err IS NOT NULL
     ORDER BY e.ord LIMIT 1;
+    IF v_error IS NULL THEN
+        SELECT format('steps: %s dependencies exceed the limit of %s for a workflow', sum(n),
+                      awa._workflow_max_steps_v1('batch'))
+        INTO v_error
+        FROM (SELECT jsonb_array_length(e.value -> 'after') AS n
+              FROM jsonb_array_elements(v_steps) e
+              WHERE jsonb_typeof(e.value -> 'after') = 'array') x
+        HAVING sum(n) > awa._workflow_max_steps_v1('batch');
+    END IF;
+    IF v_error IS NULL AND v_kind = 'batch' THEN
+        SELECT 'steps: a batch has at most 3 callbacks (steps after "*")' INTO v_error
+        FROM jsonb_array_elements(v_steps) e
+        WHERE e.value -> 'after' = '"*"'
+        HAVING count(*) > 3;
+    END IF;
     IF v_error IS NOT NULL THEN
         RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
     END IF;
@@ -747,22 +765,61 @@ AS $$
     ORDER BY s.job_id
 $$;
 
--- The dependencies of the step p_job_id: each one's name, job, how it ended and its result.
-CREATE OR REPLACE FUNCTION awa.workflow_upstream_v1(p_job_id bigint)
+-- The dependencies of the step p_job_id: each one's name, job, how it ended and its result
+-- (with p_results; the results' total stored size is bounded by p_max_bytes: over it, SQLSTATE
+-- 54000 and nothing is read, so that a fan-in of large results cannot exhaust the reader).
+CREATE OR REPLACE FUNCTION awa.workflow_upstream_v1(
+    p_job_id bigint, p_results boolean DEFAULT true, p_max_bytes bigint DEFAULT 67108864)
  RETURNS TABLE(step text, job_id bigint, state text, result jsonb)
+ LANGUAGE plpgsql
+ STABLE
+ SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $$
+DECLARE
+    v_bytes bigint;
+    v_n integer;
+BEGIN
+    IF p_results THEN
+        SELECT COALESCE(sum(pg_column_size(d.result)), 0), count(*) INTO v_bytes, v_n
+        FROM awa.workflow_edges e
+        CROSS JOIN LATERAL (
+            SELECT x.result FROM awa.done_entries x WHERE x.job_id = e.upstream
+            ORDER BY x.finalized_at DESC LIMIT 1) d
+        WHERE e.downstream = p_job_id;
+        IF v_bytes > p_max_bytes THEN
+            RAISE EXCEPTION 'upstream: the results of % dependencies take % bytes, over the '
+                'limit of % bytes: read them one at a time (ctx.upstream_result(step))',
+                v_n, v_bytes, p_max_bytes USING ERRCODE = '54000';
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT s.step, s.job_id, COALESCE(awa._workflow_end_of_v1(s.job_id), 'gone'),
+           CASE WHEN p_results THEN
+               (SELECT d.result FROM awa.done_entries d WHERE d.job_id = s.job_id
+                ORDER BY d.finalized_at DESC LIMIT 1) END
+    FROM awa.workflow_edges e
+    JOIN awa.workflow_steps s ON s.job_id = e.upstream
+    WHERE e.downstream = p_job_id
+    ORDER BY s.job_id;
+END
+$$;
+
+-- The result of the dependency named p_step of the step p_job_id (NULL: none, or no result).
+CREATE OR REPLACE FUNCTION awa.workflow_upstream_result_v1(p_job_id bigint, p_step text)
+ RETURNS jsonb
  LANGUAGE sql
  STABLE
  SECURITY DEFINER
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
-    SELECT s.step, s.job_id, awa._workflow_end_of_v1(s.job_id),
-           (SELECT d.result FROM awa.done_entries d WHERE d.job_id = s.job_id
-            ORDER BY d.finalized_at DESC LIMIT 1)
+    SELECT (SELECT x.result FROM awa.done_entries x WHERE x.job_id = s.job_id
+            ORDER BY x.finalized_at DESC LIMIT 1)
     FROM awa.workflow_edges e
     JOIN awa.workflow_steps s ON s.job_id = e.upstream
-    WHERE e.downstream = p_job_id
-    ORDER BY s.job_id
+    WHERE e.downstream = p_job_id AND s.step = p_step
 $$;
 
 -- The workflow and step of the job p_job_id (no row: not a step).
@@ -781,9 +838,111 @@ $$;
 
 -- Operators -------------------------------------------------------------------------------------
 
+-- Cancel the steps p_ids that are scheduled, retryable or available (not yet claimed), in sets:
+-- the deferred plane's rows at once, the ready ring's lane by lane (tombstones, as a queue drain
+-- writes them, and one skip of the lane's cursor each). Their ends are the caller's to settle.
+-- Returns the ids cancelled.
+CREATE OR REPLACE FUNCTION awa._workflow_cancel_unclaimed_v1(p_ids bigint[], p_reason text)
+ RETURNS bigint[]
+ LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_error jsonb := jsonb_build_object('type', 'Cancelled', 'message', p_reason);
+    v_gen bigint;
+    v_slot integer;
+    v_lane integer;
+    v_cursor bigint;
+    v_got bigint[];
+    v_out bigint[] := '{}';
+BEGIN
+    IF COALESCE(cardinality(p_ids), 0) = 0 THEN
+        RETURN v_out;
+    END IF;
+    SELECT r.generation, r.slot INTO v_gen, v_slot
+    FROM awa.ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1;
+    WITH gone AS (
+        DELETE FROM awa.deferred_jobs d WHERE d.job_id = ANY (p_ids) RETURNING d.*
+    ), retried AS (
+        -- A retry cancelled while it waits was still scheduled in its minute (queue charts).
+        INSERT INTO awa.queue_minute_retries AS t (queue, minute, retries)
+        SELECT g.queue, date_trunc('minute', g.deferred_at), count(*)
+        FROM gone g
+        WHERE g.state = 'retryable' AND g.deferred_at >= now() - interval '25 hours'
+        GROUP BY g.queue, date_trunc('minute', g.deferred_at)
+        ON CONFLICT (queue, minute) DO UPDATE SET retries = t.retries + excluded.retries
+    ), done AS (
+        INSERT INTO awa.done_entries (
+            ready_slot, ready_generation, job_id, run_lease, state, attempt, attempted_at,
+            errors, progress, kind, queue, priority, args, max_attempts, run_at, created_at,
+            metadata, tags)
+        SELECT v_slot, v_gen, g.job_id, g.run_lease, 'cancelled', g.attempt, g.attempted_at,
+               COALESCE(g.errors, '[]'::jsonb)
+               || jsonb_build_array(v_error || jsonb_build_object('attempt', g.attempt, 'at', now())),
+               g.progress, g.kind, g.queue, g.priority, g.args, g.max_attempts, g.run_at,
+               g.created_at, g.metadata, g.tags
+        FROM gone g
+        RETURNING ready_slot, queue, state, job_id
+    ), counted AS (
+        INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+        SELECT d.ready_slot, d.queue, d.state, count(*) FROM done d
+        GROUP BY d.ready_slot, d.queue, d.state
+    )
+    SELECT COALESCE(array_agg(job_id), '{}') INTO v_out FROM done;
+
+    -- The claim ring's locks first, as a drain takes them (see awa.queue_drain_v2).
+    LOCK TABLE awa.claims, awa.lane_floors IN ACCESS SHARE MODE;
+    FOR v_lane IN
+        SELECT DISTINCT e.lane_id FROM awa.ready_entries e WHERE e.job_id = ANY (p_ids) ORDER BY 1
+    LOOP
+        PERFORM 1 FROM awa.queue_lanes l WHERE l.lane_id = v_lane FOR UPDATE;
+        v_cursor := awa.lane_cursor_v1(v_lane);
+        WITH picked AS MATERIALIZED (
+            SELECT e.* FROM awa.ready_entries e
+            WHERE e.job_id = ANY (p_ids) AND e.lane_id = v_lane AND e.lane_seq > v_cursor
+              AND NOT EXISTS (
+                  SELECT 1 FROM awa.ready_tombstones t
+                  WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq
+                    AND t.ready_slot = e.ready_slot)
+        ), tomb AS (
+            INSERT INTO awa.ready_tombstones (ready_slot, ready_generation, lane_id, lane_seq, job_id)
+            SELECT p.ready_slot, p.ready_generation, p.lane_id, p.lane_seq, p.job_id FROM picked p
+            ON CONFLICT DO NOTHING
+            RETURNING lane_id, lane_seq, ready_slot
+        ), done AS (
+            INSERT INTO awa.done_entries (
+                ready_slot, ready_generation, job_id, run_lease, lane_id, lane_seq, state,
+                attempt, errors, progress, queue, kind)
+            SELECT p.ready_slot, p.ready_generation, p.job_id, p.run_lease, p.lane_id,
+                   p.lane_seq, 'cancelled', p.attempt,
+                   COALESCE(p.errors, '[]'::jsonb)
+                   || jsonb_build_array(v_error || jsonb_build_object('attempt', p.attempt, 'at', now())),
+                   p.progress, p.queue, p.kind
+            FROM picked p
+            JOIN tomb t
+              ON t.lane_id = p.lane_id AND t.lane_seq = p.lane_seq AND t.ready_slot = p.ready_slot
+            RETURNING ready_slot, queue, state, job_id
+        ), counted AS (
+            INSERT INTO awa.done_counts (ready_slot, queue, state, n)
+            SELECT d.ready_slot, d.queue, d.state, count(*) FROM done d
+            GROUP BY d.ready_slot, d.queue, d.state
+        )
+        SELECT COALESCE(array_agg(job_id), '{}') INTO v_got FROM done;
+        v_out := v_out || v_got;
+        PERFORM awa._lane_skip_v1(v_lane);
+    END LOOP;
+    RETURN v_out;
+END
+$$;
+
 -- Cancel every step of a workflow that has not ended: waiting steps, live jobs (a running one is
 -- told to stop, as awa.cancel_v1 does) and dead-lettered ones (they leave the DLQ for history).
 -- Returns the number of steps cancelled. READ COMMITTED is required.
+--
+-- Live steps are ended first, each as awa.cancel_v1 ends it, before the workflow's row is
+-- locked: a finalize takes an attempt's closure first and its workflow's row second, and so
+-- does this, so the two never wait for each other in a cycle. Then, under the row's lock,
+-- the waiting steps, the steps a finalize released meanwhile, and the dead-lettered ones;
+-- every end is settled once, in sets (linear in the steps).
 CREATE OR REPLACE FUNCTION awa.workflow_cancel_v1(p_workflow_id bigint, p_reason text DEFAULT 'workflow cancelled')
  RETURNS integer
  LANGUAGE plpgsql
@@ -791,33 +950,53 @@ CREATE OR REPLACE FUNCTION awa.workflow_cancel_v1(p_workflow_id bigint, p_reason
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $$
 DECLARE
-    v_n integer;
+    v_n integer := 0;
     v_live bigint;
     v_ids bigint[];
     v_gen bigint;
     v_slot integer;
+    v_pass integer;
 BEGIN
     PERFORM awa._require_read_committed_v1('awa.workflow_cancel_v1');
     IF p_reason IS NULL OR length(p_reason) > 10000 THEN
         RAISE EXCEPTION 'reason: must be text of at most 10000 characters' USING ERRCODE = '22023';
     END IF;
-    PERFORM 1 FROM awa.workflows w WHERE w.workflow_id = p_workflow_id FOR UPDATE;
-    IF NOT FOUND THEN
+    IF NOT EXISTS (SELECT 1 FROM awa.workflows w WHERE w.workflow_id = p_workflow_id) THEN
         RETURN 0;
     END IF;
-    v_n := COALESCE(cardinality(awa._workflow_cancel_waiting_v1(ARRAY(
-        SELECT w.job_id FROM awa.workflow_waiting w WHERE w.workflow_id = p_workflow_id
-        ORDER BY w.job_id), p_reason)), 0);
-    FOR v_live IN
-        SELECT s.job_id FROM awa.workflow_steps s
-        WHERE s.workflow_id = p_workflow_id
-          AND NOT EXISTS (SELECT 1 FROM awa.done_entries d WHERE d.job_id = s.job_id)
-          AND NOT EXISTS (SELECT 1 FROM awa.dlq_entries q WHERE q.job_id = s.job_id)
-        ORDER BY s.job_id
-    LOOP
-        IF awa.cancel_v1(v_live, p_reason) IS NOT NULL THEN
-            v_n := v_n + 1;
+    FOR v_pass IN 1..2 LOOP
+        -- Unclaimed steps in sets; then the others (running, parked) one by one.
+        v_ids := awa._workflow_cancel_unclaimed_v1(ARRAY(
+            SELECT s.job_id FROM awa.workflow_steps s
+            WHERE s.workflow_id = p_workflow_id
+              AND NOT EXISTS (SELECT 1 FROM awa.workflow_waiting w WHERE w.job_id = s.job_id)
+              AND NOT EXISTS (SELECT 1 FROM awa.done_entries d WHERE d.job_id = s.job_id)
+              AND NOT EXISTS (SELECT 1 FROM awa.dlq_entries q WHERE q.job_id = s.job_id)),
+            p_reason);
+        FOR v_live IN
+            SELECT s.job_id FROM awa.workflow_steps s
+            WHERE s.workflow_id = p_workflow_id
+              AND NOT EXISTS (SELECT 1 FROM awa.workflow_waiting w WHERE w.job_id = s.job_id)
+              AND NOT EXISTS (SELECT 1 FROM awa.done_entries d WHERE d.job_id = s.job_id)
+              AND NOT EXISTS (SELECT 1 FROM awa.dlq_entries q WHERE q.job_id = s.job_id)
+            ORDER BY s.job_id
+        LOOP
+            IF awa._cancel_one_v1(v_live, p_reason) IS NOT NULL THEN
+                v_ids := v_ids || v_live;
+            END IF;
+        END LOOP;
+        IF v_pass = 1 THEN
+            -- The waiting steps (this locks the workflow's row until the transaction ends: no
+            -- step is released any more).
+            v_n := cardinality(v_ids) + COALESCE(cardinality(awa._workflow_cancel_waiting_v1(
+                ARRAY(SELECT w.job_id FROM awa.workflow_waiting w
+                      WHERE w.workflow_id = p_workflow_id ORDER BY w.job_id), p_reason)), 0);
+            PERFORM 1 FROM awa.workflows w WHERE w.workflow_id = p_workflow_id FOR UPDATE;
+        ELSE
+            v_n := v_n + cardinality(v_ids);
         END IF;
+        PERFORM awa._workflow_settle_v1(
+            v_ids, array_fill('cancelled'::text, ARRAY[cardinality(v_ids)]));
     END LOOP;
     -- Dead-lettered steps: out of the DLQ, into history as cancelled.
     SELECT r.generation, r.slot INTO v_gen, v_slot

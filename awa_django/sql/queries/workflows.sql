@@ -23,7 +23,10 @@ SELECT step, job_id, kind, queue, on_failure, state, after FROM awa.workflow_ste
 SELECT step, job_id, state, result FROM awa.workflow_results_v1(%s, %s::text[])
 
 -- name: workflow_upstream
-SELECT step, job_id, state, result FROM awa.workflow_upstream_v1(%s)
+SELECT step, job_id, state, result FROM awa.workflow_upstream_v1(%s, %s, %s)
+
+-- name: workflow_upstream_result
+SELECT awa.workflow_upstream_result_v1(%s, %s)
 
 -- name: workflow_of
 SELECT workflow_id, name, kind, step FROM awa.workflow_of_v1(%s)
