@@ -825,7 +825,7 @@ ready_tombstones_5: 2
 ready_tombstones_6: 2
 ready_tombstones_7: 2
 
--- function (183)
+-- function (184)
 CREATE OR REPLACE FUNCTION awa._append_ready_grouped_v1(p_jobs awa.job_body[], p_wait boolean)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1388,7 +1388,7 @@ CREATE OR REPLACE FUNCTION awa._workflow_cancel_unclaimed_v1(p_ids bigint[], p_r
 CREATE OR REPLACE FUNCTION awa._workflow_cancel_waiting_v1(p_ids bigint[], p_reason text)
  RETURNS bigint[]
  LANGUAGE plpgsql
- AS body sha256 261d50c9e37e3ea6 (40 lines)
+ AS body sha256 53502acf765e3bb1 (39 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._workflow_emit_v1(p_bodies awa.job_body[])
@@ -1415,6 +1415,12 @@ CREATE OR REPLACE FUNCTION awa._workflow_release_v1(p_bodies awa.job_body[])
  RETURNS bigint[]
  LANGUAGE plpgsql
  AS body sha256 3b8914325ba7c8cf (42 lines)
+ GRANTS {OWNER=X/OWNER}
+
+CREATE OR REPLACE FUNCTION awa._workflow_settle_as_v1(p_ids bigint[], p_state text)
+ RETURNS void
+ LANGUAGE sql
+ AS body sha256 c5d8106bd6434ec1 (4 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa._workflow_settle_v1(p_ids bigint[], p_states text[])
@@ -1543,7 +1549,7 @@ CREATE OR REPLACE FUNCTION awa.dlq_expire_v1(p_retention double precision, p_lim
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 a766dcfd90be88bf (16 lines)
+ AS body sha256 c5a50839c7987303 (15 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.dlq_purge_v1(p_job_ids bigint[])
@@ -1551,7 +1557,7 @@ CREATE OR REPLACE FUNCTION awa.dlq_purge_v1(p_job_ids bigint[])
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 490ee2ed9df29de5 (13 lines)
+ AS body sha256 08b74ac803899783 (12 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.dlq_retry_v1(p_job_ids bigint[], p_queue text DEFAULT NULL::text, p_priority integer DEFAULT NULL::integer)
@@ -1631,7 +1637,7 @@ CREATE OR REPLACE FUNCTION awa.finalize_v2(p_items jsonb)
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 b70556a1399ec2bb (435 lines)
+ AS body sha256 1ce7b6f4334ef8fc (434 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.finalize_v3(p_items jsonb)
@@ -1868,7 +1874,7 @@ CREATE OR REPLACE FUNCTION awa.queue_drain_v2(p_queue text, p_limit integer DEFA
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 07d434a952d1e5d1 (169 lines)
+ AS body sha256 4cc929d5d462f76f (169 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.queue_lag_v1()
@@ -2104,7 +2110,7 @@ CREATE OR REPLACE FUNCTION awa.workflow_cancel_v1(p_workflow_id bigint, p_reason
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- AS body sha256 f170f642cc562406 (80 lines)
+ AS body sha256 23714239d67924ff (78 lines)
  GRANTS {OWNER=X/OWNER}
 
 CREATE OR REPLACE FUNCTION awa.workflow_counts_v1()

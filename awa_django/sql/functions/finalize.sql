@@ -404,8 +404,7 @@ BEGIN
             INTO v_stale, v_done;
         END CASE;
         -- Their workflows, when some workflow is open (awa._workflow_settle_v1).
-        PERFORM awa._workflow_settle_v1(
-            v_done, array_fill('completed'::text, ARRAY[COALESCE(cardinality(v_done), 0)]));
+        PERFORM awa._workflow_settle_as_v1(v_done, 'completed');
     END IF;
     FOR v_pass IN 1..3 LOOP
         EXIT WHEN v_stale IS NULL;

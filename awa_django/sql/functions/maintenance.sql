@@ -557,8 +557,7 @@ BEGIN
             ORDER BY dlq_at LIMIT p_limit)
         RETURNING job_id)
     SELECT array_agg(g.job_id ORDER BY g.job_id) INTO v_ids FROM gone g;
-    PERFORM awa._workflow_settle_v1(
-        v_ids, array_fill('failed'::text, ARRAY[COALESCE(cardinality(v_ids), 0)]));
+    PERFORM awa._workflow_settle_as_v1(v_ids, 'failed');
     RETURN COALESCE(cardinality(v_ids), 0);
 END
 $$;

@@ -475,7 +475,7 @@ BEGIN
             ORDER BY w.job_id LIMIT p_limit - v_n), 'queue drained'));
         v_n := v_n + COALESCE(v_got, 0);
     END IF;
-    PERFORM awa._workflow_settle_v1(v_ids, array_fill('cancelled'::text, ARRAY[cardinality(v_ids)]));
+    PERFORM awa._workflow_settle_as_v1(v_ids, 'cancelled');
     RETURN v_n;
 END
 $$;
@@ -608,8 +608,7 @@ BEGIN
         DELETE FROM awa.dlq_entries WHERE job_id = ANY (p_job_ids) RETURNING job_id
     )
     SELECT array_agg(g.job_id ORDER BY g.job_id) INTO v_ids FROM gone g;
-    PERFORM awa._workflow_settle_v1(
-        v_ids, array_fill('failed'::text, ARRAY[COALESCE(cardinality(v_ids), 0)]));
+    PERFORM awa._workflow_settle_as_v1(v_ids, 'failed');
     RETURN QUERY SELECT u FROM unnest(v_ids) u;
 END
 $$;

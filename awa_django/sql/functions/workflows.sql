@@ -328,10 +328,18 @@ BEGIN
         SELECT v_slot, w.queue, 'cancelled', count(*) FROM written w GROUP BY w.queue
     )
     SELECT array_agg(w.job_id ORDER BY w.job_id) INTO v_ids FROM written w;
-    PERFORM awa._workflow_settle_v1(
-        v_ids, array_fill('cancelled'::text, ARRAY[COALESCE(cardinality(v_ids), 0)]));
+    PERFORM awa._workflow_settle_as_v1(v_ids, 'cancelled');
     RETURN COALESCE(v_ids, '{}');
 END
+$$;
+
+-- awa._workflow_settle_v1 for jobs p_ids that all ended in p_state.
+CREATE OR REPLACE FUNCTION awa._workflow_settle_as_v1(p_ids bigint[], p_state text)
+ RETURNS void
+ LANGUAGE sql
+AS $$
+    SELECT awa._workflow_settle_v1(
+        p_ids, array_fill(p_state, ARRAY[COALESCE(cardinality(p_ids), 0)]))
 $$;
 
 -- The end of p_job_id (any job) as the workflows see it: 'completed', 'failed', 'cancelled'
@@ -995,8 +1003,7 @@ BEGIN
         ELSE
             v_n := v_n + cardinality(v_ids);
         END IF;
-        PERFORM awa._workflow_settle_v1(
-            v_ids, array_fill('cancelled'::text, ARRAY[cardinality(v_ids)]));
+        PERFORM awa._workflow_settle_as_v1(v_ids, 'cancelled');
     END LOOP;
     -- Dead-lettered steps: out of the DLQ, into history as cancelled.
     SELECT r.generation, r.slot INTO v_gen, v_slot
@@ -1023,8 +1030,7 @@ BEGIN
         SELECT v_slot, w.queue, 'cancelled', count(*) FROM written w GROUP BY w.queue
     )
     SELECT array_agg(w.job_id ORDER BY w.job_id) INTO v_ids FROM written w;
-    PERFORM awa._workflow_settle_v1(
-        v_ids, array_fill('cancelled'::text, ARRAY[COALESCE(cardinality(v_ids), 0)]));
+    PERFORM awa._workflow_settle_as_v1(v_ids, 'cancelled');
     RETURN v_n + COALESCE(cardinality(v_ids), 0);
 END
 $$;
