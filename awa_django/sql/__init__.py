@@ -18,7 +18,8 @@
 
 Every file is written for the schema ``awa``. For another ``AWA["SCHEMA"]`` (docs/schema.md),
 :func:`for_schema` moves the text to it as it is loaded: the schema's objects, its name as a
-string, its NOTIFY channels (``awa_jobs``, ``awa_cancel``), its custom settings (``awa.*``) and
+string, its NOTIFY channels (``awa_jobs``, ``awa_cancel``, ``awa_done``), its custom settings
+(``awa.*``) and
 its advisory-lock key spaces, so that two schemas in one database share nothing.
 """
 
@@ -147,7 +148,8 @@ def for_schema(text: str, name: str) -> str:
     itself. Otherwise, every ``awa.`` qualifier of an object and ``SCHEMA awa`` names ``name``, the
     custom settings ``awa.xact_lanes`` and ``awa.enqueue_shards`` become ``awa.name_xact_lanes``
     and ``awa.name_enqueue_shards``, the string ``'awa'`` becomes ``'name'``, the channels
-    ``awa_jobs`` and ``awa_cancel`` become ``name_jobs`` and ``name_cancel``, and the advisory
+    ``awa_jobs``, ``awa_cancel`` and ``awa_done`` become ``name_jobs``, ``name_cancel`` and
+    ``name_done``, and the advisory
     locks move to key spaces of their own: the classes 4282177-4282185 by a multiple of 16
     derived from the name (CRC-32), the leader's 64-bit key to the same high half and a low half
     derived from the name, so no lock of one schema is ever a lock of another's (short of a
