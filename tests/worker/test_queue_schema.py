@@ -16,7 +16,7 @@ from django.db import connection, transaction
 
 from awa_django.db.roles import RoleNames, read_schema_facts, roles_script
 from awa_django.db.schema_guard import check_advisory, check_install, check_owned, schema_problem
-from awa_django.sql import for_schema, query
+from awa_django.sql import for_schema, query, sql_file
 from tests.jobs import common, worker_env
 from tests.support.polling import wait_for
 from tests.support.workers import Start, exited, worker
@@ -257,5 +257,11 @@ def test_statements_for_another_schema_share_no_name_channel_or_lock() -> None:
     assert moved == for_schema(text, SCHEMA) != text
     assert "LISTEN second_awa_jobs" in moved and "4282180" not in moved
     assert "4708303813012965710" not in moved
+    # The workflows' channel, in its LISTEN and in the settle that notifies it.
+    assert query("listen_done", SCHEMA) == "LISTEN second_awa_done"
+    settle = sql_file("functions/workflows.sql", SCHEMA)
+    assert "pg_notify('second_awa_done'" in settle and "awa_done" not in settle.replace(
+        "second_awa_done", ""
+    )
     # Custom settings keep the prefix awa: a schema may be named like a reserved prefix.
     assert "'awa.plpgsql_xact_lanes'" in for_schema("current_setting('awa.xact_lanes')", "plpgsql")
